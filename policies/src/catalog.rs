@@ -1,0 +1,531 @@
+//! The GPU catalogue: what each GPU model offers (memory, relative compute,
+//! MIG profiles and their placement rules, price).
+//!
+//! The built-in catalogue ([`Catalog::builtin`]) encodes the NVIDIA MIG User
+//! Guide tables from DESIGN.md. A cluster file can override any field of a
+//! built-in model or add new models ([`crate::inventory::GpuModelOverride`]).
+//!
+//! ## Where the numbers come from
+//! - **Memory** (`memory_gib`): `nvidia-smi --query-gpu=memory.total` in MiB
+//!   ÷ 1024. **Usable** memory of a whole GPU is that minus 0.4 GiB kept by the
+//!   driver and CUDA context (an assumption, chosen so that a whole
+//!   H100-80GB's usable memory equals its `7g.80gb` instance's 79.25 GiB).
+//! - **Relative compute** (`compute`): dense (no sparsity) BF16/FP16
+//!   tensor-core TFLOPS from NVIDIA's data sheets divided by the H100-80GB
+//!   SXM's 989 TFLOPS, so **1.0 = one H100-80GB**. A model policy's compute
+//!   need is expressed in the same unit.
+//! - **MIG usable memory**: H100-80GB's values are the measured ones from the
+//!   MIG User Guide (1g.10gb 9.75, 1g.20gb 19.62, 2g.20gb 19.62, 3g.40gb 39.50,
+//!   4g.40gb 39.50, 7g.80gb 79.25 GiB). For the other models the same usable
+//!   fraction of the profile's nominal size is applied — an assumption until
+//!   `gpuscale agent` reads `nvidia-smi mig -lgip` on real hardware; override
+//!   it in the cluster file when you know better.
+//! - **Price** (`price_per_hour`): an **assumption** — a round, typical 2025
+//!   cloud on-demand price per GPU in USD. Every deployment should override it
+//!   with its own cost; the packer only compares prices, it never bills.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+/// Relative compute of the reference GPU (H100-80GB SXM, 989 dense BF16 TFLOPS).
+pub const REFERENCE_TFLOPS: f64 = 989.0;
+
+/// Memory kept by the driver and CUDA context on a whole GPU, GiB (assumption).
+pub const WHOLE_GPU_RESERVED_GIB: f64 = 0.4;
+
+/// One MIG GPU-instance profile of a GPU model, e.g. `3g.40gb` on H100-80GB.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigProfile {
+    /// NVIDIA's name, e.g. `1g.10gb`, `1g.10gb+me`, `7g.80gb`.
+    pub name: String,
+    /// Compute slices (the `Ng` in the name).
+    pub compute_slices: u8,
+    /// Memory slots the instance occupies.
+    pub memory_slots: u8,
+    /// Memory usable by a process in the instance, GiB.
+    pub usable_gib: f64,
+    /// Allowed start slots (`nvidia-smi mig -lgipp`).
+    pub starts: Vec<u8>,
+    /// Whether this is a `+me` profile (takes the GPU's media extensions;
+    /// at most one per GPU).
+    pub media_extensions: bool,
+}
+
+impl MigProfile {
+    /// The device-plugin resource name in the "mixed" strategy,
+    /// e.g. `nvidia.com/mig-3g.40gb`.
+    pub fn resource_name(&self) -> String {
+        format!("nvidia.com/mig-{}", self.name)
+    }
+}
+
+/// The MIG capability of a GPU model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigSpec {
+    /// Memory slots of the whole GPU (8 on A100/H100/H200/B200, 4 on A30).
+    pub memory_slots: u8,
+    /// Compute slices of the whole GPU (7, or 4 on A30).
+    pub compute_slices: u8,
+    /// The profiles, in catalogue order (smallest first).
+    pub profiles: Vec<MigProfile>,
+}
+
+impl MigSpec {
+    /// Looks a profile up by its NVIDIA name.
+    pub fn profile(&self, name: &str) -> Option<&MigProfile> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+}
+
+/// One GPU model of the catalogue.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuModel {
+    /// Catalogue name, e.g. `H100-80GB`.
+    pub name: String,
+    /// Total memory as the driver reports it, GiB.
+    pub memory_gib: f64,
+    /// Memory usable by one process on the whole GPU, GiB.
+    pub usable_gib: f64,
+    /// Relative compute, 1.0 = one H100-80GB (see the module docs).
+    pub compute: f64,
+    /// Default price per GPU-hour, USD (an assumption unless overridden).
+    pub price_per_hour: f64,
+    /// The `nvidia.com/gpu.product` label value GPU feature discovery sets.
+    pub product: String,
+    /// MIG capability, `None` for GPUs without MIG.
+    pub mig: Option<MigSpec>,
+}
+
+impl GpuModel {
+    /// Whether the model can be partitioned with MIG.
+    pub fn mig_capable(&self) -> bool {
+        self.mig.is_some()
+    }
+}
+
+/// The GPU catalogue: models by name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Catalog {
+    models: BTreeMap<String, GpuModel>,
+}
+
+/// Nominal sizes (GB in the profile name) of a MIG GPU for instances of
+/// 1, 2, 4 and 8 memory slots, e.g. H100-80GB `[10, 20, 40, 80]`.
+struct MigNames {
+    one: u32,
+    two: u32,
+    four: u32,
+    eight: u32,
+}
+
+/// H100-80GB's measured usable GiB per nominal GB, by memory slots (1, 2, 4, 8).
+const H100_USABLE_FRACTION: [(u8, f64); 4] = [
+    (1, 9.75 / 10.0),
+    (2, 19.62 / 20.0),
+    (4, 39.50 / 40.0),
+    (8, 79.25 / 80.0),
+];
+
+fn usable_for(nominal_gb: u32, slots: u8) -> f64 {
+    let fraction = H100_USABLE_FRACTION
+        .iter()
+        .find(|(s, _)| *s == slots)
+        .map(|(_, f)| *f)
+        .unwrap_or(1.0);
+    // Two decimals, like `nvidia-smi mig -lgip` prints.
+    (f64::from(nominal_gb) * fraction * 100.0).round() / 100.0
+}
+
+fn profile(c: u8, slots: u8, nominal: u32, starts: &[u8], me: bool) -> MigProfile {
+    MigProfile {
+        name: format!("{c}g.{nominal}gb{}", if me { "+me" } else { "" }),
+        compute_slices: c,
+        memory_slots: slots,
+        usable_gib: usable_for(nominal, slots),
+        starts: starts.to_vec(),
+        media_extensions: me,
+    }
+}
+
+/// The placement rules of an 8-slot, 7-slice GPU (A100, H100, H200, B200).
+fn eight_slot_mig(n: MigNames) -> MigSpec {
+    let ones: &[u8] = &[0, 1, 2, 3, 4, 5, 6];
+    MigSpec {
+        memory_slots: 8,
+        compute_slices: 7,
+        profiles: vec![
+            profile(1, 1, n.one, ones, false),
+            profile(1, 1, n.one, ones, true),
+            profile(1, 2, n.two, &[0, 2, 4, 6], false),
+            profile(2, 2, n.two, &[0, 2, 4], false),
+            profile(3, 4, n.four, &[0, 4], false),
+            profile(4, 4, n.four, &[0], false),
+            profile(7, 8, n.eight, &[0], false),
+        ],
+    }
+}
+
+/// A30-24GB: 4 memory slots and 4 compute slices.
+fn a30_mig() -> MigSpec {
+    MigSpec {
+        memory_slots: 4,
+        compute_slices: 4,
+        profiles: vec![
+            profile(1, 1, 6, &[0, 1, 2, 3], false),
+            profile(1, 1, 6, &[0, 1, 2, 3], true),
+            profile(2, 2, 12, &[0, 2], false),
+            profile(2, 2, 12, &[0, 2], true),
+            profile(4, 4, 24, &[0], false),
+        ],
+    }
+}
+
+struct Row {
+    name: &'static str,
+    product: &'static str,
+    memory_mib: u32,
+    tflops: f64,
+    price: f64,
+}
+
+fn model(row: Row, mig: Option<MigSpec>) -> GpuModel {
+    let memory_gib = (f64::from(row.memory_mib) / 1024.0 * 100.0).round() / 100.0;
+    let usable_gib = ((memory_gib - WHOLE_GPU_RESERVED_GIB) * 100.0).round() / 100.0;
+    GpuModel {
+        name: row.name.to_string(),
+        memory_gib,
+        usable_gib,
+        compute: (row.tflops / REFERENCE_TFLOPS * 1000.0).round() / 1000.0,
+        price_per_hour: row.price,
+        product: row.product.to_string(),
+        mig,
+    }
+}
+
+impl Catalog {
+    /// The built-in catalogue (see the module docs for the sources).
+    pub fn builtin() -> Catalog {
+        let names = |one, two, four, eight| MigNames {
+            one,
+            two,
+            four,
+            eight,
+        };
+        let rows = vec![
+            model(
+                Row {
+                    name: "A100-40GB",
+                    product: "NVIDIA-A100-SXM4-40GB",
+                    memory_mib: 40960,
+                    tflops: 312.0,
+                    price: 1.80,
+                },
+                Some(eight_slot_mig(names(5, 10, 20, 40))),
+            ),
+            model(
+                Row {
+                    name: "A100-80GB",
+                    product: "NVIDIA-A100-SXM4-80GB",
+                    memory_mib: 81920,
+                    tflops: 312.0,
+                    price: 2.20,
+                },
+                Some(eight_slot_mig(names(10, 20, 40, 80))),
+            ),
+            model(
+                Row {
+                    name: "H100-80GB",
+                    product: "NVIDIA-H100-80GB-HBM3",
+                    memory_mib: 81559,
+                    tflops: 989.0,
+                    price: 3.00,
+                },
+                Some(eight_slot_mig(names(10, 20, 40, 80))),
+            ),
+            model(
+                Row {
+                    name: "H100-94GB",
+                    product: "NVIDIA-H100-NVL",
+                    memory_mib: 95830,
+                    tflops: 835.0,
+                    price: 3.20,
+                },
+                Some(eight_slot_mig(names(12, 24, 47, 94))),
+            ),
+            model(
+                Row {
+                    name: "H200-141GB",
+                    product: "NVIDIA-H200",
+                    memory_mib: 143771,
+                    tflops: 989.0,
+                    price: 3.80,
+                },
+                Some(eight_slot_mig(names(18, 35, 71, 141))),
+            ),
+            model(
+                Row {
+                    name: "B200",
+                    product: "NVIDIA-B200",
+                    memory_mib: 183359,
+                    tflops: 2250.0,
+                    price: 5.50,
+                },
+                Some(eight_slot_mig(names(23, 45, 90, 180))),
+            ),
+            model(
+                Row {
+                    name: "A30-24GB",
+                    product: "NVIDIA-A30",
+                    memory_mib: 24576,
+                    tflops: 165.0,
+                    price: 0.90,
+                },
+                Some(a30_mig()),
+            ),
+            model(
+                Row {
+                    name: "L4",
+                    product: "NVIDIA-L4",
+                    memory_mib: 23034,
+                    tflops: 121.0,
+                    price: 0.80,
+                },
+                None,
+            ),
+            model(
+                Row {
+                    name: "L40S",
+                    product: "NVIDIA-L40S",
+                    memory_mib: 46068,
+                    tflops: 362.0,
+                    price: 1.40,
+                },
+                None,
+            ),
+            model(
+                Row {
+                    name: "A10",
+                    product: "NVIDIA-A10",
+                    memory_mib: 23028,
+                    tflops: 125.0,
+                    price: 0.90,
+                },
+                None,
+            ),
+            model(
+                Row {
+                    name: "T4",
+                    product: "Tesla-T4",
+                    memory_mib: 15360,
+                    tflops: 65.0,
+                    price: 0.40,
+                },
+                None,
+            ),
+        ];
+        let mut catalog = Catalog {
+            models: rows.into_iter().map(|m| (m.name.clone(), m)).collect(),
+        };
+        // The 7g instance and the whole GPU differ only by the driver's
+        // reservation; keep MIG GPUs' whole-GPU usable memory at least the
+        // 7g instance's so a full-size instance never fits where the GPU
+        // does not.
+        for m in catalog.models.values_mut() {
+            if let Some(full) = m.mig.as_ref().and_then(|mig| {
+                mig.profiles
+                    .iter()
+                    .find(|p| p.memory_slots == mig.memory_slots)
+            }) {
+                m.usable_gib = m.usable_gib.max(full.usable_gib);
+            }
+        }
+        catalog
+    }
+
+    /// Looks a model up by catalogue name.
+    pub fn get(&self, name: &str) -> Option<&GpuModel> {
+        self.models.get(name)
+    }
+
+    /// All models, by name.
+    pub fn models(&self) -> impl Iterator<Item = &GpuModel> {
+        self.models.values()
+    }
+
+    /// All model names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.models.keys().map(String::as_str).collect()
+    }
+
+    /// Adds or replaces a model.
+    pub fn insert(&mut self, model: GpuModel) {
+        self.models.insert(model.name.clone(), model);
+    }
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog::builtin()
+    }
+}
+
+impl fmt::Display for Catalog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<11} {:>9} {:>9} {:>8} {:>7}  {}",
+            "MODEL", "MEM GiB", "USABLE", "COMPUTE", "$/h", "MIG PROFILES (usable GiB)"
+        )?;
+        for m in self.models() {
+            let mig = match &m.mig {
+                None => "-".to_string(),
+                Some(mig) => mig
+                    .profiles
+                    .iter()
+                    .map(|p| format!("{} ({:.2})", p.name, p.usable_gib))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            writeln!(
+                f,
+                "{:<11} {:>9.2} {:>9.2} {:>8.3} {:>7.2}  {}",
+                m.name, m.memory_gib, m.usable_gib, m.compute, m.price_per_hour, mig
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h100_usable_memory_matches_the_mig_user_guide() {
+        let c = Catalog::builtin();
+        let mig = c.get("H100-80GB").unwrap().mig.as_ref().unwrap();
+        let usable: Vec<(&str, f64)> = mig
+            .profiles
+            .iter()
+            .map(|p| (p.name.as_str(), p.usable_gib))
+            .collect();
+        assert_eq!(
+            usable,
+            vec![
+                ("1g.10gb", 9.75),
+                ("1g.10gb+me", 9.75),
+                ("1g.20gb", 19.62),
+                ("2g.20gb", 19.62),
+                ("3g.40gb", 39.50),
+                ("4g.40gb", 39.50),
+                ("7g.80gb", 79.25),
+            ]
+        );
+        assert_eq!(c.get("H100-80GB").unwrap().usable_gib, 79.25);
+    }
+
+    #[test]
+    fn profile_names_follow_the_design_table() {
+        let c = Catalog::builtin();
+        let names = |m: &str| -> Vec<String> {
+            c.get(m)
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .profiles
+                .iter()
+                .map(|p| p.name.clone())
+                .collect()
+        };
+        assert_eq!(
+            names("A100-40GB"),
+            [
+                "1g.5gb",
+                "1g.5gb+me",
+                "1g.10gb",
+                "2g.10gb",
+                "3g.20gb",
+                "4g.20gb",
+                "7g.40gb"
+            ]
+        );
+        assert_eq!(
+            names("H100-94GB"),
+            [
+                "1g.12gb",
+                "1g.12gb+me",
+                "1g.24gb",
+                "2g.24gb",
+                "3g.47gb",
+                "4g.47gb",
+                "7g.94gb"
+            ]
+        );
+        assert_eq!(
+            names("H200-141GB"),
+            [
+                "1g.18gb",
+                "1g.18gb+me",
+                "1g.35gb",
+                "2g.35gb",
+                "3g.71gb",
+                "4g.71gb",
+                "7g.141gb"
+            ]
+        );
+        assert_eq!(
+            names("B200"),
+            [
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.45gb",
+                "2g.45gb",
+                "3g.90gb",
+                "4g.90gb",
+                "7g.180gb"
+            ]
+        );
+        assert_eq!(
+            names("A30-24GB"),
+            ["1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"]
+        );
+    }
+
+    #[test]
+    fn every_required_model_is_present_and_sane() {
+        let c = Catalog::builtin();
+        for name in [
+            "A100-40GB",
+            "A100-80GB",
+            "H100-80GB",
+            "H100-94GB",
+            "H200-141GB",
+            "B200",
+            "A30-24GB",
+            "L4",
+            "L40S",
+            "A10",
+            "T4",
+        ] {
+            let m = c.get(name).unwrap_or_else(|| panic!("{name} missing"));
+            assert!(m.usable_gib <= m.memory_gib + 1e-9, "{name}");
+            assert!(m.usable_gib > 0.9 * m.memory_gib, "{name}");
+            assert!(m.compute > 0.0 && m.price_per_hour > 0.0, "{name}");
+            if let Some(mig) = &m.mig {
+                for p in &mig.profiles {
+                    assert!(p.usable_gib <= m.usable_gib, "{name} {}", p.name);
+                    for s in &p.starts {
+                        assert!(s + p.memory_slots <= mig.memory_slots, "{name} {}", p.name);
+                    }
+                }
+            }
+        }
+        for non_mig in ["L4", "L40S", "A10", "T4"] {
+            assert!(!c.get(non_mig).unwrap().mig_capable());
+        }
+        assert_eq!(c.get("H100-80GB").unwrap().compute, 1.0);
+    }
+}

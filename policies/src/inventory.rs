@@ -1,0 +1,600 @@
+//! Cluster inventory (`kind: Cluster`): nodes with their topology labels,
+//! GPUs with model, index, health and current state (free, whole,
+//! time-sliced, or a MIG geometry with placements) and what runs on them,
+//! plus overrides of the built-in GPU catalogue.
+//!
+//! A node entry with `count: N` stands for N identical nodes named
+//! `NAME-0 … NAME-(N-1)`, so a 10,000-node cluster is a short file; such a
+//! template cannot carry per-GPU state.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::FieldError;
+use crate::catalog::{Catalog, GpuModel, MigProfile, MigSpec};
+use crate::mig::{self, Geometry, Placement};
+
+/// The cluster file's spec.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Overrides of, or additions to, the built-in GPU catalogue.
+    #[serde(default)]
+    pub catalog: Vec<GpuModelOverride>,
+    /// The nodes.
+    #[serde(default)]
+    pub nodes: Vec<NodeSpec>,
+}
+
+/// Changes to one catalogue entry; a new model (not built in) gives `base`
+/// or every field.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuModelOverride {
+    /// Catalogue name (existing, to override; new, to add).
+    pub name: String,
+    /// For a new model: the built-in model to start from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Total memory, GiB.
+    #[serde(default, rename = "memoryGiB", skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
+    /// Usable memory of the whole GPU, GiB.
+    #[serde(default, rename = "usableGiB", skip_serializing_if = "Option::is_none")]
+    pub usable_gib: Option<f64>,
+    /// Relative compute (1.0 = one H100-80GB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<f64>,
+    /// Price per GPU-hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_hour: Option<f64>,
+    /// `nvidia.com/gpu.product` label value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// Usable memory per MIG profile name, GiB (e.g. read from
+    /// `nvidia-smi mig -lgip`).
+    #[serde(
+        default,
+        rename = "migUsableGiB",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub mig_usable_gib: BTreeMap<String, f64>,
+}
+
+/// Health of a GPU.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// Usable.
+    #[default]
+    Healthy,
+    /// Not usable (XID errors, ECC, fell off the bus): never placed on.
+    Unhealthy,
+}
+
+/// How a GPU is configured now.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// Nothing configured, nothing running.
+    #[default]
+    Free,
+    /// Used whole (one replica, or part of a tensor-parallel group).
+    Whole,
+    /// Shared by time-slicing.
+    Timeslice,
+    /// Partitioned with MIG (see `geometry`).
+    Mig,
+}
+
+/// One replica (or training worker) running on a GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    /// Model policy name (or training job name).
+    pub model: String,
+    /// For MIG GPUs: the start slot of the instance it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u8>,
+}
+
+/// Current state of one GPU of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuState {
+    /// Index on the node (`nvidia-smi` order), from 0.
+    pub index: u32,
+    /// Health (default healthy).
+    #[serde(default)]
+    pub health: Health,
+    /// Mode (default free).
+    #[serde(default)]
+    pub mode: GpuMode,
+    /// MIG placements, for mode `mig`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub geometry: Vec<Placement>,
+    /// What runs on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<Workload>,
+}
+
+/// A node (or, with `count`, a group of identical nodes).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    /// Node name (with `count`: the prefix).
+    pub name: String,
+    /// Identical nodes this entry stands for (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// `topology.kubernetes.io/zone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Rack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+    /// NVLink domain (GPUs across nodes joined by NVLink, e.g. an NVL72).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
+    /// Other node labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// GPU model of every GPU on the node (catalogue name).
+    pub gpu_model: String,
+    /// GPUs on the node.
+    pub gpu_count: u32,
+    /// State of GPUs that are not free and healthy (others default to that).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuState>,
+}
+
+/// A validated node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// Node name.
+    pub name: String,
+    /// Zone, rack, NVLink domain.
+    pub zone: Option<String>,
+    /// Rack.
+    pub rack: Option<String>,
+    /// NVLink domain.
+    pub nvlink_domain: Option<String>,
+    /// Other labels.
+    pub labels: BTreeMap<String, String>,
+    /// GPU model name.
+    pub gpu_model: String,
+    /// Every GPU, by index.
+    pub gpus: Vec<Gpu>,
+}
+
+/// A validated GPU with its current state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpu {
+    /// Index on the node.
+    pub index: u32,
+    /// Health.
+    pub health: Health,
+    /// Mode.
+    pub mode: GpuMode,
+    /// MIG geometry (empty unless mode is `mig`).
+    pub geometry: Geometry,
+    /// What runs on it.
+    pub workloads: Vec<Workload>,
+}
+
+/// A validated cluster: nodes expanded, catalogue overrides applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    /// `metadata.name`.
+    pub name: String,
+    /// The catalogue with this cluster's overrides.
+    pub catalog: Catalog,
+    /// All nodes, templates expanded.
+    pub nodes: Vec<Node>,
+}
+
+impl Cluster {
+    /// Number of GPUs.
+    pub fn gpu_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.gpus.len()).sum()
+    }
+
+    /// Most GPUs of a model on any one node.
+    pub fn max_gpus_per_node(&self, gpu_model: &str) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.gpu_model == gpu_model)
+            .map(|n| n.gpus.len() as u32)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Total GPUs of a model.
+    pub fn gpus_of(&self, gpu_model: &str) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.gpu_model == gpu_model)
+            .map(|n| n.gpus.len() as u32)
+            .sum()
+    }
+
+    /// Validates a spec: applies catalogue overrides, expands node
+    /// templates, and checks every GPU state. Every problem is reported.
+    pub fn from_spec(
+        name: &str,
+        spec: &ClusterSpec,
+        builtin: &Catalog,
+    ) -> Result<Cluster, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let catalog = apply_overrides(builtin, &spec.catalog, &mut errors);
+        let mut nodes = Vec::new();
+        let mut names = BTreeSet::new();
+        for (i, n) in spec.nodes.iter().enumerate() {
+            let path = format!("spec.nodes[{i}]");
+            let gpu = catalog.get(&n.gpu_model);
+            if gpu.is_none() {
+                errors.push(FieldError::new(
+                    format!("{path}.gpuModel"),
+                    format!(
+                        "unknown GPU model `{}`; the catalogue has: {}",
+                        n.gpu_model,
+                        catalog.names().join(", ")
+                    ),
+                ));
+            }
+            if n.gpu_count == 0 || n.gpu_count > 64 {
+                errors.push(FieldError::new(
+                    format!("{path}.gpuCount"),
+                    format!("must be between 1 and 64, got {}", n.gpu_count),
+                ));
+                continue;
+            }
+            let count = n.count.unwrap_or(1);
+            if count == 0 {
+                errors.push(FieldError::new(
+                    format!("{path}.count"),
+                    "must be at least 1",
+                ));
+                continue;
+            }
+            if n.count.is_some() && !n.gpus.is_empty() {
+                errors.push(FieldError::new(
+                    format!("{path}.gpus"),
+                    "a node template (`count`) cannot carry per-GPU state; list such nodes one by one",
+                ));
+            }
+            let gpus = validate_gpus(n, &path, gpu, &mut errors);
+            for k in 0..count {
+                let node_name = if n.count.is_some() {
+                    format!("{}-{k}", n.name)
+                } else {
+                    n.name.clone()
+                };
+                if !names.insert(node_name.clone()) {
+                    errors.push(FieldError::new(
+                        format!("{path}.name"),
+                        format!("node `{node_name}` is listed twice"),
+                    ));
+                    break;
+                }
+                nodes.push(Node {
+                    name: node_name,
+                    zone: n.zone.clone(),
+                    rack: n.rack.clone(),
+                    nvlink_domain: n.nvlink_domain.clone(),
+                    labels: n.labels.clone(),
+                    gpu_model: n.gpu_model.clone(),
+                    gpus: gpus.clone(),
+                });
+            }
+        }
+        if errors.is_empty() {
+            Ok(Cluster {
+                name: name.to_string(),
+                catalog,
+                nodes,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn validate_gpus(
+    n: &NodeSpec,
+    path: &str,
+    gpu: Option<&GpuModel>,
+    errors: &mut Vec<FieldError>,
+) -> Vec<Gpu> {
+    let mut gpus: Vec<Gpu> = (0..n.gpu_count)
+        .map(|index| Gpu {
+            index,
+            health: Health::Healthy,
+            mode: GpuMode::Free,
+            geometry: Geometry::default(),
+            workloads: Vec::new(),
+        })
+        .collect();
+    let mut seen = BTreeSet::new();
+    for (j, g) in n.gpus.iter().enumerate() {
+        let gp = format!("{path}.gpus[{j}]");
+        if g.index >= n.gpu_count {
+            errors.push(FieldError::new(
+                format!("{gp}.index"),
+                format!(
+                    "GPU index {} is outside the node's {} GPUs (0..{})",
+                    g.index,
+                    n.gpu_count,
+                    n.gpu_count - 1
+                ),
+            ));
+            continue;
+        }
+        if !seen.insert(g.index) {
+            errors.push(FieldError::new(
+                format!("{gp}.index"),
+                format!("GPU {} is listed twice", g.index),
+            ));
+            continue;
+        }
+        match g.mode {
+            GpuMode::Mig => match gpu.and_then(|m| m.mig.as_ref()) {
+                None => errors.push(FieldError::new(
+                    format!("{gp}.mode"),
+                    format!("{} does not support MIG", n.gpu_model),
+                )),
+                Some(spec) => {
+                    if let Err(e) = mig::validate(spec, &g.geometry) {
+                        errors.push(FieldError::new(format!("{gp}.geometry"), e.to_string()));
+                    }
+                    for (w, wl) in g.workloads.iter().enumerate() {
+                        let fits = wl
+                            .slot
+                            .is_some_and(|s| g.geometry.iter().any(|p| p.start == s));
+                        if !fits {
+                            errors.push(FieldError::new(
+                                format!("{gp}.workloads[{w}].slot"),
+                                "a workload on a MIG GPU names the start slot of one of its instances",
+                            ));
+                        }
+                    }
+                }
+            },
+            _ if !g.geometry.is_empty() => errors.push(FieldError::new(
+                format!("{gp}.geometry"),
+                "a geometry is only for mode `mig`",
+            )),
+            GpuMode::Free if !g.workloads.is_empty() => errors.push(FieldError::new(
+                format!("{gp}.workloads"),
+                "a free GPU runs nothing: set mode to whole, timeslice or mig",
+            )),
+            GpuMode::Whole if g.workloads.len() > 1 => errors.push(FieldError::new(
+                format!("{gp}.workloads"),
+                "a GPU used whole runs one workload; use mode timeslice to share it",
+            )),
+            _ => {}
+        }
+        gpus[g.index as usize] = Gpu {
+            index: g.index,
+            health: g.health,
+            mode: g.mode,
+            geometry: Geometry::new(g.geometry.clone()),
+            workloads: g.workloads.clone(),
+        };
+    }
+    gpus
+}
+
+fn apply_overrides(
+    builtin: &Catalog,
+    overrides: &[GpuModelOverride],
+    errors: &mut Vec<FieldError>,
+) -> Catalog {
+    let mut catalog = builtin.clone();
+    for (i, o) in overrides.iter().enumerate() {
+        let path = format!("spec.catalog[{i}]");
+        let start = match (&o.base, builtin.get(&o.name)) {
+            (Some(base), _) => match builtin.get(base) {
+                Some(b) => Some(b.clone()),
+                None => {
+                    errors.push(FieldError::new(
+                        format!("{path}.base"),
+                        format!(
+                            "unknown base model `{base}`; built in: {}",
+                            builtin.names().join(", ")
+                        ),
+                    ));
+                    continue;
+                }
+            },
+            (None, Some(existing)) => Some(existing.clone()),
+            (None, None) => None,
+        };
+        let mut model = match start {
+            Some(m) => m,
+            None => match (o.memory_gib, o.compute, o.price_per_hour) {
+                (Some(memory_gib), Some(compute), Some(price_per_hour)) => GpuModel {
+                    name: o.name.clone(),
+                    memory_gib,
+                    usable_gib: o.usable_gib.unwrap_or(memory_gib - 0.4),
+                    compute,
+                    price_per_hour,
+                    product: o.product.clone().unwrap_or_else(|| o.name.clone()),
+                    mig: None,
+                },
+                _ => {
+                    errors.push(FieldError::new(
+                        path.clone(),
+                        format!(
+                            "`{}` is not a built-in model: give `base`, or memoryGiB, compute and pricePerHour",
+                            o.name
+                        ),
+                    ));
+                    continue;
+                }
+            },
+        };
+        model.name = o.name.clone();
+        let mut number = |field: &str, v: Option<f64>, target: &mut f64| {
+            if let Some(v) = v {
+                if v > 0.0 && v.is_finite() {
+                    *target = v;
+                } else {
+                    errors.push(FieldError::new(
+                        format!("{path}.{field}"),
+                        format!("must be > 0, got {v}"),
+                    ));
+                }
+            }
+        };
+        number("memoryGiB", o.memory_gib, &mut model.memory_gib);
+        number("usableGiB", o.usable_gib, &mut model.usable_gib);
+        number("compute", o.compute, &mut model.compute);
+        number("pricePerHour", o.price_per_hour, &mut model.price_per_hour);
+        if let Some(p) = &o.product {
+            model.product = p.clone();
+        }
+        if model.usable_gib > model.memory_gib {
+            errors.push(FieldError::new(
+                format!("{path}.usableGiB"),
+                format!(
+                    "usable memory ({}) exceeds total memory ({})",
+                    model.usable_gib, model.memory_gib
+                ),
+            ));
+        }
+        for (profile, &gib) in &o.mig_usable_gib {
+            let field = format!("{path}.migUsableGiB.{profile}");
+            match model.mig.as_mut().map(|m: &mut MigSpec| {
+                m.profiles
+                    .iter_mut()
+                    .filter(|p: &&mut MigProfile| p.name == *profile)
+                    .collect::<Vec<_>>()
+            }) {
+                None => errors.push(FieldError::new(field, format!("{} has no MIG", o.name))),
+                Some(found) if found.is_empty() => errors.push(FieldError::new(
+                    field,
+                    format!("{} has no MIG profile `{profile}`", o.name),
+                )),
+                Some(found) => {
+                    for p in found {
+                        p.usable_gib = gib;
+                    }
+                }
+            }
+        }
+        catalog.insert(model);
+    }
+    catalog
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, gpus: Vec<GpuState>) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            count: None,
+            zone: None,
+            rack: None,
+            nvlink_domain: None,
+            labels: BTreeMap::new(),
+            gpu_model: "H100-80GB".into(),
+            gpu_count: 8,
+            gpus,
+        }
+    }
+
+    #[test]
+    fn templates_expand_and_states_default_to_free() {
+        let mut template = node("h100", vec![]);
+        template.count = Some(3);
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![template],
+        };
+        let c = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap();
+        assert_eq!(c.nodes.len(), 3);
+        assert_eq!(c.nodes[2].name, "h100-2");
+        assert_eq!(c.gpu_count(), 24);
+        assert!(c.nodes[0].gpus.iter().all(|g| g.mode == GpuMode::Free));
+    }
+
+    #[test]
+    fn bad_gpu_states_are_all_reported() {
+        let state = |index, mode, geometry: Vec<Placement>, workloads: Vec<Workload>| GpuState {
+            index,
+            health: Health::Healthy,
+            mode,
+            geometry,
+            workloads,
+        };
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![node(
+                "n",
+                vec![
+                    state(9, GpuMode::Free, vec![], vec![]),
+                    state(0, GpuMode::Mig, vec![Placement::new("2g.20gb", 6)], vec![]),
+                    state(
+                        1,
+                        GpuMode::Free,
+                        vec![],
+                        vec![Workload {
+                            model: "x".into(),
+                            slot: None,
+                        }],
+                    ),
+                ],
+            )],
+        };
+        let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.nodes[0].gpus[0].index",
+                "spec.nodes[0].gpus[1].geometry",
+                "spec.nodes[0].gpus[2].workloads"
+            ]
+        );
+        assert!(errors[1].message.contains("cannot start at slot 6"));
+    }
+
+    #[test]
+    fn overrides_change_prices_and_mig_memory() {
+        let spec = ClusterSpec {
+            catalog: vec![
+                GpuModelOverride {
+                    name: "H100-80GB".into(),
+                    price_per_hour: Some(2.0),
+                    mig_usable_gib: [("1g.10gb".to_string(), 9.5)].into(),
+                    ..Default::default()
+                },
+                GpuModelOverride {
+                    name: "H100-80GB-custom".into(),
+                    base: Some("H100-80GB".into()),
+                    compute: Some(0.9),
+                    ..Default::default()
+                },
+            ],
+            nodes: vec![],
+        };
+        let c = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap();
+        let h = c.catalog.get("H100-80GB").unwrap();
+        assert_eq!(h.price_per_hour, 2.0);
+        assert_eq!(
+            h.mig
+                .as_ref()
+                .unwrap()
+                .profile("1g.10gb")
+                .unwrap()
+                .usable_gib,
+            9.5
+        );
+        assert_eq!(c.catalog.get("H100-80GB-custom").unwrap().compute, 0.9);
+    }
+}

@@ -1,0 +1,56 @@
+//! # gpuscale-policies
+//!
+//! The shared vocabulary of gpuscale, pure and without network access:
+//!
+//! - [`catalog`]: the GPU catalogue (memory, relative compute, MIG profiles
+//!   with their placement rules, prices), built in and overridable;
+//! - [`mig`]: MIG geometries — validation and enumeration derived from the
+//!   placement rules;
+//! - [`model`]: the model SLO policy model owners write (also the
+//!   `ModelPolicy` custom resource, `gpuscale.io/v1alpha1`);
+//! - [`training`]: training job specs for gang placement;
+//! - [`inventory`]: the cluster inventory (nodes, topology labels, GPUs and
+//!   their current state);
+//! - [`document`] and [`load`]: reading YAML and JSON into validated types,
+//!   with every problem reported at its file, line, column and field path.
+//!
+//! What it does not do: talk to a network, a Kubernetes API server or a GPU
+//! (the only I/O is reading the files it is asked to load), decide
+//! placements (that is `gpuscale-packer`) or replica counts (that is
+//! `gpuscale-autoscaler`).
+
+pub mod catalog;
+pub mod document;
+pub mod inventory;
+pub mod load;
+pub mod mig;
+pub mod model;
+pub mod training;
+
+pub use catalog::{Catalog, GpuModel, MigProfile, MigSpec};
+pub use document::{Position, Problem};
+pub use inventory::{Cluster, ClusterSpec, Gpu, GpuMode, Health, Node};
+pub use load::{Bundle, Problems, load_paths, load_sources};
+pub use mig::{Geometry, Placement};
+pub use model::{Model, ModelPolicy, ModelPolicySpec, Priority, SharingMode};
+pub use training::{TrainingJob, TrainingJobSpec};
+
+/// A validation problem at a field path of a document, before it is located
+/// in a file (the loader adds file, line and column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Field path, e.g. `spec.resources.memoryGiB`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    /// A problem at `path`.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> FieldError {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,985 @@
+//! The model SLO policy: what a model owner writes.
+//!
+//! [`ModelPolicySpec`] is both the file format (`kind: ModelPolicy` in YAML or
+//! JSON) and the spec of the Kubernetes custom resource `ModelPolicy`
+//! (`gpuscale.io/v1alpha1`), so `gpuscale crd` prints a schema generated from
+//! the very types the loader reads. Field names are camelCase, as in every
+//! Kubernetes API.
+//!
+//! [`Model`] is the validated runtime form, built by [`Model::from_policy`]:
+//! memory resolved from parameters, defaults filled in (HPA's for the scaling
+//! behaviour), and static feasibility checked against the GPU catalogue.
+//!
+//! ## Units
+//! - memory in GiB (2^30 bytes); weights take `paramsB × 10^9 × bytes per
+//!   parameter` (bf16/fp16 2, fp8/int8 1, int4 0.5, fp32 4);
+//! - compute as a fraction of one H100-80GB at the model's target throughput
+//!   (see [`crate::catalog`]): 0.25 means a quarter of an H100, or 0.79 of an
+//!   A100 (relative compute 0.315);
+//! - durations as human text: `500ms`, `30s`, `5m`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::FieldError;
+use crate::catalog::Catalog;
+
+/// Default runtime overhead per replica (CUDA context, activations), GiB.
+pub const DEFAULT_OVERHEAD_GIB: f64 = 2.0;
+
+/// Bytes per GiB.
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// A model owner's policy for one served model.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gpuscale.io",
+    version = "v1alpha1",
+    kind = "ModelPolicy",
+    plural = "modelpolicies",
+    shortname = "mp",
+    namespaced,
+    status = "ModelPolicyStatus",
+    printcolumn = r#"{"name":"Min","type":"integer","jsonPath":".spec.scaling.minReplicas"}"#,
+    printcolumn = r#"{"name":"Max","type":"integer","jsonPath":".spec.scaling.maxReplicas"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas"}"#,
+    printcolumn = r#"{"name":"Current","type":"integer","jsonPath":".status.currentReplicas"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.lastDecision.reason","priority":1}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelPolicySpec {
+    /// The model name clients send (the OpenAI `model` field); defaults to
+    /// the policy's `metadata.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
+    /// Which workload serves this model (labels of its pods).
+    #[serde(default)]
+    pub selector: WorkloadSelector,
+    /// What one replica needs.
+    pub resources: ReplicaResources,
+    /// Where replicas may run.
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+    /// Service-level objectives.
+    #[serde(default)]
+    pub slo: SloTargets,
+    /// How the replica count follows demand.
+    #[serde(default)]
+    pub scaling: ScalingPolicy,
+    /// Who wins when GPUs are short.
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+/// Labels that select the serving workload's pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadSelector {
+    /// Label key → value, all of which must match.
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// Numeric type of the weights.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 4 bytes per parameter.
+    Fp32,
+    /// 2 bytes per parameter.
+    #[default]
+    Bf16,
+    /// 2 bytes per parameter.
+    Fp16,
+    /// 1 byte per parameter.
+    Fp8,
+    /// 1 byte per parameter.
+    Int8,
+    /// Half a byte per parameter.
+    Int4,
+}
+
+impl Dtype {
+    /// Bytes per parameter.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Dtype::Fp32 => 4.0,
+            Dtype::Bf16 | Dtype::Fp16 => 2.0,
+            Dtype::Fp8 | Dtype::Int8 => 1.0,
+            Dtype::Int4 => 0.5,
+        }
+    }
+}
+
+/// What one replica needs: memory (given, or from parameters), compute,
+/// concurrency.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReplicaResources {
+    /// Total GPU memory of one replica, GiB. Give this, or `paramsB`.
+    #[serde(default, rename = "memoryGiB", skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
+    /// Parameters, in billions; memory is then weights + KV cache + overhead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_b: Option<f64>,
+    /// Weight type (default bf16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
+    /// KV-cache budget, GiB (default 0).
+    #[serde(
+        default,
+        rename = "kvCacheGiB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub kv_cache_gib: Option<f64>,
+    /// Runtime overhead, GiB (default 2).
+    #[serde(
+        default,
+        rename = "overheadGiB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub overhead_gib: Option<f64>,
+    /// Compute at the target throughput, as a fraction of one H100-80GB.
+    pub compute: f64,
+    /// Requests one replica serves at once.
+    pub max_concurrency: u32,
+}
+
+impl ReplicaResources {
+    /// Weights in GiB when given by parameters.
+    pub fn weights_gib(&self) -> Option<f64> {
+        self.params_b
+            .map(|p| p * 1e9 * self.dtype.unwrap_or_default().bytes() / GIB)
+    }
+
+    /// Memory per replica in GiB: `memoryGiB`, or weights + KV + overhead.
+    pub fn memory_gib(&self) -> Option<f64> {
+        self.memory_gib.or_else(|| {
+            self.weights_gib().map(|w| {
+                w + self.kv_cache_gib.unwrap_or(0.0)
+                    + self.overhead_gib.unwrap_or(DEFAULT_OVERHEAD_GIB)
+            })
+        })
+    }
+}
+
+/// How a replica may use GPUs.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SharingMode {
+    /// A MIG slice (hardware isolation).
+    Mig,
+    /// A time-sliced share of a GPU (no memory isolation).
+    Timeslice,
+    /// One or more whole GPUs.
+    Whole,
+}
+
+impl fmt::Display for SharingMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SharingMode::Mig => "mig",
+            SharingMode::Timeslice => "timeslice",
+            SharingMode::Whole => "whole",
+        })
+    }
+}
+
+fn all_modes() -> Vec<SharingMode> {
+    vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole]
+}
+
+fn tp_one() -> Vec<u32> {
+    vec![1]
+}
+
+/// Where replicas may run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlacementPolicy {
+    /// Allowed sharing modes (default: all three).
+    #[serde(default = "all_modes")]
+    pub sharing: Vec<SharingMode>,
+    /// Allowed GPU models by catalogue name (default: any).
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    /// Allowed tensor-parallel degrees: a replica takes that many whole GPUs
+    /// on one node (default `[1]`).
+    #[serde(default = "tp_one")]
+    pub tensor_parallel: Vec<u32>,
+}
+
+impl Default for PlacementPolicy {
+    fn default() -> Self {
+        PlacementPolicy {
+            sharing: all_modes(),
+            gpu_models: Vec::new(),
+            tensor_parallel: tp_one(),
+        }
+    }
+}
+
+/// p95 targets; any may be left out.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SloTargets {
+    /// p95 time to first token (streams).
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub ttft_p95: Option<Duration>,
+    /// p95 end-to-end latency.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub latency_p95: Option<Duration>,
+    /// p95 time spent in the gateway's queue.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub queue_wait_p95: Option<Duration>,
+}
+
+/// Criticality: who is placed first and shed last.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Placed first, shed last.
+    Critical,
+    /// The default.
+    #[default]
+    Standard,
+    /// Placed last, shed first.
+    Sheddable,
+}
+
+fn one() -> u32 {
+    1
+}
+fn ten() -> u32 {
+    10
+}
+fn eight() -> f64 {
+    8.0
+}
+fn five_minutes() -> Duration {
+    Duration::from_secs(300)
+}
+fn one_minute() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// How the replica count follows demand (HPA/KEDA/Knative vocabulary).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScalingPolicy {
+    /// Fewest replicas; 0 allows scale to zero (default 1).
+    #[serde(default = "one")]
+    pub min_replicas: u32,
+    /// Most replicas (default 10).
+    #[serde(default = "ten")]
+    pub max_replicas: u32,
+    /// Requests (waiting + in flight) per replica to aim at (default 8).
+    #[serde(default = "eight")]
+    pub target_queue_depth: f64,
+    /// Queue depth strictly above which a model at zero is activated
+    /// (KEDA's activation threshold; default 0).
+    #[serde(default)]
+    pub activation_queue_depth: f64,
+    /// Idle time before scaling to zero when `minReplicas` is 0 (default 5m).
+    #[serde(default = "five_minutes", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub scale_to_zero_after: Duration,
+    /// Time from starting a replica to it serving (default 1m); used to
+    /// scale ahead of forecast demand.
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub startup_time: Duration,
+    /// Rate limits and stabilisation (HPA `behavior`).
+    #[serde(default)]
+    pub behavior: Behavior,
+}
+
+impl Default for ScalingPolicy {
+    fn default() -> Self {
+        ScalingPolicy {
+            min_replicas: one(),
+            max_replicas: ten(),
+            target_queue_depth: eight(),
+            activation_queue_depth: 0.0,
+            scale_to_zero_after: five_minutes(),
+            startup_time: one_minute(),
+            behavior: Behavior::default(),
+        }
+    }
+}
+
+/// HPA `behavior`: per direction, a stabilisation window and rate policies.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Behavior {
+    /// Rules for scaling up (HPA defaults: window 0 s; 100 % or 4 pods per
+    /// 15 s, the larger).
+    #[serde(default)]
+    pub scale_up: ScalingRules,
+    /// Rules for scaling down (HPA defaults: window 300 s; 100 % per 15 s).
+    #[serde(default)]
+    pub scale_down: ScalingRules,
+}
+
+/// One direction's rules; anything left out takes HPA's default for that
+/// direction.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScalingRules {
+    /// Recommendations over this window are combined (max when scaling
+    /// down, min when scaling up) before acting.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub stabilization_window: Option<Duration>,
+    /// How the policies combine (default Max).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select_policy: Option<SelectPolicy>,
+    /// Rate policies (empty: HPA's defaults for this direction).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<RatePolicy>,
+}
+
+/// HPA `selectPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SelectPolicy {
+    /// The policy allowing the largest change.
+    #[default]
+    Max,
+    /// The policy allowing the smallest change.
+    Min,
+    /// No scaling in this direction.
+    Disabled,
+}
+
+/// HPA rate policy type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RatePolicyType {
+    /// At most `value` pods per period.
+    Pods,
+    /// At most `value` percent of the current replicas per period.
+    Percent,
+}
+
+/// One HPA rate policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RatePolicy {
+    /// Pods or Percent.
+    #[serde(rename = "type")]
+    pub kind: RatePolicyType,
+    /// The limit per period.
+    pub value: u32,
+    /// The period.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub period: Duration,
+}
+
+/// The last decision the autoscaler made, kept in the resource's status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// The replica count decided.
+    pub replicas: u32,
+    /// The sentence explaining it.
+    pub reason: String,
+    /// When (RFC 3339).
+    pub time: String,
+}
+
+/// Status subresource of `ModelPolicy`, written by the autoscaler.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelPolicyStatus {
+    /// Replicas serving now.
+    #[serde(default)]
+    pub current_replicas: u32,
+    /// Replicas the autoscaler wants.
+    #[serde(default)]
+    pub desired_replicas: u32,
+    /// The last decision and its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<Decision>,
+    /// The spec generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One direction's rules with every default filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedRules {
+    /// Stabilisation window.
+    pub stabilization_window: Duration,
+    /// How policies combine.
+    pub select_policy: SelectPolicy,
+    /// The rate policies.
+    pub policies: Vec<RatePolicy>,
+}
+
+impl ScalingRules {
+    fn resolve(&self, up: bool) -> ResolvedRules {
+        let period = Duration::from_secs(15);
+        let default_policies = if up {
+            vec![
+                RatePolicy {
+                    kind: RatePolicyType::Percent,
+                    value: 100,
+                    period,
+                },
+                RatePolicy {
+                    kind: RatePolicyType::Pods,
+                    value: 4,
+                    period,
+                },
+            ]
+        } else {
+            vec![RatePolicy {
+                kind: RatePolicyType::Percent,
+                value: 100,
+                period,
+            }]
+        };
+        ResolvedRules {
+            stabilization_window: self.stabilization_window.unwrap_or(if up {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(300)
+            }),
+            select_policy: self.select_policy.unwrap_or_default(),
+            policies: if self.policies.is_empty() {
+                default_policies
+            } else {
+                self.policies.clone()
+            },
+        }
+    }
+}
+
+/// A validated model policy with defaults resolved: what the packer, the
+/// gateway and the autoscaler use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// The policy's name (`metadata.name`).
+    pub name: String,
+    /// The policy's namespace, if any.
+    pub namespace: Option<String>,
+    /// The model name clients send.
+    pub served_name: String,
+    /// Memory per replica, GiB.
+    pub memory_gib: f64,
+    /// Compute per replica, fraction of one H100-80GB.
+    pub compute: f64,
+    /// Requests one replica serves at once.
+    pub max_concurrency: u32,
+    /// Allowed sharing modes.
+    pub sharing: Vec<SharingMode>,
+    /// Allowed GPU models (resolved: never empty).
+    pub gpu_models: Vec<String>,
+    /// Allowed tensor-parallel degrees, ascending.
+    pub tensor_parallel: Vec<u32>,
+    /// SLO targets.
+    pub slo: SloTargets,
+    /// Scaling settings as written.
+    pub scaling: ScalingPolicy,
+    /// Scale-up rules, defaults resolved.
+    pub scale_up: ResolvedRules,
+    /// Scale-down rules, defaults resolved.
+    pub scale_down: ResolvedRules,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// One way a replica could be placed, statically.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlacementOption {
+    /// A MIG instance of a profile.
+    Mig {
+        /// GPU model.
+        gpu: String,
+        /// Profile name.
+        profile: String,
+    },
+    /// A time-sliced share of one GPU.
+    Timeslice {
+        /// GPU model.
+        gpu: String,
+    },
+    /// `gpus` whole GPUs on one node.
+    Whole {
+        /// GPU model.
+        gpu: String,
+        /// Tensor-parallel degree.
+        gpus: u32,
+    },
+}
+
+impl Model {
+    /// Validates a policy against the catalogue. Every problem is reported,
+    /// each with the field path it concerns (relative to the document).
+    pub fn from_policy(policy: &ModelPolicy, catalog: &Catalog) -> Result<Model, Vec<FieldError>> {
+        let spec = &policy.spec;
+        let r = &spec.resources;
+        let mut errors = Vec::new();
+        let mut err = |path: &str, message: String| {
+            errors.push(FieldError {
+                path: path.to_string(),
+                message,
+            })
+        };
+        let name = policy.metadata.name.clone().unwrap_or_default();
+
+        match (r.memory_gib, r.params_b) {
+            (Some(_), Some(_)) => err(
+                "spec.resources.memoryGiB",
+                "give either memoryGiB or paramsB (with dtype, kvCacheGiB, overheadGiB), not both"
+                    .into(),
+            ),
+            (None, None) => err(
+                "spec.resources",
+                "missing memory: give memoryGiB, or paramsB (with dtype, kvCacheGiB, overheadGiB)"
+                    .into(),
+            ),
+            (Some(m), None) if !(m > 0.0 && m.is_finite()) => {
+                err("spec.resources.memoryGiB", format!("must be > 0, got {m}"))
+            }
+            (None, Some(p)) if !(p > 0.0 && p.is_finite()) => {
+                err("spec.resources.paramsB", format!("must be > 0, got {p}"))
+            }
+            _ => {}
+        }
+        if r.memory_gib.is_some() {
+            for (field, set) in [
+                ("dtype", r.dtype.is_some()),
+                ("kvCacheGiB", r.kv_cache_gib.is_some()),
+                ("overheadGiB", r.overhead_gib.is_some()),
+            ] {
+                if set {
+                    err(
+                        &format!("spec.resources.{field}"),
+                        format!(
+                            "{field} only applies with paramsB; memoryGiB is the total already"
+                        ),
+                    );
+                }
+            }
+        }
+        for (field, v) in [
+            ("kvCacheGiB", r.kv_cache_gib),
+            ("overheadGiB", r.overhead_gib),
+        ] {
+            if let Some(v) = v
+                && !(v >= 0.0 && v.is_finite())
+            {
+                err(
+                    &format!("spec.resources.{field}"),
+                    format!("must be >= 0, got {v}"),
+                );
+            }
+        }
+        if !(r.compute > 0.0 && r.compute.is_finite()) {
+            err(
+                "spec.resources.compute",
+                format!(
+                    "must be > 0 (a fraction of one H100-80GB), got {}",
+                    r.compute
+                ),
+            );
+        }
+        if r.max_concurrency == 0 {
+            err("spec.resources.maxConcurrency", "must be at least 1".into());
+        }
+
+        let p = &spec.placement;
+        if p.sharing.is_empty() {
+            err(
+                "spec.placement.sharing",
+                "allow at least one of mig, timeslice, whole".into(),
+            );
+        }
+        let mut gpu_models = Vec::new();
+        for (i, g) in p.gpu_models.iter().enumerate() {
+            match catalog.get(g) {
+                Some(m) => gpu_models.push(m.name.clone()),
+                None => err(
+                    &format!("spec.placement.gpuModels[{i}]"),
+                    format!(
+                        "unknown GPU model `{g}`; the catalogue has: {}",
+                        catalog.names().join(", ")
+                    ),
+                ),
+            }
+        }
+        if p.gpu_models.is_empty() {
+            gpu_models = catalog.names().into_iter().map(str::to_string).collect();
+        }
+        let mut tensor_parallel = p.tensor_parallel.clone();
+        tensor_parallel.sort_unstable();
+        tensor_parallel.dedup();
+        if tensor_parallel.is_empty() {
+            err(
+                "spec.placement.tensorParallel",
+                "give at least one degree (1 for a single GPU)".into(),
+            );
+        }
+        for (i, &k) in p.tensor_parallel.iter().enumerate() {
+            if k == 0 || k > 16 {
+                err(
+                    &format!("spec.placement.tensorParallel[{i}]"),
+                    format!("must be between 1 and 16, got {k}"),
+                );
+            }
+        }
+        if tensor_parallel.iter().any(|&k| k > 1) && !p.sharing.contains(&SharingMode::Whole) {
+            err(
+                "spec.placement.tensorParallel",
+                "tensor parallelism > 1 takes whole GPUs: add `whole` to sharing".into(),
+            );
+        }
+
+        let s = &spec.scaling;
+        if s.max_replicas == 0 {
+            err("spec.scaling.maxReplicas", "must be at least 1".into());
+        }
+        if s.min_replicas > s.max_replicas {
+            err(
+                "spec.scaling.minReplicas",
+                format!(
+                    "minReplicas ({}) is above maxReplicas ({})",
+                    s.min_replicas, s.max_replicas
+                ),
+            );
+        }
+        if !(s.target_queue_depth > 0.0 && s.target_queue_depth.is_finite()) {
+            err(
+                "spec.scaling.targetQueueDepth",
+                format!("must be > 0, got {}", s.target_queue_depth),
+            );
+        }
+        if !(s.activation_queue_depth >= 0.0 && s.activation_queue_depth.is_finite()) {
+            err(
+                "spec.scaling.activationQueueDepth",
+                format!("must be >= 0, got {}", s.activation_queue_depth),
+            );
+        }
+        for (dir, rules) in [
+            ("scaleUp", &s.behavior.scale_up),
+            ("scaleDown", &s.behavior.scale_down),
+        ] {
+            for (i, rp) in rules.policies.iter().enumerate() {
+                let path = format!("spec.scaling.behavior.{dir}.policies[{i}]");
+                if rp.value == 0 {
+                    err(&format!("{path}.value"), "must be at least 1".into());
+                }
+                if rp.period.is_zero() || rp.period > Duration::from_secs(1800) {
+                    err(
+                        &format!("{path}.period"),
+                        "must be between 1s and 30m (HPA's limits)".into(),
+                    );
+                }
+            }
+            if let Some(w) = rules.stabilization_window
+                && w > Duration::from_secs(3600)
+            {
+                err(
+                    &format!("spec.scaling.behavior.{dir}.stabilizationWindow"),
+                    "must be at most 1h (HPA's limit)".into(),
+                );
+            }
+        }
+
+        let memory_gib = r.memory_gib().unwrap_or(0.0);
+        let mut model = Model {
+            served_name: spec.served_name.clone().unwrap_or_else(|| name.clone()),
+            name,
+            namespace: policy.metadata.namespace.clone(),
+            memory_gib,
+            compute: r.compute,
+            max_concurrency: r.max_concurrency,
+            sharing: p.sharing.clone(),
+            gpu_models,
+            tensor_parallel,
+            slo: spec.slo.clone(),
+            scaling: s.clone(),
+            scale_up: s.behavior.scale_up.resolve(true),
+            scale_down: s.behavior.scale_down.resolve(false),
+            priority: spec.priority,
+        };
+        model.sharing.sort_unstable();
+        model.sharing.dedup();
+
+        if errors.is_empty() && model.options(catalog).is_empty() {
+            errors.push(FieldError {
+                path: "spec.resources".into(),
+                message: model.infeasibility(catalog),
+            });
+        }
+        if errors.is_empty() {
+            Ok(model)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Whether `k` devices of this memory and compute cover one replica.
+    fn fits(&self, memory_gib: f64, compute: f64, k: u32) -> bool {
+        f64::from(k) * memory_gib + 1e-9 >= self.memory_gib
+            && f64::from(k) * compute + 1e-9 >= self.compute
+    }
+
+    /// Every static placement option: (GPU model, mode, profile or degree)
+    /// whose memory and compute cover one replica. Node sizes are not
+    /// considered here (the cluster check does that).
+    pub fn options(&self, catalog: &Catalog) -> Vec<PlacementOption> {
+        let mut out = Vec::new();
+        for gpu in self.gpu_models.iter().filter_map(|g| catalog.get(g)) {
+            let single = self.tensor_parallel.contains(&1);
+            if single
+                && self.sharing.contains(&SharingMode::Mig)
+                && let Some(mig) = &gpu.mig
+            {
+                for prof in &mig.profiles {
+                    let compute = gpu.compute * f64::from(prof.compute_slices)
+                        / f64::from(mig.compute_slices);
+                    if !prof.media_extensions && self.fits(prof.usable_gib, compute, 1) {
+                        out.push(PlacementOption::Mig {
+                            gpu: gpu.name.clone(),
+                            profile: prof.name.clone(),
+                        });
+                    }
+                }
+            }
+            if single
+                && self.sharing.contains(&SharingMode::Timeslice)
+                && self.fits(gpu.usable_gib, gpu.compute, 1)
+            {
+                out.push(PlacementOption::Timeslice {
+                    gpu: gpu.name.clone(),
+                });
+            }
+            if self.sharing.contains(&SharingMode::Whole) {
+                for &k in &self.tensor_parallel {
+                    if self.fits(gpu.usable_gib, gpu.compute, k) {
+                        out.push(PlacementOption::Whole {
+                            gpu: gpu.name.clone(),
+                            gpus: k,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Why no option fits, in a model owner's words.
+    fn infeasibility(&self, catalog: &Catalog) -> String {
+        let tp: Vec<String> = self.tensor_parallel.iter().map(u32::to_string).collect();
+        let sharing: Vec<String> = self.sharing.iter().map(|m| m.to_string()).collect();
+        let best: Vec<String> = self
+            .gpu_models
+            .iter()
+            .filter_map(|g| catalog.get(g))
+            .map(|g| {
+                let k = if self.sharing.contains(&SharingMode::Whole) {
+                    self.tensor_parallel.iter().copied().max().unwrap_or(1)
+                } else {
+                    1
+                };
+                format!(
+                    "{}×{} gives {:.2} GiB and {:.2} compute",
+                    k,
+                    g.name,
+                    f64::from(k) * g.usable_gib,
+                    f64::from(k) * g.compute
+                )
+            })
+            .collect();
+        format!(
+            "needs {:.2} GiB and {:.2} H100s of compute per replica, and no allowed option fits \
+             (sharing: [{}], tensor parallel: [{}]); largest per GPU model: {}",
+            self.memory_gib,
+            self.compute,
+            sharing.join(", "),
+            tp.join(", "),
+            best.join("; ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(resources: ReplicaResources, placement: PlacementPolicy) -> ModelPolicy {
+        let mut p = ModelPolicy::new(
+            "m",
+            ModelPolicySpec {
+                served_name: None,
+                selector: WorkloadSelector::default(),
+                resources,
+                placement,
+                slo: SloTargets::default(),
+                scaling: ScalingPolicy::default(),
+                priority: Priority::Standard,
+            },
+        );
+        p.metadata.namespace = Some("ns".into());
+        p
+    }
+
+    fn res(memory: f64, compute: f64) -> ReplicaResources {
+        ReplicaResources {
+            memory_gib: Some(memory),
+            params_b: None,
+            dtype: None,
+            kv_cache_gib: None,
+            overhead_gib: None,
+            compute,
+            max_concurrency: 8,
+        }
+    }
+
+    #[test]
+    fn memory_from_parameters() {
+        let r = ReplicaResources {
+            memory_gib: None,
+            params_b: Some(8.03),
+            dtype: Some(Dtype::Bf16),
+            kv_cache_gib: Some(4.0),
+            overhead_gib: None,
+            compute: 0.2,
+            max_concurrency: 8,
+        };
+        let w = 8.03e9 * 2.0 / GIB;
+        assert!((r.memory_gib().unwrap() - (w + 4.0 + 2.0)).abs() < 1e-9);
+        assert!((w - 14.957).abs() < 1e-3);
+    }
+
+    #[test]
+    fn hpa_defaults_are_resolved() {
+        let m = Model::from_policy(
+            &policy(res(10.0, 0.1), PlacementPolicy::default()),
+            &Catalog::builtin(),
+        )
+        .unwrap();
+        assert_eq!(m.scale_down.stabilization_window, Duration::from_secs(300));
+        assert_eq!(m.scale_up.stabilization_window, Duration::ZERO);
+        assert_eq!(m.scale_up.policies.len(), 2);
+        assert_eq!(m.scale_up.select_policy, SelectPolicy::Max);
+        assert_eq!(m.served_name, "m");
+        assert_eq!(m.gpu_models.len(), Catalog::builtin().names().len());
+    }
+
+    #[test]
+    fn small_models_fit_mig_slices_and_big_ones_need_tensor_parallel() {
+        let c = Catalog::builtin();
+        let placement = PlacementPolicy {
+            sharing: vec![SharingMode::Mig],
+            gpu_models: vec!["H100-80GB".into()],
+            tensor_parallel: vec![1],
+        };
+        let m = Model::from_policy(&policy(res(19.0, 0.2), placement), &c).unwrap();
+        let profiles: Vec<_> = m
+            .options(&c)
+            .into_iter()
+            .map(|o| match o {
+                PlacementOption::Mig { profile, .. } => profile,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // 1g.20gb has the memory but only 1/7 of the compute (0.143 < 0.2).
+        assert_eq!(profiles, ["2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]);
+
+        let whole = PlacementPolicy {
+            sharing: vec![SharingMode::Whole],
+            gpu_models: vec!["H100-80GB".into()],
+            tensor_parallel: vec![1],
+        };
+        let errors = Model::from_policy(&policy(res(150.0, 1.0), whole.clone()), &c).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].path, "spec.resources");
+        assert!(
+            errors[0].message.contains("needs 150.00 GiB"),
+            "{}",
+            errors[0].message
+        );
+        let tp2 = PlacementPolicy {
+            tensor_parallel: vec![2],
+            ..whole
+        };
+        let m = Model::from_policy(&policy(res(150.0, 1.0), tp2), &c).unwrap();
+        assert_eq!(
+            m.options(&c),
+            [PlacementOption::Whole {
+                gpu: "H100-80GB".into(),
+                gpus: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let mut p = policy(
+            res(-1.0, 0.0),
+            PlacementPolicy {
+                sharing: vec![],
+                gpu_models: vec!["H900".into()],
+                tensor_parallel: vec![0],
+            },
+        );
+        p.spec.scaling.min_replicas = 5;
+        p.spec.scaling.max_replicas = 2;
+        p.spec.resources.max_concurrency = 0;
+        let errors = Model::from_policy(&p, &Catalog::builtin()).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        for want in [
+            "spec.resources.memoryGiB",
+            "spec.resources.compute",
+            "spec.resources.maxConcurrency",
+            "spec.placement.sharing",
+            "spec.placement.gpuModels[0]",
+            "spec.placement.tensorParallel[0]",
+            "spec.scaling.minReplicas",
+        ] {
+            assert!(paths.contains(&want), "{want} missing from {paths:?}");
+        }
+    }
+}
