@@ -1,1 +1,48 @@
-fn main() {}
+//! `gpuscale`: the one binary. A thin shell over the library crates: it
+//! parses the command line, sets up logging, and calls one command module.
+
+mod cmd;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Inference autoscaler and GPU packer for Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "gpuscale", version, about, long_about = None)]
+struct Cli {
+    /// Log format on stderr (levels from RUST_LOG, default `warn`).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check cluster, model-policy and training-job files; print every problem
+    /// as `file:line:column: field: message`.
+    Validate(cmd::validate::Args),
+    /// Print the ModelPolicy CustomResourceDefinition (apply it with kubectl).
+    Crd(cmd::crd::Args),
+    /// Print the GPU catalogue, or with --mig MODEL every valid MIG geometry.
+    Catalog(cmd::catalog::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    let result = match cli.command {
+        Command::Validate(args) => cmd::validate::run(&args),
+        Command::Crd(args) => cmd::crd::run(&args),
+        Command::Catalog(args) => cmd::catalog::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpuscale: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -375,8 +375,8 @@ impl fmt::Display for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:<11} {:>9} {:>9} {:>8} {:>7}  {}",
-            "MODEL", "MEM GiB", "USABLE", "COMPUTE", "$/h", "MIG PROFILES (usable GiB)"
+            "{:<11} {:>9} {:>9} {:>8} {:>7}  MIG PROFILES (usable GiB)",
+            "MODEL", "MEM GiB", "USABLE", "COMPUTE", "$/h"
         )?;
         for m in self.models() {
             let mig = match &m.mig {

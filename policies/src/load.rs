@@ -11,7 +11,7 @@
 //! across documents (duplicate names, workloads naming unknown policies,
 //! tensor-parallel degrees or gangs larger than any node of the cluster).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -174,7 +174,7 @@ fn check_name(name: &str) -> Option<String> {
 }
 
 enum Parsed {
-    Policy(ModelPolicy),
+    Policy(Box<ModelPolicy>),
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
 }
@@ -215,7 +215,7 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             p.metadata.labels = (!env.metadata.labels.is_empty()).then_some(env.metadata.labels);
             p.metadata.annotations =
                 (!env.metadata.annotations.is_empty()).then_some(env.metadata.annotations);
-            Ok(Parsed::Policy(p))
+            Ok(Parsed::Policy(Box::new(p)))
         }
         Some("TrainingJob") => {
             let env: Envelope<TrainingJobSpec> = typed(doc)?;
@@ -349,7 +349,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                     if let Some((_, c)) = &cluster {
                         problems.extend(check_model_fits_cluster(doc, &m, &catalog, c));
                     }
-                    policies.push(mp.clone());
+                    policies.push((**mp).clone());
                     models.push(m);
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
@@ -367,24 +367,12 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         }
     }
 
-    if let Some((doc, c)) = &cluster {
-        let known: BTreeSet<&str> = names.keys().map(String::as_str).collect();
-        for n in &c.nodes {
-            for g in &n.gpus {
-                for w in &g.workloads {
-                    if !known.contains(w.model.as_str()) {
-                        let path = spec_path_of_node(doc, &n.name);
-                        problems.push(doc.problem(
-                            path,
-                            format!(
-                                "GPU {} of node `{}` runs `{}`, which no ModelPolicy or TrainingJob defines",
-                                g.index, n.name, w.model
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
+    // Workloads must name a loaded policy or job — when any were loaded
+    // (a cluster file alone is checked on its own).
+    if let Some((doc, _)) = &cluster
+        && !names.is_empty()
+    {
+        problems.extend(unknown_workloads(doc, &names));
     }
 
     if problems.is_empty() {
@@ -402,14 +390,33 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     }
 }
 
-/// The path of a node's entry in the cluster document (templates expand, so
-/// the expanded index is mapped back by name).
-fn spec_path_of_node(doc: &Document, name: &str) -> String {
-    let nodes = doc.value["spec"]["nodes"].as_array();
-    let idx = nodes
-        .and_then(|ns| ns.iter().position(|n| n["name"].as_str() == Some(name)))
-        .unwrap_or(0);
-    format!("spec.nodes[{idx}].gpus")
+/// Workloads in the cluster document that name no loaded policy or job,
+/// located at their `model` field.
+fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let nodes = doc.value["spec"]["nodes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, node) in nodes.iter().enumerate() {
+        let gpus = node["gpus"].as_array().cloned().unwrap_or_default();
+        for (j, gpu) in gpus.iter().enumerate() {
+            let workloads = gpu["workloads"].as_array().cloned().unwrap_or_default();
+            for (k, w) in workloads.iter().enumerate() {
+                let model = w["model"].as_str().unwrap_or_default();
+                if !known.contains_key(model) {
+                    out.push(doc.problem(
+                        format!("spec.nodes[{i}].gpus[{j}].workloads[{k}].model"),
+                        format!(
+                            "GPU {} of node `{}` runs `{model}`, which no ModelPolicy or TrainingJob defines",
+                            gpu["index"], node["name"].as_str().unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn check_model_fits_cluster(

@@ -1,0 +1,201 @@
+//! Loading real files: every example is valid, and broken inputs give
+//! located problems naming the field.
+
+use std::path::Path;
+
+use gpuscale_policies::{Problem, load_paths, load_sources};
+
+fn problems(name: &str, text: &str) -> Vec<Problem> {
+    load_sources(&[(Path::new(name), text)]).unwrap_err().0
+}
+
+const POLICY: &str = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata:
+  name: m
+spec:
+  resources:
+    memoryGiB: 12
+    compute: 0.2
+    maxConcurrency: 8
+";
+
+#[test]
+fn the_examples_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let bundle = load_paths(&[root]).unwrap_or_else(|p| panic!("{p}"));
+    assert!(bundle.models.len() >= 10);
+    assert_eq!(bundle.jobs.len(), 2);
+    let cluster = bundle.cluster.unwrap();
+    assert_eq!(cluster.gpu_count(), 4 * 8 + 2 * 8 + 8 + 2 * 4);
+    assert_eq!(
+        bundle.catalog.get("H100-80GB").unwrap().price_per_hour,
+        2.49
+    );
+    let llama = bundle
+        .models
+        .iter()
+        .find(|m| m.name == "llama-3-1-8b")
+        .unwrap();
+    assert!((llama.memory_gib - 20.957).abs() < 1e-3);
+    assert_eq!(llama.served_name, "meta-llama/Llama-3.1-8B-Instruct");
+}
+
+#[test]
+fn a_valid_minimal_policy_loads_with_defaults() {
+    let b = load_sources(&[(Path::new("p.yaml"), POLICY)]).unwrap();
+    let m = &b.models[0];
+    assert_eq!(m.memory_gib, 12.0);
+    assert_eq!(m.scaling.min_replicas, 1);
+    assert_eq!(m.tensor_parallel, [1]);
+}
+
+#[test]
+fn unknown_field_is_located_and_named() {
+    let text = POLICY.replace("    compute: 0.2\n", "    compute: 0.2\n    gpuMemory: 3\n");
+    let p = problems("p.yaml", &text);
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].position.line, p[0].position.column), (9, 5));
+    assert_eq!(p[0].path, "spec.resources.gpuMemory");
+    assert!(
+        p[0].message.starts_with("unknown field `gpuMemory`"),
+        "{}",
+        p[0]
+    );
+    assert_eq!(
+        p[0].to_string().split(": ").next().unwrap(),
+        "p.yaml:9:5",
+        "{}",
+        p[0]
+    );
+}
+
+#[test]
+fn wrong_type_is_located_and_named() {
+    let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: eight");
+    let p = problems("p.yaml", &text);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].path, "spec.resources.maxConcurrency");
+    assert_eq!(p[0].position.line, 9);
+    assert!(p[0].message.contains("invalid type"), "{}", p[0]);
+}
+
+#[test]
+fn impossible_memory_says_so() {
+    let text = POLICY.replace("memoryGiB: 12", "memoryGiB: 900").replace(
+        "spec:\n",
+        "spec:\n  placement:\n    gpuModels: [H100-80GB]\n    tensorParallel: [1, 2]\n",
+    );
+    let p = problems("p.yaml", &text);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].path, "spec.resources");
+    assert!(p[0].message.contains("needs 900.00 GiB"), "{}", p[0]);
+    assert!(
+        p[0].message.contains("2×H100-80GB gives 158.50 GiB"),
+        "{}",
+        p[0]
+    );
+}
+
+#[test]
+fn every_problem_of_every_document_is_reported() {
+    let second = POLICY
+        .replace("name: m", "name: n")
+        .replace("compute: 0.2", "compute: -1")
+        .replace("maxConcurrency: 8", "maxConcurrency: 0");
+    let third = POLICY.replace("kind: ModelPolicy", "kind: ModelPolcy");
+    let text = format!("{POLICY}---\n{second}---\n{third}---\n{POLICY}");
+    let p = problems("many.yaml", &text);
+    let summary: Vec<(usize, &str)> = p
+        .iter()
+        .map(|p| (p.position.line, p.path.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (18, "spec.resources.compute"),
+            (19, "spec.resources.maxConcurrency"),
+            (22, "kind"),
+            (34, "metadata.name"),
+        ],
+        "{p:#?}"
+    );
+    assert!(p[3].message.contains("defined twice"));
+}
+
+#[test]
+fn json_problems_are_located_too() {
+    let text = "{\n  \"apiVersion\": \"gpuscale.io/v1alpha1\",\n  \"kind\": \"TrainingJob\",\n  \"metadata\": {\"name\": \"j\"},\n  \"spec\": {\"workers\": 2, \"gpusPerWorker\": \"8\"}\n}\n";
+    let p = problems("job.json", text);
+    assert_eq!(p[0].path, "spec.gpusPerWorker");
+    assert_eq!(p[0].position.line, 5);
+}
+
+#[test]
+fn cluster_and_cross_document_checks() {
+    let cluster = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: small}
+spec:
+  nodes:
+    - name: a
+      gpuModel: L4
+      gpuCount: 2
+      gpus:
+        - {index: 0, mode: whole, workloads: [{model: ghost}]}
+";
+    let big = POLICY.replace("memoryGiB: 12", "memoryGiB: 60").replace(
+        "spec:\n",
+        "spec:\n  placement:\n    tensorParallel: [4]\n    sharing: [whole]\n    gpuModels: [L4]\n",
+    );
+    let job = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: TrainingJob
+metadata: {name: j}
+spec: {workers: 4, gpusPerWorker: 2, gpuModels: [L4]}
+";
+    let p = load_sources(&[
+        (Path::new("c.yaml"), cluster),
+        (Path::new("p.yaml"), big.as_str()),
+        (Path::new("j.yaml"), job),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(p.len(), 3, "{text:#?}");
+    assert!(
+        text[0].starts_with("c.yaml:10:48: spec.nodes[0].gpus[0].workloads[0].model:")
+            && text[0].contains("ghost"),
+        "{}",
+        text[0]
+    );
+    assert!(
+        text[1].starts_with("j.yaml:4:") && text[1].contains("cannot hold"),
+        "{}",
+        text[1]
+    );
+    assert!(
+        text[2].starts_with("p.yaml:6:") && text[2].contains("4×L4 on one node"),
+        "{}",
+        text[2]
+    );
+}
+
+#[test]
+fn syntax_errors_and_bad_documents() {
+    let p = problems(
+        "bad.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: [unclosed\n",
+    );
+    assert!(p[0].message.contains("YAML syntax error"));
+    assert_eq!(p[0].position.line, 3);
+    let p = problems("bad.yaml", "- just\n- a list\n");
+    assert!(p[0].message.contains("expected a mapping"), "{}", p[0]);
+    let p = problems("bad.yaml", "apiVersion: v1\nkind: ModelPolicy\n");
+    assert_eq!(p[0].path, "apiVersion");
+    let text = POLICY.replace("name: m", "name: Not_Valid");
+    let p = problems("bad.yaml", &text);
+    assert_eq!(p[0].path, "metadata.name");
+}

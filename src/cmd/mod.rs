@@ -1,0 +1,35 @@
+//! One module per subcommand; each exposes `Args` (clap) and `run`.
+
+pub mod catalog;
+pub mod crd;
+pub mod validate;
+
+/// Output formats shared by the commands that print data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table for people.
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// Writes text to stdout; a reader that went away (`gpuscale … | head`)
+/// ends the output quietly instead of panicking.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Writes a serialisable value as JSON or YAML to stdout.
+pub fn print_data<T: serde::Serialize>(value: &T, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => emit(&format!("{}\n", serde_json::to_string_pretty(value)?)),
+        Format::Yaml | Format::Table => emit(&serde_yaml_ng::to_string(value)?),
+    }
+}

@@ -1,0 +1,94 @@
+//! `gpuscale validate PATH...`: load and validate, print every problem.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use gpuscale_policies::model::PlacementOption;
+use gpuscale_policies::{Bundle, load_paths};
+
+/// Arguments of `validate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Files or directories (YAML, JSON; directories are read recursively).
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Print nothing on success.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Runs the command: exit 0 when everything is valid, 1 otherwise.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    match load_paths(&args.paths) {
+        Ok(bundle) => {
+            tracing::info!(
+                models = bundle.models.len(),
+                jobs = bundle.jobs.len(),
+                "validated"
+            );
+            if !args.quiet {
+                super::emit(&summary(&bundle))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(problems) => {
+            let lines: String = problems.0.iter().map(|p| format!("{p}\n")).collect();
+            super::emit(&lines)?;
+            eprintln!("{} problem(s) found", problems.0.len());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn summary(bundle: &Bundle) -> String {
+    let mut out = String::new();
+    match &bundle.cluster {
+        Some(c) => out.push_str(&format!(
+            "cluster `{}`: {} nodes, {} GPUs\n",
+            c.name,
+            c.nodes.len(),
+            c.gpu_count()
+        )),
+        None => out.push_str("no cluster file: checked against the built-in catalogue\n"),
+    }
+    out.push_str(&format!("{} model policies:\n", bundle.models.len()));
+    for m in &bundle.models {
+        let options = m.options(&bundle.catalog);
+        let smallest: Vec<String> = options
+            .iter()
+            .map(|o| match o {
+                PlacementOption::Mig { gpu, profile } => format!("{gpu}:{profile}"),
+                PlacementOption::Timeslice { gpu } => format!("{gpu}:shared"),
+                PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu}"),
+            })
+            .take(4)
+            .collect();
+        let more = options.len().saturating_sub(smallest.len());
+        out.push_str(&format!(
+            "  {:<18} {:>7.2} GiB  compute {:>4.2}  fits: {}{}\n",
+            m.name,
+            m.memory_gib,
+            m.compute,
+            smallest.join(", "),
+            if more > 0 {
+                format!(" (+{more} more)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out.push_str(&format!("{} training jobs:\n", bundle.jobs.len()));
+    for j in &bundle.jobs {
+        out.push_str(&format!(
+            "  {:<18} {} × {} GPUs of [{}], topology {} ({:?})\n",
+            j.name,
+            j.spec.workers,
+            j.spec.gpus_per_worker,
+            j.gpu_models.join(", "),
+            j.spec.topology.level,
+            j.spec.topology.mode
+        ));
+    }
+    out.push_str("ok\n");
+    out
+}

@@ -1,0 +1,195 @@
+//! The `gpuscale` binary as a user runs it: exit codes, output lines, and no
+//! panic on bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn gpuscale(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn validate_examples_succeeds() {
+    let out = gpuscale(&["validate", "examples/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("cluster `example`: 9 nodes, 64 GPUs"),
+        "{text}"
+    );
+    assert!(text.contains("11 model policies"), "{text}");
+    assert!(text.ends_with("ok\n"));
+}
+
+#[test]
+fn validate_reports_each_problem_as_file_line_column() {
+    let out = gpuscale(&[
+        "validate",
+        "tests/fixtures/unknown-field.yaml",
+        "tests/fixtures/wrong-type.yaml",
+        "tests/fixtures/impossible-memory.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with(
+            "tests/fixtures/impossible-memory.yaml:7:3: spec.resources: needs 756.37 GiB"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("1×L4 gives 22.09 GiB"), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with(
+            "tests/fixtures/unknown-field.yaml:9:5: spec.resources.maxConcurency: unknown field `maxConcurency`"
+        ),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].starts_with(
+            "tests/fixtures/wrong-type.yaml:7:5: spec.resources.memoryGiB: invalid type: string \"twelve\""
+        ),
+        "{}",
+        lines[2]
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 problem(s) found"));
+}
+
+#[test]
+fn validate_missing_path_is_an_error_not_a_panic() {
+    let out = gpuscale(&["validate", "no/such/dir"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).starts_with("no/such/dir:1:1: cannot read"));
+    let out = gpuscale(&["validate"]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+}
+
+#[test]
+fn catalog_lists_models_and_geometries() {
+    let out = gpuscale(&["catalog"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    for m in [
+        "A100-40GB",
+        "B200",
+        "A30-24GB",
+        "L4",
+        "L40S",
+        "A10",
+        "T4",
+        "H200-141GB",
+    ] {
+        assert!(text.contains(m), "{m}");
+    }
+    let out = gpuscale(&["catalog", "--mig", "H100-80GB", "--maximal"]);
+    let text = stdout(&out);
+    let rows = text.lines().filter(|l| l.starts_with('*')).count();
+    assert_eq!(rows, 38, "{text}");
+    assert!(text.contains("38 maximal geometries (78 maximal placements)"));
+    let out = gpuscale(&["catalog", "--mig", "A30-24GB", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rows.as_array().unwrap().len() > 4);
+    let out = gpuscale(&["catalog", "--mig", "T4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("T4 does not support MIG"));
+}
+
+#[test]
+fn catalog_applies_cluster_overrides() {
+    let out = gpuscale(&[
+        "catalog",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--format",
+        "json",
+    ]);
+    let models: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let h100 = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "H100-80GB")
+        .unwrap();
+    assert_eq!(h100["price_per_hour"], 2.49);
+}
+
+#[test]
+fn crd_is_generated_from_the_policy_types() {
+    let out = gpuscale(&["crd", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let crd: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(crd["kind"], "CustomResourceDefinition");
+    assert_eq!(crd["metadata"]["name"], "modelpolicies.gpuscale.io");
+    assert_eq!(crd["spec"]["group"], "gpuscale.io");
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert!(version["subresources"]["status"].is_object());
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for field in [
+        "resources",
+        "placement",
+        "slo",
+        "scaling",
+        "priority",
+        "selector",
+    ] {
+        assert!(
+            spec[field].is_object(),
+            "spec.{field} missing from the schema"
+        );
+    }
+    let resources = &spec["resources"]["properties"];
+    for field in [
+        "memoryGiB",
+        "paramsB",
+        "dtype",
+        "kvCacheGiB",
+        "compute",
+        "maxConcurrency",
+    ] {
+        assert!(resources[field].is_object(), "resources.{field} missing");
+    }
+    // The YAML form parses to the same object.
+    let yaml = gpuscale(&["crd"]);
+    let docs = gpuscale_yaml(&yaml.stdout);
+    assert_eq!(docs, crd);
+}
+
+fn gpuscale_yaml(bytes: &[u8]) -> serde_json::Value {
+    serde_yaml_ng::from_slice(bytes).unwrap()
+}
+
+#[test]
+fn json_logs_are_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["--log-format", "json", "validate", "--quiet", "examples/"])
+        .env("RUST_LOG", "info")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let line = stderr.lines().next().expect("one log line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["level"], "INFO");
+    assert_eq!(v["fields"]["models"], 11);
+    assert!(out.stdout.is_empty());
+}
