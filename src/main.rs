@@ -21,6 +21,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Pack model replicas onto MIG slices, time-sliced shares and whole GPUs
+    /// (ILP); print the plan, emit the NVIDIA configuration.
+    Plan(Box<cmd::plan::Args>),
     /// Check cluster, model-policy and training-job files; print every problem
     /// as `file:line:column: field: message`.
     Validate(cmd::validate::Args),
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
     let result = match cli.command {
+        Command::Plan(args) => cmd::plan::run(&args),
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Crd(args) => cmd::crd::run(&args),
         Command::Catalog(args) => cmd::catalog::run(&args),

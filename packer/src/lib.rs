@@ -1,12 +1,339 @@
 //! # gpuscale-packer
 //!
 //! Decides where model replicas run: which GPUs are split into which MIG
-//! geometry, which are time-sliced, which serve whole, and which replica goes
-//! on which slot — the step that turns 40–60 % GPU utilisation into ~85 %.
+//! geometry, which are time-sliced and into how many shares, which serve
+//! whole (alone or in tensor-parallel groups on one node), and which replica
+//! goes in which slot — the step that turns 40–60 % GPU utilisation into
+//! ~85 %.
 //!
-//! Status: an empty shell. The ILP packer (good_lp with HiGHS) lands with the
-//! packer issue; until then nothing here is public and no `gpuscale`
-//! subcommand uses it.
+//! [`pack`] is a pure function of the cluster (with its current state), the
+//! validated model policies, the wanted replicas and the options: build
+//! ([`classes`]), solve ([`ilp`], good_lp with HiGHS), decode ([`decode`]).
+//! The ILP is a configuration (pattern) model whose size grows with GPU
+//! classes, patterns and models, not with the number of GPUs. Objective:
+//! cost of GPUs in use first; then, from a current state, GPUs reconfigured
+//! (each MIG change wipes a GPU), then replicas moved.
 //!
-//! What it will never do: network or file I/O — it is a pure library over the
-//! types of `gpuscale-policies`.
+//! Also here: the baselines ([`baseline`]: one replica per whole GPU,
+//! first-fit decreasing) and the NVIDIA artefacts ([`emit`]: mig-parted
+//! config, device-plugin time-slicing config, resource snippets).
+//!
+//! What it does not do: any I/O (files, network, Kubernetes) or clock read
+//! beyond measuring its own solve time (`solve_ms`) and giving HiGHS its
+//! time limit; training-job gang placement (a later issue).
+
+pub mod baseline;
+pub mod classes;
+pub mod decode;
+pub mod emit;
+pub mod ilp;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use gpuscale_policies::model::PlacementOption;
+use gpuscale_policies::{Cluster, Health, Model};
+
+pub use plan::{
+    Baselines, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Unplaced, Utilization, Variant,
+};
+
+/// Options of a solve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackOptions {
+    /// Wall-clock limit for the whole solve (HiGHS returns its best
+    /// solution when reached).
+    pub time_limit: Duration,
+    /// Relative MIP gap at which HiGHS stops.
+    pub mip_rel_gap: f64,
+    /// Most time-sliced shares per GPU considered (patterns `Share(2..=N)`).
+    pub max_timeslice_replicas: u8,
+    /// Fraction of a time-sliced GPU's usable memory kept free.
+    pub timeslice_memory_headroom: f64,
+    /// Fraction of a time-sliced GPU's compute its replicas may need.
+    pub timeslice_compute_cap: f64,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions {
+            time_limit: Duration::from_secs(30),
+            mip_rel_gap: 1e-4,
+            max_timeslice_replicas: 4,
+            timeslice_memory_headroom: 0.1,
+            timeslice_compute_cap: 1.0,
+        }
+    }
+}
+
+/// Why packing failed (not: why a replica was left out — that is in the
+/// plan's `unplaced`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PackError {
+    /// HiGHS failed or found no solution in time.
+    #[error("solver: {0}")]
+    Solver(String),
+    /// The demand names a model that was not given.
+    #[error("demand names `{0}`, which is not among the model policies")]
+    UnknownModel(String),
+}
+
+/// The wanted replicas when no demand file is given: each policy's
+/// `minReplicas`.
+pub fn min_replicas(models: &[Model]) -> BTreeMap<String, u32> {
+    models
+        .iter()
+        .map(|m| (m.name.clone(), m.scaling.min_replicas))
+        .collect()
+}
+
+/// Packs `demand` (replicas per model policy name; missing models get 0)
+/// onto the cluster, starting from its current state.
+pub fn pack(
+    cluster: &Cluster,
+    models: &[Model],
+    demand: &BTreeMap<String, u32>,
+    options: &PackOptions,
+) -> Result<Plan, PackError> {
+    let start = Instant::now();
+    if let Some(unknown) = demand
+        .keys()
+        .find(|k| !models.iter().any(|m| &m.name == *k))
+    {
+        return Err(PackError::UnknownModel(unknown.clone()));
+    }
+    let wanted: Vec<u32> = models
+        .iter()
+        .map(|m| demand.get(&m.name).copied().unwrap_or(0))
+        .collect();
+    let classes = classes::build(cluster, models, options);
+    let solved = ilp::solve(&classes, models, &wanted, options)?;
+    let decoded = decode::decode(cluster, models, &classes, &solved.counts);
+    let mut plan = figures(cluster, models, &wanted, &solved, decoded);
+    plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(plan)
+}
+
+fn figures(
+    cluster: &Cluster,
+    models: &[Model],
+    wanted: &[u32],
+    solved: &ilp::Solved,
+    decoded: decode::Decoded,
+) -> Plan {
+    let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
+    let mut used = 0u32;
+    let mut cost = 0.0;
+    let (mut memory, mut usable, mut compute, mut capacity) = (0.0, 0.0, 0.0, 0.0);
+    let mut variants: BTreeMap<(String, String), plan::Variant> = BTreeMap::new();
+    let mut placed: BTreeMap<&str, u32> = BTreeMap::new();
+    for g in &decoded.gpus {
+        if g.mode == Mode::Idle || g.replicas.is_empty() {
+            continue;
+        }
+        let Some(gpu) = cluster.catalog.get(&g.gpu_model) else {
+            continue;
+        };
+        used += 1;
+        cost += gpu.price_per_hour;
+        usable += gpu.usable_gib;
+        capacity += gpu.compute;
+        for r in &g.replicas {
+            let Some(m) = by_name.get(r.model.as_str()) else {
+                continue;
+            };
+            let share = f64::from(r.group_size.unwrap_or(1));
+            memory += m.memory_gib / share;
+            compute += m.compute / share;
+            let (suffix, resource, count) = match g.mode {
+                Mode::Mig => {
+                    let profile = r.profile.clone().unwrap_or_default();
+                    (profile.clone(), format!("nvidia.com/mig-{profile}"), 1)
+                }
+                Mode::Timeslice => ("shared".to_string(), "nvidia.com/gpu.shared".to_string(), 1),
+                _ => {
+                    let k = r.group_size.unwrap_or(1);
+                    (format!("tp{k}"), "nvidia.com/gpu".to_string(), k)
+                }
+            };
+            let name = format!("{}-{}-{}", r.model, g.gpu_model, suffix)
+                .to_lowercase()
+                .replace(['.', '+', '_'], "-");
+            let v = variants
+                .entry((r.model.clone(), name.clone()))
+                .or_insert_with(|| plan::Variant {
+                    name,
+                    gpu_model: g.gpu_model.clone(),
+                    resources: BTreeMap::from([(resource, count)]),
+                    replicas: 0,
+                });
+            // A tensor-parallel replica is listed on each of its GPUs.
+            let first_gpu_of_group =
+                r.group_size.is_none() || is_first_of_group(&decoded.gpus, g, r);
+            if first_gpu_of_group {
+                v.replicas += 1;
+                *placed.entry(m.name.as_str()).or_insert(0) += 1;
+            }
+        }
+    }
+    let model_plans: Vec<ModelPlan> = models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ModelPlan {
+            name: m.name.clone(),
+            wanted: wanted[i],
+            placed: placed.get(m.name.as_str()).copied().unwrap_or(0),
+            variants: variants
+                .iter()
+                .filter(|((model, _), _)| model == &m.name)
+                .map(|(_, v)| v.clone())
+                .collect(),
+        })
+        .collect();
+    let unplaced: Vec<Unplaced> = model_plans
+        .iter()
+        .zip(models)
+        .filter(|(p, _)| p.placed < p.wanted)
+        .map(|(p, m)| Unplaced {
+            model: m.name.clone(),
+            replicas: p.wanted - p.placed,
+            reason: unplaced_reason(cluster, m, &decoded.gpus),
+        })
+        .collect();
+
+    let mut plan = Plan {
+        gpus_used: used,
+        lp_bound_gpus: (solved.lp_gpus - 1e-6).ceil().max(0.0) as u32,
+        lp_bound_cost: solved.lp_cost,
+        cost_per_hour: cost,
+        optimality_gap: if solved.lp_cost > 1e-9 {
+            (cost - solved.lp_cost) / solved.lp_cost
+        } else {
+            0.0
+        },
+        optimal: solved.optimal,
+        utilization: Utilization {
+            memory: if usable > 0.0 { memory / usable } else { 0.0 },
+            compute: if capacity > 0.0 {
+                compute / capacity
+            } else {
+                0.0
+            },
+        },
+        moves: decoded.moves,
+        reconfigured_gpus: decoded.reconfigured,
+        solve_ms: 0.0,
+        unplaced,
+        gpus: decoded.gpus,
+        nodes: Vec::new(),
+        models: model_plans,
+        baselines: None,
+    };
+    let (_, names) = emit::mig_parted(&plan);
+    plan.nodes = cluster
+        .nodes
+        .iter()
+        .map(|n| NodePlan {
+            name: n.name.clone(),
+            mig_config: names
+                .get(&n.name)
+                .cloned()
+                .unwrap_or_else(|| emit::ALL_DISABLED.to_string()),
+            timeslice_replicas: decoded.timeslice_nodes.get(&n.name).copied(),
+        })
+        .collect();
+    plan
+}
+
+fn is_first_of_group(gpus: &[GpuPlan], g: &GpuPlan, r: &plan::ReplicaSlot) -> bool {
+    // Groups sit on one node; the first is the lowest GPU index carrying
+    // the same (model, replica).
+    !gpus.iter().any(|o| {
+        o.node == g.node
+            && o.index < g.index
+            && o.replicas
+                .iter()
+                .any(|x| x.model == r.model && x.replica == r.replica && x.group_size.is_some())
+    })
+}
+
+/// Why replicas of a model were left out, in a model owner's words.
+fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
+    let options = m.options(&cluster.catalog);
+    let present: Vec<&PlacementOption> = options
+        .iter()
+        .filter(|o| {
+            let gpu = match o {
+                PlacementOption::Mig { gpu, .. }
+                | PlacementOption::Timeslice { gpu }
+                | PlacementOption::Whole { gpu, .. } => gpu,
+            };
+            cluster.gpus_of(gpu) > 0
+        })
+        .collect();
+    let describe = |o: &PlacementOption| match o {
+        PlacementOption::Mig { gpu, profile } => format!("a {gpu} {profile} slice"),
+        PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
+        PlacementOption::Whole { gpu, gpus: 1 } => format!("a whole {gpu}"),
+        PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu} on one node"),
+    };
+    let head = format!(
+        "{} needs {:.2} GiB and {:.2} H100s of compute per replica",
+        m.name, m.memory_gib, m.compute
+    );
+    if present.is_empty() {
+        let allowed: Vec<String> = options.iter().map(describe).collect();
+        return format!(
+            "{head}; allowed: {}; the cluster has none of these GPUs",
+            if allowed.is_empty() {
+                "nothing".to_string()
+            } else {
+                allowed.join(", ")
+            }
+        );
+    }
+    // Free GPUs per model and the largest free block on one node.
+    let mut free: BTreeMap<&str, (u32, BTreeMap<&str, u32>)> = BTreeMap::new();
+    for n in &cluster.nodes {
+        for g in n.gpus.iter().filter(|g| g.health == Health::Healthy) {
+            let idle = gpus
+                .iter()
+                .find(|p| p.node == n.name && p.index == g.index)
+                .is_none_or(|p| p.mode == Mode::Idle);
+            if idle {
+                let e = free.entry(n.gpu_model.as_str()).or_default();
+                e.0 += 1;
+                *e.1.entry(n.name.as_str()).or_insert(0) += 1;
+            }
+        }
+    }
+    let mut models_seen: Vec<&str> = Vec::new();
+    let mut room = Vec::new();
+    for o in &present {
+        let gpu = match o {
+            PlacementOption::Mig { gpu, .. }
+            | PlacementOption::Timeslice { gpu }
+            | PlacementOption::Whole { gpu, .. } => gpu.as_str(),
+        };
+        if models_seen.contains(&gpu) {
+            continue;
+        }
+        models_seen.push(gpu);
+        let (total, per_node) = free.get(gpu).cloned().unwrap_or_default();
+        let largest = per_node.values().copied().max().unwrap_or(0);
+        room.push(format!(
+            "{gpu}: {total} of {} GPUs free, at most {largest} on one node",
+            cluster.gpus_of(gpu)
+        ));
+    }
+    format!(
+        "{head}; allowed: {}; not enough free capacity ({}) after higher-priority and cheaper placements",
+        present
+            .iter()
+            .map(|o| describe(o))
+            .collect::<Vec<_>>()
+            .join(", or "),
+        room.join("; ")
+    )
+}

@@ -145,6 +145,11 @@ pub struct NodeSpec {
     pub gpu_model: String,
     /// GPUs on the node.
     pub gpu_count: u32,
+    /// The device plugin's time-slicing replica count configured on the
+    /// node now, if it shares GPUs (default: the most workloads any of its
+    /// time-sliced GPUs runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice_replicas: Option<u8>,
     /// State of GPUs that are not free and healthy (others default to that).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuState>,
@@ -165,6 +170,8 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     /// GPU model name.
     pub gpu_model: String,
+    /// Time-slicing replica count configured now (see [`NodeSpec`]).
+    pub timeslice_replicas: Option<u8>,
     /// Every GPU, by index.
     pub gpus: Vec<Gpu>,
 }
@@ -286,6 +293,12 @@ impl Cluster {
                     nvlink_domain: n.nvlink_domain.clone(),
                     labels: n.labels.clone(),
                     gpu_model: n.gpu_model.clone(),
+                    timeslice_replicas: n.timeslice_replicas.or_else(|| {
+                        gpus.iter()
+                            .filter(|g| g.mode == GpuMode::Timeslice)
+                            .map(|g| g.workloads.len() as u8)
+                            .max()
+                    }),
                     gpus: gpus.clone(),
                 });
             }
@@ -504,6 +517,7 @@ mod tests {
             labels: BTreeMap::new(),
             gpu_model: "H100-80GB".into(),
             gpu_count: 8,
+            timeslice_replicas: None,
             gpus,
         }
     }

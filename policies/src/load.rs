@@ -1,7 +1,7 @@
 //! Loading files and directories into a validated [`Bundle`].
 //!
 //! Each document has the Kubernetes shape `apiVersion: gpuscale.io/v1alpha1`,
-//! `kind` (`ModelPolicy`, `TrainingJob` or `Cluster`), `metadata` and
+//! `kind` (`ModelPolicy`, `TrainingJob`, `Cluster` or `Demand`), `metadata` and
 //! `spec`. Directories are read recursively (`*.yaml`, `*.yml`, `*.json`, in
 //! name order). Loading reports every problem of every file at once, each
 //! with file, line, column and field path; it never panics on any input.
@@ -71,6 +71,16 @@ pub struct Bundle {
     pub models: Vec<Model>,
     /// The validated training jobs.
     pub jobs: Vec<TrainingJob>,
+    /// Wanted replicas per model policy name, if a `Demand` document was given.
+    pub demand: Option<BTreeMap<String, u32>>,
+}
+
+/// A `kind: Demand` spec: the replica count wanted per model policy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DemandSpec {
+    /// Model policy name → replicas.
+    pub replicas: BTreeMap<String, u32>,
 }
 
 /// Every problem found, sorted by file and position.
@@ -177,6 +187,7 @@ enum Parsed {
     Policy(Box<ModelPolicy>),
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
+    Demand(DemandSpec),
 }
 
 fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
@@ -227,13 +238,18 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             named(&env.metadata)?;
             Ok(Parsed::Cluster(env.metadata.name, env.spec))
         }
+        Some("Demand") => {
+            let env: Envelope<DemandSpec> = typed(doc)?;
+            named(&env.metadata)?;
+            Ok(Parsed::Demand(env.spec))
+        }
         Some(other) => Err(doc.problem(
             "kind",
-            format!("unknown kind `{other}`; expected ModelPolicy, TrainingJob or Cluster"),
+            format!("unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster or Demand"),
         )),
         None => Err(doc.problem(
             "kind",
-            "missing field `kind` (ModelPolicy, TrainingJob or Cluster)",
+            "missing field `kind` (ModelPolicy, TrainingJob, Cluster or Demand)",
         )),
     }
 }
@@ -327,7 +343,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
             Parsed::Job(n, _) => n.clone(),
-            Parsed::Cluster(..) => continue,
+            Parsed::Cluster(..) | Parsed::Demand(..) => continue,
         };
         if let Some((file, line)) = names.get(&name) {
             problems.push(doc.problem(
@@ -363,8 +379,27 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Cluster(..) => {}
+            Parsed::Cluster(..) | Parsed::Demand(..) => {}
         }
+    }
+
+    // Demand: at most one document; every name a loaded model policy.
+    let mut demand: Option<BTreeMap<String, u32>> = None;
+    for (doc, p) in &parsed {
+        let Parsed::Demand(spec) = p else { continue };
+        if demand.is_some() {
+            problems.push(doc.problem("kind", "a second Demand document; give one"));
+            continue;
+        }
+        for name in spec.replicas.keys() {
+            if !models.iter().any(|m| &m.name == name) {
+                problems.push(doc.problem(
+                    format!("spec.replicas.{name}"),
+                    format!("no ModelPolicy named `{name}` was loaded"),
+                ));
+            }
+        }
+        demand = Some(spec.replicas.clone());
     }
 
     // Workloads must name a loaded policy or job — when any were loaded
@@ -382,6 +417,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             policies,
             models,
             jobs,
+            demand,
         })
     } else {
         problems.sort();

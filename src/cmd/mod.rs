@@ -2,6 +2,7 @@
 
 pub mod catalog;
 pub mod crd;
+pub mod plan;
 pub mod validate;
 
 /// Output formats shared by the commands that print data.

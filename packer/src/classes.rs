@@ -1,0 +1,352 @@
+//! Aggregation: GPUs into interchangeable classes, the slot types each class
+//! offers, the GPU patterns (configurations) that provide those slots, and
+//! the current state counted per class.
+//!
+//! A **class** is a set of nodes with the same GPU model and the same number
+//! of healthy GPUs: for inference placement their GPUs are interchangeable,
+//! so the ILP decides counts per class and [`crate::decode`] picks concrete
+//! GPUs. The ILP's size grows with classes × patterns × models, never with
+//! the number of GPUs.
+//!
+//! **Slot types** of a class: each MIG profile of its GPU model (plain ones;
+//! a `+me` instance hosts what its plain twin hosts), and `Share(N)`: one of
+//! `N` time-sliced shares of a GPU, which may hold a replica of at most
+//! `usable × (1 − headroom) / N` GiB and `compute × cap / N` compute. Equal
+//! shares are what make time-slicing safe: the device plugin hands any
+//! `nvidia.com/gpu.shared` of a node to any pod, so only a per-share bound
+//! keeps the sum of memory on a GPU under its usable memory whatever the
+//! assignment. One `N` per node (the device plugin's `replicas`), and no
+//! whole GPU on a node that time-slices (the plugin renames every
+//! `nvidia.com/gpu` of such a node to `nvidia.com/gpu.shared`).
+//!
+//! **Patterns**: every maximal MIG geometry of the GPU model (38 on an
+//! 8-slot GPU, derived from the placement rules), every MIG geometry in use
+//! now (so keeping it is an option), and `Share(N)` for `N` in
+//! `2..=max_share`. Whole GPUs are not patterns: tensor-parallel groups of
+//! `k` whole GPUs are counted per model.
+
+use std::collections::BTreeMap;
+
+use gpuscale_policies::mig::{self, Geometry};
+use gpuscale_policies::{Cluster, GpuMode, Health, MigSpec, Model, SharingMode};
+
+use crate::PackOptions;
+
+/// What a slot is.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SlotKind {
+    /// A MIG instance of this (plain) profile.
+    Mig(String),
+    /// One of `N` time-sliced shares of a GPU.
+    Share(u8),
+}
+
+/// One slot type of a class, with what a slot of it offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotType {
+    /// What it is.
+    pub kind: SlotKind,
+    /// Memory a replica in it may use, GiB.
+    pub memory_gib: f64,
+    /// Compute it offers (1.0 = one H100-80GB).
+    pub compute: f64,
+}
+
+/// A GPU configuration the ILP can choose for GPUs of a class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pattern {
+    /// What the GPU is configured as.
+    pub kind: PatternKind,
+    /// Slots it provides: (slot type index, count).
+    pub slots: Vec<(usize, u32)>,
+}
+
+/// The configuration of a pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatternKind {
+    /// A MIG geometry (a canonical placement of its profile multiset).
+    Mig(Geometry),
+    /// Time-sliced into `N` shares.
+    Share(u8),
+}
+
+/// Nodes with the same GPU model and number of healthy GPUs.
+#[derive(Debug, Clone)]
+pub struct Class {
+    /// GPU model name.
+    pub gpu_model: String,
+    /// Price per GPU-hour.
+    pub price: f64,
+    /// Usable memory of a whole GPU.
+    pub usable_gib: f64,
+    /// Relative compute of a whole GPU.
+    pub compute: f64,
+    /// MIG capability.
+    pub mig: Option<MigSpec>,
+    /// Healthy GPUs per node.
+    pub gpus_per_node: u32,
+    /// The nodes (indices into `Cluster::nodes`).
+    pub nodes: Vec<usize>,
+    /// Slot types.
+    pub slot_types: Vec<SlotType>,
+    /// Patterns.
+    pub patterns: Vec<Pattern>,
+    /// GPUs in each pattern now (parallel to `patterns`).
+    pub current_patterns: Vec<u32>,
+    /// Replicas per (model index, slot type) now.
+    pub current_slots: BTreeMap<(usize, usize), u32>,
+    /// Tensor-parallel groups per (model index, k) now.
+    pub current_whole: BTreeMap<(usize, u32), u32>,
+}
+
+impl Class {
+    /// Healthy GPUs in the class.
+    pub fn healthy_gpus(&self) -> u32 {
+        self.gpus_per_node * self.nodes.len() as u32
+    }
+
+    /// Index of the slot type of a MIG profile (`+me` maps to its plain twin).
+    pub fn mig_slot(&self, profile: &str) -> Option<usize> {
+        let plain = profile.trim_end_matches("+me");
+        self.slot_types
+            .iter()
+            .position(|t| t.kind == SlotKind::Mig(plain.to_string()))
+    }
+
+    /// Index of the `Share(n)` slot type.
+    pub fn share_slot(&self, n: u8) -> Option<usize> {
+        self.slot_types
+            .iter()
+            .position(|t| t.kind == SlotKind::Share(n))
+    }
+
+    /// The pattern a MIG geometry counts as (same profile multiset).
+    pub fn mig_pattern_of(&self, geometry: &Geometry) -> Option<usize> {
+        let want = plain_counts(geometry);
+        self.patterns.iter().position(|p| match &p.kind {
+            PatternKind::Mig(g) => plain_counts(g) == want,
+            PatternKind::Share(_) => false,
+        })
+    }
+}
+
+/// Profile counts with `+me` folded into the plain profile.
+pub fn plain_counts(geometry: &Geometry) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for p in geometry.placements() {
+        *counts
+            .entry(p.profile.trim_end_matches("+me").to_string())
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Whether a model may use a slot type of a class.
+pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
+    let mode = match t.kind {
+        SlotKind::Mig(_) => SharingMode::Mig,
+        SlotKind::Share(_) => SharingMode::Timeslice,
+    };
+    model.sharing.contains(&mode)
+        && model.tensor_parallel.contains(&1)
+        && model.gpu_models.contains(&class.gpu_model)
+        && model.memory_gib <= t.memory_gib + 1e-9
+        && model.compute <= t.compute + 1e-9
+}
+
+/// Tensor-parallel degrees a model may use on a class.
+pub fn whole_degrees(model: &Model, class: &Class) -> Vec<u32> {
+    if !model.sharing.contains(&SharingMode::Whole) || !model.gpu_models.contains(&class.gpu_model)
+    {
+        return Vec::new();
+    }
+    model
+        .tensor_parallel
+        .iter()
+        .copied()
+        .filter(|&k| {
+            k <= class.gpus_per_node
+                && f64::from(k) * class.usable_gib + 1e-9 >= model.memory_gib
+                && f64::from(k) * class.compute + 1e-9 >= model.compute
+        })
+        .collect()
+}
+
+/// Groups the cluster's nodes into classes and builds slot types, patterns
+/// and the current state of each.
+pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<Class> {
+    let mut groups: BTreeMap<(String, u32), Vec<usize>> = BTreeMap::new();
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let healthy = n
+            .gpus
+            .iter()
+            .filter(|g| g.health == Health::Healthy)
+            .count() as u32;
+        if healthy > 0 && cluster.catalog.get(&n.gpu_model).is_some() {
+            groups
+                .entry((n.gpu_model.clone(), healthy))
+                .or_default()
+                .push(i);
+        }
+    }
+    let mut classes = Vec::new();
+    for ((gpu_model, gpus_per_node), nodes) in groups {
+        let gpu = cluster.catalog.get(&gpu_model).expect("checked above");
+        let mut class = Class {
+            gpu_model: gpu_model.clone(),
+            price: gpu.price_per_hour,
+            usable_gib: gpu.usable_gib,
+            compute: gpu.compute,
+            mig: gpu.mig.clone(),
+            gpus_per_node,
+            nodes,
+            slot_types: Vec::new(),
+            patterns: Vec::new(),
+            current_patterns: Vec::new(),
+            current_slots: BTreeMap::new(),
+            current_whole: BTreeMap::new(),
+        };
+        add_slot_types(&mut class, options);
+        add_patterns(&mut class, cluster, models, options);
+        count_current(&mut class, cluster, models);
+        classes.push(class);
+    }
+    classes
+}
+
+fn add_slot_types(class: &mut Class, options: &PackOptions) {
+    if let Some(spec) = &class.mig {
+        for p in spec.profiles.iter().filter(|p| !p.media_extensions) {
+            class.slot_types.push(SlotType {
+                kind: SlotKind::Mig(p.name.clone()),
+                memory_gib: p.usable_gib,
+                compute: class.compute * f64::from(p.compute_slices)
+                    / f64::from(spec.compute_slices),
+            });
+        }
+    }
+    for n in 2..=options.max_timeslice_replicas {
+        class.slot_types.push(SlotType {
+            kind: SlotKind::Share(n),
+            memory_gib: class.usable_gib * (1.0 - options.timeslice_memory_headroom) / f64::from(n),
+            compute: class.compute * options.timeslice_compute_cap / f64::from(n),
+        });
+    }
+}
+
+fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options: &PackOptions) {
+    let useful: Vec<bool> = class
+        .slot_types
+        .iter()
+        .map(|t| models.iter().any(|m| fits_slot(m, class, t)))
+        .collect();
+    let mut geometries: Vec<Geometry> = Vec::new();
+    if let Some(spec) = &class.mig {
+        geometries.extend(mig::maximal_geometries(spec));
+        for &ni in &class.nodes {
+            for g in &cluster.nodes[ni].gpus {
+                if g.mode == GpuMode::Mig && !g.geometry.is_empty() {
+                    geometries.push(g.geometry.clone());
+                }
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    for g in geometries {
+        let counts = plain_counts(&g);
+        if seen.contains(&counts) {
+            continue;
+        }
+        seen.push(counts.clone());
+        let slots: Vec<(usize, u32)> = counts
+            .iter()
+            .filter_map(|(profile, &c)| class.mig_slot(profile).map(|t| (t, c)))
+            .collect();
+        let is_current = class.nodes.iter().any(|&ni| {
+            cluster.nodes[ni]
+                .gpus
+                .iter()
+                .any(|gpu| gpu.mode == GpuMode::Mig && plain_counts(&gpu.geometry) == counts)
+        });
+        if is_current || slots.iter().any(|&(t, _)| useful[t]) {
+            class.patterns.push(Pattern {
+                kind: PatternKind::Mig(g),
+                slots,
+            });
+        }
+    }
+    for n in 2..=options.max_timeslice_replicas {
+        if let Some(t) = class.share_slot(n)
+            && useful[t]
+        {
+            class.patterns.push(Pattern {
+                kind: PatternKind::Share(n),
+                slots: vec![(t, u32::from(n))],
+            });
+        }
+    }
+}
+
+fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
+    class.current_patterns = vec![0; class.patterns.len()];
+    let model_index = |name: &str| models.iter().position(|m| m.name == name);
+    for &ni in &class.nodes {
+        let node = &cluster.nodes[ni];
+        let mut whole: BTreeMap<usize, u32> = BTreeMap::new();
+        for g in node.gpus.iter().filter(|g| g.health == Health::Healthy) {
+            match g.mode {
+                GpuMode::Mig => {
+                    if let Some(p) = class.mig_pattern_of(&g.geometry) {
+                        class.current_patterns[p] += 1;
+                    }
+                    for w in &g.workloads {
+                        let profile = g
+                            .geometry
+                            .placements()
+                            .iter()
+                            .find(|p| Some(p.start) == w.slot)
+                            .map(|p| p.profile.clone());
+                        if let (Some(m), Some(t)) = (
+                            model_index(&w.model),
+                            profile.and_then(|p| class.mig_slot(&p)),
+                        ) {
+                            *class.current_slots.entry((m, t)).or_insert(0) += 1;
+                        }
+                    }
+                }
+                GpuMode::Timeslice => {
+                    let n = node.timeslice_replicas.unwrap_or(0);
+                    if let Some(p) = class
+                        .patterns
+                        .iter()
+                        .position(|p| p.kind == PatternKind::Share(n))
+                    {
+                        class.current_patterns[p] += 1;
+                    }
+                    if let Some(t) = class.share_slot(n) {
+                        for w in &g.workloads {
+                            if let Some(m) = model_index(&w.model) {
+                                *class.current_slots.entry((m, t)).or_insert(0) += 1;
+                            }
+                        }
+                    }
+                }
+                GpuMode::Whole => {
+                    for w in &g.workloads {
+                        if let Some(m) = model_index(&w.model) {
+                            *whole.entry(m).or_insert(0) += 1;
+                        }
+                    }
+                }
+                GpuMode::Free => {}
+            }
+        }
+        for (m, gpus) in whole {
+            if let Some(&k) = whole_degrees(&models[m], class).first()
+                && gpus >= k
+            {
+                *class.current_whole.entry((m, k)).or_insert(0) += gpus / k;
+            }
+        }
+    }
+}

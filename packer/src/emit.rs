@@ -1,0 +1,257 @@
+//! The artefacts NVIDIA's tools consume, generated from a [`Plan`]: the
+//! mig-parted configuration (selected per node by the `nvidia.com/mig.config`
+//! label), the device plugin's time-slicing configurations (selected by
+//! `nvidia.com/device-plugin.config`), the node labels, and per-variant
+//! resource snippets for pod templates. Pure: it returns text; the caller
+//! writes files.
+//!
+//! mig-parted applies a geometry by profile counts per device; the driver
+//! picks start slots. The plan's start slots are valid placements (so the
+//! counts are always realisable) but advisory.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Mode, Plan};
+
+/// The mig-parted config name that disables MIG on every GPU.
+pub const ALL_DISABLED: &str = "all-disabled";
+
+/// mig-parted's config file (`version: v1`, `mig-configs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigPartedConfig {
+    /// Always `v1`.
+    pub version: String,
+    /// Named configurations.
+    #[serde(rename = "mig-configs")]
+    pub mig_configs: BTreeMap<String, Vec<MigConfigEntry>>,
+}
+
+/// Devices an entry applies to: `all` or a list of indices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Devices {
+    /// The literal `all`.
+    All(String),
+    /// Device indices.
+    List(Vec<u32>),
+}
+
+/// One entry of a mig-parted configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigConfigEntry {
+    /// The devices.
+    pub devices: Devices,
+    /// Whether MIG mode is on.
+    #[serde(rename = "mig-enabled")]
+    pub mig_enabled: bool,
+    /// Instances per profile (MIG enabled only).
+    #[serde(
+        rename = "mig-devices",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub mig_devices: BTreeMap<String, u32>,
+}
+
+/// MIG instances per profile of one GPU; `None` = MIG disabled.
+type GpuConfig = Option<BTreeMap<String, u32>>;
+
+/// Per node, the configuration of each GPU index.
+fn node_layouts(plan: &Plan) -> BTreeMap<&str, Vec<(u32, GpuConfig)>> {
+    let mut out: BTreeMap<&str, Vec<(u32, GpuConfig)>> = BTreeMap::new();
+    for g in &plan.gpus {
+        let counts =
+            (matches!(g.mode, Mode::Mig | Mode::Idle) && !g.geometry.is_empty()).then(|| {
+                let mut c = BTreeMap::new();
+                for p in &g.geometry {
+                    *c.entry(p.profile.clone()).or_insert(0) += 1;
+                }
+                c
+            });
+        out.entry(g.node.as_str())
+            .or_default()
+            .push((g.index, counts));
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|(i, _)| *i);
+    }
+    out
+}
+
+fn entries(layout: &[(u32, GpuConfig)]) -> Vec<MigConfigEntry> {
+    // Group devices with the same configuration, in order of first index.
+    let mut groups: Vec<(GpuConfig, Vec<u32>)> = Vec::new();
+    for (i, cfg) in layout {
+        match groups.iter_mut().find(|(c, _)| c == cfg) {
+            Some((_, devs)) => devs.push(*i),
+            None => groups.push((cfg.clone(), vec![*i])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(cfg, devices)| MigConfigEntry {
+            devices: Devices::List(devices),
+            mig_enabled: cfg.is_some(),
+            mig_devices: cfg.unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// FNV-1a, for stable short config names.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The mig-parted configuration and, per node, the config name to select.
+/// Nodes with the same layout share one named configuration.
+pub fn mig_parted(plan: &Plan) -> (MigPartedConfig, BTreeMap<String, String>) {
+    let mut configs = BTreeMap::new();
+    configs.insert(
+        ALL_DISABLED.to_string(),
+        vec![MigConfigEntry {
+            devices: Devices::All("all".into()),
+            mig_enabled: false,
+            mig_devices: BTreeMap::new(),
+        }],
+    );
+    let mut names = BTreeMap::new();
+    for (node, layout) in node_layouts(plan) {
+        let name = if layout.iter().all(|(_, c)| c.is_none()) {
+            ALL_DISABLED.to_string()
+        } else {
+            let e = entries(&layout);
+            let text = serde_json::to_string(&e).expect("plain data serialises");
+            let name = format!("gpuscale-{:010x}", fnv(&text) & 0xff_ffff_ffff);
+            configs.insert(name.clone(), e);
+            name
+        };
+        names.insert(node.to_string(), name);
+    }
+    (
+        MigPartedConfig {
+            version: "v1".into(),
+            mig_configs: configs,
+        },
+        names,
+    )
+}
+
+/// The device plugin's configuration for a node time-slicing into `n`.
+pub fn device_plugin_config(n: Option<u8>) -> serde_json::Value {
+    let mut config = serde_json::json!({
+        "version": "v1",
+        "flags": {"migStrategy": "mixed"},
+    });
+    if let Some(n) = n {
+        config["sharing"] = serde_json::json!({
+            "timeSlicing": {
+                "renameByDefault": true,
+                "failRequestsGreaterThanOne": true,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": n}],
+            }
+        });
+    }
+    config
+}
+
+/// Name of the device-plugin config for a node (`default` or `timeslice-N`).
+pub fn device_plugin_config_name(n: Option<u8>) -> String {
+    n.map_or_else(|| "default".to_string(), |n| format!("timeslice-{n}"))
+}
+
+/// Every file `plan --emit DIR` writes: (relative path, contents).
+pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+    let mut out = Vec::new();
+    let (mig, _) = mig_parted(plan);
+    out.push((
+        "mig-parted-config.yaml".into(),
+        serde_yaml_ng::to_string(&mig)?,
+    ));
+    // The mig-parted config as the GPU Operator's MIG manager reads it.
+    let mig_text = serde_yaml_ng::to_string(&mig)?;
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpuscale-mig-parted-config", "namespace": namespace},
+        "data": {"config.yaml": mig_text},
+    });
+    out.push((
+        "mig-parted-configmap.yaml".into(),
+        serde_yaml_ng::to_string(&cm)?,
+    ));
+
+    let mut shares: Vec<Option<u8>> = vec![None];
+    for n in &plan.nodes {
+        if !shares.contains(&n.timeslice_replicas) {
+            shares.push(n.timeslice_replicas);
+        }
+    }
+    shares.sort();
+    let mut data = serde_json::Map::new();
+    for n in &shares {
+        data.insert(
+            device_plugin_config_name(*n),
+            serde_json::Value::String(serde_yaml_ng::to_string(&device_plugin_config(*n))?),
+        );
+    }
+    let dp = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpuscale-device-plugin-config", "namespace": namespace},
+        "data": data,
+    });
+    out.push((
+        "device-plugin-config.yaml".into(),
+        serde_yaml_ng::to_string(&dp)?,
+    ));
+
+    let labels: BTreeMap<&str, BTreeMap<&str, String>> = plan
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name.as_str(),
+                BTreeMap::from([
+                    ("nvidia.com/mig.config", n.mig_config.clone()),
+                    (
+                        "nvidia.com/device-plugin.config",
+                        device_plugin_config_name(n.timeslice_replicas),
+                    ),
+                ]),
+            )
+        })
+        .collect();
+    out.push((
+        "node-labels.yaml".into(),
+        serde_yaml_ng::to_string(&labels)?,
+    ));
+
+    for m in &plan.models {
+        for v in &m.variants {
+            let snippet = serde_json::json!({
+                "variant": v.name,
+                "model": m.name,
+                "replicas": v.replicas,
+                "nodeSelector": {"nvidia.com/gpu.product": product_hint(&v.gpu_model)},
+                "resources": {"limits": v.resources},
+            });
+            out.push((
+                format!("variants/{}.yaml", v.name),
+                serde_yaml_ng::to_string(&snippet)?,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn product_hint(gpu_model: &str) -> String {
+    gpuscale_policies::Catalog::builtin()
+        .get(gpu_model)
+        .map_or_else(|| gpu_model.to_string(), |g| g.product.clone())
+}

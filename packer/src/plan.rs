@@ -1,0 +1,233 @@
+//! The packer's output: where every replica goes, how every GPU is
+//! configured, and the figures that judge it. Serialised as the JSON/YAML
+//! schema documented in the README (`gpuscale plan --format json`).
+
+use std::collections::BTreeMap;
+
+use gpuscale_policies::{Cluster, Placement};
+use serde::{Deserialize, Serialize};
+
+/// How a GPU is used in a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Partitioned with MIG.
+    Mig,
+    /// Time-sliced.
+    Timeslice,
+    /// Used whole (alone or in a tensor-parallel group).
+    Whole,
+    /// Nothing placed; its configuration is left as it is.
+    Idle,
+}
+
+/// One replica on a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaSlot {
+    /// Model policy name.
+    pub model: String,
+    /// Replica number within the model (0-based, stable within a plan).
+    pub replica: u32,
+    /// MIG profile of the instance (mode `mig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Start slot of the instance (mode `mig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<u8>,
+    /// GPUs of the replica's tensor-parallel group (mode `whole`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+}
+
+/// One GPU of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuPlan {
+    /// Node name.
+    pub node: String,
+    /// Index on the node.
+    pub index: u32,
+    /// GPU model.
+    pub gpu_model: String,
+    /// Mode.
+    pub mode: Mode,
+    /// MIG geometry (mode `mig`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub geometry: Vec<Placement>,
+    /// Shares per GPU (mode `timeslice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice_replicas: Option<u8>,
+    /// Replicas on it.
+    pub replicas: Vec<ReplicaSlot>,
+}
+
+/// A way a model's replicas are placed, and what each such pod requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    /// Variant name (`<model>-<gpu>-<mig profile|shared|tpK>`), lowercase.
+    pub name: String,
+    /// GPU model.
+    pub gpu_model: String,
+    /// Device-plugin resources one pod requests.
+    pub resources: BTreeMap<String, u32>,
+    /// Replicas of this variant.
+    pub replicas: u32,
+}
+
+/// One model in the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelPlan {
+    /// Model policy name.
+    pub name: String,
+    /// Replicas wanted.
+    pub wanted: u32,
+    /// Replicas placed.
+    pub placed: u32,
+    /// Placement variants.
+    pub variants: Vec<Variant>,
+}
+
+/// Per node: the configuration NVIDIA's tools apply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodePlan {
+    /// Node name.
+    pub name: String,
+    /// Value of the `nvidia.com/mig.config` label (a mig-parted config name).
+    pub mig_config: String,
+    /// Device-plugin time-slicing replicas, when the node shares GPUs
+    /// (value of `nvidia.com/device-plugin.config`: `timeslice-<N>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice_replicas: Option<u8>,
+}
+
+/// A model's replicas that could not be placed, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unplaced {
+    /// Model policy name.
+    pub model: String,
+    /// Replicas not placed.
+    pub replicas: u32,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Memory and compute utilisation of the GPUs in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Utilization {
+    /// Σ replica memory ÷ Σ usable memory of GPUs in use.
+    pub memory: f64,
+    /// Σ replica compute ÷ Σ compute of GPUs in use.
+    pub compute: f64,
+}
+
+/// A baseline's figures, for comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineFigures {
+    /// GPUs used.
+    pub gpus_used: u32,
+    /// Cost per hour.
+    pub cost_per_hour: f64,
+    /// Utilisation.
+    pub utilization: Utilization,
+    /// Replicas it could not place.
+    pub unplaced: u32,
+}
+
+/// Baselines of `plan --compare`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Baselines {
+    /// One replica per whole GPU (or k whole GPUs for tensor parallelism).
+    pub whole_gpu: BaselineFigures,
+    /// First-fit decreasing over the same rules.
+    pub ffd: BaselineFigures,
+}
+
+/// The plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// GPUs with at least one replica.
+    pub gpus_used: u32,
+    /// ⌈LP-relaxation lower bound on GPUs⌉.
+    pub lp_bound_gpus: u32,
+    /// LP-relaxation lower bound on cost per hour.
+    pub lp_bound_cost: f64,
+    /// Cost per hour of the GPUs in use.
+    pub cost_per_hour: f64,
+    /// (cost − LP cost bound) ÷ LP cost bound.
+    pub optimality_gap: f64,
+    /// Whether the solver proved optimality within its limits.
+    pub optimal: bool,
+    /// Utilisation of the GPUs in use.
+    pub utilization: Utilization,
+    /// Replicas running now that move (scale-downs excluded).
+    pub moves: u32,
+    /// GPUs whose MIG or sharing configuration changes.
+    pub reconfigured_gpus: u32,
+    /// Time to build, solve and decode, ms.
+    pub solve_ms: f64,
+    /// Replicas not placed, with reasons.
+    pub unplaced: Vec<Unplaced>,
+    /// Every GPU.
+    pub gpus: Vec<GpuPlan>,
+    /// Every node's configuration.
+    pub nodes: Vec<NodePlan>,
+    /// Every model's variants.
+    pub models: Vec<ModelPlan>,
+    /// Baselines, with `--compare`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baselines: Option<Baselines>,
+}
+
+impl Plan {
+    /// The cluster as it will be once this plan is applied: the current
+    /// state for an incremental re-plan (`--current PLAN.json`). GPUs the
+    /// plan does not mention keep their state.
+    pub fn apply_to(&self, cluster: &Cluster) -> Cluster {
+        use gpuscale_policies::inventory::Workload;
+        use gpuscale_policies::{Geometry, GpuMode};
+        let mut out = cluster.clone();
+        let mut by_gpu: BTreeMap<(&str, u32), &GpuPlan> = BTreeMap::new();
+        for g in &self.gpus {
+            by_gpu.insert((g.node.as_str(), g.index), g);
+        }
+        for node in &mut out.nodes {
+            let plan_node = self.nodes.iter().find(|n| n.name == node.name);
+            if let Some(n) = plan_node
+                && n.timeslice_replicas.is_some()
+            {
+                node.timeslice_replicas = n.timeslice_replicas;
+            }
+            for gpu in &mut node.gpus {
+                let Some(p) = by_gpu.get(&(node.name.as_str(), gpu.index)) else {
+                    continue;
+                };
+                let workloads = p
+                    .replicas
+                    .iter()
+                    .map(|r| Workload {
+                        model: r.model.clone(),
+                        slot: r.start,
+                    })
+                    .collect();
+                match p.mode {
+                    Mode::Mig => {
+                        gpu.mode = GpuMode::Mig;
+                        gpu.geometry = Geometry::new(p.geometry.clone());
+                        gpu.workloads = workloads;
+                    }
+                    Mode::Timeslice => {
+                        gpu.mode = GpuMode::Timeslice;
+                        gpu.geometry = Geometry::default();
+                        gpu.workloads = workloads;
+                    }
+                    Mode::Whole => {
+                        gpu.mode = GpuMode::Whole;
+                        gpu.geometry = Geometry::default();
+                        gpu.workloads = workloads;
+                    }
+                    Mode::Idle => gpu.workloads.clear(),
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,226 @@
+//! `gpuscale plan`: pack the wanted replicas onto the cluster and print or
+//! emit the plan.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use gpuscale_packer::{Baselines, Mode, PackOptions, Plan, baseline, emit, min_replicas, pack};
+use gpuscale_policies::load_paths;
+
+/// Arguments of `plan`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The cluster file (`kind: Cluster`).
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Model policies: files or directories.
+    #[arg(long, required = true, num_args = 1..)]
+    pub policies: Vec<PathBuf>,
+    /// Wanted replicas (`kind: Demand`); models it leaves out get their
+    /// `minReplicas`. Without it, every model gets `minReplicas`.
+    #[arg(long)]
+    pub demand: Option<PathBuf>,
+    /// An earlier plan (JSON) to re-plan from: its placement is the current
+    /// state. Without it, the cluster file's GPU states are.
+    #[arg(long)]
+    pub current: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = super::Format::Table)]
+    pub format: super::Format,
+    /// Write the mig-parted config, device-plugin config, node labels and
+    /// per-variant resource snippets into this directory.
+    #[arg(long)]
+    pub emit: Option<PathBuf>,
+    /// Namespace of the emitted ConfigMaps.
+    #[arg(long, default_value = "gpu-operator")]
+    pub namespace: String,
+    /// Also run the baselines (whole GPU per replica; first-fit decreasing).
+    #[arg(long)]
+    pub compare: bool,
+    /// Solver time limit.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub time_limit: Duration,
+    /// Relative MIP gap at which the solver stops.
+    #[arg(long, default_value_t = 1e-4)]
+    pub mip_gap: f64,
+    /// Most time-sliced shares per GPU.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=16))]
+    pub max_shares: u8,
+    /// Fraction of a time-sliced GPU's memory kept free.
+    #[arg(long, default_value_t = 0.1)]
+    pub timeslice_headroom: f64,
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    if !(0.0..1.0).contains(&args.timeslice_headroom) {
+        bail!("--timeslice-headroom must be in [0, 1)");
+    }
+    let mut paths = vec![args.cluster.clone()];
+    paths.extend(args.policies.iter().cloned());
+    paths.extend(args.demand.iter().cloned());
+    let bundle = match load_paths(&paths) {
+        Ok(b) => b,
+        Err(problems) => {
+            super::emit(&format!("{problems}\n"))?;
+            eprintln!("{} problem(s) found", problems.0.len());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let Some(mut cluster) = bundle.cluster else {
+        bail!("{}: no `kind: Cluster` document", args.cluster.display());
+    };
+    if let Some(path) = &args.current {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let earlier: Plan = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a plan in JSON", path.display()))?;
+        cluster = earlier.apply_to(&cluster);
+    }
+    let mut demand: BTreeMap<String, u32> = min_replicas(&bundle.models);
+    if let Some(d) = &bundle.demand {
+        demand.extend(d.clone());
+    }
+    let options = PackOptions {
+        time_limit: args.time_limit,
+        mip_rel_gap: args.mip_gap,
+        max_timeslice_replicas: args.max_shares,
+        timeslice_memory_headroom: args.timeslice_headroom,
+        ..PackOptions::default()
+    };
+    tracing::info!(
+        gpus = cluster.gpu_count(),
+        models = bundle.models.len(),
+        "packing"
+    );
+    let mut plan = pack(&cluster, &bundle.models, &demand, &options)?;
+    if args.compare {
+        plan.baselines = Some(Baselines {
+            whole_gpu: baseline::whole_gpu(&cluster, &bundle.models, &demand),
+            ffd: baseline::ffd(&cluster, &bundle.models, &demand, &options),
+        });
+    }
+    if let Some(dir) = &args.emit {
+        for (rel, text) in emit::files(&plan, &args.namespace)? {
+            let path = dir.join(&rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        tracing::info!(dir = %dir.display(), "emitted NVIDIA configuration");
+    }
+    match args.format {
+        super::Format::Table => super::emit(&table(&plan))?,
+        other => super::print_data(&plan, other)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(plan: &Plan) -> String {
+    let mut out = format!(
+        "{:<12} {:>3}  {:<11} {:<9} {:<44} REPLICAS\n",
+        "NODE", "GPU", "MODEL", "MODE", "CONFIGURATION"
+    );
+    let mut idle = 0;
+    for g in &plan.gpus {
+        if g.mode == Mode::Idle {
+            idle += 1;
+            continue;
+        }
+        let config = match g.mode {
+            Mode::Mig => g
+                .geometry
+                .iter()
+                .map(|p| format!("{}@{}", p.profile, p.start))
+                .collect::<Vec<_>>()
+                .join(" + "),
+            Mode::Timeslice => format!("{} shares", g.timeslice_replicas.unwrap_or(0)),
+            _ => "whole".to_string(),
+        };
+        let replicas: Vec<String> = g
+            .replicas
+            .iter()
+            .map(|r| match (&r.profile, r.group_size) {
+                (Some(p), _) => format!("{}#{} ({p})", r.model, r.replica),
+                (None, Some(k)) if k > 1 => format!("{}#{} (tp{k})", r.model, r.replica),
+                _ => format!("{}#{}", r.model, r.replica),
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<12} {:>3}  {:<11} {:<9} {:<44} {}\n",
+            g.node,
+            g.index,
+            g.gpu_model,
+            format!("{:?}", g.mode).to_lowercase(),
+            config,
+            replicas.join(", ")
+        ));
+    }
+    out.push_str(&format!("({idle} GPUs idle)\n\n"));
+    out.push_str(&format!(
+        "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",
+        plan.gpus_used,
+        plan.lp_bound_gpus,
+        plan.cost_per_hour,
+        plan.lp_bound_cost,
+        plan.optimality_gap * 100.0,
+        if plan.optimal {
+            "optimal"
+        } else {
+            "best found within limits"
+        }
+    ));
+    out.push_str(&format!(
+        "utilisation of GPUs in use: memory {:.1} %, compute {:.1} %\n",
+        plan.utilization.memory * 100.0,
+        plan.utilization.compute * 100.0
+    ));
+    out.push_str(&format!(
+        "replicas moved {}, GPUs reconfigured {}, solved in {:.0} ms\n",
+        plan.moves, plan.reconfigured_gpus, plan.solve_ms
+    ));
+    for m in &plan.models {
+        let variants: Vec<String> = m
+            .variants
+            .iter()
+            .map(|v| {
+                let res: Vec<String> = v
+                    .resources
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect();
+                format!("{}×[{}]", v.replicas, res.join(", "))
+            })
+            .collect();
+        out.push_str(&format!(
+            "  {:<18} {}/{} placed  {}\n",
+            m.name,
+            m.placed,
+            m.wanted,
+            variants.join(" ")
+        ));
+    }
+    for u in &plan.unplaced {
+        out.push_str(&format!(
+            "unplaced: {} × {}: {}\n",
+            u.replicas, u.model, u.reason
+        ));
+    }
+    if let Some(b) = &plan.baselines {
+        out.push_str(&format!(
+            "baselines: whole-GPU {} GPUs (${:.2}/h, memory {:.1} %), first-fit decreasing {} GPUs (${:.2}/h, memory {:.1} %)\n",
+            b.whole_gpu.gpus_used,
+            b.whole_gpu.cost_per_hour,
+            b.whole_gpu.utilization.memory * 100.0,
+            b.ffd.gpus_used,
+            b.ffd.cost_per_hour,
+            b.ffd.utilization.memory * 100.0
+        ));
+    }
+    out
+}
