@@ -118,13 +118,28 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
             if let Some((m, k, group)) = a.whole {
                 replicas.push((m, None, None, Some((k, group))));
             }
+            // Reconfiguration: the MIG or sharing configuration changes.
+            let before = config_key(gpu.mode, &gpu.geometry, node.timeslice_replicas);
+            let after = match a.mode {
+                Mode::Mig => Some(format!("mig:{:?}", plain_counts(&a.geometry))),
+                Mode::Timeslice => Some(format!("share:{}", a.share.unwrap_or(0))),
+                Mode::Whole | Mode::Idle => None,
+            };
+            let reconfigured = before != after;
+            if reconfigured {
+                out.reconfigured += 1;
+            }
             // Moves: a current workload stays when the same model is in the
-            // same place (the same instance start on MIG).
-            let mut here: Vec<(usize, Option<u8>)> = gpu
-                .workloads
-                .iter()
-                .filter_map(|w| model_index.get(w.model.as_str()).map(|&m| (m, w.slot)))
-                .collect();
+            // same place (the same instance start on MIG) on a GPU whose
+            // configuration does not change (a MIG change restarts it).
+            let mut here: Vec<(usize, Option<u8>)> = if reconfigured {
+                Vec::new()
+            } else {
+                gpu.workloads.clone()
+            }
+            .iter()
+            .filter_map(|w| model_index.get(w.model.as_str()).map(|&m| (m, w.slot)))
+            .collect();
             for (m, _, start, group) in &replicas {
                 if let Some(pos) = here
                     .iter()
@@ -133,16 +148,6 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
                     here.swap_remove(pos);
                     matched[*m] += group.map_or(1.0, |(k, _)| 1.0 / f64::from(k));
                 }
-            }
-            // Reconfiguration: the MIG or sharing configuration changes.
-            let before = config_key(gpu.mode, &gpu.geometry, node.timeslice_replicas);
-            let after = match a.mode {
-                Mode::Mig => Some(format!("mig:{:?}", plain_counts(&a.geometry))),
-                Mode::Timeslice => Some(format!("share:{}", a.share.unwrap_or(0))),
-                Mode::Whole | Mode::Idle => None,
-            };
-            if before != after {
-                out.reconfigured += 1;
             }
             let mut slots = Vec::new();
             for (m, profile, start, group) in replicas {

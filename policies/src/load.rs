@@ -262,10 +262,15 @@ fn located(doc: &Document, errors: Vec<FieldError>) -> impl Iterator<Item = Prob
 pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Bundle, Problems> {
     let mut problems = Vec::new();
     let mut sources = Vec::new();
+    // A file named twice (directly and through its directory) is read once.
+    let mut seen = std::collections::BTreeSet::new();
     for p in paths {
         match files_under(p.as_ref()) {
             Ok(files) => {
                 for f in files {
+                    if !seen.insert(std::fs::canonicalize(&f).unwrap_or_else(|_| f.clone())) {
+                        continue;
+                    }
                     match read(&f) {
                         Ok(text) => sources.push((f, text)),
                         Err(e) => problems.push(e),

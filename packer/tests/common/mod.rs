@@ -1,0 +1,83 @@
+//! Builders shared by the packer's integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use gpuscale_policies::inventory::{ClusterSpec, NodeSpec};
+use gpuscale_policies::model::{
+    ModelPolicySpec, PlacementPolicy, ReplicaResources, ScalingPolicy, SloTargets, WorkloadSelector,
+};
+use gpuscale_policies::{Catalog, Cluster, Model, ModelPolicy, Priority, SharingMode};
+
+pub fn cluster(nodes: &[(&str, &str, u32)]) -> Cluster {
+    let spec = ClusterSpec {
+        catalog: vec![],
+        nodes: nodes
+            .iter()
+            .map(|&(name, gpu, count)| NodeSpec {
+                name: name.into(),
+                count: None,
+                zone: None,
+                rack: None,
+                nvlink_domain: None,
+                labels: BTreeMap::new(),
+                gpu_model: gpu.into(),
+                gpu_count: count,
+                timeslice_replicas: None,
+                gpus: vec![],
+            })
+            .collect(),
+    };
+    Cluster::from_spec("test", &spec, &Catalog::builtin()).unwrap()
+}
+
+pub fn model(
+    name: &str,
+    memory: f64,
+    compute: f64,
+    sharing: &[SharingMode],
+    tp: &[u32],
+    gpus: &[&str],
+) -> Model {
+    try_model(name, memory, compute, sharing, tp, gpus).expect("a feasible model")
+}
+
+/// A model, or `None` when no GPU of the catalogue can hold it.
+pub fn try_model(
+    name: &str,
+    memory: f64,
+    compute: f64,
+    sharing: &[SharingMode],
+    tp: &[u32],
+    gpus: &[&str],
+) -> Option<Model> {
+    let policy = ModelPolicy::new(
+        name,
+        ModelPolicySpec {
+            served_name: None,
+            selector: WorkloadSelector::default(),
+            resources: ReplicaResources {
+                memory_gib: Some(memory),
+                params_b: None,
+                dtype: None,
+                kv_cache_gib: None,
+                overhead_gib: None,
+                compute,
+                max_concurrency: 8,
+            },
+            placement: PlacementPolicy {
+                sharing: sharing.to_vec(),
+                gpu_models: gpus.iter().map(|g| g.to_string()).collect(),
+                tensor_parallel: tp.to_vec(),
+            },
+            slo: SloTargets::default(),
+            scaling: ScalingPolicy::default(),
+            priority: Priority::Standard,
+        },
+    );
+    Model::from_policy(&policy, &Catalog::builtin()).ok()
+}
+
+pub fn demand(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
+    pairs.iter().map(|(m, n)| (m.to_string(), *n)).collect()
+}

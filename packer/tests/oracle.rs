@@ -1,0 +1,305 @@
+//! The packer against a brute-force oracle on tiny instances (one node of at
+//! most 3 GPUs, at most 6 replicas): every configuration of every GPU is
+//! tried and replicas are assigned by backtracking, under the same rules.
+//! The packer must place as many replicas and pay no more.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use gpuscale_packer::{Mode, PackOptions, pack};
+use gpuscale_policies::mig::{self, Geometry};
+use gpuscale_policies::{Catalog, Cluster, GpuModel, Model, SharingMode};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Config {
+    Idle,
+    Whole,
+    Mig(Geometry),
+    Share(u8),
+}
+
+/// What a replica can occupy on a configured GPU.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    gpu: usize,
+    memory: f64,
+    compute: f64,
+    mig: bool,
+}
+
+fn configs(gpu: &GpuModel, options: &PackOptions) -> Vec<Config> {
+    let mut out = vec![Config::Idle, Config::Whole];
+    if let Some(spec) = &gpu.mig {
+        out.extend(mig::maximal_geometries(spec).into_iter().map(Config::Mig));
+    }
+    out.extend((2..=options.max_timeslice_replicas).map(Config::Share));
+    out
+}
+
+/// Most replicas placeable (then least cost) for one node of `gpus`.
+fn oracle(
+    gpu: &GpuModel,
+    count: usize,
+    models: &[Model],
+    replicas: &[usize],
+    options: &PackOptions,
+) -> (usize, f64) {
+    let all = configs(gpu, options);
+    let mut best: Option<(usize, f64)> = None;
+    // Multisets of configurations (GPUs of a node are interchangeable).
+    let mut choice = vec![0usize; count];
+    loop {
+        let cfg: Vec<&Config> = choice.iter().map(|&i| &all[i]).collect();
+        let shares: Vec<u8> = cfg
+            .iter()
+            .filter_map(|c| {
+                if let Config::Share(n) = c {
+                    Some(*n)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let one_n = shares.windows(2).all(|w| w[0] == w[1]);
+        let whole_ok = shares.is_empty() || !cfg.iter().any(|c| matches!(c, Config::Whole));
+        if one_n && whole_ok {
+            let mut slots = Vec::new();
+            let mut whole_gpus = Vec::new();
+            for (g, c) in cfg.iter().enumerate() {
+                match c {
+                    Config::Idle => {}
+                    Config::Whole => whole_gpus.push(g),
+                    Config::Mig(geometry) => {
+                        let spec = gpu.mig.as_ref().unwrap();
+                        for p in geometry.placements() {
+                            let prof = spec.profile(&p.profile).unwrap();
+                            slots.push(Slot {
+                                gpu: g,
+                                memory: prof.usable_gib,
+                                compute: gpu.compute * f64::from(prof.compute_slices)
+                                    / f64::from(spec.compute_slices),
+                                mig: true,
+                            });
+                        }
+                    }
+                    Config::Share(n) => {
+                        for _ in 0..*n {
+                            slots.push(Slot {
+                                gpu: g,
+                                memory: gpu.usable_gib * (1.0 - options.timeslice_memory_headroom)
+                                    / f64::from(*n),
+                                compute: gpu.compute * options.timeslice_compute_cap
+                                    / f64::from(*n),
+                                mig: false,
+                            });
+                        }
+                    }
+                }
+            }
+            let mut used_slots = vec![false; slots.len()];
+            let mut used_whole = vec![false; whole_gpus.len()];
+            let mut used_gpu = vec![false; count];
+            let (placed, gpus_used) = assign(
+                gpu,
+                models,
+                replicas,
+                0,
+                &slots,
+                &mut used_slots,
+                &whole_gpus,
+                &mut used_whole,
+                &mut used_gpu,
+            );
+            let cost = gpus_used as f64 * gpu.price_per_hour;
+            let improves =
+                best.is_none_or(|(bp, bc)| placed > bp || (placed == bp && cost < bc - 1e-9));
+            if improves {
+                best = Some((placed, cost));
+            }
+        }
+        // Next non-decreasing choice vector.
+        let mut i = count;
+        loop {
+            if i == 0 {
+                return best.expect("the all-idle configuration is always tried");
+            }
+            i -= 1;
+            if choice[i] + 1 < all.len() {
+                choice[i] += 1;
+                for j in i + 1..count {
+                    choice[j] = choice[i];
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// Backtracking: the most replicas placed, and with that the fewest GPUs
+/// hosting something.
+#[allow(clippy::too_many_arguments)]
+fn assign(
+    gpu: &GpuModel,
+    models: &[Model],
+    replicas: &[usize],
+    r: usize,
+    slots: &[Slot],
+    used_slots: &mut Vec<bool>,
+    whole: &[usize],
+    used_whole: &mut Vec<bool>,
+    used_gpu: &mut Vec<bool>,
+) -> (usize, usize) {
+    if r == replicas.len() {
+        return (0, used_gpu.iter().filter(|&&u| u).count());
+    }
+    let m = &models[replicas[r]];
+    // Leave this replica out.
+    let mut best = assign(
+        gpu,
+        models,
+        replicas,
+        r + 1,
+        slots,
+        used_slots,
+        whole,
+        used_whole,
+        used_gpu,
+    );
+    let allowed = m.gpu_models.contains(&gpu.name);
+    let better = |cand: (usize, usize), best: (usize, usize)| {
+        cand.0 > best.0 || (cand.0 == best.0 && cand.1 < best.1)
+    };
+    if allowed && m.tensor_parallel.contains(&1) {
+        for s in 0..slots.len() {
+            let slot = slots[s];
+            let mode = if slot.mig {
+                SharingMode::Mig
+            } else {
+                SharingMode::Timeslice
+            };
+            if used_slots[s]
+                || !m.sharing.contains(&mode)
+                || m.memory_gib > slot.memory + 1e-9
+                || m.compute > slot.compute + 1e-9
+            {
+                continue;
+            }
+            used_slots[s] = true;
+            let was = used_gpu[slot.gpu];
+            used_gpu[slot.gpu] = true;
+            let (p, g) = assign(
+                gpu,
+                models,
+                replicas,
+                r + 1,
+                slots,
+                used_slots,
+                whole,
+                used_whole,
+                used_gpu,
+            );
+            if better((p + 1, g), best) {
+                best = (p + 1, g);
+            }
+            used_gpu[slot.gpu] = was;
+            used_slots[s] = false;
+        }
+    }
+    if allowed && m.sharing.contains(&SharingMode::Whole) {
+        for &k in &m.tensor_parallel {
+            let fits = f64::from(k) * gpu.usable_gib + 1e-9 >= m.memory_gib
+                && f64::from(k) * gpu.compute + 1e-9 >= m.compute;
+            let free: Vec<usize> = (0..whole.len()).filter(|&i| !used_whole[i]).collect();
+            if !fits || free.len() < k as usize {
+                continue;
+            }
+            let take: Vec<usize> = free[..k as usize].to_vec();
+            for &i in &take {
+                used_whole[i] = true;
+                used_gpu[whole[i]] = true;
+            }
+            let (p, g) = assign(
+                gpu,
+                models,
+                replicas,
+                r + 1,
+                slots,
+                used_slots,
+                whole,
+                used_whole,
+                used_gpu,
+            );
+            if better((p + 1, g), best) {
+                best = (p + 1, g);
+            }
+            for &i in &take {
+                used_whole[i] = false;
+                used_gpu[whole[i]] = false;
+            }
+        }
+    }
+    best
+}
+
+fn arb_instance() -> impl Strategy<Value = (String, usize, Vec<Model>, Vec<u32>)> {
+    let gpu = prop::sample::select(vec!["A30-24GB", "H100-80GB", "L4"]);
+    let count = 1usize..=3;
+    let model = (
+        prop::sample::select(vec![
+            1.5, 2.5, 4.0, 5.0, 7.0, 9.0, 11.0, 18.0, 30.0, 45.0, 100.0,
+        ]),
+        prop::sample::select(vec![0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3]),
+        prop::sample::subsequence(
+            vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole],
+            1..=3,
+        ),
+        prop::sample::select(vec![vec![1u32], vec![1, 2], vec![2]]),
+    );
+    (
+        gpu,
+        count,
+        prop::collection::vec(model, 1..=3),
+        prop::collection::vec(0u32..=3, 3),
+    )
+        .prop_map(|(gpu, count, specs, wants)| {
+            let models: Vec<Model> = specs
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, (mem, compute, sharing, tp))| {
+                    let mut sharing = sharing;
+                    if tp.iter().any(|&k| k > 1) && !sharing.contains(&SharingMode::Whole) {
+                        sharing.push(SharingMode::Whole);
+                    }
+                    // Only models some option of the catalogue can hold.
+                    common::try_model(&format!("m{i}"), mem, compute, &sharing, &tp, &[])
+                })
+                .collect();
+            let wants = wants[..models.len()].to_vec();
+            (gpu.to_string(), count, models, wants)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn packer_matches_the_brute_force_optimum((gpu, count, models, wants) in arb_instance()) {
+        let total: u32 = wants.iter().sum();
+        prop_assume!(total <= 6 && !models.is_empty());
+        let cluster: Cluster = common::cluster(&[("n", &gpu, count as u32)]);
+        let options = PackOptions { mip_rel_gap: 0.0, ..PackOptions::default() };
+        let demand: BTreeMap<String, u32> = models.iter().zip(&wants).map(|(m, &w)| (m.name.clone(), w)).collect();
+        let plan = pack(&cluster, &models, &demand, &options).unwrap();
+        let replicas: Vec<usize> = wants.iter().enumerate().flat_map(|(m, &w)| std::iter::repeat_n(m, w as usize)).collect();
+        let catalog = Catalog::builtin();
+        let (placed, cost) = oracle(catalog.get(&gpu).unwrap(), count, &models, &replicas, &options);
+        let plan_placed: u32 = plan.models.iter().map(|m| m.placed).sum();
+        prop_assert_eq!(plan_placed as usize, placed, "placed: {:#?}", plan);
+        prop_assert!((plan.cost_per_hour - cost).abs() < 1e-6, "cost {} vs oracle {}: {:#?}", plan.cost_per_hour, cost, plan);
+        for g in &plan.gpus {
+            if g.mode == Mode::Idle { prop_assert!(g.replicas.is_empty()); }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! Plans on the examples and on generated clusters: every rule holds, the
+//! output is deterministic, re-planning is incremental, and the NVIDIA
+//! artefacts parse back under their schemas.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use gpuscale_packer::emit::{self, MigPartedConfig};
+use gpuscale_packer::{Mode, PackOptions, Plan, min_replicas, pack};
+use gpuscale_policies::{Bundle, Cluster, Model, SharingMode, load_paths, mig};
+use proptest::prelude::*;
+
+fn examples() -> Bundle {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    load_paths(&[root]).unwrap_or_else(|p| panic!("{p}"))
+}
+
+fn demand_of(bundle: &Bundle) -> BTreeMap<String, u32> {
+    let mut d = min_replicas(&bundle.models);
+    d.extend(bundle.demand.clone().unwrap_or_default());
+    d
+}
+
+/// Every rule a plan must keep, checked from the plan alone.
+fn check_rules(
+    plan: &Plan,
+    cluster: &Cluster,
+    models: &[Model],
+    options: &PackOptions,
+    wanted: &BTreeMap<String, u32>,
+) {
+    let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
+    let mut node_shares: BTreeMap<&str, BTreeSet<u8>> = BTreeMap::new();
+    let mut node_whole: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, u32), (BTreeSet<String>, u32, u32)> = BTreeMap::new();
+    for g in &plan.gpus {
+        let gpu = cluster.catalog.get(&g.gpu_model).unwrap();
+        let node = cluster.nodes.iter().find(|n| n.name == g.node).unwrap();
+        let state = &node.gpus[g.index as usize];
+        if !g.replicas.is_empty() {
+            assert_eq!(
+                state.health,
+                gpuscale_policies::Health::Healthy,
+                "replica on an unhealthy GPU"
+            );
+        }
+        match g.mode {
+            Mode::Mig => {
+                let spec = gpu.mig.as_ref().expect("MIG only on MIG GPUs");
+                mig::validate(spec, &g.geometry)
+                    .unwrap_or_else(|e| panic!("{}:{} {e}", g.node, g.index));
+                let mut starts = BTreeSet::new();
+                for r in &g.replicas {
+                    let m = by_name[r.model.as_str()];
+                    assert!(m.sharing.contains(&SharingMode::Mig));
+                    let start = r.start.unwrap();
+                    assert!(starts.insert(start), "two replicas in one instance");
+                    let placement = g.geometry.iter().find(|p| p.start == start).unwrap();
+                    assert_eq!(Some(&placement.profile), r.profile.as_ref());
+                    let prof = spec.profile(&placement.profile).unwrap();
+                    assert!(
+                        m.memory_gib <= prof.usable_gib + 1e-9,
+                        "{} in {}",
+                        m.name,
+                        prof.name
+                    );
+                    let compute = gpu.compute * f64::from(prof.compute_slices)
+                        / f64::from(spec.compute_slices);
+                    assert!(m.compute <= compute + 1e-9);
+                }
+            }
+            Mode::Timeslice => {
+                let n = g.timeslice_replicas.unwrap();
+                node_shares.entry(g.node.as_str()).or_default().insert(n);
+                assert!(g.replicas.len() <= usize::from(n));
+                let total: f64 = g
+                    .replicas
+                    .iter()
+                    .map(|r| by_name[r.model.as_str()].memory_gib)
+                    .sum();
+                assert!(total <= gpu.usable_gib * (1.0 - options.timeslice_memory_headroom) + 1e-9);
+                for r in &g.replicas {
+                    let m = by_name[r.model.as_str()];
+                    assert!(m.sharing.contains(&SharingMode::Timeslice));
+                    assert!(
+                        m.memory_gib
+                            <= gpu.usable_gib * (1.0 - options.timeslice_memory_headroom)
+                                / f64::from(n)
+                                + 1e-9
+                    );
+                }
+            }
+            Mode::Whole => {
+                *node_whole.entry(g.node.as_str()).or_insert(0) += 1;
+                assert_eq!(g.replicas.len(), 1);
+                let r = &g.replicas[0];
+                let k = r.group_size.unwrap();
+                let e =
+                    groups
+                        .entry((r.model.clone(), r.replica))
+                        .or_insert((BTreeSet::new(), k, 0));
+                e.0.insert(g.node.clone());
+                e.2 += 1;
+                let m = by_name[r.model.as_str()];
+                assert!(f64::from(k) * gpu.usable_gib + 1e-9 >= m.memory_gib);
+                assert!(m.tensor_parallel.contains(&k));
+            }
+            Mode::Idle => assert!(g.replicas.is_empty()),
+        }
+        for r in &g.replicas {
+            assert!(by_name[r.model.as_str()].gpu_models.contains(&g.gpu_model));
+        }
+    }
+    for (node, ns) in &node_shares {
+        assert_eq!(
+            ns.len(),
+            1,
+            "{node} time-slices with several replica counts"
+        );
+        assert!(
+            !node_whole.contains_key(node),
+            "{node} time-slices and has whole GPUs"
+        );
+    }
+    for ((model, replica), (nodes, k, gpus)) in &groups {
+        assert_eq!(nodes.len(), 1, "{model}#{replica} spans nodes");
+        assert_eq!(gpus, k, "{model}#{replica} has {gpus} GPUs, group size {k}");
+    }
+    for m in &plan.models {
+        let unplaced: u32 = plan
+            .unplaced
+            .iter()
+            .filter(|u| u.model == m.name)
+            .map(|u| u.replicas)
+            .sum();
+        assert_eq!(
+            m.placed + unplaced,
+            wanted.get(&m.name).copied().unwrap_or(0),
+            "{}",
+            m.name
+        );
+        assert_eq!(m.variants.iter().map(|v| v.replicas).sum::<u32>(), m.placed);
+    }
+}
+
+#[test]
+fn the_example_plan_keeps_every_rule_and_beats_the_baselines() {
+    let b = examples();
+    let cluster = b.cluster.clone().unwrap();
+    let demand = demand_of(&b);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &b.models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &b.models, &options, &demand);
+    assert!(plan.unplaced.is_empty(), "{:#?}", plan.unplaced);
+    assert!(plan.gpus_used >= plan.lp_bound_gpus);
+    assert!(plan.cost_per_hour + 1e-9 >= plan.lp_bound_cost);
+    let whole = gpuscale_packer::baseline::whole_gpu(&cluster, &b.models, &demand);
+    let ffd = gpuscale_packer::baseline::ffd(&cluster, &b.models, &demand, &options);
+    assert!(
+        plan.gpus_used < ffd.gpus_used,
+        "{} vs FFD {}",
+        plan.gpus_used,
+        ffd.gpus_used
+    );
+    assert!(plan.gpus_used < whole.gpus_used);
+    assert!(plan.cost_per_hour < ffd.cost_per_hour);
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let b = examples();
+    let cluster = b.cluster.clone().unwrap();
+    let demand = demand_of(&b);
+    let mut a = pack(&cluster, &b.models, &demand, &PackOptions::default()).unwrap();
+    let mut c = pack(&cluster, &b.models, &demand, &PackOptions::default()).unwrap();
+    a.solve_ms = 0.0;
+    c.solve_ms = 0.0;
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&c).unwrap()
+    );
+}
+
+#[test]
+fn replanning_an_applied_plan_moves_nothing() {
+    let b = examples();
+    let cluster = b.cluster.clone().unwrap();
+    let demand = demand_of(&b);
+    let first = pack(&cluster, &b.models, &demand, &PackOptions::default()).unwrap();
+    let now = first.apply_to(&cluster);
+    let again = pack(&now, &b.models, &demand, &PackOptions::default()).unwrap();
+    assert_eq!(again.moves, 0);
+    assert_eq!(again.reconfigured_gpus, 0);
+    assert_eq!(again.gpus_used, first.gpus_used);
+
+    // One more replica of one model. Cost comes first, so replicas may move
+    // only when that is cheaper than leaving everything in place and adding
+    // the replica on the cheapest idle GPU it may use.
+    let mut more = demand.clone();
+    *more.get_mut("qwen2-5-7b").unwrap() += 1;
+    let plus_one = pack(&now, &b.models, &more, &PackOptions::default()).unwrap();
+    assert_eq!(
+        plus_one
+            .models
+            .iter()
+            .find(|m| m.name == "qwen2-5-7b")
+            .unwrap()
+            .placed,
+        more["qwen2-5-7b"]
+    );
+    let qwen = b.models.iter().find(|m| m.name == "qwen2-5-7b").unwrap();
+    let cheapest_idle = first
+        .gpus
+        .iter()
+        .filter(|g| g.mode == Mode::Idle && qwen.gpu_models.contains(&g.gpu_model))
+        .map(|g| cluster.catalog.get(&g.gpu_model).unwrap().price_per_hour)
+        .fold(f64::INFINITY, f64::min);
+    let pinned = first.cost_per_hour + cheapest_idle;
+    assert!(plus_one.cost_per_hour <= pinned + 1e-9);
+    if plus_one.moves > 0 {
+        assert!(
+            plus_one.cost_per_hour < pinned - 1e-9,
+            "{} moves without saving anything",
+            plus_one.moves
+        );
+    }
+}
+
+#[test]
+fn a_replica_that_fits_a_free_slot_moves_nothing() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let small = common::model("small", 9.0, 0.1, &[SharingMode::Mig], &[1], &[]);
+    let models = vec![small];
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("small", 3)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(first.gpus_used, 1);
+    let now = first.apply_to(&cluster);
+    // The first plan's geometry has six instances able to hold `small`.
+    for n in 4..=6 {
+        let plan = pack(
+            &now,
+            &models,
+            &common::demand(&[("small", n)]),
+            &PackOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.moves, 0);
+        assert_eq!(plan.reconfigured_gpus, 0, "{n}");
+        assert_eq!(plan.gpus_used, 1);
+    }
+    // Seven need 7×1g.10gb: one GPU reconfigured rather than a second GPU
+    // bought; the three running replicas restart.
+    let seven = pack(
+        &now,
+        &models,
+        &common::demand(&[("small", 7)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        (seven.gpus_used, seven.reconfigured_gpus, seven.moves),
+        (1, 1, 3)
+    );
+    let eight = pack(
+        &now,
+        &models,
+        &common::demand(&[("small", 8)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!((eight.moves, eight.gpus_used), (0, 2));
+}
+
+#[test]
+fn unplaceable_replicas_are_explained() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 4), ("m", "H100-80GB", 2)]);
+    let big = common::model(
+        "llama-70b",
+        150.0,
+        1.0,
+        &[SharingMode::Whole],
+        &[4],
+        &["H100-80GB"],
+    );
+    let plan = pack(
+        &cluster,
+        &[big],
+        &common::demand(&[("llama-70b", 2)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(plan.models[0].placed, 1);
+    assert_eq!(plan.unplaced.len(), 1);
+    let reason = &plan.unplaced[0].reason;
+    assert!(reason.contains("llama-70b needs 150.00 GiB"), "{reason}");
+    assert!(reason.contains("4×H100-80GB on one node"), "{reason}");
+    assert!(
+        reason.contains("H100-80GB: 2 of 6 GPUs free, at most 2 on one node"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn mig_parted_config_round_trips_through_its_schema() {
+    let b = examples();
+    let cluster = b.cluster.clone().unwrap();
+    let plan = pack(&cluster, &b.models, &demand_of(&b), &PackOptions::default()).unwrap();
+    let (config, names) = emit::mig_parted(&plan);
+    let text = serde_yaml_ng::to_string(&config).unwrap();
+    let back: MigPartedConfig = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(back, config);
+    assert_eq!(back.version, "v1");
+    assert!(
+        text.contains("mig-configs:")
+            && text.contains("mig-enabled:")
+            && text.contains("mig-devices:")
+    );
+    // Every node's config covers each of its GPUs once, with the plan's counts.
+    for node in &cluster.nodes {
+        let entries = &config.mig_configs[&names[&node.name]];
+        let mut seen = BTreeSet::new();
+        for e in entries {
+            if let emit::Devices::List(devs) = &e.devices {
+                for d in devs {
+                    assert!(seen.insert(*d));
+                    let g = plan
+                        .gpus
+                        .iter()
+                        .find(|g| g.node == node.name && g.index == *d)
+                        .unwrap();
+                    assert_eq!(e.mig_enabled, !g.geometry.is_empty());
+                    let counts: u32 = e.mig_devices.values().sum();
+                    assert_eq!(counts as usize, g.geometry.len());
+                }
+            }
+        }
+    }
+    let files = emit::files(&plan, "gpu-operator").unwrap();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"mig-parted-config.yaml"));
+    assert!(names.contains(&"device-plugin-config.yaml"));
+    assert!(names.iter().any(|n| n.starts_with("variants/")));
+}
+
+#[test]
+fn time_slicing_config_follows_the_device_plugin_schema() {
+    let c = emit::device_plugin_config(Some(4));
+    assert_eq!(c["version"], "v1");
+    let ts = &c["sharing"]["timeSlicing"];
+    assert_eq!(ts["renameByDefault"], true);
+    assert_eq!(ts["failRequestsGreaterThanOne"], true);
+    assert_eq!(ts["resources"][0]["name"], "nvidia.com/gpu");
+    assert_eq!(ts["resources"][0]["replicas"], 4);
+    assert!(emit::device_plugin_config(None).get("sharing").is_none());
+}
+
+fn arb_cluster() -> impl Strategy<Value = Vec<(String, u32)>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "A30-24GB"]),
+            1u32..=4,
+        ),
+        1..=3,
+    )
+    .prop_map(|v| v.into_iter().map(|(g, n)| (g.to_string(), n)).collect())
+}
+
+fn small_models() -> Vec<Model> {
+    vec![
+        common::model(
+            "small",
+            4.0,
+            0.02,
+            &[SharingMode::Mig, SharingMode::Timeslice],
+            &[1],
+            &[],
+        ),
+        common::model(
+            "mid",
+            17.0,
+            0.1,
+            &[SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole],
+            &[1],
+            &[],
+        ),
+        common::model("big", 60.0, 0.3, &[SharingMode::Whole], &[1, 2, 4], &[]),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn a_free_gpu_never_raises_cost(
+        nodes in arb_cluster(),
+        extra in prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "A30-24GB"]),
+        wants in prop::collection::vec(0u32..=4, 3),
+    ) {
+        let models = small_models();
+        let demand: BTreeMap<String, u32> = models.iter().zip(&wants).map(|(m, &w)| (m.name.clone(), w)).collect();
+        let named: Vec<(String, String, u32)> = nodes.iter().enumerate().map(|(i, (g, n))| (format!("n{i}"), g.clone(), *n)).collect();
+        let specs: Vec<(&str, &str, u32)> = named.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), *c)).collect();
+        let options = PackOptions { mip_rel_gap: 0.0, ..PackOptions::default() };
+        let before = pack(&common::cluster(&specs), &models, &demand, &options).unwrap();
+        let mut more = specs.clone();
+        more.push(("extra", extra, 1));
+        let cluster = common::cluster(&more);
+        let after = pack(&cluster, &models, &demand, &options).unwrap();
+        let placed = |p: &Plan| p.models.iter().map(|m| m.placed).sum::<u32>();
+        prop_assert!(placed(&after) >= placed(&before));
+        if placed(&after) == placed(&before) {
+            prop_assert!(after.cost_per_hour <= before.cost_per_hour + 1e-6,
+                "{} > {}", after.cost_per_hour, before.cost_per_hour);
+        }
+        check_rules(&after, &cluster, &models, &options, &demand);
+    }
+}
