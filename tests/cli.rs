@@ -193,3 +193,130 @@ fn json_logs_are_json() {
     assert_eq!(v["fields"]["models"], 11);
     assert!(out.stdout.is_empty());
 }
+
+const PLAN_ARGS: [&str; 7] = [
+    "plan",
+    "--cluster",
+    "examples/cluster.yaml",
+    "--policies",
+    "examples/policies",
+    "--demand",
+    "examples/demand.yaml",
+];
+
+#[test]
+fn plan_json_has_the_documented_schema() {
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json", "--compare"]);
+    let out = gpuscale(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "gpus_used",
+        "lp_bound_gpus",
+        "cost_per_hour",
+        "moves",
+        "reconfigured_gpus",
+        "solve_ms",
+        "unplaced",
+        "gpus",
+        "nodes",
+        "models",
+    ] {
+        assert!(!plan[field].is_null(), "{field} missing");
+    }
+    assert!(plan["utilization"]["memory"].as_f64().unwrap() > 0.5);
+    assert!(plan["utilization"]["compute"].as_f64().unwrap() > 0.5);
+    let gpus = plan["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 64);
+    let mig = gpus.iter().find(|g| g["mode"] == "mig").unwrap();
+    for field in ["node", "index", "gpu_model", "geometry", "replicas"] {
+        assert!(!mig[field].is_null(), "gpus[].{field} missing");
+    }
+    assert!(mig["geometry"][0]["profile"].is_string() && mig["geometry"][0]["start"].is_u64());
+    let used = plan["gpus_used"].as_u64().unwrap();
+    let whole = plan["baselines"]["whole_gpu"]["gpus_used"]
+        .as_u64()
+        .unwrap();
+    let ffd = plan["baselines"]["ffd"]["gpus_used"].as_u64().unwrap();
+    assert!(used * 10 <= ffd * 9, "{used} GPUs vs FFD {ffd}");
+    assert!(used * 10 <= whole * 6, "{used} GPUs vs whole-GPU {whole}");
+}
+
+#[test]
+fn plan_table_emit_and_replan_from_an_earlier_plan() {
+    let dir = std::env::temp_dir().join(format!("gpuscale-emit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut args = PLAN_ARGS.to_vec();
+    let dir_text = dir.to_string_lossy().to_string();
+    args.extend(["--emit", dir_text.as_str()]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0));
+    let table = stdout(&out);
+    assert!(table.starts_with("NODE"), "{table}");
+    assert!(table.contains("GPUs used"), "{table}");
+    let mig: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(dir.join("mig-parted-config.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(mig["version"], "v1");
+    assert!(mig["mig-configs"]["all-disabled"].is_array());
+    let labels: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("node-labels.yaml")).unwrap())
+            .unwrap();
+    let config = labels["h100-0"]["nvidia.com/mig.config"].as_str().unwrap();
+    assert!(mig["mig-configs"][config].is_array(), "{config}");
+    assert!(dir.join("device-plugin-config.yaml").exists());
+    assert!(std::fs::read_dir(dir.join("variants")).unwrap().count() > 5);
+
+    // Re-plan from the plan just made: nothing moves.
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json"]);
+    let first = gpuscale(&args);
+    let earlier = dir.join("plan.json");
+    std::fs::write(&earlier, &first.stdout).unwrap();
+    let earlier_text = earlier.to_string_lossy().to_string();
+    args.extend(["--current", earlier_text.as_str()]);
+    let again: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
+    assert_eq!(again["moves"], 0);
+    assert_eq!(again["reconfigured_gpus"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_with_bad_inputs_fails_cleanly() {
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "tests/fixtures",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("tests/fixtures/wrong-type.yaml:7:5"));
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/policies/sdxl.yaml",
+        "--policies",
+        "examples/policies",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no `kind: Cluster` document"));
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "--current",
+        "examples/cluster.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a plan in JSON"));
+}
