@@ -1,6 +1,18 @@
 //! # gpuscale-bench
 //!
-//! Benchmarks, the scenario generator and the trace-driven simulator that back
-//! every performance claim gpuscale makes.
+//! Benchmarks, the scenario generator and the reports that back every
+//! performance claim gpuscale makes. Everything here runs release builds:
+//! `cargo run --release -p gpuscale-bench --bin packer-report` and
+//! `cargo bench -p gpuscale-bench`.
 //!
-//! Status: an empty shell until the packer and autoscaler benchmarks land.
+//! - [`scenario`]: clusters of 100 to 80,000 GPUs of mixed models, a model
+//!   zoo from real model sizes, demand at a set memory fill;
+//! - [`packer_report`]: gpuscale against first-fit decreasing, one replica
+//!   per whole GPU and the LP bound, in the same run, plus the incremental
+//!   case.
+//!
+//! What it does not do: run in the test suite's timing (unit tests never
+//! time anything), or reach beyond loopback.
+
+pub mod packer_report;
+pub mod scenario;

@@ -428,6 +428,18 @@ fn decode_class(
         }
     }
 
+    for (&ni, &n) in &designated {
+        let shares = healthy(ni).any(|i| {
+            assigned
+                .get(&(ni, i))
+                .is_some_and(|a| a.mode == Mode::Timeslice)
+        });
+        if shares {
+            out.timeslice_nodes
+                .insert(cluster.nodes[ni].name.clone(), n);
+        }
+    }
+
     // (4) MIG GPUs: GPUs already in the pattern's geometry first, then GPUs
     // running nothing, then the rest.
     let mut same_geometry: BTreeMap<BTreeMap<String, u32>, Vec<(usize, u32)>> = BTreeMap::new();
@@ -459,11 +471,12 @@ fn decode_class(
         }
         let want = plain_counts(canonical);
         let mut chosen: Vec<((usize, u32), Geometry)> = Vec::new();
+        let mut picked: BTreeSet<(usize, u32)> = BTreeSet::new();
         for &(ni, i) in same_geometry.get(&want).into_iter().flatten() {
             if need == 0 {
                 break;
             }
-            if !assigned.contains_key(&(ni, i)) && !chosen.iter().any(|(k, _)| *k == (ni, i)) {
+            if !assigned.contains_key(&(ni, i)) && picked.insert((ni, i)) {
                 need -= 1;
                 chosen.push(((ni, i), gpu_state(ni, i).geometry.clone()));
             }
@@ -471,7 +484,7 @@ fn decode_class(
         while need > 0 && cursor < rest.len() {
             let key = rest[cursor];
             cursor += 1;
-            if assigned.contains_key(&key) || chosen.iter().any(|(k, _)| *k == key) {
+            if assigned.contains_key(&key) || !picked.insert(key) {
                 continue;
             }
             need -= 1;

@@ -22,7 +22,7 @@
 //!
 //! Objectives: phase 1 minimises `Σ price·GPUs + Σ penalty[m]·s[m]` (the
 //! penalty dwarfs any GPU, weighted by priority); when there is a current
-//! state, phase 2 keeps phase 1's objective within 1e-6 and minimises
+//! state, phase 2 keeps phase 1's objective within its MIP gap and minimises
 //! `W·reconfigured + moved`, with `keep[c,p] ≤ min(n[c,p], cur[c,p])` and
 //! `stay ≤ min(x, cur)`: reconfigured = `Σ n − Σ keep`, moved = `Σ cur − Σ
 //! stay`, `W` = current replicas + 1 so one GPU wiped outweighs any moves.
@@ -387,7 +387,8 @@ pub fn solve(
     let sol = problem
         .solve()
         .map_err(|e| PackError::Solver(e.to_string()))?;
-    let mut optimal = matches!(sol.status(), SolutionStatus::Optimal);
+    // Optimal, or within the requested MIP gap (HiGHS's own stopping rule).
+    let mut optimal = !matches!(sol.status(), SolutionStatus::TimeLimit);
     let best = objective.eval_with(&sol);
     let phase1 = read_counts(&sol, &v, classes, models.len());
 
@@ -487,7 +488,10 @@ pub fn solve(
     let mut objective2 = Expression::with_capacity(128);
     objective2.add_mul(current_replicas + 1.0, reconfigured);
     objective2.add_mul(1.0, moved);
-    let cost_bound = cost_expr(&v, classes, models).leq(best + 1e-6 * best.abs().max(1.0));
+    // Solutions within phase 1's optimality tolerance cost the same: a
+    // re-plan never trades a cent inside the solver's own gap for moves.
+    let slack = (options.mip_rel_gap * best.abs()).max(1e-6 * best.abs().max(1.0));
+    let cost_bound = cost_expr(&v, classes, models).leq(best + slack);
     let mut problem = configure(
         vars.minimise(objective2)
             .using(highs)
@@ -504,7 +508,7 @@ pub fn solve(
     }
     let counts = match problem.solve() {
         Ok(sol) => {
-            optimal &= matches!(sol.status(), SolutionStatus::Optimal);
+            optimal &= !matches!(sol.status(), SolutionStatus::TimeLimit);
             read_counts(&sol, &v, classes, models.len())
         }
         // Out of time before improving on phase 1: phase 1 stands.
@@ -527,6 +531,8 @@ fn configure(
     options: &PackOptions,
     start: Instant,
 ) -> Result<good_lp::solvers::highs::HighsProblem, PackError> {
+    let mut problem = problem;
+    problem.set_verbose(options.solver_log);
     let left = options
         .time_limit
         .saturating_sub(start.elapsed())

@@ -53,6 +53,8 @@ pub struct PackOptions {
     pub timeslice_memory_headroom: f64,
     /// Fraction of a time-sliced GPU's compute its replicas may need.
     pub timeslice_compute_cap: f64,
+    /// Let HiGHS write its log to stdout (for diagnosing slow solves).
+    pub solver_log: bool,
 }
 
 impl Default for PackOptions {
@@ -63,6 +65,7 @@ impl Default for PackOptions {
             max_timeslice_replicas: 4,
             timeslice_memory_headroom: 0.1,
             timeslice_compute_cap: 1.0,
+            solver_log: false,
         }
     }
 }
@@ -128,6 +131,8 @@ fn figures(
     let (mut memory, mut usable, mut compute, mut capacity) = (0.0, 0.0, 0.0, 0.0);
     let mut variants: BTreeMap<(String, String), plan::Variant> = BTreeMap::new();
     let mut placed: BTreeMap<&str, u32> = BTreeMap::new();
+    // A tensor-parallel replica is listed on each of its GPUs; count it once.
+    let mut groups_seen: std::collections::BTreeSet<(&str, &str, u32)> = Default::default();
     for g in &decoded.gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
@@ -168,9 +173,8 @@ fn figures(
                     resources: BTreeMap::from([(resource, count)]),
                     replicas: 0,
                 });
-            // A tensor-parallel replica is listed on each of its GPUs.
-            let first_gpu_of_group =
-                r.group_size.is_none() || is_first_of_group(&decoded.gpus, g, r);
+            let first_gpu_of_group = r.group_size.is_none()
+                || groups_seen.insert((g.node.as_str(), r.model.as_str(), r.replica));
             if first_gpu_of_group {
                 v.replicas += 1;
                 *placed.entry(m.name.as_str()).or_insert(0) += 1;
@@ -246,18 +250,6 @@ fn figures(
     plan
 }
 
-fn is_first_of_group(gpus: &[GpuPlan], g: &GpuPlan, r: &plan::ReplicaSlot) -> bool {
-    // Groups sit on one node; the first is the lowest GPU index carrying
-    // the same (model, replica).
-    !gpus.iter().any(|o| {
-        o.node == g.node
-            && o.index < g.index
-            && o.replicas
-                .iter()
-                .any(|x| x.model == r.model && x.replica == r.replica && x.group_size.is_some())
-    })
-}
-
 /// Why replicas of a model were left out, in a model owner's words.
 fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
     let options = m.options(&cluster.catalog);
@@ -295,12 +287,15 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
     }
     // Free GPUs per model and the largest free block on one node.
     let mut free: BTreeMap<&str, (u32, BTreeMap<&str, u32>)> = BTreeMap::new();
+    let mode: BTreeMap<(&str, u32), Mode> = gpus
+        .iter()
+        .map(|p| ((p.node.as_str(), p.index), p.mode))
+        .collect();
     for n in &cluster.nodes {
         for g in n.gpus.iter().filter(|g| g.health == Health::Healthy) {
-            let idle = gpus
-                .iter()
-                .find(|p| p.node == n.name && p.index == g.index)
-                .is_none_or(|p| p.mode == Mode::Idle);
+            let idle = mode
+                .get(&(n.name.as_str(), g.index))
+                .is_none_or(|&m| m == Mode::Idle);
             if idle {
                 let e = free.entry(n.gpu_model.as_str()).or_default();
                 e.0 += 1;

@@ -52,6 +52,9 @@ pub struct Args {
     /// Fraction of a time-sliced GPU's memory kept free.
     #[arg(long, default_value_t = 0.1)]
     pub timeslice_headroom: f64,
+    /// Print HiGHS's log (to stderr's neighbour, stdout) for slow solves.
+    #[arg(long)]
+    pub solver_log: bool,
 }
 
 /// Runs the command.
@@ -89,6 +92,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         mip_rel_gap: args.mip_gap,
         max_timeslice_replicas: args.max_shares,
         timeslice_memory_headroom: args.timeslice_headroom,
+        solver_log: args.solver_log,
         ..PackOptions::default()
     };
     tracing::info!(

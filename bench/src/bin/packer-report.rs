@@ -1,0 +1,62 @@
+//! `packer-report`: the packer benchmark report (see `bench/README.md`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use gpuscale_bench::packer_report;
+use gpuscale_packer::PackOptions;
+
+/// Packs generated scenarios with gpuscale, FFD and whole-GPU baselines.
+#[derive(Parser)]
+struct Args {
+    /// Cluster sizes in GPUs.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,80000")]
+    sizes: Vec<u32>,
+    /// Models in the zoo mix.
+    #[arg(long, default_value_t = 40)]
+    models: usize,
+    /// Demanded memory as a fraction of the cluster's usable memory.
+    #[arg(long, default_value_t = 0.55)]
+    fill: f64,
+    /// Runs per size (times are medians).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Size of the incremental case (0: skip).
+    #[arg(long, default_value_t = 1000)]
+    incremental: u32,
+    /// Where the scenario files are written.
+    #[arg(long, default_value = "target/bench-scenarios")]
+    dir: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let options = PackOptions::default();
+    let mut rows = Vec::new();
+    for &size in &args.sizes {
+        eprintln!("packing {size} GPUs…");
+        rows.push(packer_report::run_size(
+            &args.dir,
+            size,
+            args.models,
+            args.fill,
+            args.runs,
+            &options,
+        )?);
+    }
+    let incremental = if args.incremental > 0 {
+        eprintln!("incremental +1 on {} GPUs…", args.incremental);
+        Some(packer_report::run_incremental(
+            &args.dir,
+            args.incremental,
+            args.models,
+            args.fill,
+            args.runs,
+            &options,
+        )?)
+    } else {
+        None
+    };
+    print!("{}", packer_report::markdown(&rows, incremental.as_ref()));
+    Ok(())
+}

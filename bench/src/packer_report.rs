@@ -1,0 +1,234 @@
+//! The packer report: for each cluster size, load the scenario's YAML
+//! files, pack with gpuscale, run both baselines on the same input, and
+//! compare with the LP bound; then the incremental case (+1 replica on a
+//! packed cluster). Times are medians over `runs` runs in the same process.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use gpuscale_packer::{Mode, PackOptions, baseline, pack};
+use gpuscale_policies::load_paths;
+
+use crate::scenario;
+
+/// One size's results.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// GPUs in the cluster.
+    pub gpus: usize,
+    /// Replicas demanded.
+    pub replicas: u32,
+    /// GPUs gpuscale uses.
+    pub gpuscale_gpus: u32,
+    /// ⌈LP bound⌉ on GPUs.
+    pub lp_gpus: u32,
+    /// FFD's GPUs.
+    pub ffd_gpus: u32,
+    /// Whole-GPU baseline's GPUs.
+    pub whole_gpus: u32,
+    /// Memory utilisation: gpuscale, FFD, whole.
+    pub memory: [f64; 3],
+    /// Cost per hour: gpuscale, LP bound, FFD, whole.
+    pub cost: [f64; 4],
+    /// Replicas unplaced by gpuscale.
+    pub unplaced: u32,
+    /// Whether HiGHS proved optimality.
+    pub optimal: bool,
+    /// Median ms: load, pack, end to end, FFD.
+    pub ms: [f64; 4],
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Writes a scenario into `dir` and returns its paths.
+pub fn write_scenario(
+    dir: &Path,
+    gpus: u32,
+    models: usize,
+    fill: f64,
+) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let zoo = scenario::load_zoo(&scenario::default_zoo_path())?;
+    let ms = scenario::models(&zoo, models);
+    let d = scenario::demand(&ms, gpus, fill);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut paths = Vec::new();
+    for (name, text) in scenario::files(gpus, &ms, &d) {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        paths.push(p);
+    }
+    Ok(paths)
+}
+
+/// Runs one size.
+pub fn run_size(
+    dir: &Path,
+    gpus: u32,
+    models: usize,
+    fill: f64,
+    runs: usize,
+    options: &PackOptions,
+) -> anyhow::Result<Row> {
+    let paths = write_scenario(&dir.join(format!("gpus-{gpus}")), gpus, models, fill)?;
+    let (mut load, mut solve, mut total, mut ffd_ms) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    for _ in 0..runs.max(1) {
+        let t0 = Instant::now();
+        let bundle = load_paths(&paths).map_err(|p| anyhow::anyhow!("{p}"))?;
+        let t1 = Instant::now();
+        let cluster = bundle.cluster.clone().context("scenario has a cluster")?;
+        let demand = bundle.demand.clone().unwrap_or_default();
+        let plan = pack(&cluster, &bundle.models, &demand, options)?;
+        let t2 = Instant::now();
+        let ffd = baseline::ffd(&cluster, &bundle.models, &demand, options);
+        let t3 = Instant::now();
+        load.push((t1 - t0).as_secs_f64() * 1e3);
+        solve.push((t2 - t1).as_secs_f64() * 1e3);
+        total.push((t2 - t0).as_secs_f64() * 1e3);
+        ffd_ms.push((t3 - t2).as_secs_f64() * 1e3);
+        last = Some((bundle, cluster, demand, plan, ffd));
+    }
+    let (bundle, cluster, demand, plan, ffd) = last.expect("at least one run");
+    let whole = baseline::whole_gpu(&cluster, &bundle.models, &demand);
+    Ok(Row {
+        gpus: cluster.gpu_count(),
+        replicas: demand.values().sum(),
+        gpuscale_gpus: plan.gpus_used,
+        lp_gpus: plan.lp_bound_gpus,
+        ffd_gpus: ffd.gpus_used,
+        whole_gpus: whole.gpus_used,
+        memory: [
+            plan.utilization.memory,
+            ffd.utilization.memory,
+            whole.utilization.memory,
+        ],
+        cost: [
+            plan.cost_per_hour,
+            plan.lp_bound_cost,
+            ffd.cost_per_hour,
+            whole.cost_per_hour,
+        ],
+        unplaced: plan.unplaced.iter().map(|u| u.replicas).sum(),
+        optimal: plan.optimal,
+        ms: [median(load), median(solve), median(total), median(ffd_ms)],
+    })
+}
+
+/// The incremental case: pack, apply, add one replica of the most popular
+/// single-GPU model, re-plan.
+#[derive(Debug, Clone)]
+pub struct Incremental {
+    /// GPUs in the cluster.
+    pub gpus: usize,
+    /// Median re-plan ms.
+    pub ms: f64,
+    /// Replicas moved.
+    pub moves: u32,
+    /// GPUs reconfigured.
+    pub reconfigured: u32,
+    /// The model that got one more replica.
+    pub model: String,
+}
+
+/// Runs the incremental case.
+pub fn run_incremental(
+    dir: &Path,
+    gpus: u32,
+    models: usize,
+    fill: f64,
+    runs: usize,
+    options: &PackOptions,
+) -> anyhow::Result<Incremental> {
+    let paths = write_scenario(&dir.join(format!("incremental-{gpus}")), gpus, models, fill)?;
+    let bundle = load_paths(&paths).map_err(|p| anyhow::anyhow!("{p}"))?;
+    let cluster = bundle.cluster.clone().context("scenario has a cluster")?;
+    let demand = bundle.demand.clone().unwrap_or_default();
+    let first = pack(&cluster, &bundle.models, &demand, options)?;
+    let now = first.apply_to(&cluster);
+    let model = bundle
+        .models
+        .iter()
+        .filter(|m| m.tensor_parallel.contains(&1))
+        .max_by_key(|m| demand.get(&m.name).copied().unwrap_or(0))
+        .context("a single-GPU model")?
+        .name
+        .clone();
+    let mut more: BTreeMap<String, u32> = demand.clone();
+    *more.entry(model.clone()).or_insert(0) += 1;
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        let plan = pack(&now, &bundle.models, &more, options)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        last = Some(plan);
+    }
+    let plan = last.expect("at least one run");
+    debug_assert!(
+        plan.gpus
+            .iter()
+            .all(|g| g.mode != Mode::Idle || g.replicas.is_empty())
+    );
+    Ok(Incremental {
+        gpus: cluster.gpu_count(),
+        ms: median(times),
+        moves: plan.moves,
+        reconfigured: plan.reconfigured_gpus,
+        model,
+    })
+}
+
+/// The report as Markdown.
+pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | $/h gpuscale / LP / FFD / whole | unplaced | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
+    );
+    let _ = writeln!(
+        out,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.0} / {:.0} / {:.0} / {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            r.gpus,
+            r.replicas,
+            r.gpuscale_gpus,
+            r.lp_gpus,
+            r.ffd_gpus,
+            r.whole_gpus,
+            f64::from(r.gpuscale_gpus) / f64::from(r.ffd_gpus.max(1)),
+            f64::from(r.gpuscale_gpus) / f64::from(r.whole_gpus.max(1)),
+            r.memory[0] * 100.0,
+            r.memory[1] * 100.0,
+            r.memory[2] * 100.0,
+            r.cost[0],
+            r.cost[1],
+            r.cost[2],
+            r.cost[3],
+            r.unplaced,
+            if r.optimal { "yes" } else { "limit" },
+            r.ms[0],
+            r.ms[1],
+            r.ms[2],
+            r.ms[3],
+        );
+    }
+    if let Some(i) = incremental {
+        let _ = writeln!(
+            out,
+            "\nIncremental: +1 replica of `{}` on the packed {}-GPU cluster: re-plan {:.0} ms (median), {} replicas moved, {} GPUs reconfigured.",
+            i.model, i.gpus, i.ms, i.moves, i.reconfigured
+        );
+    }
+    out
+}

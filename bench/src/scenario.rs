@@ -1,0 +1,267 @@
+//! Scenario generator: clusters of mixed GPU models at any size, a model
+//! zoo from real model sizes (`../shared/data/model_zoo.csv`), and demand
+//! that fills the cluster's memory to a set level. Scenarios are written as
+//! the same YAML files users write, so benchmarks time loading too and the
+//! CLI can replay them (`gpuscale plan --cluster DIR/cluster.yaml …`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+/// One row of the model zoo.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZooEntry {
+    /// Model name.
+    pub name: String,
+    /// Parameters, billions.
+    pub params_b: f64,
+    /// Layers (LLMs).
+    pub layers: Option<u32>,
+    /// KV heads (LLMs).
+    pub kv_heads: Option<u32>,
+    /// Head dimension (LLMs).
+    pub head_dim: Option<u32>,
+    /// `llm`, `llm-moe`, `embedding`, `speech`, `image`.
+    pub kind: String,
+}
+
+/// Reads the zoo CSV (`model,params_billion,layers,kv_heads,head_dim,kind,source`).
+pub fn load_zoo(path: &Path) -> anyhow::Result<Vec<ZooEntry>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() < 6 {
+            bail!("{}:{}: expected at least 6 fields", path.display(), i + 1);
+        }
+        let num = |s: &str| -> Option<u32> { s.trim().parse().ok() };
+        out.push(ZooEntry {
+            name: f[0].trim().to_string(),
+            params_b: f[1]
+                .trim()
+                .parse()
+                .with_context(|| format!("{}:{}: params_billion", path.display(), i + 1))?,
+            layers: num(f[2]),
+            kv_heads: num(f[3]),
+            head_dim: num(f[4]),
+            kind: f[5].trim().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// The zoo CSV shipped beside the project.
+pub fn default_zoo_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/model_zoo.csv")
+}
+
+/// A generated model policy: name, memory, compute, sharing, tensor-parallel
+/// degrees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// Policy name.
+    pub name: String,
+    /// Memory per replica, GiB.
+    pub memory_gib: f64,
+    /// Compute per replica (fraction of one H100).
+    pub compute: f64,
+    /// Allowed sharing modes.
+    pub sharing: &'static str,
+    /// Allowed tensor-parallel degrees.
+    pub tensor_parallel: &'static str,
+    /// The arithmetic, for the YAML comment.
+    pub note: String,
+    /// Popularity weight.
+    pub weight: f64,
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// `count` model policies from the zoo: each entry in bf16 with a short
+/// context, then fp8 with a longer one, then int4 with the longest.
+pub fn models(zoo: &[ZooEntry], count: usize) -> Vec<ModelSpec> {
+    let variants: [(&str, f64, f64); 3] = [
+        ("bf16", 2.0, 8192.0),
+        ("fp8", 1.0, 32768.0),
+        ("int4", 0.5, 65536.0),
+    ];
+    (0..count)
+        .map(|i| {
+            let z = &zoo[i % zoo.len()];
+            let round = i / zoo.len();
+            let (dtype, bytes, tokens) = variants[round % variants.len()];
+            // Past the three variants, longer contexts.
+            let longer = round / variants.len();
+            let tokens = tokens * f64::from(1u32 << longer.min(4));
+            let suffix = if longer > 0 {
+                format!("-ctx{longer}")
+            } else {
+                String::new()
+            };
+            let weights = z.params_b * 1e9 * bytes / GIB;
+            let kv = match (z.layers, z.kv_heads, z.head_dim) {
+                (Some(l), Some(h), Some(d)) => {
+                    2.0 * f64::from(l) * f64::from(h) * f64::from(d) * 2.0 * tokens / GIB
+                }
+                _ => 0.0,
+            };
+            let overhead = if z.kind == "image" { 6.0 } else { 2.0 };
+            let memory = weights + kv + overhead;
+            let compute = match z.kind.as_str() {
+                "image" => 0.3,
+                "embedding" => 0.03 + 0.01 * z.params_b,
+                "speech" => 0.08,
+                _ => (0.02 + weights / 180.0).min(4.0),
+            };
+            let (sharing, tensor_parallel) = if memory > 70.0 {
+                ("[whole]", "[2, 4, 8]")
+            } else if memory > 40.0 {
+                ("[mig, whole]", "[1, 2]")
+            } else {
+                ("[mig, timeslice, whole]", "[1]")
+            };
+            ModelSpec {
+                name: format!(
+                    "{}-{dtype}{suffix}",
+                    z.name.to_lowercase().replace(['.', '_'], "-")
+                ),
+                memory_gib: (memory * 100.0).round() / 100.0,
+                compute: (compute * 1000.0).round() / 1000.0,
+                sharing,
+                tensor_parallel,
+                note: format!(
+                    "{} {dtype}: weights {:.2} GiB + KV {:.2} GiB ({} tokens) + overhead {:.1} GiB",
+                    z.name, weights, kv, tokens, overhead
+                ),
+                // Popular small models, rarer big ones.
+                weight: 1.0 / (1.0 + (i % 7) as f64) / memory.sqrt(),
+            }
+        })
+        .collect()
+}
+
+/// Node templates of a cluster of about `gpus` GPUs: (prefix, GPU model,
+/// GPUs per node, nodes).
+pub fn node_mix(gpus: u32) -> Vec<(&'static str, &'static str, u32, u32)> {
+    let mix: [(&str, &str, u32, f64); 6] = [
+        ("h100", "H100-80GB", 8, 0.40),
+        ("a100x80", "A100-80GB", 8, 0.20),
+        ("h200", "H200-141GB", 8, 0.15),
+        ("a100x40", "A100-40GB", 8, 0.10),
+        ("l40s", "L40S", 4, 0.10),
+        ("l4", "L4", 8, 0.05),
+    ];
+    mix.iter()
+        .map(|&(prefix, model, per_node, share)| {
+            let nodes = ((f64::from(gpus) * share / f64::from(per_node)).round() as u32).max(1);
+            (prefix, model, per_node, nodes)
+        })
+        .collect()
+}
+
+/// Usable GiB of the built-in catalogue's model.
+fn usable(model: &str) -> f64 {
+    gpuscale_policies::Catalog::builtin()
+        .get(model)
+        .map_or(0.0, |g| g.usable_gib)
+}
+
+/// Replicas per model so that the demanded memory is `fill` of the
+/// cluster's usable memory, split by popularity.
+pub fn demand(models: &[ModelSpec], gpus: u32, fill: f64) -> BTreeMap<String, u32> {
+    let total_usable: f64 = node_mix(gpus)
+        .iter()
+        .map(|&(_, m, per, nodes)| usable(m) * f64::from(per * nodes))
+        .sum();
+    let weight_memory: f64 = models.iter().map(|m| m.weight * m.memory_gib).sum();
+    let scale = fill * total_usable / weight_memory;
+    models
+        .iter()
+        .map(|m| (m.name.clone(), (m.weight * scale).round().max(1.0) as u32))
+        .collect()
+}
+
+/// The scenario's files: `cluster.yaml`, `policies.yaml`, `demand.yaml`.
+pub fn files(
+    gpus: u32,
+    models: &[ModelSpec],
+    demand: &BTreeMap<String, u32>,
+) -> Vec<(String, String)> {
+    let mut cluster = format!(
+        "# Generated: about {gpus} GPUs of mixed models.\napiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: bench-{gpus}\nspec:\n  nodes:\n"
+    );
+    for (prefix, model, per, nodes) in node_mix(gpus) {
+        let _ = writeln!(
+            cluster,
+            "    - {{name: {prefix}, count: {nodes}, gpuModel: {model}, gpuCount: {per}, zone: z1}}"
+        );
+    }
+    let mut policies = String::new();
+    for m in models {
+        let _ = write!(
+            policies,
+            "---\n# {}\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {}\nspec:\n  resources:\n    memoryGiB: {}\n    compute: {}\n    maxConcurrency: 16\n  placement:\n    sharing: {}\n    tensorParallel: {}\n",
+            m.note, m.name, m.memory_gib, m.compute, m.sharing, m.tensor_parallel
+        );
+    }
+    let mut d = String::from(
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Demand\nmetadata:\n  name: bench\nspec:\n  replicas:\n",
+    );
+    for (name, n) in demand {
+        let _ = writeln!(d, "    {name}: {n}");
+    }
+    vec![
+        ("cluster.yaml".into(), cluster),
+        ("policies.yaml".into(), policies),
+        ("demand.yaml".into(), d),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zoo() -> Vec<ZooEntry> {
+        load_zoo(&default_zoo_path()).unwrap()
+    }
+
+    #[test]
+    fn the_zoo_reads() {
+        let z = zoo();
+        assert!(z.len() >= 10);
+        let llama = z.iter().find(|e| e.name == "Llama-3.1-8B").unwrap();
+        assert_eq!(
+            (llama.layers, llama.kv_heads, llama.head_dim),
+            (Some(32), Some(8), Some(128))
+        );
+    }
+
+    #[test]
+    fn generated_scenarios_load_and_are_valid() {
+        let ms = models(&zoo(), 40);
+        assert_eq!(ms.len(), 40);
+        let names: std::collections::BTreeSet<_> = ms.iter().map(|m| &m.name).collect();
+        assert_eq!(names.len(), 40, "names are unique");
+        let d = demand(&ms, 1000, 0.55);
+        let dir = std::env::temp_dir().join(format!("gpuscale-scenario-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files(1000, &ms, &d) {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let bundle = gpuscale_policies::load_paths(&[&dir]).unwrap_or_else(|p| panic!("{p}"));
+        let cluster = bundle.cluster.unwrap();
+        assert!(
+            (950..=1050).contains(&cluster.gpu_count()),
+            "{}",
+            cluster.gpu_count()
+        );
+        assert_eq!(bundle.models.len(), 40);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
