@@ -252,6 +252,7 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
         }
     }
     let mut seen = Vec::new();
+    let mut candidates: Vec<(Pattern, bool)> = Vec::new();
     for g in geometries {
         let counts = plain_counts(&g);
         if seen.contains(&counts) {
@@ -269,10 +270,36 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
                 .any(|gpu| gpu.mode == GpuMode::Mig && plain_counts(&gpu.geometry) == counts)
         });
         if is_current || slots.iter().any(|&(t, _)| useful[t]) {
-            class.patterns.push(Pattern {
-                kind: PatternKind::Mig(g),
-                slots,
-            });
+            candidates.push((
+                Pattern {
+                    kind: PatternKind::Mig(g),
+                    slots,
+                },
+                is_current,
+            ));
+        }
+    }
+    // A geometry whose useful slots another one matches or exceeds, type by
+    // type, is never needed (unless it is in use now, so keeping it stays
+    // possible): the ILP only sees slots demanded models fit.
+    let useful_slots = |p: &Pattern| -> Vec<u32> {
+        let mut v = vec![0; useful.len()];
+        for &(t, k) in &p.slots {
+            if useful[t] {
+                v[t] += k;
+            }
+        }
+        v
+    };
+    let vectors: Vec<Vec<u32>> = candidates.iter().map(|(p, _)| useful_slots(p)).collect();
+    for (i, (pattern, is_current)) in candidates.iter().enumerate() {
+        let dominated = vectors.iter().enumerate().any(|(j, other)| {
+            j != i
+                && other.iter().zip(&vectors[i]).all(|(a, b)| a >= b)
+                && (other != &vectors[i] || j < i)
+        });
+        if *is_current || !dominated {
+            class.patterns.push(pattern.clone());
         }
     }
     for n in 2..=options.max_timeslice_replicas {

@@ -33,7 +33,7 @@ use std::time::Instant;
 use good_lp::solvers::highs::highs;
 use good_lp::{
     Constraint, Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable,
-    WithInitialSolution, variable,
+    variable,
 };
 use gpuscale_policies::{Model, Priority};
 
@@ -300,12 +300,19 @@ fn all_constraints(v: &Vars, classes: &[Class], demand_: &[u32]) -> Vec<Constrai
     out
 }
 
+/// The relaxation's values, for rounding into a fallback solution.
+struct Relaxed {
+    n: Vec<Vec<f64>>,
+    x: BTreeMap<(usize, usize, usize), f64>,
+    w: BTreeMap<(usize, usize, u32), f64>,
+}
+
 fn lp_value(
     classes: &[Class],
     models: &[Model],
     demand_: &[u32],
     objective: fn(&Vars, &[Class], &[Model]) -> Expression,
-) -> Result<(f64, f64), PackError> {
+) -> Result<(f64, f64, Relaxed), PackError> {
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, false);
     let obj = objective(&v, classes, models);
@@ -324,7 +331,283 @@ fn lp_value(
     let gpus: f64 = (0..classes.len())
         .map(|c| gpus_expr(&v, c).eval_with(&sol))
         .sum();
-    Ok((cost, gpus))
+    let relaxed = Relaxed {
+        n: v.n
+            .iter()
+            .map(|ns| ns.iter().map(|&var| sol.value(var)).collect())
+            .collect(),
+        x: v.x
+            .iter()
+            .map(|&(c, m, t, var)| ((c, m, t), sol.value(var)))
+            .collect(),
+        w: v.w
+            .iter()
+            .map(|&(c, m, k, var)| ((c, m, k), sol.value(var)))
+            .collect(),
+    };
+    Ok((cost, gpus, relaxed))
+}
+
+/// Rounds the relaxation into a feasible integer solution: patterns up,
+/// replicas down, then the replicas left over placed greedily (spare slots,
+/// then whole GPUs, then newly configured GPUs), the rest unplaced. HiGHS
+/// starts from it, so it prunes from the first node instead of searching for
+/// an incumbent. `None` when the rounding breaks a node-level rule.
+fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> Option<Counts> {
+    let up = |v: f64| (v - 1e-6).ceil().max(0.0) as u32;
+    let down = |v: f64| (v + 1e-6).floor().max(0.0) as u32;
+    let mut counts = Counts {
+        patterns: r
+            .n
+            .iter()
+            .map(|ns| ns.iter().map(|&v| up(v)).collect())
+            .collect(),
+        unplaced: vec![0; models.len()],
+        ..Counts::default()
+    };
+    let mut remaining: Vec<u32> = demand_.to_vec();
+    for (&key, &v) in &r.x {
+        let k = down(v).min(remaining[key.1]);
+        if k > 0 {
+            counts.slots.insert(key, k);
+            remaining[key.1] -= k;
+        }
+    }
+    for (&key, &v) in &r.w {
+        let k = down(v).min(remaining[key.1]);
+        if k > 0 {
+            counts.whole.insert(key, k);
+            remaining[key.1] -= k;
+        }
+    }
+    let mut used: Vec<u32> = (0..classes.len())
+        .map(|c| {
+            counts.patterns[c].iter().sum::<u32>()
+                + counts
+                    .whole
+                    .iter()
+                    .filter(|((cc, _, _), _)| *cc == c)
+                    .map(|(&(_, _, k), &n)| k * n)
+                    .sum::<u32>()
+        })
+        .collect();
+    let mut spare: BTreeMap<(usize, usize), i64> = BTreeMap::new();
+    for (c, class) in classes.iter().enumerate() {
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            for &(t, k) in &pattern.slots {
+                *spare.entry((c, t)).or_insert(0) += i64::from(k * counts.patterns[c][p]);
+            }
+        }
+    }
+    for (&(c, _, t), &k) in &counts.slots {
+        *spare.entry((c, t)).or_insert(0) -= i64::from(k);
+    }
+    // Rounding patterns up can overrun a class: take back the GPUs rounded
+    // up least, and the replicas their slots held go back to the greedy.
+    for (c, class) in classes.iter().enumerate() {
+        while used[c] > class.healthy_gpus() {
+            let p = (0..class.patterns.len())
+                .filter(|&p| counts.patterns[c][p] > 0)
+                .min_by(|&a, &b| {
+                    let frac = |p: usize| r.n[c][p] - r.n[c][p].floor();
+                    frac(a).total_cmp(&frac(b)).then(a.cmp(&b))
+                })?;
+            counts.patterns[c][p] -= 1;
+            used[c] -= 1;
+            for &(t, k) in &class.patterns[p].slots {
+                let left = spare.entry((c, t)).or_insert(0);
+                *left -= i64::from(k);
+                while *left < 0 {
+                    let (&key, _) = counts
+                        .slots
+                        .iter()
+                        .filter(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
+                        .max_by_key(|&(_, &n)| n)?;
+                    *counts.slots.get_mut(&key).expect("found above") -= 1;
+                    remaining[key.1] += 1;
+                    *left += 1;
+                }
+            }
+        }
+    }
+    counts.slots.retain(|_, n| *n > 0);
+    // Whole GPUs where time-slicing nodes need the room go back too.
+    for (c, class) in classes.iter().enumerate() {
+        while !node_ok(class, c, &counts, 0) {
+            let (&key, _) = counts
+                .whole
+                .iter()
+                .filter(|&(&(cc, _, _), &n)| cc == c && n > 0)
+                .max_by_key(|&(&(_, _, k), _)| k)?;
+            *counts.whole.get_mut(&key).expect("found above") -= 1;
+            remaining[key.1] += 1;
+            used[c] -= key.2;
+        }
+    }
+    counts.whole.retain(|_, n| *n > 0);
+    let mut order: Vec<usize> = (0..models.len()).collect();
+    order.sort_by(|&a, &b| {
+        models[a]
+            .priority
+            .cmp(&models[b].priority)
+            .then(models[b].memory_gib.total_cmp(&models[a].memory_gib))
+    });
+    for m in order {
+        while remaining[m] > 0 {
+            // A spare slot that fits, smallest first.
+            let slot = spare
+                .iter()
+                .filter(|&(&(c, t), &n)| {
+                    n > 0 && fits_slot(&models[m], &classes[c], &classes[c].slot_types[t])
+                })
+                .min_by(|a, b| {
+                    let ta = &classes[a.0.0].slot_types[a.0.1];
+                    let tb = &classes[b.0.0].slot_types[b.0.1];
+                    ta.memory_gib.total_cmp(&tb.memory_gib).then(a.0.cmp(b.0))
+                })
+                .map(|(&key, _)| key);
+            if let Some((c, t)) = slot {
+                *spare.get_mut(&(c, t)).expect("found above") -= 1;
+                *counts.slots.entry((c, m, t)).or_insert(0) += 1;
+                remaining[m] -= 1;
+                continue;
+            }
+            // Whole GPUs, cheapest.
+            let whole = classes
+                .iter()
+                .enumerate()
+                .flat_map(|(c, class)| {
+                    whole_degrees(&models[m], class)
+                        .into_iter()
+                        .map(move |k| (c, k))
+                })
+                .filter(|&(c, k)| {
+                    used[c] + k <= classes[c].healthy_gpus() && node_ok(&classes[c], c, &counts, k)
+                })
+                .min_by(|a, b| {
+                    (classes[a.0].price * f64::from(a.1))
+                        .total_cmp(&(classes[b.0].price * f64::from(b.1)))
+                });
+            if let Some((c, k)) = whole {
+                used[c] += k;
+                *counts.whole.entry((c, m, k)).or_insert(0) += 1;
+                remaining[m] -= 1;
+                continue;
+            }
+            // A newly configured GPU whose pattern has the most fitting slots.
+            let pattern = classes
+                .iter()
+                .enumerate()
+                .filter(|&(c, class)| used[c] < class.healthy_gpus())
+                .flat_map(|(c, class)| {
+                    class.patterns.iter().enumerate().map(move |(p, pattern)| {
+                        let fitting: u32 = pattern
+                            .slots
+                            .iter()
+                            .filter(|&&(t, _)| fits_slot(&models[m], class, &class.slot_types[t]))
+                            .map(|&(_, k)| k)
+                            .sum();
+                        (c, p, fitting)
+                    })
+                })
+                .filter(|&(_, _, f)| f > 0)
+                .filter(|&(c, p, _)| {
+                    // One more time-sliced GPU may need one more node.
+                    let class = &classes[c];
+                    let PatternKind::Share(_) = class.patterns[p].kind else {
+                        return true;
+                    };
+                    let g = class.gpus_per_node.max(1);
+                    let n = counts.patterns[c][p];
+                    let extra_node = (n + 1).div_ceil(g) > n.div_ceil(g);
+                    let (shared, whole) = node_use(class, c, &counts);
+                    let nodes = class.nodes.len() as u32;
+                    !extra_node || (shared < nodes && whole <= g * (nodes - shared - 1))
+                })
+                .max_by(|a, b| {
+                    a.2.cmp(&b.2)
+                        .then(classes[b.0].price.total_cmp(&classes[a.0].price))
+                });
+            match pattern {
+                Some((c, p, _)) => {
+                    used[c] += 1;
+                    counts.patterns[c][p] += 1;
+                    for &(t, k) in &classes[c].patterns[p].slots {
+                        *spare.entry((c, t)).or_insert(0) += i64::from(k);
+                    }
+                }
+                None => {
+                    counts.unplaced[m] += remaining[m];
+                    remaining[m] = 0;
+                }
+            }
+        }
+    }
+    // Node-level rules: one N per time-slicing node, no whole GPU there.
+    for (c, class) in classes.iter().enumerate() {
+        let g = class.gpus_per_node.max(1);
+        let mut nodes = 0;
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            if let PatternKind::Share(n) = pattern.kind {
+                let need = counts.patterns[c][p].div_ceil(g);
+                if need > 0 {
+                    counts.share_nodes.insert((c, n), need);
+                    nodes += need;
+                }
+            }
+        }
+        let whole: u32 = counts
+            .whole
+            .iter()
+            .filter(|((cc, _, _), _)| *cc == c)
+            .map(|(&(_, _, k), &n)| k * n)
+            .sum();
+        if nodes > class.nodes.len() as u32 || whole > g * (class.nodes.len() as u32 - nodes) {
+            return None;
+        }
+        for k in 2..=g {
+            if g.is_multiple_of(k) {
+                continue;
+            }
+            let groups: u32 = counts
+                .whole
+                .iter()
+                .filter(|((cc, _, kk), _)| *cc == c && *kk == k)
+                .map(|(_, &n)| n)
+                .sum();
+            if groups > class.nodes.len() as u32 * (g / k) {
+                return None;
+            }
+        }
+    }
+    Some(counts)
+}
+
+/// Nodes of class `c` that time-slice, and whole GPUs of `c`, in `counts`.
+fn node_use(class: &Class, c: usize, counts: &Counts) -> (u32, u32) {
+    let g = class.gpus_per_node.max(1);
+    let shared: u32 = class
+        .patterns
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.kind, PatternKind::Share(_)))
+        .map(|(p, _)| counts.patterns[c][p].div_ceil(g))
+        .sum();
+    let whole: u32 = counts
+        .whole
+        .iter()
+        .filter(|((cc, _, _), _)| *cc == c)
+        .map(|(&(_, _, k), &n)| k * n)
+        .sum();
+    (shared, whole)
+}
+
+/// Whether class `c` keeps the node-level rules with `extra_whole` more
+/// whole GPUs.
+fn node_ok(class: &Class, c: usize, counts: &Counts, extra_whole: u32) -> bool {
+    let nodes = class.nodes.len() as u32;
+    let (shared, whole) = node_use(class, c, counts);
+    shared <= nodes && whole + extra_whole <= class.gpus_per_node * (nodes - shared)
 }
 
 fn read_counts(sol: &impl Solution, v: &Vars, classes: &[Class], models: usize) -> Counts {
@@ -369,13 +652,17 @@ pub fn solve(
     options: &PackOptions,
 ) -> Result<Solved, PackError> {
     let start = Instant::now();
-    let (lp_cost, _) = lp_value(classes, models, demand_, cost_expr)?;
-    let (_, lp_gpus) = lp_value(classes, models, demand_, gpu_count_expr)?;
+    let (lp_cost, _, relaxed) = lp_value(classes, models, demand_, cost_expr)?;
+    let (_, lp_gpus, _) = lp_value(classes, models, demand_, gpu_count_expr)?;
+    let warm = round(classes, models, demand_, &relaxed);
 
     // Phase 1: cost.
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, true);
     let objective = cost_expr(&v, classes, models);
+    // No MIP start: HiGHS 1.16 can take a start as optimal in its
+    // presolved space when it is not (seen on a 5-GPU instance), so the
+    // rounded solution is used only as a fallback below.
     let mut problem = configure(
         vars.minimise(objective.clone()).using(highs),
         options,
@@ -384,9 +671,21 @@ pub fn solve(
     for c in all_constraints(&v, classes, demand_) {
         problem.add_constraint(c);
     }
-    let sol = problem
-        .solve()
-        .map_err(|e| PackError::Solver(e.to_string()))?;
+    let sol = match problem.solve() {
+        Ok(sol) => sol,
+        // No integer solution within the time limit: the rounded
+        // relaxation stands, reported as not optimal.
+        Err(e) => {
+            let counts = warm.ok_or_else(|| PackError::Solver(e.to_string()))?;
+            return Ok(Solved {
+                counts,
+                optimal: false,
+                lp_cost,
+                lp_gpus,
+                solve_ms: start.elapsed().as_secs_f64() * 1e3,
+            });
+        }
+    };
     // Optimal, or within the requested MIP gap (HiGHS's own stopping rule).
     let mut optimal = !matches!(sol.status(), SolutionStatus::TimeLimit);
     let best = objective.eval_with(&sol);
@@ -407,10 +706,9 @@ pub fn solve(
         });
     }
 
-    // Phase 2: same cost, least disruption; warm-started from phase 1.
+    // Phase 2: same cost, least disruption (no MIP start, as in phase 1).
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, true);
-    let mut initial: Vec<(Variable, f64)> = Vec::new();
     let mut reconfigured = Expression::with_capacity(64);
     let mut moved = Expression::with_capacity(64);
     let mut links: Vec<Constraint> = Vec::new();
@@ -418,7 +716,6 @@ pub fn solve(
     for (c, class) in classes.iter().enumerate() {
         for (p, &cur) in class.current_patterns.iter().enumerate() {
             reconfigured.add_mul(1.0, v.n[c][p]);
-            initial.push((v.n[c][p], f64::from(phase1.patterns[c][p])));
             if cur > 0 {
                 let keep = vars.add(variable().integer().min(0).max(f64::from(cur)));
                 reconfigured.add_mul(-1.0, keep);
@@ -426,7 +723,6 @@ pub fn solve(
                 e.add_mul(1.0, keep);
                 e.add_mul(-1.0, v.n[c][p]);
                 links.push(e.leq(0.0));
-                initial.push((keep, f64::from(cur.min(phase1.patterns[c][p]))));
             }
         }
         for (&(m, t), &cur) in &class.current_slots {
@@ -442,8 +738,6 @@ pub fn solve(
                 e.add_mul(1.0, stay);
                 e.add_mul(-1.0, x);
                 links.push(e.leq(0.0));
-                let got = phase1.slots.get(&(c, m, t)).copied().unwrap_or(0);
-                initial.push((stay, f64::from(cur.min(got))));
             }
         }
         for (&(m, k), &cur) in &class.current_whole {
@@ -459,31 +753,8 @@ pub fn solve(
                 e.add_mul(1.0, stay);
                 e.add_mul(-1.0, w);
                 links.push(e.leq(0.0));
-                let got = phase1.whole.get(&(c, m, k)).copied().unwrap_or(0);
-                initial.push((stay, f64::from(cur.min(got))));
             }
         }
-    }
-    for &(c, m, t, var) in &v.x {
-        initial.push((
-            var,
-            f64::from(phase1.slots.get(&(c, m, t)).copied().unwrap_or(0)),
-        ));
-    }
-    for &(c, m, k, var) in &v.w {
-        initial.push((
-            var,
-            f64::from(phase1.whole.get(&(c, m, k)).copied().unwrap_or(0)),
-        ));
-    }
-    for &(c, n, var) in &v.u {
-        initial.push((
-            var,
-            f64::from(phase1.share_nodes.get(&(c, n)).copied().unwrap_or(0)),
-        ));
-    }
-    for (m, &var) in v.s.iter().enumerate() {
-        initial.push((var, f64::from(phase1.unplaced[m])));
     }
     let mut objective2 = Expression::with_capacity(128);
     objective2.add_mul(current_replicas + 1.0, reconfigured);
@@ -492,13 +763,7 @@ pub fn solve(
     // re-plan never trades a cent inside the solver's own gap for moves.
     let slack = (options.mip_rel_gap * best.abs()).max(1e-6 * best.abs().max(1.0));
     let cost_bound = cost_expr(&v, classes, models).leq(best + slack);
-    let mut problem = configure(
-        vars.minimise(objective2)
-            .using(highs)
-            .with_initial_solution(initial),
-        options,
-        start,
-    )?;
+    let mut problem = configure(vars.minimise(objective2).using(highs), options, start)?;
     for c in all_constraints(&v, classes, demand_) {
         problem.add_constraint(c);
     }
