@@ -33,8 +33,8 @@ pub struct Row {
     pub memory: [f64; 3],
     /// Cost per hour: gpuscale, LP bound, FFD, whole.
     pub cost: [f64; 4],
-    /// Replicas unplaced by gpuscale.
-    pub unplaced: u32,
+    /// Replicas unplaced: gpuscale, FFD, whole.
+    pub unplaced: [u32; 3],
     /// Whether HiGHS proved optimality.
     pub optimal: bool,
     /// Median ms: load, pack, end to end, FFD.
@@ -115,7 +115,11 @@ pub fn run_size(
             ffd.cost_per_hour,
             whole.cost_per_hour,
         ],
-        unplaced: plan.unplaced.iter().map(|u| u.replicas).sum(),
+        unplaced: [
+            plan.unplaced.iter().map(|u| u.replicas).sum(),
+            ffd.unplaced,
+            whole.unplaced,
+        ],
         optimal: plan.optimal,
         ms: [median(load), median(solve), median(total), median(ffd_ms)],
     })
@@ -190,16 +194,16 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | $/h gpuscale / LP / FFD / whole | unplaced | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
+        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.0} / {:.0} / {:.0} / {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
             r.gpus,
             r.replicas,
             r.gpuscale_gpus,
@@ -215,7 +219,9 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
             r.cost[1],
             r.cost[2],
             r.cost[3],
-            r.unplaced,
+            r.unplaced[0],
+            r.unplaced[1],
+            r.unplaced[2],
             if r.optimal { "yes" } else { "limit" },
             r.ms[0],
             r.ms[1],

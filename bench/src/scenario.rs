@@ -1,6 +1,7 @@
 //! Scenario generator: clusters of mixed GPU models at any size, a model
 //! zoo from real model sizes (`../shared/data/model_zoo.csv`), and demand
-//! that fills the cluster's memory to a set level. Scenarios are written as
+//! sized so that one replica per whole GPU would fill a set share of the
+//! cluster. Scenarios are written as
 //! the same YAML files users write, so benchmarks time loading too and the
 //! CLI can replay them (`gpuscale plan --cluster DIR/cluster.yaml …`).
 
@@ -165,22 +166,35 @@ pub fn node_mix(gpus: u32) -> Vec<(&'static str, &'static str, u32, u32)> {
         .collect()
 }
 
-/// Usable GiB of the built-in catalogue's model.
-fn usable(model: &str) -> f64 {
-    gpuscale_policies::Catalog::builtin()
-        .get(model)
-        .map_or(0.0, |g| g.usable_gib)
+/// Whole GPUs one replica takes on the best GPU of the mix when it gets
+/// whole GPUs (today's default): its footprint in the whole-GPU baseline.
+pub fn whole_footprint(m: &ModelSpec, gpus: u32) -> u32 {
+    let catalog = gpuscale_policies::Catalog::builtin();
+    let degrees: &[u32] = if m.tensor_parallel == "[2, 4, 8]" { &[2, 4, 8] } else { &[1, 2, 4, 8] };
+    node_mix(gpus)
+        .iter()
+        .filter_map(|&(_, model, per, _)| {
+            let g = catalog.get(model)?;
+            degrees.iter().copied().find(|&k| {
+                k <= per
+                    && f64::from(k) * g.usable_gib >= m.memory_gib
+                    && f64::from(k) * g.compute >= m.compute
+            })
+        })
+        .min()
+        .unwrap_or(8)
 }
 
-/// Replicas per model so that the demanded memory is `fill` of the
-/// cluster's usable memory, split by popularity.
+/// Replicas per model, split by popularity, so that giving every replica
+/// whole GPUs (the baseline users have today) would take `fill` of the
+/// cluster: the demand every baseline can place.
 pub fn demand(models: &[ModelSpec], gpus: u32, fill: f64) -> BTreeMap<String, u32> {
-    let total_usable: f64 = node_mix(gpus)
+    let total: u32 = node_mix(gpus).iter().map(|&(_, _, per, nodes)| per * nodes).sum();
+    let footprint: f64 = models
         .iter()
-        .map(|&(_, m, per, nodes)| usable(m) * f64::from(per * nodes))
+        .map(|m| m.weight * f64::from(whole_footprint(m, gpus)))
         .sum();
-    let weight_memory: f64 = models.iter().map(|m| m.weight * m.memory_gib).sum();
-    let scale = fill * total_usable / weight_memory;
+    let scale = fill * f64::from(total) / footprint;
     models
         .iter()
         .map(|m| (m.name.clone(), (m.weight * scale).round().max(1.0) as u32))
@@ -248,7 +262,7 @@ mod tests {
         assert_eq!(ms.len(), 40);
         let names: std::collections::BTreeSet<_> = ms.iter().map(|m| &m.name).collect();
         assert_eq!(names.len(), 40, "names are unique");
-        let d = demand(&ms, 1000, 0.55);
+        let d = demand(&ms, 1000, 0.9);
         let dir = std::env::temp_dir().join(format!("gpuscale-scenario-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for (name, text) in files(1000, &ms, &d) {

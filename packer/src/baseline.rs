@@ -22,6 +22,8 @@ struct Pool<'a> {
     gpu: &'a GpuModel,
     /// Free healthy GPUs per node.
     free: Vec<u32>,
+    /// Nodes by free GPUs (index = free count), for best fit.
+    buckets: Vec<std::collections::BTreeSet<usize>>,
 }
 
 fn pools(cluster: &Cluster) -> Vec<Pool<'_>> {
@@ -36,7 +38,16 @@ fn pools(cluster: &Cluster) -> Vec<Pool<'_>> {
     }
     by_model
         .into_iter()
-        .filter_map(|(name, free)| cluster.catalog.get(name).map(|gpu| Pool { gpu, free }))
+        .filter_map(|(name, free)| {
+            cluster.catalog.get(name).map(|gpu| {
+                let most = free.iter().copied().max().unwrap_or(0) as usize;
+                let mut buckets = vec![std::collections::BTreeSet::new(); most + 1];
+                for (i, &f) in free.iter().enumerate() {
+                    buckets[f as usize].insert(i);
+                }
+                Pool { gpu, free, buckets }
+            })
+        })
         .collect()
 }
 
@@ -111,16 +122,13 @@ fn whole_degree(model: &Model, gpu: &GpuModel) -> Option<u32> {
 
 /// Takes `k` GPUs on one node of the pool, best fit; whether it could.
 fn take(pool: &mut Pool<'_>, k: u32) -> bool {
-    let best = pool
-        .free
-        .iter()
-        .enumerate()
-        .filter(|&(_, &f)| f >= k)
-        .min_by_key(|&(i, &f)| (f, i))
-        .map(|(i, _)| i);
+    let best = (k as usize..pool.buckets.len()).find_map(|f| pool.buckets[f].first().copied());
     match best {
         Some(i) => {
+            let f = pool.free[i] as usize;
+            pool.buckets[f].remove(&i);
             pool.free[i] -= k;
+            pool.buckets[f - k as usize].insert(i);
             true
         }
         None => false,
@@ -210,6 +218,80 @@ fn share_fits(m: &Model, gpu: &GpuModel, n: u8, options: &PackOptions) -> bool {
         && gpu.compute * options.timeslice_compute_cap / f64::from(n) + 1e-9 >= m.compute
 }
 
+/// A max segment tree over open GPUs: each leaf holds the most memory a new
+/// replica could still get on that GPU, so first fit is a descent, not a
+/// scan over every open GPU.
+struct Room {
+    size: usize,
+    tree: Vec<f64>,
+}
+
+impl Room {
+    fn new(capacity: usize) -> Room {
+        let size = capacity.max(1).next_power_of_two();
+        Room {
+            size,
+            tree: vec![0.0; 2 * size],
+        }
+    }
+
+    fn set(&mut self, i: usize, value: f64) {
+        let mut k = i + self.size;
+        self.tree[k] = value;
+        while k > 1 {
+            k /= 2;
+            self.tree[k] = self.tree[2 * k].max(self.tree[2 * k + 1]);
+        }
+    }
+
+    /// The first index `>= from` whose value is at least `need`.
+    fn first_at_least(&self, from: usize, need: f64) -> Option<usize> {
+        self.descend(1, 0, self.size, from, need)
+    }
+
+    fn descend(&self, k: usize, lo: usize, hi: usize, from: usize, need: f64) -> Option<usize> {
+        if hi <= from || self.tree[k] + 1e-9 < need {
+            return None;
+        }
+        if hi - lo == 1 {
+            return Some(lo);
+        }
+        let mid = (lo + hi) / 2;
+        self.descend(2 * k, lo, mid, from, need)
+            .or_else(|| self.descend(2 * k + 1, mid, hi, from, need))
+    }
+}
+
+/// The most memory a new replica could get on an open GPU.
+fn room_on(o: &OpenGpu, gpu: &GpuModel, options: &PackOptions) -> f64 {
+    match &o.kind {
+        Open::Share { n, used } => {
+            if used < n {
+                gpu.usable_gib * (1.0 - options.timeslice_memory_headroom) / f64::from(*n)
+            } else {
+                0.0
+            }
+        }
+        Open::Mig(placed) => {
+            let Some(spec) = gpu.mig.as_ref() else {
+                return 0.0;
+            };
+            spec.profiles
+                .iter()
+                .filter(|p| !p.media_extensions)
+                .filter(|p| {
+                    p.starts.iter().any(|&s| {
+                        let mut with = placed.clone();
+                        with.push(Placement::new(p.name.clone(), s));
+                        mig::validate(spec, &with).is_ok()
+                    })
+                })
+                .map(|p| p.usable_gib)
+                .fold(0.0, f64::max)
+        }
+    }
+}
+
 /// First-fit decreasing over the same rules.
 pub fn ffd(
     cluster: &Cluster,
@@ -220,22 +302,25 @@ pub fn ffd(
     let mut pools = pools(cluster);
     let mut tally = Tally::default();
     let mut open: Vec<OpenGpu> = Vec::new();
+    let capacity: usize = pools.iter().map(|p| p.free.iter().sum::<u32>() as usize).sum();
+    let mut room = Room::new(capacity);
     let mut list = replicas(models, demand);
-    list.sort_by(|a, b| {
-        b.memory_gib
-            .total_cmp(&a.memory_gib)
-            .then(a.name.cmp(&b.name))
-    });
+    list.sort_by(|a, b| b.memory_gib.total_cmp(&a.memory_gib).then(a.name.cmp(&b.name)));
     for m in list {
         let allowed = |pool: usize| m.gpu_models.contains(&pools[pool].gpu.name);
-        // First fit into an open GPU.
+        let shares = m.tensor_parallel.contains(&1)
+            && (m.sharing.contains(&SharingMode::Mig) || m.sharing.contains(&SharingMode::Timeslice));
+        // First fit into an open GPU with room for the replica's memory.
         let mut done = false;
-        for o in open.iter_mut() {
-            if !allowed(o.pool) {
+        let mut from = 0;
+        while shares && let Some(i) = room.first_at_least(from, m.memory_gib) {
+            from = i + 1;
+            let pool = open[i].pool;
+            if !allowed(pool) {
                 continue;
             }
-            let gpu = pools[o.pool].gpu;
-            match &mut o.kind {
+            let gpu = pools[pool].gpu;
+            match &mut open[i].kind {
                 Open::Mig(placed) if m.sharing.contains(&SharingMode::Mig) => {
                     if let Some(p) = mig_fit(m, gpu, placed) {
                         placed.push(p);
@@ -253,6 +338,7 @@ pub fn ffd(
                 _ => {}
             }
             if done {
+                room.set(i, room_on(&open[i], gpu, options));
                 tally.place(m);
                 break;
             }
@@ -272,37 +358,37 @@ pub fn ffd(
         for i in order {
             let gpu = pools[i].gpu;
             let single = m.tensor_parallel.contains(&1);
-            let mig_first = single && m.sharing.contains(&SharingMode::Mig);
-            if mig_first && let Some(p) = mig_fit(m, gpu, &[]) {
+            let mut opened = None;
+            if single
+                && m.sharing.contains(&SharingMode::Mig)
+                && let Some(p) = mig_fit(m, gpu, &[])
+            {
                 if take(&mut pools[i], 1) {
-                    open.push(OpenGpu {
-                        pool: i,
-                        kind: Open::Mig(vec![p]),
-                    });
-                    tally.open(gpu, 1);
-                    tally.place(m);
-                    done = true;
-                    break;
+                    opened = Some(Open::Mig(vec![p]));
+                } else {
+                    continue;
                 }
-                continue;
             }
-            if single && m.sharing.contains(&SharingMode::Timeslice) {
+            if opened.is_none() && single && m.sharing.contains(&SharingMode::Timeslice) {
                 let n = (2..=options.max_timeslice_replicas)
                     .rev()
                     .find(|&n| share_fits(m, gpu, n, options));
                 if let Some(n) = n {
                     if take(&mut pools[i], 1) {
-                        open.push(OpenGpu {
-                            pool: i,
-                            kind: Open::Share { n, used: 1 },
-                        });
-                        tally.open(gpu, 1);
-                        tally.place(m);
-                        done = true;
-                        break;
+                        opened = Some(Open::Share { n, used: 1 });
+                    } else {
+                        continue;
                     }
-                    continue;
                 }
+            }
+            if let Some(kind) = opened {
+                let o = OpenGpu { pool: i, kind };
+                room.set(open.len(), room_on(&o, gpu, options));
+                open.push(o);
+                tally.open(gpu, 1);
+                tally.place(m);
+                done = true;
+                break;
             }
             if m.sharing.contains(&SharingMode::Whole)
                 && let Some(k) = whole_degree(m, gpu)

@@ -15,8 +15,8 @@ struct Args {
     /// Models in the zoo mix.
     #[arg(long, default_value_t = 40)]
     models: usize,
-    /// Demanded memory as a fraction of the cluster's usable memory.
-    #[arg(long, default_value_t = 0.55)]
+    /// Demand as the share of the cluster one replica per whole GPU would take.
+    #[arg(long, default_value_t = 0.9)]
     fill: f64,
     /// Runs per size (times are medians).
     #[arg(long, default_value_t = 3)]
