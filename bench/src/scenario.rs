@@ -170,7 +170,11 @@ pub fn node_mix(gpus: u32) -> Vec<(&'static str, &'static str, u32, u32)> {
 /// whole GPUs (today's default): its footprint in the whole-GPU baseline.
 pub fn whole_footprint(m: &ModelSpec, gpus: u32) -> u32 {
     let catalog = gpuscale_policies::Catalog::builtin();
-    let degrees: &[u32] = if m.tensor_parallel == "[2, 4, 8]" { &[2, 4, 8] } else { &[1, 2, 4, 8] };
+    let degrees: &[u32] = if m.tensor_parallel == "[2, 4, 8]" {
+        &[2, 4, 8]
+    } else {
+        &[1, 2, 4, 8]
+    };
     node_mix(gpus)
         .iter()
         .filter_map(|&(_, model, per, _)| {
@@ -189,7 +193,10 @@ pub fn whole_footprint(m: &ModelSpec, gpus: u32) -> u32 {
 /// whole GPUs (the baseline users have today) would take `fill` of the
 /// cluster: the demand every baseline can place.
 pub fn demand(models: &[ModelSpec], gpus: u32, fill: f64) -> BTreeMap<String, u32> {
-    let total: u32 = node_mix(gpus).iter().map(|&(_, _, per, nodes)| per * nodes).sum();
+    let total: u32 = node_mix(gpus)
+        .iter()
+        .map(|&(_, _, per, nodes)| per * nodes)
+        .sum();
     let footprint: f64 = models
         .iter()
         .map(|m| m.weight * f64::from(whole_footprint(m, gpus)))

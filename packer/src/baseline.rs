@@ -302,14 +302,22 @@ pub fn ffd(
     let mut pools = pools(cluster);
     let mut tally = Tally::default();
     let mut open: Vec<OpenGpu> = Vec::new();
-    let capacity: usize = pools.iter().map(|p| p.free.iter().sum::<u32>() as usize).sum();
+    let capacity: usize = pools
+        .iter()
+        .map(|p| p.free.iter().sum::<u32>() as usize)
+        .sum();
     let mut room = Room::new(capacity);
     let mut list = replicas(models, demand);
-    list.sort_by(|a, b| b.memory_gib.total_cmp(&a.memory_gib).then(a.name.cmp(&b.name)));
+    list.sort_by(|a, b| {
+        b.memory_gib
+            .total_cmp(&a.memory_gib)
+            .then(a.name.cmp(&b.name))
+    });
     for m in list {
         let allowed = |pool: usize| m.gpu_models.contains(&pools[pool].gpu.name);
         let shares = m.tensor_parallel.contains(&1)
-            && (m.sharing.contains(&SharingMode::Mig) || m.sharing.contains(&SharingMode::Timeslice));
+            && (m.sharing.contains(&SharingMode::Mig)
+                || m.sharing.contains(&SharingMode::Timeslice));
         // First fit into an open GPU with room for the replica's memory.
         let mut done = false;
         let mut from = 0;

@@ -79,15 +79,18 @@ pub struct Solved {
     pub solve_ms: f64,
 }
 
-fn penalty(model: &Model, max_price: f64) -> f64 {
+fn penalty(model: &Model, max_gpus: u32, max_price: f64) -> f64 {
     let weight = match model.priority {
         Priority::Critical => 100.0,
         Priority::Standard => 10.0,
         Priority::Sheddable => 1.0,
     };
-    // More than every GPU a replica could take (16 GPUs at the highest
-    // price), so placing a replica always beats leaving it out.
-    weight * (16.0 * max_price + 1.0) * 10.0
+    // More than all the GPUs any replica could take (the largest
+    // tensor-parallel degree at the highest price), so placing a replica
+    // always beats leaving it out, and the same for every model of a
+    // priority, so the most replicas are placed before cost counts; kept
+    // as small as that allows so the objective stays well scaled.
+    weight * (f64::from(max_gpus) * max_price + 1.0)
 }
 
 fn build_vars(
@@ -268,14 +271,24 @@ fn tensor_parallel_fit(v: &Vars, classes: &[Class]) -> Vec<Constraint> {
         .collect()
 }
 
+fn max_group(models: &[Model]) -> u32 {
+    models
+        .iter()
+        .flat_map(|m| m.tensor_parallel.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn cost_expr(v: &Vars, classes: &[Class], models: &[Model]) -> Expression {
     let max_price = classes.iter().map(|c| c.price).fold(0.0, f64::max);
+    let max_gpus = max_group(models);
     let mut e = Expression::with_capacity(64);
     for (c, class) in classes.iter().enumerate() {
         e.add_mul(class.price, gpus_expr(v, c));
     }
     for (m, model) in models.iter().enumerate() {
-        e.add_mul(penalty(model, max_price), v.s[m]);
+        e.add_mul(penalty(model, max_gpus, max_price), v.s[m]);
     }
     e
 }
@@ -286,7 +299,7 @@ fn gpu_count_expr(v: &Vars, classes: &[Class], models: &[Model]) -> Expression {
         e.add_mul(1.0, gpus_expr(v, c));
     }
     for (m, model) in models.iter().enumerate() {
-        e.add_mul(penalty(model, 1.0), v.s[m]);
+        e.add_mul(penalty(model, max_group(models), 1.0), v.s[m]);
     }
     e
 }
