@@ -556,6 +556,22 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
             }
         }
     }
+    // GPUs whose every slot is spare were rounded up for nothing.
+    for (c, class) in classes.iter().enumerate() {
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            while counts.patterns[c][p] > 0
+                && pattern
+                    .slots
+                    .iter()
+                    .all(|&(t, k)| spare.get(&(c, t)).copied().unwrap_or(0) >= i64::from(k))
+            {
+                counts.patterns[c][p] -= 1;
+                for &(t, k) in &pattern.slots {
+                    *spare.get_mut(&(c, t)).expect("checked above") -= i64::from(k);
+                }
+            }
+        }
+    }
     // Node-level rules: one N per time-slicing node, no whole GPU there.
     for (c, class) in classes.iter().enumerate() {
         let g = class.gpus_per_node.max(1);
@@ -594,6 +610,27 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
         }
     }
     Some(counts)
+}
+
+/// Objective value (cost plus unplaced penalties) of integer counts.
+fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
+    let max_price = classes.iter().map(|c| c.price).fold(0.0, f64::max);
+    let max_gpus = max_group(models);
+    let mut cost = 0.0;
+    for (c, class) in classes.iter().enumerate() {
+        let gpus: u32 = counts.patterns[c].iter().sum::<u32>()
+            + counts
+                .whole
+                .iter()
+                .filter(|((cc, _, _), _)| *cc == c)
+                .map(|(&(_, _, k), &n)| k * n)
+                .sum::<u32>();
+        cost += class.price * f64::from(gpus);
+    }
+    for (m, model) in models.iter().enumerate() {
+        cost += penalty(model, max_gpus, max_price) * f64::from(counts.unplaced[m]);
+    }
+    cost
 }
 
 /// Nodes of class `c` that time-slice, and whole GPUs of `c`, in `counts`.
@@ -669,6 +706,28 @@ pub fn solve(
     let (_, lp_gpus, _) = lp_value(classes, models, demand_, gpu_count_expr)?;
     let warm = round(classes, models, demand_, &relaxed);
 
+    let has_current = classes.iter().any(|c| {
+        c.current_patterns.iter().any(|&n| n > 0)
+            || !c.current_slots.is_empty()
+            || !c.current_whole.is_empty()
+    });
+    // The rounded relaxation is already within the requested gap of the LP
+    // bound: that proves it good enough, and no MIP is needed (not when
+    // re-planning: phase 2 must weigh disruption).
+    if let Some(counts) = &warm
+        && !has_current
+        && counts.unplaced.iter().all(|&u| u == 0)
+        && counts_cost(classes, models, counts) <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9
+    {
+        return Ok(Solved {
+            counts: counts.clone(),
+            optimal: true,
+            lp_cost,
+            lp_gpus,
+            solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+
     // Phase 1: cost.
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, true);
@@ -704,11 +763,6 @@ pub fn solve(
     let best = objective.eval_with(&sol);
     let phase1 = read_counts(&sol, &v, classes, models.len());
 
-    let has_current = classes.iter().any(|c| {
-        c.current_patterns.iter().any(|&n| n > 0)
-            || !c.current_slots.is_empty()
-            || !c.current_whole.is_empty()
-    });
     if !has_current {
         return Ok(Solved {
             counts: phase1,

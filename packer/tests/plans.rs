@@ -422,3 +422,28 @@ proptest! {
         check_rules(&after, &cluster, &models, &options, &demand);
     }
 }
+
+#[test]
+fn a_generous_gap_takes_the_rounded_relaxation_and_keeps_every_rule() {
+    let b = examples();
+    let cluster = b.cluster.clone().unwrap();
+    // A cluster with no current state, so the rounding may stand alone.
+    let fresh = common::cluster(
+        &cluster
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.gpu_model.as_str(), n.gpus.len() as u32))
+            .collect::<Vec<_>>(),
+    );
+    let demand = demand_of(&b);
+    let options = PackOptions {
+        mip_rel_gap: 0.5,
+        ..PackOptions::default()
+    };
+    let plan = pack(&fresh, &b.models, &demand, &options).unwrap();
+    check_rules(&plan, &fresh, &b.models, &options, &demand);
+    assert!(plan.unplaced.is_empty());
+    assert!(plan.cost_per_hour <= plan.lp_bound_cost * 1.5 + 1e-9);
+    let exact = pack(&fresh, &b.models, &demand, &PackOptions::default()).unwrap();
+    assert!(exact.cost_per_hour <= plan.cost_per_hour + 1e-9);
+}

@@ -24,6 +24,9 @@ struct Args {
     /// Size of the incremental case (0: skip).
     #[arg(long, default_value_t = 1000)]
     incremental: u32,
+    /// Relative MIP gap (the packer's `--mip-gap`).
+    #[arg(long, default_value_t = 1e-4)]
+    mip_gap: f64,
     /// Where the scenario files are written.
     #[arg(long, default_value = "target/bench-scenarios")]
     dir: PathBuf,
@@ -31,7 +34,10 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let options = PackOptions::default();
+    let options = PackOptions {
+        mip_rel_gap: args.mip_gap,
+        ..PackOptions::default()
+    };
     let mut rows = Vec::new();
     for &size in &args.sizes {
         eprintln!("packing {size} GPUs…");
