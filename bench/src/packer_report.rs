@@ -66,15 +66,31 @@ pub fn write_scenario(
     Ok(paths)
 }
 
+/// What every run of the report shares.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Where scenario files are written.
+    pub dir: std::path::PathBuf,
+    /// Models in the zoo mix.
+    pub models: usize,
+    /// Demand as the share of the cluster the whole-GPU baseline would take.
+    pub fill: f64,
+    /// Runs per measurement (times are medians).
+    pub runs: usize,
+    /// Packer options.
+    pub options: PackOptions,
+}
+
 /// Runs one size.
-pub fn run_size(
-    dir: &Path,
-    gpus: u32,
-    models: usize,
-    fill: f64,
-    runs: usize,
-    options: &PackOptions,
-) -> anyhow::Result<Row> {
+pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
+    let Setup {
+        dir,
+        models,
+        fill,
+        runs,
+        options,
+    } = setup;
+    let (models, fill, runs) = (*models, *fill, *runs);
     let paths = write_scenario(&dir.join(format!("gpus-{gpus}")), gpus, models, fill)?;
     let (mut load, mut solve, mut total, mut ffd_ms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -142,14 +158,15 @@ pub struct Incremental {
 }
 
 /// Runs the incremental case.
-pub fn run_incremental(
-    dir: &Path,
-    gpus: u32,
-    models: usize,
-    fill: f64,
-    runs: usize,
-    options: &PackOptions,
-) -> anyhow::Result<Incremental> {
+pub fn run_incremental(setup: &Setup, gpus: u32) -> anyhow::Result<Incremental> {
+    let Setup {
+        dir,
+        models,
+        fill,
+        runs,
+        options,
+    } = setup;
+    let (models, fill, runs) = (*models, *fill, *runs);
     let paths = write_scenario(&dir.join(format!("incremental-{gpus}")), gpus, models, fill)?;
     let bundle = load_paths(&paths).map_err(|p| anyhow::anyhow!("{p}"))?;
     let cluster = bundle.cluster.clone().context("scenario has a cluster")?;

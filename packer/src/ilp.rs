@@ -612,6 +612,21 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     Some(counts)
 }
 
+/// A new integer `y ≤ min(bound, var)`: how much of `var` stays as it is.
+fn kept(
+    vars: &mut ProblemVariables,
+    links: &mut Vec<Constraint>,
+    bound: u32,
+    var: Variable,
+) -> Variable {
+    let y = vars.add(variable().integer().min(0).max(f64::from(bound)));
+    let mut e = Expression::with_capacity(2);
+    e.add_mul(1.0, y);
+    e.add_mul(-1.0, var);
+    links.push(e.leq(0.0));
+    y
+}
+
 /// Objective value (cost plus unplaced penalties) of integer counts.
 fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
     let max_price = classes.iter().map(|c| c.price).fold(0.0, f64::max);
@@ -784,42 +799,30 @@ pub fn solve(
         for (p, &cur) in class.current_patterns.iter().enumerate() {
             reconfigured.add_mul(1.0, v.n[c][p]);
             if cur > 0 {
-                let keep = vars.add(variable().integer().min(0).max(f64::from(cur)));
+                let keep = kept(&mut vars, &mut links, cur, v.n[c][p]);
                 reconfigured.add_mul(-1.0, keep);
-                let mut e = Expression::with_capacity(2);
-                e.add_mul(1.0, keep);
-                e.add_mul(-1.0, v.n[c][p]);
-                links.push(e.leq(0.0));
             }
         }
-        for (&(m, t), &cur) in &class.current_slots {
-            current_replicas += f64::from(cur);
-            moved.add_mul(f64::from(cur), Expression::from_other_affine(1.0));
-            if let Some(&(_, _, _, x)) =
+        // Replicas that stay: in a slot type, or in a tensor-parallel group.
+        let slots = class.current_slots.iter().map(|(&(m, t), &cur)| {
+            let var =
                 v.x.iter()
-                    .find(|&&(cc, mm, tt, _)| (cc, mm, tt) == (c, m, t))
-            {
-                let stay = vars.add(variable().integer().min(0).max(f64::from(cur)));
-                moved.add_mul(-1.0, stay);
-                let mut e = Expression::with_capacity(2);
-                e.add_mul(1.0, stay);
-                e.add_mul(-1.0, x);
-                links.push(e.leq(0.0));
-            }
-        }
-        for (&(m, k), &cur) in &class.current_whole {
-            current_replicas += f64::from(cur);
-            moved.add_mul(f64::from(cur), Expression::from_other_affine(1.0));
-            if let Some(&(_, _, _, w)) =
+                    .find(|x| (x.0, x.1, x.2) == (c, m, t))
+                    .map(|x| x.3);
+            (cur, var)
+        });
+        let groups = class.current_whole.iter().map(|(&(m, k), &cur)| {
+            let var =
                 v.w.iter()
-                    .find(|&&(cc, mm, kk, _)| (cc, mm, kk) == (c, m, k))
-            {
-                let stay = vars.add(variable().integer().min(0).max(f64::from(cur)));
+                    .find(|w| (w.0, w.1, w.2) == (c, m, k))
+                    .map(|w| w.3);
+            (cur, var)
+        });
+        for (cur, var) in slots.chain(groups).collect::<Vec<_>>() {
+            current_replicas += f64::from(cur);
+            if let Some(var) = var {
+                let stay = kept(&mut vars, &mut links, cur, var);
                 moved.add_mul(-1.0, stay);
-                let mut e = Expression::with_capacity(2);
-                e.add_mul(1.0, stay);
-                e.add_mul(-1.0, w);
-                links.push(e.leq(0.0));
             }
         }
     }

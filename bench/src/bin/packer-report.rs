@@ -34,32 +34,24 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let options = PackOptions {
-        mip_rel_gap: args.mip_gap,
-        ..PackOptions::default()
+    let setup = packer_report::Setup {
+        dir: args.dir.clone(),
+        models: args.models,
+        fill: args.fill,
+        runs: args.runs,
+        options: PackOptions {
+            mip_rel_gap: args.mip_gap,
+            ..PackOptions::default()
+        },
     };
     let mut rows = Vec::new();
     for &size in &args.sizes {
         eprintln!("packing {size} GPUs…");
-        rows.push(packer_report::run_size(
-            &args.dir,
-            size,
-            args.models,
-            args.fill,
-            args.runs,
-            &options,
-        )?);
+        rows.push(packer_report::run_size(&setup, size)?);
     }
     let incremental = if args.incremental > 0 {
         eprintln!("incremental +1 on {} GPUs…", args.incremental);
-        Some(packer_report::run_incremental(
-            &args.dir,
-            args.incremental,
-            args.models,
-            args.fill,
-            args.runs,
-            &options,
-        )?)
+        Some(packer_report::run_incremental(&setup, args.incremental)?)
     } else {
         None
     };
