@@ -458,6 +458,20 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
         }
     }
     counts.whole.retain(|_, n| *n > 0);
+    complete(classes, models, counts, remaining, used, spare)
+}
+
+/// Places the `remaining` replicas greedily on top of `counts` (spare
+/// slots, then whole GPUs, then newly configured GPUs; the rest unplaced),
+/// drops GPUs left with nothing, and checks the node-level rules.
+fn complete(
+    classes: &[Class],
+    models: &[Model],
+    mut counts: Counts,
+    mut remaining: Vec<u32>,
+    mut used: Vec<u32>,
+    mut spare: BTreeMap<(usize, usize), i64>,
+) -> Option<Counts> {
     let mut order: Vec<usize> = (0..models.len()).collect();
     order.sort_by(|&a, &b| {
         models[a]
@@ -612,6 +626,114 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     Some(counts)
 }
 
+/// The current placement, trimmed or extended to the demand: replicas
+/// beyond the demand leave (from the slot types and groups holding most),
+/// missing ones are placed by [`complete`] on top of what runs. Nothing that
+/// runs moves; `None` when that cannot keep the node-level rules.
+fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
+    let mut counts = Counts {
+        patterns: classes.iter().map(|c| c.current_patterns.clone()).collect(),
+        unplaced: vec![0; models.len()],
+        ..Counts::default()
+    };
+    for (c, class) in classes.iter().enumerate() {
+        for (&(m, t), &n) in &class.current_slots {
+            if fits_slot(&models[m], class, &class.slot_types[t]) {
+                counts.slots.insert((c, m, t), n);
+            }
+        }
+        for (&(m, k), &n) in &class.current_whole {
+            if whole_degrees(&models[m], class).contains(&k) {
+                counts.whole.insert((c, m, k), n);
+            }
+        }
+    }
+    let mut remaining = vec![0u32; models.len()];
+    for (m, &want) in demand_.iter().enumerate() {
+        let mut have: u32 = counts
+            .slots
+            .iter()
+            .filter(|((_, mm, _), _)| *mm == m)
+            .map(|(_, &n)| n)
+            .sum::<u32>()
+            + counts
+                .whole
+                .iter()
+                .filter(|((_, mm, _), _)| *mm == m)
+                .map(|(_, &n)| n)
+                .sum::<u32>();
+        while have > want {
+            let slot = counts
+                .slots
+                .iter()
+                .filter(|&(&(_, mm, _), &n)| mm == m && n > 0)
+                .max_by_key(|&(_, &n)| n)
+                .map(|(&key, _)| key);
+            match slot {
+                Some(key) => *counts.slots.get_mut(&key).expect("found above") -= 1,
+                None => {
+                    let (&key, _) = counts
+                        .whole
+                        .iter()
+                        .filter(|&(&(_, mm, _), &n)| mm == m && n > 0)
+                        .max_by_key(|&(_, &n)| n)?;
+                    *counts.whole.get_mut(&key).expect("found above") -= 1;
+                }
+            }
+            have -= 1;
+        }
+        remaining[m] = want - have;
+    }
+    counts.slots.retain(|_, n| *n > 0);
+    counts.whole.retain(|_, n| *n > 0);
+    let mut used = Vec::new();
+    let mut spare: BTreeMap<(usize, usize), i64> = BTreeMap::new();
+    for (c, class) in classes.iter().enumerate() {
+        used.push(counts.patterns[c].iter().sum::<u32>() + node_use(class, c, &counts).1);
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            for &(t, k) in &pattern.slots {
+                *spare.entry((c, t)).or_insert(0) += i64::from(k * counts.patterns[c][p]);
+            }
+        }
+    }
+    for (&(c, _, t), &k) in &counts.slots {
+        *spare.entry((c, t)).or_insert(0) -= i64::from(k);
+    }
+    if spare.values().any(|&v| v < 0) {
+        return None;
+    }
+    complete(classes, models, counts, remaining, used, spare)
+}
+
+/// Whether a pinned re-plan's extra cost over the current placement is
+/// within the LP relaxation's marginal cost of the same change plus the MIP
+/// gap. A heuristic test, not a proof: it assumes the current placement was
+/// itself near-optimal (it came from a solve), and it sends consolidation
+/// after scale-downs (where keeping everything fragments) to the full solve.
+fn change_is_cheap(
+    classes: &[Class],
+    models: &[Model],
+    pinned_counts: &Counts,
+    lp_cost: f64,
+    options: &PackOptions,
+) -> Result<bool, PackError> {
+    let mut running = vec![0u32; models.len()];
+    for class in classes {
+        for (&(m, _), &n) in &class.current_slots {
+            running[m] += n;
+        }
+        for (&(m, _), &n) in &class.current_whole {
+            running[m] += n;
+        }
+    }
+    let Some(now) = pinned(classes, models, &running) else {
+        return Ok(false);
+    };
+    let (lp_now, _, _) = lp_value(classes, models, &running, cost_expr)?;
+    let extra = counts_cost(classes, models, pinned_counts) - counts_cost(classes, models, &now);
+    Ok(extra <= (lp_cost - lp_now).max(0.0) + options.mip_rel_gap * lp_cost + 1e-9)
+}
+
 /// A new integer `y ≤ min(bound, var)`: how much of `var` stays as it is.
 fn kept(
     vars: &mut ProblemVariables,
@@ -726,13 +848,32 @@ pub fn solve(
             || !c.current_slots.is_empty()
             || !c.current_whole.is_empty()
     });
+    // Re-planning: keep everything that runs and add what is missing on top
+    // when that change costs no more than the LP's own marginal cost of it
+    // plus the gap — nothing moved, nothing reconfigured.
+    let within_gap = |counts: &Counts| {
+        counts.unplaced.iter().all(|&u| u == 0)
+            && counts_cost(classes, models, counts) <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9
+    };
+    if has_current
+        && let Some(counts) = pinned(classes, models, demand_)
+        && counts.unplaced.iter().all(|&u| u == 0)
+        && change_is_cheap(classes, models, &counts, lp_cost, options)?
+    {
+        return Ok(Solved {
+            counts,
+            optimal: true,
+            lp_cost,
+            lp_gpus,
+            solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        });
+    }
     // The rounded relaxation is already within the requested gap of the LP
     // bound: that proves it good enough, and no MIP is needed (not when
     // re-planning: phase 2 must weigh disruption).
     if let Some(counts) = &warm
         && !has_current
-        && counts.unplaced.iter().all(|&u| u == 0)
-        && counts_cost(classes, models, counts) <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9
+        && within_gap(counts)
     {
         return Ok(Solved {
             counts: counts.clone(),

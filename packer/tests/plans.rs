@@ -447,3 +447,40 @@ fn a_generous_gap_takes_the_rounded_relaxation_and_keeps_every_rule() {
     let exact = pack(&fresh, &b.models, &demand, &PackOptions::default()).unwrap();
     assert!(exact.cost_per_hour <= plan.cost_per_hour + 1e-9);
 }
+
+#[test]
+fn scaling_down_removes_replicas_without_moving_the_rest() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let models = vec![common::model(
+        "small",
+        9.0,
+        0.1,
+        &[SharingMode::Mig],
+        &[1],
+        &[],
+    )];
+    let six = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("small", 6)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let now = six.apply_to(&cluster);
+    let two = pack(
+        &now,
+        &models,
+        &common::demand(&[("small", 2)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(two.models[0].placed, 2);
+    assert_eq!((two.moves, two.reconfigured_gpus, two.gpus_used), (0, 0, 1));
+    check_rules(
+        &two,
+        &now,
+        &models,
+        &PackOptions::default(),
+        &common::demand(&[("small", 2)]),
+    );
+}
