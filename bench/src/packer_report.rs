@@ -81,17 +81,17 @@ pub struct Setup {
     pub options: PackOptions,
 }
 
+impl Setup {
+    /// Writes the scenario of `gpus` GPUs under `dir/name`.
+    fn scenario(&self, name: &str, gpus: u32) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        write_scenario(&self.dir.join(name), gpus, self.models, self.fill)
+    }
+}
+
 /// Runs one size.
 pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
-    let Setup {
-        dir,
-        models,
-        fill,
-        runs,
-        options,
-    } = setup;
-    let (models, fill, runs) = (*models, *fill, *runs);
-    let paths = write_scenario(&dir.join(format!("gpus-{gpus}")), gpus, models, fill)?;
+    let (runs, options) = (setup.runs, &setup.options);
+    let paths = setup.scenario(&format!("gpus-{gpus}"), gpus)?;
     let (mut load, mut solve, mut total, mut ffd_ms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last = None;
@@ -159,15 +159,8 @@ pub struct Incremental {
 
 /// Runs the incremental case.
 pub fn run_incremental(setup: &Setup, gpus: u32) -> anyhow::Result<Incremental> {
-    let Setup {
-        dir,
-        models,
-        fill,
-        runs,
-        options,
-    } = setup;
-    let (models, fill, runs) = (*models, *fill, *runs);
-    let paths = write_scenario(&dir.join(format!("incremental-{gpus}")), gpus, models, fill)?;
+    let (runs, options) = (setup.runs, &setup.options);
+    let paths = setup.scenario(&format!("incremental-{gpus}"), gpus)?;
     let bundle = load_paths(&paths).map_err(|p| anyhow::anyhow!("{p}"))?;
     let cluster = bundle.cluster.clone().context("scenario has a cluster")?;
     let demand = bundle.demand.clone().unwrap_or_default();

@@ -589,23 +589,15 @@ fn complete(
     // Node-level rules: one N per time-slicing node, no whole GPU there.
     for (c, class) in classes.iter().enumerate() {
         let g = class.gpus_per_node.max(1);
-        let mut nodes = 0;
         for (p, pattern) in class.patterns.iter().enumerate() {
             if let PatternKind::Share(n) = pattern.kind {
                 let need = counts.patterns[c][p].div_ceil(g);
                 if need > 0 {
                     counts.share_nodes.insert((c, n), need);
-                    nodes += need;
                 }
             }
         }
-        let whole: u32 = counts
-            .whole
-            .iter()
-            .filter(|((cc, _, _), _)| *cc == c)
-            .map(|(&(_, _, k), &n)| k * n)
-            .sum();
-        if nodes > class.nodes.len() as u32 || whole > g * (class.nodes.len() as u32 - nodes) {
+        if !node_ok(class, c, &counts, 0) {
             return None;
         }
         for k in 2..=g {
