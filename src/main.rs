@@ -24,7 +24,7 @@ enum Command {
     /// Pack model replicas onto MIG slices, time-sliced shares and whole GPUs
     /// (ILP); print the plan, emit the NVIDIA configuration.
     Plan(Box<cmd::plan::Args>),
-    /// Check cluster, model-policy and training-job files; print every problem
+    /// Check cluster, model-policy, training-job and demand files; print every problem
     /// as `file:line:column: field: message`.
     Validate(cmd::validate::Args),
     /// Print the ModelPolicy CustomResourceDefinition (apply it with kubectl).

@@ -52,7 +52,7 @@ pub struct Args {
     /// Fraction of a time-sliced GPU's memory kept free.
     #[arg(long, default_value_t = 0.1)]
     pub timeslice_headroom: f64,
-    /// Print HiGHS's log (to stderr's neighbour, stdout) for slow solves.
+    /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
 }
