@@ -789,7 +789,7 @@ fn node_ok(class: &Class, c: usize, counts: &Counts, extra_whole: u32) -> bool {
     shared <= nodes && whole + extra_whole <= class.gpus_per_node * (nodes - shared)
 }
 
-fn read_counts(sol: &impl Solution, v: &Vars, classes: &[Class], models: usize) -> Counts {
+fn read_counts(sol: &impl Solution, v: &Vars) -> Counts {
     let int = |var: Variable| sol.value(var).round().max(0.0) as u32;
     let mut counts = Counts {
         patterns: v
@@ -818,8 +818,6 @@ fn read_counts(sol: &impl Solution, v: &Vars, classes: &[Class], models: usize) 
             counts.share_nodes.insert((c, n), k);
         }
     }
-    debug_assert_eq!(counts.unplaced.len(), models);
-    let _ = classes;
     counts
 }
 
@@ -909,7 +907,7 @@ pub fn solve(
     // Optimal, or within the requested MIP gap (HiGHS's own stopping rule).
     let mut optimal = !matches!(sol.status(), SolutionStatus::TimeLimit);
     let best = objective.eval_with(&sol);
-    let phase1 = read_counts(&sol, &v, classes, models.len());
+    let phase1 = read_counts(&sol, &v);
 
     if !has_current {
         return Ok(Solved {
@@ -977,7 +975,7 @@ pub fn solve(
     let counts = match problem.solve() {
         Ok(sol) => {
             optimal &= !matches!(sol.status(), SolutionStatus::TimeLimit);
-            read_counts(&sol, &v, classes, models.len())
+            read_counts(&sol, &v)
         }
         // Out of time before improving on phase 1: phase 1 stands.
         Err(_) => {
