@@ -570,6 +570,74 @@ fn complete(
             }
         }
     }
+    // Consolidate: take a GPU away when the replicas its slots would hold
+    // fit spare slots elsewhere (any class, any slot type they fit); the
+    // dearest GPUs first.
+    let mut order: Vec<(usize, usize)> = classes
+        .iter()
+        .enumerate()
+        .flat_map(|(c, class)| (0..class.patterns.len()).map(move |p| (c, p)))
+        .collect();
+    order.sort_by(|a, b| {
+        classes[b.0]
+            .price
+            .total_cmp(&classes[a.0].price)
+            .then(a.cmp(b))
+    });
+    for (c, p) in order {
+        while counts.patterns[c][p] > 0 {
+            let mut trial_counts = counts.clone();
+            let mut trial_spare = spare.clone();
+            trial_counts.patterns[c][p] -= 1;
+            let mut ok = true;
+            for &(t, k) in &classes[c].patterns[p].slots {
+                let left = trial_spare.entry((c, t)).or_insert(0);
+                *left -= i64::from(k);
+                // Move replicas out of type t until its slots suffice.
+                while ok && trial_spare[&(c, t)] < 0 {
+                    let from = trial_counts
+                        .slots
+                        .iter()
+                        .find(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
+                        .map(|(&key, _)| key);
+                    let Some((_, m, _)) = from else {
+                        ok = false;
+                        break;
+                    };
+                    let to = trial_spare
+                        .iter()
+                        .filter(|&(&(c2, t2), &n)| {
+                            n > 0
+                                && (c2, t2) != (c, t)
+                                && fits_slot(&models[m], &classes[c2], &classes[c2].slot_types[t2])
+                        })
+                        .min_by(|a, b| {
+                            let ta = &classes[a.0.0].slot_types[a.0.1];
+                            let tb = &classes[b.0.0].slot_types[b.0.1];
+                            ta.memory_gib.total_cmp(&tb.memory_gib).then(a.0.cmp(b.0))
+                        })
+                        .map(|(&key, _)| key);
+                    let Some((c2, t2)) = to else {
+                        ok = false;
+                        break;
+                    };
+                    *trial_counts.slots.get_mut(&(c, m, t)).expect("found above") -= 1;
+                    *trial_counts.slots.entry((c2, m, t2)).or_insert(0) += 1;
+                    *trial_spare.get_mut(&(c2, t2)).expect("found above") -= 1;
+                    *trial_spare.get_mut(&(c, t)).expect("exists") += 1;
+                }
+                if !ok {
+                    break;
+                }
+            }
+            if !ok {
+                break;
+            }
+            trial_counts.slots.retain(|_, n| *n > 0);
+            counts = trial_counts;
+            spare = trial_spare;
+        }
+    }
     // GPUs whose every slot is spare were rounded up for nothing.
     for (c, class) in classes.iter().enumerate() {
         for (p, pattern) in class.patterns.iter().enumerate() {
