@@ -900,6 +900,13 @@ pub fn solve(
     let (lp_cost, _, relaxed) = lp_value(classes, models, demand_, cost_expr)?;
     let (_, lp_gpus, _) = lp_value(classes, models, demand_, gpu_count_expr)?;
     let warm = round(classes, models, demand_, &relaxed);
+    let solved = |counts: Counts, optimal: bool| Solved {
+        counts,
+        optimal,
+        lp_cost,
+        lp_gpus,
+        solve_ms: start.elapsed().as_secs_f64() * 1e3,
+    };
 
     let has_current = classes.iter().any(|c| {
         c.current_patterns.iter().any(|&n| n > 0)
@@ -918,13 +925,7 @@ pub fn solve(
         && counts.unplaced.iter().all(|&u| u == 0)
         && change_is_cheap(classes, models, &counts, lp_cost, options)?
     {
-        return Ok(Solved {
-            counts,
-            optimal: true,
-            lp_cost,
-            lp_gpus,
-            solve_ms: start.elapsed().as_secs_f64() * 1e3,
-        });
+        return Ok(solved(counts, true));
     }
     // The rounded relaxation is already within the requested gap of the LP
     // bound: that proves it good enough, and no MIP is needed (not when
@@ -933,13 +934,7 @@ pub fn solve(
         && !has_current
         && within_gap(counts)
     {
-        return Ok(Solved {
-            counts: counts.clone(),
-            optimal: true,
-            lp_cost,
-            lp_gpus,
-            solve_ms: start.elapsed().as_secs_f64() * 1e3,
-        });
+        return Ok(solved(counts.clone(), true));
     }
 
     // Phase 1: cost.
@@ -963,13 +958,7 @@ pub fn solve(
         // relaxation stands, reported as not optimal.
         Err(e) => {
             let counts = warm.ok_or_else(|| PackError::Solver(e.to_string()))?;
-            return Ok(Solved {
-                counts,
-                optimal: false,
-                lp_cost,
-                lp_gpus,
-                solve_ms: start.elapsed().as_secs_f64() * 1e3,
-            });
+            return Ok(solved(counts, false));
         }
     };
     // Optimal, or within the requested MIP gap (HiGHS's own stopping rule).
@@ -978,13 +967,7 @@ pub fn solve(
     let phase1 = read_counts(&sol, &v);
 
     if !has_current {
-        return Ok(Solved {
-            counts: phase1,
-            optimal,
-            lp_cost,
-            lp_gpus,
-            solve_ms: start.elapsed().as_secs_f64() * 1e3,
-        });
+        return Ok(solved(phase1, optimal));
     }
 
     // Phase 2: same cost, least disruption (no MIP start, as in phase 1).
@@ -1051,13 +1034,7 @@ pub fn solve(
             phase1
         }
     };
-    Ok(Solved {
-        counts,
-        optimal,
-        lp_cost,
-        lp_gpus,
-        solve_ms: start.elapsed().as_secs_f64() * 1e3,
-    })
+    Ok(solved(counts, optimal))
 }
 
 fn configure(

@@ -98,20 +98,17 @@ fn oracle(
                     }
                 }
             }
-            let mut used_slots = vec![false; slots.len()];
-            let mut used_whole = vec![false; whole_gpus.len()];
-            let mut used_gpu = vec![false; count];
-            let (placed, gpus_used) = assign(
+            let (placed, gpus_used) = Search {
                 gpu,
                 models,
                 replicas,
-                0,
-                &slots,
-                &mut used_slots,
-                &whole_gpus,
-                &mut used_whole,
-                &mut used_gpu,
-            );
+                slots: &slots,
+                whole: &whole_gpus,
+                used_slots: vec![false; slots.len()],
+                used_whole: vec![false; whole_gpus.len()],
+                used_gpu: vec![false; count],
+            }
+            .assign(0);
             let cost = gpus_used as f64 * gpu.price_per_hour;
             let improves =
                 best.is_none_or(|(bp, bc)| placed > bp || (placed == bp && cost < bc - 1e-9));
@@ -137,110 +134,82 @@ fn oracle(
     }
 }
 
-/// Backtracking: the most replicas placed, and with that the fewest GPUs
-/// hosting something.
-#[allow(clippy::too_many_arguments)]
-fn assign(
-    gpu: &GpuModel,
-    models: &[Model],
-    replicas: &[usize],
-    r: usize,
-    slots: &[Slot],
-    used_slots: &mut Vec<bool>,
-    whole: &[usize],
-    used_whole: &mut Vec<bool>,
-    used_gpu: &mut Vec<bool>,
-) -> (usize, usize) {
-    if r == replicas.len() {
-        return (0, used_gpu.iter().filter(|&&u| u).count());
-    }
-    let m = &models[replicas[r]];
-    // Leave this replica out.
-    let mut best = assign(
-        gpu,
-        models,
-        replicas,
-        r + 1,
-        slots,
-        used_slots,
-        whole,
-        used_whole,
-        used_gpu,
-    );
-    let allowed = m.gpu_models.contains(&gpu.name);
-    let better = |cand: (usize, usize), best: (usize, usize)| {
-        cand.0 > best.0 || (cand.0 == best.0 && cand.1 < best.1)
-    };
-    if allowed && m.tensor_parallel.contains(&1) {
-        for s in 0..slots.len() {
-            let slot = slots[s];
-            let mode = if slot.mig {
-                SharingMode::Mig
-            } else {
-                SharingMode::Timeslice
-            };
-            if used_slots[s]
-                || !m.sharing.contains(&mode)
-                || m.memory_gib > slot.memory + 1e-9
-                || m.compute > slot.compute + 1e-9
-            {
-                continue;
-            }
-            used_slots[s] = true;
-            let was = used_gpu[slot.gpu];
-            used_gpu[slot.gpu] = true;
-            let (p, g) = assign(
-                gpu,
-                models,
-                replicas,
-                r + 1,
-                slots,
-                used_slots,
-                whole,
-                used_whole,
-                used_gpu,
-            );
-            if better((p + 1, g), best) {
-                best = (p + 1, g);
-            }
-            used_gpu[slot.gpu] = was;
-            used_slots[s] = false;
+/// Backtracking over one configuration of the node: the most replicas
+/// placed, and with that the fewest GPUs hosting something.
+struct Search<'a> {
+    gpu: &'a GpuModel,
+    models: &'a [Model],
+    replicas: &'a [usize],
+    slots: &'a [Slot],
+    whole: &'a [usize],
+    used_slots: Vec<bool>,
+    used_whole: Vec<bool>,
+    used_gpu: Vec<bool>,
+}
+
+impl Search<'_> {
+    /// Places replica `r` and the rest; marks are restored on return.
+    fn assign(&mut self, r: usize) -> (usize, usize) {
+        if r == self.replicas.len() {
+            return (0, self.used_gpu.iter().filter(|&&u| u).count());
         }
-    }
-    if allowed && m.sharing.contains(&SharingMode::Whole) {
-        for &k in &m.tensor_parallel {
-            let fits = f64::from(k) * gpu.usable_gib + 1e-9 >= m.memory_gib
-                && f64::from(k) * gpu.compute + 1e-9 >= m.compute;
-            let free: Vec<usize> = (0..whole.len()).filter(|&i| !used_whole[i]).collect();
-            if !fits || free.len() < k as usize {
-                continue;
+        let m = &self.models[self.replicas[r]];
+        // Leave this replica out.
+        let mut best = self.assign(r + 1);
+        let mut consider = |cand: (usize, usize)| {
+            if cand.0 + 1 > best.0 || (cand.0 + 1 == best.0 && cand.1 < best.1) {
+                best = (cand.0 + 1, cand.1);
             }
-            let take: Vec<usize> = free[..k as usize].to_vec();
-            for &i in &take {
-                used_whole[i] = true;
-                used_gpu[whole[i]] = true;
-            }
-            let (p, g) = assign(
-                gpu,
-                models,
-                replicas,
-                r + 1,
-                slots,
-                used_slots,
-                whole,
-                used_whole,
-                used_gpu,
-            );
-            if better((p + 1, g), best) {
-                best = (p + 1, g);
-            }
-            for &i in &take {
-                used_whole[i] = false;
-                used_gpu[whole[i]] = false;
+        };
+        let allowed = m.gpu_models.contains(&self.gpu.name);
+        if allowed && m.tensor_parallel.contains(&1) {
+            for s in 0..self.slots.len() {
+                let slot = self.slots[s];
+                let mode = if slot.mig {
+                    SharingMode::Mig
+                } else {
+                    SharingMode::Timeslice
+                };
+                if self.used_slots[s]
+                    || !m.sharing.contains(&mode)
+                    || m.memory_gib > slot.memory + 1e-9
+                    || m.compute > slot.compute + 1e-9
+                {
+                    continue;
+                }
+                self.used_slots[s] = true;
+                let was = self.used_gpu[slot.gpu];
+                self.used_gpu[slot.gpu] = true;
+                consider(self.assign(r + 1));
+                self.used_gpu[slot.gpu] = was;
+                self.used_slots[s] = false;
             }
         }
+        if allowed && m.sharing.contains(&SharingMode::Whole) {
+            for &k in &m.tensor_parallel {
+                let fits = f64::from(k) * self.gpu.usable_gib + 1e-9 >= m.memory_gib
+                    && f64::from(k) * self.gpu.compute + 1e-9 >= m.compute;
+                let free: Vec<usize> = (0..self.whole.len())
+                    .filter(|&i| !self.used_whole[i])
+                    .collect();
+                if !fits || free.len() < k as usize {
+                    continue;
+                }
+                let take = &free[..k as usize];
+                self.mark_whole(take, true);
+                consider(self.assign(r + 1));
+                self.mark_whole(take, false);
+            }
+        }
+        best
     }
-    best
+
+    fn mark_whole(&mut self, take: &[usize], on: bool) {
+        for &i in take {
+            self.used_whole[i] = on;
+            self.used_gpu[self.whole[i]] = on;
+        }
+    }
 }
 
 fn arb_instance() -> impl Strategy<Value = (String, usize, Vec<Model>, Vec<u32>)> {
