@@ -31,6 +31,14 @@ pub struct Row {
     pub whole_gpus: u32,
     /// Memory utilisation: gpuscale, FFD, whole.
     pub memory: [f64; 3],
+    /// The most memory utilisation any plan under the same rules can reach:
+    /// Σ replica memory ÷ the LP bound on usable memory in use.
+    pub memory_ceiling: f64,
+    /// Pools (GPU models) whose GPUs used equal ⌈GPUs in the cost LP⌉, and
+    /// pools in all.
+    pub pools_at_lp: (usize, usize),
+    /// GPUs used above ⌈LP⌉, summed over the pools.
+    pub pool_excess: u32,
     /// Cost per hour: gpuscale, LP bound, FFD, whole.
     pub cost: [f64; 4],
     /// Replicas unplaced: gpuscale, FFD, whole.
@@ -113,7 +121,22 @@ pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
     }
     let (bundle, cluster, demand, plan, ffd) = last.expect("at least one run");
     let whole = baseline::whole_gpu(&cluster, &bundle.models, &demand);
+    let memory_ceiling = memory_ceiling(&cluster, &bundle.models, &demand)?;
+    let pools: Vec<_> = plan.pools.iter().filter(|p| p.gpus > 0).collect();
+    let ceil = |x: f64| (x - 1e-6).ceil().max(0.0) as u32;
     Ok(Row {
+        memory_ceiling,
+        pools_at_lp: (
+            pools
+                .iter()
+                .filter(|p| p.gpus_used == ceil(p.lp_gpus))
+                .count(),
+            pools.len(),
+        ),
+        pool_excess: pools
+            .iter()
+            .map(|p| p.gpus_used.saturating_sub(ceil(p.lp_gpus)))
+            .sum(),
         gpus: cluster.gpu_count(),
         replicas: demand.values().sum(),
         gpuscale_gpus: plan.gpus_used,
@@ -138,6 +161,43 @@ pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
         ],
         optimal: plan.optimal,
         ms: [median(load), median(solve), median(total), median(ffd_ms)],
+    })
+}
+
+/// The ceiling on memory utilisation under the packer's rules: price every
+/// GPU at its usable memory, so the cost LP bound becomes the least usable
+/// memory any plan placing the whole demand keeps in use.
+fn memory_ceiling(
+    cluster: &gpuscale_policies::Cluster,
+    models: &[gpuscale_policies::Model],
+    demand: &BTreeMap<String, u32>,
+) -> anyhow::Result<f64> {
+    let mut by_memory = cluster.clone();
+    let repriced: Vec<_> = by_memory
+        .catalog
+        .models()
+        .map(|gpu| gpuscale_policies::catalog::GpuModel {
+            price_per_hour: gpu.usable_gib,
+            ..gpu.clone()
+        })
+        .collect();
+    for gpu in repriced {
+        by_memory.catalog.insert(gpu);
+    }
+    // Only the LP bound is read: any gap will do.
+    let options = PackOptions {
+        mip_rel_gap: 1.0,
+        ..PackOptions::default()
+    };
+    let plan = pack(&by_memory, models, demand, &options)?;
+    let wanted: f64 = models
+        .iter()
+        .map(|m| m.memory_gib * f64::from(demand.get(&m.name).copied().unwrap_or(0)))
+        .sum();
+    Ok(if plan.lp_bound_cost > 0.0 {
+        wanted / plan.lp_bound_cost
+    } else {
+        0.0
     })
 }
 
@@ -204,16 +264,16 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
+        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | memory ceiling (LP) | pools at ⌈LP⌉ (excess GPUs) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|---|---:|---:|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.1} % | {} of {} ({}) | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
             r.gpus,
             r.replicas,
             r.gpuscale_gpus,
@@ -225,6 +285,10 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
             r.memory[0] * 100.0,
             r.memory[1] * 100.0,
             r.memory[2] * 100.0,
+            r.memory_ceiling * 100.0,
+            r.pools_at_lp.0,
+            r.pools_at_lp.1,
+            r.pool_excess,
             r.cost[0],
             r.cost[1],
             r.cost[2],

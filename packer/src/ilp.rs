@@ -75,6 +75,9 @@ pub struct Solved {
     pub lp_cost: f64,
     /// LP-relaxation lower bound on GPUs.
     pub lp_gpus: f64,
+    /// GPUs per class in the cost LP relaxation's solution (parallel to
+    /// the classes): what the plan's per-pool GPU counts are compared with.
+    pub lp_class_gpus: Vec<f64>,
     /// Solver wall time, ms.
     pub solve_ms: f64,
 }
@@ -325,7 +328,7 @@ fn lp_value(
     models: &[Model],
     demand_: &[u32],
     objective: fn(&Vars, &[Class], &[Model]) -> Expression,
-) -> Result<(f64, f64, Relaxed), PackError> {
+) -> Result<(f64, Vec<f64>, Relaxed), PackError> {
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, false);
     let obj = objective(&v, classes, models);
@@ -336,14 +339,10 @@ fn lp_value(
     let sol = problem
         .solve()
         .map_err(|e| PackError::Solver(e.to_string()))?;
-    let cost: f64 = classes
-        .iter()
-        .enumerate()
-        .map(|(c, class)| class.price * gpus_expr(&v, c).eval_with(&sol))
-        .sum();
-    let gpus: f64 = (0..classes.len())
+    let gpus: Vec<f64> = (0..classes.len())
         .map(|c| gpus_expr(&v, c).eval_with(&sol))
-        .sum();
+        .collect();
+    let cost: f64 = classes.iter().zip(&gpus).map(|(c, g)| c.price * g).sum();
     let relaxed = Relaxed {
         n: v.n
             .iter()
@@ -897,14 +896,16 @@ pub fn solve(
     options: &PackOptions,
 ) -> Result<Solved, PackError> {
     let start = Instant::now();
-    let (lp_cost, _, relaxed) = lp_value(classes, models, demand_, cost_expr)?;
-    let (_, lp_gpus, _) = lp_value(classes, models, demand_, gpu_count_expr)?;
+    let (lp_cost, lp_class_gpus, relaxed) = lp_value(classes, models, demand_, cost_expr)?;
+    let (_, gpus, _) = lp_value(classes, models, demand_, gpu_count_expr)?;
+    let lp_gpus = gpus.iter().sum();
     let warm = round(classes, models, demand_, &relaxed);
     let solved = |counts: Counts, optimal: bool| Solved {
         counts,
         optimal,
         lp_cost,
         lp_gpus,
+        lp_class_gpus: lp_class_gpus.clone(),
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
     };
 

@@ -36,7 +36,7 @@ use gpuscale_policies::model::PlacementOption;
 use gpuscale_policies::{Cluster, Health, Model};
 
 pub use plan::{
-    Baselines, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Unplaced, Utilization, Variant,
+    Baselines, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Pool, Unplaced, Utilization, Variant,
 };
 
 /// Options of a solve.
@@ -45,7 +45,10 @@ pub struct PackOptions {
     /// Wall-clock limit for the whole solve (HiGHS returns its best
     /// solution when reached).
     pub time_limit: Duration,
-    /// Relative MIP gap at which HiGHS stops.
+    /// Relative MIP gap at which HiGHS stops, also the bound the LP must
+    /// prove for the MIP-free shortcuts. Default 0.005 (0.5 %): on the
+    /// reference scenarios the last 0.5 % costs 20–100× the time
+    /// (`bench/README.md`); 1e-4 (HiGHS's own default) for the tight plan.
     pub mip_rel_gap: f64,
     /// Most time-sliced shares per GPU considered (patterns `Share(2..=N)`).
     pub max_timeslice_replicas: u8,
@@ -61,7 +64,7 @@ impl Default for PackOptions {
     fn default() -> Self {
         PackOptions {
             time_limit: Duration::from_secs(30),
-            mip_rel_gap: 1e-4,
+            mip_rel_gap: 0.005,
             max_timeslice_replicas: 4,
             timeslice_memory_headroom: 0.1,
             timeslice_compute_cap: 1.0,
@@ -114,6 +117,7 @@ pub fn pack(
     let solved = ilp::solve(&classes, models, &wanted, options)?;
     let decoded = decode::decode(cluster, models, &classes, &solved.counts);
     let mut plan = figures(cluster, models, &wanted, &solved, decoded);
+    plan.pools = pools(&classes, &solved, &plan.gpus);
     plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(plan)
 }
@@ -229,6 +233,7 @@ fn figures(
         reconfigured_gpus: decoded.reconfigured,
         solve_ms: 0.0,
         unplaced,
+        pools: Vec::new(),
         gpus: decoded.gpus,
         nodes: Vec::new(),
         models: model_plans,
@@ -248,6 +253,30 @@ fn figures(
         })
         .collect();
     plan
+}
+
+/// Per GPU model: healthy GPUs, GPUs in use, GPUs in the cost LP.
+fn pools(classes: &[classes::Class], solved: &ilp::Solved, gpus: &[GpuPlan]) -> Vec<Pool> {
+    let mut pools: BTreeMap<&str, Pool> = BTreeMap::new();
+    for (class, lp) in classes.iter().zip(&solved.lp_class_gpus) {
+        let pool = pools.entry(&class.gpu_model).or_insert_with(|| Pool {
+            gpu_model: class.gpu_model.clone(),
+            gpus: 0,
+            gpus_used: 0,
+            lp_gpus: 0.0,
+        });
+        pool.gpus += class.healthy_gpus();
+        pool.lp_gpus += lp;
+    }
+    for g in gpus {
+        if g.mode != Mode::Idle
+            && !g.replicas.is_empty()
+            && let Some(pool) = pools.get_mut(g.gpu_model.as_str())
+        {
+            pool.gpus_used += 1;
+        }
+    }
+    pools.into_values().collect()
 }
 
 /// Why replicas of a model were left out, in a model owner's words.

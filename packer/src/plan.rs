@@ -119,6 +119,22 @@ pub struct Utilization {
     pub compute: f64,
 }
 
+/// One GPU pool (all healthy GPUs of one model): GPUs the plan uses and
+/// the GPUs of that model in the cost-optimal LP relaxation. A plan at the
+/// LP optimum uses `⌈lp_gpus⌉` in every pool; any pool above that is the
+/// integrality gap, reported rather than hidden.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    /// GPU model.
+    pub gpu_model: String,
+    /// Healthy GPUs of that model.
+    pub gpus: u32,
+    /// GPUs of that model with at least one replica.
+    pub gpus_used: u32,
+    /// GPUs of that model in the cost LP relaxation (fractional).
+    pub lp_gpus: f64,
+}
+
 /// A baseline's figures, for comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BaselineFigures {
@@ -166,6 +182,9 @@ pub struct Plan {
     pub solve_ms: f64,
     /// Replicas not placed, with reasons.
     pub unplaced: Vec<Unplaced>,
+    /// Per GPU pool (GPU model): GPUs used against the cost LP's own count.
+    #[serde(default)]
+    pub pools: Vec<Pool>,
     /// Every GPU.
     pub gpus: Vec<GpuPlan>,
     /// Every node's configuration.

@@ -143,6 +143,32 @@ fn check_rules(
         );
         assert_eq!(m.variants.iter().map(|v| v.replicas).sum::<u32>(), m.placed);
     }
+    // Pools: every GPU model of the cluster once, their GPUs add up, and
+    // the cost LP's per-pool GPUs price out at the LP cost bound.
+    let models_in_cluster: BTreeSet<&str> =
+        plan.gpus.iter().map(|g| g.gpu_model.as_str()).collect();
+    let pools: BTreeSet<&str> = plan.pools.iter().map(|p| p.gpu_model.as_str()).collect();
+    assert_eq!(pools, models_in_cluster);
+    assert_eq!(
+        plan.pools.iter().map(|p| p.gpus_used).sum::<u32>(),
+        plan.gpus_used
+    );
+    let lp_cost: f64 = plan
+        .pools
+        .iter()
+        .map(|p| p.lp_gpus * cluster.catalog.get(&p.gpu_model).unwrap().price_per_hour)
+        .sum();
+    assert!(
+        (lp_cost - plan.lp_bound_cost).abs() <= 1e-6 * plan.lp_bound_cost.max(1.0),
+        "pools price at {lp_cost}, LP bound {}",
+        plan.lp_bound_cost
+    );
+    for p in &plan.pools {
+        assert!(
+            p.gpus_used <= p.gpus && p.lp_gpus <= f64::from(p.gpus) + 1e-6,
+            "{p:?}"
+        );
+    }
 }
 
 #[test]

@@ -43,8 +43,9 @@ pub struct Args {
     /// Solver time limit.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub time_limit: Duration,
-    /// Relative MIP gap at which the solver stops.
-    #[arg(long, default_value_t = 1e-4)]
+    /// Relative MIP gap at which the solver stops (0.005 = within 0.5 % of
+    /// the optimal cost; 1e-4 for a tight plan, slower).
+    #[arg(long, default_value_t = 0.005)]
     pub mip_gap: f64,
     /// Most time-sliced shares per GPU.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=16))]
@@ -179,6 +180,13 @@ fn table(plan: &Plan) -> String {
             "best found within limits"
         }
     ));
+    let pools: Vec<String> = plan
+        .pools
+        .iter()
+        .filter(|p| p.gpus_used > 0 || p.lp_gpus > 1e-6)
+        .map(|p| format!("{} {} (LP {:.1})", p.gpu_model, p.gpus_used, p.lp_gpus))
+        .collect();
+    out.push_str(&format!("GPUs used per pool: {}\n", pools.join(", ")));
     out.push_str(&format!(
         "utilisation of GPUs in use: memory {:.1} %, compute {:.1} %\n",
         plan.utilization.memory * 100.0,

@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     incremental: u32,
     /// Relative MIP gap (the packer's `--mip-gap`).
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = 0.005)]
     mip_gap: f64,
     /// Where the scenario files are written.
     #[arg(long, default_value = "target/bench-scenarios")]
