@@ -1,10 +1,35 @@
 //! # gpuscale-gateway
 //!
-//! The HTTP reverse proxy in front of model servers: per-model routing, a
-//! bounded admission queue, balancing, and the queue-depth measurements the
-//! autoscaler acts on.
+//! The HTTP reverse proxy in front of model servers, where gpuscale sees
+//! demand: per-model routing (OpenAI-compatible body `model` field, a
+//! header override, KServe v2 paths), a bounded admission queue per model
+//! by priority class, least-outstanding balancing over replicas with free
+//! capacity, scale-from-zero hold and signal, and the queue-depth
+//! measurements the autoscaler acts on (`/v1/queues`, its push stream, and
+//! Prometheus metrics on a separate admin port). Also a simulated
+//! OpenAI-compatible model server ([`sim`]) for tests, benchmarks and the
+//! embedded default.
 //!
-//! Status: an empty shell until the gateway issue lands; no `gpuscale`
-//! subcommand uses it yet.
+//! Layout: pure decisions in [`route`] (which model), [`admission`] (which
+//! replica, who waits, who is refused) and [`stats`] (windows and
+//! quantiles); the async shell in [`state`] (waiters, permits, gauges),
+//! [`proxy`] (forwarding and passthrough bodies), [`admin`], [`scrape`] and
+//! [`server`] (listeners, graceful shutdown); configuration in [`config`].
 //!
-//! What it will never do: talk to Kubernetes (it never imports `kube`).
+//! Built on tokio, hyper 1 and hyper-util; never imports `kube`.
+
+pub mod admin;
+pub mod admission;
+pub mod config;
+pub mod metrics;
+pub mod proxy;
+pub mod route;
+pub mod scrape;
+pub mod server;
+pub mod sim;
+pub mod state;
+pub mod stats;
+
+pub use config::{Endpoint, GatewaySpec, Settings};
+pub use server::{Running, start};
+pub use state::{ScaleSignal, Shared};

@@ -120,7 +120,9 @@ pub fn files_under(path: &Path) -> Result<Vec<PathBuf>, Problem> {
     Ok(out)
 }
 
-fn read(file: &Path) -> Result<String, Problem> {
+/// Reads a text file (at most [`MAX_FILE_BYTES`], UTF-8), errors located at
+/// line 1 of the file.
+pub fn read(file: &Path) -> Result<String, Problem> {
     let problem = |message: String| Problem {
         file: file.to_path_buf(),
         position: document::Position { line: 1, column: 1 },

@@ -1,0 +1,431 @@
+//! Admission and balancing for one model, as a pure state machine: which
+//! replica a request goes to (least outstanding among replicas with free
+//! capacity and not ejected), who waits (a FIFO per priority class, bounded),
+//! who is handed the slot a finished request frees (critical first, then
+//! standard, then sheddable, each first in first out), and which replicas
+//! are ejected after repeated failures.
+//!
+//! No clock reads and no I/O: callers pass `now`; a waiter is any value `W`
+//! (the gateway's is the sending half of a oneshot channel), so the rules
+//! are tested without a runtime. The async shell is in [`crate::state`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use gpuscale_policies::model::Priority;
+
+use crate::config::Endpoint;
+
+/// A replica's identity for the lifetime of the gateway (indices shift when
+/// replicas leave; ids do not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplicaId(pub u64);
+
+/// One replica of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replica {
+    /// Its id.
+    pub id: ReplicaId,
+    /// Its address.
+    pub endpoint: Endpoint,
+    /// Requests sent to it and not finished (a stream until its last byte).
+    pub in_flight: u32,
+    /// Most requests at once.
+    pub limit: u32,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// No traffic until then.
+    pub ejected_until: Option<Instant>,
+    /// Deregistered: takes no new requests, leaves when idle.
+    pub draining: bool,
+    /// Requests waiting inside the model server, from its own metrics.
+    pub server_waiting: u32,
+}
+
+impl Replica {
+    fn available(&self, now: Instant) -> bool {
+        !self.draining && self.in_flight < self.limit && self.ejected_until.is_none_or(|t| t <= now)
+    }
+}
+
+/// Index of a priority class in the queues: critical 0, standard 1,
+/// sheddable 2.
+pub fn class_index(p: Priority) -> usize {
+    match p {
+        Priority::Critical => 0,
+        Priority::Standard => 1,
+        Priority::Sheddable => 2,
+    }
+}
+
+/// What [`Pool::enqueue`] did.
+#[derive(Debug, PartialEq)]
+pub enum Enqueued<W> {
+    /// The request waits.
+    Waiting,
+    /// The queue is full of requests at least as important: this one is
+    /// refused (429).
+    Rejected(W),
+    /// The queue was full; the newest waiter of a lower class gave up its
+    /// place (it gets 429) and this one waits.
+    Displaced(W),
+}
+
+/// A model's replicas and its waiting requests.
+#[derive(Debug)]
+pub struct Pool<W> {
+    replicas: Vec<Replica>,
+    queues: [VecDeque<(u64, W)>; 3],
+    max_queue: usize,
+    default_limit: u32,
+    next_id: u64,
+    /// Rotates the starting point among equally loaded replicas.
+    cursor: usize,
+}
+
+impl<W> Pool<W> {
+    /// An empty pool: at most `max_queue` waiters; replicas serve
+    /// `default_limit` requests at once unless registered with another.
+    pub fn new(max_queue: usize, default_limit: u32) -> Self {
+        Pool {
+            replicas: Vec::new(),
+            queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            max_queue,
+            default_limit: default_limit.max(1),
+            next_id: 0,
+            cursor: 0,
+        }
+    }
+
+    /// The replicas (draining ones included).
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+
+    /// Replicas that take new requests (registered, not draining; ejected
+    /// ones count: they come back).
+    pub fn ready_replicas(&self) -> usize {
+        self.replicas.iter().filter(|r| !r.draining).count()
+    }
+
+    /// Requests waiting, per class.
+    pub fn waiting_by_class(&self) -> [usize; 3] {
+        [
+            self.queues[0].len(),
+            self.queues[1].len(),
+            self.queues[2].len(),
+        ]
+    }
+
+    /// Requests waiting.
+    pub fn waiting(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    /// Requests in flight on all replicas.
+    pub fn in_flight(&self) -> u32 {
+        self.replicas.iter().map(|r| r.in_flight).sum()
+    }
+
+    /// Adds a replica (or un-drains one registered again); returns its id.
+    pub fn add_replica(&mut self, endpoint: Endpoint, limit: Option<u32>) -> ReplicaId {
+        let limit = limit.unwrap_or(self.default_limit).max(1);
+        if let Some(r) = self.replicas.iter_mut().find(|r| r.endpoint == endpoint) {
+            r.draining = false;
+            r.limit = limit;
+            return r.id;
+        }
+        let id = ReplicaId(self.next_id);
+        self.next_id += 1;
+        self.replicas.push(Replica {
+            id,
+            endpoint,
+            in_flight: 0,
+            limit,
+            failures: 0,
+            ejected_until: None,
+            draining: false,
+            server_waiting: 0,
+        });
+        id
+    }
+
+    /// Deregisters a replica: gone at once when idle, else it drains.
+    /// Returns whether it was known.
+    pub fn remove_replica(&mut self, endpoint: &Endpoint) -> bool {
+        let Some(i) = self.replicas.iter().position(|r| &r.endpoint == endpoint) else {
+            return false;
+        };
+        if self.replicas[i].in_flight == 0 {
+            self.replicas.remove(i);
+        } else {
+            self.replicas[i].draining = true;
+        }
+        true
+    }
+
+    /// Takes a slot on the least loaded available replica, if any and if
+    /// nobody is waiting (waiters go first).
+    pub fn acquire(&mut self, now: Instant) -> Option<(ReplicaId, Endpoint)> {
+        if self.waiting() > 0 {
+            return None;
+        }
+        self.take_slot(now, &[])
+    }
+
+    /// Like [`Pool::acquire`], avoiding some replicas (a retry after a
+    /// failed connect), and ignoring waiters (the request already left the
+    /// queue).
+    pub fn acquire_other(
+        &mut self,
+        now: Instant,
+        avoid: &[ReplicaId],
+    ) -> Option<(ReplicaId, Endpoint)> {
+        self.take_slot(now, avoid)
+    }
+
+    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId]) -> Option<(ReplicaId, Endpoint)> {
+        let n = self.replicas.len();
+        let mut best: Option<usize> = None;
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            let r = &self.replicas[i];
+            if !r.available(now) || avoid.contains(&r.id) {
+                continue;
+            }
+            let load = |r: &Replica| u64::from(r.in_flight) + u64::from(r.server_waiting);
+            if best.is_none_or(|b| load(r) < load(&self.replicas[b])) {
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        self.cursor = (i + 1) % n.max(1);
+        let r = &mut self.replicas[i];
+        r.in_flight += 1;
+        Some((r.id, r.endpoint.clone()))
+    }
+
+    /// Queues a waiter with an id the caller chose (to find it again on
+    /// timeout).
+    pub fn enqueue(&mut self, id: u64, priority: Priority, waiter: W) -> Enqueued<W> {
+        let class = class_index(priority);
+        if self.waiting() < self.max_queue {
+            self.queues[class].push_back((id, waiter));
+            return Enqueued::Waiting;
+        }
+        // Full: a lower class gives up its newest waiter.
+        for lower in (class + 1..3).rev() {
+            if let Some((_, out)) = self.queues[lower].pop_back() {
+                self.queues[class].push_back((id, waiter));
+                return Enqueued::Displaced(out);
+            }
+        }
+        Enqueued::Rejected(waiter)
+    }
+
+    /// Takes a waiter out (its wait ended); `None` when it is no longer
+    /// queued (it was granted a slot or displaced).
+    pub fn remove_waiter(&mut self, id: u64) -> Option<W> {
+        for q in &mut self.queues {
+            if let Some(i) = q.iter().position(|(w, _)| *w == id) {
+                return q.remove(i).map(|(_, w)| w);
+            }
+        }
+        None
+    }
+
+    /// A request on `replica` finished: frees its slot (and removes the
+    /// replica if it was draining and is now idle).
+    pub fn release(&mut self, replica: ReplicaId) {
+        if let Some(i) = self.replicas.iter().position(|r| r.id == replica) {
+            let r = &mut self.replicas[i];
+            r.in_flight = r.in_flight.saturating_sub(1);
+            if r.draining && r.in_flight == 0 {
+                self.replicas.remove(i);
+            }
+        }
+    }
+
+    /// Hands free slots to waiters, most important class first, each class
+    /// in arrival order. The caller delivers each grant; a waiter that is
+    /// gone hands its slot back through [`Pool::release`].
+    pub fn dispatch(&mut self, now: Instant) -> Vec<(W, ReplicaId, Endpoint)> {
+        let mut out = Vec::new();
+        while self.waiting() > 0 {
+            let Some((id, endpoint)) = self.take_slot(now, &[]) else {
+                break;
+            };
+            let q = self
+                .queues
+                .iter_mut()
+                .find(|q| !q.is_empty())
+                .expect("waiting() > 0");
+            let (_, w) = q.pop_front().expect("non-empty");
+            out.push((w, id, endpoint));
+        }
+        out
+    }
+
+    /// A request to `replica` failed at the transport level: after
+    /// `eject_after` consecutive failures it gets no traffic for
+    /// `eject_for`. Returns whether this ejected it.
+    pub fn record_failure(
+        &mut self,
+        replica: ReplicaId,
+        now: Instant,
+        eject_after: u32,
+        eject_for: Duration,
+    ) -> bool {
+        let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) else {
+            return false;
+        };
+        r.failures += 1;
+        if eject_after > 0 && r.failures >= eject_after {
+            r.failures = 0;
+            r.ejected_until = Some(now + eject_for);
+            return true;
+        }
+        false
+    }
+
+    /// A request to `replica` got a response: its failure count restarts.
+    pub fn record_success(&mut self, replica: ReplicaId) {
+        if let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) {
+            r.failures = 0;
+        }
+    }
+
+    /// Replicas ejected at `now`.
+    pub fn ejected(&self, now: Instant) -> usize {
+        self.replicas
+            .iter()
+            .filter(|r| r.ejected_until.is_some_and(|t| t > now))
+            .count()
+    }
+
+    /// Sets what a replica's own metrics say waits inside it.
+    pub fn set_server_waiting(&mut self, endpoint: &Endpoint, waiting: u32) {
+        if let Some(r) = self.replicas.iter_mut().find(|r| &r.endpoint == endpoint) {
+            r.server_waiting = waiting;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(port: u16) -> Endpoint {
+        Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap()
+    }
+
+    #[test]
+    fn least_outstanding_replica_with_room_gets_the_request() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(10, 2);
+        let a = p.add_replica(ep(1), None);
+        let b = p.add_replica(ep(2), None);
+        let first = p.acquire(now).unwrap().0;
+        let second = p.acquire(now).unwrap().0;
+        assert_ne!(first, second, "the idle replica goes second");
+        let third = p.acquire(now).unwrap().0;
+        let fourth = p.acquire(now).unwrap().0;
+        assert_ne!(third, fourth);
+        assert_eq!(p.acquire(now), None, "both at their limit of 2");
+        assert_eq!(p.in_flight(), 4);
+        p.release(a);
+        assert_eq!(p.acquire(now).unwrap().0, a);
+        let _ = b;
+    }
+
+    #[test]
+    fn waiters_are_served_by_class_then_arrival() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        let a = p.add_replica(ep(1), None);
+        p.acquire(now).unwrap();
+        assert_eq!(p.enqueue(1, Priority::Sheddable, "s1"), Enqueued::Waiting);
+        assert_eq!(p.enqueue(2, Priority::Standard, "n1"), Enqueued::Waiting);
+        assert_eq!(p.enqueue(3, Priority::Critical, "c1"), Enqueued::Waiting);
+        assert_eq!(p.enqueue(4, Priority::Standard, "n2"), Enqueued::Waiting);
+        assert_eq!(p.acquire(now), None, "waiters go first");
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            p.release(a);
+            let granted = p.dispatch(now);
+            assert_eq!(granted.len(), 1);
+            order.push(granted[0].0);
+        }
+        assert_eq!(order, ["c1", "n1", "n2", "s1"]);
+    }
+
+    #[test]
+    fn a_full_queue_rejects_or_displaces_a_lower_class() {
+        let mut p: Pool<u32> = Pool::new(2, 1);
+        assert_eq!(p.enqueue(1, Priority::Sheddable, 1), Enqueued::Waiting);
+        assert_eq!(p.enqueue(2, Priority::Standard, 2), Enqueued::Waiting);
+        assert_eq!(
+            p.enqueue(3, Priority::Standard, 3),
+            Enqueued::Displaced(1),
+            "the sheddable one makes room"
+        );
+        assert_eq!(p.enqueue(4, Priority::Standard, 4), Enqueued::Rejected(4));
+        assert_eq!(p.enqueue(5, Priority::Sheddable, 5), Enqueued::Rejected(5));
+        assert_eq!(p.waiting(), 2);
+        assert_eq!(p.remove_waiter(2), Some(2));
+        assert_eq!(p.remove_waiter(2), None);
+        assert_eq!(p.waiting(), 1);
+    }
+
+    #[test]
+    fn failures_eject_for_a_while() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(10, 4);
+        let a = p.add_replica(ep(1), None);
+        let b = p.add_replica(ep(2), None);
+        assert!(!p.record_failure(a, now, 2, Duration::from_secs(5)));
+        assert!(p.record_failure(a, now, 2, Duration::from_secs(5)));
+        assert_eq!(p.ejected(now), 1);
+        for _ in 0..4 {
+            assert_eq!(p.acquire(now).unwrap().0, b);
+        }
+        assert_eq!(p.acquire(now), None, "a is ejected, b is full");
+        let later = now + Duration::from_secs(6);
+        assert_eq!(p.acquire(later).unwrap().0, a, "back after the cool-off");
+    }
+
+    #[test]
+    fn a_removed_replica_drains_then_leaves() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(10, 4);
+        let a = p.add_replica(ep(1), None);
+        p.acquire(now).unwrap();
+        assert!(p.remove_replica(&ep(1)));
+        assert_eq!(p.ready_replicas(), 0);
+        assert_eq!(p.replicas().len(), 1, "draining");
+        assert_eq!(
+            p.acquire(now),
+            None,
+            "no new requests to a draining replica"
+        );
+        p.release(a);
+        assert!(p.replicas().is_empty());
+    }
+
+    #[test]
+    fn a_new_replica_takes_the_waiters() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(10, 2);
+        for i in 0..3 {
+            assert_eq!(
+                p.enqueue(i, Priority::Standard, i as u32),
+                Enqueued::Waiting
+            );
+        }
+        assert!(p.dispatch(now).is_empty(), "no replica yet");
+        p.add_replica(ep(1), None);
+        let granted: Vec<u32> = p.dispatch(now).into_iter().map(|g| g.0).collect();
+        assert_eq!(granted, [0, 1], "two slots, first two waiters");
+        assert_eq!(p.waiting(), 1);
+    }
+}

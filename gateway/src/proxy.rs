@@ -1,0 +1,437 @@
+//! The traffic listener's request handling: read the body (bounded), route
+//! by model, wait for admission, forward to the replica (retrying another
+//! replica when connecting fails, before anything was sent), and pass the
+//! response through chunk by chunk, holding the replica's slot until the
+//! last byte.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpuscale_policies::model::Priority;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use pin_project_lite::pin_project;
+
+use crate::metrics::CodeLabels;
+use crate::route::{self, Route, RouteError};
+use crate::state::{Permit, Reject, Shared};
+
+/// Errors a response body can end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every response the gateway sends.
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// The HTTP client to replicas: pooled keep-alive HTTP/1.1 connections.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A client with the configured connect timeout.
+pub fn client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// A small complete body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An OpenAI-style JSON error.
+pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}
+    });
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
+    let (status, message) = match r {
+        Reject::QueueFull => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "the model's queue is full; retry later",
+        ),
+        Reject::Displaced => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "the model's queue is full and more important requests took this one's place; retry later",
+        ),
+        Reject::Timeout => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no replica became free within the queue timeout; retry later",
+        ),
+        Reject::ShuttingDown => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the gateway is shutting down",
+        ),
+    };
+    let mut resp = error_response(status, "overloaded", message);
+    let retry = match r {
+        Reject::Timeout => queue_timeout.as_secs().max(1),
+        _ => 1,
+    };
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry));
+    resp
+}
+
+/// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for h in HOP_BY_HOP {
+        headers.remove(h);
+    }
+}
+
+/// Handles one request on the traffic listener. Never fails: every
+/// outcome is a response.
+pub async fn handle(
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (resp, model) = handle_inner(&shared, &client, req).await;
+    shared
+        .metrics
+        .requests
+        .get_or_create(&CodeLabels {
+            model: model.unwrap_or_else(|| "unknown".into()),
+            code: resp.status().as_u16(),
+        })
+        .inc();
+    resp
+}
+
+async fn handle_inner(
+    shared: &Arc<Shared>,
+    client: &UpstreamClient,
+    req: Request<Incoming>,
+) -> (Response<Body>, Option<String>) {
+    let spec = &shared.settings.spec;
+    let (parts, body) = req.into_parts();
+    let needs_body = parts.method == Method::POST;
+    let bytes = if needs_body {
+        let limited = Limited::new(body, spec.limits.max_body_bytes);
+        match tokio::time::timeout(spec.limits.body_read_timeout, limited.collect()).await {
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return (
+                    error_response(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "invalid_request_error",
+                        &format!(
+                            "the request body is larger than {} bytes",
+                            spec.limits.max_body_bytes
+                        ),
+                    ),
+                    None,
+                );
+            }
+            Ok(Err(_)) => {
+                return (
+                    error_response(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "the request body could not be read",
+                    ),
+                    None,
+                );
+            }
+            Err(_) => {
+                return (
+                    error_response(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "invalid_request_error",
+                        "the request body did not arrive in time",
+                    ),
+                    None,
+                );
+            }
+        }
+    } else {
+        Bytes::new()
+    };
+    let header_model = parts
+        .headers
+        .get(spec.model_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let route = match route::route(
+        &parts.method,
+        parts.uri.path(),
+        header_model.as_deref(),
+        &bytes,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            let (status, kind) = match e {
+                RouteError::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error"),
+                RouteError::MethodNotAllowed => {
+                    (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error")
+                }
+                RouteError::BadBody(_) | RouteError::NoModel => {
+                    (StatusCode::BAD_REQUEST, "invalid_request_error")
+                }
+            };
+            return (error_response(status, kind, &e.to_string()), None);
+        }
+    };
+    let name = match route {
+        Route::ListModels => {
+            let data: Vec<serde_json::Value> = shared
+                .models
+                .keys()
+                .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": "gpuscale"}))
+                .collect();
+            let body = serde_json::json!({"object": "list", "data": data});
+            let mut r = Response::new(full(body.to_string()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return (r, None);
+        }
+        Route::Model(name) => name,
+    };
+    let Some(model) = shared.models.get(&name).cloned() else {
+        return (
+            error_response(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                &format!("The model `{name}` does not exist"),
+            ),
+            None,
+        );
+    };
+    let priority = parts
+        .headers
+        .get(spec.priority_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| match v.trim().to_ascii_lowercase().as_str() {
+            "critical" => Some(Priority::Critical),
+            "standard" => Some(Priority::Standard),
+            "sheddable" => Some(Priority::Sheddable),
+            _ => None,
+        })
+        .unwrap_or(model.settings.priority);
+    let mut permit = match shared.admit(&model, priority).await {
+        Ok(p) => p,
+        Err(r) => return (rejection(r, model.settings.queue_timeout), Some(name)),
+    };
+
+    let mut headers = parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let mut tried = Vec::new();
+    loop {
+        let uri = format!("http://{}{}", permit.endpoint.authority, path_and_query);
+        let mut up = Request::new(Full::new(bytes.clone()));
+        *up.method_mut() = parts.method.clone();
+        *up.headers_mut() = headers.clone();
+        if let (Ok(u), Ok(host)) = (
+            uri.parse::<http::Uri>(),
+            HeaderValue::from_str(&permit.endpoint.authority),
+        ) {
+            *up.uri_mut() = u;
+            up.headers_mut().insert(header::HOST, host);
+        }
+        let sent = tokio::time::timeout(spec.limits.request_timeout, client.request(up)).await;
+        match sent {
+            Ok(Ok(resp)) => {
+                permit.succeeded();
+                return (
+                    respond(resp, permit, spec.limits.stream_idle_timeout),
+                    Some(name),
+                );
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                shared.failed(&model, permit.replica);
+                tried.push(permit.replica);
+                if tried.len() as u32 > spec.upstream.retries {
+                    return (
+                        bad_gateway("could not connect to a replica", &e.to_string()),
+                        Some(name),
+                    );
+                }
+                match shared.retry_elsewhere(permit, &tried) {
+                    Some(p) => permit = p,
+                    None => {
+                        return (
+                            bad_gateway("could not connect to a replica", &e.to_string()),
+                            Some(name),
+                        );
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                shared.failed(&model, permit.replica);
+                return (
+                    bad_gateway("the replica failed", &e.to_string()),
+                    Some(name),
+                );
+            }
+            Err(_) => {
+                shared.failed(&model, permit.replica);
+                return (
+                    error_response(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_error",
+                        "the replica did not answer within the request timeout",
+                    ),
+                    Some(name),
+                );
+            }
+        }
+    }
+}
+
+fn bad_gateway(what: &str, detail: &str) -> Response<Body> {
+    error_response(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        &format!("{what}: {detail}"),
+    )
+}
+
+fn respond(resp: Response<Incoming>, permit: Permit, idle: Duration) -> Response<Body> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let streaming = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let tracked = Tracked {
+        inner: body,
+        idle_timer: tokio::time::sleep(idle),
+        idle,
+        permit: Some(permit),
+        streaming,
+        first: true,
+    };
+    Response::from_parts(parts, tracked.boxed_unsync())
+}
+
+#[derive(Debug)]
+struct IdleTimeout;
+
+impl std::fmt::Display for IdleTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the replica stopped sending its response")
+    }
+}
+
+impl std::error::Error for IdleTimeout {}
+
+pin_project! {
+    /// An upstream body passed through frame by frame: holds the replica's
+    /// slot until the end (or an error, or the client going away), records
+    /// time to first chunk for streams and the total latency, and ends
+    /// with an error when the upstream stalls past the idle timeout.
+    struct Tracked {
+        #[pin]
+        inner: Incoming,
+        #[pin]
+        idle_timer: tokio::time::Sleep,
+        idle: Duration,
+        permit: Option<Permit>,
+        streaming: bool,
+        first: bool,
+    }
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if *this.first && frame.is_data() {
+                    *this.first = false;
+                    if *this.streaming
+                        && let Some(p) = this.permit.as_ref()
+                    {
+                        p.record_ttft(p.admitted.elapsed().as_secs_f64());
+                    }
+                }
+                this.idle_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + *this.idle);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // The slot is free at once; the client's stream ends with
+                // the error.
+                this.permit.take();
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                if let Some(p) = this.permit.take() {
+                    p.record_latency(p.admitted.elapsed().as_secs_f64());
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                ready!(this.idle_timer.poll(cx));
+                this.permit.take();
+                Poll::Ready(Some(Err(Box::new(IdleTimeout))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

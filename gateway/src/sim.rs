@@ -1,0 +1,547 @@
+//! A simulated OpenAI-compatible model server, for tests, benchmarks and
+//! the embedded default: `/v1/chat/completions`, `/v1/completions` (both
+//! with SSE streaming), `/v1/embeddings`, `/v1/models`, `/health`, and
+//! vLLM-style `/metrics` (`vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`).
+//!
+//! Latency model ([`SimProfile`]): prefill at `prefill_tps` prompt tokens
+//! per second, then one output token every `1 / decode_tps` seconds, both
+//! scaled by `speed` (the GPU share it runs on: 3/7 for a 3g MIG slice);
+//! at most `max_concurrency` requests run at once (the rest wait inside,
+//! as in vLLM), and each token slows by `batch_slowdown` per other running
+//! request — throughput grows with the batch but per-request speed falls.
+//! Prompt tokens are estimated as characters ÷ 4.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::proxy::{Body, BoxError, error_response, full};
+
+/// How a simulated server behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimProfile {
+    /// The model name it serves (any name is accepted; this one is listed).
+    pub model: String,
+    /// Prompt tokens per second (0: instant).
+    pub prefill_tps: f64,
+    /// Output tokens per second for one request alone (0: instant).
+    pub decode_tps: f64,
+    /// Requests running at once; more wait inside.
+    pub max_concurrency: u32,
+    /// Per-token slowdown per other running request (0.02 = 2 %).
+    pub batch_slowdown: f64,
+    /// Share of a GPU (1 = whole; 3/7 for a 3g MIG slice).
+    pub speed: f64,
+    /// Output tokens when the request does not say (`max_tokens`).
+    pub default_max_tokens: u32,
+}
+
+impl SimProfile {
+    /// A named profile: `instant` (no delays: a fast upstream for proxy
+    /// benchmarks), `small` (an 8B model on a whole H100: 8,000 prompt
+    /// tokens/s, 60 tokens/s decode, 32 at once) or `tiny` (a fast model
+    /// for tests: 200 tokens/s decode, 4 at once).
+    pub fn named(name: &str, model: &str) -> Option<SimProfile> {
+        let base = SimProfile {
+            model: model.to_string(),
+            prefill_tps: 0.0,
+            decode_tps: 0.0,
+            max_concurrency: 1024,
+            batch_slowdown: 0.0,
+            speed: 1.0,
+            default_max_tokens: 16,
+        };
+        match name {
+            "instant" => Some(base),
+            "small" => Some(SimProfile {
+                prefill_tps: 8000.0,
+                decode_tps: 60.0,
+                max_concurrency: 32,
+                batch_slowdown: 0.02,
+                ..base
+            }),
+            "tiny" => Some(SimProfile {
+                prefill_tps: 20000.0,
+                decode_tps: 200.0,
+                max_concurrency: 4,
+                batch_slowdown: 0.05,
+                ..base
+            }),
+            _ => None,
+        }
+    }
+
+    /// Profile names [`SimProfile::named`] knows.
+    pub const NAMES: [&'static str; 3] = ["instant", "small", "tiny"];
+
+    /// Prefill time for a prompt.
+    pub fn prefill(&self, prompt_tokens: u32) -> Duration {
+        if self.prefill_tps <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(f64::from(prompt_tokens) / (self.prefill_tps * self.speed))
+    }
+
+    /// Time per output token with `running` requests in the batch.
+    pub fn per_token(&self, running: u32) -> Duration {
+        if self.decode_tps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let slow = 1.0 + self.batch_slowdown * f64::from(running.saturating_sub(1));
+        Duration::from_secs_f64(slow / (self.decode_tps * self.speed))
+    }
+}
+
+/// Counters of a simulated server.
+#[derive(Debug, Default)]
+pub struct SimCounters {
+    /// Requests received.
+    pub requests: AtomicU64,
+    /// Requests finished (last byte written).
+    pub completed: AtomicU64,
+    /// Requests whose client went away before the end.
+    pub cancelled: AtomicU64,
+    /// Waiting for a slot.
+    pub waiting: AtomicU64,
+    /// Running.
+    pub running: AtomicU64,
+}
+
+struct Sim {
+    profile: SimProfile,
+    slots: Arc<Semaphore>,
+    counters: Arc<SimCounters>,
+    next_id: AtomicU64,
+}
+
+/// A running simulated server.
+pub struct SimServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its counters.
+    pub counters: Arc<SimCounters>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SimServer {
+    /// Stops it: closes the listener and every connection at once (a
+    /// replica going away).
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `addr` and serves.
+pub async fn start(profile: SimProfile, addr: SocketAddr) -> std::io::Result<SimServer> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let counters = Arc::new(SimCounters::default());
+    let sim = Arc::new(Sim {
+        slots: Arc::new(Semaphore::new(profile.max_concurrency.max(1) as usize)),
+        profile,
+        counters: counters.clone(),
+        next_id: AtomicU64::new(0),
+    });
+    let (shutdown, mut rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10));
+        let graceful = GracefulShutdown::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let _ = stream.set_nodelay(true);
+                    let sim = sim.clone();
+                    let service = service_fn(move |req| {
+                        let sim = sim.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(sim, req).await) }
+                    });
+                    let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+                    let mut stop = rx.clone();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = conn => {}
+                            _ = stop.changed() => {}
+                        }
+                    });
+                }
+                _ = rx.changed() => break,
+            }
+        }
+    });
+    Ok(SimServer {
+        addr,
+        counters,
+        shutdown,
+        task,
+    })
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct GenRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    messages: Vec<Message>,
+    #[serde(default)]
+    prompt: serde_json::Value,
+    #[serde(default)]
+    input: serde_json::Value,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream: bool,
+}
+
+fn chars(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::String(s) => s.chars().count(),
+        serde_json::Value::Array(a) => a.iter().map(chars).sum(),
+        serde_json::Value::Object(o) => o.get("text").map(chars).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The word for output token `i` (deterministic, so tests can check
+/// content byte for byte).
+pub fn token(i: u32) -> String {
+    const WORDS: [&str; 8] = [
+        "gpu", "scale", "packs", "models", "onto", "slices", "quickly", "today",
+    ];
+    format!("{} ", WORDS[i as usize % WORDS.len()])
+}
+
+async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/health") => Response::new(full("ok\n")),
+        (Method::GET, "/metrics") => {
+            let c = &sim.counters;
+            let running = c.running.load(Ordering::Relaxed);
+            let text = format!(
+                "# TYPE vllm:num_requests_waiting gauge\n\
+                 vllm:num_requests_waiting{{model_name=\"{m}\"}} {}\n\
+                 # TYPE vllm:num_requests_running gauge\n\
+                 vllm:num_requests_running{{model_name=\"{m}\"}} {running}\n\
+                 # TYPE vllm:kv_cache_usage_perc gauge\n\
+                 vllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {}\n\
+                 # TYPE sim_requests_total counter\n\
+                 sim_requests_total {}\n\
+                 # TYPE sim_cancelled_total counter\n\
+                 sim_cancelled_total {}\n",
+                c.waiting.load(Ordering::Relaxed),
+                running as f64 / f64::from(sim.profile.max_concurrency.max(1)),
+                c.requests.load(Ordering::Relaxed),
+                c.cancelled.load(Ordering::Relaxed),
+                m = sim.profile.model,
+            );
+            let mut r = Response::new(full(text));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        (Method::GET, "/v1/models") => json(serde_json::json!({
+            "object": "list",
+            "data": [{"id": sim.profile.model, "object": "model", "owned_by": "gpuscale-sim"}]
+        })),
+        (Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
+            generate(sim, &path, req).await
+        }
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "no such endpoint",
+        ),
+    }
+}
+
+fn json(v: serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(v.to_string()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Counts a request as cancelled unless disarmed (dropped with the
+/// handler when the client goes away).
+struct CancelGuard {
+    counters: Arc<SimCounters>,
+    armed: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Decrements a gauge when dropped.
+struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    fn up(a: &'a AtomicU64) -> Self {
+        a.fetch_add(1, Ordering::Relaxed);
+        Gauge(a)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response<Body> {
+    sim.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let body = match Limited::new(req.into_body(), 16 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
+        }
+    };
+    let r: GenRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("invalid JSON: {e}"),
+            );
+        }
+    };
+    let model = r.model.clone().unwrap_or_else(|| sim.profile.model.clone());
+    let chat = path == "/v1/chat/completions";
+    let embeddings = path == "/v1/embeddings";
+    let prompt_chars = if chat {
+        r.messages.iter().map(|m| chars(&m.content)).sum()
+    } else if embeddings {
+        chars(&r.input)
+    } else {
+        chars(&r.prompt)
+    };
+    let prompt_tokens = (prompt_chars as u32).div_ceil(4).max(1);
+    let max_tokens = if embeddings {
+        0
+    } else {
+        r.max_completion_tokens
+            .or(r.max_tokens)
+            .unwrap_or(sim.profile.default_max_tokens)
+            .min(8192)
+    };
+    let mut guard = CancelGuard {
+        counters: sim.counters.clone(),
+        armed: true,
+    };
+    let permit = {
+        let _waiting = Gauge::up(&sim.counters.waiting);
+        match sim.slots.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => {
+                guard.armed = false;
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "server_error", "closed");
+            }
+        }
+    };
+    let id = sim.next_id.fetch_add(1, Ordering::Relaxed);
+    let created = now_unix();
+    let usage = serde_json::json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": max_tokens,
+        "total_tokens": prompt_tokens + max_tokens
+    });
+    if embeddings {
+        let _running = Gauge::up(&sim.counters.running);
+        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        drop(permit);
+        guard.armed = false;
+        sim.counters.completed.fetch_add(1, Ordering::Relaxed);
+        let inputs = match &r.input {
+            serde_json::Value::Array(a) if a.iter().all(|x| x.is_string()) => a.len().max(1),
+            _ => 1,
+        };
+        let data: Vec<serde_json::Value> = (0..inputs)
+            .map(|i| {
+                let v: Vec<f64> = (0..8).map(|k| ((i * 8 + k) as f64 * 0.37).sin()).collect();
+                serde_json::json!({"object": "embedding", "index": i, "embedding": v})
+            })
+            .collect();
+        return json(serde_json::json!({
+            "object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        }));
+    }
+    let object = if chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
+    let rid = format!("{}-sim-{id}", if chat { "chatcmpl" } else { "cmpl" });
+    if !r.stream {
+        let _running = Gauge::up(&sim.counters.running);
+        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        let mut text = String::new();
+        for i in 0..max_tokens {
+            let running = sim.counters.running.load(Ordering::Relaxed) as u32;
+            tokio::time::sleep(sim.profile.per_token(running)).await;
+            text.push_str(&token(i));
+        }
+        drop(permit);
+        guard.armed = false;
+        sim.counters.completed.fetch_add(1, Ordering::Relaxed);
+        let choice = if chat {
+            serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length", "logprobs": null})
+        } else {
+            serde_json::json!({"index": 0, "text": text, "finish_reason": "length", "logprobs": null})
+        };
+        return json(serde_json::json!({
+            "id": rid, "object": object, "created": created, "model": model,
+            "choices": [choice], "usage": usage
+        }));
+    }
+    // Streaming: a task produces the chunks; a send that fails means the
+    // client went away.
+    guard.armed = false;
+    let (tx, rx) = mpsc::channel::<Bytes>(4);
+    let counters = sim.counters.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let _running = Gauge::up(&counters.running);
+        let chunk_object = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let send = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
+        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        for i in 0..max_tokens {
+            if i > 0 {
+                let running = counters.running.load(Ordering::Relaxed) as u32;
+                tokio::time::sleep(sim.profile.per_token(running)).await;
+            }
+            let choice = if chat {
+                let mut delta = serde_json::json!({"content": token(i)});
+                if i == 0 {
+                    delta["role"] = "assistant".into();
+                }
+                serde_json::json!({"index": 0, "delta": delta, "finish_reason": null})
+            } else {
+                serde_json::json!({"index": 0, "text": token(i), "finish_reason": null})
+            };
+            let v = serde_json::json!({"id": rid, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
+            if tx.send(send(v)).await.is_err() {
+                counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let end = if chat {
+            serde_json::json!({"index": 0, "delta": {}, "finish_reason": "length"})
+        } else {
+            serde_json::json!({"index": 0, "text": "", "finish_reason": "length"})
+        };
+        let v = serde_json::json!({"id": rid, "object": chunk_object, "created": created, "model": model, "choices": [end]});
+        if tx.send(send(v)).await.is_err()
+            || tx
+                .send(Bytes::from_static(b"data: [DONE]\n\n"))
+                .await
+                .is_err()
+        {
+            counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        counters.completed.fetch_add(1, Ordering::Relaxed);
+    });
+    let mut resp = Response::new(ChunkBody { rx }.boxed_unsync());
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+struct ChunkBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl http_body::Body for ChunkBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaller_shares_and_bigger_batches_are_slower() {
+        let whole = SimProfile::named("small", "m").unwrap();
+        let slice = SimProfile {
+            speed: 3.0 / 7.0,
+            ..whole.clone()
+        };
+        assert!(slice.per_token(1) > whole.per_token(1));
+        assert!(slice.prefill(1000) > whole.prefill(1000));
+        assert!(whole.per_token(16) > whole.per_token(1));
+        // Throughput still grows with the batch: 16 requests at once emit
+        // more tokens per second than one.
+        let tps = |n: u32| f64::from(n) / whole.per_token(n).as_secs_f64();
+        assert!(tps(16) > 10.0 * tps(1));
+        assert_eq!(
+            SimProfile::named("instant", "m").unwrap().per_token(8),
+            Duration::ZERO
+        );
+    }
+}

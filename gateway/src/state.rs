@@ -1,0 +1,597 @@
+//! The gateway's shared state and the async shell around [`admission`]:
+//! a request waits for a slot (a oneshot channel per waiter), a [`Permit`]
+//! holds the slot until the response's last byte and hands it on when
+//! dropped; every change updates the gauges and wakes the `/v1/queues`
+//! stream; a request for a model with no replica signals the autoscaler.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpuscale_policies::model::Priority;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::{broadcast, oneshot, watch};
+
+use crate::admission::{Enqueued, Pool, ReplicaId};
+use crate::config::{Endpoint, ModelSettings, Settings};
+use crate::metrics::{Metrics, ModelLabel, ReasonLabels};
+use crate::stats::ModelStats;
+
+/// Why a request was refused before reaching a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    /// The queue was full (429).
+    QueueFull,
+    /// A more important request took this one's place in a full queue (429).
+    Displaced,
+    /// The wait passed the queue timeout (503).
+    Timeout,
+    /// The gateway is shutting down (503).
+    ShuttingDown,
+}
+
+impl Reject {
+    /// Label value for `gpuscale_rejections_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Reject::QueueFull => "queue_full",
+            Reject::Displaced => "displaced",
+            Reject::Timeout => "queue_timeout",
+            Reject::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+/// A slot on a replica, handed to a waiter.
+#[derive(Debug)]
+struct Grant {
+    replica: ReplicaId,
+    endpoint: Endpoint,
+}
+
+type Waiter = oneshot::Sender<Result<Grant, Reject>>;
+
+struct Inner {
+    pool: Pool<Waiter>,
+    last_signal: Option<Instant>,
+}
+
+/// One model: settings, pool, statistics.
+pub struct ModelState {
+    /// Resolved settings.
+    pub settings: ModelSettings,
+    inner: Mutex<Inner>,
+    stats: Mutex<ModelStats>,
+    label: ModelLabel,
+}
+
+/// A request for a model that has no replica: start one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScaleSignal {
+    /// Served model name.
+    pub model: String,
+    /// Requests waiting when it was sent.
+    pub waiting: usize,
+}
+
+/// State shared by the traffic and admin listeners.
+pub struct Shared {
+    /// Settings.
+    pub settings: Settings,
+    /// Models by served name.
+    pub models: BTreeMap<String, Arc<ModelState>>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Their registry.
+    pub registry: Registry,
+    /// Bumped on every queue, in-flight or replica change.
+    pub version: watch::Sender<u64>,
+    /// Scale-from-zero signals.
+    pub signals: broadcast::Sender<ScaleSignal>,
+    /// No new requests once set.
+    pub shutting_down: AtomicBool,
+    next_waiter: AtomicU64,
+    origin: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain counters behind, still
+    // consistent enough to serve: never propagate the poison.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// State for these settings, replicas from the config registered.
+    pub fn new(settings: Settings) -> Arc<Shared> {
+        let origin = Instant::now();
+        let (metrics, registry) = Metrics::new();
+        let models = settings
+            .models
+            .values()
+            .map(|m| {
+                let mut pool = Pool::new(m.max_queue, m.max_concurrency);
+                for r in &m.replicas {
+                    pool.add_replica(r.clone(), None);
+                }
+                let state = Arc::new(ModelState {
+                    settings: m.clone(),
+                    inner: Mutex::new(Inner {
+                        pool,
+                        last_signal: None,
+                    }),
+                    stats: Mutex::new(ModelStats::new(origin)),
+                    label: ModelLabel {
+                        model: m.name.clone(),
+                    },
+                });
+                (m.name.clone(), state)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            settings,
+            models,
+            metrics,
+            registry,
+            version: watch::channel(0).0,
+            signals: broadcast::channel(256).0,
+            shutting_down: AtomicBool::new(false),
+            next_waiter: AtomicU64::new(0),
+            origin,
+        });
+        for m in shared.models.values() {
+            let inner = lock(&m.inner);
+            shared.changed(m, &inner.pool);
+        }
+        shared
+    }
+
+    /// Updates a model's gauges and wakes watchers.
+    fn changed(&self, m: &ModelState, pool: &Pool<Waiter>) {
+        let l = &m.label;
+        self.metrics
+            .queue_depth
+            .get_or_create(l)
+            .set(pool.waiting() as i64);
+        self.metrics
+            .in_flight
+            .get_or_create(l)
+            .set(i64::from(pool.in_flight()));
+        self.metrics
+            .replicas
+            .get_or_create(l)
+            .set(pool.ready_replicas() as i64);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Waits for a slot on one of the model's replicas.
+    pub async fn admit(
+        self: &Arc<Self>,
+        model: &Arc<ModelState>,
+        priority: Priority,
+    ) -> Result<Permit, Reject> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(self.rejected(model, Reject::ShuttingDown));
+        }
+        let arrived = Instant::now();
+        lock(&model.stats).arrivals.record(arrived);
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut rx) = oneshot::channel();
+        {
+            let mut inner = lock(&model.inner);
+            if let Some((replica, endpoint)) = inner.pool.acquire(arrived) {
+                self.changed(model, &inner.pool);
+                drop(inner);
+                return Ok(self.permit(model, replica, endpoint, arrived));
+            }
+            match inner.pool.enqueue(id, priority, tx) {
+                Enqueued::Waiting => {}
+                Enqueued::Rejected(_) => {
+                    drop(inner);
+                    return Err(self.rejected(model, Reject::QueueFull));
+                }
+                Enqueued::Displaced(other) => {
+                    let _ = other.send(Err(Reject::Displaced));
+                }
+            }
+            if inner.pool.ready_replicas() == 0
+                && inner
+                    .last_signal
+                    .is_none_or(|t| arrived.duration_since(t) >= Duration::from_secs(1))
+            {
+                inner.last_signal = Some(arrived);
+                let _ = self.signals.send(ScaleSignal {
+                    model: model.settings.name.clone(),
+                    waiting: inner.pool.waiting(),
+                });
+                self.metrics.scale_signals.get_or_create(&model.label).inc();
+            }
+            self.changed(model, &inner.pool);
+        }
+        // Leaves the queue if this future is dropped (client gone).
+        let mut guard = WaitGuard {
+            shared: self,
+            model,
+            id,
+            armed: true,
+        };
+        let outcome = match tokio::time::timeout(model.settings.queue_timeout, &mut rx).await {
+            Ok(Ok(outcome)) => outcome,
+            // The sender was dropped without an answer: cannot happen while
+            // the pool holds it; treat as a timeout rather than hang.
+            Ok(Err(_)) => Err(Reject::Timeout),
+            Err(_) => {
+                let mut inner = lock(&model.inner);
+                if inner.pool.remove_waiter(id).is_some() {
+                    self.changed(model, &inner.pool);
+                    Err(Reject::Timeout)
+                } else {
+                    // Granted or displaced at the last moment: the answer
+                    // is in the channel.
+                    drop(inner);
+                    rx.try_recv().unwrap_or(Err(Reject::Timeout))
+                }
+            }
+        };
+        guard.armed = false;
+        match outcome {
+            Ok(g) => Ok(self.permit(model, g.replica, g.endpoint, arrived)),
+            Err(r) => Err(self.rejected(model, r)),
+        }
+    }
+
+    fn rejected(&self, model: &ModelState, r: Reject) -> Reject {
+        self.metrics
+            .rejections
+            .get_or_create(&ReasonLabels {
+                model: model.settings.name.clone(),
+                reason: r.reason().into(),
+            })
+            .inc();
+        r
+    }
+
+    fn permit(
+        self: &Arc<Self>,
+        model: &Arc<ModelState>,
+        replica: ReplicaId,
+        endpoint: Endpoint,
+        arrived: Instant,
+    ) -> Permit {
+        let now = Instant::now();
+        let wait = now.duration_since(arrived).as_secs_f64();
+        lock(&model.stats).queue_wait.record(now, wait);
+        self.metrics
+            .queue_wait
+            .get_or_create(&model.label)
+            .observe(wait);
+        Permit {
+            shared: self.clone(),
+            model: model.clone(),
+            replica,
+            endpoint,
+            admitted: now,
+        }
+    }
+
+    /// Hands freed slots to waiters; a waiter that is gone gives its slot
+    /// straight back.
+    fn dispatch(&self, model: &ModelState, inner: &mut Inner) {
+        let now = Instant::now();
+        loop {
+            let grants = inner.pool.dispatch(now);
+            if grants.is_empty() {
+                break;
+            }
+            for (w, replica, endpoint) in grants {
+                if w.send(Ok(Grant { replica, endpoint })).is_err() {
+                    inner.pool.release(replica);
+                }
+            }
+        }
+        self.changed(model, &inner.pool);
+    }
+
+    /// Registers a replica (the discovery interface); waiting requests go
+    /// to it at once. `None` when the model is not configured.
+    pub fn register(
+        &self,
+        model: &str,
+        endpoint: Endpoint,
+        limit: Option<u32>,
+    ) -> Option<ReplicaId> {
+        let m = self.models.get(model)?;
+        let mut inner = lock(&m.inner);
+        let id = inner.pool.add_replica(endpoint, limit);
+        self.dispatch(m, &mut inner);
+        Some(id)
+    }
+
+    /// Deregisters a replica: no new requests; those in flight finish.
+    /// `None` when the model is not configured, `Some(false)` when the
+    /// replica was not registered.
+    pub fn deregister(&self, model: &str, endpoint: &Endpoint) -> Option<bool> {
+        let m = self.models.get(model)?;
+        let mut inner = lock(&m.inner);
+        let known = inner.pool.remove_replica(endpoint);
+        self.changed(m, &inner.pool);
+        Some(known)
+    }
+
+    /// Records a transport failure on a replica (it may be ejected).
+    pub fn failed(&self, model: &ModelState, replica: ReplicaId) {
+        self.metrics
+            .upstream_errors
+            .get_or_create(&model.label)
+            .inc();
+        let up = &self.settings.spec.upstream;
+        let mut inner = lock(&model.inner);
+        if inner.pool.record_failure(
+            replica,
+            Instant::now(),
+            up.eject_after_failures,
+            up.eject_for,
+        ) {
+            tracing::warn!(model = %model.settings.name, "replica ejected for {:?}", up.eject_for);
+        }
+    }
+
+    /// Another replica for a request whose connect failed, if one is free
+    /// now; the failed permit's slot is released first.
+    pub fn retry_elsewhere(
+        self: &Arc<Self>,
+        failed: Permit,
+        tried: &[ReplicaId],
+    ) -> Option<Permit> {
+        let model = failed.model.clone();
+        let admitted = failed.admitted;
+        drop(failed);
+        let mut inner = lock(&model.inner);
+        let (replica, endpoint) = inner.pool.acquire_other(Instant::now(), tried)?;
+        self.changed(&model, &inner.pool);
+        drop(inner);
+        Some(Permit {
+            shared: self.clone(),
+            model,
+            replica,
+            endpoint,
+            admitted,
+        })
+    }
+
+    /// Sets what a replica's own metrics report waiting inside it.
+    pub fn set_server_waiting(&self, model: &str, endpoint: &Endpoint, waiting: u32) {
+        if let Some(m) = self.models.get(model) {
+            lock(&m.inner).pool.set_server_waiting(endpoint, waiting);
+        }
+    }
+
+    /// Replica endpoints of a model (for scraping and listing).
+    pub fn replicas(&self, model: &str) -> Vec<ReplicaView> {
+        let Some(m) = self.models.get(model) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        lock(&m.inner)
+            .pool
+            .replicas()
+            .iter()
+            .map(|r| ReplicaView {
+                endpoint: r.endpoint.url(),
+                in_flight: r.in_flight,
+                max_concurrency: r.limit,
+                draining: r.draining,
+                ejected: r.ejected_until.is_some_and(|t| t > now),
+                server_waiting: r.server_waiting,
+            })
+            .collect()
+    }
+
+    /// The `/v1/queues` document.
+    pub fn queues(&self) -> QueuesView {
+        let now = Instant::now();
+        let models = self
+            .models
+            .iter()
+            .map(|(name, m)| {
+                let inner = lock(&m.inner);
+                let [critical, standard, sheddable] = inner.pool.waiting_by_class();
+                let view = QueueView {
+                    waiting: inner.pool.waiting(),
+                    waiting_by_priority: WaitingByPriority {
+                        critical,
+                        standard,
+                        sheddable,
+                    },
+                    in_flight: inner.pool.in_flight(),
+                    replicas: inner.pool.ready_replicas(),
+                    ejected_replicas: inner.pool.ejected(now),
+                    capacity: inner
+                        .pool
+                        .replicas()
+                        .iter()
+                        .filter(|r| !r.draining)
+                        .map(|r| r.limit)
+                        .sum(),
+                    server_waiting: inner.pool.replicas().iter().map(|r| r.server_waiting).sum(),
+                    ..QueueView::default()
+                };
+                drop(inner);
+                let mut s = lock(&m.stats);
+                let ms = |x: Option<f64>| x.map(|v| (v * 1e4).round() / 10.0);
+                let view = QueueView {
+                    arrival_rate: ArrivalRate {
+                        s1: s.arrivals.per_second(now, 1),
+                        s10: s.arrivals.per_second(now, 10),
+                        s60: s.arrivals.per_second(now, 60),
+                    },
+                    queue_wait_p50_ms: ms(s.queue_wait.quantile(now, 0.5)),
+                    queue_wait_p95_ms: ms(s.queue_wait.quantile(now, 0.95)),
+                    latency_p95_ms: ms(s.latency.quantile(now, 0.95)),
+                    ttft_p95_ms: ms(s.ttft.quantile(now, 0.95)),
+                    ..view
+                };
+                (name.clone(), view)
+            })
+            .collect();
+        QueuesView {
+            uptime_s: now.duration_since(self.origin).as_secs_f64(),
+            models,
+        }
+    }
+}
+
+struct WaitGuard<'a> {
+    shared: &'a Shared,
+    model: &'a ModelState,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut inner = lock(&self.model.inner);
+            if inner.pool.remove_waiter(self.id).is_some() {
+                self.shared.changed(self.model, &inner.pool);
+            }
+        }
+    }
+}
+
+/// A slot on a replica, held until the response's last byte (or the
+/// request's end); dropping it frees the slot and hands it to the next
+/// waiter.
+pub struct Permit {
+    shared: Arc<Shared>,
+    model: Arc<ModelState>,
+    /// The replica.
+    pub replica: ReplicaId,
+    /// Its address.
+    pub endpoint: Endpoint,
+    /// When the request left the queue.
+    pub admitted: Instant,
+}
+
+impl Permit {
+    /// The model.
+    pub fn model(&self) -> &Arc<ModelState> {
+        &self.model
+    }
+
+    /// The upstream answered: count a success.
+    pub fn succeeded(&self) {
+        lock(&self.model.inner).pool.record_success(self.replica);
+    }
+
+    /// Records the end-to-end upstream latency.
+    pub fn record_latency(&self, seconds: f64) {
+        lock(&self.model.stats)
+            .latency
+            .record(Instant::now(), seconds);
+        self.shared
+            .metrics
+            .latency
+            .get_or_create(&self.model.label)
+            .observe(seconds);
+    }
+
+    /// Records a stream's time to first token.
+    pub fn record_ttft(&self, seconds: f64) {
+        lock(&self.model.stats).ttft.record(Instant::now(), seconds);
+        self.shared
+            .metrics
+            .ttft
+            .get_or_create(&self.model.label)
+            .observe(seconds);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.model.inner);
+        inner.pool.release(self.replica);
+        self.shared.dispatch(&self.model, &mut inner);
+    }
+}
+
+/// `/v1/queues`.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueuesView {
+    /// Seconds since the gateway started.
+    pub uptime_s: f64,
+    /// Per served model name.
+    pub models: BTreeMap<String, QueueView>,
+}
+
+/// One model in `/v1/queues`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QueueView {
+    /// Requests waiting in the gateway.
+    pub waiting: usize,
+    /// The same by priority class.
+    pub waiting_by_priority: WaitingByPriority,
+    /// Requests on replicas.
+    pub in_flight: u32,
+    /// Replicas taking requests.
+    pub replicas: usize,
+    /// Replicas ejected for failing.
+    pub ejected_replicas: usize,
+    /// Σ max concurrency of the replicas.
+    pub capacity: u32,
+    /// Requests waiting inside the model servers (their own metrics).
+    pub server_waiting: u32,
+    /// Arrivals per second.
+    pub arrival_rate: ArrivalRate,
+    /// Queue wait p50, ms (last 60 s).
+    pub queue_wait_p50_ms: Option<f64>,
+    /// Queue wait p95, ms.
+    pub queue_wait_p95_ms: Option<f64>,
+    /// Upstream latency p95, ms.
+    pub latency_p95_ms: Option<f64>,
+    /// Time to first token p95, ms (streams).
+    pub ttft_p95_ms: Option<f64>,
+}
+
+/// Waiting requests per priority class.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WaitingByPriority {
+    /// Critical.
+    pub critical: usize,
+    /// Standard.
+    pub standard: usize,
+    /// Sheddable.
+    pub sheddable: usize,
+}
+
+/// Arrivals per second over three windows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ArrivalRate {
+    /// Last second.
+    #[serde(rename = "1s")]
+    pub s1: f64,
+    /// Last 10 s.
+    #[serde(rename = "10s")]
+    pub s10: f64,
+    /// Last 60 s.
+    #[serde(rename = "60s")]
+    pub s60: f64,
+}
+
+/// A replica in `/v1/replicas`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaView {
+    /// `http://host:port`.
+    pub endpoint: String,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// Its limit.
+    pub max_concurrency: u32,
+    /// Deregistered, finishing its requests.
+    pub draining: bool,
+    /// Ejected for failing.
+    pub ejected: bool,
+    /// Waiting inside it, from its metrics.
+    pub server_waiting: u32,
+}
