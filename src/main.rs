@@ -31,6 +31,12 @@ enum Command {
     Crd(cmd::crd::Args),
     /// Print the GPU catalogue, or with --mig MODEL every valid MIG geometry.
     Catalog(cmd::catalog::Args),
+    /// Run the gateway: per-model routing, admission queue, queue-depth
+    /// metrics (`--config FILE`, see examples/gateway.yaml).
+    Gateway(cmd::gateway::Args),
+    /// Run a simulated OpenAI-compatible model server (for trying the
+    /// gateway, tests and benchmarks).
+    SimServer(cmd::sim_server::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +47,8 @@ fn main() -> ExitCode {
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Crd(args) => cmd::crd::run(&args),
         Command::Catalog(args) => cmd::catalog::run(&args),
+        Command::Gateway(args) => cmd::gateway::run(&args),
+        Command::SimServer(args) => cmd::sim_server::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -2,7 +2,9 @@
 
 pub mod catalog;
 pub mod crd;
+pub mod gateway;
 pub mod plan;
+pub mod sim_server;
 pub mod validate;
 
 /// Output formats shared by the commands that print data.
@@ -32,5 +34,28 @@ pub fn print_data<T: serde::Serialize>(value: &T, format: Format) -> anyhow::Res
     match format {
         Format::Json => emit(&format!("{}\n", serde_json::to_string_pretty(value)?)),
         Format::Yaml | Format::Table => emit(&serde_yaml_ng::to_string(value)?),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends before killing a
+/// pod).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
     }
 }

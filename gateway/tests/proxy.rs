@@ -1,0 +1,412 @@
+//! The gateway on real loopback sockets: routing, passthrough, queueing,
+//! overflow, scale from zero, cancellation, retries, ejection, limits.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use gpuscale_gateway::sim::{self, SimProfile};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_body_header_and_path() {
+    let a = gated("a", true).await;
+    let b = gated("b", true).await;
+    let gw = gateway(spec(vec![
+        model("m-a", &[a.addr], 4),
+        model("m-b", &[b.addr], 4),
+    ]))
+    .await;
+
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m-a").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["server"], "a");
+    assert_eq!(r.json()["path"], "/v1/chat/completions");
+
+    // The header overrides the body.
+    let body = serde_json::json!({"model": "m-a", "prompt": "x"}).to_string();
+    let r = send(
+        gw.traffic,
+        "POST",
+        "/v1/completions",
+        &[("x-gpuscale-model", "m-b")],
+        body,
+    )
+    .await;
+    assert_eq!(r.json()["server"], "b");
+
+    // KServe v2 by path.
+    let r = send(gw.traffic, "POST", "/v2/models/m-b/infer", &[], "{}").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["server"], "b");
+    assert_eq!(r.json()["path"], "/v2/models/m-b/infer");
+
+    // /v1/models lists the configured models.
+    let r = send(gw.traffic, "GET", "/v1/models", &[], Bytes::new()).await;
+    let ids: Vec<String> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["m-a", "m-b"]);
+
+    // Unknown model: 404 with an OpenAI-style error.
+    let r = post_model(gw.traffic, "/v1/chat/completions", "nope").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`nope` does not exist")
+    );
+    // No model at all: 400.
+    let r = send(
+        gw.traffic,
+        "POST",
+        "/v1/embeddings",
+        &[],
+        r#"{"input":"x"}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(a.received.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(b.received.load(std::sync::atomic::Ordering::SeqCst), 2);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_byte_for_byte_and_unbuffered() {
+    let profile = SimProfile {
+        decode_tps: 20.0, // 50 ms per token
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let gw = gateway(spec(vec![model("m", &[server.addr], 4)])).await;
+    let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.traffic))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .unwrap();
+    let t0 = Instant::now();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    let mut chunks = Vec::new();
+    let mut first_at = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        if let Ok(data) = frame.into_data() {
+            first_at.get_or_insert(t0.elapsed());
+            chunks.extend_from_slice(&data);
+        }
+    }
+    let total = t0.elapsed();
+    // Ten tokens take ~450 ms; the first arrives long before the end.
+    assert!(
+        first_at.unwrap() < total / 2,
+        "first chunk at {first_at:?} of {total:?}: buffered"
+    );
+    // Byte for byte what the server sends: its chunks are deterministic but
+    // for the id and timestamp, which the gateway must not touch.
+    let text = String::from_utf8(chunks).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 12, "10 tokens + the end chunk + [DONE]");
+    assert_eq!(*events.last().unwrap(), "data: [DONE]");
+    let content: String = events[..10]
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value =
+                serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let expected: String = (0..10).map(sim::token).collect();
+    assert_eq!(content, expected);
+    // TTFT is measured for streams.
+    let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 0).await;
+    assert!(q["ttft_p95_ms"].as_f64().is_some(), "{q}");
+    gw.shutdown().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturation_queues_with_exact_counts_then_overflows_with_429() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 2);
+    m.max_queue = Some(3);
+    let gw = gateway(spec(vec![m])).await;
+    let traffic = gw.traffic;
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        tasks.push(tokio::spawn(post_model(
+            traffic,
+            "/v1/chat/completions",
+            "m",
+        )));
+    }
+    let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 3 && q["in_flight"] == 2).await;
+    assert_eq!(q["replicas"], 1);
+    assert_eq!(q["capacity"], 2);
+    assert_eq!(q["waiting_by_priority"]["standard"], 3);
+    let text = metrics(gw.admin).await;
+    assert_eq!(
+        sample(&text, "gpuscale_queue_depth{model=\"m\"}"),
+        Some(3.0)
+    );
+    assert_eq!(sample(&text, "gpuscale_in_flight{model=\"m\"}"), Some(2.0));
+    assert_eq!(sample(&text, "gpuscale_replicas{model=\"m\"}"), Some(1.0));
+
+    // The queue is full: the sixth is refused with Retry-After.
+    let r = post_model(traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers.contains_key("retry-after"));
+    // A critical request displaces a standard one.
+    let body = serde_json::json!({"model": "m", "prompt": "x"}).to_string();
+    let critical = tokio::spawn(async move {
+        send(
+            traffic,
+            "POST",
+            "/v1/completions",
+            &[("x-gpuscale-priority", "critical")],
+            body,
+        )
+        .await
+    });
+    wait_queue(gw.admin, "m", |q| q["waiting_by_priority"]["critical"] == 1).await;
+
+    up.gate.add_permits(100);
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.unwrap().status.as_u16());
+    }
+    codes.sort();
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 429],
+        "one standard waiter displaced"
+    );
+    assert_eq!(critical.await.unwrap().status, StatusCode::OK);
+    let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 0).await;
+    assert_eq!(q["waiting"], 0);
+    let text = metrics(gw.admin).await;
+    assert_eq!(
+        sample(&text, "gpuscale_requests_total{model=\"m\",code=\"200\"}"),
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(&text, "gpuscale_requests_total{model=\"m\",code=\"429\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gpuscale_rejections_total{model=\"m\",reason=\"queue_full\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gpuscale_rejections_total{model=\"m\",reason=\"displaced\"}"
+        ),
+        Some(1.0)
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_the_queue_timeout_gets_503_with_retry_after() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.queue_timeout = Some(Duration::from_millis(200));
+    let gw = gateway(spec(vec![m])).await;
+    let traffic = gw.traffic;
+    let first = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    let r = post_model(traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(queue(gw.admin, "m").await["waiting"], 0);
+    up.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_no_replica_holds_requests_and_signals_until_one_registers() {
+    let gw = gateway(spec(vec![model("m", &[], 4)])).await;
+    let mut signals = gw.signals();
+    let traffic = gw.traffic;
+    let held = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    let signal = tokio::time::timeout(Duration::from_secs(5), signals.recv())
+        .await
+        .expect("a scale-from-zero signal")
+        .unwrap();
+    assert_eq!(signal.model, "m");
+    assert_eq!(signal.waiting, 1);
+    wait_queue(gw.admin, "m", |q| q["waiting"] == 1 && q["replicas"] == 0).await;
+
+    let up = gated("late", true).await;
+    let body = serde_json::json!({"model": "m", "endpoint": format!("http://{}", up.addr)});
+    let r = send(gw.admin, "POST", "/v1/replicas", &[], body.to_string()).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let answer = held.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["server"], "late");
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(q["replicas"], 1);
+    assert_eq!(q["waiting"], 0);
+
+    // Deregistering takes it out of the pool.
+    let r = send(gw.admin, "DELETE", "/v1/replicas", &[], body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(queue(gw.admin, "m").await["replicas"], 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_the_upstream_request() {
+    let profile = SimProfile {
+        decode_tps: 20.0,
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let gw = gateway(spec(vec![model("m", &[server.addr], 4)])).await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    let body = r#"{"model":"m","stream":true,"max_tokens":200,"prompt":"hi"}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tcp.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    drop(tcp);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while server
+        .counters
+        .cancelled
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream never saw the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // And the slot is free again.
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 0).await;
+    gw.shutdown().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failures_retry_elsewhere_and_eject_the_replica() {
+    // A port with nothing listening.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let up = gated("live", true).await;
+    let mut s = spec(vec![model("m", &[dead, up.addr], 1)]);
+    s.upstream.eject_after_failures = 2;
+    s.upstream.eject_for = Duration::from_secs(60);
+    let gw = gateway(s).await;
+    for _ in 0..6 {
+        let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(r.status, StatusCode::OK, "retried on the live replica");
+        assert_eq!(r.json()["server"], "live");
+    }
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(q["ejected_replicas"], 1, "{q}");
+    let text = metrics(gw.admin).await;
+    let errors = sample(&text, "gpuscale_upstream_errors_total{model=\"m\"}").unwrap();
+    assert_eq!(errors, 2.0, "ejected after two failures: no more tries");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_and_header_limits() {
+    let up = gated("a", true).await;
+    let mut s = spec(vec![model("m", &[up.addr], 4)]);
+    s.limits.max_body_bytes = 1024;
+    s.limits.max_header_bytes = 8192;
+    let gw = gateway(s).await;
+    let big = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(2000));
+    let r = send(gw.traffic, "POST", "/v1/completions", &[], big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let huge = "y".repeat(20_000);
+    let mut tcp = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    let req = format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {huge}\r\n\r\n");
+    let _ = tcp.write_all(req.as_bytes()).await;
+    let mut buf = Vec::new();
+    let _ = tcp.read_to_end(&mut buf).await;
+    assert!(
+        String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+    assert_eq!(up.received.load(std::sync::atomic::Ordering::SeqCst), 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_stream_pushes_changes_promptly() {
+    let up = gated("a", false).await;
+    let gw = gateway(spec(vec![model("m", &[up.addr], 1)])).await;
+    let req = http::Request::get(format!("http://{}/v1/queues/stream", gw.admin))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    // The first event is the current state.
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"event: queues\ndata: "));
+    let traffic = gw.traffic;
+    let t0 = Instant::now();
+    let pending = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    loop {
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        let text = String::from_utf8_lossy(&data).to_string();
+        let json = text
+            .strip_prefix("event: queues\ndata: ")
+            .map(|j| serde_json::from_str::<serde_json::Value>(j.trim()).unwrap());
+        if let Some(j) = json
+            && j["models"]["m"]["in_flight"] == 1
+        {
+            break;
+        }
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "pushed after {:?}",
+        t0.elapsed()
+    );
+    up.gate.add_permits(1);
+    assert_eq!(pending.await.unwrap().status, StatusCode::OK);
+    drop(body);
+    gw.shutdown().await;
+}

@@ -1,0 +1,56 @@
+//! `gpuscale gateway --config FILE`: run the gateway until SIGINT/SIGTERM,
+//! then drain requests in flight.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `gateway`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The `kind: Gateway` file (see `examples/gateway.yaml`).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Traffic listener, overriding the file's `spec.listen`.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Admin listener, overriding the file's `spec.admin`.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+}
+
+/// Runs the command: exit 1 on a bad config, 0 after a clean shutdown.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let mut settings = match gpuscale_gateway::config::load(&args.config) {
+        Ok(s) => s,
+        Err(problems) => {
+            for p in &problems.0 {
+                eprintln!("{p}");
+            }
+            eprintln!("{} problem(s) found", problems.0.len());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    if let Some(l) = args.listen {
+        settings.spec.listen = l;
+    }
+    if let Some(a) = args.admin {
+        settings.spec.admin = a;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let running = gpuscale_gateway::start(settings).await?;
+        println!(
+            "gateway: traffic on http://{}, admin on http://{} ({} models)",
+            running.traffic,
+            running.admin,
+            running.shared.models.len()
+        );
+        super::shutdown_signal().await;
+        eprintln!("gateway: shutting down, draining requests in flight");
+        running.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}

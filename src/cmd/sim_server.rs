@@ -1,0 +1,67 @@
+//! `gpuscale sim-server`: a simulated OpenAI-compatible model server.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use gpuscale_gateway::sim::{self, SimProfile};
+
+/// Arguments of `sim-server`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Port (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Latency profile: instant, small (8B model on a whole H100) or tiny.
+    #[arg(long, default_value = "small", value_parser = clap::builder::PossibleValuesParser::new(SimProfile::NAMES))]
+    pub profile: String,
+    /// Model name it lists in /v1/models.
+    #[arg(long, default_value = "sim")]
+    pub model: String,
+    /// Share of a GPU it runs on (1 = whole; 0.43 for a 3g MIG slice).
+    #[arg(long)]
+    pub speed: Option<f64>,
+    /// Requests running at once (more wait inside).
+    #[arg(long)]
+    pub max_concurrency: Option<u32>,
+    /// Output tokens per second for one request alone.
+    #[arg(long)]
+    pub decode_tps: Option<f64>,
+    /// Prompt tokens per second.
+    #[arg(long)]
+    pub prefill_tps: Option<f64>,
+}
+
+/// Runs the command until SIGINT/SIGTERM.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let mut p = SimProfile::named(&args.profile, &args.model).context("unknown profile")?;
+    if let Some(s) = args.speed {
+        anyhow::ensure!(s > 0.0 && s <= 1.0, "--speed must be in (0, 1], got {s}");
+        p.speed = s;
+    }
+    if let Some(c) = args.max_concurrency {
+        anyhow::ensure!(c > 0, "--max-concurrency must be at least 1");
+        p.max_concurrency = c;
+    }
+    if let Some(d) = args.decode_tps {
+        p.decode_tps = d.max(0.0);
+    }
+    if let Some(d) = args.prefill_tps {
+        p.prefill_tps = d.max(0.0);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let server = sim::start(p, SocketAddr::new(args.host, args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        println!("sim-server: listening on http://{}", server.addr);
+        super::shutdown_signal().await;
+        server.stop().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
