@@ -1,0 +1,202 @@
+//! Overload, failures mid-stream, graceful shutdown and sidecar mode, on
+//! real loopback sockets.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use gpuscale_gateway::config::SidecarSpec;
+use gpuscale_gateway::sim::{self, SimProfile};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_answers_every_request_and_the_counts_add_up() {
+    // Capacity 4 at once, ~50 ms each; 40 clients (10×) for a bounded time.
+    let profile = SimProfile {
+        decode_tps: 100.0,
+        max_concurrency: 4,
+        default_max_tokens: 5,
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut m = model("m", &[server.addr], 4);
+    m.max_queue = Some(8);
+    m.queue_timeout = Some(Duration::from_millis(150));
+    let gw = gateway(spec(vec![m])).await;
+    let traffic = gw.traffic;
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut clients = Vec::new();
+    for _ in 0..40 {
+        clients.push(tokio::spawn(async move {
+            let mut codes = Vec::new();
+            while Instant::now() < until {
+                codes.push(
+                    post_model(traffic, "/v1/chat/completions", "m")
+                        .await
+                        .status,
+                );
+            }
+            codes
+        }));
+    }
+    let mut ok = 0u64;
+    let mut refused = 0u64;
+    let mut sent = 0u64;
+    for c in clients {
+        for code in c.await.unwrap() {
+            sent += 1;
+            match code {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+    assert_eq!(ok + refused, sent);
+    assert!(ok > 0 && refused > 0, "ok {ok}, refused {refused}");
+    let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 0 && q["waiting"] == 0).await;
+    assert_eq!(q["replicas"], 1);
+    // The gateway's counts match what the clients saw and what the server
+    // served.
+    let text = metrics(gw.admin).await;
+    let count = |code: u16| {
+        sample(
+            &text,
+            &format!("gpuscale_requests_total{{model=\"m\",code=\"{code}\"}}"),
+        )
+        .unwrap_or(0.0) as u64
+    };
+    assert_eq!(count(200), ok);
+    assert_eq!(count(429) + count(503), refused);
+    assert_eq!(server.counters.completed.load(Ordering::SeqCst), ok);
+    let rejections: f64 = ["queue_full", "queue_timeout", "displaced"]
+        .iter()
+        .filter_map(|r| {
+            sample(
+                &text,
+                &format!("gpuscale_rejections_total{{model=\"m\",reason=\"{r}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(rejections as u64, refused);
+    gw.shutdown().await;
+    server.stop().await;
+}
+
+/// An upstream that starts a chunked response, sends one chunk, and dies.
+async fn dies_mid_stream() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let _ = s.read(&mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(b"c\r\ndata: hello\n\r\n").await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Dropped without the last chunk.
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_mid_stream_ends_the_client_stream_with_an_error() {
+    let addr = dies_mid_stream().await;
+    let gw = gateway(spec(vec![model("m", &[addr], 4)])).await;
+    let req = http::Request::post(format!("http://{}/v1/completions", gw.traffic))
+        .body(http_body_util::Full::new(Bytes::from(
+            r#"{"model":"m","prompt":"x","stream":true}"#,
+        )))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"data: hello\n");
+    let end = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the stream ends promptly");
+    assert!(
+        matches!(end, Some(Err(_))),
+        "an error, not a clean end: {end:?}"
+    );
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 0).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_requests_in_flight_and_refuses_new_ones() {
+    let up = gated("a", false).await;
+    let gw = gateway(spec(vec![model("m", &[up.addr], 4)])).await;
+    let (traffic, admin) = (gw.traffic, gw.admin);
+    let in_flight = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    wait_queue(admin, "m", |q| q["in_flight"] == 1).await;
+    let shared = gw.shared.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !shared
+        .shutting_down
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // New connections are refused (the listener is closed) or answered 503.
+    match tokio::net::TcpStream::connect(traffic).await {
+        Err(_) => {}
+        Ok(mut tcp) => {
+            let body = r#"{"model":"m","prompt":"x"}"#;
+            let req = format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tcp.write_all(req.as_bytes()).await;
+            let mut buf = vec![0u8; 1024];
+            let n = tcp.read(&mut buf).await.unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(n == 0 || text.starts_with("HTTP/1.1 503"), "{text}");
+        }
+    }
+    assert!(!stopping.is_finished(), "shutdown waits for the request");
+    up.gate.add_permits(1);
+    assert_eq!(in_flight.await.unwrap().status, StatusCode::OK);
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("shutdown finishes once drained")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_mode_serves_one_model_from_one_local_upstream() {
+    let up = gated("local", true).await;
+    let mut s = spec(vec![model("other", &[], 4)]);
+    s.sidecar = Some(SidecarSpec {
+        model: "m".into(),
+        upstream: format!("http://{}", up.addr),
+    });
+    let gw = gateway(s).await;
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["server"], "local");
+    let all = send(gw.admin, "GET", "/v1/queues", &[], Bytes::new()).await;
+    let models: Vec<String> = all.json()["models"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(models, ["m"], "only the sidecar's model");
+    assert_eq!(up.received.load(Ordering::SeqCst), 1);
+    gw.shutdown().await;
+}
