@@ -68,13 +68,28 @@ pub async fn handle(
             if prometheus_client::encoding::text::encode(&mut out, &shared.registry).is_err() {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
             }
-            let mut r = Response::new(full(out));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(
+            // OpenMetrics for scrapers that ask for it (Prometheus does),
+            // the classic text format otherwise.
+            let openmetrics = req
+                .headers()
+                .get_all(header::ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(|v| v.contains("application/openmetrics-text"));
+            let (body, content_type) = if openmetrics {
+                (
+                    out,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
+                )
+            } else {
+                (
+                    crate::metrics::classic_text(&out),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+            };
+            let mut r = Response::new(full(body));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),

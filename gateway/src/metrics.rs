@@ -34,6 +34,37 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// The classic Prometheus text format (0.0.4) from OpenMetrics text, for
+/// scrapers and tools that do not ask for OpenMetrics (`promtool check
+/// metrics`, older agents): a counter's `# HELP`/`# TYPE` name the `_total`
+/// series, and there is no `# EOF`.
+pub fn classic_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some((name, "counter")) = rest.split_once(' ')
+        {
+            counters.insert(name.to_string());
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 type Hist = Family<ModelLabel, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
@@ -134,5 +165,34 @@ impl Metrics {
             m.scale_signals.clone(),
         );
         (m, r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counters_by_their_total_series() {
+        let (m, registry) = Metrics::new();
+        m.requests
+            .get_or_create(&CodeLabels {
+                model: "a".into(),
+                code: 200,
+            })
+            .inc();
+        m.queue_depth
+            .get_or_create(&ModelLabel { model: "a".into() })
+            .set(3);
+        let mut om = String::new();
+        prometheus_client::encoding::text::encode(&mut om, &registry).unwrap();
+        assert!(om.contains("# TYPE gpuscale_requests counter\n"));
+        assert!(om.ends_with("# EOF\n"));
+        let classic = classic_text(&om);
+        assert!(classic.contains("# TYPE gpuscale_requests_total counter\n"));
+        assert!(classic.contains("# HELP gpuscale_requests_total "));
+        assert!(classic.contains("gpuscale_requests_total{model=\"a\",code=\"200\"} 1\n"));
+        assert!(classic.contains("# TYPE gpuscale_queue_depth gauge\n"));
+        assert!(!classic.contains("# EOF"));
     }
 }

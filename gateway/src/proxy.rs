@@ -405,6 +405,13 @@ impl HttpBody for Tracked {
                 this.idle_timer
                     .as_mut()
                     .reset(tokio::time::Instant::now() + *this.idle);
+                // A body with a known length is done with its last frame:
+                // hyper may not poll again, so finish here.
+                if this.inner.is_end_stream()
+                    && let Some(p) = this.permit.take()
+                {
+                    p.record_latency(p.admitted.elapsed().as_secs_f64());
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
