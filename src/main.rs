@@ -8,6 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+// The gateway allocates per request (headers, bodies, futures); mimalloc's
+// thread-local free lists beat glibc malloc under that load.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Inference autoscaler and GPU packer for Kubernetes.
 #[derive(Debug, Parser)]
 #[command(name = "gpuscale", version, about, long_about = None)]

@@ -63,6 +63,12 @@ pub struct GatewaySpec {
     /// Sidecar mode: one upstream on localhost serving one model.
     #[serde(default)]
     pub sidecar: Option<SidecarSpec>,
+    /// Traffic workers: each a thread with its own event loop, accept
+    /// queue (the port is shared with `SO_REUSEPORT`) and upstream
+    /// connection pool, as nginx runs worker processes. Default: one per
+    /// CPU core.
+    #[serde(default)]
+    pub workers: Option<usize>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -391,6 +397,9 @@ impl Settings {
             });
             m.replicas = vec![upstream];
             models.retain(|k, _| k == &s.model);
+        }
+        if spec.workers == Some(0) {
+            return Err("spec.workers: must be at least 1".into());
         }
         if spec.limits.max_header_bytes < 8192 {
             return Err("spec.limits.maxHeaderBytes: must be at least 8192".into());

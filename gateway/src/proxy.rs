@@ -23,7 +23,7 @@ use pin_project_lite::pin_project;
 
 use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
-use crate::state::{Permit, Reject, Shared};
+use crate::state::{ModelState, Permit, Reject, Shared};
 
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -130,14 +130,20 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (resp, model) = handle_inner(&shared, &client, req).await;
-    shared
-        .metrics
-        .requests
-        .get_or_create(&CodeLabels {
-            model: model.unwrap_or_else(|| "unknown".into()),
-            code: resp.status().as_u16(),
-        })
-        .inc();
+    let code = resp.status().as_u16();
+    match model {
+        Some(m) => m.count_response(&shared.metrics, code),
+        None => {
+            shared
+                .metrics
+                .requests
+                .get_or_create(&CodeLabels {
+                    model: "unknown".into(),
+                    code,
+                })
+                .inc();
+        }
+    }
     resp
 }
 
@@ -145,7 +151,7 @@ async fn handle_inner(
     shared: &Arc<Shared>,
     client: &UpstreamClient,
     req: Request<Incoming>,
-) -> (Response<Body>, Option<String>) {
+) -> (Response<Body>, Option<Arc<ModelState>>) {
     let spec = &shared.settings.spec;
     let (parts, body) = req.into_parts();
     let needs_body = parts.method == Method::POST;
@@ -255,7 +261,12 @@ async fn handle_inner(
         .unwrap_or(model.settings.priority);
     let mut permit = match shared.admit(&model, priority).await {
         Ok(p) => p,
-        Err(r) => return (rejection(r, model.settings.queue_timeout), Some(name)),
+        Err(r) => {
+            return (
+                rejection(r, model.settings.queue_timeout),
+                Some(model.clone()),
+            );
+        }
     };
 
     let mut headers = parts.headers.clone();
@@ -284,7 +295,7 @@ async fn handle_inner(
                 permit.succeeded();
                 return (
                     respond(resp, permit, spec.limits.stream_idle_timeout),
-                    Some(name),
+                    Some(model.clone()),
                 );
             }
             Ok(Err(e)) if e.is_connect() => {
@@ -293,7 +304,7 @@ async fn handle_inner(
                 if tried.len() as u32 > spec.upstream.retries {
                     return (
                         bad_gateway("could not connect to a replica", &e.to_string()),
-                        Some(name),
+                        Some(model.clone()),
                     );
                 }
                 match shared.retry_elsewhere(permit, &tried) {
@@ -301,7 +312,7 @@ async fn handle_inner(
                     None => {
                         return (
                             bad_gateway("could not connect to a replica", &e.to_string()),
-                            Some(name),
+                            Some(model.clone()),
                         );
                     }
                 }
@@ -310,7 +321,7 @@ async fn handle_inner(
                 shared.failed(&model, permit.replica);
                 return (
                     bad_gateway("the replica failed", &e.to_string()),
-                    Some(name),
+                    Some(model.clone()),
                 );
             }
             Err(_) => {
@@ -321,7 +332,7 @@ async fn handle_inner(
                         "upstream_error",
                         "the replica did not answer within the request timeout",
                     ),
-                    Some(name),
+                    Some(model.clone()),
                 );
             }
         }
@@ -346,7 +357,7 @@ fn respond(resp: Response<Incoming>, permit: Permit, idle: Duration) -> Response
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let tracked = Tracked {
         inner: body,
-        idle_timer: tokio::time::sleep(idle),
+        idle_timer: None,
         idle,
         permit: Some(permit),
         streaming,
@@ -374,8 +385,9 @@ pin_project! {
     struct Tracked {
         #[pin]
         inner: Incoming,
-        #[pin]
-        idle_timer: tokio::time::Sleep,
+        // Armed only when the upstream keeps the body waiting: a fast
+        // response never touches the timer wheel.
+        idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
         idle: Duration,
         permit: Option<Permit>,
         streaming: bool,
@@ -402,9 +414,9 @@ impl HttpBody for Tracked {
                         p.record_ttft(p.admitted.elapsed().as_secs_f64());
                     }
                 }
-                this.idle_timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + *this.idle);
+                if let Some(t) = this.idle_timer.as_mut() {
+                    t.as_mut().reset(tokio::time::Instant::now() + *this.idle);
+                }
                 // A body with a known length is done with its last frame:
                 // hyper may not poll again, so finish here.
                 if this.inner.is_end_stream()
@@ -427,7 +439,11 @@ impl HttpBody for Tracked {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.idle_timer.poll(cx));
+                let idle = *this.idle;
+                let timer = this
+                    .idle_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                ready!(timer.as_mut().poll(cx));
                 this.permit.take();
                 Poll::Ready(Some(Err(Box::new(IdleTimeout))))
             }

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
@@ -33,6 +33,7 @@ pub struct Running {
     pub shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -50,18 +51,87 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
     }
 }
 
-/// Binds both listeners and serves until [`Running::shutdown`].
+/// A listener on `addr` that shares its port with the other workers'.
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Binds both listeners and serves until [`Running::shutdown`]: the first
+/// traffic worker, the admin listener and the metrics scraper on the
+/// caller's runtime, every other traffic worker on a thread of its own.
 pub async fn start(settings: Settings) -> std::io::Result<Running> {
-    let traffic_listener = TcpListener::bind(settings.spec.listen).await?;
+    let traffic_listener = reuseport_listener(settings.spec.listen)?;
     let admin_listener = TcpListener::bind(settings.spec.admin).await?;
     let traffic = traffic_listener.local_addr()?;
     let admin = admin_listener.local_addr()?;
+    let workers = settings.spec.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(1)
+    });
     let shared = Shared::new(settings);
     let (shutdown, rx) = watch::channel(false);
     let client = proxy::client(shared.settings.spec.upstream.connect_timeout);
+
+    let mut threads = Vec::new();
+    for i in 1..workers {
+        let (shared, rx) = (shared.clone(), rx.clone());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("gateway-worker-{i}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let listener = match reuseport_listener(traffic) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    let client = proxy::client(shared.settings.spec.upstream.connect_timeout);
+                    let s = shared.clone();
+                    serve(listener, shared, rx, move |req| {
+                        proxy::handle(s.clone(), client.clone(), req)
+                    })
+                    .await;
+                });
+            })?;
+        ready_rx
+            .await
+            .map_err(|_| std::io::Error::other("a gateway worker did not start"))??;
+        threads.push(thread);
+    }
 
     let s = shared.clone();
     let c = client.clone();
@@ -80,13 +150,14 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
         move |req| admin::handle(s.clone(), admin_rx.clone(), req),
     ));
     let scrape_task = tokio::spawn(scrape::run(shared.clone(), client, rx));
-    tracing::info!(%traffic, %admin, models = shared.models.len(), "gateway listening");
+    tracing::info!(%traffic, %admin, workers, models = shared.models.len(), "gateway listening");
     Ok(Running {
         traffic,
         admin,
         shared,
         shutdown,
         tasks: vec![traffic_task, admin_task, scrape_task],
+        threads,
     })
 }
 

@@ -16,8 +16,11 @@ use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::admission::{Enqueued, Pool, ReplicaId};
 use crate::config::{Endpoint, ModelSettings, Settings};
-use crate::metrics::{Metrics, ModelLabel, ReasonLabels};
+use crate::metrics::{CodeLabels, Metrics, ModelLabel, ReasonLabels};
 use crate::stats::ModelStats;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Why a request was refused before reaching a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,57 @@ pub struct ModelState {
     inner: Mutex<Inner>,
     stats: Mutex<ModelStats>,
     label: ModelLabel,
+    handles: Handles,
+}
+
+/// The model's metric series, looked up once (the hot path touches no
+/// metric family map).
+struct Handles {
+    queue_depth: Gauge,
+    in_flight: Gauge,
+    replicas: Gauge,
+    queue_wait: Histogram,
+    latency: Histogram,
+    ttft: Histogram,
+    /// `requests_total{code="200"}`, the common case.
+    ok: Counter,
+}
+
+impl Handles {
+    fn new(m: &Metrics, l: &ModelLabel) -> Self {
+        Handles {
+            queue_depth: m.queue_depth.get_or_create(l).clone(),
+            in_flight: m.in_flight.get_or_create(l).clone(),
+            replicas: m.replicas.get_or_create(l).clone(),
+            queue_wait: m.queue_wait.get_or_create(l).clone(),
+            latency: m.latency.get_or_create(l).clone(),
+            ttft: m.ttft.get_or_create(l).clone(),
+            ok: m
+                .requests
+                .get_or_create(&CodeLabels {
+                    model: l.model.clone(),
+                    code: 200,
+                })
+                .clone(),
+        }
+    }
+}
+
+impl ModelState {
+    /// Counts an answered request by status code.
+    pub fn count_response(&self, metrics: &Metrics, code: u16) {
+        if code == 200 {
+            self.handles.ok.inc();
+        } else {
+            metrics
+                .requests
+                .get_or_create(&CodeLabels {
+                    model: self.settings.name.clone(),
+                    code,
+                })
+                .inc();
+        }
+    }
 }
 
 /// A request for a model that has no replica: start one.
@@ -122,6 +176,12 @@ impl Shared {
                         last_signal: None,
                     }),
                     stats: Mutex::new(ModelStats::new(origin)),
+                    handles: Handles::new(
+                        &metrics,
+                        &ModelLabel {
+                            model: m.name.clone(),
+                        },
+                    ),
                     label: ModelLabel {
                         model: m.name.clone(),
                     },
@@ -149,20 +209,15 @@ impl Shared {
 
     /// Updates a model's gauges and wakes watchers.
     fn changed(&self, m: &ModelState, pool: &Pool<Waiter>) {
-        let l = &m.label;
-        self.metrics
-            .queue_depth
-            .get_or_create(l)
-            .set(pool.waiting() as i64);
-        self.metrics
-            .in_flight
-            .get_or_create(l)
-            .set(i64::from(pool.in_flight()));
-        self.metrics
-            .replicas
-            .get_or_create(l)
-            .set(pool.ready_replicas() as i64);
-        self.version.send_modify(|v| *v += 1);
+        let h = &m.handles;
+        h.queue_depth.set(pool.waiting() as i64);
+        h.in_flight.set(i64::from(pool.in_flight()));
+        h.replicas.set(pool.ready_replicas() as i64);
+        // Waking watchers costs a few locks: only when someone watches
+        // (a `/v1/queues/stream` client, the embedded autoscaler).
+        if self.version.receiver_count() > 0 {
+            self.version.send_modify(|v| *v += 1);
+        }
     }
 
     /// Waits for a slot on one of the model's replicas.
@@ -262,10 +317,7 @@ impl Shared {
         let now = Instant::now();
         let wait = now.duration_since(arrived).as_secs_f64();
         lock(&model.stats).queue_wait.record(now, wait);
-        self.metrics
-            .queue_wait
-            .get_or_create(&model.label)
-            .observe(wait);
+        model.handles.queue_wait.observe(wait);
         Permit {
             shared: self.clone(),
             model: model.clone(),
@@ -490,21 +542,13 @@ impl Permit {
         lock(&self.model.stats)
             .latency
             .record(Instant::now(), seconds);
-        self.shared
-            .metrics
-            .latency
-            .get_or_create(&self.model.label)
-            .observe(seconds);
+        self.model.handles.latency.observe(seconds);
     }
 
     /// Records a stream's time to first token.
     pub fn record_ttft(&self, seconds: f64) {
         lock(&self.model.stats).ttft.record(Instant::now(), seconds);
-        self.shared
-            .metrics
-            .ttft
-            .get_or_create(&self.model.label)
-            .observe(seconds);
+        self.model.handles.ttft.observe(seconds);
     }
 }
 

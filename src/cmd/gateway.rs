@@ -37,7 +37,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(a) = args.admin {
         settings.spec.admin = a;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One event loop per thread: this one runs the first traffic worker,
+    // the admin listener and the scraper; the gateway starts the others.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
