@@ -256,12 +256,39 @@ pub struct ModelSettings {
     pub metrics: MetricsFormat,
 }
 
-/// A replica's address: `http://host:port`, no path.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A replica's address: `http://host:port`, no path. Cheap to clone (the
+/// parsed forms the proxy needs per request are made once).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Endpoint {
-    /// `host:port`.
-    pub authority: String,
+pub struct Endpoint(std::sync::Arc<EndpointInner>);
+
+#[derive(Debug)]
+struct EndpointInner {
+    authority: String,
+    uri_authority: http::uri::Authority,
+    host: http::HeaderValue,
+}
+
+impl PartialEq for Endpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.authority == other.0.authority
+    }
+}
+impl Eq for Endpoint {}
+impl PartialOrd for Endpoint {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Endpoint {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.authority.cmp(&other.0.authority)
+    }
+}
+impl std::hash::Hash for Endpoint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.authority.hash(state);
+    }
 }
 
 impl Endpoint {
@@ -269,7 +296,9 @@ impl Endpoint {
     /// paths are not: the gateway talks plain HTTP/1.1 to model servers in
     /// the cluster network).
     pub fn parse(s: &str) -> Result<Endpoint, String> {
-        let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+        let uri: http::Uri = s
+            .parse()
+            .map_err(|e| format!("`{s}` is not a URL: {e}"))?;
         if uri.scheme_str() != Some("http") {
             return Err(format!("`{s}`: only http:// endpoints are supported"));
         }
@@ -282,14 +311,33 @@ impl Endpoint {
         if !matches!(uri.path(), "" | "/") {
             return Err(format!("`{s}`: an endpoint has no path"));
         }
-        Ok(Endpoint {
+        let host = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|e| format!("`{s}`: {e}"))?;
+        Ok(Endpoint(std::sync::Arc::new(EndpointInner {
             authority: authority.as_str().to_string(),
-        })
+            uri_authority: authority.clone(),
+            host,
+        })))
+    }
+
+    /// `host:port`.
+    pub fn authority(&self) -> &str {
+        &self.0.authority
+    }
+
+    /// `host:port`, parsed.
+    pub fn uri_authority(&self) -> &http::uri::Authority {
+        &self.0.uri_authority
+    }
+
+    /// The `Host` header for requests to it.
+    pub fn host_header(&self) -> &http::HeaderValue {
+        &self.0.host
     }
 
     /// `http://host:port`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.authority)
+        format!("http://{}", self.0.authority)
     }
 }
 
@@ -397,6 +445,14 @@ impl Settings {
             });
             m.replicas = vec![upstream];
             models.retain(|k, _| k == &s.model);
+        }
+        for (field, value) in [
+            ("modelHeader", &spec.model_header),
+            ("priorityHeader", &spec.priority_header),
+        ] {
+            if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
+                return Err(format!("spec.{field}: `{value}` is not a valid header name"));
+            }
         }
         if spec.workers == Some(0) {
             return Err("spec.workers: must be at least 1".into());

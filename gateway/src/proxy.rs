@@ -41,6 +41,8 @@ pub fn client(connect_timeout: Duration) -> UpstreamClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
+        // The proxy sets Host itself.
+        .set_host(false)
         .build(connector)
 }
 
@@ -95,18 +97,30 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
 }
 
 /// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        remove_connection_named(headers);
+    }
+    for h in &HOP_BY_HOP {
+        if headers.contains_key(h) {
+            headers.remove(h);
+        }
+    }
+}
+
+/// Headers the `Connection` header names are hop-by-hop too.
+fn remove_connection_named(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -116,9 +130,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for n in named {
         headers.remove(n);
-    }
-    for h in HOP_BY_HOP {
-        headers.remove(h);
     }
 }
 
@@ -198,7 +209,7 @@ async fn handle_inner(
     };
     let header_model = parts
         .headers
-        .get(spec.model_header.as_str())
+        .get(&shared.model_header)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let route = match route::route(
@@ -250,7 +261,7 @@ async fn handle_inner(
     };
     let priority = parts
         .headers
-        .get(spec.priority_header.as_str())
+        .get(&shared.priority_header)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| match v.trim().to_ascii_lowercase().as_str() {
             "critical" => Some(Priority::Critical),
@@ -269,26 +280,27 @@ async fn handle_inner(
         }
     };
 
-    let mut headers = parts.headers.clone();
+    let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     let path_and_query = parts
         .uri
         .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let mut tried = Vec::new();
     loop {
-        let uri = format!("http://{}{}", permit.endpoint.authority, path_and_query);
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(http::uri::Scheme::HTTP);
+        uri.authority = Some(permit.endpoint.uri_authority().clone());
+        uri.path_and_query = Some(path_and_query.clone());
         let mut up = Request::new(Full::new(bytes.clone()));
         *up.method_mut() = parts.method.clone();
         *up.headers_mut() = headers.clone();
-        if let (Ok(u), Ok(host)) = (
-            uri.parse::<http::Uri>(),
-            HeaderValue::from_str(&permit.endpoint.authority),
-        ) {
+        if let Ok(u) = http::Uri::from_parts(uri) {
             *up.uri_mut() = u;
-            up.headers_mut().insert(header::HOST, host);
         }
+        up.headers_mut()
+            .insert(header::HOST, permit.endpoint.host_header().clone());
         let sent = tokio::time::timeout(spec.limits.request_timeout, client.request(up)).await;
         match sent {
             Ok(Ok(resp)) => {

@@ -146,6 +146,10 @@ pub struct Shared {
     pub signals: broadcast::Sender<ScaleSignal>,
     /// No new requests once set.
     pub shutting_down: AtomicBool,
+    /// The header that names the model (parsed once).
+    pub model_header: http::HeaderName,
+    /// The header that sets the priority class (parsed once).
+    pub priority_header: http::HeaderName,
     next_waiter: AtomicU64,
     origin: Instant,
 }
@@ -189,7 +193,15 @@ impl Shared {
                 (m.name.clone(), state)
             })
             .collect();
+        let header = |name: &str, fallback: &'static str| {
+            http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                .unwrap_or_else(|_| http::HeaderName::from_static(fallback))
+        };
+        let model_header = header(&settings.spec.model_header, "x-gpuscale-model");
+        let priority_header = header(&settings.spec.priority_header, "x-gpuscale-priority");
         let shared = Arc::new(Shared {
+            model_header,
+            priority_header,
             settings,
             models,
             metrics,
