@@ -320,3 +320,51 @@ fn plan_with_bad_inputs_fails_cleanly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a plan in JSON"));
 }
+
+#[test]
+fn gateway_config_problems_are_located_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  models:\n    - name: m\n      replicas: [\"http://127.0.0.1:1/v1\"]\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = gpuscale(&["gateway", "--config", path]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{path}:8:18: spec.models[0].replicas[0]: `http://127.0.0.1:1/v1`: an endpoint has no path"
+        )),
+        "{stderr}"
+    );
+    // `validate` checks gateway files with the same loader.
+    let out = gpuscale(&["validate", path]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains(":8:18: spec.models[0].replicas[0]"));
+    // An unknown field, located.
+    std::fs::write(
+        &file,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  limits:\n    maxBodyByte: 10\n",
+    )
+    .unwrap();
+    let out = gpuscale(&["gateway", "--config", path]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(":7:5: spec.limits.maxBodyByte: unknown field `maxBodyByte`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn validate_examples_checks_the_gateway_config_too() {
+    let out = gpuscale(&["validate", "examples/"]);
+    assert!(
+        stdout(&out).contains("gateway `local`: traffic 127.0.0.1:8080, admin 127.0.0.1:9090"),
+        "{}",
+        stdout(&out)
+    );
+}

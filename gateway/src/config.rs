@@ -296,9 +296,7 @@ impl Endpoint {
     /// paths are not: the gateway talks plain HTTP/1.1 to model servers in
     /// the cluster network).
     pub fn parse(s: &str) -> Result<Endpoint, String> {
-        let uri: http::Uri = s
-            .parse()
-            .map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+        let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
         if uri.scheme_str() != Some("http") {
             return Err(format!("`{s}`: only http:// endpoints are supported"));
         }
@@ -311,8 +309,8 @@ impl Endpoint {
         if !matches!(uri.path(), "" | "/") {
             return Err(format!("`{s}`: an endpoint has no path"));
         }
-        let host = http::HeaderValue::from_str(authority.as_str())
-            .map_err(|e| format!("`{s}`: {e}"))?;
+        let host =
+            http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("`{s}`: {e}"))?;
         Ok(Endpoint(std::sync::Arc::new(EndpointInner {
             authority: authority.as_str().to_string(),
             uri_authority: authority.clone(),
@@ -451,7 +449,9 @@ impl Settings {
             ("priorityHeader", &spec.priority_header),
         ] {
             if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
-                return Err(format!("spec.{field}: `{value}` is not a valid header name"));
+                return Err(format!(
+                    "spec.{field}: `{value}` is not a valid header name"
+                ));
             }
         }
         if spec.workers == Some(0) {

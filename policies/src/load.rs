@@ -73,6 +73,9 @@ pub struct Bundle {
     pub jobs: Vec<TrainingJob>,
     /// Wanted replicas per model policy name, if a `Demand` document was given.
     pub demand: Option<BTreeMap<String, u32>>,
+    /// Files holding a `kind: Gateway` document: read and checked by the
+    /// gateway's own loader, not here.
+    pub gateways: Vec<PathBuf>,
 }
 
 /// A `kind: Demand` spec: the replica count wanted per model policy.
@@ -190,6 +193,9 @@ enum Parsed {
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
     Demand(DemandSpec),
+    /// A kind another command reads (`Gateway`): its file is listed in
+    /// [`Bundle::gateways`] for that command's own validation.
+    Gateway,
 }
 
 fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
@@ -245,13 +251,16 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             named(&env.metadata)?;
             Ok(Parsed::Demand(env.spec))
         }
+        Some("Gateway") => Ok(Parsed::Gateway),
         Some(other) => Err(doc.problem(
             "kind",
-            format!("unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster or Demand"),
+            format!(
+                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand or Gateway"
+            ),
         )),
         None => Err(doc.problem(
             "kind",
-            "missing field `kind` (ModelPolicy, TrainingJob, Cluster or Demand)",
+            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand or Gateway)",
         )),
     }
 }
@@ -350,7 +359,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
             Parsed::Job(n, _) => n.clone(),
-            Parsed::Cluster(..) | Parsed::Demand(..) => continue,
+            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway => continue,
         };
         if let Some((file, line)) = names.get(&name) {
             problems.push(doc.problem(
@@ -386,9 +395,16 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Cluster(..) | Parsed::Demand(..) => {}
+            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway => {}
         }
     }
+
+    let mut gateways: Vec<PathBuf> = parsed
+        .iter()
+        .filter(|(_, p)| matches!(p, Parsed::Gateway))
+        .map(|(doc, _)| doc.file.clone())
+        .collect();
+    gateways.dedup();
 
     // Demand: at most one document; every name a loaded model policy.
     let mut demand: Option<BTreeMap<String, u32>> = None;
@@ -425,6 +441,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             models,
             jobs,
             demand,
+            gateways,
         })
     } else {
         problems.sort();

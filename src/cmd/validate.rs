@@ -21,13 +21,29 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match load_paths(&args.paths) {
         Ok(bundle) => {
+            // Gateway files are checked by the gateway's own loader (which
+            // also reads the policies they name).
+            let mut gateways = Vec::new();
+            let mut problems = Vec::new();
+            for file in &bundle.gateways {
+                match gpuscale_gateway::config::load(file) {
+                    Ok(settings) => gateways.push(settings),
+                    Err(p) => problems.extend(p.0),
+                }
+            }
+            if !problems.is_empty() {
+                let lines: String = problems.iter().map(|p| format!("{p}\n")).collect();
+                super::emit(&lines)?;
+                eprintln!("{} problem(s) found", problems.len());
+                return Ok(ExitCode::from(1));
+            }
             tracing::info!(
                 models = bundle.models.len(),
                 jobs = bundle.jobs.len(),
                 "validated"
             );
             if !args.quiet {
-                super::emit(&summary(&bundle))?;
+                super::emit(&summary(&bundle, &gateways))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -40,7 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn summary(bundle: &Bundle) -> String {
+fn summary(bundle: &Bundle, gateways: &[gpuscale_gateway::Settings]) -> String {
     let mut out = String::new();
     match &bundle.cluster {
         Some(c) => out.push_str(&format!(
@@ -87,6 +103,15 @@ fn summary(bundle: &Bundle) -> String {
             j.gpu_models.join(", "),
             j.spec.topology.level,
             j.spec.topology.mode
+        ));
+    }
+    for g in gateways {
+        out.push_str(&format!(
+            "gateway `{}`: traffic {}, admin {}, {} models\n",
+            g.name,
+            g.spec.listen,
+            g.spec.admin,
+            g.models.len()
         ));
     }
     out.push_str("ok\n");
