@@ -1,0 +1,559 @@
+//! The recommender: observations of one model → a replica count and a
+//! sentence saying why. Pure: no clock reads (`now` is passed in, as time
+//! since any fixed epoch), no I/O; everything it remembers between calls is
+//! in [`State`], which the caller owns.
+//!
+//! One call, in order:
+//! 1. **Missing data** (a failed read): hold; after `fallback_after`
+//!    consecutive failures go to the fallback replicas if configured.
+//!    Never to zero on missing data.
+//! 2. **Demand**: queue depth (waiting + in flight) ÷ the per-replica
+//!    target, and arrival rate × observed service time (Little's law) ÷ the
+//!    same target; the larger. **Predictive**: Holt's linear trend on the
+//!    arrival rate, forecast `startupTime` ahead, can only add. **SLO**: a
+//!    p95 (queue wait, time to first token, latency) over its target adds
+//!    capacity in proportion (at most ×2); one within 80 % of its target
+//!    blocks scale-down.
+//! 3. **Activation** (KEDA): at zero, activate only when the queue is
+//!    strictly above `activationQueueDepth`, and then to the size the queue
+//!    asks for, not 1. To zero only when `minReplicas` is 0 and the model
+//!    has been idle (at or under the activation threshold) for
+//!    `scaleToZeroAfter`.
+//! 4. **Panic** (Knative): demand ≥ `panic_threshold` × current capacity
+//!    starts panic: scale up at once, past the rate limits; no scale-down
+//!    until demand has stayed under the threshold for `stable_window`.
+//! 5. **HPA**: tolerance band around the current count, then
+//!    stabilisation (scale-up: min over its window; scale-down: max over its
+//!    window) and rate policies (Pods / Percent per period, `selectPolicy`
+//!    Max / Min / Disabled), then `minReplicas`..`maxReplicas`.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use gpuscale_policies::model::{Model, RatePolicyType, ResolvedRules, SelectPolicy};
+use serde::{Deserialize, Serialize};
+
+/// What the gateway reports about one model at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Requests waiting in the gateway's queue.
+    pub waiting: f64,
+    /// Requests on replicas.
+    pub in_flight: f64,
+    /// Arrivals per second over the short window (1 s).
+    pub arrival_rate: f64,
+    /// Mean time a request holds a replica slot, seconds (p50 latency is a
+    /// fine estimate); `None` until measured.
+    pub service_time: Option<f64>,
+    /// p95 queue wait.
+    pub queue_wait_p95: Option<Duration>,
+    /// p95 time to first token.
+    pub ttft_p95: Option<Duration>,
+    /// p95 latency.
+    pub latency_p95: Option<Duration>,
+}
+
+/// The recommender's own settings (the policy's `scaling` holds the
+/// per-model ones).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Tuning {
+    /// No change while desired ÷ current stays within 1 ± this (HPA: 0.1).
+    pub tolerance: f64,
+    /// Demand over this many times current capacity starts panic
+    /// (Knative: 2).
+    pub panic_threshold: f64,
+    /// Panic ends once demand has stayed under the threshold this long
+    /// (Knative's stable window: 60 s).
+    #[serde(with = "humantime_serde")]
+    pub stable_window: Duration,
+    /// Consecutive failed reads before the fallback applies (KEDA's
+    /// `failureThreshold`: 3).
+    pub fallback_after: u32,
+    /// Replicas after `fallback_after` failures; `None`: hold.
+    pub fallback_replicas: Option<u32>,
+    /// Holt smoothing of the arrival-rate level (0–1).
+    pub forecast_alpha: f64,
+    /// Holt smoothing of the trend (0–1).
+    pub forecast_beta: f64,
+    /// Most that SLO feedback multiplies capacity by in one decision.
+    pub slo_max_step: f64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            tolerance: 0.1,
+            panic_threshold: 2.0,
+            stable_window: Duration::from_secs(60),
+            fallback_after: 3,
+            fallback_replicas: None,
+            forecast_alpha: 0.3,
+            forecast_beta: 0.1,
+            slo_max_step: 2.0,
+        }
+    }
+}
+
+/// Why the count is what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// HPA rules.
+    Normal,
+    /// Knative-style panic: up at once, never down.
+    Panic,
+    /// From zero, sized by the queue.
+    Activating,
+    /// To zero after the cooldown.
+    ScaledToZero,
+    /// Staying at zero.
+    Idle,
+    /// Holding on missing data.
+    Holding,
+    /// Fallback replicas after repeated missing data.
+    Fallback,
+}
+
+/// A decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// Replicas wanted.
+    pub replicas: u32,
+    /// Why, for a model owner.
+    pub reason: String,
+    /// Which rule set decided.
+    pub mode: Mode,
+}
+
+/// What the recommender remembers between calls.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    /// Replicas decided last (the "current" count the rules work from).
+    pub current: u32,
+    /// Recent raw recommendations (time, replicas), for stabilisation.
+    history: VecDeque<(Duration, u32)>,
+    /// Recent changes (time, +added / −removed), for rate policies.
+    events: VecDeque<(Duration, i64)>,
+    /// Panic: since when, and until when it lasts unless renewed.
+    panic: Option<(Duration, Duration)>,
+    /// Since when the model has been idle.
+    idle_since: Option<Duration>,
+    /// Consecutive failed reads.
+    failures: u32,
+    /// Holt's level and trend of the arrival rate, and when last updated.
+    forecast: Option<(f64, f64, Duration)>,
+}
+
+impl State {
+    /// State for a model running `current` replicas.
+    pub fn new(current: u32) -> Self {
+        State {
+            current,
+            ..State::default()
+        }
+    }
+
+    /// Whether panic is on.
+    pub fn in_panic(&self) -> bool {
+        self.panic.is_some()
+    }
+}
+
+/// `HH:MM:SS` of a time since the Unix epoch (UTC).
+pub fn clock(t: Duration) -> String {
+    let s = t.as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn ceil_u32(x: f64) -> u32 {
+    if x.is_finite() && x > 0.0 {
+        (x - 1e-9).ceil().min(f64::from(u32::MAX)) as u32
+    } else {
+        0
+    }
+}
+
+/// Decides the replica count. `observation` is `None` when the read
+/// failed.
+pub fn recommend(
+    observation: Option<&Observation>,
+    policy: &Model,
+    tuning: &Tuning,
+    state: &mut State,
+    now: Duration,
+) -> Recommendation {
+    let scaling = &policy.scaling;
+    let current = state.current;
+    let Some(obs) = observation else {
+        state.failures += 1;
+        let (replicas, mode, why) = match tuning.fallback_replicas {
+            Some(f) if state.failures >= tuning.fallback_after && current > 0 => (
+                f.max(1),
+                Mode::Fallback,
+                format!(
+                    "{} failed metric reads → fallback {} replicas",
+                    state.failures,
+                    f.max(1)
+                ),
+            ),
+            _ => (
+                current,
+                Mode::Holding,
+                format!(
+                    "{} failed metric read(s) → holding {current} replicas (never to zero on missing data)",
+                    state.failures
+                ),
+            ),
+        };
+        state.current = replicas;
+        return Recommendation {
+            replicas,
+            reason: why,
+            mode,
+        };
+    };
+    state.failures = 0;
+    let target = scaling.target_queue_depth.max(1e-9);
+    let depth = obs.waiting + obs.in_flight;
+    // Demand in requests (HPA's "total metric"): queue depth, Little's law
+    // on the arrival rate, and the forecast; replicas = total ÷ target.
+    let concurrency = obs.service_time.map(|w| obs.arrival_rate * w);
+    let by_queue = depth;
+    let by_rate = concurrency.unwrap_or(0.0);
+
+    // Holt's linear trend on the arrival rate.
+    let forecast_rate = update_forecast(state, tuning, obs.arrival_rate, now, scaling.startup_time);
+    let by_forecast = match (obs.service_time, forecast_rate) {
+        (Some(w), Some(f)) => f.max(0.0) * w,
+        _ => 0.0,
+    };
+    let mut total = by_queue.max(by_rate).max(by_forecast);
+    let mut why = format!(
+        "{} waiting + {} in flight over target {}/replica",
+        obs.waiting.round(),
+        obs.in_flight.round(),
+        trim(target)
+    );
+    if by_rate > by_queue && by_rate >= by_forecast {
+        let _ = write!(
+            why,
+            "; {:.1} req/s × {:.2} s = {:.1} in service",
+            obs.arrival_rate,
+            obs.service_time.unwrap_or(0.0),
+            concurrency.unwrap_or(0.0)
+        );
+    } else if by_forecast > by_queue.max(by_rate) {
+        let _ = write!(
+            why,
+            "; forecast {:.1} req/s in {}s",
+            forecast_rate.unwrap_or(0.0),
+            scaling.startup_time.as_secs()
+        );
+    }
+
+    // SLO feedback.
+    let slo = &policy.slo;
+    let pairs = [
+        ("queue wait", obs.queue_wait_p95, slo.queue_wait_p95),
+        ("TTFT", obs.ttft_p95, slo.ttft_p95),
+        ("latency", obs.latency_p95, slo.latency_p95),
+    ];
+    let mut slo_factor: f64 = 1.0;
+    let mut near_slo = false;
+    for (name, seen, goal) in pairs {
+        let (Some(seen), Some(goal)) = (seen, goal) else {
+            continue;
+        };
+        let ratio = seen.as_secs_f64() / goal.as_secs_f64().max(1e-9);
+        if ratio > 1.0 {
+            slo_factor = slo_factor.max(ratio.min(tuning.slo_max_step));
+            let _ = write!(
+                why,
+                "; p95 {name} {}ms over SLO {}ms",
+                seen.as_millis(),
+                goal.as_millis()
+            );
+        } else if ratio >= 0.8 {
+            near_slo = true;
+        }
+    }
+    if slo_factor > 1.0 && current > 0 {
+        total = total.max(f64::from(current) * target * slo_factor);
+    }
+    let demand = total / target;
+
+    // Idle tracking for scale to zero.
+    let active = depth > scaling.activation_queue_depth;
+    if active {
+        state.idle_since = None;
+    } else if state.idle_since.is_none() {
+        state.idle_since = Some(now);
+    }
+
+    // From zero: KEDA activation, sized by the queue.
+    if current == 0 {
+        state.history.clear();
+        if !active {
+            return finish(
+                state,
+                now,
+                0,
+                Mode::Idle,
+                format!(
+                    "{why} → stays at 0 (not above activation {})",
+                    trim(scaling.activation_queue_depth)
+                ),
+            );
+        }
+        let replicas =
+            ceil_u32(demand).clamp(1.max(scaling.min_replicas), scaling.max_replicas.max(1));
+        return finish(
+            state,
+            now,
+            replicas,
+            Mode::Activating,
+            format!("{why} → {replicas} replicas (activated from zero)"),
+        );
+    }
+
+    // To zero after the cooldown.
+    if scaling.min_replicas == 0
+        && let Some(since) = state.idle_since
+        && now.saturating_sub(since) >= scaling.scale_to_zero_after
+    {
+        state.panic = None;
+        return finish(
+            state,
+            now,
+            0,
+            Mode::ScaledToZero,
+            format!(
+                "{why} → 0 replicas (idle since {} for {}s)",
+                clock(since),
+                scaling.scale_to_zero_after.as_secs()
+            ),
+        );
+    }
+
+    let floor = scaling.min_replicas.max(1);
+    let raw = ceil_u32(demand).clamp(floor, scaling.max_replicas.max(floor));
+
+    // Panic.
+    let capacity = f64::from(current) * target;
+    if depth.max(concurrency.unwrap_or(0.0)) >= tuning.panic_threshold * capacity {
+        let since = state.panic.map_or(now, |(s, _)| s);
+        state.panic = Some((since, now + tuning.stable_window));
+    } else if let Some((_, until)) = state.panic
+        && now >= until
+    {
+        state.panic = None;
+    }
+    if let Some((since, _)) = state.panic {
+        let replicas = raw.max(current);
+        state.history.push_back((now, replicas));
+        return finish(
+            state,
+            now,
+            replicas,
+            Mode::Panic,
+            format!("{why} → {replicas} replicas (panic since {})", clock(since)),
+        );
+    }
+
+    // HPA: tolerance, stabilisation, rate limits, then min/max — in HPA's
+    // order, so a rate-limited scale-up past `maxReplicas` behaves as
+    // HPA's does.
+    // HPA's arithmetic exactly (the tolerance test sits on float
+    // boundaries): the per-replica metric over the target, times replicas.
+    let usage_ratio = (total / f64::from(current)) / target;
+    let mut desired = if (1.0 - usage_ratio).abs() <= tuning.tolerance {
+        current
+    } else {
+        let proposal = (usage_ratio * f64::from(current)).ceil();
+        if proposal.is_finite() && proposal > 0.0 {
+            proposal.min(f64::from(u32::MAX)) as u32
+        } else {
+            0
+        }
+    };
+    if near_slo && desired < current {
+        desired = current;
+        why.push_str("; near SLO, no scale-down");
+    }
+    let stabilized = stabilize(state, now, desired, &policy.scale_up, &policy.scale_down);
+    let limited = rate_limit(state, now, stabilized, &policy.scale_up, &policy.scale_down)
+        .clamp(floor, scaling.max_replicas.max(floor));
+    let desired = desired.clamp(floor, scaling.max_replicas.max(floor));
+    let mut reason = format!("{why} → {limited} replicas");
+    if limited != desired {
+        let _ = write!(
+            reason,
+            " ({desired} wanted; {})",
+            if stabilized != desired {
+                "stabilisation window"
+            } else {
+                "rate limit"
+            }
+        );
+    }
+    finish(state, now, limited, Mode::Normal, reason)
+}
+
+fn trim(x: f64) -> String {
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{}", x.round())
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn finish(
+    state: &mut State,
+    now: Duration,
+    replicas: u32,
+    mode: Mode,
+    reason: String,
+) -> Recommendation {
+    let change = i64::from(replicas) - i64::from(state.current);
+    if change != 0 {
+        state.events.push_back((now, change));
+    }
+    state.current = replicas;
+    // Nothing older than an hour matters to any window.
+    let horizon = now.saturating_sub(Duration::from_secs(3600));
+    while state.history.front().is_some_and(|(t, _)| *t < horizon) {
+        state.history.pop_front();
+    }
+    while state.events.front().is_some_and(|(t, _)| *t < horizon) {
+        state.events.pop_front();
+    }
+    Recommendation {
+        replicas,
+        reason,
+        mode,
+    }
+}
+
+/// Holt's linear trend, updated with this observation; returns the rate
+/// forecast `ahead` from now (`None` before two observations).
+fn update_forecast(
+    state: &mut State,
+    tuning: &Tuning,
+    rate: f64,
+    now: Duration,
+    ahead: Duration,
+) -> Option<f64> {
+    match state.forecast {
+        None => {
+            state.forecast = Some((rate, 0.0, now));
+            None
+        }
+        Some((level, trend, at)) => {
+            let dt = now.saturating_sub(at).as_secs_f64();
+            if dt <= 0.0 {
+                return Some(level + trend * ahead.as_secs_f64());
+            }
+            let (a, b) = (tuning.forecast_alpha, tuning.forecast_beta);
+            let predicted = level + trend * dt;
+            let new_level = a * rate + (1.0 - a) * predicted;
+            // Trend per second.
+            let new_trend = b * (new_level - level) / dt + (1.0 - b) * trend;
+            state.forecast = Some((new_level, new_trend, now));
+            Some(new_level + new_trend * ahead.as_secs_f64())
+        }
+    }
+}
+
+/// HPA's stabilisation: the recommendation is at least the min of those in
+/// the scale-up window and at most the max of those in the scale-down
+/// window (both including this one), starting from the current count.
+fn stabilize(
+    state: &mut State,
+    now: Duration,
+    desired: u32,
+    up: &ResolvedRules,
+    down: &ResolvedRules,
+) -> u32 {
+    let mut up_rec = desired;
+    let mut down_rec = desired;
+    for &(t, r) in &state.history {
+        if now.saturating_sub(t) < up.stabilization_window {
+            up_rec = up_rec.min(r);
+        }
+        if now.saturating_sub(t) < down.stabilization_window {
+            down_rec = down_rec.max(r);
+        }
+    }
+    state.history.push_back((now, desired));
+    let mut rec = state.current;
+    if rec < up_rec {
+        rec = up_rec;
+    }
+    if rec > down_rec {
+        rec = down_rec;
+    }
+    rec
+}
+
+/// HPA's rate policies for the direction of the change.
+fn rate_limit(
+    state: &State,
+    now: Duration,
+    desired: u32,
+    up: &ResolvedRules,
+    down: &ResolvedRules,
+) -> u32 {
+    let current = state.current;
+    let within = |period: Duration, sign: i64| -> i64 {
+        state
+            .events
+            .iter()
+            .filter(|(t, c)| now.saturating_sub(*t) < period && c.signum() == sign)
+            .map(|(_, c)| c.abs())
+            .sum()
+    };
+    let cur = i64::from(current);
+    if desired > current {
+        if up.select_policy == SelectPolicy::Disabled {
+            return current;
+        }
+        let limits = up.policies.iter().map(|p| {
+            let start = cur - within(p.period, 1) + within(p.period, -1);
+            match p.kind {
+                RatePolicyType::Pods => start + i64::from(p.value),
+                RatePolicyType::Percent => {
+                    (start as f64 * (1.0 + f64::from(p.value) / 100.0)).ceil() as i64
+                }
+            }
+        });
+        let limit = match up.select_policy {
+            SelectPolicy::Min => limits.min(),
+            _ => limits.max(),
+        }
+        .unwrap_or(i64::MAX);
+        desired.min(limit.clamp(0, i64::from(u32::MAX)) as u32)
+    } else if desired < current {
+        if down.select_policy == SelectPolicy::Disabled {
+            return current;
+        }
+        let limits = down.policies.iter().map(|p| {
+            let start = cur + within(p.period, -1) - within(p.period, 1);
+            match p.kind {
+                RatePolicyType::Pods => start - i64::from(p.value),
+                RatePolicyType::Percent => {
+                    (start as f64 * (1.0 - f64::from(p.value) / 100.0)) as i64
+                }
+            }
+        });
+        let limit = match down.select_policy {
+            SelectPolicy::Min => limits.max(),
+            _ => limits.min(),
+        }
+        .unwrap_or(i64::MIN);
+        desired.max(limit.clamp(0, i64::from(u32::MAX)) as u32)
+    } else {
+        desired
+    }
+}
