@@ -39,6 +39,9 @@ enum Command {
     /// Run the gateway: per-model routing, admission queue, queue-depth
     /// metrics (`--config FILE`, see examples/gateway.yaml).
     Gateway(cmd::gateway::Args),
+    /// Run the autoscaler: queue- and SLO-driven replica counts, applied on
+    /// the local backend (`--config FILE`, see examples/local/autoscaler.yaml).
+    Autoscaler(cmd::autoscaler::Args),
     /// Run a simulated OpenAI-compatible model server (for trying the
     /// gateway, tests and benchmarks).
     SimServer(cmd::sim_server::Args),
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Catalog(args) => cmd::catalog::run(&args),
         Command::Gateway(args) => cmd::gateway::run(&args),
         Command::SimServer(args) => cmd::sim_server::run(&args),
+        Command::Autoscaler(args) => cmd::autoscaler::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -12,6 +12,11 @@
 //!
 //! What it never does in [`recommend`]: read a clock or do I/O.
 
+pub mod admin;
+pub mod config;
+pub mod controller;
+pub mod local;
+pub mod observe;
 pub mod recommend;
 
 pub use recommend::{Mode, Observation, Recommendation, State, Tuning, recommend};

@@ -144,6 +144,8 @@ pub struct State {
     failures: u32,
     /// Holt's level and trend of the arrival rate, and when last updated.
     forecast: Option<(f64, f64, Duration)>,
+    /// How far back the windows and rate periods reach.
+    horizon: Duration,
 }
 
 impl State {
@@ -186,6 +188,14 @@ pub fn recommend(
 ) -> Recommendation {
     let scaling = &policy.scaling;
     let current = state.current;
+    state.horizon = [&policy.scale_up, &policy.scale_down]
+        .iter()
+        .flat_map(|r| {
+            std::iter::once(r.stabilization_window).chain(r.policies.iter().map(|p| p.period))
+        })
+        .max()
+        .unwrap_or_default()
+        .max(Duration::from_secs(1));
     let Some(obs) = observation else {
         state.failures += 1;
         let (replicas, mode, why) = match tuning.fallback_replicas {
@@ -244,7 +254,7 @@ pub fn recommend(
             obs.service_time.unwrap_or(0.0),
             concurrency.unwrap_or(0.0)
         );
-    } else if by_forecast > by_queue.max(by_rate) {
+    } else if by_forecast > by_queue.max(by_rate) && by_forecast >= 1.0 {
         let _ = write!(
             why,
             "; forecast {:.1} req/s in {}s",

@@ -492,6 +492,7 @@ impl Shared {
                     },
                     queue_wait_p50_ms: ms(s.queue_wait.quantile(now, 0.5)),
                     queue_wait_p95_ms: ms(s.queue_wait.quantile(now, 0.95)),
+                    latency_p50_ms: ms(s.latency.quantile(now, 0.5)),
                     latency_p95_ms: ms(s.latency.quantile(now, 0.95)),
                     ttft_p95_ms: ms(s.ttft.quantile(now, 0.95)),
                     ..view
@@ -604,6 +605,8 @@ pub struct QueueView {
     pub queue_wait_p50_ms: Option<f64>,
     /// Queue wait p95, ms.
     pub queue_wait_p95_ms: Option<f64>,
+    /// Upstream latency p50, ms (the autoscaler's service-time estimate).
+    pub latency_p50_ms: Option<f64>,
     /// Upstream latency p95, ms.
     pub latency_p95_ms: Option<f64>,
     /// Time to first token p95, ms (streams).

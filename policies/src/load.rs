@@ -76,6 +76,9 @@ pub struct Bundle {
     /// Files holding a `kind: Gateway` document: read and checked by the
     /// gateway's own loader, not here.
     pub gateways: Vec<PathBuf>,
+    /// Files holding a `kind: Autoscaler` document (the autoscaler's
+    /// loader checks them).
+    pub autoscalers: Vec<PathBuf>,
 }
 
 /// A `kind: Demand` spec: the replica count wanted per model policy.
@@ -193,9 +196,10 @@ enum Parsed {
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
     Demand(DemandSpec),
-    /// A kind another command reads (`Gateway`): its file is listed in
-    /// [`Bundle::gateways`] for that command's own validation.
+    /// A kind another command reads (`Gateway`, `Autoscaler`): its file is
+    /// listed in the bundle for that command's own validation.
     Gateway,
+    Autoscaler,
 }
 
 fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
@@ -252,15 +256,16 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             Ok(Parsed::Demand(env.spec))
         }
         Some("Gateway") => Ok(Parsed::Gateway),
+        Some("Autoscaler") => Ok(Parsed::Autoscaler),
         Some(other) => Err(doc.problem(
             "kind",
             format!(
-                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand or Gateway"
+                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand, Gateway or Autoscaler"
             ),
         )),
         None => Err(doc.problem(
             "kind",
-            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand or Gateway)",
+            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand, Gateway or Autoscaler)",
         )),
     }
 }
@@ -359,7 +364,9 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
             Parsed::Job(n, _) => n.clone(),
-            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway => continue,
+            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway | Parsed::Autoscaler => {
+                continue;
+            }
         };
         if let Some((file, line)) = names.get(&name) {
             problems.push(doc.problem(
@@ -395,7 +402,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway => {}
+            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway | Parsed::Autoscaler => {}
         }
     }
 
@@ -405,6 +412,12 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         .map(|(doc, _)| doc.file.clone())
         .collect();
     gateways.dedup();
+    let mut autoscalers: Vec<PathBuf> = parsed
+        .iter()
+        .filter(|(_, p)| matches!(p, Parsed::Autoscaler))
+        .map(|(doc, _)| doc.file.clone())
+        .collect();
+    autoscalers.dedup();
 
     // Demand: at most one document; every name a loaded model policy.
     let mut demand: Option<BTreeMap<String, u32>> = None;
@@ -442,6 +455,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             jobs,
             demand,
             gateways,
+            autoscalers,
         })
     } else {
         problems.sort();

@@ -33,6 +33,10 @@ pub struct Args {
     /// Prompt tokens per second.
     #[arg(long)]
     pub prefill_tps: Option<f64>,
+    /// Exit when standard input closes: a parent that starts the server
+    /// with a pipe takes it down when it exits, however it exits.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
 }
 
 /// Runs the command until SIGINT/SIGTERM.
@@ -60,7 +64,19 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         println!("sim-server: listening on http://{}", server.addr);
-        super::shutdown_signal().await;
+        let lifeline = async {
+            if args.exit_with_stdin {
+                let mut sink = Vec::new();
+                let _ =
+                    tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = super::shutdown_signal() => {}
+            _ = lifeline => {}
+        }
         server.stop().await;
         Ok(ExitCode::SUCCESS)
     })

@@ -31,6 +31,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     Err(p) => problems.extend(p.0),
                 }
             }
+            let mut autoscalers = Vec::new();
+            for file in &bundle.autoscalers {
+                match gpuscale_autoscaler::config::load(file) {
+                    Ok(settings) => autoscalers.push(settings),
+                    Err(p) => problems.extend(p.0),
+                }
+            }
             if !problems.is_empty() {
                 let lines: String = problems.iter().map(|p| format!("{p}\n")).collect();
                 super::emit(&lines)?;
@@ -43,7 +50,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 "validated"
             );
             if !args.quiet {
-                super::emit(&summary(&bundle, &gateways))?;
+                super::emit(&summary(&bundle, &gateways, &autoscalers))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -56,7 +63,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn summary(bundle: &Bundle, gateways: &[gpuscale_gateway::Settings]) -> String {
+fn summary(
+    bundle: &Bundle,
+    gateways: &[gpuscale_gateway::Settings],
+    autoscalers: &[gpuscale_autoscaler::config::Settings],
+) -> String {
     let mut out = String::new();
     match &bundle.cluster {
         Some(c) => out.push_str(&format!(
@@ -112,6 +123,14 @@ fn summary(bundle: &Bundle, gateways: &[gpuscale_gateway::Settings]) -> String {
             g.spec.listen,
             g.spec.admin,
             g.models.len()
+        ));
+    }
+    for a in autoscalers {
+        out.push_str(&format!(
+            "autoscaler `{}`: {} models, admin {}\n",
+            a.name,
+            a.models.len(),
+            a.spec.admin
         ));
     }
     out.push_str("ok\n");

@@ -1,0 +1,62 @@
+//! The autoscaler's admin listener: `/metrics` (OpenMetrics), `/healthz`,
+//! and `/v1/decisions` (the last decision per model, with its sentence).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::controller::Report;
+
+/// Binds `addr`; serves until `shutdown` turns true. Returns the bound
+/// address and the serving task.
+pub async fn serve(
+    addr: SocketAddr,
+    report: Report,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let report = report.clone();
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                            let report = report.clone();
+                            async move {
+                                let (status, kind, body) = match req.uri().path() {
+                                    "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
+                                    "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+                                    "/v1/decisions" => (
+                                        StatusCode::OK,
+                                        "application/json",
+                                        serde_json::to_string(&report.decisions()).unwrap_or_default(),
+                                    ),
+                                    _ => (StatusCode::NOT_FOUND, "text/plain", "admin endpoints: /metrics, /healthz, /v1/decisions\n".to_string()),
+                                };
+                                let mut r = Response::new(Full::new(Bytes::from(body)));
+                                *r.status_mut() = status;
+                                r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
+                                Ok::<_, Infallible>(r)
+                            }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    });
+    Ok((bound, task))
+}

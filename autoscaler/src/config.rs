@@ -1,0 +1,183 @@
+//! The autoscaler's configuration file (`kind: Autoscaler`), loaded with
+//! every error located at file, line, column and field.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuscale_policies::document::{self, Problem};
+use gpuscale_policies::load::{self, Problems};
+use gpuscale_policies::{Cluster, Model};
+use serde::{Deserialize, Serialize};
+
+use crate::recommend::Tuning;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AutoscalerDoc {
+    #[serde(rename = "apiVersion")]
+    _api_version: String,
+    #[serde(rename = "kind")]
+    _kind: String,
+    metadata: load::Metadata,
+    spec: AutoscalerSpec,
+}
+
+/// `spec` of a `kind: Autoscaler` document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoscalerSpec {
+    /// Model policy files or directories (relative to this file).
+    pub policies: Vec<PathBuf>,
+    /// The cluster file (relative to this file): with it, every change is
+    /// packed (incrementally) and replicas that fit no GPU are not started.
+    #[serde(default)]
+    pub cluster: Option<PathBuf>,
+    /// Where the signals come from.
+    pub gateway: GatewayRef,
+    /// Decision interval when nothing pushes an event.
+    #[serde(default = "one_second", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Admin listener: `/metrics`, `/healthz`, `/v1/decisions`.
+    #[serde(default = "default_admin")]
+    pub admin: SocketAddr,
+    /// Recommender tuning (HPA tolerance, panic, fallback, forecast).
+    #[serde(default)]
+    pub tuning: Tuning,
+    /// Local backend settings.
+    #[serde(default)]
+    pub local: LocalSpec,
+}
+
+fn one_second() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9091))
+}
+
+/// The gateway the autoscaler watches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayRef {
+    /// A gateway config file (relative to this file): the gateway runs in
+    /// the same process (the embedded default).
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// The admin URL of a gateway running elsewhere
+    /// (`http://host:port`).
+    #[serde(default)]
+    pub admin: Option<String>,
+}
+
+/// How the local backend runs replicas.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalSpec {
+    /// Simulated server profile (`instant`, `small`, `tiny`).
+    pub profile: String,
+    /// Start-up delay of a replica; default: the policy's `startupTime`.
+    #[serde(with = "humantime_serde::option")]
+    pub startup_time: Option<Duration>,
+    /// Time a removed replica gets to finish its requests.
+    #[serde(with = "humantime_serde")]
+    pub drain_time: Duration,
+    /// Most replicas of one model the local machine runs.
+    pub max_replicas_per_model: u32,
+}
+
+impl Default for LocalSpec {
+    fn default() -> Self {
+        LocalSpec {
+            profile: "small".into(),
+            startup_time: None,
+            drain_time: Duration::from_secs(5),
+            max_replicas_per_model: 16,
+        }
+    }
+}
+
+/// Everything the autoscaler runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `metadata.name`.
+    pub name: String,
+    /// The spec, with paths resolved against the file's folder.
+    pub spec: AutoscalerSpec,
+    /// The validated models.
+    pub models: Vec<Model>,
+    /// The cluster, when given.
+    pub cluster: Option<Cluster>,
+}
+
+fn problem_at_start(path: &Path, message: String) -> Problems {
+    Problems(vec![Problem {
+        file: path.to_path_buf(),
+        position: document::Position { line: 1, column: 1 },
+        path: String::new(),
+        message,
+    }])
+}
+
+/// Loads a `kind: Autoscaler` file, the policies and the cluster it names.
+pub fn load(path: &Path) -> Result<Settings, Problems> {
+    let text = load::read(path).map_err(|p| Problems(vec![p]))?;
+    let docs = document::parse(path, &text).map_err(|p| Problems(vec![p]))?;
+    let [doc] = docs.as_slice() else {
+        return Err(problem_at_start(
+            path,
+            format!(
+                "expected one `kind: Autoscaler` document, found {}",
+                docs.len()
+            ),
+        ));
+    };
+    if doc.kind() != Some("Autoscaler") {
+        return Err(Problems(vec![doc.problem("kind", "expected `Autoscaler`")]));
+    }
+    let parsed: AutoscalerDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+    let mut spec = parsed.spec;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    match (&spec.gateway.config, &spec.gateway.admin) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(Problems(vec![doc.problem(
+                "spec.gateway",
+                "give exactly one of `config` (run the gateway here) and `admin` (watch a gateway elsewhere)",
+            )]));
+        }
+        _ => {}
+    }
+    if !known_profile(&spec.local.profile) {
+        return Err(Problems(vec![doc.problem(
+            "spec.local.profile",
+            format!(
+                "unknown profile `{}`; expected instant, small or tiny",
+                spec.local.profile
+            ),
+        )]));
+    }
+    spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
+    spec.cluster = spec.cluster.as_ref().map(|p| dir.join(p));
+    spec.gateway.config = spec.gateway.config.as_ref().map(|p| dir.join(p));
+    let mut paths = spec.policies.clone();
+    paths.extend(spec.cluster.iter().cloned());
+    let bundle = load::load_paths(&paths)?;
+    if bundle.models.is_empty() {
+        return Err(Problems(vec![
+            doc.problem("spec.policies", "no model policy found there"),
+        ]));
+    }
+    Ok(Settings {
+        name: parsed.metadata.name,
+        spec,
+        models: bundle.models,
+        cluster: bundle.cluster,
+    })
+}
+
+/// The profiles the simulated server knows (kept in step with
+/// `gpuscale sim-server --profile`).
+fn known_profile(p: &str) -> bool {
+    matches!(p, "instant" | "small" | "tiny")
+}

@@ -1,0 +1,349 @@
+//! The controller: the thin async shell around [`recommend`]. It watches
+//! the gateway (the push stream for sub-second reaction, a pull every
+//! `interval` otherwise), decides per model, packs the new replica counts
+//! incrementally when a cluster is given (a replica that fits no GPU is not
+//! started), and applies them through the local backend. Its decisions are
+//! exported as metrics and at `/v1/decisions` on its admin port.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gpuscale_packer::{PackOptions, Plan, pack};
+use gpuscale_policies::Model;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::Settings;
+use crate::local::LocalBackend;
+use crate::observe::{Event, GatewayClient, observations};
+use crate::recommend::{Mode, State, recommend};
+
+/// Decisions on stream events are at most this frequent (ticks always
+/// decide).
+const MIN_EVENT_GAP: Duration = Duration::from_millis(100);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    model: String,
+    mode: String,
+}
+
+/// The autoscaler's metrics (prefix `gpuscale_autoscaler_`).
+#[derive(Clone)]
+struct Metrics {
+    desired: Family<ModelLabel, Gauge>,
+    ready: Family<ModelLabel, Gauge>,
+    decisions: Family<ModeLabels, Counter>,
+    panic: Family<ModelLabel, Gauge>,
+    signal_to_decision: Histogram,
+}
+
+impl Metrics {
+    fn new() -> (Metrics, Registry) {
+        let m = Metrics {
+            desired: Family::default(),
+            ready: Family::default(),
+            decisions: Family::default(),
+            panic: Family::default(),
+            signal_to_decision: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+        };
+        let mut r = Registry::with_prefix("gpuscale_autoscaler");
+        r.register(
+            "desired_replicas",
+            "Replicas the autoscaler wants",
+            m.desired.clone(),
+        );
+        r.register(
+            "ready_replicas",
+            "Replicas registered and serving",
+            m.ready.clone(),
+        );
+        r.register(
+            "decisions",
+            "Decisions that changed the replica count, by mode",
+            m.decisions.clone(),
+        );
+        r.register(
+            "panic",
+            "1 while the model is in panic mode",
+            m.panic.clone(),
+        );
+        r.register(
+            "signal_to_decision_seconds",
+            "Time from a gateway event to the decision it caused",
+            m.signal_to_decision.clone(),
+        );
+        (m, r)
+    }
+}
+
+/// One model's last decision, for `/v1/decisions`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionView {
+    /// Replicas wanted.
+    pub desired: u32,
+    /// Replicas serving.
+    pub ready: u32,
+    /// The rule set that decided.
+    pub mode: Mode,
+    /// The sentence.
+    pub reason: String,
+    /// When (HH:MM:SS UTC).
+    pub at: String,
+}
+
+/// What the admin listener shows.
+#[derive(Clone)]
+pub struct Report {
+    registry: Arc<Registry>,
+    decisions: Arc<Mutex<BTreeMap<String, DecisionView>>>,
+}
+
+impl Report {
+    /// OpenMetrics text.
+    pub fn metrics(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The last decision per model.
+    pub fn decisions(&self) -> BTreeMap<String, DecisionView> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// The controller with the local backend.
+pub struct Controller {
+    settings: Settings,
+    gateway: GatewayClient,
+    backend: LocalBackend,
+    states: BTreeMap<String, State>,
+    plan: Option<Plan>,
+    metrics: Metrics,
+    report: Report,
+    last_decision: Option<Instant>,
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+impl Controller {
+    /// A controller over these settings, watching `gateway`, acting
+    /// through `backend`. Models start at zero replicas when their
+    /// `minReplicas` is 0, else at `minReplicas`.
+    pub fn new(settings: Settings, gateway: GatewayClient, mut backend: LocalBackend) -> Self {
+        let (metrics, registry) = Metrics::new();
+        let mut states = BTreeMap::new();
+        for m in &settings.models {
+            let start = m.scaling.min_replicas;
+            backend.scale(m, start);
+            states.insert(m.name.clone(), State::new(start));
+            metrics
+                .desired
+                .get_or_create(&ModelLabel {
+                    model: m.name.clone(),
+                })
+                .set(i64::from(start));
+        }
+        Controller {
+            settings,
+            gateway,
+            backend,
+            states,
+            plan: None,
+            metrics,
+            report: Report {
+                registry: Arc::new(registry),
+                decisions: Arc::new(Mutex::new(BTreeMap::new())),
+            },
+            last_decision: None,
+        }
+    }
+
+    /// What the admin listener serves.
+    pub fn report(&self) -> Report {
+        self.report.clone()
+    }
+
+    /// Runs until `shutdown` turns true, then stops every replica.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut stream = self.gateway.stream();
+        let mut tick = tokio::time::interval(self.settings.spec.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let view = self.gateway.queues().await;
+                    if let Err(e) = &view {
+                        tracing::warn!("{e}");
+                    }
+                    self.decide(view.ok().as_ref(), None);
+                }
+                event = stream.recv() => {
+                    let received = Instant::now();
+                    match event {
+                        Some(Event::Queues(v)) => {
+                            if self.last_decision.is_none_or(|t| t.elapsed() >= MIN_EVENT_GAP) {
+                                self.decide(Some(&v), Some(received));
+                            }
+                        }
+                        Some(Event::ScaleFromZero { model }) => {
+                            tracing::info!(%model, "scale-from-zero signal");
+                            if let Ok(v) = self.gateway.queues().await {
+                                self.decide(Some(&v), Some(received));
+                            }
+                        }
+                        None => {
+                            // The stream task ended: poll only.
+                            stream = self.gateway.stream();
+                        }
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+        }
+        self.backend.shutdown().await;
+    }
+
+    /// One decision round over every model. `view` is `None` when the
+    /// gateway could not be read.
+    fn decide(&mut self, view: Option<&serde_json::Value>, signal: Option<Instant>) {
+        let now = unix_now();
+        self.last_decision = Some(Instant::now());
+        let obs = view.map(observations);
+        let mut desired: BTreeMap<String, u32> = BTreeMap::new();
+        let mut recs = BTreeMap::new();
+        for m in &self.settings.models {
+            let o = obs.as_ref().and_then(|o| o.get(&m.served_name));
+            let state = self.states.entry(m.name.clone()).or_default();
+            let rec = recommend(o, m, &self.settings.spec.tuning, state, now);
+            desired.insert(m.name.clone(), rec.replicas);
+            recs.insert(m.name.clone(), rec);
+        }
+        let before = self.backend.desired();
+        let changed = self
+            .settings
+            .models
+            .iter()
+            .any(|m| before.get(&m.name).copied().unwrap_or(0) != desired[&m.name]);
+        if changed && let Some(cluster) = &self.settings.cluster {
+            self.place(cluster.clone(), &mut desired, &mut recs);
+        }
+        let ready = self.backend.ready();
+        let mut log = self
+            .report
+            .decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for m in &self.settings.models.clone() {
+            let rec = &recs[&m.name];
+            let want = desired[&m.name];
+            let label = ModelLabel {
+                model: m.name.clone(),
+            };
+            self.metrics
+                .panic
+                .get_or_create(&label)
+                .set(i64::from(rec.mode == Mode::Panic));
+            self.metrics
+                .ready
+                .get_or_create(&label)
+                .set(i64::from(ready.get(&m.name).copied().unwrap_or(0)));
+            if before.get(&m.name).copied().unwrap_or(0) != want {
+                tracing::info!(model = %m.name, replicas = want, mode = ?rec.mode, "{}", rec.reason);
+                self.backend.scale(m, want);
+                self.metrics
+                    .desired
+                    .get_or_create(&label)
+                    .set(i64::from(want));
+                self.metrics
+                    .decisions
+                    .get_or_create(&ModeLabels {
+                        model: m.name.clone(),
+                        mode: format!("{:?}", rec.mode).to_lowercase(),
+                    })
+                    .inc();
+                if let Some(t) = signal {
+                    self.metrics
+                        .signal_to_decision
+                        .observe(t.elapsed().as_secs_f64());
+                }
+            }
+            log.insert(
+                m.name.clone(),
+                DecisionView {
+                    desired: want,
+                    ready: ready.get(&m.name).copied().unwrap_or(0),
+                    mode: rec.mode,
+                    reason: rec.reason.clone(),
+                    at: crate::recommend::clock(now),
+                },
+            );
+        }
+    }
+
+    /// Packs the wanted counts from the last plan; a model whose replicas
+    /// do not all fit gets what was placed, and says why.
+    fn place(
+        &mut self,
+        cluster: gpuscale_policies::Cluster,
+        desired: &mut BTreeMap<String, u32>,
+        recs: &mut BTreeMap<String, crate::recommend::Recommendation>,
+    ) {
+        let current = match &self.plan {
+            Some(p) => p.apply_to(&cluster),
+            None => cluster,
+        };
+        let models: &[Model] = &self.settings.models;
+        match pack(&current, models, desired, &PackOptions::default()) {
+            Ok(plan) => {
+                for mp in &plan.models {
+                    if mp.placed < mp.wanted {
+                        let why = plan
+                            .unplaced
+                            .iter()
+                            .find(|u| u.model == mp.name)
+                            .map(|u| u.reason.clone())
+                            .unwrap_or_default();
+                        desired.insert(mp.name.clone(), mp.placed);
+                        if let Some(r) = recs.get_mut(&mp.name) {
+                            r.replicas = mp.placed;
+                            r.reason = format!("{}; only {} placed: {why}", r.reason, mp.placed);
+                        }
+                        if let Some(s) = self.states.get_mut(&mp.name) {
+                            s.current = mp.placed;
+                        }
+                    }
+                }
+                tracing::info!(
+                    gpus = plan.gpus_used,
+                    moves = plan.moves,
+                    reconfigured = plan.reconfigured_gpus,
+                    ms = plan.solve_ms,
+                    "placement"
+                );
+                self.plan = Some(plan);
+            }
+            Err(e) => tracing::error!("packing failed, counts applied unplaced: {e}"),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Signals from the gateway, over its admin API: `GET /v1/queues` (pull),
+//! `GET /v1/queues/stream` (push: every change and every scale-from-zero
+//! signal, for sub-second reaction), and the discovery calls the local
+//! backend makes (`POST` / `DELETE /v1/replicas`). [`observations`] turns a
+//! `/v1/queues` document into the recommender's [`Observation`]s (pure).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::mpsc;
+
+use crate::recommend::Observation;
+
+/// Why talking to the gateway failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    /// Transport or HTTP failure.
+    #[error("gateway {url}: {message}")]
+    Gateway {
+        /// What was asked.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// What the push stream delivers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A fresh `/v1/queues` document.
+    Queues(serde_json::Value),
+    /// A request for a model with no replica.
+    ScaleFromZero {
+        /// Served model name.
+        model: String,
+    },
+}
+
+/// Per served model name, the observation in a `/v1/queues` document.
+pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
+    let ms = |v: &serde_json::Value| v.as_f64().map(|x| Duration::from_secs_f64(x / 1e3));
+    view.get("models")
+        .and_then(|m| m.as_object())
+        .map(|models| {
+            models
+                .iter()
+                .map(|(name, q)| {
+                    let num = |k: &str| q.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+                    (
+                        name.clone(),
+                        Observation {
+                            waiting: num("waiting"),
+                            in_flight: num("in_flight"),
+                            arrival_rate: q
+                                .get("arrival_rate")
+                                .and_then(|r| r.get("1s"))
+                                .and_then(|v| v.as_f64())
+                                .unwrap_or(0.0),
+                            service_time: q
+                                .get("latency_p50_ms")
+                                .and_then(|v| v.as_f64())
+                                .map(|x| x / 1e3),
+                            queue_wait_p95: q.get("queue_wait_p95_ms").and_then(ms),
+                            ttft_p95: q.get("ttft_p95_ms").and_then(ms),
+                            latency_p95: q.get("latency_p95_ms").and_then(ms),
+                        },
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A client of one gateway's admin API.
+#[derive(Clone)]
+pub struct GatewayClient {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl GatewayClient {
+    /// A client for the admin API at `base` (`http://host:port`).
+    pub fn new(base: &str) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        GatewayClient {
+            base: base.trim_end_matches('/').to_string(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(StatusCode, Bytes), ObserveError> {
+        let url = format!("{}{path}", self.base);
+        let err = |message: String| ObserveError::Gateway {
+            url: url.clone(),
+            message,
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )))
+            .map_err(|e| err(e.to_string()))?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .map_err(|_| err("timed out".into()))?
+            .map_err(|e| err(e.to_string()))?;
+        let status = resp.status();
+        let bytes = Limited::new(resp.into_body(), 16 << 20)
+            .collect()
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    /// `GET /v1/queues`.
+    pub async fn queues(&self) -> Result<serde_json::Value, ObserveError> {
+        let (status, body) = self.call(Method::GET, "/v1/queues", None).await?;
+        if status != StatusCode::OK {
+            return Err(ObserveError::Gateway {
+                url: format!("{}/v1/queues", self.base),
+                message: format!("status {status}"),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| ObserveError::Gateway {
+            url: format!("{}/v1/queues", self.base),
+            message: e.to_string(),
+        })
+    }
+
+    /// Registers (`true`) or deregisters a replica.
+    pub async fn replica(
+        &self,
+        register: bool,
+        model: &str,
+        endpoint: &str,
+        max_concurrency: Option<u32>,
+    ) -> Result<(), ObserveError> {
+        let mut body = serde_json::json!({"model": model, "endpoint": endpoint});
+        if let Some(c) = max_concurrency {
+            body["maxConcurrency"] = c.into();
+        }
+        let method = if register {
+            Method::POST
+        } else {
+            Method::DELETE
+        };
+        let (status, text) = self.call(method, "/v1/replicas", Some(body)).await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(ObserveError::Gateway {
+                url: format!("{}/v1/replicas", self.base),
+                message: format!("status {status}: {}", String::from_utf8_lossy(&text)),
+            })
+        }
+    }
+
+    /// Follows `/v1/queues/stream`, reconnecting after a second when it
+    /// drops; events arrive on the returned channel until it is dropped.
+    pub fn stream(&self) -> mpsc::Receiver<Event> {
+        let (tx, rx) = mpsc::channel(64);
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if this.follow(&tx).await.is_err() && tx.is_closed() {
+                    return;
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        rx
+    }
+
+    async fn follow(&self, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
+        let req = Request::get(format!("{}/v1/queues/stream", self.base))
+            .body(Full::new(Bytes::new()))
+            .map_err(|_| ())?;
+        let resp = self.client.request(req).await.map_err(|_| ())?;
+        let mut body = resp.into_body();
+        let mut buf = String::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return Err(()) };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.push_str(&String::from_utf8_lossy(&data));
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                if let Some(e) = parse_event(&event)
+                    && tx.send(e).await.is_err()
+                {
+                    return Err(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One server-sent event (`event: …\ndata: …`) as an [`Event`].
+pub fn parse_event(text: &str) -> Option<Event> {
+    let mut kind = "message";
+    let mut data = String::new();
+    for line in text.lines() {
+        if let Some(k) = line.strip_prefix("event:") {
+            kind = k.trim();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push_str(d.trim_start());
+        }
+    }
+    let value: serde_json::Value = serde_json::from_str(&data).ok()?;
+    match kind {
+        "queues" => Some(Event::Queues(value)),
+        "scale" => Some(Event::ScaleFromZero {
+            model: value.get("model")?.as_str()?.to_string(),
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queues_document_becomes_observations() {
+        let view = serde_json::json!({"uptime_s": 3.0, "models": {"m": {
+            "waiting": 7, "in_flight": 1, "replicas": 1,
+            "arrival_rate": {"1s": 8.0, "10s": 1.0, "60s": 0.2},
+            "queue_wait_p95_ms": 250.0, "latency_p50_ms": 1500.0,
+            "latency_p95_ms": null, "ttft_p95_ms": 2.5}}});
+        let obs = observations(&view);
+        let m = &obs["m"];
+        assert_eq!((m.waiting, m.in_flight, m.arrival_rate), (7.0, 1.0, 8.0));
+        assert_eq!(m.service_time, Some(1.5));
+        assert_eq!(m.queue_wait_p95, Some(Duration::from_millis(250)));
+        assert_eq!(m.latency_p95, None);
+        assert_eq!(m.ttft_p95, Some(Duration::from_micros(2500)));
+    }
+
+    #[test]
+    fn server_sent_events_parse() {
+        assert_eq!(
+            parse_event("event: scale\ndata: {\"model\":\"m\",\"waiting\":1}\n\n"),
+            Some(Event::ScaleFromZero { model: "m".into() })
+        );
+        assert!(matches!(
+            parse_event("event: queues\ndata: {\"models\":{}}\n\n"),
+            Some(Event::Queues(_))
+        ));
+        assert_eq!(parse_event("event: queues\ndata: not json\n\n"), None);
+    }
+}

@@ -1,0 +1,252 @@
+//! The embedded default end to end: `gpuscale autoscaler` runs the gateway
+//! in-process and simulated model servers as child processes; under load
+//! it scales a model up, after the load it scales it back down, and a
+//! model at zero comes up on its first request and goes back to zero.
+//! Real processes on loopback ports; bounded to about a minute.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A blocking HTTP/1.1 request with `Connection: close`; (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn decisions(admin: &str) -> serde_json::Value {
+    let (status, body) = http(admin, "GET", "/v1/decisions", "").expect("admin answers");
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Kills the autoscaler if the test fails half way (its simulated servers
+/// follow: their stdin closes).
+struct Stop(Option<Child>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Simulated servers started with `--model test/…` still running.
+fn test_servers() -> usize {
+    let out = Command::new("pgrep")
+        .args(["-f", "sim-server .*--model test/"])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[test]
+fn the_local_backend_scales_simulated_servers_up_and_down_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        r#"apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: chat}
+spec:
+  servedName: test/chat
+  resources: {memoryGiB: 18, compute: 0.3, maxConcurrency: 2}
+  scaling:
+    minReplicas: 1
+    maxReplicas: 4
+    targetQueueDepth: 2
+    startupTime: 500ms
+    behavior:
+      scaleDown: {stabilizationWindow: 3s}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: embed}
+spec:
+  servedName: test/embed
+  resources: {memoryGiB: 3, compute: 0.05, maxConcurrency: 8}
+  scaling:
+    minReplicas: 0
+    maxReplicas: 2
+    targetQueueDepth: 8
+    scaleToZeroAfter: 3s
+    startupTime: 200ms
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {name: t}\nspec:\n  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  policies: [policies.yaml]\n  queue: {maxQueue: 1000, queueTimeout: 60s}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {name: t}\nspec:\n  policies: [policies.yaml]\n  gateway: {config: gateway.yaml}\n  interval: 500ms\n  admin: 127.0.0.1:0\n  tuning: {stableWindow: 2s}\n  local: {profile: tiny, drainTime: 500ms}\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["autoscaler", "--config"])
+        .arg(dir.path().join("autoscaler.yaml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stop = Stop(Some(child));
+    let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    let addr_after = |line: &str, marker: &str| -> String {
+        let rest = line
+            .split(marker)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{line}"));
+        rest.trim_start_matches("http://")
+            .split([',', ' '])
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let traffic = addr_after(&first, "traffic on ");
+    let gw_admin = addr_after(&first, "admin on ");
+    let admin = addr_after(&second, "admin on ");
+
+    // minReplicas: one chat replica comes up; embed stays at zero.
+    wait_for("the first chat replica", Duration::from_secs(15), || {
+        let d = decisions(&admin);
+        d["chat"]["ready"] == 1 && d["embed"]["desired"] == 0
+    });
+
+    // Load: 12 clients, each request ~0.5 s (100 tokens at 200/s), against
+    // one replica that serves 2 at once.
+    let until = Instant::now() + Duration::from_secs(8);
+    let clients: Vec<_> = (0..12)
+        .map(|_| {
+            let traffic = traffic.clone();
+            std::thread::spawn(move || {
+                let mut codes = Vec::new();
+                while Instant::now() < until {
+                    let body = r#"{"model":"test/chat","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+                    codes.push(http(&traffic, "POST", "/v1/chat/completions", body).map(|r| r.0).unwrap_or(0));
+                }
+                codes
+            })
+        })
+        .collect();
+    let mut peak_ready = 0;
+    wait_for("scale-up under load", Duration::from_secs(8), || {
+        let d = decisions(&admin);
+        peak_ready = peak_ready.max(d["chat"]["ready"].as_u64().unwrap_or(0));
+        peak_ready >= 3
+    });
+    let d = decisions(&admin);
+    assert!(
+        d["chat"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("over target 2/replica"),
+        "{d}"
+    );
+    let mut answered = 0;
+    for c in clients {
+        for code in c.join().unwrap() {
+            assert_eq!(code, 200, "every request under load is served");
+            answered += 1;
+        }
+    }
+    assert!(answered > 20, "{answered}");
+    // The gateway saw the replicas the backend registered.
+    let (_, queues) = http(&gw_admin, "GET", "/v1/queues", "").unwrap();
+    let queues: serde_json::Value = serde_json::from_str(&queues).unwrap();
+    assert!(queues["models"]["test/chat"]["replicas"].as_u64().unwrap() >= 3);
+
+    // After the load: back to minReplicas once the windows pass.
+    wait_for("scale-down after the load", Duration::from_secs(20), || {
+        let d = decisions(&admin);
+        d["chat"]["desired"] == 1 && d["chat"]["ready"] == 1
+    });
+
+    // From zero: the first embedding request is held, a replica starts,
+    // the request is served; idle for the cooldown, back to zero.
+    let (status, body) = http(
+        &traffic,
+        "POST",
+        "/v1/embeddings",
+        r#"{"model":"test/embed","input":"hello"}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"embedding\""));
+    let d = decisions(&admin);
+    assert_eq!(d["embed"]["desired"], 1, "{d}");
+    wait_for(
+        "scale to zero after the cooldown",
+        Duration::from_secs(15),
+        || {
+            let d = decisions(&admin);
+            d["embed"]["desired"] == 0 && d["embed"]["ready"] == 0
+        },
+    );
+
+    // SIGTERM: replicas deregistered, drained and stopped; exit 0.
+    let mut child = stop.0.take().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(test_servers(), 0, "simulated servers left running");
+
+    // A parent killed outright takes its servers with it too.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["autoscaler", "--config"])
+        .arg(dir.path().join("autoscaler.yaml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let _ = lines.next();
+    let second = lines.next().unwrap().unwrap();
+    let admin = addr_after(&second, "admin on ");
+    wait_for("a chat replica", Duration::from_secs(15), || {
+        decisions(&admin)["chat"]["ready"] == 1
+    });
+    assert_eq!(test_servers(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(
+        "the orphaned server to exit",
+        Duration::from_secs(5),
+        || test_servers() == 0,
+    );
+}
