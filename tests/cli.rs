@@ -190,7 +190,10 @@ fn json_logs_are_json() {
     let line = stderr.lines().next().expect("one log line");
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["level"], "INFO");
-    assert_eq!(v["fields"]["models"], 13, "11 in examples/policies, 2 in examples/local");
+    assert_eq!(
+        v["fields"]["models"], 13,
+        "11 in examples/policies, 2 in examples/local"
+    );
     assert!(out.stdout.is_empty());
 }
 

@@ -27,7 +27,10 @@ struct AutoscalerDoc {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AutoscalerSpec {
-    /// Model policy files or directories (relative to this file).
+    /// Model policy files or directories (relative to this file). Empty
+    /// with the Kubernetes backend: the `ModelPolicy` objects of the
+    /// namespace are read from the API server.
+    #[serde(default)]
     pub policies: Vec<PathBuf>,
     /// The cluster file (relative to this file): with it, every change is
     /// packed (incrementally) and replicas that fit no GPU are not started.
@@ -47,6 +50,9 @@ pub struct AutoscalerSpec {
     /// Local backend settings.
     #[serde(default)]
     pub local: LocalSpec,
+    /// Kubernetes backend settings.
+    #[serde(default)]
+    pub kubernetes: crate::kubernetes::KubeSpec,
 }
 
 fn one_second() -> Duration {
@@ -162,17 +168,22 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     spec.gateway.config = spec.gateway.config.as_ref().map(|p| dir.join(p));
     let mut paths = spec.policies.clone();
     paths.extend(spec.cluster.iter().cloned());
-    let bundle = load::load_paths(&paths)?;
-    if bundle.models.is_empty() {
+    let bundle = if paths.is_empty() {
+        None
+    } else {
+        Some(load::load_paths(&paths)?)
+    };
+    if !spec.policies.is_empty() && bundle.as_ref().is_none_or(|b| b.models.is_empty()) {
         return Err(Problems(vec![
             doc.problem("spec.policies", "no model policy found there"),
         ]));
     }
+    let (models, cluster) = bundle.map_or((Vec::new(), None), |b| (b.models, b.cluster));
     Ok(Settings {
         name: parsed.metadata.name,
         spec,
-        models: bundle.models,
-        cluster: bundle.cluster,
+        models,
+        cluster,
     })
 }
 

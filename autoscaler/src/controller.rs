@@ -2,7 +2,8 @@
 //! the gateway (the push stream for sub-second reaction, a pull every
 //! `interval` otherwise), decides per model, packs the new replica counts
 //! incrementally when a cluster is given (a replica that fits no GPU is not
-//! started), and applies them through the local backend. Its decisions are
+//! started), and applies them through the backend (local or Kubernetes).
+//! Its decisions are
 //! exported as metrics and at `/v1/decisions` on its admin port.
 
 use std::collections::BTreeMap;
@@ -20,8 +21,8 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::backend::{Backend, Change};
 use crate::config::Settings;
-use crate::local::LocalBackend;
 use crate::observe::{Event, GatewayClient, observations};
 use crate::recommend::{Mode, State, recommend};
 
@@ -128,11 +129,11 @@ impl Report {
     }
 }
 
-/// The controller with the local backend.
+/// The controller.
 pub struct Controller {
     settings: Settings,
     gateway: GatewayClient,
-    backend: LocalBackend,
+    backend: Backend,
     states: BTreeMap<String, State>,
     plan: Option<Plan>,
     metrics: Metrics,
@@ -150,12 +151,14 @@ impl Controller {
     /// A controller over these settings, watching `gateway`, acting
     /// through `backend`. Models start at zero replicas when their
     /// `minReplicas` is 0, else at `minReplicas`.
-    pub fn new(settings: Settings, gateway: GatewayClient, mut backend: LocalBackend) -> Self {
+    pub fn new(settings: Settings, gateway: GatewayClient, mut backend: Backend) -> Self {
         let (metrics, registry) = Metrics::new();
         let mut states = BTreeMap::new();
         for m in &settings.models {
             let start = m.scaling.min_replicas;
-            backend.scale(m, start);
+            if let Backend::Local(local) = &mut backend {
+                local.scale(m, start);
+            }
             states.insert(m.name.clone(), State::new(start));
             metrics
                 .desired
@@ -192,24 +195,25 @@ impl Controller {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
+                    self.backend.tick(&self.settings.models, unix_now()).await;
                     let view = self.gateway.queues().await;
                     if let Err(e) = &view {
                         tracing::warn!("{e}");
                     }
-                    self.decide(view.ok().as_ref(), None);
+                    self.decide(view.ok().as_ref(), None).await;
                 }
                 event = stream.recv() => {
                     let received = Instant::now();
                     match event {
                         Some(Event::Queues(v)) => {
                             if self.last_decision.is_none_or(|t| t.elapsed() >= MIN_EVENT_GAP) {
-                                self.decide(Some(&v), Some(received));
+                                self.decide(Some(&v), Some(received)).await;
                             }
                         }
                         Some(Event::ScaleFromZero { model }) => {
                             tracing::info!(%model, "scale-from-zero signal");
                             if let Ok(v) = self.gateway.queues().await {
-                                self.decide(Some(&v), Some(received));
+                                self.decide(Some(&v), Some(received)).await;
                             }
                         }
                         None => {
@@ -226,7 +230,7 @@ impl Controller {
 
     /// One decision round over every model. `view` is `None` when the
     /// gateway could not be read.
-    fn decide(&mut self, view: Option<&serde_json::Value>, signal: Option<Instant>) {
+    async fn decide(&mut self, view: Option<&serde_json::Value>, signal: Option<Instant>) {
         let now = unix_now();
         self.last_decision = Some(Instant::now());
         let obs = view.map(observations);
@@ -245,15 +249,13 @@ impl Controller {
             .models
             .iter()
             .any(|m| before.get(&m.name).copied().unwrap_or(0) != desired[&m.name]);
+        let mut before_plan = None;
         if changed && let Some(cluster) = &self.settings.cluster {
-            self.place(cluster.clone(), &mut desired, &mut recs);
+            before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs));
         }
-        let ready = self.backend.ready();
-        let mut log = self
-            .report
-            .decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let ready = self.backend.ready(&self.settings.models);
+        let mut changes = Vec::new();
+        let mut views = Vec::new();
         for m in &self.settings.models.clone() {
             let rec = &recs[&m.name];
             let want = desired[&m.name];
@@ -270,7 +272,11 @@ impl Controller {
                 .set(i64::from(ready.get(&m.name).copied().unwrap_or(0)));
             if before.get(&m.name).copied().unwrap_or(0) != want {
                 tracing::info!(model = %m.name, replicas = want, mode = ?rec.mode, "{}", rec.reason);
-                self.backend.scale(m, want);
+                changes.push(Change {
+                    model: m.clone(),
+                    from: before.get(&m.name).copied().unwrap_or(0),
+                    rec: rec.clone(),
+                });
                 self.metrics
                     .desired
                     .get_or_create(&label)
@@ -288,7 +294,7 @@ impl Controller {
                         .observe(t.elapsed().as_secs_f64());
                 }
             }
-            log.insert(
+            views.push((
                 m.name.clone(),
                 DecisionView {
                     desired: want,
@@ -297,18 +303,29 @@ impl Controller {
                     reason: rec.reason.clone(),
                     at: crate::recommend::clock(now),
                 },
-            );
+            ));
+        }
+        self.report
+            .decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(views);
+        if !changes.is_empty() {
+            self.backend
+                .apply(&changes, self.plan.as_ref(), before_plan.as_ref(), now)
+                .await;
         }
     }
 
     /// Packs the wanted counts from the last plan; a model whose replicas
-    /// do not all fit gets what was placed, and says why.
+    /// do not all fit gets what was placed, and says why. Returns the
+    /// cluster as it was before this plan.
     fn place(
         &mut self,
         cluster: gpuscale_policies::Cluster,
         desired: &mut BTreeMap<String, u32>,
         recs: &mut BTreeMap<String, crate::recommend::Recommendation>,
-    ) {
+    ) -> gpuscale_policies::Cluster {
         let current = match &self.plan {
             Some(p) => p.apply_to(&cluster),
             None => cluster,
@@ -345,5 +362,6 @@ impl Controller {
             }
             Err(e) => tracing::error!("packing failed, counts applied unplaced: {e}"),
         }
+        current
     }
 }

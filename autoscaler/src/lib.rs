@@ -13,8 +13,10 @@
 //! What it never does in [`recommend`]: read a clock or do I/O.
 
 pub mod admin;
+pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod kubernetes;
 pub mod local;
 pub mod observe;
 pub mod recommend;

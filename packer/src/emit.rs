@@ -250,7 +250,9 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
     Ok(out)
 }
 
-fn product_hint(gpu_model: &str) -> String {
+/// The `nvidia.com/gpu.product` label value GPU Feature Discovery sets for a
+/// GPU model (the catalogue's product name).
+pub fn product_hint(gpu_model: &str) -> String {
     gpuscale_policies::Catalog::builtin()
         .get(gpu_model)
         .map_or_else(|| gpu_model.to_string(), |g| g.product.clone())

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gpuscale_autoscaler::backend;
 use gpuscale_autoscaler::controller::Controller;
+use gpuscale_autoscaler::kubernetes::Kube;
 use gpuscale_autoscaler::local::LocalBackend;
 use gpuscale_autoscaler::observe::GatewayClient;
 
@@ -18,9 +20,13 @@ pub struct Args {
     #[arg(long)]
     pub config: PathBuf,
     /// Where replicas run: `local` (simulated model servers on this
-    /// machine).
+    /// machine) or `kube` (the cluster of the current kubeconfig or
+    /// in-cluster service account).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
+    /// Kubernetes backend: log every write instead of sending it.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Admin listener, overriding the file's `spec.admin`.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
@@ -32,6 +38,9 @@ pub enum Backend {
     /// Simulated model servers as local processes, registered with the
     /// gateway.
     Local,
+    /// Deployments per placement variant, `/scale`, MIG node labels,
+    /// status, Events, a Lease; EndpointSlices feed the gateway.
+    Kube,
 }
 
 fn print_problems(problems: &gpuscale_policies::load::Problems) -> ExitCode {
@@ -79,16 +88,76 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
         let client = GatewayClient::new(&base);
-        let backend = LocalBackend::new(exe, client.clone(), settings.spec.local.clone());
+        let backend = match args.backend {
+            Backend::Local => {
+                anyhow::ensure!(
+                    !settings.models.is_empty(),
+                    "the local backend needs spec.policies"
+                );
+                backend::Backend::Local(LocalBackend::new(
+                    exe,
+                    client.clone(),
+                    settings.spec.local.clone(),
+                ))
+            }
+            Backend::Kube => {
+                let kube_client = kube::Client::try_default()
+                    .await
+                    .context("connecting to Kubernetes (kubeconfig or in-cluster)")?;
+                let identity = std::env::var("POD_NAME")
+                    .unwrap_or_else(|_| format!("gpuscale-{}", std::process::id()));
+                let k = Kube::new(
+                    kube_client,
+                    settings.spec.kubernetes.clone(),
+                    identity,
+                    args.dry_run,
+                );
+                if settings.models.is_empty() {
+                    let catalog = gpuscale_policies::Catalog::builtin();
+                    for p in k.policies().await? {
+                        match gpuscale_policies::Model::from_policy(&p, &catalog) {
+                            Ok(m) => settings.models.push(m),
+                            Err(errors) => {
+                                for e in errors {
+                                    eprintln!(
+                                        "ModelPolicy {}: {}: {}",
+                                        p.metadata.name.clone().unwrap_or_default(),
+                                        e.path,
+                                        e.message
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    anyhow::ensure!(
+                        !settings.models.is_empty(),
+                        "no valid ModelPolicy in namespace {}",
+                        settings.spec.kubernetes.namespace
+                    );
+                }
+                backend::Backend::Kube(backend::KubeBackend::new(k, client.clone()))
+            }
+        };
         let admin_addr = settings.spec.admin;
         let models = settings.models.len();
+        anyhow::ensure!(
+            args.backend == Backend::Kube || !args.dry_run,
+            "--dry-run applies to --backend kube"
+        );
         let controller = Controller::new(settings, client, backend);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let (admin, admin_task) =
             gpuscale_autoscaler::admin::serve(admin_addr, controller.report(), stopped.clone())
                 .await
                 .with_context(|| format!("binding {admin_addr}"))?;
-        println!("autoscaler: {models} models, local backend, admin on http://{admin} (/v1/decisions, /metrics)");
+        println!(
+            "autoscaler: {models} models, {} backend, admin on http://{admin} (/v1/decisions, /metrics)",
+            match args.backend {
+                Backend::Local => "local",
+                Backend::Kube if args.dry_run => "kube (dry run)",
+                Backend::Kube => "kube",
+            }
+        );
         let run = tokio::spawn(controller.run(stopped));
         super::shutdown_signal().await;
         eprintln!("autoscaler: stopping replicas");

@@ -1,0 +1,552 @@
+//! The Kubernetes actuator over kube's client and a `tower_test` mock API
+//! server: each test states the exact requests (method, path and query,
+//! body) the actuator must send and answers them as an API server would.
+//! No API server can run where these tests run; this is the contract with
+//! one.
+
+use std::path::Path;
+use std::time::Duration;
+
+use gpuscale_autoscaler::kubernetes::{Kube, KubeSpec, LeaseStep, lease_step, ready_endpoints};
+use gpuscale_autoscaler::{Mode, Recommendation};
+use gpuscale_packer::Variant;
+use gpuscale_policies::Model;
+use http::{Method, Request, Response};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn spec() -> KubeSpec {
+    KubeSpec {
+        namespace: "inference".into(),
+        ..KubeSpec::default()
+    }
+}
+
+fn kube(dry_run: bool) -> (Kube, Handle) {
+    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "inference");
+    (
+        Kube::new(client, spec(), "gpuscale-0".into(), dry_run),
+        handle,
+    )
+}
+
+/// Takes the next request, checks method and path (with query), returns
+/// its JSON body (Null when empty) and answers `status` with `reply`.
+async fn expect(
+    handle: &mut Handle,
+    method: Method,
+    path: &str,
+    status: u16,
+    reply: Value,
+) -> Value {
+    let (req, send) = handle.next_request().await.expect("a request");
+    assert_eq!(req.method(), method, "{}", req.uri());
+    assert_eq!(
+        req.uri().path_and_query().map(|p| p.as_str()),
+        Some(path),
+        "{method} path"
+    );
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = req.into_body().collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+        if let Some(ct) = content_type {
+            v["__content_type"] = ct.into();
+        }
+        v
+    };
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap(),
+    );
+    body
+}
+
+fn model() -> Model {
+    let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n";
+    gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text)])
+        .unwrap()
+        .models
+        .remove(0)
+}
+
+fn rec() -> Recommendation {
+    Recommendation {
+        replicas: 5,
+        reason: "40 waiting + 0 in flight over target 8/replica → 5 replicas (activated from zero)"
+            .into(),
+        mode: Mode::Activating,
+    }
+}
+
+fn scale_reply(replicas: u32) -> Value {
+    json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+           "metadata": {"name": "llama-h100-80gb-3g-40gb", "namespace": "inference"},
+           "spec": {"replicas": replicas}, "status": {"replicas": 1}})
+}
+
+#[tokio::test]
+async fn scale_is_a_merge_patch_of_the_scale_subresource() {
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
+            200,
+            scale_reply(5),
+        )
+        .await;
+        assert_eq!(
+            body,
+            json!({"spec": {"replicas": 5}, "__content_type": "application/merge-patch+json"})
+        );
+    });
+    assert_eq!(k.scale("llama-h100-80gb-3g-40gb", 5).await.unwrap(), None);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
+    let (k, mut handle) = kube(false);
+    let variant = Variant {
+        name: "llama-h100-80gb-3g-40gb".into(),
+        gpu_model: "H100-80GB".into(),
+        resources: [("nvidia.com/mig-3g.40gb".to_string(), 1)].into(),
+        replicas: 3,
+    };
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-3g-40gb"}}),
+        )
+        .await;
+        assert_eq!(body["__content_type"], "application/apply-patch+yaml");
+        assert_eq!(body["kind"], "Deployment");
+        assert_eq!(body["metadata"]["labels"]["gpuscale.io/model"], "llama");
+        let pod = &body["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["resources"]["limits"],
+            json!({"nvidia.com/mig-3g.40gb": "1"})
+        );
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!([
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--port",
+                "8000"
+            ])
+        );
+        assert_eq!(
+            pod["nodeSelector"]["nvidia.com/gpu.product"],
+            "NVIDIA-H100-80GB-HBM3"
+        );
+        assert!(
+            body["spec"].get("replicas").is_none(),
+            "replicas are /scale's"
+        );
+    });
+    assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_mig_change_is_a_node_label_patch() {
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
+        )
+        .await;
+        assert_eq!(
+            body,
+            json!({"metadata": {"labels": {"nvidia.com/mig.config": "gpuscale-h100-0"}},
+                   "__content_type": "application/merge-patch+json"})
+        );
+    });
+    k.label_node("h100-0", "gpuscale-h100-0").await.unwrap();
+    server.await.unwrap();
+    assert!(gpuscale_autoscaler::kubernetes::may_reconfigure(
+        &[0, 1],
+        &[2, 3]
+    ));
+    assert!(!gpuscale_autoscaler::kubernetes::may_reconfigure(
+        &[0, 1],
+        &[1, 2]
+    ));
+}
+
+#[tokio::test]
+async fn a_decision_creates_an_event_and_patches_the_status() {
+    let (k, mut handle) = kube(false);
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        let ev = expect(
+            &mut handle,
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/inference/events?",
+            201,
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llama.1"},
+                   "eventTime": "2026-11-29T18:20:01.000000Z"}),
+        )
+        .await;
+        assert_eq!(ev["metadata"]["generateName"], "llama.");
+        assert_eq!(ev["regarding"]["kind"], "ModelPolicy");
+        assert_eq!(ev["regarding"]["name"], "llama");
+        assert_eq!(ev["regarding"]["uid"], "u-1");
+        assert_eq!(ev["reason"], "Activating");
+        assert_eq!(ev["action"], "Scale");
+        assert_eq!(ev["reportingController"], "gpuscale.io/gpuscale");
+        assert_eq!(ev["reportingInstance"], "gpuscale-0");
+        assert_eq!(ev["eventTime"], "2026-11-29T18:20:01.000000Z");
+        assert!(ev["note"].as_str().unwrap().contains("→ 5 replicas"));
+        let status = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?",
+            200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+                   "metadata": {"name": "llama"}, "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}}),
+        )
+        .await;
+        assert_eq!(status["status"]["currentReplicas"], 0);
+        assert_eq!(status["status"]["desiredReplicas"], 5);
+        assert_eq!(status["status"]["lastDecision"]["replicas"], 5);
+        assert_eq!(
+            status["status"]["lastDecision"]["time"],
+            "2026-11-29T18:20:01Z"
+        );
+        assert_eq!(status["__content_type"], "application/merge-patch+json");
+    });
+    let sent = k
+        .record("llama", Some("u-1"), 0, &rec(), now)
+        .await
+        .unwrap();
+    assert!(sent.is_empty(), "sent, not dry-run");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn dry_run_sends_no_write() {
+    let (k, mut handle) = kube(true);
+    let w = k
+        .scale("d", 3)
+        .await
+        .unwrap()
+        .expect("the write it would make");
+    assert_eq!(w.method, "PATCH");
+    assert_eq!(
+        w.path,
+        "/apis/apps/v1/namespaces/inference/deployments/d/scale"
+    );
+    assert_eq!(w.body, json!({"spec": {"replicas": 3}}));
+    let writes = k
+        .record("llama", None, 1, &rec(), Duration::from_secs(0))
+        .await
+        .unwrap();
+    assert_eq!(writes.len(), 2);
+    assert!(k.label_node("n", "c").await.unwrap().is_some());
+    // Nothing reached the API server.
+    drop(k);
+    assert!(handle.next_request().await.is_none());
+}
+
+fn lease(holder: &str, renewed: &str, rv: &str) -> Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+           "metadata": {"name": "gpuscale-autoscaler", "namespace": "inference", "resourceVersion": rv},
+           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                    "acquireTime": renewed, "renewTime": renewed, "leaseTransitions": 2}})
+}
+
+#[tokio::test]
+async fn the_lease_is_created_when_absent() {
+    let (k, mut handle) = kube(false);
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+        )
+        .await;
+        let body = expect(
+            &mut handle,
+            Method::POST,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
+            201,
+            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"),
+        )
+        .await;
+        assert_eq!(body["spec"]["holderIdentity"], "gpuscale-0");
+        assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
+        assert_eq!(body["spec"]["leaseTransitions"], 0);
+        assert_eq!(body["spec"]["renewTime"], "2026-11-29T18:20:01.000000Z");
+    });
+    assert!(k.lead(now).await.unwrap());
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_live_lease_held_by_another_is_followed_and_an_expired_one_taken() {
+    let now = Duration::from_secs(1_795_976_401); // 18:20:01
+    // Renewed 5 s ago by another: follow, write nothing.
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            200,
+            lease("gpuscale-1", "2026-11-29T18:19:56.000000Z", "7"),
+        )
+        .await;
+        handle
+    });
+    assert!(!k.lead(now).await.unwrap());
+    let mut handle = server.await.unwrap();
+    drop(k);
+    assert!(
+        handle.next_request().await.is_none(),
+        "no write while following"
+    );
+
+    // Renewed 20 s ago (15 s lease): take it over with a PUT carrying the
+    // resourceVersion read, one more transition.
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            200,
+            lease("gpuscale-1", "2026-11-29T18:19:41.000000Z", "7"),
+        )
+        .await;
+        let body = expect(
+            &mut handle,
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
+            200,
+            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "8"),
+        )
+        .await;
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["spec"]["holderIdentity"], "gpuscale-0");
+        assert_eq!(body["spec"]["leaseTransitions"], 3);
+    });
+    assert!(k.lead(now).await.unwrap());
+    server.await.unwrap();
+
+    // A conflict on the PUT (someone renewed in between): not leading.
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            200,
+            lease("gpuscale-1", "2026-11-29T18:19:41.000000Z", "7"),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
+            409,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+        )
+        .await;
+    });
+    assert!(!k.lead(now).await.unwrap());
+    server.await.unwrap();
+}
+
+#[test]
+fn our_own_lease_is_renewed_keeping_its_acquire_time() {
+    let l: Lease =
+        serde_json::from_value(lease("gpuscale-0", "2026-11-29T18:19:58.000000Z", "3")).unwrap();
+    let now = Duration::from_secs(1_795_976_401);
+    match lease_step(Some(&l), "gpuscale-0", &spec(), now) {
+        LeaseStep::Replace(n) => {
+            let s = n.spec.unwrap();
+            assert_eq!(s.lease_transitions, Some(2));
+            assert_eq!(s.acquire_time, l.spec.unwrap().acquire_time);
+            assert_eq!(s.renew_time.unwrap().0.as_second(), 1_795_976_401);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn endpoint_slices_give_the_ready_replicas() {
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
+                              "ports": [{"name": "http", "port": 8000}],
+                              "endpoints": [
+                                  {"addresses": ["10.0.0.7"], "conditions": {"ready": true}},
+                                  {"addresses": ["10.0.0.8"], "conditions": {"ready": false}},
+                                  {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}]}]}),
+        )
+        .await;
+    });
+    assert_eq!(
+        k.endpoints("llama").await.unwrap(),
+        ["http://10.0.0.5:8000", "http://10.0.0.7:8000"]
+    );
+    server.await.unwrap();
+    assert!(ready_endpoints(&[]).is_empty());
+}
+
+/// A stand-in for the gateway's admin API that records what it is told.
+async fn recording_gateway() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use http_body_util::BodyExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let s = s.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let s = s.clone();
+                    async move {
+                        let method = req.method().clone();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        s.lock()
+                            .unwrap()
+                            .push(format!("{method} {}", String::from_utf8_lossy(&body)));
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from("[]"),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test]
+async fn the_backend_leads_discovers_and_applies_a_decision() {
+    use gpuscale_autoscaler::backend::{Backend, Change, KubeBackend};
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "inference");
+    let k = Kube::new(client, spec(), "gpuscale-0".into(), false);
+    let (gw, seen) = recording_gateway().await;
+    let mut backend = Backend::Kube(KubeBackend::new(
+        k,
+        gpuscale_autoscaler::observe::GatewayClient::new(&gw),
+    ));
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+
+    // A tick: take the lease, discover the ready pod, hand it to the gateway.
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+        expect(
+            &mut handle,
+            Method::POST,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
+            201,
+            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"),
+        )
+        .await;
+        expect(&mut handle, Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
+                              "ports": [{"port": 8000}],
+                              "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        [
+            r#"POST {"endpoint":"http://10.0.0.7:8000","maxConcurrency":32,"model":"meta-llama/Llama-3.1-8B-Instruct"}"#
+        ]
+    );
+    assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 1);
+
+    // A decision: the model's Deployment applied, scaled, recorded.
+    let server = tokio::spawn(async move {
+        let d = expect(&mut handle, Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama?&force=true&fieldManager=gpuscale", 200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}})).await;
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"],
+            json!({"nvidia.com/gpu": "1"})
+        );
+        let s = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama/scale?",
+            200,
+            scale_reply(5),
+        )
+        .await;
+        assert_eq!(s["spec"]["replicas"], 5);
+        expect(&mut handle, Method::POST, "/apis/events.k8s.io/v1/namespaces/inference/events?", 201,
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llama.1"},
+                   "eventTime": "2026-11-29T18:20:01.000000Z"})).await;
+        let st = expect(&mut handle, Method::PATCH,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?", 200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
+                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
+        assert_eq!(st["status"]["desiredReplicas"], 5);
+        assert_eq!(st["status"]["currentReplicas"], 1);
+    });
+    backend
+        .apply(
+            &[Change {
+                model: m.clone(),
+                from: 1,
+                rec: rec(),
+            }],
+            None,
+            None,
+            now,
+        )
+        .await;
+    server.await.unwrap();
+    assert_eq!(backend.desired()["llama"], 5);
+}
