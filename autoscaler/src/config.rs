@@ -53,6 +53,9 @@ pub struct AutoscalerSpec {
     /// Kubernetes backend settings.
     #[serde(default)]
     pub kubernetes: crate::kubernetes::KubeSpec,
+    /// Serve KEDA's external scaler (gRPC) on this address.
+    #[serde(default)]
+    pub keda: Option<SocketAddr>,
 }
 
 fn one_second() -> Duration {

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod keda;
 pub mod kubernetes;
 pub mod local;
 pub mod observe;

@@ -140,6 +140,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         };
         let admin_addr = settings.spec.admin;
         let models = settings.models.len();
+        let settings_keda = settings.spec.keda;
+        let keda_models = settings.models.clone();
+        let client_for_keda = client.clone();
         anyhow::ensure!(
             args.backend == Backend::Kube || !args.dry_run,
             "--dry-run applies to --backend kube"
@@ -158,12 +161,26 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 Backend::Kube => "kube",
             }
         );
+        let keda_task = match settings_keda {
+            Some(addr) => {
+                let keda = gpuscale_autoscaler::keda::Keda::new(client_for_keda, keda_models);
+                let (bound, task) = gpuscale_autoscaler::keda::serve(addr, keda, stopped.clone())
+                    .await
+                    .with_context(|| format!("binding {addr}"))?;
+                println!("autoscaler: KEDA external scaler (gRPC) on {bound}");
+                Some(task)
+            }
+            None => None,
+        };
         let run = tokio::spawn(controller.run(stopped));
         super::shutdown_signal().await;
         eprintln!("autoscaler: stopping replicas");
         let _ = stop.send(true);
         let _ = run.await;
         let _ = admin_task.await;
+        if let Some(t) = keda_task {
+            let _ = t.await;
+        }
         if let Some(g) = gateway {
             g.shutdown().await;
         }

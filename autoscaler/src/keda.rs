@@ -1,0 +1,269 @@
+//! A KEDA external scaler (gRPC, KEDA's `externalscaler.proto`), so a KEDA
+//! user can keep KEDA and feed it gpuscale's per-model queue depth. The
+//! ScaledObject's trigger names the model:
+//!
+//! ```yaml
+//! triggers:
+//!   - type: external-push        # or `external`
+//!     metadata:
+//!       scalerAddress: gpuscale-autoscaler.gpuscale:9092
+//!       model: meta-llama/Llama-3.1-8B-Instruct   # served name or policy name
+//!       targetQueueDepth: "8"                      # optional: else the policy's
+//!       activationQueueDepth: "0"                  # optional: else the policy's
+//! ```
+//!
+//! `GetMetrics` answers waiting + in flight from the gateway's
+//! `/v1/queues`; `GetMetricSpec` the per-replica target; `IsActive` whether
+//! the depth is strictly above the activation threshold (KEDA's 0↔1);
+//! `StreamIsActive` pushes that answer on every change the gateway pushes.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+
+use gpuscale_policies::Model;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::observe::{Event, GatewayClient, observations};
+
+/// The generated gRPC types and services.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("externalscaler");
+}
+
+use pb::external_scaler_server::{ExternalScaler, ExternalScalerServer};
+use pb::{
+    GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec,
+    MetricValue, ScaledObjectRef,
+};
+
+/// The scaler: answers from a gateway, with the policies' targets.
+#[derive(Clone)]
+pub struct Keda {
+    gateway: GatewayClient,
+    models: Vec<Model>,
+}
+
+/// What one ScaledObject asks about.
+#[derive(Debug, Clone, PartialEq)]
+struct Target {
+    served: String,
+    metric: String,
+    target: f64,
+    activation: f64,
+}
+
+impl Keda {
+    /// A scaler reading `gateway`, defaulting targets from `models`.
+    pub fn new(gateway: GatewayClient, models: Vec<Model>) -> Self {
+        Keda { gateway, models }
+    }
+
+    /// The tonic service.
+    pub fn service(self) -> ExternalScalerServer<Keda> {
+        ExternalScalerServer::new(self)
+    }
+
+    fn target(&self, r: &ScaledObjectRef) -> Result<Target, Status> {
+        target_of(&r.scaler_metadata, &self.models)
+    }
+
+    async fn depth(&self, served: &str) -> Result<f64, Status> {
+        let view = self
+            .gateway
+            .queues()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let obs = observations(&view);
+        let o = obs
+            .get(served)
+            .ok_or_else(|| Status::not_found(format!("the gateway has no model `{served}`")))?;
+        Ok(o.waiting + o.in_flight)
+    }
+}
+
+/// The target a ScaledObject's metadata describes (pure).
+fn target_of(meta: &HashMap<String, String>, models: &[Model]) -> Result<Target, Status> {
+    let name = meta
+        .get("model")
+        .ok_or_else(|| Status::invalid_argument("trigger metadata needs `model`"))?;
+    let policy = models
+        .iter()
+        .find(|m| &m.served_name == name || &m.name == name);
+    let number = |key: &str, default: f64| -> Result<f64, Status> {
+        match meta.get(key) {
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| Status::invalid_argument(format!("`{key}`: `{v}` is not a number"))),
+            None => Ok(default),
+        }
+    };
+    let target = number(
+        "targetQueueDepth",
+        policy.map_or(8.0, |p| p.scaling.target_queue_depth),
+    )?;
+    let activation = number(
+        "activationQueueDepth",
+        policy.map_or(0.0, |p| p.scaling.activation_queue_depth),
+    )?;
+    let served = policy.map_or_else(|| name.clone(), |p| p.served_name.clone());
+    let metric = format!(
+        "gpuscale-queue-{}",
+        served
+            .to_lowercase()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    );
+    Ok(Target {
+        served,
+        metric,
+        target: target.max(1e-9),
+        activation,
+    })
+}
+
+type ActiveStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalScaler for Keda {
+    async fn is_active(
+        &self,
+        request: Request<ScaledObjectRef>,
+    ) -> Result<Response<IsActiveResponse>, Status> {
+        let t = self.target(request.get_ref())?;
+        let depth = self.depth(&t.served).await?;
+        Ok(Response::new(IsActiveResponse {
+            result: depth > t.activation,
+        }))
+    }
+
+    type StreamIsActiveStream = ActiveStream;
+
+    async fn stream_is_active(
+        &self,
+        request: Request<ScaledObjectRef>,
+    ) -> Result<Response<ActiveStream>, Status> {
+        let t = self.target(request.get_ref())?;
+        let first = self.depth(&t.served).await? > t.activation;
+        let mut events = self.gateway.stream();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            if tx
+                .send(Ok(IsActiveResponse { result: first }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut last = first;
+            while let Some(e) = events.recv().await {
+                let active = match e {
+                    Event::Queues(v) => observations(&v)
+                        .get(&t.served)
+                        .map(|o| o.waiting + o.in_flight > t.activation),
+                    Event::ScaleFromZero { model } if model == t.served => Some(true),
+                    Event::ScaleFromZero { .. } => None,
+                };
+                if let Some(a) = active
+                    && a != last
+                {
+                    last = a;
+                    if tx.send(Ok(IsActiveResponse { result: a })).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn get_metric_spec(
+        &self,
+        request: Request<ScaledObjectRef>,
+    ) -> Result<Response<GetMetricSpecResponse>, Status> {
+        let t = self.target(request.get_ref())?;
+        Ok(Response::new(GetMetricSpecResponse {
+            metric_specs: vec![MetricSpec {
+                metric_name: t.metric,
+                target_size: t.target.ceil() as i64,
+                target_size_float: t.target,
+            }],
+        }))
+    }
+
+    async fn get_metrics(
+        &self,
+        request: Request<GetMetricsRequest>,
+    ) -> Result<Response<GetMetricsResponse>, Status> {
+        let r = request.into_inner();
+        let object = r
+            .scaled_object_ref
+            .ok_or_else(|| Status::invalid_argument("scaledObjectRef is missing"))?;
+        let t = self.target(&object)?;
+        let depth = self.depth(&t.served).await?;
+        Ok(Response::new(GetMetricsResponse {
+            metric_values: vec![MetricValue {
+                metric_name: t.metric,
+                metric_value: depth.round() as i64,
+                metric_value_float: depth,
+            }],
+        }))
+    }
+}
+
+/// Serves the scaler on `addr` until `shutdown` turns true; returns the
+/// bound address and the serving task.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    keda: Keda,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(keda.service())
+            .serve_with_incoming_shutdown(incoming, stop)
+            .await
+        {
+            tracing::error!("KEDA external scaler: {e}");
+        }
+    });
+    Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_names_the_model_and_may_override_targets() {
+        let meta: HashMap<String, String> =
+            [("model".to_string(), "org/Model-7B".to_string())].into();
+        let t = target_of(&meta, &[]).unwrap();
+        assert_eq!(t.served, "org/Model-7B");
+        assert_eq!(t.metric, "gpuscale-queue-org-model-7b");
+        assert_eq!((t.target, t.activation), (8.0, 0.0));
+        let mut meta = meta;
+        meta.insert("targetQueueDepth".into(), "12".into());
+        assert_eq!(target_of(&meta, &[]).unwrap().target, 12.0);
+        meta.insert("activationQueueDepth".into(), "x".into());
+        assert_eq!(
+            target_of(&meta, &[]).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            target_of(&HashMap::new(), &[]).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}
