@@ -56,6 +56,10 @@ pub struct AutoscalerSpec {
     /// Serve KEDA's external scaler (gRPC) on this address.
     #[serde(default)]
     pub keda: Option<SocketAddr>,
+    /// Read queue depth from Prometheus instead of the gateway's
+    /// `/v1/queues` (the push stream still triggers decisions).
+    #[serde(default)]
+    pub prometheus: Option<crate::observe::PrometheusSpec>,
 }
 
 fn one_second() -> Duration {

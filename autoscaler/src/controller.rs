@@ -135,6 +135,7 @@ pub struct Controller {
     gateway: GatewayClient,
     backend: Backend,
     states: BTreeMap<String, State>,
+    prometheus: Option<crate::observe::PrometheusSource>,
     plan: Option<Plan>,
     metrics: Metrics,
     report: Report,
@@ -168,6 +169,11 @@ impl Controller {
                 .set(i64::from(start));
         }
         Controller {
+            prometheus: settings
+                .spec
+                .prometheus
+                .as_ref()
+                .map(crate::observe::PrometheusSource::new),
             settings,
             gateway,
             backend,
@@ -196,24 +202,29 @@ impl Controller {
             tokio::select! {
                 _ = tick.tick() => {
                     self.backend.tick(&self.settings.models, unix_now()).await;
-                    let view = self.gateway.queues().await;
-                    if let Err(e) = &view {
-                        tracing::warn!("{e}");
-                    }
-                    self.decide(view.ok().as_ref(), None).await;
+                    let obs = self.observe().await;
+                    self.decide(obs, None).await;
                 }
                 event = stream.recv() => {
                     let received = Instant::now();
                     match event {
                         Some(Event::Queues(v)) => {
                             if self.last_decision.is_none_or(|t| t.elapsed() >= MIN_EVENT_GAP) {
-                                self.decide(Some(&v), Some(received)).await;
+                                let obs = match &self.prometheus {
+                                    Some(_) => self.observe().await,
+                                    None => Some(observations(&v)),
+                                };
+                                self.decide(obs, Some(received)).await;
                             }
                         }
                         Some(Event::ScaleFromZero { model }) => {
                             tracing::info!(%model, "scale-from-zero signal");
                             if let Ok(v) = self.gateway.queues().await {
-                                self.decide(Some(&v), Some(received)).await;
+                                let obs = match &self.prometheus {
+                                    Some(_) => self.observe().await,
+                                    None => Some(observations(&v)),
+                                };
+                                self.decide(obs, Some(received)).await;
                             }
                         }
                         None => {
@@ -230,10 +241,23 @@ impl Controller {
 
     /// One decision round over every model. `view` is `None` when the
     /// gateway could not be read.
-    async fn decide(&mut self, view: Option<&serde_json::Value>, signal: Option<Instant>) {
+    /// Reads the signals: Prometheus when configured, else the gateway.
+    /// `None` when the read failed.
+    async fn observe(&self) -> Option<BTreeMap<String, crate::recommend::Observation>> {
+        let read = match &self.prometheus {
+            Some(p) => p.observations().await,
+            None => self.gateway.queues().await.map(|v| observations(&v)),
+        };
+        read.map_err(|e| tracing::warn!("{e}")).ok()
+    }
+
+    async fn decide(
+        &mut self,
+        obs: Option<BTreeMap<String, crate::recommend::Observation>>,
+        signal: Option<Instant>,
+    ) {
         let now = unix_now();
         self.last_decision = Some(Instant::now());
-        let obs = view.map(observations);
         let mut desired: BTreeMap<String, u32> = BTreeMap::new();
         let mut recs = BTreeMap::new();
         for m in &self.settings.models {

@@ -215,6 +215,125 @@ impl GatewayClient {
     }
 }
 
+/// Per-model queue depth from a Prometheus server's HTTP API, as KEDA's
+/// Prometheus scaler reads it: an instant PromQL query whose result
+/// vector has one series per model (label `model_label` = served name);
+/// the value is taken as requests waiting.
+#[derive(Clone)]
+pub struct PrometheusSource {
+    base: String,
+    query: String,
+    model_label: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// `spec.prometheus` of the autoscaler's config.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrometheusSpec {
+    /// The server (`http://host:9090`).
+    pub url: String,
+    /// An instant query returning one series per model.
+    #[serde(default = "default_query")]
+    pub query: String,
+    /// The label naming the model (its served name).
+    #[serde(default = "default_model_label")]
+    pub model_label: String,
+}
+
+fn default_query() -> String {
+    "sum by (model) (gpuscale_queue_depth) + sum by (model) (gpuscale_in_flight)".into()
+}
+
+fn default_model_label() -> String {
+    "model".into()
+}
+
+impl PrometheusSource {
+    /// A source for `spec`.
+    pub fn new(spec: &PrometheusSpec) -> Self {
+        PrometheusSource {
+            base: spec.url.trim_end_matches('/').to_string(),
+            query: spec.query.clone(),
+            model_label: spec.model_label.clone(),
+            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        }
+    }
+
+    /// Runs the query; per served name, an observation.
+    pub async fn observations(&self) -> Result<BTreeMap<String, Observation>, ObserveError> {
+        let mut url = format!("{}/api/v1/query?query=", self.base);
+        for b in self.query.bytes() {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                url.push(b as char);
+            } else {
+                url.push_str(&format!("%{b:02X}"));
+            }
+        }
+        let err = |message: String| ObserveError::Gateway {
+            url: format!("{}/api/v1/query", self.base),
+            message,
+        };
+        let req = Request::get(&url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| err(e.to_string()))?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .map_err(|_| err("timed out".into()))?
+            .map_err(|e| err(e.to_string()))?;
+        let body = Limited::new(resp.into_body(), 16 << 20)
+            .collect()
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| err(e.to_string()))?;
+        prometheus_observations(&v, &self.model_label).map_err(err)
+    }
+}
+
+/// Observations from a Prometheus `/api/v1/query` answer (pure).
+pub fn prometheus_observations(
+    answer: &serde_json::Value,
+    model_label: &str,
+) -> Result<BTreeMap<String, Observation>, String> {
+    if answer.get("status").and_then(|s| s.as_str()) != Some("success") {
+        return Err(format!(
+            "query failed: {}",
+            answer
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("no status")
+        ));
+    }
+    let result = answer
+        .pointer("/data/result")
+        .and_then(|r| r.as_array())
+        .ok_or("the answer has no data.result vector")?;
+    let mut out = BTreeMap::new();
+    for series in result {
+        let Some(model) = series
+            .pointer(&format!("/metric/{model_label}"))
+            .and_then(|m| m.as_str())
+        else {
+            continue;
+        };
+        let value = series
+            .pointer("/value/1")
+            .and_then(|v| v.as_str())
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| format!("series for `{model}` has no numeric value"))?;
+        out.insert(
+            model.to_string(),
+            Observation {
+                waiting: value.max(0.0),
+                ..Observation::default()
+            },
+        );
+    }
+    Ok(out)
+}
+
 /// One server-sent event (`event: …\ndata: …`) as an [`Event`].
 pub fn parse_event(text: &str) -> Option<Event> {
     let mut kind = "message";
@@ -254,6 +373,23 @@ mod tests {
         assert_eq!(m.queue_wait_p95, Some(Duration::from_millis(250)));
         assert_eq!(m.latency_p95, None);
         assert_eq!(m.ttft_p95, Some(Duration::from_micros(2500)));
+    }
+
+    #[test]
+    fn a_prometheus_vector_becomes_observations() {
+        let answer = serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"model": "a"}, "value": [1.0, "12"]},
+            {"metric": {"model": "b"}, "value": [1.0, "0.5"]},
+            {"metric": {"other": "c"}, "value": [1.0, "3"]}]}});
+        let obs = prometheus_observations(&answer, "model").unwrap();
+        assert_eq!(obs.len(), 2);
+        assert_eq!(obs["a"].waiting, 12.0);
+        assert_eq!(obs["b"].waiting, 0.5);
+        let bad = serde_json::json!({"status": "error", "error": "parse error"});
+        assert_eq!(
+            prometheus_observations(&bad, "model").unwrap_err(),
+            "query failed: parse error"
+        );
     }
 
     #[test]
