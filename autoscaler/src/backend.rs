@@ -114,6 +114,7 @@ impl KubeBackend {
     /// only when none of the GPUs that change has a replica now (`before`:
     /// the cluster as it was when the plan was made).
     async fn reconfigure(&mut self, plan: &Plan, before: &Cluster) -> Result<(), KubeError> {
+        let mut configmap_applied = false;
         for node in &plan.nodes {
             if self.mig.get(&node.name) == Some(&node.mig_config) {
                 continue;
@@ -144,6 +145,11 @@ impl KubeBackend {
                 .map(|g| g.index)
                 .collect();
             if may_reconfigure(&busy, &changing) {
+                // The config the label names must exist first.
+                if !configmap_applied {
+                    self.kube.apply_mig_configmap(plan).await?;
+                    configmap_applied = true;
+                }
                 self.kube.label_node(&node.name, &node.mig_config).await?;
                 self.mig.insert(node.name.clone(), node.mig_config.clone());
             } else {

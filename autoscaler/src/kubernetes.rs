@@ -23,12 +23,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gpuscale_packer::Variant;
+use gpuscale_packer::{Plan, Variant};
 use gpuscale_policies::Model;
 use gpuscale_policies::model::{Decision, ModelPolicy, ModelPolicyStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -62,6 +62,10 @@ pub struct KubeSpec {
     /// How long a lease lasts without renewal.
     #[serde(with = "humantime_serde")]
     pub lease_duration: Duration,
+    /// Namespace of the GPU Operator, where its MIG manager reads the
+    /// mig-parted ConfigMap (`gpuscale-mig-parted-config`; point the
+    /// ClusterPolicy's `migManager.config.name` at it).
+    pub gpu_operator_namespace: String,
 }
 
 impl Default for KubeSpec {
@@ -72,6 +76,7 @@ impl Default for KubeSpec {
             port: 8000,
             lease_name: "gpuscale-autoscaler".into(),
             lease_duration: Duration::from_secs(15),
+            gpu_operator_namespace: "gpu-operator".into(),
         }
     }
 }
@@ -139,6 +144,26 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         },
     });
     serde_json::from_value(value).expect("a well-formed Deployment")
+}
+
+/// The name of the mig-parted ConfigMap gpuscale maintains.
+pub const MIG_CONFIGMAP: &str = "gpuscale-mig-parted-config";
+
+/// The mig-parted ConfigMap for a plan: every node's config under
+/// `config.yaml`, as the GPU Operator's MIG manager reads it.
+pub fn mig_configmap(plan: &Plan, namespace: &str) -> Result<ConfigMap, serde_json::Error> {
+    let (config, _) = gpuscale_packer::emit::mig_parted(plan);
+    let text = serde_yaml_ng::to_string(&config).map_err(serde::ser::Error::custom)?;
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": MIG_CONFIGMAP,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": MANAGER},
+        },
+        "data": {"config.yaml": text},
+    }))
 }
 
 /// The node label patch that asks mig-manager for a mig-parted config.
@@ -386,6 +411,29 @@ impl Kube {
             &variant.name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&d),
+        )
+        .await?;
+        Ok(None)
+    }
+
+    /// Applies the mig-parted ConfigMap of a plan (server-side apply).
+    pub async fn apply_mig_configmap(&self, plan: &Plan) -> Result<Option<Write>, KubeError> {
+        let ns = &self.spec.gpu_operator_namespace;
+        let cm = mig_configmap(plan, ns)?;
+        if let Some(w) = self.dry(Write {
+            method: "PATCH",
+            path: format!(
+                "/api/v1/namespaces/{ns}/configmaps/{MIG_CONFIGMAP}?fieldManager={MANAGER}&force=true"
+            ),
+            body: serde_json::to_value(&cm)?,
+        }) {
+            return Ok(Some(w));
+        }
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        api.patch(
+            MIG_CONFIGMAP,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&cm),
         )
         .await?;
         Ok(None)

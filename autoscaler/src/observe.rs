@@ -55,7 +55,10 @@ pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
                     (
                         name.clone(),
                         Observation {
-                            waiting: num("waiting"),
+                            // Requests waiting inside the model servers
+                            // (their own metrics, when the gateway scrapes
+                            // them) wait too.
+                            waiting: num("waiting") + num("server_waiting"),
                             in_flight: num("in_flight"),
                             arrival_rate: q
                                 .get("arrival_rate")

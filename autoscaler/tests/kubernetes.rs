@@ -550,3 +550,40 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     server.await.unwrap();
     assert_eq!(backend.desired()["llama"], 5);
 }
+
+#[tokio::test]
+async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
+    let (k, mut handle) = kube(false);
+    let b = {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        gpuscale_policies::load_paths(&[
+            root.join("cluster.yaml"),
+            root.join("policies"),
+            root.join("demand.yaml"),
+        ])
+        .unwrap()
+    };
+    let plan = gpuscale_packer::pack(
+        b.cluster.as_ref().unwrap(),
+        &b.models,
+        b.demand.as_ref().unwrap(),
+        &gpuscale_packer::PackOptions::default(),
+    )
+    .unwrap();
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/namespaces/gpu-operator/configmaps/gpuscale-mig-parted-config?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpuscale-mig-parted-config"}}),
+        )
+        .await;
+        assert_eq!(body["__content_type"], "application/apply-patch+yaml");
+        let text = body["data"]["config.yaml"].as_str().unwrap();
+        assert!(text.starts_with("version: v1\nmig-configs:\n"), "{text}");
+        assert!(text.contains("mig-enabled: true"));
+    });
+    assert_eq!(k.apply_mig_configmap(&plan).await.unwrap(), None);
+    server.await.unwrap();
+}
