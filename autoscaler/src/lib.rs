@@ -4,13 +4,22 @@
 //! into replica counts with HPA/KEDA/Knative semantics, asks the packer where
 //! they go, and applies the result to Kubernetes or to the local backend.
 //!
-//! Today: the recommender ([`recommend`]), a pure function with its state
-//! passed in, property-tested against a transcription of HPA's algorithm
-//! and scenario-tested in simulated time. The controller, the actuators
-//! (Kubernetes, local) and the KEDA external scaler come with the rest of
-//! the autoscaler issue; no `gpuscale` subcommand uses this crate yet.
+//! - [`recommend`]: the decision, a pure function with its state passed in
+//!   (property-tested against a transcription of HPA's algorithm,
+//!   scenario-tested in simulated time);
+//! - [`observe`]: signals — the gateway's `/v1/queues` and push stream,
+//!   or a Prometheus query;
+//! - [`controller`]: the thin async shell (ticks and pushed events →
+//!   decisions → packer → backend), with [`admin`] for its metrics;
+//! - [`backend`]: [`local`] (simulated model servers as child processes)
+//!   or [`kubernetes`] (Deployments per placement variant, `/scale`, MIG
+//!   labels, status, Events, Lease, EndpointSlices);
+//! - [`keda`]: KEDA's external scaler over gRPC;
+//! - [`config`]: the `kind: Autoscaler` file.
 //!
-//! What it never does in [`recommend`]: read a clock or do I/O.
+//! What it never does: read a clock or do I/O in [`recommend`]; import
+//! the gateway crate (it talks to any gateway over HTTP); scale a model to
+//! zero on missing data.
 
 pub mod admin;
 pub mod backend;
