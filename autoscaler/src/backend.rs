@@ -36,6 +36,9 @@ pub struct KubeBackend {
     registered: BTreeMap<String, BTreeSet<String>>,
     /// MIG config last set per node.
     mig: BTreeMap<String, String>,
+    /// Nodes cordoned and drained for a MIG change, with the config (and
+    /// the plan whose ConfigMap holds it) to apply once they are empty.
+    draining: BTreeMap<String, (String, Plan)>,
     leading: bool,
 }
 
@@ -49,6 +52,7 @@ impl KubeBackend {
             variants: BTreeMap::new(),
             registered: BTreeMap::new(),
             mig: BTreeMap::new(),
+            draining: BTreeMap::new(),
             leading: false,
         }
     }
@@ -153,8 +157,36 @@ impl KubeBackend {
                 self.kube.label_node(&node.name, &node.mig_config).await?;
                 self.mig.insert(node.name.clone(), node.mig_config.clone());
             } else {
-                tracing::info!(node = %node.name, "MIG change waits for its GPUs to drain");
+                // Drain: no new pods on the node, gpuscale's MIG pods
+                // evicted (their Deployments recreate them where the plan
+                // put them); the label follows once they are gone.
+                tracing::info!(node = %node.name, "draining for a MIG change");
+                self.kube.cordon(&node.name, true).await?;
+                for pod in self.kube.mig_pods_on(&node.name).await? {
+                    self.kube.evict(&pod).await?;
+                }
+                self.draining
+                    .insert(node.name.clone(), (node.mig_config.clone(), plan.clone()));
             }
+        }
+        Ok(())
+    }
+
+    /// Finishes MIG changes whose nodes have drained: ConfigMap, label,
+    /// uncordon.
+    async fn finish_drains(&mut self) -> Result<(), KubeError> {
+        let nodes: Vec<String> = self.draining.keys().cloned().collect();
+        for node in nodes {
+            if !self.kube.mig_pods_on(&node).await?.is_empty() {
+                continue;
+            }
+            let Some((config, plan)) = self.draining.remove(&node) else {
+                continue;
+            };
+            self.kube.apply_mig_configmap(&plan).await?;
+            self.kube.label_node(&node, &config).await?;
+            self.kube.cordon(&node, false).await?;
+            self.mig.insert(node, config);
         }
         Ok(())
     }
@@ -162,6 +194,9 @@ impl KubeBackend {
     /// Leader election and EndpointSlice discovery, every tick.
     async fn tick(&mut self, models: &[Model], now: Duration) -> Result<(), KubeError> {
         self.leading = self.kube.lead(now).await?;
+        if self.leading {
+            self.finish_drains().await?;
+        }
         for m in models {
             let found: BTreeSet<String> = self.kube.endpoints(&m.name).await?.into_iter().collect();
             let known = self.registered.entry(m.served_name.clone()).or_default();

@@ -28,7 +28,7 @@ use gpuscale_policies::Model;
 use gpuscale_policies::model::{Decision, ModelPolicy, ModelPolicyStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -436,6 +436,63 @@ impl Kube {
             &Patch::Apply(&cm),
         )
         .await?;
+        Ok(None)
+    }
+
+    /// Marks a node unschedulable (`cordon = true`) or schedulable again.
+    pub async fn cordon(&self, node: &str, cordon: bool) -> Result<Option<Write>, KubeError> {
+        let body = serde_json::json!({"spec": {"unschedulable": cordon}});
+        if let Some(w) = self.dry(Write {
+            method: "PATCH",
+            path: format!("/api/v1/nodes/{node}"),
+            body: body.clone(),
+        }) {
+            return Ok(Some(w));
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
+            .await?;
+        Ok(None)
+    }
+
+    /// gpuscale's pods on a node that hold MIG devices.
+    pub async fn mig_pods_on(&self, node: &str) -> Result<Vec<String>, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        let pods = api
+            .list(
+                &ListParams::default()
+                    .labels(&format!("app.kubernetes.io/managed-by={MANAGER}"))
+                    .fields(&format!("spec.nodeName={node}")),
+            )
+            .await?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.spec.as_ref().is_some_and(|s| {
+                    s.containers.iter().any(|c| {
+                        c.resources
+                            .as_ref()
+                            .and_then(|r| r.limits.as_ref())
+                            .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/mig-")))
+                    })
+                })
+            })
+            .filter_map(|p| p.metadata.name)
+            .collect())
+    }
+
+    /// Evicts a pod (the Eviction API: PodDisruptionBudgets hold).
+    pub async fn evict(&self, pod: &str) -> Result<Option<Write>, KubeError> {
+        if let Some(w) = self.dry(Write {
+            method: "POST",
+            path: format!("/api/v1/namespaces/{}/pods/{pod}/eviction", self.ns()),
+            body: serde_json::json!({"metadata": {"name": pod}}),
+        }) {
+            return Ok(Some(w));
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        api.evict(pod, &kube::api::EvictParams::default()).await?;
         Ok(None)
     }
 

@@ -4,18 +4,19 @@
 //! into replica counts with HPA/KEDA/Knative semantics, asks the packer where
 //! they go, and applies the result to Kubernetes or to the local backend.
 //!
-//! - [`recommend`]: the decision, a pure function with its state passed in
+//! - the decision, [`recommend()`] in [`mod@recommend`], a pure function with its state passed in
 //!   (property-tested against a transcription of HPA's algorithm,
 //!   scenario-tested in simulated time);
-//! - [`observe`]: signals — the gateway's `/v1/queues` and push stream,
-//!   or a Prometheus query;
-//! - [`controller`]: the thin async shell (ticks and pushed events →
+//! - signals, [`observe`]: the gateway's `/v1/queues` and push stream, or
+//!   a Prometheus query;
+//! - the thin async shell, [`controller`] (ticks and pushed events →
 //!   decisions → packer → backend), with [`admin`] for its metrics;
-//! - [`backend`]: [`local`] (simulated model servers as child processes)
-//!   or [`kubernetes`] (Deployments per placement variant, `/scale`, MIG
-//!   labels, status, Events, Lease, EndpointSlices);
-//! - [`keda`]: KEDA's external scaler over gRPC;
-//! - [`config`]: the `kind: Autoscaler` file.
+//! - where decisions take effect, [`backend`]: [`local`] (simulated model
+//!   servers as child processes) or [`kubernetes`] (Deployments per
+//!   placement variant, `/scale`, MIG labels with drains, status, Events,
+//!   Lease, EndpointSlices);
+//! - KEDA's external scaler over gRPC, [`keda`];
+//! - the `kind: Autoscaler` file, [`config`].
 //!
 //! What it never does: read a clock or do I/O in [`recommend`]; import
 //! the gateway crate (it talks to any gateway over HTTP); scale a model to

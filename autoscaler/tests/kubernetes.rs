@@ -587,3 +587,53 @@ async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
     assert_eq!(k.apply_mig_configmap(&plan).await.unwrap(), None);
     server.await.unwrap();
 }
+
+#[tokio::test]
+async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
+        )
+        .await;
+        assert_eq!(body["spec"]["unschedulable"], true);
+        expect(&mut handle, Method::GET,
+            "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-0&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale",
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
+                {"metadata": {"name": "llama-mig-1"}, "spec": {"containers": [{"name": "m",
+                    "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}},
+                {"metadata": {"name": "whole-1"}, "spec": {"containers": [{"name": "m",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}]})).await;
+        let ev = expect(
+            &mut handle,
+            Method::POST,
+            "/api/v1/namespaces/inference/pods/llama-mig-1/eviction?",
+            201,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+        )
+        .await;
+        assert_eq!(ev["metadata"]["name"], "llama-mig-1");
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
+        )
+        .await;
+        assert_eq!(body["spec"]["unschedulable"], false);
+    });
+    k.cordon("h100-0", true).await.unwrap();
+    let pods = k.mig_pods_on("h100-0").await.unwrap();
+    assert_eq!(pods, ["llama-mig-1"], "only pods holding MIG devices");
+    for p in pods {
+        k.evict(&p).await.unwrap();
+    }
+    k.cordon("h100-0", false).await.unwrap();
+    server.await.unwrap();
+}
