@@ -18,7 +18,7 @@
 //! - KEDA's external scaler over gRPC, [`keda`];
 //! - the `kind: Autoscaler` file, [`config`].
 //!
-//! What it never does: read a clock or do I/O in [`recommend`]; import
+//! What it never does: read a clock or do I/O in [`recommend()`]; import
 //! the gateway crate (it talks to any gateway over HTTP); scale a model to
 //! zero on missing data.
 
