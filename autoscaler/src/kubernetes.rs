@@ -439,9 +439,12 @@ impl Kube {
         Ok(None)
     }
 
-    /// Marks a node unschedulable (`cordon = true`) or schedulable again.
-    pub async fn cordon(&self, node: &str, cordon: bool) -> Result<Option<Write>, KubeError> {
-        let body = serde_json::json!({"spec": {"unschedulable": cordon}});
+    /// A merge patch of a node (or, in dry-run mode, the write it would be).
+    async fn patch_node(
+        &self,
+        node: &str,
+        body: serde_json::Value,
+    ) -> Result<Option<Write>, KubeError> {
         if let Some(w) = self.dry(Write {
             method: "PATCH",
             path: format!("/api/v1/nodes/{node}"),
@@ -453,6 +456,12 @@ impl Kube {
         api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
             .await?;
         Ok(None)
+    }
+
+    /// Marks a node unschedulable (`cordon = true`) or schedulable again.
+    pub async fn cordon(&self, node: &str, cordon: bool) -> Result<Option<Write>, KubeError> {
+        self.patch_node(node, serde_json::json!({"spec": {"unschedulable": cordon}}))
+            .await
     }
 
     /// gpuscale's pods on a node that hold MIG devices.
@@ -498,18 +507,7 @@ impl Kube {
 
     /// Asks mig-manager for a node's new MIG config.
     pub async fn label_node(&self, node: &str, config: &str) -> Result<Option<Write>, KubeError> {
-        let body = mig_label_patch(config);
-        if let Some(w) = self.dry(Write {
-            method: "PATCH",
-            path: format!("/api/v1/nodes/{node}"),
-            body: body.clone(),
-        }) {
-            return Ok(Some(w));
-        }
-        let api: Api<Node> = Api::all(self.client.clone());
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
-            .await?;
-        Ok(None)
+        self.patch_node(node, mig_label_patch(config)).await
     }
 
     /// Records a decision: an Event and the policy's status.

@@ -5,23 +5,20 @@
 //! the discovery interface `/v1/replicas` (GET lists, POST registers,
 //! DELETE deregisters) that the autoscaler's local backend calls.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Endpoint;
-use crate::proxy::{Body, BoxError, error_response, full};
+use crate::proxy::{Body, ChannelBody, error_response, full};
 use crate::state::Shared;
 
 /// Body of `POST` / `DELETE /v1/replicas`.
@@ -212,7 +209,7 @@ fn stream(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) -> Response<
             }
         }
     });
-    let mut r = Response::new(ChannelBody { rx }.boxed_unsync());
+    let mut r = Response::new(ChannelBody::new(rx).boxed_unsync());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -220,23 +217,4 @@ fn stream(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) -> Response<
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
-}
-
-/// A body fed by a channel; ends when the sender is dropped.
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
-    }
 }

@@ -378,6 +378,33 @@ fn respond(resp: Response<Incoming>, permit: Permit, idle: Duration) -> Response
     Response::from_parts(parts, tracked.boxed_unsync())
 }
 
+/// A streamed body fed by a channel (server-sent events); ends when the
+/// sender is dropped.
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+}
+
+impl ChannelBody {
+    /// A body that yields what arrives on `rx`.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Self {
+        ChannelBody { rx }
+    }
+}
+
+impl HttpBody for ChannelBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
 #[derive(Debug)]
 struct IdleTimeout;
 

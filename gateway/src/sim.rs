@@ -13,16 +13,13 @@
 //! Prompt tokens are estimated as characters ÷ 4.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -32,7 +29,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::proxy::{Body, BoxError, error_response, full};
+use crate::proxy::{Body, ChannelBody, error_response, full};
 
 /// How a simulated server behaves.
 #[derive(Debug, Clone, PartialEq)]
@@ -493,7 +490,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         }
         counters.completed.fetch_add(1, Ordering::Relaxed);
     });
-    let mut resp = Response::new(ChunkBody { rx }.boxed_unsync());
+    let mut resp = Response::new(ChannelBody::new(rx).boxed_unsync());
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -501,24 +498,6 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
-}
-
-struct ChunkBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl http_body::Body for ChunkBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
-    }
 }
 
 #[cfg(test)]
