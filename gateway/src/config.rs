@@ -256,6 +256,21 @@ pub struct ModelSettings {
     pub metrics: MetricsFormat,
 }
 
+impl ModelSettings {
+    /// A model with the queue defaults and no replica yet.
+    fn from_queue(name: &str, q: &QueueSpec) -> Self {
+        ModelSettings {
+            name: name.to_string(),
+            max_concurrency: q.max_concurrency,
+            max_queue: q.max_queue,
+            queue_timeout: q.queue_timeout,
+            priority: Priority::Standard,
+            replicas: Vec::new(),
+            metrics: MetricsFormat::None,
+        }
+    }
+}
+
 /// A replica's address: `http://host:port`, no path. Cheap to clone (the
 /// parsed forms the proxy needs per request are made once).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -394,15 +409,9 @@ impl Settings {
             );
         }
         for (i, m) in spec.models.iter().enumerate() {
-            let base = models.remove(&m.name).unwrap_or(ModelSettings {
-                name: m.name.clone(),
-                max_concurrency: q.max_concurrency,
-                max_queue: q.max_queue,
-                queue_timeout: q.queue_timeout,
-                priority: Priority::Standard,
-                replicas: Vec::new(),
-                metrics: MetricsFormat::None,
-            });
+            let base = models
+                .remove(&m.name)
+                .unwrap_or(ModelSettings::from_queue(&m.name, &q));
             let replicas = m
                 .replicas
                 .iter()
@@ -432,15 +441,9 @@ impl Settings {
         if let Some(s) = &spec.sidecar {
             let upstream =
                 Endpoint::parse(&s.upstream).map_err(|e| format!("spec.sidecar.upstream: {e}"))?;
-            let m = models.entry(s.model.clone()).or_insert(ModelSettings {
-                name: s.model.clone(),
-                max_concurrency: q.max_concurrency,
-                max_queue: q.max_queue,
-                queue_timeout: q.queue_timeout,
-                priority: Priority::Standard,
-                replicas: Vec::new(),
-                metrics: MetricsFormat::None,
-            });
+            let m = models
+                .entry(s.model.clone())
+                .or_insert(ModelSettings::from_queue(&s.model, &q));
             m.replicas = vec![upstream];
             models.retain(|k, _| k == &s.model);
         }
