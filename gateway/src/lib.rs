@@ -14,7 +14,9 @@
 //! replica, who waits, who is refused) and [`stats`] (windows and
 //! quantiles); the async shell in [`state`] (waiters, permits, gauges),
 //! [`proxy`] (forwarding and passthrough bodies), [`admin`], [`scrape`] and
-//! [`server`] (listeners, graceful shutdown); configuration in [`config`].
+//! [`server`] (listeners, graceful shutdown), [`upstream`] (per-worker
+//! connection pools to replicas), [`timer`] (the coarse per-connection
+//! timer); configuration in [`config`].
 //!
 //! Built on tokio, hyper 1 and hyper-util; never imports `kube`.
 
@@ -29,6 +31,8 @@ pub mod server;
 pub mod sim;
 pub mod state;
 pub mod stats;
+pub mod timer;
+pub mod upstream;
 
 pub use config::{Endpoint, GatewaySpec, Settings};
 pub use server::{Running, start};

@@ -16,35 +16,47 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use pin_project_lite::pin_project;
 
 use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
+use crate::timer::CoarseTimer;
+use crate::upstream::{Lease, Upstream};
 
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response the gateway sends.
 pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
-/// The HTTP client to replicas: pooled keep-alive HTTP/1.1 connections.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
-/// A client with the configured connect timeout.
-pub fn client(connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        // The proxy sets Host itself.
-        .set_host(false)
-        .build(connector)
+/// What one traffic worker (one event loop) serves with: the shared
+/// state, its own connection pool and its own coarse timer.
+pub struct Worker {
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    /// Connections to replicas.
+    pub upstream: Upstream,
+    /// Request timeouts.
+    pub timer: CoarseTimer,
 }
+
+impl Worker {
+    /// A worker on the current tokio runtime.
+    pub fn new(shared: Arc<Shared>) -> Arc<Self> {
+        let upstream = Upstream::new(
+            shared.settings.spec.upstream.connect_timeout,
+            UPSTREAM_IDLE_TIMEOUT,
+        );
+        Arc::new(Worker {
+            shared,
+            upstream,
+            timer: CoarseTimer::start(),
+        })
+    }
+}
+
+/// How long a connection to a replica stays open unused.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A small complete body.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
@@ -135,12 +147,9 @@ fn remove_connection_named(headers: &mut HeaderMap) {
 
 /// Handles one request on the traffic listener. Never fails: every
 /// outcome is a response.
-pub async fn handle(
-    shared: Arc<Shared>,
-    client: UpstreamClient,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    let (resp, model) = handle_inner(&shared, &client, req).await;
+pub async fn handle(worker: Arc<Worker>, req: Request<Incoming>) -> Response<Body> {
+    let shared = &worker.shared;
+    let (resp, model) = handle_inner(&worker, req).await;
     let code = resp.status().as_u16();
     match model {
         Some(m) => m.count_response(&shared.metrics, code),
@@ -159,10 +168,10 @@ pub async fn handle(
 }
 
 async fn handle_inner(
-    shared: &Arc<Shared>,
-    client: &UpstreamClient,
+    worker: &Worker,
     req: Request<Incoming>,
 ) -> (Response<Body>, Option<Arc<ModelState>>) {
+    let shared = &worker.shared;
     let spec = &shared.settings.spec;
     let (parts, body) = req.into_parts();
     let needs_body = parts.method == Method::POST;
@@ -282,35 +291,38 @@ async fn handle_inner(
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    // Origin form: the path and query only.
+    let uri = http::Uri::from(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
     let mut tried = Vec::new();
     loop {
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(http::uri::Scheme::HTTP);
-        uri.authority = Some(permit.endpoint.uri_authority().clone());
-        uri.path_and_query = Some(path_and_query.clone());
         let mut up = Request::new(Full::new(bytes.clone()));
         *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri.clone();
         *up.headers_mut() = headers.clone();
-        if let Ok(u) = http::Uri::from_parts(uri) {
-            *up.uri_mut() = u;
-        }
         up.headers_mut()
             .insert(header::HOST, permit.endpoint.host_header().clone());
-        let sent = tokio::time::timeout(spec.limits.request_timeout, client.request(up)).await;
+        let sent = worker
+            .timer
+            .timeout(
+                spec.limits.request_timeout,
+                worker.upstream.send(&permit.endpoint, up),
+            )
+            .await;
         match sent {
-            Ok(Ok(resp)) => {
+            Some(Ok((resp, lease))) => {
                 permit.succeeded();
                 return (
-                    respond(resp, permit, spec.limits.stream_idle_timeout),
+                    respond(resp, permit, lease, spec.limits.stream_idle_timeout),
                     Some(model.clone()),
                 );
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Some(Err(e)) if e.is_connect() => {
                 shared.failed(&model, permit.replica);
                 tried.push(permit.replica);
                 if tried.len() as u32 > spec.upstream.retries {
@@ -329,14 +341,14 @@ async fn handle_inner(
                     }
                 }
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 shared.failed(&model, permit.replica);
                 return (
                     bad_gateway("the replica failed", &e.to_string()),
                     Some(model.clone()),
                 );
             }
-            Err(_) => {
+            None => {
                 shared.failed(&model, permit.replica);
                 return (
                     error_response(
@@ -359,7 +371,12 @@ fn bad_gateway(what: &str, detail: &str) -> Response<Body> {
     )
 }
 
-fn respond(resp: Response<Incoming>, permit: Permit, idle: Duration) -> Response<Body> {
+fn respond(
+    resp: Response<Incoming>,
+    permit: Permit,
+    lease: Lease,
+    idle: Duration,
+) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let streaming = parts
@@ -372,6 +389,7 @@ fn respond(resp: Response<Incoming>, permit: Permit, idle: Duration) -> Response
         idle_timer: None,
         idle,
         permit: Some(permit),
+        lease: Some(lease),
         streaming,
         first: true,
     };
@@ -429,8 +447,21 @@ pin_project! {
         idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
         idle: Duration,
         permit: Option<Permit>,
+        // The connection, back to the pool after the last byte.
+        lease: Option<Lease>,
         streaming: bool,
         first: bool,
+    }
+}
+
+/// The response was passed on whole: record its latency, free the slot,
+/// return the connection.
+fn finish(permit: &mut Option<Permit>, lease: &mut Option<Lease>) {
+    if let Some(p) = permit.take() {
+        p.record_latency(p.admitted.elapsed().as_secs_f64());
+    }
+    if let Some(l) = lease.take() {
+        l.release();
     }
 }
 
@@ -458,10 +489,8 @@ impl HttpBody for Tracked {
                 }
                 // A body with a known length is done with its last frame:
                 // hyper may not poll again, so finish here.
-                if this.inner.is_end_stream()
-                    && let Some(p) = this.permit.take()
-                {
-                    p.record_latency(p.admitted.elapsed().as_secs_f64());
+                if this.inner.is_end_stream() {
+                    finish(this.permit, this.lease);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -472,9 +501,7 @@ impl HttpBody for Tracked {
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
-                if let Some(p) = this.permit.take() {
-                    p.record_latency(p.admitted.elapsed().as_secs_f64());
-                }
+                finish(this.permit, this.lease);
                 Poll::Ready(None)
             }
             Poll::Pending => {

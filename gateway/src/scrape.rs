@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use tokio::sync::watch;
 
 use crate::config::MetricsFormat;
-use crate::proxy::UpstreamClient;
 use crate::state::Shared;
+use crate::upstream::Upstream;
 
 /// The metric that counts requests waiting inside a model server.
 pub fn waiting_metric(format: MetricsFormat) -> Option<&'static str> {
@@ -56,7 +56,7 @@ pub fn sum_metric(text: &str, name: &str) -> Option<f64> {
 }
 
 /// Scrapes until shutdown.
-pub async fn run(shared: Arc<Shared>, client: UpstreamClient, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(shared: Arc<Shared>, upstream: Upstream, mut shutdown: watch::Receiver<bool>) {
     let interval = shared.settings.spec.upstream.scrape_interval;
     let scraped: Vec<(String, &'static str)> = shared
         .models
@@ -66,26 +66,29 @@ pub async fn run(shared: Arc<Shared>, client: UpstreamClient, mut shutdown: watc
     if scraped.is_empty() {
         return;
     }
+    let path = http::Uri::from_static("/metrics");
     loop {
         for (model, metric) in &scraped {
             for r in shared.replicas(model) {
-                let Ok(uri) = format!("{}/metrics", r.endpoint).parse::<http::Uri>() else {
+                let Ok(endpoint) = crate::config::Endpoint::parse(&r.endpoint) else {
                     continue;
                 };
-                let req = Request::get(uri).body(Full::new(Bytes::new()));
+                let req = Request::get(path.clone())
+                    .header(http::header::HOST, endpoint.host_header().clone())
+                    .body(Full::new(Bytes::new()));
                 let Ok(req) = req else { continue };
                 let fetched = tokio::time::timeout(interval, async {
-                    let resp = client.request(req).await.ok()?;
+                    let (resp, lease) = upstream.send(&endpoint, req).await.ok()?;
                     let body = Limited::new(resp.into_body(), 4 << 20)
                         .collect()
                         .await
                         .ok()?;
+                    lease.release();
                     String::from_utf8(body.to_bytes().to_vec()).ok()
                 })
                 .await;
                 if let Ok(Some(text)) = fetched
                     && let Some(v) = sum_metric(&text, metric)
-                    && let Ok(endpoint) = crate::config::Endpoint::parse(&r.endpoint)
                 {
                     shared.set_server_waiting(model, &endpoint, v.max(0.0).round() as u32);
                 }

@@ -11,15 +11,16 @@ use std::sync::atomic::Ordering;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Settings;
-use crate::proxy::{self, Body};
+use crate::proxy::{self, Body, Worker};
 use crate::state::{ScaleSignal, Shared};
+use crate::timer::CoarseTimer;
 use crate::{admin, scrape};
 
 /// A running gateway.
@@ -91,7 +92,6 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     });
     let shared = Shared::new(settings);
     let (shutdown, rx) = watch::channel(false);
-    let client = proxy::client(shared.settings.spec.upstream.connect_timeout);
 
     let mut threads = Vec::new();
     for i in 1..workers {
@@ -119,10 +119,9 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
                         }
                     };
                     let _ = ready_tx.send(Ok(()));
-                    let client = proxy::client(shared.settings.spec.upstream.connect_timeout);
-                    let s = shared.clone();
+                    let worker = Worker::new(shared.clone());
                     serve(listener, shared, rx, move |req| {
-                        proxy::handle(s.clone(), client.clone(), req)
+                        proxy::handle(worker.clone(), req)
                     })
                     .await;
                 });
@@ -133,13 +132,13 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
         threads.push(thread);
     }
 
-    let s = shared.clone();
-    let c = client.clone();
+    let worker = Worker::new(shared.clone());
+    let upstream = worker.upstream.clone();
     let traffic_task = tokio::spawn(serve(
         traffic_listener,
         shared.clone(),
         rx.clone(),
-        move |req| proxy::handle(s.clone(), c.clone(), req),
+        move |req| proxy::handle(worker.clone(), req),
     ));
     let s = shared.clone();
     let admin_rx = rx.clone();
@@ -149,7 +148,7 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
         rx.clone(),
         move |req| admin::handle(s.clone(), admin_rx.clone(), req),
     ));
-    let scrape_task = tokio::spawn(scrape::run(shared.clone(), client, rx));
+    let scrape_task = tokio::spawn(scrape::run(shared.clone(), upstream, rx));
     tracing::info!(%traffic, %admin, workers, models = shared.models.len(), "gateway listening");
     Ok(Running {
         traffic,
@@ -173,7 +172,7 @@ async fn serve<F, Fut>(
     let limits = shared.settings.spec.limits.clone();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
+        .timer(CoarseTimer::start())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .keep_alive(true);

@@ -106,6 +106,15 @@ impl SimProfile {
     }
 }
 
+/// Waits `d`; no wait at all for zero. (A zero `tokio::time::sleep`
+/// still waits for the timer's next 1 ms tick: the `instant` profile
+/// would hold every request about a millisecond.)
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 /// Counters of a simulated server.
 #[derive(Debug, Default)]
 pub struct SimCounters {
@@ -391,7 +400,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     });
     if embeddings {
         let _running = Gauge::up(&sim.counters.running);
-        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        pause(sim.profile.prefill(prompt_tokens)).await;
         drop(permit);
         guard.armed = false;
         sim.counters.completed.fetch_add(1, Ordering::Relaxed);
@@ -418,11 +427,11 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     let rid = format!("{}-sim-{id}", if chat { "chatcmpl" } else { "cmpl" });
     if !r.stream {
         let _running = Gauge::up(&sim.counters.running);
-        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        pause(sim.profile.prefill(prompt_tokens)).await;
         let mut text = String::new();
         for i in 0..max_tokens {
             let running = sim.counters.running.load(Ordering::Relaxed) as u32;
-            tokio::time::sleep(sim.profile.per_token(running)).await;
+            pause(sim.profile.per_token(running)).await;
             text.push_str(&token(i));
         }
         drop(permit);
@@ -452,11 +461,11 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
             "text_completion"
         };
         let send = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
-        tokio::time::sleep(sim.profile.prefill(prompt_tokens)).await;
+        pause(sim.profile.prefill(prompt_tokens)).await;
         for i in 0..max_tokens {
             if i > 0 {
                 let running = counters.running.load(Ordering::Relaxed) as u32;
-                tokio::time::sleep(sim.profile.per_token(running)).await;
+                pause(sim.profile.per_token(running)).await;
             }
             let choice = if chat {
                 let mut delta = serde_json::json!({"content": token(i)});

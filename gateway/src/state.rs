@@ -69,6 +69,8 @@ pub struct ModelState {
     stats: Mutex<ModelStats>,
     label: ModelLabel,
     handles: Handles,
+    /// [`Shared::version`], bumped on every change of this model.
+    version: watch::Sender<u64>,
 }
 
 /// The model's metric series, looked up once (the hot path touches no
@@ -105,6 +107,44 @@ impl Handles {
 }
 
 impl ModelState {
+    /// Updates a model's gauges and wakes watchers.
+    fn changed(&self, pool: &Pool<Waiter>) {
+        // A store only on change: both workers write these, and an
+        // unchanged line stays shared between their caches.
+        let set = |g: &Gauge, v: i64| {
+            if g.get() != v {
+                g.set(v);
+            }
+        };
+        let h = &self.handles;
+        set(&h.queue_depth, pool.waiting() as i64);
+        set(&h.in_flight, i64::from(pool.in_flight()));
+        set(&h.replicas, pool.ready_replicas() as i64);
+        // Waking watchers costs a few locks: only when someone watches
+        // (a `/v1/queues/stream` client, the embedded autoscaler).
+        if self.version.receiver_count() > 0 {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Hands freed slots to waiters; a waiter that is gone gives its slot
+    /// straight back.
+    fn dispatch(&self, inner: &mut Inner) {
+        let now = Instant::now();
+        loop {
+            let grants = inner.pool.dispatch(now);
+            if grants.is_empty() {
+                break;
+            }
+            for (w, replica, endpoint) in grants {
+                if w.send(Ok(Grant { replica, endpoint })).is_err() {
+                    inner.pool.release(replica);
+                }
+            }
+        }
+        self.changed(&inner.pool);
+    }
+
     /// Counts an answered request by status code.
     pub fn count_response(&self, metrics: &Metrics, code: u16) {
         if code == 200 {
@@ -165,6 +205,7 @@ impl Shared {
     pub fn new(settings: Settings) -> Arc<Shared> {
         let origin = Instant::now();
         let (metrics, registry) = Metrics::new();
+        let version = watch::channel(0).0;
         let models = settings
             .models
             .values()
@@ -189,6 +230,7 @@ impl Shared {
                     label: ModelLabel {
                         model: m.name.clone(),
                     },
+                    version: version.clone(),
                 });
                 (m.name.clone(), state)
             })
@@ -206,7 +248,7 @@ impl Shared {
             models,
             metrics,
             registry,
-            version: watch::channel(0).0,
+            version,
             signals: broadcast::channel(256).0,
             shutting_down: AtomicBool::new(false),
             next_waiter: AtomicU64::new(0),
@@ -214,22 +256,9 @@ impl Shared {
         });
         for m in shared.models.values() {
             let inner = lock(&m.inner);
-            shared.changed(m, &inner.pool);
+            m.changed(&inner.pool);
         }
         shared
-    }
-
-    /// Updates a model's gauges and wakes watchers.
-    fn changed(&self, m: &ModelState, pool: &Pool<Waiter>) {
-        let h = &m.handles;
-        h.queue_depth.set(pool.waiting() as i64);
-        h.in_flight.set(i64::from(pool.in_flight()));
-        h.replicas.set(pool.ready_replicas() as i64);
-        // Waking watchers costs a few locks: only when someone watches
-        // (a `/v1/queues/stream` client, the embedded autoscaler).
-        if self.version.receiver_count() > 0 {
-            self.version.send_modify(|v| *v += 1);
-        }
     }
 
     /// Waits for a slot on one of the model's replicas.
@@ -242,16 +271,28 @@ impl Shared {
             return Err(self.rejected(model, Reject::ShuttingDown));
         }
         let arrived = Instant::now();
-        lock(&model.stats).arrivals.record(arrived);
-        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let (tx, mut rx) = oneshot::channel();
-        {
+        let (id, mut rx) = {
             let mut inner = lock(&model.inner);
             if let Some((replica, endpoint)) = inner.pool.acquire(arrived) {
-                self.changed(model, &inner.pool);
+                model.changed(&inner.pool);
                 drop(inner);
-                return Ok(self.permit(model, replica, endpoint, arrived));
+                // Arrival and (zero) wait under one lock.
+                let mut stats = lock(&model.stats);
+                stats.arrivals.record(arrived);
+                stats.queue_wait.record(arrived, 0.0);
+                drop(stats);
+                model.handles.queue_wait.observe(0.0);
+                return Ok(Permit {
+                    model: model.clone(),
+                    replica,
+                    endpoint,
+                    admitted: arrived,
+                    succeeded: false,
+                });
             }
+            lock(&model.stats).arrivals.record(arrived);
+            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
             match inner.pool.enqueue(id, priority, tx) {
                 Enqueued::Waiting => {}
                 Enqueued::Rejected(_) => {
@@ -274,11 +315,11 @@ impl Shared {
                 });
                 self.metrics.scale_signals.get_or_create(&model.label).inc();
             }
-            self.changed(model, &inner.pool);
-        }
+            model.changed(&inner.pool);
+            (id, rx)
+        };
         // Leaves the queue if this future is dropped (client gone).
         let mut guard = WaitGuard {
-            shared: self,
             model,
             id,
             armed: true,
@@ -291,7 +332,7 @@ impl Shared {
             Err(_) => {
                 let mut inner = lock(&model.inner);
                 if inner.pool.remove_waiter(id).is_some() {
-                    self.changed(model, &inner.pool);
+                    model.changed(&inner.pool);
                     Err(Reject::Timeout)
                 } else {
                     // Granted or displaced at the last moment: the answer
@@ -331,30 +372,12 @@ impl Shared {
         lock(&model.stats).queue_wait.record(now, wait);
         model.handles.queue_wait.observe(wait);
         Permit {
-            shared: self.clone(),
             model: model.clone(),
             replica,
             endpoint,
             admitted: now,
+            succeeded: false,
         }
-    }
-
-    /// Hands freed slots to waiters; a waiter that is gone gives its slot
-    /// straight back.
-    fn dispatch(&self, model: &ModelState, inner: &mut Inner) {
-        let now = Instant::now();
-        loop {
-            let grants = inner.pool.dispatch(now);
-            if grants.is_empty() {
-                break;
-            }
-            for (w, replica, endpoint) in grants {
-                if w.send(Ok(Grant { replica, endpoint })).is_err() {
-                    inner.pool.release(replica);
-                }
-            }
-        }
-        self.changed(model, &inner.pool);
     }
 
     /// Registers a replica (the discovery interface); waiting requests go
@@ -368,7 +391,7 @@ impl Shared {
         let m = self.models.get(model)?;
         let mut inner = lock(&m.inner);
         let id = inner.pool.add_replica(endpoint, limit);
-        self.dispatch(m, &mut inner);
+        m.dispatch(&mut inner);
         Some(id)
     }
 
@@ -379,7 +402,7 @@ impl Shared {
         let m = self.models.get(model)?;
         let mut inner = lock(&m.inner);
         let known = inner.pool.remove_replica(endpoint);
-        self.changed(m, &inner.pool);
+        m.changed(&inner.pool);
         Some(known)
     }
 
@@ -413,14 +436,14 @@ impl Shared {
         drop(failed);
         let mut inner = lock(&model.inner);
         let (replica, endpoint) = inner.pool.acquire_other(Instant::now(), tried)?;
-        self.changed(&model, &inner.pool);
+        model.changed(&inner.pool);
         drop(inner);
         Some(Permit {
-            shared: self.clone(),
             model,
             replica,
             endpoint,
             admitted,
+            succeeded: false,
         })
     }
 
@@ -508,7 +531,6 @@ impl Shared {
 }
 
 struct WaitGuard<'a> {
-    shared: &'a Shared,
     model: &'a ModelState,
     id: u64,
     armed: bool,
@@ -519,7 +541,7 @@ impl Drop for WaitGuard<'_> {
         if self.armed {
             let mut inner = lock(&self.model.inner);
             if inner.pool.remove_waiter(self.id).is_some() {
-                self.shared.changed(self.model, &inner.pool);
+                self.model.changed(&inner.pool);
             }
         }
     }
@@ -529,7 +551,6 @@ impl Drop for WaitGuard<'_> {
 /// request's end); dropping it frees the slot and hands it to the next
 /// waiter.
 pub struct Permit {
-    shared: Arc<Shared>,
     model: Arc<ModelState>,
     /// The replica.
     pub replica: ReplicaId,
@@ -537,6 +558,9 @@ pub struct Permit {
     pub endpoint: Endpoint,
     /// When the request left the queue.
     pub admitted: Instant,
+    /// The replica answered (its failure count resets when the slot is
+    /// freed: one lock, not two).
+    succeeded: bool,
 }
 
 impl Permit {
@@ -546,8 +570,8 @@ impl Permit {
     }
 
     /// The upstream answered: count a success.
-    pub fn succeeded(&self) {
-        lock(&self.model.inner).pool.record_success(self.replica);
+    pub fn succeeded(&mut self) {
+        self.succeeded = true;
     }
 
     /// Records the end-to-end upstream latency.
@@ -568,8 +592,11 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut inner = lock(&self.model.inner);
+        if self.succeeded {
+            inner.pool.record_success(self.replica);
+        }
         inner.pool.release(self.replica);
-        self.shared.dispatch(&self.model, &mut inner);
+        self.model.dispatch(&mut inner);
     }
 }
 
