@@ -12,21 +12,10 @@ cd "$(dirname "$0")/.."
 conns=${1:-800}
 secs=${2:-10}
 command -v wrk >/dev/null || { echo "needs wrk (apt-get install wrk)"; exit 1; }
-cargo build --release --quiet --bin gpuscale
-bin=$PWD/target/release/gpuscale
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source bench/lib.sh
 up=$(port); gw=$(port); admin=$(port)
 
-"$bin" sim-server --port "$up" --profile tiny --model m --max-concurrency 8 --decode-tps 200 >/dev/null 2>&1 &
-pids+=($!)
+spawn "$bin" sim-server --port "$up" --profile tiny --model m --max-concurrency 8 --decode-tps 200
 cat >"$work/gateway.yaml" <<EOF
 apiVersion: gpuscale.io/v1alpha1
 kind: Gateway
@@ -40,15 +29,10 @@ spec:
       maxConcurrency: 8
       replicas: ["http://127.0.0.1:$up"]
 EOF
-"$bin" gateway --config "$work/gateway.yaml" >/dev/null 2>&1 &
-gw_pid=$!
-pids+=($gw_pid)
+spawn "$bin" gateway --config "$work/gateway.yaml"
+gw_pid=$spawned
 for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin/readyz" && break; sleep 0.1; done
-cat >"$work/post.lua" <<'EOF'
-wrk.method = "POST"
-wrk.body = '{"model":"m","prompt":"hello","max_tokens":10}'
-wrk.headers["Content-Type"] = "application/json"
-EOF
+post_lua '{"model":"m","prompt":"hello","max_tokens":10}'
 hwm() { awk '/VmHWM/ {print $2}' "/proc/$gw_pid/status"; }
 before=$(hwm)
 wrk -t2 -c"$conns" -d"${secs}s" --timeout 5s -s "$work/post.lua" "http://127.0.0.1:$gw/v1/completions" >"$work/wrk.txt"

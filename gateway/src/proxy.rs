@@ -7,7 +7,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gpuscale_policies::model::Priority;
@@ -121,13 +121,16 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the few names a message has (no hashing) finds the
+    // common case, where there is nothing to remove.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         remove_connection_named(headers);
     }
     for h in &HOP_BY_HOP {
-        if headers.contains_key(h) {
-            headers.remove(h);
-        }
+        headers.remove(h);
     }
 }
 
@@ -458,7 +461,7 @@ pin_project! {
 /// return the connection.
 fn finish(permit: &mut Option<Permit>, lease: &mut Option<Lease>) {
     if let Some(p) = permit.take() {
-        p.record_latency(p.admitted.elapsed().as_secs_f64());
+        p.record_latency(Instant::now());
     }
     if let Some(l) = lease.take() {
         l.release();
@@ -522,5 +525,51 @@ impl HttpBody for Tracked {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = headers(&[
+            ("connection", "close, x-trace"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("x-trace", "1"),
+            ("te", "trailers"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer t"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn end_to_end_headers_are_left_alone() {
+        let pairs = [
+            ("content-type", "application/json"),
+            ("content-length", "42"),
+            ("x-gpuscale-model", "m"),
+        ];
+        let mut h = headers(&pairs);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&pairs));
     }
 }

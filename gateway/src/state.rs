@@ -130,6 +130,10 @@ impl ModelState {
     /// Hands freed slots to waiters; a waiter that is gone gives its slot
     /// straight back.
     fn dispatch(&self, inner: &mut Inner) {
+        if inner.pool.waiting() == 0 {
+            self.changed(&inner.pool);
+            return;
+        }
         let now = Instant::now();
         loop {
             let grants = inner.pool.dispatch(now);
@@ -574,11 +578,11 @@ impl Permit {
         self.succeeded = true;
     }
 
-    /// Records the end-to-end upstream latency.
-    pub fn record_latency(&self, seconds: f64) {
-        lock(&self.model.stats)
-            .latency
-            .record(Instant::now(), seconds);
+    /// The response's last byte went out at `now`: records the latency
+    /// since admission.
+    pub fn record_latency(&self, now: Instant) {
+        let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
+        lock(&self.model.stats).latency.record(now, seconds);
         self.model.handles.latency.observe(seconds);
     }
 
