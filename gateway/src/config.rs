@@ -132,6 +132,13 @@ pub struct UpstreamSpec {
     /// Time to connect to a replica.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How long a kept-alive connection to a replica may sit unused before
+    /// the gateway closes it rather than reuse it. Below the model
+    /// server's own keep-alive timeout (uvicorn, under vLLM, closes after
+    /// 5 s), so the gateway never sends on a connection the server is
+    /// closing.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Consecutive failures that eject a replica.
     pub eject_after_failures: u32,
     /// How long an ejected replica gets no traffic.
@@ -148,6 +155,7 @@ impl Default for UpstreamSpec {
         UpstreamSpec {
             retries: 2,
             connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(4),
             eject_after_failures: 3,
             eject_for: Duration::from_secs(10),
             scrape_interval: Duration::from_secs(1),

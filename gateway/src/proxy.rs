@@ -43,10 +43,8 @@ pub struct Worker {
 impl Worker {
     /// A worker on the current tokio runtime.
     pub fn new(shared: Arc<Shared>) -> Arc<Self> {
-        let upstream = Upstream::new(
-            shared.settings.spec.upstream.connect_timeout,
-            UPSTREAM_IDLE_TIMEOUT,
-        );
+        let up = &shared.settings.spec.upstream;
+        let upstream = Upstream::new(up.connect_timeout, up.idle_timeout);
         Arc::new(Worker {
             shared,
             upstream,
@@ -54,9 +52,6 @@ impl Worker {
         })
     }
 }
-
-/// How long a connection to a replica stays open unused.
-pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A small complete body.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
