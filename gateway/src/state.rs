@@ -149,6 +149,34 @@ impl ModelState {
         self.changed(&inner.pool);
     }
 
+    /// A slot on `replica` for a request that arrived at `arrived`: records
+    /// its queue wait, and its arrival too when it never queued (`now` is
+    /// then `arrived`: one lock, one clock read).
+    fn permit(
+        self: &Arc<Self>,
+        replica: ReplicaId,
+        endpoint: Endpoint,
+        arrived: Instant,
+        queued: bool,
+    ) -> Permit {
+        let now = if queued { Instant::now() } else { arrived };
+        let wait = now.duration_since(arrived).as_secs_f64();
+        let mut stats = lock(&self.stats);
+        if !queued {
+            stats.arrivals.record(arrived);
+        }
+        stats.queue_wait.record(now, wait);
+        drop(stats);
+        self.handles.queue_wait.observe(wait);
+        Permit {
+            model: self.clone(),
+            replica,
+            endpoint,
+            admitted: now,
+            succeeded: false,
+        }
+    }
+
     /// Counts an answered request by status code.
     pub fn count_response(&self, metrics: &Metrics, code: u16) {
         if code == 200 {
@@ -280,19 +308,7 @@ impl Shared {
             if let Some((replica, endpoint)) = inner.pool.acquire(arrived) {
                 model.changed(&inner.pool);
                 drop(inner);
-                // Arrival and (zero) wait under one lock.
-                let mut stats = lock(&model.stats);
-                stats.arrivals.record(arrived);
-                stats.queue_wait.record(arrived, 0.0);
-                drop(stats);
-                model.handles.queue_wait.observe(0.0);
-                return Ok(Permit {
-                    model: model.clone(),
-                    replica,
-                    endpoint,
-                    admitted: arrived,
-                    succeeded: false,
-                });
+                return Ok(model.permit(replica, endpoint, arrived, false));
             }
             lock(&model.stats).arrivals.record(arrived);
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
@@ -348,7 +364,7 @@ impl Shared {
         };
         guard.armed = false;
         match outcome {
-            Ok(g) => Ok(self.permit(model, g.replica, g.endpoint, arrived)),
+            Ok(g) => Ok(model.permit(g.replica, g.endpoint, arrived, true)),
             Err(r) => Err(self.rejected(model, r)),
         }
     }
@@ -362,26 +378,6 @@ impl Shared {
             })
             .inc();
         r
-    }
-
-    fn permit(
-        self: &Arc<Self>,
-        model: &Arc<ModelState>,
-        replica: ReplicaId,
-        endpoint: Endpoint,
-        arrived: Instant,
-    ) -> Permit {
-        let now = Instant::now();
-        let wait = now.duration_since(arrived).as_secs_f64();
-        lock(&model.stats).queue_wait.record(now, wait);
-        model.handles.queue_wait.observe(wait);
-        Permit {
-            model: model.clone(),
-            replica,
-            endpoint,
-            admitted: now,
-            succeeded: false,
-        }
     }
 
     /// Registers a replica (the discovery interface); waiting requests go
