@@ -74,6 +74,19 @@ async fn expect(
     body
 }
 
+/// The next request is a patch of node `h100-0`; answers with the node and
+/// returns the patch body.
+async fn expect_node_patch(handle: &mut Handle) -> Value {
+    expect(
+        handle,
+        Method::PATCH,
+        "/api/v1/nodes/h100-0?",
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
+    )
+    .await
+}
+
 fn model() -> Model {
     let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n";
     gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text)])
@@ -170,14 +183,7 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
 async fn a_mig_change_is_a_node_label_patch() {
     let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {
-        let body = expect(
-            &mut handle,
-            Method::PATCH,
-            "/api/v1/nodes/h100-0?",
-            200,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
-        )
-        .await;
+        let body = expect_node_patch(&mut handle).await;
         assert_eq!(
             body,
             json!({"metadata": {"labels": {"nvidia.com/mig.config": "gpuscale-h100-0"}},
@@ -592,14 +598,7 @@ async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
 async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
     let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {
-        let body = expect(
-            &mut handle,
-            Method::PATCH,
-            "/api/v1/nodes/h100-0?",
-            200,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
-        )
-        .await;
+        let body = expect_node_patch(&mut handle).await;
         assert_eq!(body["spec"]["unschedulable"], true);
         expect(&mut handle, Method::GET,
             "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-0&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale",
@@ -618,14 +617,7 @@ async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
         )
         .await;
         assert_eq!(ev["metadata"]["name"], "llama-mig-1");
-        let body = expect(
-            &mut handle,
-            Method::PATCH,
-            "/api/v1/nodes/h100-0?",
-            200,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
-        )
-        .await;
+        let body = expect_node_patch(&mut handle).await;
         assert_eq!(body["spec"]["unschedulable"], false);
     });
     k.cordon("h100-0", true).await.unwrap();
