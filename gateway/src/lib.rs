@@ -15,14 +15,16 @@
 //! quantiles); the async shell in [`state`] (waiters, permits, gauges),
 //! [`proxy`] (forwarding and passthrough bodies), [`admin`], [`scrape`] and
 //! [`server`] (listeners, graceful shutdown), [`upstream`] (per-worker
-//! connection pools to replicas), [`timer`] (the coarse per-connection
-//! timer); configuration in [`config`].
+//! connection pools to replicas and the HTTP/1.1 client on them, over the
+//! pure head encoding, parsing and chunked decoding in [`h1`]), [`timer`]
+//! (the coarse per-connection timer); configuration in [`config`].
 //!
 //! Built on tokio, hyper 1 and hyper-util; never imports `kube`.
 
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod h1;
 pub mod metrics;
 pub mod proxy;
 pub mod route;

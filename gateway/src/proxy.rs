@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gpuscale_policies::model::Priority;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
@@ -22,7 +22,7 @@ use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
 use crate::timer::CoarseTimer;
-use crate::upstream::{Lease, Upstream};
+use crate::upstream::{Outgoing, Upstream, UpstreamBody};
 
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -101,46 +101,6 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry));
     resp
-}
-
-/// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the few names a message has (no hashing) finds the
-    // common case, where there is nothing to remove.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
-        return;
-    }
-    if headers.contains_key(header::CONNECTION) {
-        remove_connection_named(headers);
-    }
-    for h in &HOP_BY_HOP {
-        headers.remove(h);
-    }
-}
-
-/// Headers the `Connection` header names are hop-by-hop too.
-fn remove_connection_named(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
 }
 
 /// Handles one request on the traffic listener. Never fails: every
@@ -287,36 +247,27 @@ async fn handle_inner(
         }
     };
 
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
-    // Origin form: the path and query only.
-    let uri = http::Uri::from(
-        parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-    );
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let outgoing = Outgoing {
+        method: &parts.method,
+        target,
+        headers: &parts.headers,
+        body: &bytes,
+    };
     let mut tried = Vec::new();
     loop {
-        let mut up = Request::new(Full::new(bytes.clone()));
-        *up.method_mut() = parts.method.clone();
-        *up.uri_mut() = uri.clone();
-        *up.headers_mut() = headers.clone();
-        up.headers_mut()
-            .insert(header::HOST, permit.endpoint.host_header().clone());
         let sent = worker
             .timer
             .timeout(
                 spec.limits.request_timeout,
-                worker.upstream.send(&permit.endpoint, up),
+                worker.upstream.send(&permit.endpoint, outgoing),
             )
             .await;
         match sent {
-            Some(Ok((resp, lease))) => {
+            Some(Ok(resp)) => {
                 permit.succeeded();
                 return (
-                    respond(resp, permit, lease, spec.limits.stream_idle_timeout),
+                    respond(resp, permit, spec.limits.stream_idle_timeout),
                     Some(model.clone()),
                 );
             }
@@ -369,14 +320,8 @@ fn bad_gateway(what: &str, detail: &str) -> Response<Body> {
     )
 }
 
-fn respond(
-    resp: Response<Incoming>,
-    permit: Permit,
-    lease: Lease,
-    idle: Duration,
-) -> Response<Body> {
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+fn respond(resp: Response<UpstreamBody>, permit: Permit, idle: Duration) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
     let streaming = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -387,7 +332,6 @@ fn respond(
         idle_timer: None,
         idle,
         permit: Some(permit),
-        lease: Some(lease),
         streaming,
         first: true,
     };
@@ -439,27 +383,22 @@ pin_project! {
     /// with an error when the upstream stalls past the idle timeout.
     struct Tracked {
         #[pin]
-        inner: Incoming,
+        inner: UpstreamBody,
         // Armed only when the upstream keeps the body waiting: a fast
         // response never touches the timer wheel.
         idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
         idle: Duration,
         permit: Option<Permit>,
-        // The connection, back to the pool after the last byte.
-        lease: Option<Lease>,
         streaming: bool,
         first: bool,
     }
 }
 
-/// The response was passed on whole: record its latency, free the slot,
-/// return the connection.
-fn finish(permit: &mut Option<Permit>, lease: &mut Option<Lease>) {
+/// The response was passed on whole: record its latency, free the slot.
+/// (The body returned its connection to the pool itself.)
+fn finish(permit: &mut Option<Permit>) {
     if let Some(p) = permit.take() {
         p.record_latency(Instant::now());
-    }
-    if let Some(l) = lease.take() {
-        l.release();
     }
 }
 
@@ -488,7 +427,7 @@ impl HttpBody for Tracked {
                 // A body with a known length is done with its last frame:
                 // hyper may not poll again, so finish here.
                 if this.inner.is_end_stream() {
-                    finish(this.permit, this.lease);
+                    finish(this.permit);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -499,7 +438,7 @@ impl HttpBody for Tracked {
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
-                finish(this.permit, this.lease);
+                finish(this.permit);
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -520,51 +459,5 @@ impl HttpBody for Tracked {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
-        let mut h = headers(&[
-            ("connection", "close, x-trace"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("x-trace", "1"),
-            ("te", "trailers"),
-            ("content-type", "application/json"),
-            ("authorization", "Bearer t"),
-        ]);
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["authorization", "content-type"]);
-    }
-
-    #[test]
-    fn end_to_end_headers_are_left_alone() {
-        let pairs = [
-            ("content-type", "application/json"),
-            ("content-length", "42"),
-            ("x-gpuscale-model", "m"),
-        ];
-        let mut h = headers(&pairs);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, headers(&pairs));
     }
 }

@@ -8,13 +8,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full, Limited};
+use http::{HeaderMap, Method};
+use http_body_util::{BodyExt, Limited};
 use tokio::sync::watch;
 
 use crate::config::MetricsFormat;
 use crate::state::Shared;
-use crate::upstream::Upstream;
+use crate::upstream::{Outgoing, Upstream};
 
 /// The metric that counts requests waiting inside a model server.
 pub fn waiting_metric(format: MetricsFormat) -> Option<&'static str> {
@@ -66,24 +66,25 @@ pub async fn run(shared: Arc<Shared>, upstream: Upstream, mut shutdown: watch::R
     if scraped.is_empty() {
         return;
     }
-    let path = http::Uri::from_static("/metrics");
+    let (headers, body) = (HeaderMap::new(), Bytes::new());
+    let get = Outgoing {
+        method: &Method::GET,
+        target: "/metrics",
+        headers: &headers,
+        body: &body,
+    };
     loop {
         for (model, metric) in &scraped {
             for r in shared.replicas(model) {
                 let Ok(endpoint) = crate::config::Endpoint::parse(&r.endpoint) else {
                     continue;
                 };
-                let req = Request::get(path.clone())
-                    .header(http::header::HOST, endpoint.host_header().clone())
-                    .body(Full::new(Bytes::new()));
-                let Ok(req) = req else { continue };
                 let fetched = tokio::time::timeout(interval, async {
-                    let (resp, lease) = upstream.send(&endpoint, req).await.ok()?;
+                    let resp = upstream.send(&endpoint, get).await.ok()?;
                     let body = Limited::new(resp.into_body(), 4 << 20)
                         .collect()
                         .await
                         .ok()?;
-                    lease.release();
                     String::from_utf8(body.to_bytes().to_vec()).ok()
                 })
                 .await;

@@ -1,40 +1,47 @@
 //! Keep-alive HTTP/1.1 connections to replicas, one pool per traffic
-//! worker, on hyper's low-level client (`hyper::client::conn::http1`).
+//! worker, and the client that drives them: the request is written in one
+//! system call (head and body together), the response head is parsed off
+//! the connection's read buffer, and the body is read from the socket by
+//! the request's own task as the client's side asks for it ([`h1`] holds
+//! the pure encoding and parsing).
 //!
 //! Each worker is a single-threaded event loop, so its pool is touched by
 //! one thread only and needs no coordination beyond an uncontended lock.
 //! A request takes the most recently used idle connection to its replica
-//! (or opens one within the connect timeout), and the connection comes
-//! back to the pool when the response's last byte has been passed on
-//! ([`Lease::release`]); a response cut short drops its connection, which
-//! is how the replica sees a cancelled request. A request that a pooled
-//! connection could not even start (the replica had just closed it) is
-//! sent again on a fresh connection; one that was sent is never repeated.
-//! A connection idle for longer than the idle timeout is closed, not
-//! reused, when the pool is next touched.
+//! (or opens one within the connect timeout); the connection comes back
+//! to the pool when the response body has been read to its end
+//! ([`UpstreamBody`]), and a body dropped before that drops its
+//! connection, which is how the replica sees a cancelled request. A pooled
+//! connection the replica closed is noticed when it is taken (its socket
+//! turned readable while idle) or when the request cannot be written to
+//! it, and the request goes on a fresh connection; a request that was
+//! written is never repeated. Idle connections expire after the idle
+//! timeout; a sweep closes expired ones and ones the replica closed even
+//! when no traffic comes.
 //!
-//! hyper-util's pooled client does the same for any executor and any
-//! thread; the gateway uses this one because its per-request overhead (a
-//! pool-key hash under a shared lock, a racing connect future, a task
-//! spawned per request to return the connection, an absolute URI rebuilt
-//! into origin form) was measurable against nginx (`bench/README.md`).
+//! Why not hyper's client: hyper-util's pooled client hashes a pool key
+//! under a shared lock, races a connect future and spawns a task per
+//! request to return the connection; hyper's low-level connection runs in
+//! a task of its own, fed through channels, so every request crosses
+//! tasks twice. Against nginx that was 40 % of the gateway's instructions
+//! per request (`bench/README.md`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::uri::Authority;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Response};
+use http_body::{Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::config::Endpoint;
-
-type Sender = SendRequest<Full<Bytes>>;
+use crate::h1::{self, Chunked, Decoded, Framing, H1Error};
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +57,13 @@ pub enum SendError {
     },
     /// The connection failed after the request may have been sent.
     #[error("{0}")]
-    Http(#[from] hyper::Error),
+    Io(#[from] io::Error),
+    /// The replica closed the connection without a response.
+    #[error("the replica closed the connection before responding")]
+    Closed,
+    /// The replica's response is not valid HTTP/1.1.
+    #[error("{0}")]
+    Protocol(#[from] H1Error),
 }
 
 impl SendError {
@@ -60,6 +73,22 @@ impl SendError {
     }
 }
 
+/// A request to forward: its method, origin-form target, the client's
+/// headers (hop-by-hop ones, `Host`, `Content-Length` and `Expect` are
+/// left out when sent) and its whole body.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// Method.
+    pub method: &'a Method,
+    /// Path and query.
+    pub target: &'a str,
+    /// The client's headers.
+    pub headers: &'a HeaderMap,
+    /// The body, read whole; sent with its length when the method is one
+    /// that carries a body or it is not empty.
+    pub body: &'a Bytes,
+}
+
 /// A pool of connections to replicas; cheap to clone (shared).
 #[derive(Clone)]
 pub struct Upstream {
@@ -67,14 +96,14 @@ pub struct Upstream {
 }
 
 struct Inner {
-    idle: Mutex<HashMap<Authority, VecDeque<Idle>>>,
+    idle: Mutex<HashMap<Endpoint, VecDeque<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle_per_replica: usize,
 }
 
 struct Idle {
-    sender: Sender,
+    conn: Conn,
     since: Instant,
 }
 
@@ -82,79 +111,172 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// One keep-alive connection and what was read from it but not yet used.
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+impl Conn {
+    /// Reads what the socket has into the buffer; `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            match self.stream.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    /// Still open, with nothing unasked-for to read: checked without a
+    /// system call unless the socket became readable while idle.
+    fn reusable(&self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.stream.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => matches!(
+                self.stream.try_read(&mut [0u8; 1]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock
+            ),
+        }
+    }
+
+    /// Writes the head and the body, in one system call when the socket
+    /// takes it all.
+    async fn write(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        let total = head.len() + body.len();
+        let mut done = 0;
+        while done < total {
+            let n = if done < head.len() {
+                let bufs = [IoSlice::new(&head[done..]), IoSlice::new(body)];
+                self.stream.write_vectored(&bufs).await?
+            } else {
+                self.stream.write(&body[done - head.len()..]).await?
+            };
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
 impl Upstream {
     /// A pool whose connects give up after `connect_timeout` and whose idle
-    /// connections close after `idle_timeout`.
+    /// connections close after `idle_timeout`. Must be called on a tokio
+    /// runtime: a task there closes idle connections that expired or that
+    /// the replica closed, so none lingers half-closed after traffic stops.
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
-        Upstream {
-            inner: Arc::new(Inner {
-                idle: Mutex::new(HashMap::new()),
-                connect_timeout,
-                idle_timeout,
-                max_idle_per_replica: 1024,
-            }),
-        }
+        let inner = Arc::new(Inner {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            idle_timeout,
+            max_idle_per_replica: 1024,
+        });
+        let weak = Arc::downgrade(&inner);
+        let period = idle_timeout.clamp(Duration::from_millis(10), Duration::from_secs(1));
+        tokio::spawn(sweep(weak, period));
+        Upstream { inner }
     }
 
     /// Idle connections to `endpoint`.
     pub fn idle(&self, endpoint: &Endpoint) -> usize {
         lock(&self.inner.idle)
-            .get(endpoint.uri_authority())
+            .get(endpoint)
             .map_or(0, VecDeque::len)
     }
 
-    /// Sends `req` (origin-form URI, `Host` set) to `endpoint`. The lease
-    /// holds the connection until the response has been read.
+    /// Sends `req` to `endpoint` and reads the response head. The body
+    /// streams from the connection; the connection returns to the pool
+    /// when the body has been read to its end, and closes when the body is
+    /// dropped before that.
     pub async fn send(
         &self,
         endpoint: &Endpoint,
-        mut req: Request<Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, Lease), SendError> {
-        loop {
-            let (mut sender, reused) = match self.checkout(endpoint).await {
-                Some(s) => (s, true),
-                None => (self.connect(endpoint).await?, false),
-            };
-            match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    let lease = Lease {
-                        pool: self.clone(),
-                        endpoint: endpoint.clone(),
-                        sender: Some(sender),
-                    };
-                    return Ok((resp, lease));
-                }
-                Err(mut e) => match e.take_message() {
-                    // Not started on a connection the replica had closed:
-                    // again, on a fresh one if need be.
-                    Some(r) if reused => req = r,
-                    _ => return Err(SendError::Http(e.into_error())),
+        req: Outgoing<'_>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let mut head = Vec::with_capacity(256);
+        let with_length = matches!(*req.method, Method::POST | Method::PUT | Method::PATCH)
+            || !req.body.is_empty();
+        h1::encode_request(
+            &mut head,
+            req.method,
+            req.target,
+            endpoint.host_header(),
+            req.headers,
+            with_length.then_some(req.body.len()),
+        );
+        let mut conn = loop {
+            match self.checkout(endpoint) {
+                Some(mut conn) => match conn.write(&head, req.body).await {
+                    Ok(()) => break conn,
+                    // Closed by the replica as it was taken: nothing was
+                    // received, try the next one.
+                    Err(e) => tracing::debug!("pooled connection to {endpoint} failed: {e}"),
                 },
+                None => {
+                    let mut conn = self.connect(endpoint).await?;
+                    conn.write(&head, req.body).await?;
+                    break conn;
+                }
             }
+        };
+        let head_request = *req.method == Method::HEAD;
+        let head = loop {
+            if let Some(head) = h1::parse_response(&mut conn.buf, head_request)? {
+                break head;
+            }
+            if poll_fn(|cx| conn.poll_fill(cx)).await? == 0 {
+                return Err(SendError::Closed);
+            }
+        };
+        let framing = match head.framing {
+            Framing::Empty => BodyFraming::Done,
+            Framing::Length(n) => BodyFraming::Length(n),
+            Framing::Chunked => BodyFraming::Chunked(Chunked::default()),
+            Framing::Close => BodyFraming::Close,
+        };
+        let mut body = UpstreamBody {
+            conn: Some(conn),
+            framing,
+            keep_alive: head.keep_alive,
+            pool: self.clone(),
+            endpoint: endpoint.clone(),
+        };
+        if matches!(body.framing, BodyFraming::Done) {
+            body.finish();
         }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        Ok(resp)
     }
 
-    /// The most recently used live idle connection, ready for a request.
-    async fn checkout(&self, endpoint: &Endpoint) -> Option<Sender> {
-        loop {
-            let mut sender = {
-                let mut idle = lock(&self.inner.idle);
-                let queue = idle.get_mut(endpoint.uri_authority())?;
-                self.close_expired(queue, Instant::now());
-                queue.pop_back()?.sender
-            };
-            if sender.is_closed() {
-                continue;
-            }
-            // Ready at once unless the connection is still finishing the
-            // last response; an error means it closed.
-            if sender.ready().await.is_ok() {
-                return Some(sender);
+    /// The most recently used idle connection that is still open.
+    fn checkout(&self, endpoint: &Endpoint) -> Option<Conn> {
+        let mut idle = lock(&self.inner.idle);
+        let queue = idle.get_mut(endpoint)?;
+        self.close_expired(queue, Instant::now());
+        while let Some(i) = queue.pop_back() {
+            if i.conn.reusable() {
+                return Some(i.conn);
             }
         }
+        None
     }
 
-    async fn connect(&self, endpoint: &Endpoint) -> Result<Sender, SendError> {
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, SendError> {
         let fail = |reason: String| SendError::Connect {
             endpoint: endpoint.authority().to_string(),
             reason,
@@ -167,15 +289,10 @@ impl Upstream {
         .map_err(|_| fail(format!("timed out after {:?}", self.inner.connect_timeout)))?
         .map_err(|e| fail(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("upstream connection ended: {e}");
-            }
-        });
-        Ok(sender)
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        })
     }
 
     /// Closes what sat idle too long (oldest first).
@@ -188,33 +305,166 @@ impl Upstream {
         }
     }
 
-    fn put_back(&self, endpoint: &Endpoint, sender: Sender) {
-        if sender.is_closed() {
+    fn put_back(&self, endpoint: &Endpoint, conn: Conn) {
+        if !conn.buf.is_empty() {
             return;
         }
         let now = Instant::now();
         let mut idle = lock(&self.inner.idle);
-        let queue = idle.entry(endpoint.uri_authority().clone()).or_default();
-        self.close_expired(queue, now);
-        if queue.len() < self.inner.max_idle_per_replica {
-            queue.push_back(Idle { sender, since: now });
+        if let Some(queue) = idle.get_mut(endpoint) {
+            self.close_expired(queue, now);
+            if queue.len() < self.inner.max_idle_per_replica {
+                queue.push_back(Idle { conn, since: now });
+            }
+        } else {
+            idle.insert(
+                endpoint.clone(),
+                VecDeque::from([Idle { conn, since: now }]),
+            );
         }
     }
 }
 
-/// A connection in use by one request; [`Lease::release`] hands it back
-/// once the response was read to the end, dropping it closes it.
-pub struct Lease {
-    pool: Upstream,
-    endpoint: Endpoint,
-    sender: Option<Sender>,
+/// Every `period` until the pool is gone: closes idle connections that
+/// expired or that their replica closed, and forgets empty queues.
+async fn sweep(pool: Weak<Inner>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(inner) = pool.upgrade() else { return };
+        let now = Instant::now();
+        lock(&inner.idle).retain(|_, queue| {
+            queue.retain(|i| now.duration_since(i.since) < inner.idle_timeout && i.conn.reusable());
+            !queue.is_empty()
+        });
+    }
 }
 
-impl Lease {
-    /// The response was read to its end: the connection can serve another.
-    pub fn release(mut self) {
-        if let Some(s) = self.sender.take() {
-            self.pool.put_back(&self.endpoint, s);
+#[derive(Debug)]
+enum BodyFraming {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+/// A response body read from a pooled connection, chunk by chunk as it
+/// arrives. Read to its end, it hands the connection back to the pool (if
+/// the replica keeps it alive); dropped before that, it closes it, which
+/// is how the replica sees a cancelled request.
+pub struct UpstreamBody {
+    conn: Option<Conn>,
+    framing: BodyFraming,
+    keep_alive: bool,
+    pool: Upstream,
+    endpoint: Endpoint,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("framing", &self.framing)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The connection failed.
+    #[error("reading the replica's response: {0}")]
+    Io(#[from] io::Error),
+    /// The replica closed the connection before the body's end.
+    #[error("the replica closed the connection before the end of the response")]
+    Truncated,
+    /// Broken chunked framing.
+    #[error("{0}")]
+    Protocol(#[from] H1Error),
+}
+
+impl UpstreamBody {
+    fn finish(&mut self) {
+        self.framing = BodyFraming::Done;
+        if let Some(conn) = self.conn.take()
+            && self.keep_alive
+        {
+            self.pool.put_back(&self.endpoint, conn);
+        }
+    }
+
+    fn fail(&mut self, e: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.framing = BodyFraming::Done;
+        self.conn = None;
+        Poll::Ready(Some(Err(e)))
+    }
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            // What the buffer already holds.
+            let (data, ended) = match &mut this.framing {
+                BodyFraming::Done => return Poll::Ready(None),
+                BodyFraming::Length(left) if !conn.buf.is_empty() => {
+                    let n = (*left).min(conn.buf.len() as u64);
+                    *left -= n;
+                    (Some(conn.buf.split_to(n as usize).freeze()), *left == 0)
+                }
+                BodyFraming::Chunked(decoder) => match decoder.decode(&mut conn.buf) {
+                    Ok(Decoded::Data(data)) => (Some(data), false),
+                    Ok(Decoded::End) => (None, true),
+                    Ok(Decoded::NeedMore) => (None, false),
+                    Err(e) => return this.fail(e.into()),
+                },
+                BodyFraming::Close if !conn.buf.is_empty() => {
+                    (Some(conn.buf.split().freeze()), false)
+                }
+                BodyFraming::Length(_) | BodyFraming::Close => (None, false),
+            };
+            if ended {
+                this.finish();
+            }
+            if let Some(data) = data {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            if ended {
+                return Poll::Ready(None);
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) if matches!(this.framing, BodyFraming::Close) => {
+                    this.framing = BodyFraming::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return this.fail(BodyError::Truncated),
+                Ok(_) => {}
+                Err(e) => return this.fail(e.into()),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.framing, BodyFraming::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            BodyFraming::Length(n) => SizeHint::with_exact(n),
+            BodyFraming::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
         }
     }
 }
