@@ -7,6 +7,8 @@
 //! Heads are parsed by `httparse` (hyper's parser); header values are
 //! slices of the read buffer, not copies.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
@@ -165,9 +167,15 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         // Offsets into `buf` of each header's name and value.
         let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
         let (len, code, version, count) = {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut resp = httparse::Response::new(&mut headers);
-            let len = match resp.parse(buf) {
+            let mut headers =
+                [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+            let mut resp = httparse::Response::new(&mut []);
+            let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut resp,
+                buf,
+                &mut headers,
+            );
+            let len = match parsed {
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) => {
                     if buf.len() > MAX_HEAD_BYTES {

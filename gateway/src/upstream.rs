@@ -27,7 +27,7 @@
 //! per request (`bench/README.md`).
 
 use std::collections::{HashMap, VecDeque};
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Response};
 use http_body::{Frame, SizeHint};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::Endpoint;
@@ -96,7 +96,9 @@ pub struct Upstream {
 }
 
 struct Inner {
-    idle: Mutex<HashMap<Endpoint, VecDeque<Idle>>>,
+    // Keyed by replica; foldhash, not SipHash: the keys come from the
+    // configuration and the admin API, not from clients.
+    idle: Mutex<HashMap<Endpoint, VecDeque<Idle>, foldhash::fast::RandomState>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle_per_replica: usize,
@@ -121,17 +123,14 @@ const READ_CHUNK: usize = 16 * 1024;
 
 impl Conn {
     /// Reads what the socket has into the buffer; `Ok(0)` at its end.
+    /// (Through tokio's `poll_read`, which takes a read that did not fill
+    /// the buffer as proof the socket is drained: no second read to see
+    /// `EAGAIN`, and no system call in [`Conn::reusable`] after it.)
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
             self.buf.reserve(READ_CHUNK);
         }
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read_buf(&mut self.buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return Poll::Ready(r),
-            }
-        }
+        std::pin::pin!(self.stream.read_buf(&mut self.buf)).poll(cx)
     }
 
     /// Still open, with nothing unasked-for to read: checked without a
@@ -179,7 +178,7 @@ impl Upstream {
     /// the replica closed, so none lingers half-closed after traffic stops.
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
         let inner = Arc::new(Inner {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::default()),
             connect_timeout,
             idle_timeout,
             max_idle_per_replica: 1024,
