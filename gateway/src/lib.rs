@@ -14,7 +14,7 @@
 //! replica, who waits, who is refused) and [`stats`] (windows and
 //! quantiles); the async shell in [`state`] (waiters, permits, gauges),
 //! [`proxy`] (forwarding and passthrough bodies), [`admin`], [`scrape`] and
-//! [`server`] (listeners, graceful shutdown), [`upstream`] (per-worker
+//! [`server`] (listeners) with [`drain`] (graceful shutdown), [`upstream`] (per-worker
 //! connection pools to replicas and the HTTP/1.1 client on them, over the
 //! pure head encoding, parsing and chunked decoding in [`h1`]), [`timer`]
 //! (the coarse per-connection timer); configuration in [`config`].
@@ -24,6 +24,7 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod drain;
 pub mod h1;
 pub mod metrics;
 pub mod proxy;
@@ -39,3 +40,9 @@ pub mod upstream;
 pub use config::{Endpoint, GatewaySpec, Settings};
 pub use server::{Running, start};
 pub use state::{ScaleSignal, Shared};
+
+/// Locks a mutex, taking over a poisoned one: every critical section in
+/// the crate leaves its data consistent before anything can panic.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

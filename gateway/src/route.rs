@@ -34,9 +34,10 @@ pub enum RouteError {
 }
 
 #[derive(Deserialize)]
-struct ModelField {
-    #[serde(default)]
-    model: Option<String>,
+struct ModelField<'a> {
+    // Borrowed from the body unless the JSON string has escapes.
+    #[serde(default, borrow)]
+    model: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// Routes a request. `header_model` is the model header's value, if any;
@@ -65,7 +66,7 @@ pub fn route(
             let field: ModelField =
                 serde_json::from_slice(body).map_err(|e| RouteError::BadBody(e.to_string()))?;
             match field.model {
-                Some(m) if !m.is_empty() => Ok(Route::Model(m)),
+                Some(m) if !m.is_empty() => Ok(Route::Model(m.into_owned())),
                 _ => Err(RouteError::NoModel),
             }
         }

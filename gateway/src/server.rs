@@ -12,12 +12,12 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Settings;
+use crate::drain::Drain;
 use crate::proxy::{self, Body, Worker};
 use crate::state::{ScaleSignal, Shared};
 use crate::timer::CoarseTimer;
@@ -176,7 +176,7 @@ async fn serve<F, Fut>(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    let drain = Drain::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -196,7 +196,7 @@ async fn serve<F, Fut>(
                     async move { Ok::<_, std::convert::Infallible>(h(req).await) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn);
+                let conn = drain.watch(conn, |c| c.graceful_shutdown());
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("connection ended: {e}");
@@ -207,7 +207,7 @@ async fn serve<F, Fut>(
         }
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+    if tokio::time::timeout(limits.shutdown_grace, drain.shutdown())
         .await
         .is_err()
     {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuscale_policies::model::Priority;
@@ -16,6 +16,7 @@ use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::admission::{Enqueued, Pool, ReplicaId};
 use crate::config::{Endpoint, ModelSettings, Settings};
+use crate::lock;
 use crate::metrics::{CodeLabels, Metrics, ModelLabel, ReasonLabels};
 use crate::stats::ModelStats;
 use prometheus_client::metrics::counter::Counter;
@@ -224,12 +225,6 @@ pub struct Shared {
     pub priority_header: http::HeaderName,
     next_waiter: AtomicU64,
     origin: Instant,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain counters behind, still
-    // consistent enough to serve: never propagate the poison.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {

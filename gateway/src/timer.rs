@@ -16,9 +16,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use crate::lock;
 
 /// How often deadlines are checked: the most a timeout fires late.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -45,10 +47,6 @@ struct Entry {
 struct EntryState {
     fired: bool,
     waker: Option<Waker>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl CoarseTimer {

@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ use tokio::net::TcpStream;
 
 use crate::config::Endpoint;
 use crate::h1::{self, Chunked, Decoded, Framing, H1Error};
+use crate::lock;
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
@@ -107,10 +108,6 @@ struct Inner {
 struct Idle {
     conn: Conn,
     since: Instant,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One keep-alive connection and what was read from it but not yet used.
@@ -233,7 +230,9 @@ impl Upstream {
         };
         let head_request = *req.method == Method::HEAD;
         let head = loop {
-            if let Some(head) = h1::parse_response(&mut conn.buf, head_request)? {
+            if !conn.buf.is_empty()
+                && let Some(head) = h1::parse_response(&mut conn.buf, head_request)?
+            {
                 break head;
             }
             if poll_fn(|cx| conn.poll_fill(cx)).await? == 0 {
