@@ -135,9 +135,13 @@ async fn handle_inner(
     let needs_body = parts.method == Method::POST;
     let bytes = if needs_body {
         let limited = Limited::new(body, spec.limits.max_body_bytes);
-        match tokio::time::timeout(spec.limits.body_read_timeout, limited.collect()).await {
-            Ok(Ok(c)) => c.to_bytes(),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+        match worker
+            .timer
+            .timeout(spec.limits.body_read_timeout, limited.collect())
+            .await
+        {
+            Some(Ok(c)) => c.to_bytes(),
+            Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                 return (
                     error_response(
                         StatusCode::PAYLOAD_TOO_LARGE,
@@ -150,7 +154,7 @@ async fn handle_inner(
                     None,
                 );
             }
-            Ok(Err(_)) => {
+            Some(Err(_)) => {
                 return (
                     error_response(
                         StatusCode::BAD_REQUEST,
@@ -160,7 +164,7 @@ async fn handle_inner(
                     None,
                 );
             }
-            Err(_) => {
+            None => {
                 return (
                     error_response(
                         StatusCode::REQUEST_TIMEOUT,

@@ -64,12 +64,9 @@ impl CoarseTimer {
     /// A future that completes at `deadline` (up to one [`TICK`] later).
     pub fn sleep_until(&self, deadline: Instant) -> CoarseSleep {
         CoarseSleep {
-            entry: Arc::new(Entry {
-                deadline,
-                state: Mutex::new(EntryState::default()),
-            }),
+            deadline,
+            entry: None,
             wheel: self.wheel.clone(),
-            armed: false,
         }
     }
 
@@ -123,31 +120,37 @@ async fn sweep(wheel: Weak<Wheel>) {
 
 /// A sleep of a [`CoarseTimer`].
 pub struct CoarseSleep {
-    entry: Arc<Entry>,
+    deadline: Instant,
+    // Made and armed on first poll: a sleep created and dropped unpolled
+    // (a timeout whose future was ready at once) costs no allocation and
+    // the sweeper nothing.
+    entry: Option<Arc<Entry>>,
     wheel: Arc<Wheel>,
-    armed: bool,
 }
 
 impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        {
-            let mut state = lock(&self.entry.state);
-            if state.fired {
-                return Poll::Ready(());
-            }
-            match &state.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => state.waker = Some(cx.waker().clone()),
-            }
+        let Some(entry) = &self.entry else {
+            let entry = Arc::new(Entry {
+                deadline: self.deadline,
+                state: Mutex::new(EntryState {
+                    fired: false,
+                    waker: Some(cx.waker().clone()),
+                }),
+            });
+            lock(&self.wheel.armed).push(Arc::downgrade(&entry));
+            self.entry = Some(entry);
+            return Poll::Pending;
+        };
+        let mut state = lock(&entry.state);
+        if state.fired {
+            return Poll::Ready(());
         }
-        // Armed on first poll: a sleep created and dropped unpolled costs
-        // the sweeper nothing.
-        if !self.armed {
-            self.armed = true;
-            let weak = Arc::downgrade(&self.entry);
-            lock(&self.wheel.armed).push(weak);
+        match &state.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => state.waker = Some(cx.waker().clone()),
         }
         Poll::Pending
     }
