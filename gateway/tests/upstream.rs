@@ -272,19 +272,28 @@ async fn a_chunked_response_streams_decoded_and_frees_its_connection_at_the_end(
     assert_eq!(up.idle(&endpoint), 1);
 }
 
-#[tokio::test]
-async fn a_response_without_length_runs_to_the_close_and_is_not_pooled() {
+/// A replica that reads one request, writes `pieces` 20 ms apart, and
+/// closes the connection.
+async fn closing_replica(pieces: &'static [&'static [u8]]) -> Endpoint {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut buf = vec![0u8; 4096];
         let _ = s.read(&mut buf).await.unwrap();
-        s.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil ").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        s.write_all(b"the end").await.unwrap();
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            s.write_all(piece).await.unwrap();
+        }
     });
-    let endpoint = Endpoint::parse(&format!("http://{addr}")).unwrap();
+    Endpoint::parse(&format!("http://{addr}")).unwrap()
+}
+
+#[tokio::test]
+async fn a_response_without_length_runs_to_the_close_and_is_not_pooled() {
+    let endpoint = closing_replica(&[b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"the end"]).await;
     let up = Upstream::new(Duration::from_secs(1), Duration::from_secs(90));
     let body = fetch(&up, &endpoint).await;
     assert_eq!(body, "until the end");
@@ -293,17 +302,7 @@ async fn a_response_without_length_runs_to_the_close_and_is_not_pooled() {
 
 #[tokio::test]
 async fn a_response_cut_before_its_length_is_an_error() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = vec![0u8; 4096];
-        let _ = s.read(&mut buf).await.unwrap();
-        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort")
-            .await
-            .unwrap();
-    });
-    let endpoint = Endpoint::parse(&format!("http://{addr}")).unwrap();
+    let endpoint = closing_replica(&[b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"]).await;
     let up = Upstream::new(Duration::from_secs(1), Duration::from_secs(90));
     let err = get(&up, &endpoint)
         .await
