@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gpuscale_gateway::Endpoint;
-use gpuscale_gateway::upstream::{Outgoing, Upstream, UpstreamBody};
+use gpuscale_gateway::upstream::{Outgoing, SendError, Upstream, UpstreamBody};
 use http::{HeaderMap, Method, Response};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,8 +54,8 @@ async fn replica(requests_per_connection: usize) -> (Endpoint, Arc<AtomicUsize>)
     )
 }
 
-/// `GET /x`, its response head.
-async fn get(up: &Upstream, endpoint: &Endpoint) -> Response<UpstreamBody> {
+/// `GET /x`: its response head, or why there is none.
+async fn try_get(up: &Upstream, endpoint: &Endpoint) -> Result<Response<UpstreamBody>, SendError> {
     let (headers, body) = (HeaderMap::new(), Bytes::new());
     let req = Outgoing {
         method: &Method::GET,
@@ -63,7 +63,12 @@ async fn get(up: &Upstream, endpoint: &Endpoint) -> Response<UpstreamBody> {
         headers: &headers,
         body: &body,
     };
-    up.send(endpoint, req).await.unwrap()
+    up.send(endpoint, req).await
+}
+
+/// `GET /x`, its response head.
+async fn get(up: &Upstream, endpoint: &Endpoint) -> Response<UpstreamBody> {
+    try_get(up, endpoint).await.unwrap()
 }
 
 /// `GET /x`, its body read to the end (the connection back in the pool).
@@ -158,14 +163,7 @@ async fn a_refused_connect_is_a_connect_error() {
     };
     let endpoint = Endpoint::parse(&format!("http://{addr}")).unwrap();
     let up = Upstream::new(Duration::from_secs(1), Duration::from_secs(90));
-    let (headers, body) = (HeaderMap::new(), Bytes::new());
-    let req = Outgoing {
-        method: &Method::GET,
-        target: "/x",
-        headers: &headers,
-        body: &body,
-    };
-    let err = match up.send(&endpoint, req).await {
+    let err = match try_get(&up, &endpoint).await {
         Ok(_) => panic!("nobody listens there"),
         Err(e) => e,
     };
