@@ -1,6 +1,8 @@
 //! Logging through `tracing`: `RUST_LOG` picks levels, `--log-format json`
 //! writes one JSON object per line for machines.
 
+use std::io::IsTerminal;
+
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
@@ -18,6 +20,8 @@ pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a terminal, never in files or pipes.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -339,7 +339,7 @@ fn gateway_config_problems_are_located_and_exit_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "{path}:8:18: spec.models[0].replicas[0]: `http://127.0.0.1:1/v1`: an endpoint has no path"
+            "{path}:8:18: spec.models[0].replicas[0]: `http://127.0.0.1:1/v1`: an endpoint has no path or query"
         )),
         "{stderr}"
     );
@@ -370,4 +370,106 @@ fn validate_examples_checks_the_gateway_config_too() {
         "{}",
         stdout(&out)
     );
+}
+
+#[test]
+fn text_logs_carry_no_colour_codes_off_a_terminal() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["validate", "--quiet", "examples/"])
+        .env("RUST_LOG", "info")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("INFO"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI codes in a pipe: {stderr:?}"
+    );
+}
+
+/// Runs `gpuscale gateway` on a config; it must exit within 10 s.
+fn gateway_that_must_exit(config: &str, extra: &[&str]) -> Output {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), config).unwrap();
+    let mut args = vec!["gateway", "--config", file.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(&args)
+        .current_dir(root())
+        .env_remove("GPUSCALE_ADMIN_TOKEN_FILE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the gateway kept running");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    out
+}
+
+fn gateway_config(listen: &str, admin: &str) -> String {
+    format!(
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  listen: {listen}\n  admin: {admin}\n  models:\n    - name: m\n"
+    )
+}
+
+#[test]
+fn a_taken_traffic_port_is_a_clear_error_and_exit_2() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = gateway_that_must_exit(&gateway_config(&addr, "127.0.0.1:0"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("traffic listener {addr}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("another process"), "{stderr}");
+    // The admin port too.
+    let out = gateway_that_must_exit(&gateway_config("127.0.0.1:0", &addr), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("admin listener {addr}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_exposed_admin_port_without_a_token_is_refused_and_a_bad_token_file_named() {
+    let out = gateway_that_must_exit(&gateway_config("127.0.0.1:0", "0.0.0.0:0"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.admin: 0.0.0.0:0 is not a loopback address"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--admin-token-file"), "{stderr}");
+    let out = gateway_that_must_exit(
+        &gateway_config("127.0.0.1:0", "127.0.0.1:0"),
+        &["--admin-token-file", "/nonexistent/token"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--admin-token-file: reading the admin token file /nonexistent/token"),
+        "{stderr}"
+    );
+    let short = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(short.path(), "short\n").unwrap();
+    let out = gateway_that_must_exit(
+        &gateway_config("127.0.0.1:0", "127.0.0.1:0"),
+        &["--admin-token-file", short.path().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"));
 }

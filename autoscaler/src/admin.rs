@@ -8,11 +8,18 @@ use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::controller::Report;
+
+/// Time a client has to send a request head (also the keep-alive idle
+/// limit): a connection that sends nothing is closed after it.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Pause after a failed accept (out of file descriptors, say).
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Binds `addr`; serves until `shutdown` turns true. Returns the bound
 /// address and the serving task.
@@ -27,7 +34,16 @@ pub async fn serve(
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            // Out of file descriptors and the like: back
+                            // off rather than spin on the error.
+                            tracing::warn!("admin accept failed: {e}");
+                            tokio::time::sleep(ACCEPT_BACKOFF).await;
+                            continue;
+                        }
+                    };
                     let report = report.clone();
                     tokio::spawn(async move {
                         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
@@ -50,6 +66,8 @@ pub async fn serve(
                             }
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(HEADER_READ_TIMEOUT)
                             .serve_connection(TokioIo::new(stream), svc)
                             .await;
                     });

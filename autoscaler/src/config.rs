@@ -82,6 +82,12 @@ pub struct GatewayRef {
     /// (`http://host:port`).
     #[serde(default)]
     pub admin: Option<String>,
+    /// A file holding that gateway's admin token (relative to this file;
+    /// a mounted Secret in Kubernetes), sent as a bearer token. The
+    /// embedded gateway uses its own `spec.adminTokenFile`, or a token
+    /// made up at start when it has none.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// How the local backend runs replicas.
@@ -173,6 +179,7 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
     spec.cluster = spec.cluster.as_ref().map(|p| dir.join(p));
     spec.gateway.config = spec.gateway.config.as_ref().map(|p| dir.join(p));
+    spec.gateway.admin_token_file = spec.gateway.admin_token_file.as_ref().map(|p| dir.join(p));
     let mut paths = spec.policies.clone();
     paths.extend(spec.cluster.iter().cloned());
     let bundle = if paths.is_empty() {

@@ -85,6 +85,8 @@ pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
 pub struct GatewayClient {
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    // `Bearer <token>`, marked sensitive (kept out of debug output).
+    authorization: Option<http::HeaderValue>,
 }
 
 impl GatewayClient {
@@ -95,7 +97,30 @@ impl GatewayClient {
         GatewayClient {
             base: base.trim_end_matches('/').to_string(),
             client: Client::builder(TokioExecutor::new()).build(connector),
+            authorization: None,
         }
+    }
+
+    /// Sends `token` as the admin API's bearer token on every call.
+    pub fn with_token(mut self, token: &str) -> Result<Self, ObserveError> {
+        let mut value =
+            http::HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
+                ObserveError::Gateway {
+                    url: self.base.clone(),
+                    message: "the admin token is not a valid header value".into(),
+                }
+            })?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
+    }
+
+    fn request(&self, method: Method, url: &str) -> http::request::Builder {
+        let mut b = Request::builder().method(method).uri(url);
+        if let Some(a) = &self.authorization {
+            b = b.header(http::header::AUTHORIZATION, a.clone());
+        }
+        b
     }
 
     async fn call(
@@ -109,9 +134,8 @@ impl GatewayClient {
             url: url.clone(),
             message,
         };
-        let req = Request::builder()
-            .method(method)
-            .uri(&url)
+        let req = self
+            .request(method, &url)
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(
                 body.map(|b| b.to_string()).unwrap_or_default(),
@@ -193,7 +217,8 @@ impl GatewayClient {
     }
 
     async fn follow(&self, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
-        let req = Request::get(format!("{}/v1/queues/stream", self.base))
+        let req = self
+            .request(Method::GET, &format!("{}/v1/queues/stream", self.base))
             .body(Full::new(Bytes::new()))
             .map_err(|_| ())?;
         let resp = self.client.request(req).await.map_err(|_| ())?;

@@ -17,9 +17,9 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
-use crate::config::Endpoint;
-use crate::proxy::{Body, ChannelBody, error_response, full};
-use crate::state::Shared;
+use crate::auth::{self, Verdict};
+use crate::proxy::{Body, ChannelBody, error_response, full, head_too_large};
+use crate::state::{RegisterError, Shared};
 
 /// Body of `POST` / `DELETE /v1/replicas`.
 #[derive(Debug, Deserialize)]
@@ -59,6 +59,41 @@ pub async fn handle(
     shutdown: watch::Receiver<bool>,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    let settings = &shared.settings;
+    let access = auth::classify(req.method(), req.uri().path());
+    match auth::decide(
+        access,
+        settings.spec.admin.ip().is_loopback(),
+        settings.admin_token.as_ref(),
+        req.headers().get(header::AUTHORIZATION),
+    ) {
+        Verdict::Allow => {}
+        Verdict::Unauthorized => {
+            let mut r = error_response(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "this admin endpoint needs `Authorization: Bearer <admin token>`",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"gpuscale-admin\""),
+            );
+            return r;
+        }
+        Verdict::NoTokenConfigured => {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "changes through the admin API are off: no admin token is configured \
+                 (--admin-token-file, GPUSCALE_ADMIN_TOKEN_FILE or spec.adminTokenFile)",
+            );
+        }
+    }
+    let (parts, body) = req.into_parts();
+    if let Some(r) = head_too_large(&parts, settings.spec.limits.max_header_bytes) {
+        return r;
+    }
+    let req = Request::from_parts(parts, body);
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             let mut out = String::new();
@@ -98,7 +133,22 @@ pub async fn handle(
             }
         }
         (&Method::GET, "/v1/queues") => json(StatusCode::OK, &shared.queues()),
-        (&Method::GET, "/v1/queues/stream") => stream(shared, shutdown),
+        (&Method::GET, "/v1/queues/stream") => {
+            let cap = settings.spec.limits.max_stream_subscribers;
+            match Subscriber::join(&shared, cap) {
+                Some(sub) => stream(shared.clone(), shutdown, sub),
+                None => {
+                    let mut r = error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "overloaded",
+                        &format!("{cap} stream subscribers already (limits.maxStreamSubscribers)"),
+                    );
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                    r
+                }
+            }
+        }
         (&Method::GET, "/v1/replicas") => {
             let all: std::collections::BTreeMap<&String, _> = shared
                 .models
@@ -129,7 +179,7 @@ pub async fn handle(
                     );
                 }
             };
-            let endpoint = match Endpoint::parse(&r.endpoint) {
+            let endpoint = match settings.registration.check(&r.endpoint) {
                 Ok(e) => e,
                 Err(e) => {
                     return error_response(
@@ -139,6 +189,13 @@ pub async fn handle(
                     );
                 }
             };
+            if r.max_concurrency == Some(0) {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "maxConcurrency: must be at least 1",
+                );
+            }
             let unknown = || {
                 error_response(
                     StatusCode::NOT_FOUND,
@@ -148,8 +205,13 @@ pub async fn handle(
             };
             if register {
                 match shared.register(&r.model, endpoint, r.max_concurrency) {
-                    Some(_) => json(StatusCode::OK, &shared.replicas(&r.model)),
-                    None => unknown(),
+                    Ok(_) => json(StatusCode::OK, &shared.replicas(&r.model)),
+                    Err(RegisterError::UnknownModel) => unknown(),
+                    Err(e @ RegisterError::TooMany(_)) => error_response(
+                        StatusCode::CONFLICT,
+                        "invalid_request_error",
+                        &e.to_string(),
+                    ),
                 }
             } else {
                 match shared.deregister(&r.model, &endpoint) {
@@ -171,12 +233,38 @@ pub async fn handle(
     }
 }
 
+/// One `/v1/queues/stream` subscriber, counted against
+/// `limits.maxStreamSubscribers` while it lives.
+struct Subscriber(Arc<Shared>);
+
+impl Subscriber {
+    fn join(shared: &Arc<Shared>, cap: usize) -> Option<Subscriber> {
+        let n = &shared.stream_subscribers;
+        n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |k| {
+            (k < cap).then_some(k + 1)
+        })
+        .ok()
+        .map(|_| Subscriber(shared.clone()))
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.0.stream_subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// `/v1/queues/stream`: `event: queues` with the whole `/v1/queues`
 /// document on connect, on every change (coalesced over 10 ms) and at
 /// least every second; `event: scale` for each scale-from-zero signal.
-fn stream(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) -> Response<Body> {
+fn stream(
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+    subscriber: Subscriber,
+) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
+        let _subscriber = subscriber;
         let mut version = shared.version.subscribe();
         let mut signals = shared.signals.subscribe();
         loop {
@@ -205,6 +293,9 @@ fn stream(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) -> Response<
                     }
                 }
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                // A subscriber that went away is noticed at once, not at
+                // the next event.
+                () = tx.closed() => return,
                 _ = shutdown.changed() => return,
             }
         }

@@ -48,6 +48,28 @@ impl Replica {
     }
 }
 
+/// Replicas in one state, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Group {
+    /// Replicas.
+    pub replicas: usize,
+    /// Requests in flight on them.
+    pub in_flight: u32,
+    /// Σ their concurrency limits.
+    pub capacity: u32,
+}
+
+/// The replicas of a model by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Taking traffic: registered, not draining, not ejected.
+    pub ready: Group,
+    /// Ejected for failing (they come back when the ejection ends).
+    pub ejected: Group,
+    /// Deregistered, finishing their requests.
+    pub draining: Group,
+}
+
 /// Index of a priority class in the queues: critical 0, standard 1,
 /// sheddable 2.
 pub fn class_index(p: Priority) -> usize {
@@ -102,10 +124,14 @@ impl<W> Pool<W> {
         &self.replicas
     }
 
-    /// Replicas that take new requests (registered, not draining; ejected
-    /// ones count: they come back).
+    /// Replicas that take new requests: registered, not draining, not
+    /// ejected (an ejection that has run out counts as over once the next
+    /// request looked for a slot).
     pub fn ready_replicas(&self) -> usize {
-        self.replicas.iter().filter(|r| !r.draining).count()
+        self.replicas
+            .iter()
+            .filter(|r| !r.draining && r.ejected_until.is_none())
+            .count()
     }
 
     /// Requests waiting, per class.
@@ -125,6 +151,31 @@ impl<W> Pool<W> {
     /// Requests in flight on all replicas.
     pub fn in_flight(&self) -> u32 {
         self.replicas.iter().map(|r| r.in_flight).sum()
+    }
+
+    /// The replicas by state at `now`: those that take traffic, the
+    /// ejected ones and the draining ones, each with its in-flight
+    /// requests and capacity.
+    pub fn census(&self, now: Instant) -> Census {
+        let mut c = Census::default();
+        for r in &self.replicas {
+            let group = if r.draining {
+                &mut c.draining
+            } else if r.ejected_until.is_some_and(|t| t > now) {
+                &mut c.ejected
+            } else {
+                &mut c.ready
+            };
+            group.replicas += 1;
+            group.in_flight += r.in_flight;
+            group.capacity += r.limit;
+        }
+        c
+    }
+
+    /// Whether `endpoint` is one of the replicas.
+    pub fn has_replica(&self, endpoint: &Endpoint) -> bool {
+        self.replicas.iter().any(|r| &r.endpoint == endpoint)
     }
 
     /// Adds a replica (or un-drains one registered again); returns its id.
@@ -189,6 +240,9 @@ impl<W> Pool<W> {
         let mut best: Option<usize> = None;
         for k in 0..n {
             let i = (self.cursor + k) % n;
+            if self.replicas[i].ejected_until.is_some_and(|t| t <= now) {
+                self.replicas[i].ejected_until = None;
+            }
             let r = &self.replicas[i];
             if !r.available(now) || avoid.contains(&r.id) {
                 continue;
@@ -427,5 +481,37 @@ mod tests {
         let granted: Vec<u32> = p.dispatch(now).into_iter().map(|g| g.0).collect();
         assert_eq!(granted, [0, 1], "two slots, first two waiters");
         assert_eq!(p.waiting(), 1);
+    }
+
+    #[test]
+    fn the_census_keeps_ejected_and_draining_replicas_apart() {
+        let now = Instant::now();
+        let mut p: Pool<()> = Pool::new(4, 8);
+        let a = p.add_replica(ep(1), Some(8));
+        let b = p.add_replica(ep(2), Some(8));
+        p.add_replica(ep(3), Some(4));
+        p.acquire(now).unwrap();
+        p.acquire(now).unwrap();
+        p.acquire(now).unwrap();
+        assert!(p.record_failure(b, now, 1, Duration::from_secs(10)));
+        p.remove_replica(&ep(1));
+        let c = p.census(now);
+        assert_eq!(
+            c.ready,
+            Group {
+                replicas: 1,
+                in_flight: 1,
+                capacity: 4
+            }
+        );
+        assert_eq!(c.ejected.replicas, 1);
+        assert_eq!(c.ejected.capacity, 8);
+        assert_eq!(c.draining.replicas, 1);
+        assert_eq!(c.draining.in_flight, 1);
+        // The ejection ends: the replica counts again.
+        let later = now + Duration::from_secs(11);
+        assert_eq!(p.census(later).ready.replicas, 2);
+        assert_eq!(p.census(later).ready.capacity, 12);
+        let _ = a;
     }
 }

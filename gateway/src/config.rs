@@ -13,6 +13,9 @@ use gpuscale_policies::load::{self, Problems};
 use gpuscale_policies::model::Priority;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::AdminToken;
+use crate::{priority, registration};
+
 /// The file: `apiVersion: gpuscale.io/v1alpha1`, `kind: Gateway`,
 /// `metadata`, `spec`.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,6 +40,22 @@ pub struct GatewaySpec {
     /// `/v1/replicas`.
     #[serde(default = "default_admin")]
     pub admin: SocketAddr,
+    /// A file holding the admin API's bearer token (relative to this
+    /// file; a mounted Secret in Kubernetes). Overridden by
+    /// `--admin-token-file` and `GPUSCALE_ADMIN_TOKEN_FILE`. Without a
+    /// token, `/v1/replicas` cannot be changed and the admin listener must
+    /// be on loopback.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
+    /// What the discovery API may register.
+    #[serde(default)]
+    pub registration: RegistrationSpec,
+    /// Where requests' priority classes come from.
+    #[serde(default)]
+    pub priorities: PrioritiesSpec,
+    /// Shutdown on SIGTERM.
+    #[serde(default)]
+    pub drain: DrainSpec,
     /// Model policy files or directories (relative to this file): each
     /// policy becomes a model with its `servedName`, `maxConcurrency` and
     /// `priority`.
@@ -45,7 +64,8 @@ pub struct GatewaySpec {
     /// Header that names the model, overriding the body's `model` field.
     #[serde(default = "default_model_header")]
     pub model_header: String,
-    /// Header that sets a request's priority class.
+    /// Header that sets a request's priority class: honoured only from
+    /// the trusted sources of `priorities`.
     #[serde(default = "default_priority_header")]
     pub priority_header: String,
     /// Request limits and timeouts.
@@ -104,9 +124,18 @@ pub struct Limits {
     /// Longest pause between two chunks of an upstream response body.
     #[serde(with = "humantime_serde")]
     pub stream_idle_timeout: Duration,
-    /// How long shutdown waits for requests in flight.
+    /// Longest a response write may make no progress (a client that
+    /// stops reading): the connection is closed and the replica's slot
+    /// freed.
     #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
+    pub write_timeout: Duration,
+    /// Client connections open at once on the traffic port; above it a
+    /// new connection gets 503 and is closed.
+    pub max_connections: usize,
+    /// Connections open at once on the admin port.
+    pub max_admin_connections: usize,
+    /// `/v1/queues/stream` subscribers at once (503 above).
+    pub max_stream_subscribers: usize,
 }
 
 impl Default for Limits {
@@ -118,7 +147,101 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(300),
             stream_idle_timeout: Duration::from_secs(120),
-            shutdown_grace: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
+            max_connections: 16_384,
+            max_admin_connections: 256,
+            max_stream_subscribers: 64,
+        }
+    }
+}
+
+/// What `POST /v1/replicas` may register.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RegistrationSpec {
+    /// Networks (CIDR) registered replicas may be in: loopback by
+    /// default; in Kubernetes, the pod network (EndpointSlice addresses).
+    /// Link-local, unspecified, multicast and broadcast addresses are
+    /// refused whatever this says.
+    pub allowed_networks: Vec<ipnet::IpNet>,
+    /// Most replicas one model may have.
+    pub max_replicas_per_model: usize,
+}
+
+impl Default for RegistrationSpec {
+    fn default() -> Self {
+        RegistrationSpec {
+            allowed_networks: vec![
+                "127.0.0.0/8".parse().expect("a valid network"),
+                "::1/128".parse().expect("a valid network"),
+            ],
+            max_replicas_per_model: 256,
+        }
+    }
+}
+
+/// Where priority classes come from (see [`crate::priority`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PrioritiesSpec {
+    /// Peers (CIDR) whose priority header is honoured: proxies that set
+    /// it themselves. Empty by default: the header is ignored.
+    pub trusted_networks: Vec<ipnet::IpNet>,
+    /// API keys (`Authorization: Bearer KEY`), by SHA-256 digest.
+    pub api_keys: Vec<ApiKeySpec>,
+    /// Classes by request path prefix; the first match wins.
+    pub routes: Vec<RoutePrioritySpec>,
+}
+
+/// One API key's rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiKeySpec {
+    /// A label for people (not matched).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Hex SHA-256 of the key (`printf %s "$KEY" | sha256sum`): the file
+    /// holds no secret.
+    pub sha256: String,
+    /// The class of its requests.
+    #[serde(default)]
+    pub priority: Option<Priority>,
+    /// Whether its requests may set their class by header.
+    #[serde(default)]
+    pub allow_header: bool,
+}
+
+/// A class for requests by path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutePrioritySpec {
+    /// Path prefix (`/v1/embeddings`).
+    pub path_prefix: String,
+    /// Class.
+    pub priority: Priority,
+}
+
+/// Shutdown on SIGTERM: `/readyz` turns 503 at once; for `announce` the
+/// listeners keep accepting and answer new requests 503 with
+/// `Retry-After` (so a Kubernetes Service has time to drop the pod from
+/// its endpoints); then they stop accepting and requests in flight get up
+/// to `timeout` to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DrainSpec {
+    /// Time to keep accepting after SIGTERM.
+    #[serde(with = "humantime_serde")]
+    pub announce: Duration,
+    /// Time requests in flight get to finish after that.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        DrainSpec {
+            announce: Duration::from_secs(5),
+            timeout: Duration::from_secs(30),
         }
     }
 }
@@ -329,8 +452,11 @@ impl Endpoint {
         if authority.port_u16().is_none() {
             return Err(format!("`{s}` has no port"));
         }
-        if !matches!(uri.path(), "" | "/") {
-            return Err(format!("`{s}`: an endpoint has no path"));
+        if authority.as_str().contains('@') {
+            return Err(format!("`{s}`: an endpoint has no user information"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(format!("`{s}`: an endpoint has no path or query"));
         }
         let host =
             http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("`{s}`: {e}"))?;
@@ -390,9 +516,40 @@ pub struct Settings {
     pub spec: GatewaySpec,
     /// Models by served name.
     pub models: BTreeMap<String, ModelSettings>,
+    /// The admin API's token, if one is configured.
+    pub admin_token: Option<AdminToken>,
+    /// What the discovery API may register.
+    pub registration: registration::Rules,
+    /// Where priority classes come from.
+    pub priorities: priority::Rules,
+}
+
+fn hex_digest(s: &str) -> Option<[u8; 32]> {
+    let s = s.trim();
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 impl Settings {
+    /// Refuses an admin listener off loopback without a token: anyone who
+    /// can reach it could read queues and replica addresses.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if !self.spec.admin.ip().is_loopback() && self.admin_token.is_none() {
+            return Err(format!(
+                "spec.admin: {} is not a loopback address, and no admin token is set: \
+                 give one with --admin-token-file, GPUSCALE_ADMIN_TOKEN_FILE or spec.adminTokenFile",
+                self.spec.admin
+            ));
+        }
+        Ok(())
+    }
+
     /// Settings from a spec without a file (tests, embedded mode): models
     /// from `spec.models` and `policies` already loaded.
     pub fn from_spec(
@@ -471,10 +628,74 @@ impl Settings {
         if spec.limits.max_header_bytes < 8192 {
             return Err("spec.limits.maxHeaderBytes: must be at least 8192".into());
         }
+        for (field, value) in [
+            ("maxConnections", spec.limits.max_connections),
+            ("maxAdminConnections", spec.limits.max_admin_connections),
+            ("maxStreamSubscribers", spec.limits.max_stream_subscribers),
+        ] {
+            if value == 0 {
+                return Err(format!("spec.limits.{field}: must be at least 1"));
+            }
+        }
+        for (field, value) in [
+            ("limits.headerReadTimeout", spec.limits.header_read_timeout),
+            ("limits.bodyReadTimeout", spec.limits.body_read_timeout),
+            ("limits.requestTimeout", spec.limits.request_timeout),
+            ("limits.streamIdleTimeout", spec.limits.stream_idle_timeout),
+            ("limits.writeTimeout", spec.limits.write_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(format!("spec.{field}: must be longer than 0s"));
+            }
+        }
+        if spec.registration.max_replicas_per_model == 0 {
+            return Err("spec.registration.maxReplicasPerModel: must be at least 1".into());
+        }
+        let admin_token = match &spec.admin_token_file {
+            Some(f) => {
+                Some(AdminToken::from_file(f).map_err(|e| format!("spec.adminTokenFile: {e}"))?)
+            }
+            None => None,
+        };
+        let mut keys = Vec::new();
+        for (i, k) in spec.priorities.api_keys.iter().enumerate() {
+            let digest = hex_digest(&k.sha256).ok_or_else(|| {
+                format!("spec.priorities.apiKeys[{i}].sha256: expected 64 hex digits (the SHA-256 of the key)")
+            })?;
+            keys.push(priority::KeyRule {
+                digest,
+                priority: k.priority,
+                allow_header: k.allow_header,
+            });
+        }
+        for (i, r) in spec.priorities.routes.iter().enumerate() {
+            if !r.path_prefix.starts_with('/') {
+                return Err(format!(
+                    "spec.priorities.routes[{i}].pathPrefix: must start with `/`"
+                ));
+            }
+        }
+        let priorities = priority::Rules {
+            trusted_networks: spec.priorities.trusted_networks.clone(),
+            keys,
+            routes: spec
+                .priorities
+                .routes
+                .iter()
+                .map(|r| (r.path_prefix.clone(), r.priority))
+                .collect(),
+        };
+        let registration = registration::Rules {
+            allowed: spec.registration.allowed_networks.clone(),
+            max_replicas_per_model: spec.registration.max_replicas_per_model,
+        };
         Ok(Settings {
             name: name.to_string(),
             spec,
             models,
+            admin_token,
+            registration,
+            priorities,
         })
     }
 }
@@ -511,8 +732,9 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
             format!("expected `{}`", load::API_VERSION),
         )]));
     }
-    let parsed: GatewayDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+    let mut parsed: GatewayDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
     let dir = path.parent().unwrap_or(Path::new("."));
+    parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
     let policy_paths: Vec<PathBuf> = parsed.spec.policies.iter().map(|p| dir.join(p)).collect();
     let policies = if policy_paths.is_empty() {
         Vec::new()

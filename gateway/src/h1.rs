@@ -394,6 +394,24 @@ impl Chunked {
     }
 }
 
+/// The size of a request head as HTTP/1.1 writes it canonically
+/// (`METHOD SP target SP HTTP/1.1 CRLF`, then `name: value CRLF` per
+/// field, then `CRLF`): what `limits.maxHeaderBytes` is held to, to the
+/// byte, whatever hyper's read buffer let through.
+pub fn request_head_len(method: &Method, uri: &http::Uri, headers: &HeaderMap) -> usize {
+    let target = match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(a)) => scheme.len() + 3 + a.as_str().len(),
+        (None, Some(a)) => a.as_str().len(),
+        _ => 0,
+    } + uri.path_and_query().map_or(0, |p| p.as_str().len());
+    let line = method.as_str().len() + 1 + target + 1 + "HTTP/1.1".len() + 2;
+    let fields: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum();
+    line + fields + 2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,5 +665,23 @@ mod tests {
             prop_assert_eq!(body, chunks.concat());
             prop_assert!(rest.is_empty());
         }
+    }
+
+    #[test]
+    fn request_head_len_counts_the_canonical_head() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("a"));
+        headers.insert("x-long", HeaderValue::from_static("0123456789"));
+        let uri: http::Uri = "/v1/x?q=1".parse().unwrap();
+        let written = "POST /v1/x?q=1 HTTP/1.1\r\nhost: a\r\nx-long: 0123456789\r\n\r\n";
+        assert_eq!(
+            request_head_len(&Method::POST, &uri, &headers),
+            written.len()
+        );
+        let abs: http::Uri = "http://h:1/p".parse().unwrap();
+        assert_eq!(
+            request_head_len(&Method::GET, &abs, &HeaderMap::new()),
+            "GET http://h:1/p HTTP/1.1\r\n\r\n".len()
+        );
     }
 }

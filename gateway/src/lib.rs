@@ -23,11 +23,15 @@
 
 pub mod admin;
 pub mod admission;
+pub mod auth;
+pub mod client_io;
 pub mod config;
 pub mod drain;
 pub mod h1;
 pub mod metrics;
+pub mod priority;
 pub mod proxy;
+pub mod registration;
 pub mod route;
 pub mod scrape;
 pub mod server;

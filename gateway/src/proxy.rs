@@ -4,13 +4,13 @@
 //! response through chunk by chunk, holding the replica's slot until the
 //! last byte.
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gpuscale_policies::model::Priority;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -23,6 +23,7 @@ use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
 use crate::timer::CoarseTimer;
 use crate::upstream::{Outgoing, Upstream, UpstreamBody};
+use crate::{h1, priority};
 
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -100,14 +101,23 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
     };
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry));
+    if r == Reject::ShuttingDown {
+        // Reconnect, to another gateway replica if there is one.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }
 
 /// Handles one request on the traffic listener. Never fails: every
 /// outcome is a response.
-pub async fn handle(worker: Arc<Worker>, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(
+    worker: Arc<Worker>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let shared = &worker.shared;
-    let (resp, model) = handle_inner(&worker, req).await;
+    let (resp, model) = handle_inner(&worker, peer, req).await;
     let code = resp.status().as_u16();
     match model {
         Some(m) => m.count_response(&shared.metrics, code),
@@ -125,13 +135,30 @@ pub async fn handle(worker: Arc<Worker>, req: Request<Incoming>) -> Response<Bod
     resp
 }
 
+/// 431 when a request head is over `limits.maxHeaderBytes`, counted to
+/// the byte ([`h1::request_head_len`]).
+pub fn head_too_large(parts: &http::request::Parts, limit: usize) -> Option<Response<Body>> {
+    let len = h1::request_head_len(&parts.method, &parts.uri, &parts.headers);
+    (len > limit).then(|| {
+        error_response(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            &format!("the request head is {len} bytes; the limit is {limit}"),
+        )
+    })
+}
+
 async fn handle_inner(
     worker: &Worker,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> (Response<Body>, Option<Arc<ModelState>>) {
     let shared = &worker.shared;
     let spec = &shared.settings.spec;
     let (parts, body) = req.into_parts();
+    if let Some(r) = head_too_large(&parts, spec.limits.max_header_bytes) {
+        return (r, None);
+    }
     let needs_body = parts.method == Method::POST;
     let bytes = if needs_body {
         let limited = Limited::new(body, spec.limits.max_body_bytes);
@@ -188,6 +215,7 @@ async fn handle_inner(
         parts.uri.path(),
         header_model.as_deref(),
         &bytes,
+        |m| shared.models.contains_key(m),
     ) {
         Ok(r) => r,
         Err(e) => {
@@ -230,17 +258,21 @@ async fn handle_inner(
             None,
         );
     };
-    let priority = parts
-        .headers
-        .get(&shared.priority_header)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| match v.trim().to_ascii_lowercase().as_str() {
-            "critical" => Some(Priority::Critical),
-            "standard" => Some(Priority::Standard),
-            "sheddable" => Some(Priority::Sheddable),
-            _ => None,
-        })
-        .unwrap_or(model.settings.priority);
+    let (priority, _) = shared.settings.priorities.decide(
+        priority::Request {
+            peer: peer.ip(),
+            authorization: parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes),
+            path: parts.uri.path(),
+            header: parts
+                .headers
+                .get(&shared.priority_header)
+                .map(HeaderValue::as_bytes),
+        },
+        model.settings.priority,
+    );
     let mut permit = match shared.admit(&model, priority).await {
         Ok(p) => p,
         Err(r) => {
@@ -278,9 +310,10 @@ async fn handle_inner(
             Some(Err(e)) if e.is_connect() => {
                 shared.failed(&model, permit.replica);
                 tried.push(permit.replica);
+                tracing::debug!(model = %model.settings.name, "{e}");
                 if tried.len() as u32 > spec.upstream.retries {
                     return (
-                        bad_gateway("could not connect to a replica", &e.to_string()),
+                        bad_gateway("could not connect to a replica"),
                         Some(model.clone()),
                     );
                 }
@@ -288,7 +321,7 @@ async fn handle_inner(
                     Some(p) => permit = p,
                     None => {
                         return (
-                            bad_gateway("could not connect to a replica", &e.to_string()),
+                            bad_gateway("could not connect to a replica"),
                             Some(model.clone()),
                         );
                     }
@@ -296,10 +329,8 @@ async fn handle_inner(
             }
             Some(Err(e)) => {
                 shared.failed(&model, permit.replica);
-                return (
-                    bad_gateway("the replica failed", &e.to_string()),
-                    Some(model.clone()),
-                );
+                tracing::debug!(model = %model.settings.name, replica = %permit.endpoint, "{e}");
+                return (bad_gateway("the replica failed"), Some(model.clone()));
             }
             None => {
                 shared.failed(&model, permit.replica);
@@ -316,12 +347,11 @@ async fn handle_inner(
     }
 }
 
-fn bad_gateway(what: &str, detail: &str) -> Response<Body> {
-    error_response(
-        StatusCode::BAD_GATEWAY,
-        "upstream_error",
-        &format!("{what}: {detail}"),
-    )
+/// A 502 whose message never names the replica or the transport error:
+/// replica addresses are not the client's business (they are logged at
+/// debug level).
+fn bad_gateway(what: &str) -> Response<Body> {
+    error_response(StatusCode::BAD_GATEWAY, "upstream_error", what)
 }
 
 fn respond(resp: Response<UpstreamBody>, permit: Permit, idle: Duration) -> Response<Body> {

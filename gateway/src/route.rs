@@ -41,12 +41,15 @@ struct ModelField<'a> {
 }
 
 /// Routes a request. `header_model` is the model header's value, if any;
-/// `body` the whole request body (already size-limited).
+/// `body` the whole request body (already size-limited); `known` tells
+/// whether a served model has that name (KServe paths are matched against
+/// the model list, since names may hold `/`).
 pub fn route(
     method: &Method,
     path: &str,
     header_model: Option<&str>,
     body: &[u8],
+    known: impl Fn(&str) -> bool,
 ) -> Result<Route, RouteError> {
     match path {
         "/v1/models" => {
@@ -63,6 +66,11 @@ pub fn route(
             if let Some(m) = header_model.map(str::trim).filter(|m| !m.is_empty()) {
                 return Ok(Route::Model(m.to_string()));
             }
+            // A JSON array (or anything but an object) names no model,
+            // even though serde would read a struct from a sequence.
+            if body.trim_ascii_start().first() != Some(&b'{') {
+                return Err(RouteError::BadBody("expected a JSON object".into()));
+            }
             let field: ModelField =
                 serde_json::from_slice(body).map_err(|e| RouteError::BadBody(e.to_string()))?;
             match field.model {
@@ -71,20 +79,10 @@ pub fn route(
             }
         }
         _ => {
-            // /v2/models/{name}[/versions/{v}]/infer
             let rest = path
                 .strip_prefix("/v2/models/")
                 .ok_or(RouteError::NotFound)?;
-            let mut segs = rest.split('/');
-            let name = segs
-                .next()
-                .filter(|n| !n.is_empty())
-                .ok_or(RouteError::NotFound)?;
-            let tail: Vec<&str> = segs.collect();
-            let ok = matches!(tail.as_slice(), ["infer"] | ["versions", _, "infer"]);
-            if !ok {
-                return Err(RouteError::NotFound);
-            }
+            let name = kserve_model(rest, &known).ok_or(RouteError::NotFound)?;
             if method != Method::POST {
                 return Err(RouteError::MethodNotAllowed);
             }
@@ -92,11 +90,39 @@ pub fn route(
                 header_model
                     .map(str::trim)
                     .filter(|m| !m.is_empty())
-                    .unwrap_or(name)
-                    .to_string(),
+                    .map_or(name, str::to_string),
             ))
         }
     }
+}
+
+/// The model of a KServe v2 inference path after `/v2/models/`:
+/// `{name}/infer` or `{name}/versions/{v}/infer`, percent-decoded (so
+/// `meta-llama%2FLlama-3.1-8B-Instruct` is a name with `/`). Names hold
+/// `/` (Hugging Face style), so the candidates are tried against the
+/// served models, longest first; with none served, the plain reading
+/// (`{name}` without `versions/…`) is returned for the caller's 404.
+pub fn kserve_model(rest: &str, known: impl Fn(&str) -> bool) -> Option<String> {
+    let decoded = percent_encoding::percent_decode_str(rest)
+        .decode_utf8()
+        .ok()?;
+    let before_infer = decoded.strip_suffix("/infer")?;
+    if before_infer.is_empty() {
+        return None;
+    }
+    // `{name}/versions/{v}`: the name is everything before the last
+    // `/versions/` whose version segment holds no `/`.
+    let versioned = before_infer
+        .rsplit_once("/versions/")
+        .filter(|(name, v)| !name.is_empty() && !v.is_empty() && !v.contains('/'))
+        .map(|(name, _)| name);
+    // Longest first: the whole path names a model whose name itself ends
+    // in `/versions/x` before that reading is taken.
+    let candidates = [Some(before_infer), versioned];
+    if let Some(found) = candidates.iter().flatten().find(|c| known(c)) {
+        return Some((*found).to_string());
+    }
+    Some(versioned.unwrap_or(before_infer).to_string())
 }
 
 #[cfg(test)]
@@ -107,16 +133,23 @@ mod tests {
     fn routes_by_body_header_and_path() {
         let body = br#"{"model": "llama", "messages": []}"#;
         assert_eq!(
-            route(&Method::POST, "/v1/chat/completions", None, body),
+            route(&Method::POST, "/v1/chat/completions", None, body, |_| true),
             Ok(Route::Model("llama".into()))
         );
         assert_eq!(
-            route(&Method::POST, "/v1/chat/completions", Some("qwen"), body),
+            route(
+                &Method::POST,
+                "/v1/chat/completions",
+                Some("qwen"),
+                body,
+                |_| true
+            ),
             Ok(Route::Model("qwen".into())),
             "the header wins"
         );
         assert_eq!(
-            route(&Method::POST, "/v2/models/resnet/infer", None, b""),
+            route(&Method::POST, "/v2/models/resnet/infer", None, b"", |m| m
+                == "resnet"),
             Ok(Route::Model("resnet".into()))
         );
         assert_eq!(
@@ -124,12 +157,13 @@ mod tests {
                 &Method::POST,
                 "/v2/models/resnet/versions/3/infer",
                 None,
-                b""
+                b"",
+                |m| m == "resnet"
             ),
             Ok(Route::Model("resnet".into()))
         );
         assert_eq!(
-            route(&Method::GET, "/v1/models", None, b""),
+            route(&Method::GET, "/v1/models", None, b"", |_| true),
             Ok(Route::ListModels)
         );
     }
@@ -137,24 +171,111 @@ mod tests {
     #[test]
     fn bad_requests_say_why() {
         assert_eq!(
-            route(&Method::POST, "/v1/embeddings", None, br#"{"input": "x"}"#),
+            route(
+                &Method::POST,
+                "/v1/embeddings",
+                None,
+                br#"{"input": "x"}"#,
+                |_| true
+            ),
             Err(RouteError::NoModel)
         );
         assert!(matches!(
-            route(&Method::POST, "/v1/completions", None, b"{not json"),
+            route(&Method::POST, "/v1/completions", None, b"{not json", |_| {
+                true
+            }),
             Err(RouteError::BadBody(_))
         ));
         assert_eq!(
-            route(&Method::GET, "/v1/chat/completions", None, b""),
+            route(&Method::GET, "/v1/chat/completions", None, b"", |_| true),
             Err(RouteError::MethodNotAllowed)
         );
         assert_eq!(
-            route(&Method::POST, "/v2/models/x/metadata", None, b""),
+            route(&Method::POST, "/v2/models/x/metadata", None, b"", |_| true),
             Err(RouteError::NotFound)
         );
         assert_eq!(
-            route(&Method::GET, "/", None, b""),
+            route(&Method::GET, "/", None, b"", |_| true),
             Err(RouteError::NotFound)
+        );
+    }
+
+    #[test]
+    fn a_json_array_names_no_model() {
+        assert!(matches!(
+            route(
+                &Method::POST,
+                "/v1/chat/completions",
+                None,
+                br#"["llama"]"#,
+                |_| true
+            ),
+            Err(RouteError::BadBody(_))
+        ));
+        assert!(matches!(
+            route(
+                &Method::POST,
+                "/v1/completions",
+                None,
+                br#" "llama" "#,
+                |_| true
+            ),
+            Err(RouteError::BadBody(_))
+        ));
+        assert_eq!(
+            route(
+                &Method::POST,
+                "/v1/completions",
+                None,
+                b" \n{\"model\":\"m\"}",
+                |_| true
+            ),
+            Ok(Route::Model("m".into()))
+        );
+    }
+
+    #[test]
+    fn kserve_names_with_slashes_match_the_model_list_longest_first() {
+        let models = [
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "a",
+            "a/b",
+            "v/versions/2",
+        ];
+        let known = |m: &str| models.contains(&m);
+        let k = |rest: &str| kserve_model(rest, known);
+        assert_eq!(
+            k("meta-llama/Llama-3.1-8B-Instruct/infer").as_deref(),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
+        );
+        assert_eq!(
+            k("meta-llama%2FLlama-3.1-8B-Instruct/infer").as_deref(),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
+        );
+        assert_eq!(
+            k("meta-llama/Llama-3.1-8B-Instruct/versions/7/infer").as_deref(),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
+        );
+        assert_eq!(k("a/b/infer").as_deref(), Some("a/b"));
+        assert_eq!(k("a/infer").as_deref(), Some("a"));
+        assert_eq!(k("a/versions/1/infer").as_deref(), Some("a"));
+        // A model whose own name reads like a version path.
+        assert_eq!(k("v/versions/2/infer").as_deref(), Some("v/versions/2"));
+        // Unknown names come back for the caller's 404.
+        assert_eq!(k("nope/x/infer").as_deref(), Some("nope/x"));
+        assert_eq!(k("infer"), None);
+        assert_eq!(k("/infer"), None);
+        assert_eq!(k("x/metadata"), None);
+        assert_eq!(k("%FF/infer"), None, "not UTF-8");
+        assert_eq!(
+            route(
+                &Method::POST,
+                "/v2/models/meta-llama/Llama-3.1-8B-Instruct/infer",
+                None,
+                b"",
+                known
+            ),
+            Ok(Route::Model("meta-llama/Llama-3.1-8B-Instruct".into()))
         );
     }
 }

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
+use crate::client_io::ClientIo;
 use crate::config::Settings;
 use crate::drain::Drain;
 use crate::proxy::{self, Body, Worker};
@@ -44,10 +45,14 @@ impl Running {
         self.shared.signals.subscribe()
     }
 
-    /// Stops accepting, answers new requests with 503, and waits (up to
-    /// the grace period) for requests in flight to finish.
+    /// The drain of `spec.drain`: `/readyz` turns 503 and new requests get
+    /// 503 with `Retry-After` at once; the listeners keep accepting for
+    /// `drain.announce`; then they stop accepting and requests in flight
+    /// get up to `drain.timeout` to finish.
     pub async fn shutdown(self) {
         self.shared.shutting_down.store(true, Ordering::Relaxed);
+        self.shared.version.send_modify(|v| *v += 1);
+        tokio::time::sleep(self.shared.settings.spec.drain.announce).await;
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
@@ -77,12 +82,51 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
+/// Fails when anything already listens on `addr`. The workers' sockets
+/// share the port with `SO_REUSEPORT`, which would also let a second
+/// process (another gateway started by mistake) join the group and take a
+/// share of the traffic; a socket bound without it conflicts with any
+/// listener on the port, so binding one first tells.
+fn ensure_port_free(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr).map(drop)
+}
+
+fn listen_error(what: &str, addr: SocketAddr, e: std::io::Error) -> std::io::Error {
+    let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+        " (another process, perhaps another gateway, listens there)"
+    } else {
+        ""
+    };
+    std::io::Error::new(e.kind(), format!("{what} listener {addr}: {e}{hint}"))
+}
+
 /// Binds both listeners and serves until [`Running::shutdown`]: the first
 /// traffic worker, the admin listener and the metrics scraper on the
 /// caller's runtime, every other traffic worker on a thread of its own.
+///
+/// Fails, before binding anything, on an admin listener off loopback
+/// without a token ([`Settings::check_exposure`]), and on a port that is
+/// taken.
 pub async fn start(settings: Settings) -> std::io::Result<Running> {
-    let traffic_listener = reuseport_listener(settings.spec.listen)?;
-    let admin_listener = TcpListener::bind(settings.spec.admin).await?;
+    settings
+        .check_exposure()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let listen = settings.spec.listen;
+    ensure_port_free(listen).map_err(|e| listen_error("traffic", listen, e))?;
+    let traffic_listener =
+        reuseport_listener(listen).map_err(|e| listen_error("traffic", listen, e))?;
+    let admin_listener = TcpListener::bind(settings.spec.admin)
+        .await
+        .map_err(|e| listen_error("admin", settings.spec.admin, e))?;
     let traffic = traffic_listener.local_addr()?;
     let admin = admin_listener.local_addr()?;
     let workers = settings.spec.workers.unwrap_or_else(|| {
@@ -92,10 +136,12 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     });
     let shared = Shared::new(settings);
     let (shutdown, rx) = watch::channel(false);
+    let limits = shared.settings.spec.limits.clone();
+    let traffic_conns = Connections::new(limits.max_connections);
 
     let mut threads = Vec::new();
     for i in 1..workers {
-        let (shared, rx) = (shared.clone(), rx.clone());
+        let (shared, rx, conns) = (shared.clone(), rx.clone(), traffic_conns.clone());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name(format!("gateway-worker-{i}"))
@@ -120,8 +166,8 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
                     };
                     let _ = ready_tx.send(Ok(()));
                     let worker = Worker::new(shared.clone());
-                    serve(listener, shared, rx, move |req| {
-                        proxy::handle(worker.clone(), req)
+                    serve(listener, shared, conns, rx, move |peer, req| {
+                        proxy::handle(worker.clone(), peer, req)
                     })
                     .await;
                 });
@@ -137,16 +183,18 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     let traffic_task = tokio::spawn(serve(
         traffic_listener,
         shared.clone(),
+        traffic_conns,
         rx.clone(),
-        move |req| proxy::handle(worker.clone(), req),
+        move |peer, req| proxy::handle(worker.clone(), peer, req),
     ));
     let s = shared.clone();
     let admin_rx = rx.clone();
     let admin_task = tokio::spawn(serve(
         admin_listener,
         shared.clone(),
+        Connections::new(limits.max_admin_connections),
         rx.clone(),
-        move |req| admin::handle(s.clone(), admin_rx.clone(), req),
+        move |_peer, req| admin::handle(s.clone(), admin_rx.clone(), req),
     ));
     let scrape_task = tokio::spawn(scrape::run(shared.clone(), upstream, rx));
     tracing::info!(%traffic, %admin, workers, models = shared.models.len(), "gateway listening");
@@ -160,19 +208,82 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     })
 }
 
+/// Connections open on one port (all workers), against its cap.
+#[derive(Clone)]
+struct Connections {
+    open: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+impl Connections {
+    fn new(cap: usize) -> Self {
+        Connections {
+            open: Arc::new(AtomicUsize::new(0)),
+            cap,
+        }
+    }
+
+    /// A slot for a new connection, or `None` at the cap.
+    fn open(&self) -> Option<ConnectionSlot> {
+        let mut n = self.open.load(Ordering::Relaxed);
+        loop {
+            if n >= self.cap {
+                return None;
+            }
+            match self
+                .open
+                .compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(ConnectionSlot(self.open.clone())),
+                Err(now) => n = now,
+            }
+        }
+    }
+}
+
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The answer to a connection over the cap: written at once, then the
+/// connection is closed after the client's request has been read (so
+/// the close is a FIN the client sees after the answer, not a reset).
+const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 109\r\n\r\n{\"error\":{\"message\":\"the gateway has too many open connections; retry later\",\"type\":\"overloaded\",\"code\":503}}";
+
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Read what the client sent so far, answer, then close lingering.
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf)).await;
+    let written = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        stream.write_all(OVER_CAPACITY),
+    )
+    .await;
+    if matches!(written, Ok(Ok(()))) {
+        crate::client_io::linger(stream).await;
+    }
+}
+
 async fn serve<F, Fut>(
     listener: TcpListener,
     shared: Arc<Shared>,
+    connections: Connections,
     mut shutdown: watch::Receiver<bool>,
     handler: F,
 ) where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let limits = shared.settings.spec.limits.clone();
+    let timer = CoarseTimer::start();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(CoarseTimer::start())
+        .timer(timer.clone())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .keep_alive(true);
@@ -180,7 +291,7 @@ async fn serve<F, Fut>(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         // Out of file descriptors and the like: back off.
@@ -190,30 +301,35 @@ async fn serve<F, Fut>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let Some(slot) = connections.open() else {
+                    tracing::warn!(cap = connections.cap, "connection cap reached: answering 503");
+                    tokio::spawn(refuse(stream));
+                    continue;
+                };
                 let h = handler.clone();
                 let service = service_fn(move |req| {
                     let h = h.clone();
-                    async move { Ok::<_, std::convert::Infallible>(h(req).await) }
+                    async move { Ok::<_, std::convert::Infallible>(h(peer, req).await) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let io = ClientIo::new(stream, timer.clone(), limits.write_timeout);
+                let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = drain.watch(conn, |c| c.graceful_shutdown());
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("connection ended: {e}");
                     }
+                    drop(slot);
                 });
             }
             _ = shutdown.changed() => break,
         }
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, drain.shutdown())
+    let timeout = shared.settings.spec.drain.timeout;
+    if tokio::time::timeout(timeout, drain.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!(
-            "shutdown grace of {:?} passed with connections open",
-            limits.shutdown_grace
-        );
+        tracing::warn!("drain timeout of {timeout:?} passed with connections open");
     }
 }

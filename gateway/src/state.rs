@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot, watch};
 
-use crate::admission::{Enqueued, Pool, ReplicaId};
+use crate::admission::{Enqueued, Group, Pool, ReplicaId};
 use crate::config::{Endpoint, ModelSettings, Settings};
 use crate::lock;
 use crate::metrics::{CodeLabels, Metrics, ModelLabel, ReasonLabels};
@@ -48,6 +48,17 @@ impl Reject {
     }
 }
 
+/// Why a replica was not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// The model is not configured.
+    #[error("the model is not configured")]
+    UnknownModel,
+    /// The model has as many replicas as it may.
+    #[error("the model already has {0} replicas, the most registration.maxReplicasPerModel allows")]
+    TooMany(usize),
+}
+
 /// A slot on a replica, handed to a waiter.
 #[derive(Debug)]
 struct Grant {
@@ -68,7 +79,6 @@ pub struct ModelState {
     pub settings: ModelSettings,
     inner: Mutex<Inner>,
     stats: Mutex<ModelStats>,
-    label: ModelLabel,
     handles: Handles,
     /// [`Shared::version`], bumped on every change of this model.
     version: watch::Sender<u64>,
@@ -85,6 +95,8 @@ struct Handles {
     ttft: Histogram,
     /// `requests_total{code="200"}`, the common case.
     ok: Counter,
+    upstream_errors: Counter,
+    scale_signals: Counter,
 }
 
 impl Handles {
@@ -96,6 +108,10 @@ impl Handles {
             queue_wait: m.queue_wait.get_or_create(l).clone(),
             latency: m.latency.get_or_create(l).clone(),
             ttft: m.ttft.get_or_create(l).clone(),
+            // Present at 0 from the start, so a rate() over them works
+            // before the first event.
+            upstream_errors: m.upstream_errors.get_or_create(l).clone(),
+            scale_signals: m.scale_signals.get_or_create(l).clone(),
             ok: m
                 .requests
                 .get_or_create(&CodeLabels {
@@ -219,6 +235,8 @@ pub struct Shared {
     pub signals: broadcast::Sender<ScaleSignal>,
     /// No new requests once set.
     pub shutting_down: AtomicBool,
+    /// `/v1/queues/stream` subscribers now.
+    pub stream_subscribers: std::sync::atomic::AtomicUsize,
     /// The header that names the model (parsed once).
     pub model_header: http::HeaderName,
     /// The header that sets the priority class (parsed once).
@@ -254,9 +272,6 @@ impl Shared {
                             model: m.name.clone(),
                         },
                     ),
-                    label: ModelLabel {
-                        model: m.name.clone(),
-                    },
                     version: version.clone(),
                 });
                 (m.name.clone(), state)
@@ -278,6 +293,7 @@ impl Shared {
             version,
             signals: broadcast::channel(256).0,
             shutting_down: AtomicBool::new(false),
+            stream_subscribers: std::sync::atomic::AtomicUsize::new(0),
             next_waiter: AtomicU64::new(0),
             origin,
         });
@@ -328,7 +344,7 @@ impl Shared {
                     model: model.settings.name.clone(),
                     waiting: inner.pool.waiting(),
                 });
-                self.metrics.scale_signals.get_or_create(&model.label).inc();
+                model.handles.scale_signals.inc();
             }
             model.changed(&inner.pool);
             (id, rx)
@@ -376,18 +392,24 @@ impl Shared {
     }
 
     /// Registers a replica (the discovery interface); waiting requests go
-    /// to it at once. `None` when the model is not configured.
+    /// to it at once. A replica registered again keeps its id (and stops
+    /// draining); a new one beyond `registration.maxReplicasPerModel` is
+    /// refused.
     pub fn register(
         &self,
         model: &str,
         endpoint: Endpoint,
         limit: Option<u32>,
-    ) -> Option<ReplicaId> {
-        let m = self.models.get(model)?;
+    ) -> Result<ReplicaId, RegisterError> {
+        let m = self.models.get(model).ok_or(RegisterError::UnknownModel)?;
         let mut inner = lock(&m.inner);
+        let cap = self.settings.registration.max_replicas_per_model;
+        if !inner.pool.has_replica(&endpoint) && inner.pool.replicas().len() >= cap {
+            return Err(RegisterError::TooMany(cap));
+        }
         let id = inner.pool.add_replica(endpoint, limit);
         m.dispatch(&mut inner);
-        Some(id)
+        Ok(id)
     }
 
     /// Deregisters a replica: no new requests; those in flight finish.
@@ -403,10 +425,7 @@ impl Shared {
 
     /// Records a transport failure on a replica (it may be ejected).
     pub fn failed(&self, model: &ModelState, replica: ReplicaId) {
-        self.metrics
-            .upstream_errors
-            .get_or_create(&model.label)
-            .inc();
+        model.handles.upstream_errors.inc();
         let up = &self.settings.spec.upstream;
         let mut inner = lock(&model.inner);
         if inner.pool.record_failure(
@@ -479,6 +498,7 @@ impl Shared {
             .map(|(name, m)| {
                 let inner = lock(&m.inner);
                 let [critical, standard, sheddable] = inner.pool.waiting_by_class();
+                let census = inner.pool.census(now);
                 let view = QueueView {
                     waiting: inner.pool.waiting(),
                     waiting_by_priority: WaitingByPriority {
@@ -486,16 +506,12 @@ impl Shared {
                         standard,
                         sheddable,
                     },
-                    in_flight: inner.pool.in_flight(),
-                    replicas: inner.pool.ready_replicas(),
-                    ejected_replicas: inner.pool.ejected(now),
-                    capacity: inner
-                        .pool
-                        .replicas()
-                        .iter()
-                        .filter(|r| !r.draining)
-                        .map(|r| r.limit)
-                        .sum(),
+                    in_flight: census.ready.in_flight,
+                    replicas: census.ready.replicas,
+                    capacity: census.ready.capacity,
+                    ejected_replicas: census.ejected.replicas,
+                    ejected: census.ejected,
+                    draining: census.draining,
                     server_waiting: inner.pool.replicas().iter().map(|r| r.server_waiting).sum(),
                     ..QueueView::default()
                 };
@@ -611,14 +627,18 @@ pub struct QueueView {
     pub waiting: usize,
     /// The same by priority class.
     pub waiting_by_priority: WaitingByPriority,
-    /// Requests on replicas.
+    /// Requests on replicas that take traffic.
     pub in_flight: u32,
-    /// Replicas taking requests.
+    /// Replicas taking requests (registered, not draining, not ejected).
     pub replicas: usize,
-    /// Replicas ejected for failing.
+    /// Replicas ejected for failing (the same as `ejected.replicas`).
     pub ejected_replicas: usize,
-    /// Σ max concurrency of the replicas.
+    /// Σ max concurrency of the replicas taking requests.
     pub capacity: u32,
+    /// Ejected replicas: they take no traffic until their ejection ends.
+    pub ejected: Group,
+    /// Deregistered replicas finishing their requests.
+    pub draining: Group,
     /// Requests waiting inside the model servers (their own metrics).
     pub server_waiting: u32,
     /// Arrivals per second.

@@ -147,7 +147,10 @@ async fn saturation_queues_with_exact_counts_then_overflows_with_429() {
     let up = gated("a", false).await;
     let mut m = model("m", &[up.addr], 2);
     m.max_queue = Some(3);
-    let gw = gateway(spec(vec![m])).await;
+    let mut sp = spec(vec![m]);
+    // The test client is a trusted proxy: its priority header counts.
+    sp.priorities.trusted_networks = vec!["127.0.0.0/8".parse().unwrap()];
+    let gw = gateway(sp).await;
     let traffic = gw.traffic;
     let mut tasks = Vec::new();
     for _ in 0..5 {
@@ -261,7 +264,7 @@ async fn a_model_with_no_replica_holds_requests_and_signals_until_one_registers(
 
     let up = gated("late", true).await;
     let body = serde_json::json!({"model": "m", "endpoint": format!("http://{}", up.addr)});
-    let r = send(gw.admin, "POST", "/v1/replicas", &[], body.to_string()).await;
+    let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], body.to_string()).await;
     assert_eq!(
         r.status,
         StatusCode::OK,
@@ -276,7 +279,14 @@ async fn a_model_with_no_replica_holds_requests_and_signals_until_one_registers(
     assert_eq!(q["waiting"], 0);
 
     // Deregistering takes it out of the pool.
-    let r = send(gw.admin, "DELETE", "/v1/replicas", &[], body.to_string()).await;
+    let r = send(
+        gw.admin,
+        "DELETE",
+        "/v1/replicas",
+        &[AUTH],
+        body.to_string(),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(queue(gw.admin, "m").await["replicas"], 0);
     gw.shutdown().await;

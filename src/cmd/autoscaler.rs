@@ -12,6 +12,7 @@ use gpuscale_autoscaler::controller::Controller;
 use gpuscale_autoscaler::kubernetes::Kube;
 use gpuscale_autoscaler::local::LocalBackend;
 use gpuscale_autoscaler::observe::GatewayClient;
+use gpuscale_gateway::auth::AdminToken;
 
 /// Arguments of `autoscaler`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +31,11 @@ pub struct Args {
     /// Admin listener, overriding the file's `spec.admin`.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// File holding the gateway's admin token, overriding
+    /// `spec.gateway.adminTokenFile` (and, for the embedded gateway, its
+    /// own `spec.adminTokenFile`).
+    #[arg(long, env = "GPUSCALE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// Backends.
@@ -60,13 +66,46 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(a) = args.admin {
         settings.spec.admin = a;
     }
-    let gateway_settings = match &settings.spec.gateway.config {
+    let mut gateway_settings = match &settings.spec.gateway.config {
         Some(file) => match gpuscale_gateway::config::load(file) {
             Ok(s) => Some(s),
             Err(p) => return Ok(print_problems(&p)),
         },
         None => None,
     };
+    // The admin token: the flag (or its variable), the file's, the
+    // embedded gateway's own; an embedded gateway with none gets one made
+    // up for this run, so its replica list is never open.
+    let token_file = args
+        .admin_token_file
+        .clone()
+        .or_else(|| settings.spec.gateway.admin_token_file.clone())
+        .or_else(|| {
+            gateway_settings
+                .as_ref()
+                .and_then(|g| g.spec.admin_token_file.clone())
+        });
+    let mut secret = match &token_file {
+        Some(f) => {
+            let token = match AdminToken::from_file(f) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("admin token: {e}");
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            if let Some(g) = gateway_settings.as_mut() {
+                g.admin_token = Some(token);
+            }
+            Some(std::fs::read_to_string(f)?.trim().to_string())
+        }
+        None => None,
+    };
+    if let (Some(g), None) = (gateway_settings.as_mut(), &secret) {
+        let (token, s) = AdminToken::generate().map_err(anyhow::Error::msg)?;
+        g.admin_token = Some(token);
+        secret = Some(s);
+    }
     let exe = std::env::current_exe().context("locating the gpuscale binary")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -87,7 +126,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 g.traffic, g.admin
             );
         }
-        let client = GatewayClient::new(&base);
+        let client = match &secret {
+            Some(s) => GatewayClient::new(&base).with_token(s)?,
+            None => GatewayClient::new(&base),
+        };
         let backend = match args.backend {
             Backend::Local => {
                 anyhow::ensure!(

@@ -17,6 +17,12 @@ pub struct Args {
     /// Admin listener, overriding the file's `spec.admin`.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// File holding the admin API's bearer token (a mounted Secret),
+    /// overriding the file's `spec.adminTokenFile`. Without a token the
+    /// replica list cannot be changed over the API, and the admin
+    /// listener must be on loopback.
+    #[arg(long, env = "GPUSCALE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// Runs the command: exit 1 on a bad config, 0 after a clean shutdown.
@@ -36,6 +42,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(a) = args.admin {
         settings.spec.admin = a;
+    }
+    if let Some(f) = &args.admin_token_file {
+        match gpuscale_gateway::auth::AdminToken::from_file(f) {
+            Ok(t) => settings.admin_token = Some(t),
+            Err(e) => {
+                eprintln!("--admin-token-file: {e}");
+                return Ok(ExitCode::from(1));
+            }
+        }
     }
     // One event loop per thread: this one runs the first traffic worker,
     // the admin listener and the scraper; the gateway starts the others.

@@ -9,7 +9,12 @@ Checks, in order:
   3. with requests held in the gateway's queue, a real Prometheus server
      scraping the admin port answers the PromQL query
      `gpuscale_queue_depth{model="sim-model"}` with the queue depth that
-     `/v1/queues` reports.
+     `/v1/queues` reports. The admin listener is exposed (0.0.0.0) as in
+     Kubernetes, so it needs the admin token: Prometheus reads it from a
+     file (`authorization.credentials_file`), and a request without it
+     gets 401;
+  4. SIGTERM: `/readyz` turns 503 at once while the gateway still
+     answers (drain.announce), then it exits 0.
 
 Usage: gateway_e2e.py PATH/TO/gpuscale   (exit 0 on success)
 """
@@ -23,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -42,8 +48,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def get(url, timeout=5, token=None):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.status, r.read().decode()
 
 
@@ -78,6 +87,10 @@ def main():
         # One request at a time, ~10 ms per token: easy to saturate.
         start("sim", [binary, "sim-server", "--port", str(sim_port), "--profile", "tiny",
                       "--model", MODEL, "--max-concurrency", "1", "--decode-tps", "100"])
+        token = "e2e-" + os.urandom(16).hex()
+        token_file = os.path.join(work, "admin-token")
+        with open(token_file, "w") as f:
+            f.write(token + "\n")
         config = os.path.join(work, "gateway.yaml")
         with open(config, "w") as f:
             f.write(f"""apiVersion: gpuscale.io/v1alpha1
@@ -86,9 +99,11 @@ metadata:
   name: e2e
 spec:
   listen: 127.0.0.1:{gw_port}
-  admin: 127.0.0.1:{admin_port}
-  limits:
-    shutdownGrace: 1s
+  admin: 0.0.0.0:{admin_port}
+  adminTokenFile: admin-token
+  drain:
+    announce: 2s
+    timeout: 1s
   queue:
     maxQueue: 64
     queueTimeout: 120s
@@ -128,8 +143,14 @@ spec:
             assert "does not exist" in str(e), e
         print("openai client: plain and streamed chat completions ok")
 
-        # 2. promtool accepts the exposition.
-        _, text = get(admin + "/metrics")
+        # 2. promtool accepts the exposition; the exposed admin port wants
+        # the token.
+        try:
+            get(admin + "/metrics")
+            raise SystemExit("an exposed admin port served /metrics without the token")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e
+        _, text = get(admin + "/metrics", token=token)
         lint = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
                               capture_output=True)
         if lint.returncode != 0:
@@ -145,6 +166,8 @@ spec:
   scrape_timeout: 1s
 scrape_configs:
   - job_name: gpuscale-gateway
+    authorization:
+      credentials_file: {token_file}
     static_configs:
       - targets: ["127.0.0.1:{admin_port}"]
 """)
@@ -173,7 +196,7 @@ scrape_configs:
             t.start()
 
         def queue_view():
-            _, body = get(admin + "/v1/queues")
+            _, body = get(admin + "/v1/queues", token=token)
             q = json.loads(body)["models"][MODEL]
             return q["waiting"] == held - 1 and q["in_flight"] == 1, q
         q = wait_until("the queue to fill", queue_view)
@@ -188,10 +211,31 @@ scrape_configs:
             return value == held - 1, result
         result = wait_until(f"PromQL {query} to return {held - 1}", promql, timeout=20)
         print(f"PromQL {query} -> {result[0]['value'][1]}: ok")
-        _, text = get(admin + "/metrics")
+        _, text = get(admin + "/metrics", token=token)
         ok = [l for l in text.splitlines()
               if l.startswith(f'gpuscale_requests_total{{model="{MODEL}",code="200"}}')]
         assert ok and float(ok[0].split()[-1]) == 2, ok
+
+        # 4. SIGTERM: not ready at once, still answering, then gone.
+        gateway = next(p for name, p in procs if name == "gateway")
+        gateway.terminate()
+        def not_ready():
+            try:
+                get(admin + "/readyz")
+                return False, "ready"
+            except urllib.error.HTTPError as e:
+                return e.code == 503, e.code
+        wait_until("/readyz to turn 503 after SIGTERM", not_ready, timeout=1.5)
+        try:
+            client.chat.completions.create(model=MODEL, max_tokens=1,
+                                           messages=[{"role": "user", "content": "x"}])
+            raise SystemExit("a request during the drain must be refused")
+        except openai.APIStatusError as e:
+            assert e.status_code == 503, e
+            assert e.response.headers.get("retry-after"), e.response.headers
+        code = gateway.wait(timeout=20)
+        assert code == 0, f"the gateway exited {code} after SIGTERM"
+        print("SIGTERM: /readyz 503 and requests 503 + Retry-After during the drain, exit 0")
         print("gateway e2e passed")
         failed = False
     finally:

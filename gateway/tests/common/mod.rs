@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use gpuscale_gateway::auth::AdminToken;
 use gpuscale_gateway::config::{GatewaySpec, ModelSpec};
 use gpuscale_gateway::{Running, Settings};
 use http::{Request, Response, StatusCode};
@@ -22,12 +23,20 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-/// A gateway spec listening on free loopback ports.
+/// The admin token the test gateways are started with.
+pub const TOKEN: &str = "test-admin-token-0123456789";
+
+/// The header that carries it.
+pub const AUTH: (&str, &str) = ("authorization", "Bearer test-admin-token-0123456789");
+
+/// A gateway spec listening on free loopback ports; shutdown does not
+/// wait for endpoint removal (`drain.announce` 0).
 pub fn spec(models: Vec<ModelSpec>) -> GatewaySpec {
     let mut s: GatewaySpec = serde_json::from_value(serde_json::json!({})).unwrap();
     s.listen = "127.0.0.1:0".parse().unwrap();
     s.admin = "127.0.0.1:0".parse().unwrap();
     s.models = models;
+    s.drain.announce = Duration::ZERO;
     s
 }
 
@@ -44,9 +53,10 @@ pub fn model(name: &str, replicas: &[SocketAddr], max_concurrency: u32) -> Model
     }
 }
 
-/// Starts a gateway.
+/// Starts a gateway with the admin token [`TOKEN`].
 pub async fn gateway(spec: GatewaySpec) -> Running {
-    let settings = Settings::from_spec("test", spec, &[]).unwrap();
+    let mut settings = Settings::from_spec("test", spec, &[]).unwrap();
+    settings.admin_token = Some(AdminToken::from_secret(TOKEN).unwrap());
     gpuscale_gateway::start(settings).await.unwrap()
 }
 

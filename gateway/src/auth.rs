@@ -1,0 +1,237 @@
+//! Admin API authentication, pure apart from reading the token file: a
+//! bearer token read from a file (as Kubernetes mounts a Secret), kept
+//! only as its SHA-256 digest and compared in constant time, and the rule
+//! that says which admin endpoint needs it.
+//!
+//! The rule ([`decide`]):
+//! - `/healthz` and `/readyz` are open (probes carry no credentials, and
+//!   they reveal nothing);
+//! - endpoints that change state (`POST`/`DELETE /v1/replicas`) always
+//!   need the token; with no token configured they are refused outright;
+//! - read endpoints (`/metrics`, `/v1/queues`, `/v1/replicas`, the stream,
+//!   and any unknown path) need it when the admin listener is not on a
+//!   loopback address. The gateway refuses to start with such a listener
+//!   and no token ([`crate::config::Settings::check_exposure`]).
+
+use std::path::Path;
+
+use http::HeaderValue;
+use subtle::ConstantTimeEq;
+
+/// Shortest token accepted: 16 characters (a random token is 32 or more).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The admin token, held as its SHA-256 digest.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl AdminToken {
+    /// A token from its secret text (surrounding whitespace removed).
+    pub fn from_secret(secret: &str) -> Result<AdminToken, String> {
+        let secret = secret.trim();
+        if secret.len() < MIN_TOKEN_LEN {
+            return Err(format!(
+                "the admin token must be at least {MIN_TOKEN_LEN} characters (found {})",
+                secret.len()
+            ));
+        }
+        if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(
+                "the admin token must be printable ASCII without spaces (it travels in an HTTP header)"
+                    .into(),
+            );
+        }
+        Ok(AdminToken {
+            digest: sha256(secret.as_bytes()),
+        })
+    }
+
+    /// Reads a token file (a trailing newline is ignored).
+    pub fn from_file(path: &Path) -> Result<AdminToken, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading the admin token file {}: {e}", path.display()))?;
+        AdminToken::from_secret(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A fresh random token (256 bits, hex) and its secret text: the
+    /// embedded mode's, when none is configured.
+    pub fn generate() -> Result<(AdminToken, String), String> {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| "the operating system's random source failed".to_string())?;
+        let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok((AdminToken::from_secret(&secret)?, secret))
+    }
+
+    /// Whether an `Authorization` header carries this token as
+    /// `Bearer <token>`; constant time in the token's content.
+    pub fn verify(&self, authorization: Option<&HeaderValue>) -> bool {
+        let Some(presented) = authorization.and_then(|v| bearer(v.as_bytes())) else {
+            return false;
+        };
+        bool::from(sha256(presented).ct_eq(&self.digest))
+    }
+}
+
+/// The credential of an `Authorization: Bearer <credential>` header (the
+/// scheme is case-insensitive, RFC 9110 §11.1).
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let rest = rest.trim_ascii();
+    (!rest.is_empty()).then_some(rest)
+}
+
+/// What an admin endpoint does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Health and readiness probes.
+    Open,
+    /// Reads state.
+    Read,
+    /// Changes state.
+    Write,
+}
+
+/// The class of an admin request.
+pub fn classify(method: &http::Method, path: &str) -> Access {
+    match (method, path) {
+        (_, "/healthz" | "/readyz") => Access::Open,
+        (&http::Method::GET | &http::Method::HEAD, _) => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+/// The outcome of [`decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on.
+    Allow,
+    /// 401: no token, or the wrong one.
+    Unauthorized,
+    /// 403: state changes are off because no token is configured.
+    NoTokenConfigured,
+}
+
+/// Whether a request of class `access` may go on.
+pub fn decide(
+    access: Access,
+    admin_on_loopback: bool,
+    token: Option<&AdminToken>,
+    authorization: Option<&HeaderValue>,
+) -> Verdict {
+    let checked = |t: &AdminToken| {
+        if t.verify(authorization) {
+            Verdict::Allow
+        } else {
+            Verdict::Unauthorized
+        }
+    };
+    match (access, token) {
+        (Access::Open, _) => Verdict::Allow,
+        (Access::Write, None) => Verdict::NoTokenConfigured,
+        (Access::Write, Some(t)) => checked(t),
+        (Access::Read, _) if admin_on_loopback => Verdict::Allow,
+        (Access::Read, Some(t)) => checked(t),
+        // Not reachable once `check_exposure` passed; refuse rather than
+        // serve an exposed listener unauthenticated.
+        (Access::Read, None) => Verdict::Unauthorized,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "0123456789abcdef0123";
+
+    fn header(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn a_token_matches_only_itself_as_a_bearer_credential() {
+        let t = AdminToken::from_secret(&format!("{SECRET}\n")).unwrap();
+        assert!(t.verify(Some(&header(&format!("Bearer {SECRET}")))));
+        assert!(t.verify(Some(&header(&format!("bearer {SECRET}")))));
+        assert!(!t.verify(Some(&header(&format!("Bearer {SECRET}x")))));
+        assert!(!t.verify(Some(&header(&format!("Basic {SECRET}")))));
+        assert!(!t.verify(Some(&header(SECRET))));
+        assert!(!t.verify(Some(&header("Bearer "))));
+        assert!(!t.verify(None));
+    }
+
+    #[test]
+    fn short_or_spaced_tokens_are_refused() {
+        assert!(AdminToken::from_secret("short").is_err());
+        assert!(AdminToken::from_secret("sixteen chars but spaced").is_err());
+        assert!(AdminToken::from_secret("").is_err());
+    }
+
+    #[test]
+    fn generated_tokens_differ_and_verify() {
+        let (a, sa) = AdminToken::generate().unwrap();
+        let (b, _) = AdminToken::generate().unwrap();
+        assert_ne!(a, b);
+        assert!(a.verify(Some(&header(&format!("Bearer {sa}")))));
+        assert_eq!(format!("{a:?}"), "AdminToken(<redacted>)");
+    }
+
+    #[test]
+    fn the_rule_matrix() {
+        let t = AdminToken::from_secret(SECRET).unwrap();
+        let good = header(&format!("Bearer {SECRET}"));
+        let bad = header("Bearer wrong-token-wrong-token");
+        use Access::*;
+        use Verdict::*;
+        for loopback in [true, false] {
+            assert_eq!(decide(Open, loopback, None, None), Allow);
+            assert_eq!(decide(Open, loopback, Some(&t), None), Allow);
+            assert_eq!(
+                decide(Write, loopback, None, Some(&good)),
+                NoTokenConfigured
+            );
+            assert_eq!(decide(Write, loopback, Some(&t), None), Unauthorized);
+            assert_eq!(decide(Write, loopback, Some(&t), Some(&bad)), Unauthorized);
+            assert_eq!(decide(Write, loopback, Some(&t), Some(&good)), Allow);
+            assert_eq!(decide(Read, loopback, Some(&t), Some(&good)), Allow);
+        }
+        assert_eq!(decide(Read, true, None, None), Allow);
+        assert_eq!(decide(Read, true, Some(&t), None), Allow);
+        assert_eq!(decide(Read, false, Some(&t), None), Unauthorized);
+        assert_eq!(decide(Read, false, Some(&t), Some(&bad)), Unauthorized);
+        assert_eq!(decide(Read, false, None, None), Unauthorized);
+    }
+
+    #[test]
+    fn endpoints_are_classified() {
+        use http::Method;
+        assert_eq!(classify(&Method::GET, "/healthz"), Access::Open);
+        assert_eq!(classify(&Method::GET, "/readyz"), Access::Open);
+        assert_eq!(classify(&Method::GET, "/v1/replicas"), Access::Read);
+        assert_eq!(classify(&Method::GET, "/nope"), Access::Read);
+        assert_eq!(classify(&Method::POST, "/v1/replicas"), Access::Write);
+        assert_eq!(classify(&Method::DELETE, "/v1/replicas"), Access::Write);
+        assert_eq!(classify(&Method::PUT, "/anything"), Access::Write);
+    }
+}

@@ -1,0 +1,176 @@
+//! What the discovery API (`POST /v1/replicas`) may register, pure: an
+//! endpoint is `http://IP:PORT` with an IP literal inside the configured
+//! networks (loopback by default; in Kubernetes, the pod network that
+//! EndpointSlices list), never link-local (cloud metadata services live
+//! at 169.254.169.254), unspecified, multicast or broadcast, never with
+//! user information, a path, a query or another scheme; and a model
+//! holds at most `maxReplicasPerModel` replicas.
+//!
+//! Replicas written in the gateway's own file are the operator's word and
+//! are not held to these rules (they may use host names).
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::config::Endpoint;
+
+/// Why an endpoint may not be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Not `http://IP:PORT`.
+    #[error("{0}")]
+    Malformed(String),
+    /// An address no replica may have.
+    #[error("{0} is a {1} address; replicas cannot be registered there")]
+    Forbidden(IpAddr, &'static str),
+    /// Outside `registration.allowedNetworks`.
+    #[error("{0} is outside the gateway's registration.allowedNetworks")]
+    OutsideNetworks(IpAddr),
+}
+
+/// The registration rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    /// Networks replicas may be in.
+    pub allowed: Vec<IpNet>,
+    /// Most replicas one model may have.
+    pub max_replicas_per_model: usize,
+}
+
+/// Why an address can never be a replica's, if it cannot.
+fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => {
+            if v4.is_link_local() {
+                Some("link-local")
+            } else if v4.is_unspecified() {
+                Some("unspecified")
+            } else if v4.is_multicast() {
+                Some("multicast")
+            } else if v4.is_broadcast() {
+                Some("broadcast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return forbidden_kind(IpAddr::V4(v4));
+            }
+            if v6.is_unicast_link_local() {
+                Some("link-local")
+            } else if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+impl Rules {
+    /// Checks an endpoint a client asked to register.
+    pub fn check(&self, endpoint: &str) -> Result<Endpoint, Refused> {
+        let malformed = |why: &str| Refused::Malformed(format!("`{endpoint}`: {why}"));
+        let rest = endpoint
+            .strip_prefix("http://")
+            .ok_or_else(|| malformed("expected http://IP:PORT"))?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.contains(['@', '/', '?', '#', '\\', '%']) || authority.is_empty() {
+            return Err(malformed(
+                "expected http://IP:PORT (no user information, path, query or fragment)",
+            ));
+        }
+        let addr: std::net::SocketAddr = authority
+            .parse()
+            .map_err(|_| malformed("the host must be an IP address with a port"))?;
+        if addr.port() == 0 {
+            return Err(malformed("port 0"));
+        }
+        let ip = match addr.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        if let Some(kind) = forbidden_kind(ip) {
+            return Err(Refused::Forbidden(ip, kind));
+        }
+        if !self.allowed.iter().any(|n| n.contains(&ip)) {
+            return Err(Refused::OutsideNetworks(ip));
+        }
+        Endpoint::parse(&format!("http://{addr}")).map_err(Refused::Malformed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(nets: &[&str]) -> Rules {
+        Rules {
+            allowed: nets.iter().map(|n| n.parse().unwrap()).collect(),
+            max_replicas_per_model: 4,
+        }
+    }
+
+    #[test]
+    fn loopback_and_pod_networks_pass() {
+        let r = rules(&["127.0.0.0/8", "::1/128", "10.0.0.0/8"]);
+        for ok in [
+            "http://127.0.0.1:8000",
+            "http://127.0.0.1:8000/",
+            "http://10.1.2.3:80",
+            "http://[::1]:9000",
+        ] {
+            assert!(r.check(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(
+            r.check("http://10.1.2.3:80").unwrap().url(),
+            "http://10.1.2.3:80"
+        );
+    }
+
+    #[test]
+    fn dangerous_and_malformed_endpoints_are_refused() {
+        // Everything allowed by the networks: the fixed rules still hold.
+        let r = rules(&["0.0.0.0/0", "::/0"]);
+        for bad in [
+            "http://169.254.169.254:80",
+            "http://[fe80::1]:80",
+            "http://0.0.0.0:80",
+            "http://[::]:80",
+            "http://224.0.0.1:80",
+            "http://255.255.255.255:80",
+            "http://[::ffff:169.254.169.254]:80",
+            "http://user:pw@127.0.0.1:80",
+            "http://127.0.0.1@evil:80",
+            "https://127.0.0.1:80",
+            "ftp://127.0.0.1:80",
+            "127.0.0.1:80",
+            "http://127.0.0.1",
+            "http://127.0.0.1:0",
+            "http://127.0.0.1:80/v1",
+            "http://127.0.0.1:80?x=1",
+            "http://127.0.0.1:80#f",
+            "http://localhost:80",
+            "http://metadata.google.internal:80",
+            "http://",
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1%2f:80",
+        ] {
+            assert!(r.check(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn outside_the_networks_is_refused() {
+        let r = rules(&["127.0.0.0/8"]);
+        assert_eq!(
+            r.check("http://10.0.0.5:8000"),
+            Err(Refused::OutsideNetworks("10.0.0.5".parse().unwrap()))
+        );
+        assert!(r.check("http://[::1]:80").is_err());
+    }
+}

@@ -1,0 +1,333 @@
+//! The gateway as an attacker would try it, over real sockets: the admin
+//! API's authentication matrix, what registration accepts, who may set a
+//! priority, the port nobody else may join, and what error bodies reveal.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use gpuscale_gateway::Settings;
+use gpuscale_gateway::auth::AdminToken;
+use http::StatusCode;
+
+const WRONG: (&str, &str) = ("authorization", "Bearer not-the-admin-token-at-all");
+
+fn replica_body(model: &str, endpoint: &str) -> String {
+    serde_json::json!({"model": model, "endpoint": endpoint}).to_string()
+}
+
+async fn start_with(
+    spec: gpuscale_gateway::GatewaySpec,
+    token: Option<&str>,
+) -> gpuscale_gateway::Running {
+    let mut settings = Settings::from_spec("test", spec, &[]).unwrap();
+    settings.admin_token = token.map(|t| AdminToken::from_secret(t).unwrap());
+    gpuscale_gateway::start(settings).await.unwrap()
+}
+
+/// The admin address to send to (a listener on 0.0.0.0 is reached on
+/// loopback).
+fn reach(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], addr.port()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authentication_matrix() {
+    let up = gated("real", true).await;
+    let reads = ["/metrics", "/v1/queues", "/v1/replicas", "/nope"];
+    for (admin, token) in [
+        ("127.0.0.1:0", Some(TOKEN)),
+        ("127.0.0.1:0", None),
+        ("0.0.0.0:0", Some(TOKEN)),
+    ] {
+        let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+        sp.admin = admin.parse().unwrap();
+        let loopback = sp.admin.ip().is_loopback();
+        let gw = start_with(sp, token).await;
+        let a = reach(gw.admin);
+        let case = format!("admin {admin}, token {}", token.is_some());
+        // Probes are always open.
+        for path in ["/healthz", "/readyz"] {
+            let r = send(a, "GET", path, &[], Bytes::new()).await;
+            assert_eq!(r.status, StatusCode::OK, "{case} {path}");
+        }
+        for path in reads {
+            let expect_open = |s: StatusCode| s == StatusCode::OK || s == StatusCode::NOT_FOUND;
+            let none = send(a, "GET", path, &[], Bytes::new()).await.status;
+            let wrong = send(a, "GET", path, &[WRONG], Bytes::new()).await.status;
+            let right = send(a, "GET", path, &[AUTH], Bytes::new()).await.status;
+            if loopback {
+                assert!(
+                    expect_open(none) && expect_open(wrong),
+                    "{case} {path}: {none} {wrong}"
+                );
+            } else {
+                assert_eq!(none, StatusCode::UNAUTHORIZED, "{case} {path}");
+                assert_eq!(wrong, StatusCode::UNAUTHORIZED, "{case} {path}");
+            }
+            assert!(expect_open(right), "{case} {path}: {right}");
+        }
+        // Changes: never without the token; refused outright with none
+        // configured.
+        let other = gated("other", true).await;
+        let body = replica_body("m", &format!("http://{}", other.addr));
+        for method in ["POST", "DELETE"] {
+            for headers in [&[][..], &[WRONG][..]] {
+                let r = send(a, method, "/v1/replicas", headers, body.clone()).await;
+                let expected = if token.is_some() {
+                    StatusCode::UNAUTHORIZED
+                } else {
+                    StatusCode::FORBIDDEN
+                };
+                assert_eq!(r.status, expected, "{case} {method}");
+                if r.status == StatusCode::UNAUTHORIZED {
+                    assert!(r.headers.contains_key("www-authenticate"));
+                }
+            }
+        }
+        let r = send(a, "POST", "/v1/replicas", &[AUTH], body.clone()).await;
+        if token.is_some() {
+            assert_eq!(r.status, StatusCode::OK, "{case}");
+            let r = send(a, "DELETE", "/v1/replicas", &[AUTH], body).await;
+            assert_eq!(r.status, StatusCode::OK, "{case}");
+        } else {
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{case}");
+        }
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_admin_listener_without_a_token_does_not_start() {
+    let mut sp = spec(vec![model("m", &[], 4)]);
+    sp.admin = "0.0.0.0:0".parse().unwrap();
+    let settings = Settings::from_spec("test", sp, &[]).unwrap();
+    let err = match gpuscale_gateway::start(settings).await {
+        Ok(_) => panic!("started without a token on 0.0.0.0"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("spec.admin"), "{err}");
+    assert!(err.contains("--admin-token-file"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_server_cannot_join_or_push_out_the_real_replicas() {
+    let real = gated("real", true).await;
+    let capture = gated("capture", true).await;
+    let gw = gateway(spec(vec![model("m", &[real.addr], 4)])).await;
+    let body = replica_body("m", &format!("http://{}", capture.addr));
+    let r = send(gw.admin, "POST", "/v1/replicas", &[], body).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let real_body = replica_body("m", &format!("http://{}", real.addr));
+    let r = send(gw.admin, "DELETE", "/v1/replicas", &[], real_body).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    for _ in 0..20 {
+        let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(r.json()["server"], "real");
+    }
+    assert_eq!(
+        capture.received.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_refuses_metadata_userinfo_foreign_networks_zero_concurrency_and_too_many() {
+    let mut sp = spec(vec![model("m", &[], 4)]);
+    sp.registration.max_replicas_per_model = 2;
+    let gw = gateway(sp).await;
+    for endpoint in [
+        "http://169.254.169.254:80",
+        "http://[fe80::1]:80",
+        "http://user:pw@127.0.0.1:8000",
+        "https://127.0.0.1:8000",
+        "http://10.0.0.7:8000",
+        "http://localhost:8000",
+        "http://0.0.0.0:8000",
+    ] {
+        let r = send(
+            gw.admin,
+            "POST",
+            "/v1/replicas",
+            &[AUTH],
+            replica_body("m", endpoint),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{endpoint}");
+    }
+    let zero = serde_json::json!({"model": "m", "endpoint": "http://127.0.0.1:18001", "maxConcurrency": 0});
+    let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], zero.to_string()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    for port in [18001, 18002] {
+        let body = replica_body("m", &format!("http://127.0.0.1:{port}"));
+        let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], body).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    // The same one again is not a new replica; a third is.
+    let again = replica_body("m", "http://127.0.0.1:18002");
+    assert_eq!(
+        send(gw.admin, "POST", "/v1/replicas", &[AUTH], again)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let third = replica_body("m", "http://127.0.0.1:18003");
+    assert_eq!(
+        send(gw.admin, "POST", "/v1/replicas", &[AUTH], third)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    let list = send(gw.admin, "GET", "/v1/replicas", &[], Bytes::new())
+        .await
+        .json();
+    assert_eq!(list["m"].as_array().unwrap().len(), 2);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_header_does_not_raise_its_own_priority_by_default() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.max_queue = Some(4);
+    let gw = gateway(spec(vec![m])).await;
+    let traffic = gw.traffic;
+    let mut standard = Vec::new();
+    for _ in 0..5 {
+        standard.push(tokio::spawn(post_model(
+            traffic,
+            "/v1/chat/completions",
+            "m",
+        )));
+    }
+    wait_queue(gw.admin, "m", |q| q["waiting"] == 4 && q["in_flight"] == 1).await;
+    let body = serde_json::json!({"model": "m", "prompt": "x"}).to_string();
+    let r = send(
+        traffic,
+        "POST",
+        "/v1/completions",
+        &[("x-gpuscale-priority", "critical")],
+        body,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("queue is full"),
+        "refused as an ordinary request: {}",
+        r.json()
+    );
+    up.gate.add_permits(100);
+    for t in standard {
+        assert_eq!(
+            t.await.unwrap().status,
+            StatusCode::OK,
+            "no standard request was displaced"
+        );
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_sets_its_class_and_may_be_allowed_the_header() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.max_queue = Some(2);
+    let mut sp = spec(vec![m]);
+    let sha = |k: &str| {
+        gpuscale_gateway::priority::digest(k.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "apiKeys": [
+            {"name": "gold", "sha256": sha("gold-key"), "priority": "critical"},
+            {"name": "ops", "sha256": sha("ops-key"), "allowHeader": true},
+        ],
+        "routes": [{"pathPrefix": "/v1/embeddings", "priority": "sheddable"}],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
+    let traffic = gw.traffic;
+    let busy = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    let queued = |headers: Vec<(&'static str, &'static str)>, path: &'static str| {
+        tokio::spawn(async move {
+            let body = serde_json::json!({"model": "m", "input": "x"}).to_string();
+            send(traffic, "POST", path, &headers, body).await
+        })
+    };
+    let gold = queued(
+        vec![("authorization", "Bearer gold-key")],
+        "/v1/completions",
+    );
+    let ops = queued(
+        vec![
+            ("authorization", "Bearer ops-key"),
+            ("x-gpuscale-priority", "critical"),
+        ],
+        "/v1/completions",
+    );
+    let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 2).await;
+    assert_eq!(q["waiting_by_priority"]["critical"], 2, "{q}");
+    // A route's class: sheddable, refused when the queue is full of
+    // critical requests.
+    let emb = queued(vec![], "/v1/embeddings").await.unwrap();
+    assert_eq!(emb.status, StatusCode::TOO_MANY_REQUESTS);
+    up.gate.add_permits(100);
+    for t in [busy, gold, ops] {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_cannot_join_the_traffic_port() {
+    let up = gated("first", true).await;
+    let first = gateway(spec(vec![model("m", &[up.addr], 4)])).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.listen = first.traffic;
+    let mut settings = Settings::from_spec("second", sp, &[]).unwrap();
+    settings.admin_token = Some(AdminToken::from_secret(TOKEN).unwrap());
+    match gpuscale_gateway::start(settings).await {
+        Ok(_) => panic!("a second gateway bound the same traffic port"),
+        Err(e) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+            assert!(e.to_string().contains(&first.traffic.to_string()), "{e}");
+        }
+    }
+    // The first still serves everything.
+    for _ in 0..10 {
+        assert_eq!(
+            post_model(first.traffic, "/v1/chat/completions", "m")
+                .await
+                .status,
+            StatusCode::OK
+        );
+    }
+    first.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_never_name_a_replica() {
+    // A replica that refuses connections: 502s that say nothing of it.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let gw = gateway(spec(vec![model("m", &[dead], 4)])).await;
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let text = String::from_utf8_lossy(&r.body).to_string();
+    assert!(!text.contains(&dead.port().to_string()), "{text}");
+    assert!(!text.contains("127.0.0.1"), "{text}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gw.shutdown().await;
+}
