@@ -2,14 +2,19 @@
 # release binary, a scratch directory and background processes cleaned up
 # on exit, free loopback ports, the POST body wrk sends.
 #
-# After sourcing: $bin (release gpuscale), $work (scratch dir), `spawn CMD…`
+# After sourcing: $bin (release gpuscale, or $GPUSCALE_BIN), $work (scratch dir), `spawn CMD…`
 # (start in the background, output to $work/processes.log, killed on
 # exit; its pid in $spawned),
 # `port` (a free loopback port), `post_lua BODY` (writes $work/post.lua).
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --release --quiet --bin gpuscale
-bin=$PWD/target/release/gpuscale
+# GPUSCALE_BIN: a release binary built already (skips the build).
+if [ -n "${GPUSCALE_BIN:-}" ]; then
+  bin=$GPUSCALE_BIN
+else
+  cargo build --release --quiet --bin gpuscale
+  bin=$PWD/target/release/gpuscale
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -26,6 +31,13 @@ spawn() {
 }
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Writes a random admin token to $work/admin-token (once) and prints its
+# path.
+admin_token() {
+  [ -f "$work/admin-token" ] || python3 -c 'import os; print(os.urandom(24).hex())' >"$work/admin-token"
+  echo "$work/admin-token"
+}
 
 post_lua() {
   cat >"$work/post.lua" <<LUA
@@ -67,8 +79,10 @@ CONF
 }
 
 # A gateway config: traffic on $1, admin on $2, model `m` on the upstream
-# port $3.
+# port $3; secured as shipped: an admin token from a file, and the
+# priority header ignored (no trusted source configured).
 gateway_conf() {
+  admin_token >/dev/null
   cat <<CONF
 apiVersion: gpuscale.io/v1alpha1
 kind: Gateway
@@ -77,6 +91,7 @@ metadata:
 spec:
   listen: 127.0.0.1:$1
   admin: 127.0.0.1:$2
+  adminTokenFile: $work/admin-token
   queue:
     maxQueue: 4096
   models:

@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -59,13 +60,32 @@ impl Drop for Stop {
     }
 }
 
-/// Simulated servers started with `--model test/…` still running.
-fn test_servers() -> usize {
-    let out = Command::new("pgrep")
-        .args(["-f", "sim-server .*--model test/"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout).lines().count()
+/// Simulated servers of one autoscaler still running: processes in the
+/// process group the test started it in (its children inherit the group,
+/// and keep it when orphaned), so other `sim-server`s on the machine do
+/// not count.
+fn test_servers(group: u32) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid pgrp …: the fields after the last `)`.
+            let pgrp = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+                .and_then(|g| g.parse::<u32>().ok());
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            pgrp == Some(group) && String::from_utf8_lossy(&cmdline).contains("sim-server")
+        })
+        .count()
 }
 
 #[test]
@@ -117,6 +137,7 @@ spec:
         .arg(dir.path().join("autoscaler.yaml"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -222,9 +243,10 @@ spec:
         .status()
         .unwrap();
     assert!(term.success());
+    let group = child.id();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
-    assert_eq!(test_servers(), 0, "simulated servers left running");
+    assert_eq!(test_servers(group), 0, "simulated servers left running");
 
     // A parent killed outright takes its servers with it too.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
@@ -232,6 +254,7 @@ spec:
         .arg(dir.path().join("autoscaler.yaml"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -241,12 +264,13 @@ spec:
     wait_for("a chat replica", Duration::from_secs(15), || {
         decisions(&admin)["chat"]["ready"] == 1
     });
-    assert_eq!(test_servers(), 1);
+    let group = child.id();
+    assert_eq!(test_servers(group), 1);
     child.kill().unwrap();
     child.wait().unwrap();
     wait_for(
         "the orphaned server to exit",
         Duration::from_secs(5),
-        || test_servers() == 0,
+        || test_servers(group) == 0,
     );
 }

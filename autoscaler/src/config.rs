@@ -167,6 +167,15 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
         }
         _ => {}
     }
+    let problems = check_settings(&spec);
+    if !problems.is_empty() {
+        return Err(Problems(
+            problems
+                .into_iter()
+                .map(|(field, message)| doc.problem(&field, message))
+                .collect(),
+        ));
+    }
     if !known_profile(&spec.local.profile) {
         return Err(Problems(vec![doc.problem(
             "spec.local.profile",
@@ -199,6 +208,60 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
         models,
         cluster,
     })
+}
+
+/// Every setting's bounds, as `(field path, message)`: all problems, not
+/// only the first.
+pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut bad = |field: &str, message: &str| out.push((field.to_string(), message.to_string()));
+    if spec.interval < Duration::from_millis(10) {
+        bad("spec.interval", "must be at least 10ms");
+    }
+    if spec.interval > Duration::from_secs(3600) {
+        bad("spec.interval", "must be at most 1h");
+    }
+    if spec.local.max_replicas_per_model == 0 {
+        bad("spec.local.maxReplicasPerModel", "must be at least 1");
+    }
+    let t = &spec.tuning;
+    if !(t.tolerance.is_finite() && (0.0..1.0).contains(&t.tolerance)) {
+        bad("spec.tuning.tolerance", "must be at least 0 and below 1");
+    }
+    if !(t.panic_threshold.is_finite() && t.panic_threshold > 1.0) {
+        bad("spec.tuning.panicThreshold", "must be above 1");
+    }
+    if t.stable_window.is_zero() {
+        bad("spec.tuning.stableWindow", "must be longer than 0s");
+    }
+    if t.fallback_after == 0 {
+        bad("spec.tuning.fallbackAfter", "must be at least 1");
+    }
+    for (field, v) in [
+        ("spec.tuning.forecastAlpha", t.forecast_alpha),
+        ("spec.tuning.forecastBeta", t.forecast_beta),
+    ] {
+        if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+            bad(field, "must be above 0 and at most 1");
+        }
+    }
+    if !(t.slo_max_step.is_finite() && t.slo_max_step >= 1.0) {
+        bad("spec.tuning.sloMaxStep", "must be at least 1");
+    }
+    if spec.kubernetes.lease_duration < Duration::from_secs(2) {
+        bad("spec.kubernetes.leaseDuration", "must be at least 2s");
+    }
+    if let Some(url) = &spec.gateway.admin
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        bad("spec.gateway.admin", "expected an http:// URL");
+    }
+    if let Some(p) = &spec.prometheus
+        && !(p.url.starts_with("http://") || p.url.starts_with("https://"))
+    {
+        bad("spec.prometheus.url", "expected an http:// URL");
+    }
+    out
 }
 
 /// The profiles the simulated server knows (kept in step with

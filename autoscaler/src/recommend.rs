@@ -146,6 +146,11 @@ pub struct State {
     forecast: Option<(f64, f64, Duration)>,
     /// How far back the windows and rate periods reach.
     horizon: Duration,
+    /// The count the state started from is recorded as a recommendation
+    /// at the first call (HPA's `recordInitialRecommendation`): a
+    /// controller that starts, or takes over, at N replicas does not
+    /// scale below N before the scale-down window has passed.
+    seeded: bool,
 }
 
 impl State {
@@ -188,6 +193,10 @@ pub fn recommend(
 ) -> Recommendation {
     let scaling = &policy.scaling;
     let current = state.current;
+    if !state.seeded {
+        state.seeded = true;
+        record(state, now, current);
+    }
     state.horizon = [&policy.scale_up, &policy.scale_down]
         .iter()
         .flat_map(|r| {
@@ -196,32 +205,32 @@ pub fn recommend(
         .max()
         .unwrap_or_default()
         .max(Duration::from_secs(1));
+    let floor = scaling.min_replicas.max(1);
+    let ceiling = scaling.max_replicas.max(floor);
     let Some(obs) = observation else {
         state.failures += 1;
-        let (replicas, mode, why) = match tuning.fallback_replicas {
-            Some(f) if state.failures >= tuning.fallback_after && current > 0 => (
-                f.max(1),
-                Mode::Fallback,
-                format!(
-                    "{} failed metric reads → fallback {} replicas",
+        return match tuning.fallback_replicas {
+            // KEDA's fallback: after `failureThreshold` failed reads, the
+            // fallback count, within minReplicas..maxReplicas (and never
+            // to zero: missing data is no evidence of idleness), recorded
+            // as a scale event like any other change.
+            Some(f) if state.failures >= tuning.fallback_after && current > 0 => {
+                let replicas = f.clamp(floor, ceiling);
+                let why = format!(
+                    "{} failed metric reads → fallback {replicas} {}",
                     state.failures,
-                    f.max(1)
-                ),
-            ),
-            _ => (
-                current,
-                Mode::Holding,
-                format!(
-                    "{} failed metric read(s) → holding {current} replicas (never to zero on missing data)",
-                    state.failures
-                ),
-            ),
-        };
-        state.current = replicas;
-        return Recommendation {
-            replicas,
-            reason: why,
-            mode,
+                    plural(replicas)
+                );
+                finish(state, now, replicas, Mode::Fallback, why)
+            }
+            _ => {
+                let why = format!(
+                    "{} failed metric read(s) → holding {current} {} (never to zero on missing data)",
+                    state.failures,
+                    plural(current)
+                );
+                finish(state, now, current, Mode::Holding, why)
+            }
         };
     };
     state.failures = 0;
@@ -302,9 +311,10 @@ pub fn recommend(
         state.idle_since = Some(now);
     }
 
-    // From zero: KEDA activation, sized by the queue.
+    // From zero: KEDA activation, sized by the queue. The activation is
+    // recorded as a recommendation, so the scale-down window right after
+    // it holds it as HPA's would.
     if current == 0 {
-        state.history.clear();
         if !active {
             return finish(
                 state,
@@ -317,14 +327,17 @@ pub fn recommend(
                 ),
             );
         }
-        let replicas =
-            ceil_u32(demand).clamp(1.max(scaling.min_replicas), scaling.max_replicas.max(1));
+        let replicas = ceil_u32(demand).clamp(floor, ceiling);
+        record(state, now, replicas);
         return finish(
             state,
             now,
             replicas,
             Mode::Activating,
-            format!("{why} → {replicas} replicas (activated from zero)"),
+            format!(
+                "{why} → {replicas} {} (activated from zero)",
+                plural(replicas)
+            ),
         );
     }
 
@@ -347,8 +360,7 @@ pub fn recommend(
         );
     }
 
-    let floor = scaling.min_replicas.max(1);
-    let raw = ceil_u32(demand).clamp(floor, scaling.max_replicas.max(floor));
+    let raw = ceil_u32(demand).clamp(floor, ceiling);
 
     // Panic.
     let capacity = f64::from(current) * target;
@@ -361,27 +373,44 @@ pub fn recommend(
         state.panic = None;
     }
     if let Some((since, _)) = state.panic {
-        let replicas = raw.max(current);
-        state.history.push_back((now, replicas));
+        let replicas = raw.max(current).min(ceiling.max(current));
+        record(state, now, replicas);
         return finish(
             state,
             now,
             replicas,
             Mode::Panic,
-            format!("{why} → {replicas} replicas (panic since {})", clock(since)),
+            format!(
+                "{why} → {replicas} {} (panic since {})",
+                plural(replicas),
+                clock(since)
+            ),
         );
     }
 
-    // HPA: tolerance, stabilisation, rate limits, then min/max — in HPA's
-    // order, so a rate-limited scale-up past `maxReplicas` behaves as
-    // HPA's does.
-    // HPA's arithmetic exactly (the tolerance test sits on float
-    // boundaries): the per-replica metric over the target, times replicas.
-    let usage_ratio = (total / f64::from(current)) / target;
-    let mut desired = if (1.0 - usage_ratio).abs() <= tuning.tolerance {
+    // HPA (`reconcileAutoscaler`): a count outside minReplicas..maxReplicas
+    // goes straight to the bound; otherwise tolerance, stabilisation,
+    // then rate limits with min/max in the direction of the change
+    // (`normalizeDesiredReplicasWithBehaviors`).
+    if current > ceiling || current < floor {
+        let replicas = current.clamp(floor, ceiling);
+        let bound = if current > ceiling {
+            "maxReplicas"
+        } else {
+            "minReplicas"
+        };
+        let why = format!("{why} → {replicas} {} ({bound})", plural(replicas));
+        return finish(state, now, replicas, Mode::Normal, why);
+    }
+    // HPA's arithmetic exactly (`GetExternalPerPodMetricReplicas`: the
+    // tolerance test sits on float boundaries): the per-replica metric
+    // over the target; outside 1 ± tolerance, the total over the target.
+    let usage_ratio = total / (target * f64::from(current));
+    let within = (1.0 - tuning.tolerance) <= usage_ratio && usage_ratio <= (1.0 + tuning.tolerance);
+    let mut desired = if within {
         current
     } else {
-        let proposal = (usage_ratio * f64::from(current)).ceil();
+        let proposal = (total / target).ceil();
         if proposal.is_finite() && proposal > 0.0 {
             proposal.min(f64::from(u32::MAX)) as u32
         } else {
@@ -393,22 +422,31 @@ pub fn recommend(
         why.push_str("; near SLO, no scale-down");
     }
     let stabilized = stabilize(state, now, desired, &policy.scale_up, &policy.scale_down);
-    let limited = rate_limit(state, now, stabilized, &policy.scale_up, &policy.scale_down)
-        .clamp(floor, scaling.max_replicas.max(floor));
-    let desired = desired.clamp(floor, scaling.max_replicas.max(floor));
-    let mut reason = format!("{why} → {limited} replicas");
+    let (limited, limit) = rate_limit(
+        state,
+        now,
+        stabilized,
+        floor,
+        ceiling,
+        &policy.scale_up,
+        &policy.scale_down,
+    );
+    let mut reason = format!("{why} → {limited} {}", plural(limited));
     if limited != desired {
-        let _ = write!(
-            reason,
-            " ({desired} wanted; {})",
-            if stabilized != desired {
-                "stabilisation window"
-            } else {
-                "rate limit"
-            }
-        );
+        let what = limit.unwrap_or("stabilisation window");
+        let _ = write!(reason, " ({desired} wanted; {what})");
     }
     finish(state, now, limited, Mode::Normal, reason)
+}
+
+/// "replica" or "replicas".
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "replica" } else { "replicas" }
+}
+
+/// Records a recommendation for the stabilisation windows.
+fn record(state: &mut State, now: Duration, replicas: u32) {
+    state.history.push_back((now, replicas));
 }
 
 fn trim(x: f64) -> String {
@@ -496,7 +534,7 @@ fn stabilize(
             down_rec = down_rec.max(r);
         }
     }
-    state.history.push_back((now, desired));
+    record(state, now, desired);
     let mut rec = state.current;
     if rec < up_rec {
         rec = up_rec;
@@ -507,14 +545,19 @@ fn stabilize(
     rec
 }
 
-/// HPA's rate policies for the direction of the change.
+/// HPA's `convertDesiredReplicasWithBehaviorRate`: the rate policies and
+/// min/max in the direction of the change. The limits never reverse it:
+/// the scale-up limit is at least the current count, the scale-down limit
+/// at most it. Returns the count and what limited it, if anything did.
 fn rate_limit(
     state: &State,
     now: Duration,
     desired: u32,
+    min: u32,
+    max: u32,
     up: &ResolvedRules,
     down: &ResolvedRules,
-) -> u32 {
+) -> (u32, Option<&'static str>) {
     let current = state.current;
     let within = |period: Duration, sign: i64| -> i64 {
         state
@@ -525,45 +568,62 @@ fn rate_limit(
             .sum()
     };
     let cur = i64::from(current);
+    let to_u32 = |x: i64| x.clamp(0, i64::from(u32::MAX)) as u32;
     if desired > current {
-        if up.select_policy == SelectPolicy::Disabled {
-            return current;
-        }
-        let limits = up.policies.iter().map(|p| {
-            let start = cur - within(p.period, 1) + within(p.period, -1);
-            match p.kind {
-                RatePolicyType::Pods => start + i64::from(p.value),
-                RatePolicyType::Percent => {
-                    (start as f64 * (1.0 + f64::from(p.value) / 100.0)).ceil() as i64
+        let scale_up_limit = if up.select_policy == SelectPolicy::Disabled {
+            current
+        } else {
+            let limits = up.policies.iter().map(|p| {
+                let start = cur - within(p.period, 1) + within(p.period, -1);
+                match p.kind {
+                    RatePolicyType::Pods => start + i64::from(p.value),
+                    RatePolicyType::Percent => {
+                        (start as f64 * (1.0 + f64::from(p.value) / 100.0)).ceil() as i64
+                    }
                 }
-            }
-        });
-        let limit = match up.select_policy {
-            SelectPolicy::Min => limits.min(),
-            _ => limits.max(),
+            });
+            let limit = match up.select_policy {
+                SelectPolicy::Min => limits.min(),
+                _ => limits.max(),
+            };
+            // No policy: no limit (HPA's MinInt32/MaxInt32 start).
+            to_u32(limit.unwrap_or(i64::from(u32::MAX))).max(current)
+        };
+        let (allowed, why) = if max > scale_up_limit {
+            (scale_up_limit, "rate limit")
+        } else {
+            (max, "maxReplicas")
+        };
+        if desired > allowed {
+            return (allowed, Some(why));
         }
-        .unwrap_or(i64::MAX);
-        desired.min(limit.clamp(0, i64::from(u32::MAX)) as u32)
     } else if desired < current {
-        if down.select_policy == SelectPolicy::Disabled {
-            return current;
-        }
-        let limits = down.policies.iter().map(|p| {
-            let start = cur + within(p.period, -1) - within(p.period, 1);
-            match p.kind {
-                RatePolicyType::Pods => start - i64::from(p.value),
-                RatePolicyType::Percent => {
-                    (start as f64 * (1.0 - f64::from(p.value) / 100.0)) as i64
+        let scale_down_limit = if down.select_policy == SelectPolicy::Disabled {
+            current
+        } else {
+            let limits = down.policies.iter().map(|p| {
+                let start = cur + within(p.period, -1) - within(p.period, 1);
+                match p.kind {
+                    RatePolicyType::Pods => start - i64::from(p.value),
+                    RatePolicyType::Percent => {
+                        (start as f64 * (1.0 - f64::from(p.value) / 100.0)) as i64
+                    }
                 }
-            }
-        });
-        let limit = match down.select_policy {
-            SelectPolicy::Min => limits.max(),
-            _ => limits.min(),
+            });
+            let limit = match down.select_policy {
+                SelectPolicy::Min => limits.max(),
+                _ => limits.min(),
+            };
+            to_u32(limit.unwrap_or(0)).min(current)
+        };
+        let (allowed, why) = if min < scale_down_limit {
+            (scale_down_limit, "rate limit")
+        } else {
+            (min, "minReplicas")
+        };
+        if desired < allowed {
+            return (allowed, Some(why));
         }
-        .unwrap_or(i64::MIN);
-        desired.max(limit.clamp(0, i64::from(u32::MAX)) as u32)
-    } else {
-        desired
     }
+    (desired, None)
 }

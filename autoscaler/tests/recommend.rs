@@ -1,6 +1,8 @@
-//! The recommender against a transcription of HPA's documented algorithm
-//! (property test), and in simulated-time scenarios: a burst, a noisy
-//! steady queue, scale to zero, a metric outage, activation from zero.
+//! The recommender against a specification written from the upstream
+//! sources (property test: HPA through a transcription of its Go code in
+//! `hpa/mod.rs`, KEDA's activation, cooldown and fallback, Knative's
+//! panic), and in simulated-time scenarios: a burst, a noisy steady queue,
+//! scale to zero, a metric outage, activation from zero.
 
 use std::path::Path;
 use std::time::Duration;
@@ -9,6 +11,8 @@ use gpuscale_autoscaler::{Mode, Observation, State, Tuning, recommend};
 use gpuscale_policies::Model;
 use gpuscale_policies::model::{RatePolicy, RatePolicyType, ResolvedRules, SelectPolicy};
 use proptest::prelude::*;
+
+mod hpa;
 
 fn model(scaling: &str) -> Model {
     let text = format!(
@@ -29,145 +33,6 @@ fn queue(depth: f64) -> Observation {
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
-}
-
-/// HPA's algorithm as documented (and as `pkg/controller/podautoscaler`
-/// implements it), written out literally: usage ratio with tolerance,
-/// stabilisation over recorded recommendations, rate policies over
-/// recorded scale events, min/max.
-struct Hpa {
-    current: i64,
-    recommendations: Vec<(f64, i64)>,
-    up_events: Vec<(f64, i64)>,
-    down_events: Vec<(f64, i64)>,
-}
-
-impl Hpa {
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        now: f64,
-        total: f64,
-        target: f64,
-        min: i64,
-        max: i64,
-        tolerance: f64,
-        up: &ResolvedRules,
-        down: &ResolvedRules,
-    ) -> i64 {
-        // computeReplicasForMetric: average per pod over the target.
-        let usage_ratio = (total / self.current as f64) / target;
-        let proposal = if (1.0 - usage_ratio).abs() <= tolerance {
-            self.current
-        } else {
-            (usage_ratio * self.current as f64).ceil() as i64
-        };
-        // stabilizeRecommendationWithBehaviors.
-        let up_cutoff = now - up.stabilization_window.as_secs_f64();
-        let down_cutoff = now - down.stabilization_window.as_secs_f64();
-        let mut up_rec = proposal;
-        let mut down_rec = proposal;
-        for &(t, r) in &self.recommendations {
-            if t > up_cutoff {
-                up_rec = up_rec.min(r);
-            }
-            if t > down_cutoff {
-                down_rec = down_rec.max(r);
-            }
-        }
-        self.recommendations.push((now, proposal));
-        let mut rec = self.current;
-        if rec < up_rec {
-            rec = up_rec;
-        }
-        if rec > down_rec {
-            rec = down_rec;
-        }
-        // convertDesiredReplicasWithBehaviorRate.
-        let changed = |events: &[(f64, i64)], period: f64| -> i64 {
-            events
-                .iter()
-                .filter(|(t, _)| *t > now - period)
-                .map(|(_, c)| c)
-                .sum()
-        };
-        let mut desired = rec;
-        if desired > self.current {
-            let mut maximum_allowed = max;
-            if up.select_policy == SelectPolicy::Disabled {
-                maximum_allowed = self.current;
-            } else {
-                let mut limit = if up.select_policy == SelectPolicy::Min {
-                    i64::MAX
-                } else {
-                    i64::MIN
-                };
-                for p in &up.policies {
-                    let period = p.period.as_secs_f64();
-                    let start = self.current - changed(&self.up_events, period)
-                        + changed(&self.down_events, period);
-                    let proposed = match p.kind {
-                        RatePolicyType::Pods => start + i64::from(p.value),
-                        RatePolicyType::Percent => {
-                            (start as f64 * (1.0 + f64::from(p.value) / 100.0)).ceil() as i64
-                        }
-                    };
-                    limit = if up.select_policy == SelectPolicy::Min {
-                        limit.min(proposed)
-                    } else {
-                        limit.max(proposed)
-                    };
-                }
-                if maximum_allowed > limit {
-                    maximum_allowed = limit;
-                }
-            }
-            if desired > maximum_allowed {
-                desired = maximum_allowed;
-            }
-        } else if desired < self.current {
-            let mut minimum_allowed = min;
-            if down.select_policy == SelectPolicy::Disabled {
-                minimum_allowed = self.current;
-            } else {
-                let mut limit = if down.select_policy == SelectPolicy::Min {
-                    i64::MIN
-                } else {
-                    i64::MAX
-                };
-                for p in &down.policies {
-                    let period = p.period.as_secs_f64();
-                    let start = self.current - changed(&self.up_events, period)
-                        + changed(&self.down_events, period);
-                    let proposed = match p.kind {
-                        RatePolicyType::Pods => start - i64::from(p.value),
-                        RatePolicyType::Percent => {
-                            (start as f64 * (1.0 - f64::from(p.value) / 100.0)) as i64
-                        }
-                    };
-                    limit = if down.select_policy == SelectPolicy::Min {
-                        limit.max(proposed)
-                    } else {
-                        limit.min(proposed)
-                    };
-                }
-                if minimum_allowed < limit {
-                    minimum_allowed = limit;
-                }
-            }
-            if desired < minimum_allowed {
-                desired = minimum_allowed;
-            }
-        }
-        desired = desired.clamp(min, max);
-        if desired > self.current {
-            self.up_events.push((now, desired - self.current));
-        } else if desired < self.current {
-            self.down_events.push((now, self.current - desired));
-        }
-        self.current = desired;
-        desired
-    }
 }
 
 fn arb_rules(up: bool) -> impl Strategy<Value = ResolvedRules> {
@@ -197,41 +62,249 @@ fn arb_rules(up: bool) -> impl Strategy<Value = ResolvedRules> {
         })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+/// The oracle's form of a direction's rules.
+fn oracle_rules(r: &ResolvedRules) -> hpa::Rules {
+    hpa::Rules {
+        stabilization_window_secs: r.stabilization_window.as_secs_f64(),
+        select: match r.select_policy {
+            SelectPolicy::Max => hpa::Select::Max,
+            SelectPolicy::Min => hpa::Select::Min,
+            SelectPolicy::Disabled => hpa::Select::Disabled,
+        },
+        policies: r
+            .policies
+            .iter()
+            .map(|p| hpa::ScalingPolicy {
+                kind: match p.kind {
+                    RatePolicyType::Pods => hpa::PolicyKind::Pods,
+                    RatePolicyType::Percent => hpa::PolicyKind::Percent,
+                },
+                value: p.value as i32,
+                period_secs: p.period.as_secs_f64(),
+            })
+            .collect(),
+    }
+}
 
-    /// With panic, forecasting and SLO feedback out of the way, the
-    /// recommender is HPA: same count at every step.
+/// The settings one property case runs with.
+#[derive(Debug, Clone)]
+struct Case {
+    min: u32,
+    max: u32,
+    target: u32,
+    activation: u32,
+    to_zero_after: u64,
+    fallback: Option<u32>,
+    fallback_after: u32,
+    stable_window: u64,
+}
+
+/// What gpuscale is specified to do, written from the upstream sources
+/// rather than from `recommend`:
+/// - failed reads: KEDA's `fallback` (after `failureThreshold` failures,
+///   the fallback count, within min/max; here also never to zero), else
+///   hold;
+/// - at zero: KEDA's activation (strictly above the activation threshold),
+///   sized by the queue (`ceil(queue / target)` within min/max: gpuscale's
+///   documented departure from KEDA's 0 → 1);
+/// - to zero: KEDA's cooldown (`minReplicas` 0, idle — at or under the
+///   threshold — for `scaleToZeroAfter`);
+/// - Knative's panic: demand ≥ 2 × current capacity starts it, it lasts a
+///   stable window past the last such observation, and while it lasts the
+///   count never goes down;
+/// - otherwise HPA, through the transcription of its Go source in
+///   `hpa/mod.rs`: the external per-pod metric, then
+///   `reconcileAutoscaler`'s behaviour path.
+///
+/// Every change is recorded as a scale event and every activation and
+/// panic count as a recommendation, so HPA's windows and rate limits see
+/// them (one controller decides all paths).
+struct Spec {
+    case: Case,
+    behavior: hpa::Behavior,
+    hpa: hpa::Hpa,
+    current: i32,
+    failures: u32,
+    idle_since: Option<f64>,
+    panic_until: Option<f64>,
+}
+
+impl Spec {
+    fn change(&mut self, now: f64, to: i32) -> i32 {
+        if to != self.current {
+            self.hpa
+                .store_scale_event(Some(&self.behavior), self.current, to, now);
+        }
+        self.current = to;
+        to
+    }
+
+    fn step(&mut self, now: f64, depth: Option<u32>) -> i32 {
+        let c = self.case.clone();
+        let floor = c.min.max(1) as i32;
+        let ceiling = (c.max as i32).max(floor);
+        self.hpa.record_initial_recommendation(self.current, now);
+        let Some(depth) = depth else {
+            self.failures += 1;
+            return match c.fallback {
+                Some(f) if self.failures >= c.fallback_after && self.current > 0 => {
+                    self.change(now, (f as i32).clamp(floor, ceiling))
+                }
+                _ => self.current,
+            };
+        };
+        self.failures = 0;
+        let active = depth > c.activation;
+        if active {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+        let by_queue = (f64::from(depth) / f64::from(c.target)).ceil() as i32;
+        if self.current == 0 {
+            if !active {
+                return 0;
+            }
+            let to = by_queue.clamp(floor, ceiling);
+            self.hpa.recommendations.push(hpa::Recommendation {
+                time: now,
+                replicas: to,
+            });
+            return self.change(now, to);
+        }
+        if c.min == 0
+            && let Some(since) = self.idle_since
+            && now - since >= c.to_zero_after as f64
+        {
+            self.panic_until = None;
+            return self.change(now, 0);
+        }
+        if f64::from(depth) >= 2.0 * f64::from(self.current) * f64::from(c.target) {
+            self.panic_until = Some(now + c.stable_window as f64);
+        } else if self.panic_until.is_some_and(|until| now >= until) {
+            self.panic_until = None;
+        }
+        if self.panic_until.is_some() {
+            let to = by_queue
+                .clamp(floor, ceiling)
+                .max(self.current)
+                .min(ceiling.max(self.current));
+            self.hpa.recommendations.push(hpa::Recommendation {
+                time: now,
+                replicas: to,
+            });
+            return self.change(now, to);
+        }
+        let proposal = hpa::external_per_pod_replicas(
+            self.current,
+            f64::from(depth),
+            f64::from(c.target),
+            0.1,
+        );
+        let (to, _) = self
+            .hpa
+            .step(now, self.current, proposal, floor, ceiling, &self.behavior);
+        self.current = to;
+        to
+    }
+}
+
+fn arb_case() -> impl Strategy<Value = Case> {
+    (
+        0u32..4,
+        1u32..30,
+        1u32..16,
+        0u32..6,
+        0u64..200,
+        prop::option::of(0u32..40),
+        1u32..4,
+        5u64..90,
+    )
+        .prop_map(
+            |(
+                min,
+                span,
+                target,
+                activation,
+                to_zero_after,
+                fallback,
+                fallback_after,
+                stable_window,
+            )| Case {
+                min,
+                max: min.max(1) + span,
+                target,
+                activation,
+                to_zero_after,
+                fallback,
+                fallback_after,
+                stable_window,
+            },
+        )
+}
+
+/// Queue depths (or a failed read), biased so every path is taken: idle
+/// stretches (scale to zero), failures (fallback), bursts (panic).
+fn arb_steps() -> impl Strategy<Value = Vec<(u64, Option<u32>)>> {
+    let depth = prop_oneof![
+        3 => (0u32..400).prop_map(Some),
+        2 => Just(Some(0)),
+        1 => (400u32..2000).prop_map(Some),
+        1 => Just(None),
+    ];
+    prop::collection::vec((1u64..40, depth), 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(300)
+    ))]
+
+    /// Step for step the same count as the specification on every path:
+    /// HPA (through the Go transcription), KEDA activation, cooldown to
+    /// zero and fallback, Knative panic; starting at any count, zero
+    /// included.
     #[test]
-    fn matches_hpa(
+    fn matches_hpa_keda_and_knative_on_every_path(
         up in arb_rules(true),
         down in arb_rules(false),
-        min in 1u32..4,
-        span in 1u32..30,
-        target in 1u32..16,
-        start in 1u32..20,
-        steps in prop::collection::vec((1u64..40, 0u32..400), 1..60),
+        case in arb_case(),
+        start in 0u32..40,
+        steps in arb_steps(),
     ) {
-        let max = min + span;
-        let mut m = model(&format!("    minReplicas: {min}\n    maxReplicas: {max}\n    targetQueueDepth: {target}\n"));
+        let to_zero = format!("{}s", case.to_zero_after);
+        let mut m = model(&format!(
+            "    minReplicas: {}\n    maxReplicas: {}\n    targetQueueDepth: {}\n    activationQueueDepth: {}\n    scaleToZeroAfter: {to_zero}\n",
+            case.min, case.max, case.target, case.activation
+        ));
         m.scale_up = up.clone();
         m.scale_down = down.clone();
-        let tuning = Tuning { panic_threshold: f64::INFINITY, ..Tuning::default() };
-        let start = start.clamp(min, max);
+        let tuning = Tuning {
+            fallback_replicas: case.fallback,
+            fallback_after: case.fallback_after,
+            stable_window: Duration::from_secs(case.stable_window),
+            ..Tuning::default()
+        };
         let mut state = State::new(start);
-        let mut hpa = Hpa {
-            current: i64::from(start),
-            recommendations: Vec::new(),
-            up_events: Vec::new(),
-            down_events: Vec::new(),
+        let mut spec = Spec {
+            case: case.clone(),
+            behavior: hpa::Behavior { up: oracle_rules(&up), down: oracle_rules(&down) },
+            hpa: hpa::Hpa::new(),
+            current: start as i32,
+            failures: 0,
+            idle_since: None,
+            panic_until: None,
         };
         let mut now = 1000u64;
         for (dt, depth) in steps {
             now += dt;
-            let ours = recommend(Some(&queue(f64::from(depth))), &m, &tuning, &mut state, Duration::from_secs(now));
-            let theirs = hpa.step(now as f64, f64::from(depth), f64::from(target), i64::from(min), i64::from(max), 0.1, &up, &down);
-            prop_assert_eq!(i64::from(ours.replicas), theirs, "at t={} depth {}: {}", now, depth, ours.reason);
-            prop_assert_eq!(ours.mode, Mode::Normal);
+            let obs = depth.map(|d| queue(f64::from(d)));
+            let ours = recommend(obs.as_ref(), &m, &tuning, &mut state, Duration::from_secs(now));
+            let theirs = spec.step(now as f64, depth);
+            prop_assert_eq!(
+                i64::from(ours.replicas), i64::from(theirs),
+                "at t={} depth {:?}: {} ({:?})", now, depth, ours.reason, ours.mode
+            );
         }
     }
 }

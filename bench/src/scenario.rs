@@ -1,5 +1,5 @@
 //! Scenario generator: clusters of mixed GPU models at any size, a model
-//! zoo from real model sizes (`../shared/data/model_zoo.csv`), and demand
+//! zoo from real model sizes (`bench/data/model_zoo.csv`), and demand
 //! sized so that one replica per whole GPU would fill a set share of the
 //! cluster. Scenarios are written as
 //! the same YAML files users write, so benchmarks time loading too and the
@@ -57,9 +57,10 @@ pub fn load_zoo(path: &Path) -> anyhow::Result<Vec<ZooEntry>> {
     Ok(out)
 }
 
-/// The zoo CSV shipped beside the project.
+/// The zoo CSV shipped in the repository (`bench/data/`, its source in
+/// the README beside it).
 pub fn default_zoo_path() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/model_zoo.csv")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/model_zoo.csv")
 }
 
 /// A generated model policy: name, memory, compute, sharing, tensor-parallel

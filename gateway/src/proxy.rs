@@ -258,21 +258,30 @@ async fn handle_inner(
             None,
         );
     };
-    let (priority, _) = shared.settings.priorities.decide(
-        priority::Request {
-            peer: peer.ip(),
-            authorization: parts
-                .headers
-                .get(header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes),
-            path: parts.uri.path(),
-            header: parts
-                .headers
-                .get(&shared.priority_header)
-                .map(HeaderValue::as_bytes),
-        },
-        model.settings.priority,
-    );
+    let rules = &shared.settings.priorities;
+    let priority = if rules.is_empty() {
+        // The default: no trusted source, no keys, no routes; no header
+        // is even looked at.
+        model.settings.priority
+    } else {
+        rules
+            .decide(
+                priority::Request {
+                    peer: peer.ip(),
+                    authorization: parts
+                        .headers
+                        .get(header::AUTHORIZATION)
+                        .map(HeaderValue::as_bytes),
+                    path: parts.uri.path(),
+                    header: parts
+                        .headers
+                        .get(&shared.priority_header)
+                        .map(HeaderValue::as_bytes),
+                },
+                model.settings.priority,
+            )
+            .0
+    };
     let mut permit = match shared.admit(&model, priority).await {
         Ok(p) => p,
         Err(r) => {
