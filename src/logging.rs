@@ -17,7 +17,10 @@ pub enum LogFormat {
 
 /// Installs the global subscriber, writing to stderr.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_default_env()
+        // Decisions (what the autoscaler did and why) are news: info by
+        // default; everything else only when it is a warning.
+        .unwrap_or_else(|_| EnvFilter::new("warn,gpuscale_autoscaler::controller=info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colour codes only for a terminal, never in files or pipes.

@@ -17,7 +17,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "gpuscale", version, about, long_about = None)]
 struct Cli {
-    /// Log format on stderr (levels from RUST_LOG, default `warn`).
+    /// Log format on stderr (levels from RUST_LOG; default `warn`, with the
+    /// autoscaler's decisions at `info`).
     #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
     log_format: logging::LogFormat,
     #[command(subcommand)]

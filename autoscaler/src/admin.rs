@@ -26,7 +26,17 @@ const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50)
 pub async fn serve(
     addr: SocketAddr,
     report: Report,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_with(addr, report, shutdown, HEADER_READ_TIMEOUT).await
+}
+
+/// [`serve`] with another header-read timeout.
+pub async fn serve_with(
+    addr: SocketAddr,
+    report: Report,
     mut shutdown: watch::Receiver<bool>,
+    header_read_timeout: std::time::Duration,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -67,7 +77,7 @@ pub async fn serve(
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
                             .timer(TokioTimer::new())
-                            .header_read_timeout(HEADER_READ_TIMEOUT)
+                            .header_read_timeout(header_read_timeout)
                             .serve_connection(TokioIo::new(stream), svc)
                             .await;
                     });
@@ -77,4 +87,46 @@ pub async fn serve(
         }
     });
     Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_head_is_closed_after_the_timeout() {
+        let (_stop, stopped) = watch::channel(false);
+        let (addr, _task) = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Report::default(),
+            stopped,
+            std::time::Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+        // A half-sent head, then silence.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the connection stayed open");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+        // A whole request is still served.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    }
 }

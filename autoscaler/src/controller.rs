@@ -30,6 +30,9 @@ use crate::recommend::{Mode, State, recommend};
 /// decide).
 const MIN_EVENT_GAP: Duration = Duration::from_millis(100);
 
+/// Longest a placement solve may take (HiGHS returns its best plan then).
+pub const PACK_BUDGET: Duration = Duration::from_secs(5);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
     model: String,
@@ -110,6 +113,16 @@ pub struct DecisionView {
 pub struct Report {
     registry: Arc<Registry>,
     decisions: Arc<Mutex<BTreeMap<String, DecisionView>>>,
+}
+
+impl Default for Report {
+    /// An empty report (no metric, no decision yet).
+    fn default() -> Self {
+        Report {
+            registry: Arc::new(Registry::default()),
+            decisions: Arc::new(Mutex::new(BTreeMap::new())),
+        }
+    }
 }
 
 impl Report {
@@ -198,23 +211,52 @@ impl Controller {
         let mut stream = self.gateway.stream();
         let mut tick = tokio::time::interval(self.settings.spec.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A pushed change that came within MIN_EVENT_GAP of the last
+        // decision is not dropped: it is decided at the end of the gap,
+        // on the newest document pushed by then.
+        let mut deferred: Option<(tokio::time::Instant, Instant, serde_json::Value)> = None;
         loop {
+            let due = deferred.as_ref().map(|(at, _, _)| *at);
+            let deferred_due = async move {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tick.tick() => {
                     self.backend.tick(&self.settings.models, unix_now()).await;
                     let obs = self.observe().await;
                     self.decide(obs, None).await;
                 }
+                () = deferred_due => {
+                    if let Some((_, received, v)) = deferred.take() {
+                        let obs = match &self.prometheus {
+                            Some(_) => self.observe().await,
+                            None => Some(observations(&v)),
+                        };
+                        self.decide(obs, Some(received)).await;
+                    }
+                }
                 event = stream.recv() => {
                     let received = Instant::now();
                     match event {
                         Some(Event::Queues(v)) => {
-                            if self.last_decision.is_none_or(|t| t.elapsed() >= MIN_EVENT_GAP) {
+                            let since = self.last_decision.map(|t| t.elapsed());
+                            if since.is_none_or(|s| s >= MIN_EVENT_GAP) {
+                                deferred = None;
                                 let obs = match &self.prometheus {
                                     Some(_) => self.observe().await,
                                     None => Some(observations(&v)),
                                 };
                                 self.decide(obs, Some(received)).await;
+                            } else {
+                                let wait = MIN_EVENT_GAP - since.unwrap_or_default();
+                                let first = deferred.as_ref().map_or(received, |(_, r, _)| *r);
+                                let at = deferred
+                                    .as_ref()
+                                    .map_or(tokio::time::Instant::now() + wait, |(a, _, _)| *a);
+                                deferred = Some((at, first, v));
                             }
                         }
                         Some(Event::ScaleFromZero { model }) => {
@@ -275,7 +317,7 @@ impl Controller {
             .any(|m| before.get(&m.name).copied().unwrap_or(0) != desired[&m.name]);
         let mut before_plan = None;
         if changed && let Some(cluster) = &self.settings.cluster {
-            before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs));
+            before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs).await);
         }
         let ready = self.backend.ready(&self.settings.models);
         let mut changes = Vec::new();
@@ -344,7 +386,11 @@ impl Controller {
     /// Packs the wanted counts from the last plan; a model whose replicas
     /// do not all fit gets what was placed, and says why. Returns the
     /// cluster as it was before this plan.
-    fn place(
+    ///
+    /// The solve runs on the blocking pool (it is CPU work, up to
+    /// [`PACK_BUDGET`]), so the runtime it shares with the embedded
+    /// gateway keeps serving meanwhile.
+    async fn place(
         &mut self,
         cluster: gpuscale_policies::Cluster,
         desired: &mut BTreeMap<String, u32>,
@@ -354,8 +400,23 @@ impl Controller {
             Some(p) => p.apply_to(&cluster),
             None => cluster,
         };
-        let models: &[Model] = &self.settings.models;
-        match pack(&current, models, desired, &PackOptions::default()) {
+        let models: Vec<Model> = self.settings.models.clone();
+        let wanted = desired.clone();
+        let on = current.clone();
+        let options = PackOptions {
+            time_limit: PACK_BUDGET,
+            ..PackOptions::default()
+        };
+        let solved =
+            tokio::task::spawn_blocking(move || pack(&on, &models, &wanted, &options)).await;
+        let solved = match solved {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("the packer task failed, counts applied unplaced: {e}");
+                return current;
+            }
+        };
+        match solved {
             Ok(plan) => {
                 for mp in &plan.models {
                     if mp.placed < mp.wanted {

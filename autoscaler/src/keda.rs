@@ -159,7 +159,14 @@ impl ExternalScaler for Keda {
                 return;
             }
             let mut last = first;
-            while let Some(e) = events.recv().await {
+            loop {
+                // KEDA going away is noticed at once, not at the next
+                // change to send: the gateway stream ends with it.
+                let e = tokio::select! {
+                    e = events.recv() => e,
+                    () = tx.closed() => return,
+                };
+                let Some(e) = e else { return };
                 let active = match e {
                     Event::Queues(v) => observations(&v)
                         .get(&t.served)

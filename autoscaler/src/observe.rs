@@ -60,13 +60,18 @@ pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
                             // them) wait too.
                             waiting: num("waiting") + num("server_waiting"),
                             in_flight: num("in_flight"),
+                            // Little's law over matched windows: arrivals
+                            // and service time both over the last 10 s
+                            // (a gateway without the 10 s figure: its
+                            // 60 s p50).
                             arrival_rate: q
                                 .get("arrival_rate")
-                                .and_then(|r| r.get("1s"))
+                                .and_then(|r| r.get("10s"))
                                 .and_then(|v| v.as_f64())
                                 .unwrap_or(0.0),
                             service_time: q
-                                .get("latency_p50_ms")
+                                .get("latency_p50_10s_ms")
+                                .or_else(|| q.get("latency_p50_ms"))
                                 .and_then(|v| v.as_f64())
                                 .map(|x| x / 1e3),
                             queue_wait_p95: q.get("queue_wait_p95_ms").and_then(ms),
@@ -79,6 +84,14 @@ pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
         })
         .unwrap_or_default()
 }
+
+/// Longest silence on the queue stream before it is dropped and opened
+/// again (the gateway sends at least every second).
+pub const STREAM_IDLE: Duration = Duration::from_secs(5);
+
+/// Most bytes buffered without an event boundary before the stream is
+/// dropped.
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// A client of one gateway's admin API.
 #[derive(Clone)]
@@ -221,15 +234,33 @@ impl GatewayClient {
             .request(Method::GET, &format!("{}/v1/queues/stream", self.base))
             .body(Full::new(Bytes::new()))
             .map_err(|_| ())?;
-        let resp = self.client.request(req).await.map_err(|_| ())?;
+        let resp = tokio::time::timeout(STREAM_IDLE, self.client.request(req))
+            .await
+            .map_err(|_| ())?
+            .map_err(|_| ())?;
+        if !resp.status().is_success() {
+            tracing::warn!(status = %resp.status(), "the gateway refused the queue stream");
+            return Err(());
+        }
         let mut body = resp.into_body();
         let mut buf = String::new();
-        while let Some(frame) = body.frame().await {
+        loop {
+            // The gateway sends at least once a second: silence for longer
+            // is a dead connection, not a quiet gateway.
+            let frame = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => return Err(()),
+            };
             let Ok(frame) = frame else { return Err(()) };
             let Ok(data) = frame.into_data() else {
                 continue;
             };
             buf.push_str(&String::from_utf8_lossy(&data));
+            if buf.len() > MAX_EVENT_BYTES {
+                // No event boundary in sight: not the stream we expect.
+                return Err(());
+            }
             while let Some(end) = buf.find("\n\n") {
                 let event: String = buf.drain(..end + 2).collect();
                 if let Some(e) = parse_event(&event)
@@ -393,11 +424,13 @@ mod tests {
             "waiting": 7, "in_flight": 1, "replicas": 1,
             "arrival_rate": {"1s": 8.0, "10s": 1.0, "60s": 0.2},
             "queue_wait_p95_ms": 250.0, "latency_p50_ms": 1500.0,
+            "latency_p50_10s_ms": 900.0,
             "latency_p95_ms": null, "ttft_p95_ms": 2.5}}});
         let obs = observations(&view);
         let m = &obs["m"];
-        assert_eq!((m.waiting, m.in_flight, m.arrival_rate), (7.0, 1.0, 8.0));
-        assert_eq!(m.service_time, Some(1.5));
+        // Rate and service time over the same 10 s.
+        assert_eq!((m.waiting, m.in_flight, m.arrival_rate), (7.0, 1.0, 1.0));
+        assert_eq!(m.service_time, Some(0.9));
         assert_eq!(m.queue_wait_p95, Some(Duration::from_millis(250)));
         assert_eq!(m.latency_p95, None);
         assert_eq!(m.ttft_p95, Some(Duration::from_micros(2500)));

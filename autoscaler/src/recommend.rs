@@ -41,10 +41,11 @@ pub struct Observation {
     pub waiting: f64,
     /// Requests on replicas.
     pub in_flight: f64,
-    /// Arrivals per second over the short window (1 s).
+    /// Arrivals per second over the last 10 s.
     pub arrival_rate: f64,
-    /// Mean time a request holds a replica slot, seconds (p50 latency is a
-    /// fine estimate); `None` until measured.
+    /// Mean time a request holds a replica slot, seconds, over the same
+    /// window as `arrival_rate` (the gateway's 10 s p50 latency); `None`
+    /// until measured.
     pub service_time: Option<f64>,
     /// p95 queue wait.
     pub queue_wait_p95: Option<Duration>,
@@ -127,6 +128,41 @@ pub struct Recommendation {
     pub mode: Mode,
 }
 
+/// One scale event: when, how many replicas it added or removed, and
+/// whether it has aged past its direction's longest policy period.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ScaleEvent {
+    at: Duration,
+    change: u32,
+    outdated: bool,
+}
+
+/// HPA's `storeScaleEvent` for one direction: events older than the
+/// direction's longest policy period are marked outdated, and the new
+/// event takes the place of the last outdated one (else it is appended).
+/// The lists never grow past the events of one longest period plus one.
+/// Rate limits sum events by time alone, so an outdated event that is
+/// still inside the *other* direction's (longer) period counts there
+/// until it is overwritten — HPA's behaviour, kept exact.
+fn store_event(events: &mut Vec<ScaleEvent>, longest: Duration, now: Duration, change: u32) {
+    if let Some(cutoff) = now.checked_sub(longest) {
+        for e in events.iter_mut() {
+            if e.at < cutoff {
+                e.outdated = true;
+            }
+        }
+    }
+    let event = ScaleEvent {
+        at: now,
+        change,
+        outdated: false,
+    };
+    match events.iter().rposition(|e| e.outdated) {
+        Some(i) => events[i] = event,
+        None => events.push(event),
+    }
+}
+
 /// What the recommender remembers between calls.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
@@ -134,8 +170,12 @@ pub struct State {
     pub current: u32,
     /// Recent raw recommendations (time, replicas), for stabilisation.
     history: VecDeque<(Duration, u32)>,
-    /// Recent changes (time, +added / −removed), for rate policies.
-    events: VecDeque<(Duration, i64)>,
+    /// Scale-ups and scale-downs, for the rate policies, kept as HPA's
+    /// `storeScaleEvent` keeps them.
+    up_events: Vec<ScaleEvent>,
+    down_events: Vec<ScaleEvent>,
+    /// The longest rate-policy period of each direction (up, down).
+    longest: (Duration, Duration),
     /// Panic: since when, and until when it lasts unless renewed.
     panic: Option<(Duration, Duration)>,
     /// Since when the model has been idle.
@@ -193,6 +233,14 @@ pub fn recommend(
 ) -> Recommendation {
     let scaling = &policy.scaling;
     let current = state.current;
+    let longest = |r: &ResolvedRules| {
+        r.policies
+            .iter()
+            .map(|p| p.period)
+            .max()
+            .unwrap_or_default()
+    };
+    state.longest = (longest(&policy.scale_up), longest(&policy.scale_down));
     if !state.seeded {
         state.seeded = true;
         record(state, now, current);
@@ -242,6 +290,14 @@ pub fn recommend(
     let by_queue = depth;
     let by_rate = concurrency.unwrap_or(0.0);
 
+    // Nothing arriving, nothing queued: the traffic that the forecast
+    // and the latency figures describe is over. The forecast starts
+    // afresh (a trend learnt before an idle spell or a scale to zero says
+    // nothing about what comes after it).
+    let quiet = depth <= 0.0 && obs.arrival_rate <= 0.0;
+    if quiet || current == 0 {
+        state.forecast = None;
+    }
     // Holt's linear trend on the arrival rate.
     let forecast_rate = update_forecast(state, tuning, obs.arrival_rate, now, scaling.startup_time);
     let by_forecast = match (obs.service_time, forecast_rate) {
@@ -282,7 +338,10 @@ pub fn recommend(
     let mut slo_factor: f64 = 1.0;
     let mut near_slo = false;
     for (name, seen, goal) in pairs {
-        let (Some(seen), Some(goal)) = (seen, goal) else {
+        // A p95 over the last minute counts only while requests are
+        // arriving or waiting: after the traffic stops, an old breach is
+        // no reason to add replicas, nor an old near miss to keep them.
+        let (Some(seen), Some(goal), false) = (seen, goal, quiet) else {
             continue;
         };
         let ratio = seen.as_secs_f64() / goal.as_secs_f64().max(1e-9);
@@ -464,18 +523,17 @@ fn finish(
     mode: Mode,
     reason: String,
 ) -> Recommendation {
-    let change = i64::from(replicas) - i64::from(state.current);
-    if change != 0 {
-        state.events.push_back((now, change));
+    let (up, down) = state.longest;
+    if replicas > state.current {
+        store_event(&mut state.up_events, up, now, replicas - state.current);
+    } else if replicas < state.current {
+        store_event(&mut state.down_events, down, now, state.current - replicas);
     }
     state.current = replicas;
     // Nothing older than an hour matters to any window.
     let horizon = now.saturating_sub(Duration::from_secs(3600));
     while state.history.front().is_some_and(|(t, _)| *t < horizon) {
         state.history.pop_front();
-    }
-    while state.events.front().is_some_and(|(t, _)| *t < horizon) {
-        state.events.pop_front();
     }
     Recommendation {
         replicas,
@@ -559,12 +617,18 @@ fn rate_limit(
     down: &ResolvedRules,
 ) -> (u32, Option<&'static str>) {
     let current = state.current;
+    // HPA's `getReplicasChangePerPeriod`: events after now − period,
+    // outdated or not.
     let within = |period: Duration, sign: i64| -> i64 {
-        state
-            .events
+        let events = if sign > 0 {
+            &state.up_events
+        } else {
+            &state.down_events
+        };
+        events
             .iter()
-            .filter(|(t, c)| now.saturating_sub(*t) < period && c.signum() == sign)
-            .map(|(_, c)| c.abs())
+            .filter(|e| now.saturating_sub(e.at) < period)
+            .map(|e| i64::from(e.change))
             .sum()
     };
     let cur = i64::from(current);

@@ -569,3 +569,167 @@ fn the_forecast_scales_ahead_of_a_rising_rate() {
         r.reason
     );
 }
+
+#[test]
+fn a_forecast_does_not_outlive_an_idle_spell() {
+    // A rising rate teaches the forecast a steep trend; then the traffic
+    // stops and the model idles; then 16 requests queue at once. The
+    // queue alone sizes that decision: 16 / target 8 = 2 replicas.
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    let tuning = Tuning {
+        panic_threshold: f64::INFINITY,
+        ..Tuning::default()
+    };
+    let mut state = State::new(1);
+    let mut t = 0u64;
+    for rate in 0..60u64 {
+        let rate = rate as f64 * 2.0;
+        recommend(
+            Some(&Observation {
+                in_flight: rate * 0.5,
+                arrival_rate: rate,
+                service_time: Some(0.5),
+                ..Observation::default()
+            }),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(t),
+        );
+        t += 1;
+    }
+    // Ten quiet minutes (the scale-down window passes too).
+    for _ in 0..600 {
+        recommend(
+            Some(&queue(0.0)),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(t),
+        );
+        t += 1;
+    }
+    let r = recommend(
+        Some(&Observation {
+            waiting: 16.0,
+            arrival_rate: 1.6,
+            ..Observation::default()
+        }),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(t),
+    );
+    assert_eq!(r.replicas, 2, "{}", r.reason);
+    assert!(!r.reason.contains("forecast"), "{}", r.reason);
+}
+
+#[test]
+fn a_forecast_starts_afresh_after_scale_to_zero() {
+    let m = model(
+        "    minReplicas: 0\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n    scaleToZeroAfter: 60s\n",
+    );
+    let tuning = Tuning {
+        panic_threshold: f64::INFINITY,
+        ..Tuning::default()
+    };
+    let mut state = State::new(4);
+    let mut t = 0u64;
+    for rate in 0..30u64 {
+        let rate = rate as f64 * 3.0;
+        recommend(
+            Some(&Observation {
+                in_flight: 8.0,
+                arrival_rate: rate,
+                service_time: Some(0.2),
+                ..Observation::default()
+            }),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(t),
+        );
+        t += 1;
+    }
+    let mut last = None;
+    for _ in 0..400 {
+        last = Some(recommend(
+            Some(&queue(0.0)),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(t),
+        ));
+        t += 1;
+    }
+    assert_eq!(last.unwrap().replicas, 0);
+    // One request wakes it: one replica, not a forecast's worth.
+    let r = recommend(
+        Some(&Observation {
+            waiting: 1.0,
+            arrival_rate: 0.1,
+            ..Observation::default()
+        }),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(t),
+    );
+    assert_eq!(r.replicas, 1, "{}", r.reason);
+    t += 1;
+    let r = recommend(
+        Some(&Observation {
+            in_flight: 1.0,
+            arrival_rate: 0.1,
+            ..Observation::default()
+        }),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(t),
+    );
+    assert_eq!(r.replicas, 1, "{}", r.reason);
+}
+
+#[test]
+fn an_old_slo_breach_adds_nothing_once_the_traffic_has_stopped() {
+    let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: m\nspec:\n  resources:\n    memoryGiB: 10\n    compute: 0.1\n    maxConcurrency: 8\n  slo:\n    queueWaitP95: 200ms\n  scaling:\n    minReplicas: 1\n    maxReplicas: 20\n    targetQueueDepth: 8\n";
+    let with_slo = gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text)])
+        .unwrap_or_else(|p| panic!("{p}"))
+        .models
+        .remove(0);
+    let tuning = Tuning::default();
+    let mut state = State::new(4);
+    // The p95 of the last minute is far over the SLO, but nothing arrives
+    // and nothing waits.
+    let stale = Observation {
+        queue_wait_p95: Some(Duration::from_secs(2)),
+        ..Observation::default()
+    };
+    let r = recommend(
+        Some(&stale),
+        &with_slo,
+        &tuning,
+        &mut state,
+        Duration::from_secs(1000),
+    );
+    assert!(r.replicas <= 4, "{}", r.reason);
+    assert!(!r.reason.contains("over SLO"), "{}", r.reason);
+    // With traffic, the same p95 counts.
+    let live = Observation {
+        in_flight: 30.0,
+        arrival_rate: 10.0,
+        queue_wait_p95: Some(Duration::from_secs(2)),
+        ..Observation::default()
+    };
+    let r = recommend(
+        Some(&live),
+        &with_slo,
+        &tuning,
+        &mut state,
+        Duration::from_secs(1001),
+    );
+    assert!(r.reason.contains("over SLO"), "{}", r.reason);
+}

@@ -527,6 +527,11 @@ impl Shared {
                     queue_wait_p50_ms: ms(s.queue_wait.quantile(now, 0.5)),
                     queue_wait_p95_ms: ms(s.queue_wait.quantile(now, 0.95)),
                     latency_p50_ms: ms(s.latency.quantile(now, 0.5)),
+                    latency_p50_10s_ms: ms(s.latency.quantile_within(
+                        now,
+                        0.5,
+                        Duration::from_secs(10),
+                    )),
                     latency_p95_ms: ms(s.latency.quantile(now, 0.95)),
                     ttft_p95_ms: ms(s.ttft.quantile(now, 0.95)),
                     ..view
@@ -649,6 +654,9 @@ pub struct QueueView {
     pub queue_wait_p95_ms: Option<f64>,
     /// Upstream latency p50, ms (the autoscaler's service-time estimate).
     pub latency_p50_ms: Option<f64>,
+    /// Upstream latency p50 over the last 10 s, ms: the service time
+    /// matched with `arrival_rate.10s` for Little's law.
+    pub latency_p50_10s_ms: Option<f64>,
     /// Upstream latency p95, ms.
     pub latency_p95_ms: Option<f64>,
     /// Time to first token p95, ms (streams).

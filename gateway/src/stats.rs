@@ -90,6 +90,12 @@ impl Samples {
     /// The `q` quantile (0–1, nearest rank) of the samples of the last
     /// [`WINDOW`]; `None` without samples.
     pub fn quantile(&mut self, now: Instant, q: f64) -> Option<f64> {
+        self.quantile_within(now, q, WINDOW)
+    }
+
+    /// The `q` quantile of the samples of the last `window` (at most
+    /// [`WINDOW`]); `None` without samples in it.
+    pub fn quantile_within(&mut self, now: Instant, q: f64, window: Duration) -> Option<f64> {
         while self
             .samples
             .front()
@@ -97,10 +103,15 @@ impl Samples {
         {
             self.samples.pop_front();
         }
-        if self.samples.is_empty() {
+        let mut v: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|(t, _)| now.saturating_duration_since(*t) <= window)
+            .map(|(_, x)| *x)
+            .collect();
+        if v.is_empty() {
             return None;
         }
-        let mut v: Vec<f64> = self.samples.iter().map(|(_, x)| *x).collect();
         v.sort_by(f64::total_cmp);
         let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
         Some(v[rank - 1])
@@ -166,5 +177,27 @@ mod tests {
         assert_eq!(s.quantile(t0, 0.5), Some(50.0));
         assert_eq!(s.quantile(t0, 0.95), Some(95.0));
         assert_eq!(s.quantile(t0 + Duration::from_secs(61), 0.5), None);
+    }
+
+    #[test]
+    fn a_quantile_over_a_shorter_window_sees_only_its_samples() {
+        let t0 = Instant::now();
+        let mut s = Samples::default();
+        for i in 0..50 {
+            s.record(t0 + Duration::from_secs(i), 3.0);
+        }
+        for i in 50..55 {
+            s.record(t0 + Duration::from_secs(i), 0.1);
+        }
+        let now = t0 + Duration::from_secs(55);
+        assert_eq!(s.quantile(now, 0.5), Some(3.0));
+        assert_eq!(
+            s.quantile_within(now, 0.5, Duration::from_secs(10)),
+            Some(0.1)
+        );
+        assert_eq!(
+            s.quantile_within(now + Duration::from_secs(30), 0.5, Duration::from_secs(10)),
+            None
+        );
     }
 }
