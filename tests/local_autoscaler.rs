@@ -195,6 +195,17 @@ spec:
             .contains("over target 2/replica"),
         "{d}"
     );
+    // The changes so far, oldest first, each at a millisecond RFC 3339
+    // time (`2026-12-01T00:59:58.123Z`).
+    let history = d["chat"]["history"].as_array().expect("a history");
+    assert!(!history.is_empty(), "{d}");
+    for h in history {
+        let at = h["at"].as_str().unwrap();
+        assert!(
+            at.len() == 24 && at.ends_with('Z') && at.as_bytes()[19] == b'.',
+            "{at}"
+        );
+    }
     let mut answered = 0;
     for c in clients {
         for code in c.join().unwrap() {

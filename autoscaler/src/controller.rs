@@ -6,7 +6,7 @@
 //! Its decisions are
 //! exported as metrics and at `/v1/decisions` on its admin port.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -104,15 +104,34 @@ pub struct DecisionView {
     pub mode: Mode,
     /// The sentence.
     pub reason: String,
-    /// When (HH:MM:SS UTC).
+    /// When (RFC 3339, UTC, milliseconds).
     pub at: String,
+}
+
+/// One model in `/v1/decisions`: its last decision, and the last
+/// [`HISTORY`] decisions that changed its count, oldest first.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModelDecisions {
+    /// The last decision (every tick and event decides).
+    #[serde(flatten)]
+    pub latest: Option<DecisionView>,
+    /// Recent changes of the count.
+    pub history: VecDeque<DecisionView>,
+}
+
+/// Changes kept per model in `/v1/decisions`.
+pub const HISTORY: usize = 50;
+
+/// `now` (since the Unix epoch) as RFC 3339 with milliseconds.
+fn rfc3339(now: Duration) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + now).to_string()
 }
 
 /// What the admin listener shows.
 #[derive(Clone)]
 pub struct Report {
     registry: Arc<Registry>,
-    decisions: Arc<Mutex<BTreeMap<String, DecisionView>>>,
+    decisions: Arc<Mutex<BTreeMap<String, ModelDecisions>>>,
 }
 
 impl Default for Report {
@@ -134,7 +153,7 @@ impl Report {
     }
 
     /// The last decision per model.
-    pub fn decisions(&self) -> BTreeMap<String, DecisionView> {
+    pub fn decisions(&self) -> BTreeMap<String, ModelDecisions> {
         self.decisions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -367,15 +386,28 @@ impl Controller {
                     ready: ready.get(&m.name).copied().unwrap_or(0),
                     mode: rec.mode,
                     reason: rec.reason.clone(),
-                    at: crate::recommend::clock(now),
+                    at: rfc3339(now),
                 },
+                before.get(&m.name).copied().unwrap_or(0) != want,
             ));
         }
-        self.report
-            .decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(views);
+        {
+            let mut decisions = self
+                .report
+                .decisions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (model, view, changed) in views {
+                let d = decisions.entry(model).or_default();
+                if changed {
+                    if d.history.len() == HISTORY {
+                        d.history.pop_front();
+                    }
+                    d.history.push_back(view.clone());
+                }
+                d.latest = Some(view);
+            }
+        }
         if !changes.is_empty() {
             self.backend
                 .apply(&changes, self.plan.as_ref(), before_plan.as_ref(), now)

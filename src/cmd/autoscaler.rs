@@ -31,6 +31,16 @@ pub struct Args {
     /// Admin listener, overriding the file's `spec.admin`.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// KEDA external scaler (gRPC) listener, overriding `spec.keda`.
+    #[arg(long)]
+    pub keda: Option<SocketAddr>,
+    /// The embedded gateway's traffic listener, overriding its
+    /// `spec.listen`.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// The embedded gateway's admin listener, overriding its `spec.admin`.
+    #[arg(long)]
+    pub gateway_admin: Option<SocketAddr>,
     /// File holding the gateway's admin token, overriding
     /// `spec.gateway.adminTokenFile` (and, for the embedded gateway, its
     /// own `spec.adminTokenFile`).
@@ -73,6 +83,26 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
+    if let Some(k) = args.keda {
+        settings.spec.keda = Some(k);
+    }
+    match gateway_settings.as_mut() {
+        Some(g) => {
+            if let Some(l) = args.listen {
+                g.spec.listen = l;
+            }
+            if let Some(a) = args.gateway_admin {
+                g.spec.admin = a;
+            }
+        }
+        None if args.listen.is_some() || args.gateway_admin.is_some() => {
+            eprintln!(
+                "--listen and --gateway-admin apply to the embedded gateway (spec.gateway.config)"
+            );
+            return Ok(ExitCode::from(1));
+        }
+        None => {}
+    }
     // The admin token: the flag (or its variable), the file's, the
     // embedded gateway's own; an embedded gateway with none gets one made
     // up for this run, so its replica list is never open.
