@@ -570,6 +570,43 @@ fn the_forecast_scales_ahead_of_a_rising_rate() {
     );
 }
 
+/// A model on a simulated clock that advances a second per decision.
+struct Clock<'a> {
+    model: &'a Model,
+    tuning: Tuning,
+    state: State,
+    t: u64,
+}
+
+impl Clock<'_> {
+    /// `n` decisions, the i-th on `obs(i)`; the last one.
+    fn run(
+        &mut self,
+        n: u64,
+        obs: impl Fn(u64) -> Observation,
+    ) -> gpuscale_autoscaler::Recommendation {
+        let mut last = None;
+        for i in 0..n {
+            last = Some(recommend(
+                Some(&obs(i)),
+                self.model,
+                &self.tuning,
+                &mut self.state,
+                Duration::from_secs(self.t),
+            ));
+            self.t += 1;
+        }
+        last.expect("at least one decision")
+    }
+}
+
+fn no_panic() -> Tuning {
+    Tuning {
+        panic_threshold: f64::INFINITY,
+        ..Tuning::default()
+    }
+}
+
 #[test]
 fn a_forecast_does_not_outlive_an_idle_spell() {
     // A rising rate teaches the forecast a steep trend; then the traffic
@@ -578,50 +615,25 @@ fn a_forecast_does_not_outlive_an_idle_spell() {
     let m = model(
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
     );
-    let tuning = Tuning {
-        panic_threshold: f64::INFINITY,
-        ..Tuning::default()
+    let mut c = Clock {
+        model: &m,
+        tuning: no_panic(),
+        state: State::new(1),
+        t: 0,
     };
-    let mut state = State::new(1);
-    let mut t = 0u64;
-    for rate in 0..60u64 {
-        let rate = rate as f64 * 2.0;
-        recommend(
-            Some(&Observation {
-                in_flight: rate * 0.5,
-                arrival_rate: rate,
-                service_time: Some(0.5),
-                ..Observation::default()
-            }),
-            &m,
-            &tuning,
-            &mut state,
-            Duration::from_secs(t),
-        );
-        t += 1;
-    }
+    c.run(60, |i| Observation {
+        in_flight: i as f64,
+        arrival_rate: i as f64 * 2.0,
+        service_time: Some(0.5),
+        ..Observation::default()
+    });
     // Ten quiet minutes (the scale-down window passes too).
-    for _ in 0..600 {
-        recommend(
-            Some(&queue(0.0)),
-            &m,
-            &tuning,
-            &mut state,
-            Duration::from_secs(t),
-        );
-        t += 1;
-    }
-    let r = recommend(
-        Some(&Observation {
-            waiting: 16.0,
-            arrival_rate: 1.6,
-            ..Observation::default()
-        }),
-        &m,
-        &tuning,
-        &mut state,
-        Duration::from_secs(t),
-    );
+    c.run(600, |_| queue(0.0));
+    let r = c.run(1, |_| Observation {
+        waiting: 16.0,
+        arrival_rate: 1.6,
+        ..Observation::default()
+    });
     assert_eq!(r.replicas, 2, "{}", r.reason);
     assert!(!r.reason.contains("forecast"), "{}", r.reason);
 }
@@ -631,65 +643,31 @@ fn a_forecast_starts_afresh_after_scale_to_zero() {
     let m = model(
         "    minReplicas: 0\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n    scaleToZeroAfter: 60s\n",
     );
-    let tuning = Tuning {
-        panic_threshold: f64::INFINITY,
-        ..Tuning::default()
+    let mut c = Clock {
+        model: &m,
+        tuning: no_panic(),
+        state: State::new(4),
+        t: 0,
     };
-    let mut state = State::new(4);
-    let mut t = 0u64;
-    for rate in 0..30u64 {
-        let rate = rate as f64 * 3.0;
-        recommend(
-            Some(&Observation {
-                in_flight: 8.0,
-                arrival_rate: rate,
-                service_time: Some(0.2),
-                ..Observation::default()
-            }),
-            &m,
-            &tuning,
-            &mut state,
-            Duration::from_secs(t),
-        );
-        t += 1;
-    }
-    let mut last = None;
-    for _ in 0..400 {
-        last = Some(recommend(
-            Some(&queue(0.0)),
-            &m,
-            &tuning,
-            &mut state,
-            Duration::from_secs(t),
-        ));
-        t += 1;
-    }
-    assert_eq!(last.unwrap().replicas, 0);
+    c.run(30, |i| Observation {
+        in_flight: 8.0,
+        arrival_rate: i as f64 * 3.0,
+        service_time: Some(0.2),
+        ..Observation::default()
+    });
+    assert_eq!(c.run(400, |_| queue(0.0)).replicas, 0);
     // One request wakes it: one replica, not a forecast's worth.
-    let r = recommend(
-        Some(&Observation {
-            waiting: 1.0,
-            arrival_rate: 0.1,
-            ..Observation::default()
-        }),
-        &m,
-        &tuning,
-        &mut state,
-        Duration::from_secs(t),
-    );
+    let r = c.run(1, |_| Observation {
+        waiting: 1.0,
+        arrival_rate: 0.1,
+        ..Observation::default()
+    });
     assert_eq!(r.replicas, 1, "{}", r.reason);
-    t += 1;
-    let r = recommend(
-        Some(&Observation {
-            in_flight: 1.0,
-            arrival_rate: 0.1,
-            ..Observation::default()
-        }),
-        &m,
-        &tuning,
-        &mut state,
-        Duration::from_secs(t),
-    );
+    let r = c.run(1, |_| Observation {
+        in_flight: 1.0,
+        arrival_rate: 0.1,
+        ..Observation::default()
+    });
     assert_eq!(r.replicas, 1, "{}", r.reason);
 }
 
