@@ -177,16 +177,24 @@ fn gpuscale_yaml(bytes: &[u8]) -> serde_json::Value {
     serde_yaml_ng::from_slice(bytes).unwrap()
 }
 
-#[test]
-fn json_logs_are_json() {
+/// `gpuscale ARGS validate --quiet examples/` at log level info: its
+/// stderr (it must succeed).
+fn info_logs_of_validate(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["--log-format", "json", "validate", "--quiet", "examples/"])
+        .args(args)
+        .args(["validate", "--quiet", "examples/"])
         .env("RUST_LOG", "info")
         .current_dir(root())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.stdout.is_empty());
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn json_logs_are_json() {
+    let stderr = info_logs_of_validate(&["--log-format", "json"]);
     let line = stderr.lines().next().expect("one log line");
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["level"], "INFO");
@@ -194,7 +202,6 @@ fn json_logs_are_json() {
         v["fields"]["models"], 13,
         "11 in examples/policies, 2 in examples/local"
     );
-    assert!(out.stdout.is_empty());
 }
 
 const PLAN_ARGS: [&str; 7] = [
@@ -374,14 +381,7 @@ fn validate_examples_checks_the_gateway_config_too() {
 
 #[test]
 fn text_logs_carry_no_colour_codes_off_a_terminal() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["validate", "--quiet", "examples/"])
-        .env("RUST_LOG", "info")
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let stderr = String::from_utf8(out.stderr).unwrap();
+    let stderr = info_logs_of_validate(&[]);
     assert!(stderr.contains("INFO"), "{stderr}");
     assert!(
         !stderr.contains('\u{1b}'),
