@@ -285,3 +285,214 @@ spec:
         || test_servers(group) == 0,
     );
 }
+
+/// PIDs of the simulated servers in a process group.
+fn server_pids(group: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let pgrp = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+                .and_then(|g| g.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            // Zombies (state Z) are dead already.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            pgrp == Some(group)
+                && state != Some("Z")
+                && String::from_utf8_lossy(&cmdline).contains("sim-server")
+        })
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// A free port below Linux's ephemeral range (32768–60999), so that no
+/// server started later with port 0 (the simulated ones) can take it
+/// before the gateway binds it.
+fn free_port() -> u16 {
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64;
+    (0..2000u64)
+        .map(|i| 20_000 + ((seed.wrapping_mul(2_654_435_761) + i * 7919) % 12_000) as u16)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port in 20000-31999")
+}
+
+fn start_gateway(config: &std::path::Path) -> Child {
+    let mut g = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["gateway", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("the gateway starts");
+    let mut lines = BufReader::new(g.stdout.take().unwrap()).lines();
+    let first = lines
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("the gateway did not start"));
+    assert!(first.contains("traffic on"), "{first}");
+    g
+}
+
+/// Endpoints the gateway lists for a model.
+fn listed(gw_admin: &str, model: &str) -> Vec<String> {
+    let Ok((200, body)) = http(gw_admin, "GET", "/v1/replicas", "") else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let mut out: Vec<String> = v[model]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["endpoint"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Reconciliation with a separate gateway: the autoscaler starts before
+/// the gateway (registration retried until it is up); a replica process
+/// killed is replaced; the gateway killed and started again gets the
+/// running replicas registered again and serves; through it all the count
+/// stays what was decided.
+#[test]
+fn the_local_backend_repairs_dead_replicas_and_a_restarted_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (traffic, gw_admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    std::fs::write(dir.path().join("token"), "a-test-token-of-some-length\n").unwrap();
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        r#"apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: chat}
+spec:
+  servedName: test/chat
+  resources: {memoryGiB: 18, compute: 0.3, maxConcurrency: 4}
+  scaling:
+    minReplicas: 2
+    maxReplicas: 4
+    targetQueueDepth: 4
+    startupTime: 200ms
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {{name: t}}\nspec:\n  listen: {traffic}\n  admin: {gw_admin}\n  adminTokenFile: token\n  policies: [policies.yaml]\n  queue: {{maxQueue: 100, queueTimeout: 30s}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"http://{gw_admin}\", adminTokenFile: token}}\n  interval: 300ms\n  admin: 127.0.0.1:0\n  local: {{profile: tiny, drainTime: 200ms}}\n"),
+    )
+    .unwrap();
+
+    // The autoscaler first, with no gateway to register with.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["autoscaler", "--config"])
+        .arg(dir.path().join("autoscaler.yaml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let group = child.id();
+    let _stop = Stop(Some(child));
+    let line = lines.next().unwrap().unwrap();
+    let admin = line
+        .split("admin on http://")
+        .nth(1)
+        .and_then(|r| r.split([' ', ',']).next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    wait_for("two servers started", Duration::from_secs(10), || {
+        server_pids(group).len() == 2
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        decisions(&admin)["chat"]["ready"],
+        0,
+        "ready with no gateway"
+    );
+
+    // The gateway comes up: both replicas registered (retried).
+    let mut gateway = Stop(Some(start_gateway(&dir.path().join("gateway.yaml"))));
+    wait_for("both replicas registered", Duration::from_secs(15), || {
+        listed(&gw_admin, "test/chat").len() == 2 && decisions(&admin)["chat"]["ready"] == 2
+    });
+    let chat =
+        r#"{"model":"test/chat","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(
+        http(&traffic, "POST", "/v1/chat/completions", chat)
+            .unwrap()
+            .0,
+        200
+    );
+
+    // A replica process dies: another takes its place.
+    let before = server_pids(group);
+    assert_eq!(before.len(), 2);
+    let killed = before[0];
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &killed.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for("the dead replica replaced", Duration::from_secs(15), || {
+        let now = server_pids(group);
+        now.len() == 2
+            && !now.contains(&killed)
+            && listed(&gw_admin, "test/chat").len() == 2
+            && decisions(&admin)["chat"]["ready"] == 2
+    });
+    assert_eq!(decisions(&admin)["chat"]["desired"], 2);
+
+    // The gateway dies and comes back empty: the replicas register again
+    // and requests are served.
+    let pids = server_pids(group);
+    if let Some(mut g) = gateway.0.take() {
+        g.kill().unwrap();
+        g.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    gateway = Stop(Some(start_gateway(&dir.path().join("gateway.yaml"))));
+    wait_for(
+        "the replicas registered again",
+        Duration::from_secs(15),
+        || listed(&gw_admin, "test/chat").len() == 2,
+    );
+    assert_eq!(
+        http(&traffic, "POST", "/v1/chat/completions", chat)
+            .unwrap()
+            .0,
+        200
+    );
+    // The same processes: nothing was restarted, nothing added.
+    assert_eq!(server_pids(group), pids);
+    wait_for("ready 2 of 2 again", Duration::from_secs(5), || {
+        let d = decisions(&admin);
+        d["chat"]["desired"] == 2 && d["chat"]["ready"] == 2
+    });
+    drop(gateway);
+}

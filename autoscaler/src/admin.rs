@@ -1,8 +1,13 @@
-//! The autoscaler's admin listener: `/metrics` (OpenMetrics), `/healthz`,
-//! and `/v1/decisions` (the last decision per model, with its sentence).
+//! The autoscaler's admin listener: `/metrics` (OpenMetrics), `/healthz`
+//! (503 once the control loop has stopped or stalled), `/readyz` (503
+//! while metric reads keep failing, at or past the fallback threshold),
+//! and `/v1/decisions` (the last decision per model, with its sentence,
+//! and the recent changes). Read-only; at most [`MAX_CONNECTIONS`] open
+//! connections (one more is closed at once).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
@@ -17,6 +22,10 @@ use crate::controller::Report;
 /// Time a client has to send a request head (also the keep-alive idle
 /// limit): a connection that sends nothing is closed after it.
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Most connections open at once; another is closed as soon as it is
+/// accepted.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Pause after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
@@ -40,6 +49,7 @@ pub async fn serve_with(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -54,20 +64,32 @@ pub async fn serve_with(
                             continue;
                         }
                     };
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        drop(stream);
+                        continue;
+                    };
                     let report = report.clone();
                     tokio::spawn(async move {
+                        let _slot = slot;
                         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                             let report = report.clone();
                             async move {
                                 let (status, kind, body) = match req.uri().path() {
                                     "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
-                                    "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+                                    "/healthz" => match report.live() {
+                                        Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+                                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+                                    },
+                                    "/readyz" => match report.ready() {
+                                        Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
+                                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+                                    },
                                     "/v1/decisions" => (
                                         StatusCode::OK,
                                         "application/json",
                                         serde_json::to_string(&report.decisions()).unwrap_or_default(),
                                     ),
-                                    _ => (StatusCode::NOT_FOUND, "text/plain", "admin endpoints: /metrics, /healthz, /v1/decisions\n".to_string()),
+                                    _ => (StatusCode::NOT_FOUND, "text/plain", "admin endpoints: /metrics, /healthz, /readyz, /v1/decisions\n".to_string()),
                                 };
                                 let mut r = Response::new(Full::new(Bytes::from(body)));
                                 *r.status_mut() = status;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpuscale_packer::{Mode, Plan, Variant};
+use gpuscale_policies::model::ScalingMemory;
 use gpuscale_policies::{Cluster, GpuMode, Model};
 
 use crate::kubernetes::{Kube, KubeError, may_reconfigure};
@@ -23,7 +24,29 @@ pub struct Change {
     pub from: u32,
     /// The decision.
     pub rec: Recommendation,
+    /// The recommender's memory after it (persisted with the decision
+    /// where the backend persists anything).
+    pub memory: Option<ScalingMemory>,
 }
+
+/// What a reconciliation observed, per policy name.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Observed {
+    /// Replicas running as declared by what runs them (the Deployments'
+    /// `spec.replicas`), where the backend reads one; the count the
+    /// recommender works from, as HPA reads `/scale` every cycle.
+    pub replicas: BTreeMap<String, u32>,
+    /// Memory a previous controller left (read when this one starts
+    /// acting: at start and on each leader change).
+    pub memory: BTreeMap<String, ScalingMemory>,
+    /// This tick is the first this instance acts in (it has just become
+    /// the leader).
+    pub took_over: bool,
+}
+
+/// How often the leader writes the recommender's memory into the
+/// ModelPolicy status besides each decision (HPA's default sync period).
+pub const REMEMBER_EVERY: Duration = Duration::from_secs(15);
 
 /// The Kubernetes backend's memory.
 pub struct KubeBackend {
@@ -40,6 +63,8 @@ pub struct KubeBackend {
     /// the plan whose ConfigMap holds it) to apply once they are empty.
     draining: BTreeMap<String, (String, Plan)>,
     leading: bool,
+    /// When the memory was last written into the policies' status.
+    remembered_at: Option<Duration>,
 }
 
 impl KubeBackend {
@@ -54,6 +79,7 @@ impl KubeBackend {
             mig: BTreeMap::new(),
             draining: BTreeMap::new(),
             leading: false,
+            remembered_at: None,
         }
     }
 
@@ -104,7 +130,7 @@ impl KubeBackend {
             }
             self.variants.insert(c.model.name.clone(), now_applied);
             self.kube
-                .record(&c.model.name, None, c.from, &c.rec, now)
+                .record(&c.model.name, None, c.from, &c.rec, now, c.memory.as_ref())
                 .await?;
             self.desired.insert(c.model.name.clone(), c.rec.replicas);
         }
@@ -191,10 +217,43 @@ impl KubeBackend {
         Ok(())
     }
 
-    /// Leader election and EndpointSlice discovery, every tick.
-    async fn tick(&mut self, models: &[Model], now: Duration) -> Result<(), KubeError> {
+    /// Every tick: leader election; as the leader, the live counts (and,
+    /// on taking over, the memory the last leader left); MIG drains to
+    /// finish; EndpointSlice discovery into the gateway.
+    async fn tick(&mut self, models: &[Model], now: Duration) -> Result<Observed, KubeError> {
+        let r = self.reconcile(models, now).await;
+        if r.is_err() {
+            // Not acting on a half-read cluster: the next tick that reads
+            // it all takes over afresh.
+            self.leading = false;
+        }
+        r
+    }
+
+    async fn reconcile(&mut self, models: &[Model], now: Duration) -> Result<Observed, KubeError> {
+        let was_leading = self.leading;
         self.leading = self.kube.lead(now).await?;
+        let mut observed = Observed::default();
         if self.leading {
+            for m in models {
+                let declared = self.kube.deployments_of(&m.name).await?;
+                let n = declared.iter().map(|(_, n)| n).sum();
+                // Variants that run now are the ones a later change
+                // scales to zero when the plan moves off them.
+                self.variants
+                    .entry(m.name.clone())
+                    .or_default()
+                    .extend(declared.into_iter().map(|(v, _)| v));
+                self.desired.insert(m.name.clone(), n);
+                observed.replicas.insert(m.name.clone(), n);
+                if !was_leading && let Some(mem) = self.kube.remembered(&m.name).await? {
+                    observed.memory.insert(m.name.clone(), mem);
+                }
+            }
+            if !was_leading {
+                self.remembered_at = Some(now);
+                observed.took_over = true;
+            }
             self.finish_drains().await?;
         }
         for m in models {
@@ -225,6 +284,27 @@ impl KubeBackend {
                 }
             }
             *known = now_known;
+        }
+        Ok(observed)
+    }
+
+    /// As the leader, writes each model's memory into its status every
+    /// [`REMEMBER_EVERY`].
+    async fn remember(
+        &mut self,
+        memory: &BTreeMap<String, ScalingMemory>,
+        now: Duration,
+    ) -> Result<(), KubeError> {
+        if !self.leading
+            || self
+                .remembered_at
+                .is_some_and(|t| now.saturating_sub(t) < REMEMBER_EVERY)
+        {
+            return Ok(());
+        }
+        self.remembered_at = Some(now);
+        for (policy, m) in memory {
+            self.kube.remember(policy, m).await?;
         }
         Ok(())
     }
@@ -290,10 +370,41 @@ impl Backend {
         }
     }
 
-    /// Per-tick housekeeping (Kubernetes: lease, discovery).
-    pub async fn tick(&mut self, models: &[Model], now: Duration) {
+    /// The most replicas the backend runs per model, if it has a limit
+    /// of its own (the local backend's `maxReplicasPerModel`).
+    pub fn cap(&self) -> Option<u32> {
+        match self {
+            Backend::Local(l) => Some(l.cap()),
+            Backend::Kube(_) => None,
+        }
+    }
+
+    /// One reconciliation, every tick. Local: dead replica processes
+    /// replaced, replicas the gateway lost registered again (the local
+    /// backend repairs towards its own count, so it reports none).
+    /// Kubernetes: lease, the live counts and (on taking over) the
+    /// memory left in the policies' status, drains, discovery.
+    pub async fn tick(&mut self, models: &[Model], now: Duration) -> Observed {
+        match self {
+            Backend::Local(l) => {
+                l.reconcile(models).await;
+                Observed::default()
+            }
+            Backend::Kube(k) => match k.tick(models, now).await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    Observed::default()
+                }
+            },
+        }
+    }
+
+    /// Persists the recommender's memory where the backend keeps it
+    /// (Kubernetes: the ModelPolicy status, every [`REMEMBER_EVERY`]).
+    pub async fn remember(&mut self, memory: &BTreeMap<String, ScalingMemory>, now: Duration) {
         if let Backend::Kube(k) = self
-            && let Err(e) = k.tick(models, now).await
+            && let Err(e) = k.remember(memory, now).await
         {
             tracing::error!("{e}");
         }

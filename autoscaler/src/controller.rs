@@ -7,6 +7,7 @@
 //! exported as metrics and at `/v1/decisions` on its admin port.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,7 +22,11 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::backend::{Backend, Change};
+use std::fmt::Write as _;
+
+use gpuscale_policies::model::ScalingMemory;
+
+use crate::backend::{Backend, Change, Observed};
 use crate::config::Settings;
 use crate::observe::{Event, GatewayClient, observations};
 use crate::recommend::{Mode, State, recommend};
@@ -127,24 +132,94 @@ fn rfc3339(now: Duration) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + now).to_string()
 }
 
+/// The controller's liveness and readiness, as the admin listener
+/// reports them.
+#[derive(Debug)]
+struct Health {
+    /// The control loop is running (cleared when its task ends, panics
+    /// included).
+    alive: AtomicBool,
+    /// When the loop last went round (ms since the Unix epoch).
+    beat_ms: AtomicU64,
+    /// Longest a round may take before the loop counts as stuck.
+    stall: Duration,
+    /// Consecutive failed metric reads.
+    failures: AtomicU32,
+    /// Failures at which the controller is not ready (the fallback
+    /// threshold).
+    failure_threshold: u32,
+}
+
+/// Sets `alive` false however the loop ends.
+struct AliveGuard(Arc<Health>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::Relaxed);
+    }
+}
+
 /// What the admin listener shows.
 #[derive(Clone)]
 pub struct Report {
     registry: Arc<Registry>,
     decisions: Arc<Mutex<BTreeMap<String, ModelDecisions>>>,
+    health: Arc<Health>,
 }
 
 impl Default for Report {
-    /// An empty report (no metric, no decision yet).
+    /// An empty report (no metric, no decision yet; a loop that is
+    /// neither running nor failing).
     fn default() -> Self {
         Report {
             registry: Arc::new(Registry::default()),
             decisions: Arc::new(Mutex::new(BTreeMap::new())),
+            health: Arc::new(Health {
+                alive: AtomicBool::new(true),
+                beat_ms: AtomicU64::new(0),
+                stall: Duration::MAX,
+                failures: AtomicU32::new(0),
+                failure_threshold: u32::MAX,
+            }),
         }
     }
 }
 
 impl Report {
+    /// `Err(why)` when the control loop has stopped or has not gone round
+    /// for longer than it may (`/healthz`).
+    pub fn live(&self) -> Result<(), String> {
+        let h = &self.health;
+        if !h.alive.load(Ordering::Relaxed) {
+            return Err("the control loop has stopped".into());
+        }
+        let beat = h.beat_ms.load(Ordering::Relaxed);
+        let now = unix_now().as_millis() as u64;
+        let since = Duration::from_millis(now.saturating_sub(beat));
+        if beat > 0 && since > h.stall {
+            return Err(format!(
+                "the control loop has not gone round for {}s",
+                since.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Err(why)` while metric reads keep failing, at or past the
+    /// fallback threshold (`/readyz`).
+    pub fn ready(&self) -> Result<(), String> {
+        self.live()?;
+        let h = &self.health;
+        let failures = h.failures.load(Ordering::Relaxed);
+        if failures >= h.failure_threshold {
+            return Err(format!(
+                "{failures} metric reads in a row failed (threshold {})",
+                h.failure_threshold
+            ));
+        }
+        Ok(())
+    }
+
     /// OpenMetrics text.
     pub fn metrics(&self) -> String {
         let mut out = String::new();
@@ -174,6 +249,13 @@ pub struct Controller {
     last_decision: Option<Instant>,
 }
 
+/// How long a round of the control loop may take before `/healthz`
+/// fails: ten intervals, and never under a minute (a placement solve, a
+/// slow API server).
+fn stall_limit(interval: Duration) -> Duration {
+    (interval * 10).max(Duration::from_secs(60))
+}
+
 fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -200,6 +282,8 @@ impl Controller {
                 })
                 .set(i64::from(start));
         }
+        let stall = stall_limit(settings.spec.interval);
+        let failure_threshold = settings.spec.tuning.fallback_after.max(1);
         Controller {
             prometheus: settings
                 .spec
@@ -215,6 +299,13 @@ impl Controller {
             report: Report {
                 registry: Arc::new(registry),
                 decisions: Arc::new(Mutex::new(BTreeMap::new())),
+                health: Arc::new(Health {
+                    alive: AtomicBool::new(true),
+                    beat_ms: AtomicU64::new(0),
+                    stall,
+                    failures: AtomicU32::new(0),
+                    failure_threshold,
+                }),
             },
             last_decision: None,
         }
@@ -225,8 +316,47 @@ impl Controller {
         self.report.clone()
     }
 
+    /// One tick: reconcile (the backend's live counts and repairs), read
+    /// the signals, decide, persist the memory.
+    pub async fn tick(&mut self) {
+        let now = unix_now();
+        let observed = self.backend.tick(&self.settings.models, now).await;
+        self.adopt(&observed);
+        let obs = self.observe().await;
+        self.decide(obs, None).await;
+        let memory: BTreeMap<String, ScalingMemory> = self
+            .states
+            .iter()
+            .map(|(k, s)| (k.clone(), s.memory(now)))
+            .collect();
+        self.backend.remember(&memory, now).await;
+    }
+
+    /// Takes what the backend observed as the count to work from: on
+    /// taking over (start, leader change) the state is rebuilt from the
+    /// live count and the memory the last leader left; otherwise a count
+    /// that differs from the one decided (someone scaled by hand, a
+    /// write that did not land) replaces it, as HPA reads `/scale`
+    /// every cycle.
+    fn adopt(&mut self, observed: &Observed) {
+        for (name, &n) in &observed.replicas {
+            let state = self.states.entry(name.clone()).or_default();
+            if observed.took_over {
+                *state = match observed.memory.get(name) {
+                    Some(m) => State::restored(n, m),
+                    None => State::new(n),
+                };
+                tracing::info!(model = %name, replicas = n, remembered = observed.memory.contains_key(name), "taking over at the live count");
+            } else if state.current != n {
+                tracing::warn!(model = %name, decided = state.current, running = n, "the live count differs from the decided one; working from the live count");
+                state.current = n;
+            }
+        }
+    }
+
     /// Runs until `shutdown` turns true, then stops every replica.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let _alive = AliveGuard(self.report.health.clone());
         let mut stream = self.gateway.stream();
         let mut tick = tokio::time::interval(self.settings.spec.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -242,12 +372,12 @@ impl Controller {
                     None => std::future::pending().await,
                 }
             };
+            self.report
+                .health
+                .beat_ms
+                .store(unix_now().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
-                _ = tick.tick() => {
-                    self.backend.tick(&self.settings.models, unix_now()).await;
-                    let obs = self.observe().await;
-                    self.decide(obs, None).await;
-                }
+                _ = tick.tick() => self.tick().await,
                 () = deferred_due => {
                     if let Some((_, received, v)) = deferred.take() {
                         let obs = match &self.prometheus {
@@ -309,7 +439,18 @@ impl Controller {
             Some(p) => p.observations().await,
             None => self.gateway.queues().await.map(|v| observations(&v)),
         };
-        read.map_err(|e| tracing::warn!("{e}")).ok()
+        let failures = &self.report.health.failures;
+        match read {
+            Ok(o) => {
+                failures.store(0, Ordering::Relaxed);
+                Some(o)
+            }
+            Err(e) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("{e}");
+                None
+            }
+        }
     }
 
     async fn decide(
@@ -321,10 +462,31 @@ impl Controller {
         self.last_decision = Some(Instant::now());
         let mut desired: BTreeMap<String, u32> = BTreeMap::new();
         let mut recs = BTreeMap::new();
+        let cap = self.backend.cap();
         for m in &self.settings.models {
             let o = obs.as_ref().and_then(|o| o.get(&m.served_name));
             let state = self.states.entry(m.name.clone()).or_default();
-            let rec = recommend(o, m, &self.settings.spec.tuning, state, now);
+            // A backend limit below the policy's maxReplicas is the
+            // recommender's maxReplicas: the count it decides (and works
+            // from next time, and records in its scale events) is the one
+            // that runs.
+            let rec = match cap {
+                Some(cap) if cap < m.scaling.max_replicas => {
+                    let mut bounded = m.clone();
+                    bounded.scaling.max_replicas = cap;
+                    // What it would be without the cap (on a copy of the
+                    // memory), to say when the cap is what decided.
+                    let unbounded =
+                        recommend(o, m, &self.settings.spec.tuning, &mut state.clone(), now);
+                    let mut rec = recommend(o, &bounded, &self.settings.spec.tuning, state, now);
+                    if unbounded.replicas > cap {
+                        let _ =
+                            write!(rec.reason, "; capped at {cap} by local.maxReplicasPerModel");
+                    }
+                    rec
+                }
+                _ => recommend(o, m, &self.settings.spec.tuning, state, now),
+            };
             desired.insert(m.name.clone(), rec.replicas);
             recs.insert(m.name.clone(), rec);
         }
@@ -361,6 +523,7 @@ impl Controller {
                     model: m.clone(),
                     from: before.get(&m.name).copied().unwrap_or(0),
                     rec: rec.clone(),
+                    memory: self.states.get(&m.name).map(|s| s.memory(now)),
                 });
                 self.metrics
                     .desired

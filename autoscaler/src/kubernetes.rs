@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use gpuscale_packer::{Plan, Variant};
 use gpuscale_policies::Model;
-use gpuscale_policies::model::{Decision, ModelPolicy, ModelPolicyStatus};
+use gpuscale_policies::model::{Decision, ModelPolicy, ModelPolicyStatus, ScalingMemory};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
@@ -212,8 +212,14 @@ pub fn event(
     }
 }
 
-/// The status merge patch after a decision.
-pub fn status_patch(current: u32, rec: &Recommendation, now: Duration) -> serde_json::Value {
+/// The status merge patch after a decision (with the recommender's
+/// memory, when given).
+pub fn status_patch(
+    current: u32,
+    rec: &Recommendation,
+    now: Duration,
+    memory: Option<&ScalingMemory>,
+) -> serde_json::Value {
     let status = ModelPolicyStatus {
         current_replicas: current,
         desired_replicas: rec.replicas,
@@ -225,8 +231,31 @@ pub fn status_patch(current: u32, rec: &Recommendation, now: Duration) -> serde_
                 .unwrap_or_else(|_| clock(now)),
         }),
         observed_generation: None,
+        scaling_memory: memory.cloned(),
     };
     serde_json::json!({"status": status})
+}
+
+/// The status merge patch that persists the recommender's memory alone.
+pub fn memory_patch(memory: &ScalingMemory) -> serde_json::Value {
+    serde_json::json!({"status": {"scalingMemory": memory}})
+}
+
+/// A model's replica count as its Deployments declare it: per variant
+/// Deployment, its name and `spec.replicas` (what its `/scale`
+/// subresource serves as `spec.replicas`; absent means 1, the API
+/// server's default).
+pub fn declared_replicas(deployments: &[Deployment]) -> Vec<(String, u32)> {
+    let mut out: Vec<(String, u32)> = deployments
+        .iter()
+        .filter_map(|d| {
+            let name = d.metadata.name.clone()?;
+            let n = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            Some((name, n.max(0) as u32))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// What to do with the Lease.
@@ -367,6 +396,51 @@ impl Kube {
     pub async fn policies(&self) -> Result<Vec<ModelPolicy>, KubeError> {
         let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
         Ok(api.list(&ListParams::default()).await?.items)
+    }
+
+    /// A model's variant Deployments and their declared replica counts
+    /// (one list call, by the model label): the live count the controller
+    /// starts from and compares with every tick.
+    pub async fn deployments_of(&self, model: &str) -> Result<Vec<(String, u32)>, KubeError> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
+        let list = api
+            .list(&ListParams::default().labels(&format!("{MODEL_LABEL}={model}")))
+            .await?;
+        Ok(declared_replicas(&list.items))
+    }
+
+    /// The recommender's memory a previous controller left in a policy's
+    /// status (`None`: no policy object, or nothing remembered).
+    pub async fn remembered(&self, policy: &str) -> Result<Option<ScalingMemory>, KubeError> {
+        let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
+        Ok(api
+            .get_opt(policy)
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.scaling_memory))
+    }
+
+    /// Writes the recommender's memory into a policy's status.
+    pub async fn remember(
+        &self,
+        policy: &str,
+        memory: &ScalingMemory,
+    ) -> Result<Option<Write>, KubeError> {
+        let body = memory_patch(memory);
+        if let Some(w) = self.dry(Write {
+            method: "PATCH",
+            path: format!(
+                "/apis/gpuscale.io/v1alpha1/namespaces/{}/modelpolicies/{policy}/status",
+                self.ns()
+            ),
+            body: body.clone(),
+        }) {
+            return Ok(Some(w));
+        }
+        let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
+        api.patch_status(policy, &PatchParams::default(), &Patch::Merge(&body))
+            .await?;
+        Ok(None)
     }
 
     /// Sets a Deployment's replicas through `/scale`.
@@ -518,9 +592,10 @@ impl Kube {
         current: u32,
         rec: &Recommendation,
         now: Duration,
+        memory: Option<&ScalingMemory>,
     ) -> Result<Vec<Write>, KubeError> {
         let ev = event(policy, uid, rec, &self.spec, &self.identity, now);
-        let status = status_patch(current, rec, now);
+        let status = status_patch(current, rec, now, memory);
         let writes = vec![
             Write {
                 method: "POST",

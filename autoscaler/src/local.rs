@@ -4,29 +4,59 @@
 //! given `drainTime` to finish its requests, then stopped. What the
 //! embedded default runs on a laptop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use gpuscale_policies::Model;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::LocalSpec;
 use crate::observe::GatewayClient;
 
+/// First pause after a failed registration; doubled per failure up to
+/// [`REGISTER_BACKOFF_MAX`].
+pub const REGISTER_BACKOFF: Duration = Duration::from_millis(250);
+/// Longest pause between registration attempts.
+pub const REGISTER_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What a replica's task and the reconciler share.
+#[derive(Default)]
+struct Link {
+    /// `http://127.0.0.1:PORT` once the server has said where it listens.
+    endpoint: std::sync::Mutex<Option<String>>,
+    /// The gateway has taken it (as far as this process knows).
+    registered: AtomicBool,
+    /// Wakes the task to register again (the gateway lost it).
+    reregister: Notify,
+}
+
 struct Replica {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    link: Arc<Link>,
 }
 
+#[derive(Default)]
 struct Pool {
     replicas: Vec<Replica>,
-    ready: Arc<AtomicU32>,
+    /// The count asked for (capped).
+    wanted: u32,
+}
+
+/// What one reconciliation found and did, per policy name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Repairs {
+    /// Replica processes found dead and started again.
+    pub replaced: BTreeMap<String, u32>,
+    /// Replicas the gateway had lost, registered again.
+    pub reregistered: BTreeMap<String, u32>,
 }
 
 /// Runs replicas as local processes.
@@ -49,11 +79,17 @@ impl LocalBackend {
         }
     }
 
+    /// The most replicas this backend runs per model
+    /// (`local.maxReplicasPerModel`).
+    pub fn cap(&self) -> u32 {
+        self.spec.max_replicas_per_model
+    }
+
     /// Replicas asked for, per policy name (starting ones included).
     pub fn desired(&self) -> BTreeMap<String, u32> {
         self.pools
             .iter()
-            .map(|(k, p)| (k.clone(), p.replicas.len() as u32))
+            .map(|(k, p)| (k.clone(), p.wanted))
             .collect()
     }
 
@@ -61,7 +97,14 @@ impl LocalBackend {
     pub fn ready(&self) -> BTreeMap<String, u32> {
         self.pools
             .iter()
-            .map(|(k, p)| (k.clone(), p.ready.load(Ordering::Relaxed)))
+            .map(|(k, p)| {
+                let n = p
+                    .replicas
+                    .iter()
+                    .filter(|r| r.link.registered.load(Ordering::Relaxed))
+                    .count();
+                (k.clone(), n as u32)
+            })
             .collect()
     }
 
@@ -69,13 +112,8 @@ impl LocalBackend {
     /// starts new ones (they register when started), or stops the newest.
     pub fn scale(&mut self, model: &Model, replicas: u32) {
         let replicas = replicas.min(self.spec.max_replicas_per_model);
-        let pool = self
-            .pools
-            .entry(model.name.clone())
-            .or_insert_with(|| Pool {
-                replicas: Vec::new(),
-                ready: Arc::new(AtomicU32::new(0)),
-            });
+        let pool = self.pools.entry(model.name.clone()).or_default();
+        pool.wanted = replicas;
         while pool.replicas.len() > replicas as usize {
             if let Some(mut r) = pool.replicas.pop()
                 && let Some(stop) = r.stop.take()
@@ -85,19 +123,79 @@ impl LocalBackend {
         }
         while pool.replicas.len() < replicas as usize {
             let (stop, stopped) = oneshot::channel();
+            let link = Arc::new(Link::default());
             let task = tokio::spawn(run_replica(
                 self.exe.clone(),
                 self.gateway.clone(),
                 self.spec.clone(),
                 model.clone(),
-                pool.ready.clone(),
+                link.clone(),
                 stopped,
             ));
             pool.replicas.push(Replica {
                 stop: Some(stop),
                 task,
+                link,
             });
         }
+    }
+
+    /// One reconciliation: what runs against what was asked for, and what
+    /// the gateway lists against what was registered. A replica whose
+    /// process has died is started again; one the gateway no longer
+    /// lists (it restarted, or someone removed it) registers again. When
+    /// the gateway cannot be read, registrations are left as they are
+    /// (each replica's own task retries its registration with backoff).
+    pub async fn reconcile(&mut self, models: &[Model]) -> Repairs {
+        let mut repairs = Repairs::default();
+        for m in models {
+            let Some(pool) = self.pools.get_mut(&m.name) else {
+                continue;
+            };
+            let before = pool.replicas.len();
+            pool.replicas.retain(|r| !r.task.is_finished());
+            let dead = (before - pool.replicas.len()) as u32;
+            if dead > 0 {
+                tracing::warn!(model = %m.name, dead, "replica process(es) gone; starting replacements");
+                repairs.replaced.insert(m.name.clone(), dead);
+                let wanted = pool.wanted;
+                self.scale(m, wanted);
+            }
+        }
+        let Ok(listed) = self.gateway.replica_list().await else {
+            return repairs;
+        };
+        for m in models {
+            let Some(pool) = self.pools.get(&m.name) else {
+                continue;
+            };
+            let known: BTreeSet<&str> = listed
+                .get(&m.served_name)
+                .map(|v| v.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            let mut lost = 0;
+            for r in &pool.replicas {
+                let endpoint = r
+                    .link
+                    .endpoint
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                if let Some(e) = endpoint
+                    && r.link.registered.load(Ordering::Relaxed)
+                    && !known.contains(e.as_str())
+                {
+                    r.link.registered.store(false, Ordering::Relaxed);
+                    r.link.reregister.notify_one();
+                    lost += 1;
+                }
+            }
+            if lost > 0 {
+                tracing::warn!(model = %m.name, lost, "the gateway lost replica(s); registering them again");
+                repairs.reregistered.insert(m.name.clone(), lost);
+            }
+        }
+        repairs
     }
 
     /// Stops every replica and waits for them (deregistered, drained).
@@ -118,13 +216,15 @@ impl LocalBackend {
 }
 
 /// One replica's life: start the process, wait out the start-up delay,
-/// register, serve until stopped, deregister, drain, stop.
+/// register (again after every failure, with backoff, and whenever the
+/// reconciler finds the gateway has lost it), serve until stopped or the
+/// process dies, deregister, drain, stop.
 async fn run_replica(
     exe: PathBuf,
     gateway: GatewayClient,
     spec: LocalSpec,
     model: Model,
-    ready: Arc<AtomicU32>,
+    link: Arc<Link>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let started = tokio::time::Instant::now();
@@ -144,6 +244,8 @@ async fn run_replica(
         Ok(c) => c,
         Err(e) => {
             tracing::error!(model = %model.name, "cannot start {}: {e}", exe.display());
+            // Not at once again: the reconciler's next tick retries.
+            let _ = tokio::time::timeout(REGISTER_BACKOFF_MAX, &mut stopped).await;
             return;
         }
     };
@@ -164,6 +266,7 @@ async fn run_replica(
         let _ = child.kill().await;
         return;
     };
+    *link.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = Some(endpoint.clone());
     let startup = spec.startup_time.unwrap_or(model.scaling.startup_time);
     tokio::select! {
         _ = tokio::time::sleep_until(started + startup) => {}
@@ -172,32 +275,66 @@ async fn run_replica(
             return;
         }
     }
-    if let Err(e) = gateway
-        .replica(
-            true,
-            &model.served_name,
-            &endpoint,
-            Some(model.max_concurrency),
-        )
-        .await
-    {
-        tracing::error!(model = %model.name, "registering {endpoint}: {e}");
-        let _ = child.kill().await;
-        return;
-    }
-    ready.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(model = %model.name, %endpoint, "replica ready");
-    tokio::select! {
-        _ = &mut stopped => {}
-        _ = child.wait() => {
-            tracing::warn!(model = %model.name, %endpoint, "replica exited");
+    let mut backoff = REGISTER_BACKOFF;
+    let mut ever = false;
+    let mut died = false;
+    loop {
+        if !link.registered.load(Ordering::Relaxed) {
+            match gateway
+                .replica(
+                    true,
+                    &model.served_name,
+                    &endpoint,
+                    Some(model.max_concurrency),
+                )
+                .await
+            {
+                Ok(()) => {
+                    link.registered.store(true, Ordering::Relaxed);
+                    backoff = REGISTER_BACKOFF;
+                    if ever {
+                        tracing::info!(model = %model.name, %endpoint, "replica registered again");
+                    } else {
+                        tracing::info!(model = %model.name, %endpoint, "replica ready");
+                    }
+                    ever = true;
+                }
+                Err(e) => {
+                    tracing::warn!(model = %model.name, "registering {endpoint} (retry in {backoff:?}): {e}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut stopped => break,
+                        _ = child.wait() => {
+                            tracing::warn!(model = %model.name, %endpoint, "replica exited");
+                            died = true;
+                            break;
+                        }
+                    }
+                    backoff = (backoff * 2).min(REGISTER_BACKOFF_MAX);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = &mut stopped => break,
+            _ = child.wait() => {
+                tracing::warn!(model = %model.name, %endpoint, "replica exited");
+                died = true;
+                break;
+            }
+            () = link.reregister.notified() => {}
         }
     }
-    ready.fetch_sub(1, Ordering::Relaxed);
-    let _ = gateway
-        .replica(false, &model.served_name, &endpoint, None)
-        .await;
-    tokio::time::sleep(spec.drain_time).await;
-    let _ = child.kill().await;
+    let was = link.registered.swap(false, Ordering::Relaxed);
+    if was || ever {
+        let _ = gateway
+            .replica(false, &model.served_name, &endpoint, None)
+            .await;
+    }
+    if !died {
+        // Requests in flight finish before the server stops.
+        tokio::time::sleep(spec.drain_time).await;
+        let _ = child.kill().await;
+    }
     tracing::info!(model = %model.name, %endpoint, "replica stopped");
 }

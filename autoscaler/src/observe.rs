@@ -210,6 +210,34 @@ impl GatewayClient {
         }
     }
 
+    /// `GET /v1/replicas`: the endpoints the gateway lists, per served
+    /// model name.
+    pub async fn replica_list(&self) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
+        let url = format!("{}/v1/replicas", self.base);
+        let (status, body) = self.call(Method::GET, "/v1/replicas", None).await?;
+        if status != StatusCode::OK {
+            return Err(ObserveError::Gateway {
+                url,
+                message: format!("status {status}"),
+            });
+        }
+        let v: BTreeMap<String, Vec<serde_json::Value>> =
+            serde_json::from_slice(&body).map_err(|e| ObserveError::Gateway {
+                url,
+                message: e.to_string(),
+            })?;
+        Ok(v.into_iter()
+            .map(|(model, replicas)| {
+                let endpoints = replicas
+                    .iter()
+                    .filter_map(|r| r.get("endpoint").and_then(|e| e.as_str()))
+                    .map(str::to_string)
+                    .collect();
+                (model, endpoints)
+            })
+            .collect())
+    }
+
     /// Follows `/v1/queues/stream`, reconnecting after a second when it
     /// drops; events arrive on the returned channel until it is dropped.
     pub fn stream(&self) -> mpsc::Receiver<Event> {

@@ -31,7 +31,10 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use gpuscale_policies::model::{Model, RatePolicyType, ResolvedRules, SelectPolicy};
+use gpuscale_policies::model::{
+    Model, RatePolicyType, RememberedScaleEvent, ResolvedRules, ScalingMemory, SelectPolicy,
+    TimedReplicas,
+};
 use serde::{Deserialize, Serialize};
 
 /// What the gateway reports about one model at one moment.
@@ -206,6 +209,91 @@ impl State {
     pub fn in_panic(&self) -> bool {
         self.panic.is_some()
     }
+
+    /// What the stabilisation windows and rate limits remember at `now`,
+    /// for the ModelPolicy status: the recommendations inside the longest
+    /// window or period and the scale events, a run of equal
+    /// recommendations kept as its last one (the windows' min and max
+    /// over any span ending now are the same with or without the earlier
+    /// ones).
+    pub fn memory(&self, now: Duration) -> ScalingMemory {
+        let since = now.saturating_sub(self.horizon);
+        let mut recommendations: Vec<TimedReplicas> = Vec::new();
+        let mut last: Option<u32> = None;
+        for &(t, r) in self.history.iter().filter(|(t, _)| *t >= since) {
+            if last == Some(r) {
+                recommendations.pop();
+            }
+            recommendations.push(TimedReplicas {
+                time: rfc3339(t),
+                replicas: r,
+            });
+            last = Some(r);
+        }
+        // The event lists whole and in their order: HPA overwrites the
+        // last outdated entry in place, so which one that is depends on
+        // the order (and they never hold more than one longest period's
+        // events plus one).
+        let events = |events: &[ScaleEvent]| -> Vec<RememberedScaleEvent> {
+            events
+                .iter()
+                .map(|e| RememberedScaleEvent {
+                    time: rfc3339(e.at),
+                    change: e.change,
+                    outdated: e.outdated,
+                })
+                .collect()
+        };
+        ScalingMemory {
+            recommendations,
+            scale_up_events: events(&self.up_events),
+            scale_down_events: events(&self.down_events),
+        }
+    }
+
+    /// State for a model observed running `current` replicas, with the
+    /// memory a previous controller left (entries with an unreadable time
+    /// are skipped). The first decision still records `current` as a
+    /// recommendation, as HPA records its initial one.
+    pub fn restored(current: u32, memory: &ScalingMemory) -> Self {
+        let at = |s: &str| {
+            humantime::parse_rfc3339(s)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        };
+        let events = |list: &[RememberedScaleEvent]| -> Vec<ScaleEvent> {
+            list.iter()
+                .filter_map(|e| {
+                    Some(ScaleEvent {
+                        at: at(&e.time)?,
+                        change: e.change,
+                        outdated: e.outdated,
+                    })
+                })
+                .collect()
+        };
+        let mut history: Vec<(Duration, u32)> = memory
+            .recommendations
+            .iter()
+            .filter_map(|r| Some((at(&r.time)?, r.replicas)))
+            .collect();
+        history.sort_by_key(|(t, _)| *t);
+        State {
+            current,
+            // HPA records its initial recommendation only when it has
+            // none for the autoscaler: remembered ones take its place.
+            seeded: !history.is_empty(),
+            history: history.into(),
+            up_events: events(&memory.scale_up_events),
+            down_events: events(&memory.scale_down_events),
+            ..State::default()
+        }
+    }
+}
+
+/// `t` (since the Unix epoch) as RFC 3339 with milliseconds.
+fn rfc3339(t: Duration) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + t).to_string()
 }
 
 /// `HH:MM:SS` of a time since the Unix epoch (UTC).
@@ -257,6 +345,9 @@ pub fn recommend(
     let ceiling = scaling.max_replicas.max(floor);
     let Some(obs) = observation else {
         state.failures += 1;
+        // An outage is not idle time: the idle spell that scale to zero
+        // waits for starts again once data comes back.
+        state.idle_since = None;
         return match tuning.fallback_replicas {
             // KEDA's fallback: after `failureThreshold` failed reads, the
             // fallback count, within minReplicas..maxReplicas (and never

@@ -11,10 +11,13 @@ use gpuscale_autoscaler::kubernetes::{Kube, KubeSpec, LeaseStep, lease_step, rea
 use gpuscale_autoscaler::{Mode, Recommendation};
 use gpuscale_packer::Variant;
 use gpuscale_policies::Model;
+use gpuscale_policies::model::{RememberedScaleEvent, ScalingMemory, TimedReplicas};
 use http::{Method, Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::client::Body;
 use serde_json::{Value, json};
+
+mod common;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -102,6 +105,19 @@ fn rec() -> Recommendation {
             .into(),
         mode: Mode::Activating,
     }
+}
+
+/// A DeploymentList of (name, spec.replicas).
+fn deployments(items: &[(&str, u32)]) -> Value {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|(name, n)| {
+            json!({"metadata": {"name": name, "labels": {"gpuscale.io/model": "llama"}},
+                   "spec": {"replicas": n, "selector": {"matchLabels": {"gpuscale.io/variant": name}},
+                            "template": {"metadata": {}}}})
+        })
+        .collect();
+    json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
 }
 
 fn scale_reply(replicas: u32) -> Value {
@@ -243,9 +259,30 @@ async fn a_decision_creates_an_event_and_patches_the_status() {
             "2026-11-29T18:20:01Z"
         );
         assert_eq!(status["__content_type"], "application/merge-patch+json");
+        // The recommender's memory rides along, for the next leader.
+        assert_eq!(
+            status["status"]["scalingMemory"]["recommendations"],
+            json!([{"time": "2026-11-29T18:20:01.000Z", "replicas": 5}])
+        );
+        assert_eq!(
+            status["status"]["scalingMemory"]["scaleUpEvents"],
+            json!([{"time": "2026-11-29T18:20:01.000Z", "change": 5, "outdated": false}])
+        );
     });
+    let memory = ScalingMemory {
+        recommendations: vec![TimedReplicas {
+            time: "2026-11-29T18:20:01.000Z".into(),
+            replicas: 5,
+        }],
+        scale_up_events: vec![RememberedScaleEvent {
+            time: "2026-11-29T18:20:01.000Z".into(),
+            change: 5,
+            outdated: false,
+        }],
+        scale_down_events: vec![],
+    };
     let sent = k
-        .record("llama", Some("u-1"), 0, &rec(), now)
+        .record("llama", Some("u-1"), 0, &rec(), now, Some(&memory))
         .await
         .unwrap();
     assert!(sent.is_empty(), "sent, not dry-run");
@@ -267,7 +304,7 @@ async fn dry_run_sends_no_write() {
     );
     assert_eq!(w.body, json!({"spec": {"replicas": 3}}));
     let writes = k
-        .record("llama", None, 1, &rec(), Duration::from_secs(0))
+        .record("llama", None, 1, &rec(), Duration::from_secs(0), None)
         .await
         .unwrap();
     assert_eq!(writes.len(), 2);
@@ -432,49 +469,13 @@ async fn endpoint_slices_give_the_ready_replicas() {
     assert!(ready_endpoints(&[]).is_empty());
 }
 
-/// A stand-in for the gateway's admin API that records what it is told.
-async fn recording_gateway() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use http_body_util::BodyExt;
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let s = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let s = s.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let s = s.clone();
-                    async move {
-                        let method = req.method().clone();
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        s.lock()
-                            .unwrap()
-                            .push(format!("{method} {}", String::from_utf8_lossy(&body)));
-                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-                            bytes::Bytes::from("[]"),
-                        )))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}"), seen)
-}
-
 #[tokio::test]
 async fn the_backend_leads_discovers_and_applies_a_decision() {
     use gpuscale_autoscaler::backend::{Backend, Change, KubeBackend};
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(mock, "inference");
     let k = Kube::new(client, spec(), "gpuscale-0".into(), false);
-    let (gw, seen) = recording_gateway().await;
+    let (gw, seen) = common::stand_in_gateway(common::quiet()).await;
     let mut backend = Backend::Kube(KubeBackend::new(
         k,
         gpuscale_autoscaler::observe::GatewayClient::new(&gw),
@@ -495,6 +496,15 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
             lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"),
         )
         .await;
+        // Leading: first the live count, then what the last leader
+        // remembered (nothing: no status yet).
+        expect(&mut handle, Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            deployments(&[("llama", 1)])).await;
+        expect(&mut handle, Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama", 200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
+                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
         expect(&mut handle, Method::GET,
             "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
             json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
@@ -503,8 +513,11 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
                               "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
         handle
     });
-    backend.tick(std::slice::from_ref(&m), now).await;
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
     let mut handle = server.await.unwrap();
+    assert!(observed.took_over);
+    assert_eq!(observed.replicas["llama"], 1);
+    assert!(observed.memory.is_empty());
     assert_eq!(
         seen.lock().unwrap().as_slice(),
         [
@@ -547,6 +560,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
                 model: m.clone(),
                 from: 1,
                 rec: rec(),
+                memory: None,
             }],
             None,
             None,
@@ -628,4 +642,126 @@ async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
     }
     k.cordon("h100-0", false).await.unwrap();
     server.await.unwrap();
+}
+
+/// A controller that takes over (a restart, a leader change) reads the
+/// live count before anything else it does as leader, and the memory the
+/// last leader left; at 6 replicas in a quiet spell it holds 6 (the
+/// scale-down window), where one that started from `minReplicas` would
+/// have scaled to 1 at once.
+#[tokio::test]
+async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
+    use gpuscale_autoscaler::backend::{Backend, KubeBackend};
+    use gpuscale_autoscaler::controller::Controller;
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, seen) = common::stand_in_gateway(common::quiet()).await;
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  kubernetes: {{namespace: inference}}\n"),
+    )
+    .unwrap();
+    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "inference");
+    let k = Kube::new(client, spec(), "gpuscale-1".into(), false);
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
+    let mut controller = Controller::new(settings, gateway, backend);
+    let report = controller.report();
+    // The last leader recommended 6 a minute ago.
+    let a_minute_ago =
+        humantime::format_rfc3339_millis(std::time::SystemTime::now() - Duration::from_secs(60))
+            .to_string();
+
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+        expect(
+            &mut handle,
+            Method::POST,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
+            201,
+            lease("gpuscale-1", "2026-11-29T18:20:01.000000Z", "1"),
+        )
+        .await;
+        // The first thing done as leader: read the live count.
+        expect(&mut handle, Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            deployments(&[("llama", 6)])).await;
+        expect(&mut handle, Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama", 200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
+                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}},
+                   "status": {"currentReplicas": 6, "desiredReplicas": 6,
+                              "scalingMemory": {"recommendations": [{"time": a_minute_ago, "replicas": 6}]}}})).await;
+        expect(&mut handle, Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
+        handle
+    });
+    controller.tick().await;
+    let mut handle = server.await.unwrap();
+    let d = report.decisions();
+    let latest = d["llama"].latest.as_ref().unwrap();
+    assert_eq!(latest.desired, 6, "{}", latest.reason);
+    assert!(
+        latest.reason.contains("stabilisation window"),
+        "{}",
+        latest.reason
+    );
+    // Holding is no change: nothing written to the cluster, nothing told
+    // to the gateway.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), handle.next_request())
+            .await
+            .is_err(),
+        "a write while holding"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+
+    // Someone scales the Deployment to 3 by hand: the next tick works
+    // from 3 (as HPA reads `/scale` every cycle), and 3 is no change to
+    // write back.
+    let server = tokio::spawn(async move {
+        let renewed = lease("gpuscale-1", "2026-11-29T18:20:01.000000Z", "1");
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            200,
+            renewed.clone(),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
+            200,
+            renewed,
+        )
+        .await;
+        expect(&mut handle, Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            deployments(&[("llama", 3)])).await;
+        expect(&mut handle, Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
+        handle
+    });
+    controller.tick().await;
+    let mut handle = server.await.unwrap();
+    let d = report.decisions();
+    assert_eq!(d["llama"].latest.as_ref().unwrap().desired, 3);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), handle.next_request())
+            .await
+            .is_err(),
+        "a write after adopting the live count"
+    );
 }

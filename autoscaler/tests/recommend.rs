@@ -108,7 +108,10 @@ struct Case {
 ///   sized by the queue (`ceil(queue / target)` within min/max: gpuscale's
 ///   documented departure from KEDA's 0 → 1);
 /// - to zero: KEDA's cooldown (`minReplicas` 0, idle — at or under the
-///   threshold — for `scaleToZeroAfter`);
+///   threshold — for `scaleToZeroAfter`), the idle spell counted from the
+///   first read after an outage (gpuscale's departure from KEDA, whose
+///   `lastActiveTime` stays put through scaler errors, so that the first
+///   read after an outage can scale to zero at once);
 /// - Knative's panic: demand ≥ 2 × current capacity starts it, it lasts a
 ///   stable window past the last such observation, and while it lasts the
 ///   count never goes down;
@@ -146,6 +149,7 @@ impl Spec {
         self.hpa.record_initial_recommendation(self.current, now);
         let Some(depth) = depth else {
             self.failures += 1;
+            self.idle_since = None;
             return match c.fallback {
                 Some(f) if self.failures >= c.fallback_after && self.current > 0 => {
                     self.change(now, (f as i32).clamp(floor, ceiling))
@@ -710,4 +714,147 @@ fn an_old_slo_breach_adds_nothing_once_the_traffic_has_stopped() {
         Duration::from_secs(1001),
     );
     assert!(r.reason.contains("over SLO"), "{}", r.reason);
+}
+
+#[test]
+fn an_outage_is_not_idle_time() {
+    let m = model(
+        "    minReplicas: 0\n    maxReplicas: 10\n    targetQueueDepth: 8\n    scaleToZeroAfter: 30s\n",
+    );
+    let tuning = Tuning::default();
+    let mut state = State::new(2);
+    // Idle for 20 s, then the gateway is unreachable for 5 minutes.
+    for s in 0..20u64 {
+        recommend(Some(&queue(0.0)), &m, &tuning, &mut state, secs(s as f64));
+    }
+    for s in 20..320u64 {
+        let r = recommend(None, &m, &tuning, &mut state, secs(s as f64));
+        assert_eq!(r.mode, Mode::Holding, "{}", r.reason);
+    }
+    // Back, still idle: the cooldown counts from now, not from before the
+    // outage.
+    for s in 320..350u64 {
+        let r = recommend(Some(&queue(0.0)), &m, &tuning, &mut state, secs(s as f64));
+        assert!(
+            r.replicas > 0,
+            "to zero {} s after the outage: {}",
+            s - 320,
+            r.reason
+        );
+    }
+    let r = recommend(Some(&queue(0.0)), &m, &tuning, &mut state, secs(350.0));
+    assert_eq!(
+        (r.replicas, r.mode),
+        (0, Mode::ScaledToZero),
+        "{}",
+        r.reason
+    );
+}
+
+#[test]
+fn a_controller_taking_over_at_six_holds_six_until_the_scale_down_window_passes() {
+    // HPA's default scale-down window (300 s); minReplicas 1.
+    let m = model("    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n");
+    let tuning = Tuning::default();
+    let t0 = 10_000.0;
+    // What the last leader left: it recommended 6 a minute ago.
+    let mut old = State::new(6);
+    recommend(Some(&queue(48.0)), &m, &tuning, &mut old, secs(t0 - 60.0));
+    let memory = old.memory(secs(t0 - 60.0));
+    // With the memory the window closes 300 s after the last leader's 6;
+    // without one, 300 s after the takeover (HPA's initial
+    // recommendation).
+    for (label, mut state, closes) in [
+        ("with the memory", State::restored(6, &memory), t0 + 240.0),
+        (
+            "without one",
+            State::restored(6, &Default::default()),
+            t0 + 300.0,
+        ),
+    ] {
+        // Quiet from the takeover on.
+        let mut t = t0;
+        while t < closes {
+            let r = recommend(Some(&queue(0.0)), &m, &tuning, &mut state, secs(t));
+            assert_eq!(
+                r.replicas,
+                6,
+                "{label}, {} s after taking over: {}",
+                t - t0,
+                r.reason
+            );
+            t += 1.0;
+        }
+        let r = recommend(Some(&queue(0.0)), &m, &tuning, &mut state, secs(closes));
+        assert_eq!(r.replicas, 1, "{label}: {}", r.reason);
+    }
+}
+
+#[test]
+fn a_remembered_scale_up_still_limits_the_next_one() {
+    // Scale-up: at most +4 pods per 60 s.
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 40\n    targetQueueDepth: 1\n    behavior:\n      scaleUp:\n        selectPolicy: Max\n        policies: [{type: Pods, value: 4, period: 60s}]\n",
+    );
+    let tuning = no_panic();
+    let mut old = State::new(4);
+    let r = recommend(Some(&queue(8.0)), &m, &tuning, &mut old, secs(1000.0));
+    assert_eq!(r.replicas, 8, "{}", r.reason);
+    let memory = old.memory(secs(1000.0));
+    assert_eq!(memory.scale_up_events.len(), 1, "{memory:?}");
+    // A new leader 10 s later, at 8, with twice the demand: the +4 of
+    // 10 s ago still counts, so no more yet.
+    let mut restored = State::restored(8, &memory);
+    let r = recommend(Some(&queue(16.0)), &m, &tuning, &mut restored, secs(1010.0));
+    assert_eq!(r.replicas, 8, "{}", r.reason);
+    assert!(r.reason.contains("rate limit"), "{}", r.reason);
+    // Without the memory it would have added 4 more at once.
+    let mut forgetful = State::new(8);
+    let r = recommend(
+        Some(&queue(16.0)),
+        &m,
+        &tuning,
+        &mut forgetful,
+        secs(1010.0),
+    );
+    assert_eq!(r.replicas, 12, "{}", r.reason);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(200)
+    ))]
+
+    /// The memory written to the ModelPolicy status is all the
+    /// stabilisation windows and rate limits need: a state restored from
+    /// it decides step for step as the one it was saved from (panic,
+    /// which lasts one stable window, and scale to zero, which restarts
+    /// its cooldown, are left out).
+    #[test]
+    fn a_restored_state_decides_as_the_one_it_was_saved_from(
+        up in arb_rules(true),
+        down in arb_rules(false),
+        start in 1u32..30,
+        before in prop::collection::vec((1u64..40, 0u32..300), 1..40),
+        after in prop::collection::vec((1u64..40, 0u32..300), 1..40),
+    ) {
+        let mut m = model("    minReplicas: 1\n    maxReplicas: 40\n    targetQueueDepth: 8\n");
+        m.scale_up = up;
+        m.scale_down = down;
+        let tuning = no_panic();
+        let mut state = State::new(start);
+        let mut now = 1000u64;
+        for (dt, depth) in before {
+            now += dt;
+            recommend(Some(&queue(f64::from(depth))), &m, &tuning, &mut state, secs(now as f64));
+        }
+        let mut restored = State::restored(state.current, &state.memory(secs(now as f64)));
+        for (dt, depth) in after {
+            now += dt;
+            let o = queue(f64::from(depth));
+            let a = recommend(Some(&o), &m, &tuning, &mut state, secs(now as f64));
+            let b = recommend(Some(&o), &m, &tuning, &mut restored, secs(now as f64));
+            prop_assert_eq!(a.replicas, b.replicas, "at t={}: {} / {}", now, a.reason, b.reason);
+        }
+    }
 }

@@ -442,6 +442,53 @@ pub struct ModelPolicyStatus {
     /// The spec generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// What the autoscaler's stabilisation windows and rate limits
+    /// remember, so that a restarted controller or a new leader goes on
+    /// from where the last one stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling_memory: Option<ScalingMemory>,
+}
+
+/// The autoscaler's memory of one model (HPA keeps the same in its
+/// controller's process): the recommendations inside the longest
+/// stabilisation window and the scale events inside the longest rate
+/// period of each direction. Times are RFC 3339 with milliseconds.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingMemory {
+    /// Recommendations, oldest first (a run of equal ones is kept as its
+    /// last: the windows' min and max see no difference).
+    #[serde(default)]
+    pub recommendations: Vec<TimedReplicas>,
+    /// Scale-ups, as HPA's `storeScaleEvent` keeps them.
+    #[serde(default)]
+    pub scale_up_events: Vec<RememberedScaleEvent>,
+    /// Scale-downs, likewise.
+    #[serde(default)]
+    pub scale_down_events: Vec<RememberedScaleEvent>,
+}
+
+/// A recommendation and when it was made.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimedReplicas {
+    /// When (RFC 3339).
+    pub time: String,
+    /// The count recommended.
+    pub replicas: u32,
+}
+
+/// A scale event: replicas added or removed at a time.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RememberedScaleEvent {
+    /// When (RFC 3339).
+    pub time: String,
+    /// Replicas added (scale-up) or removed (scale-down).
+    pub change: u32,
+    /// Aged past its direction's longest rate period.
+    #[serde(default)]
+    pub outdated: bool,
 }
 
 /// One direction's rules with every default filled in.

@@ -1,0 +1,146 @@
+//! The controller's async shell over stand-ins: its health endpoints
+//! (the control loop alive, metric reads failing), and the local
+//! backend's replica cap as a bound the recommender works within. The
+//! Kubernetes API is a `tower_test` mock answering every request with
+//! 503 (no API server can run where these tests run).
+
+use std::time::Duration;
+
+use gpuscale_autoscaler::kubernetes::{Kube, KubeSpec};
+use http::{Request, Response};
+use kube::client::Body;
+
+mod common;
+
+fn spec() -> KubeSpec {
+    KubeSpec {
+        namespace: "inference".into(),
+        ..KubeSpec::default()
+    }
+}
+
+/// A local backend capped at 2 replicas per model, under a queue that
+/// asks for 5: the decision says the cap, and the count it works from is
+/// the capped one, so the next ticks are no change (the bug: every tick
+/// was a change towards 5).
+#[tokio::test]
+async fn the_local_cap_bounds_the_decision_and_is_not_a_change_every_tick() {
+    use gpuscale_autoscaler::backend::Backend;
+    use gpuscale_autoscaler::controller::Controller;
+    use gpuscale_autoscaler::local::LocalBackend;
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _) = common::stand_in_gateway(common::queues(40)).await;
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n    startupTime: 1h\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  local: {{maxReplicasPerModel: 2}}\n  tuning: {{panicThreshold: 1000}}\n"),
+    )
+    .unwrap();
+    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    // Replicas are `sleep` processes that never say where they listen:
+    // counted, never registered (the start-up time is an hour anyway).
+    let local = LocalBackend::new(
+        "/bin/sleep".into(),
+        gateway.clone(),
+        settings.spec.local.clone(),
+    );
+    let mut controller = Controller::new(settings, gateway, Backend::Local(local));
+    let report = controller.report();
+    for _ in 0..5 {
+        controller.tick().await;
+    }
+    let d = report.decisions();
+    let latest = d["llama"].latest.as_ref().unwrap();
+    assert_eq!(latest.desired, 2, "{}", latest.reason);
+    assert!(
+        latest
+            .reason
+            .contains("capped at 2 by local.maxReplicasPerModel"),
+        "{}",
+        latest.reason
+    );
+    // One change (1 → 2), not one per tick.
+    assert_eq!(d["llama"].history.len(), 1, "{:?}", d["llama"].history);
+}
+
+/// `/readyz` fails once metric reads have failed as often as the fallback
+/// threshold; `/healthz` fails once the control loop has ended.
+#[tokio::test]
+async fn readiness_follows_failed_reads_and_liveness_the_control_loop() {
+    use gpuscale_autoscaler::backend::{Backend, KubeBackend};
+    use gpuscale_autoscaler::controller::Controller;
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on this port: every read of the gateway fails.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gw = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  interval: 100ms\n  tuning: {{fallbackAfter: 3}}\n"),
+    )
+    .unwrap();
+    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    // The API server is down too: every request gets a 503.
+    tokio::spawn(async move {
+        while let Some((_, send)) = handle.next_request().await {
+            send.send_response(
+                Response::builder()
+                    .status(503)
+                    .header("content-type", "application/json")
+                    .body(Body::from(
+                        br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":503}"#
+                            .to_vec(),
+                    ))
+                    .unwrap(),
+            );
+        }
+    });
+    let client = kube::Client::new(mock, "inference");
+    let k = Kube::new(client, spec(), "gpuscale-1".into(), false);
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
+    let mut controller = Controller::new(settings, gateway, backend);
+    let report = controller.report();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (_admin_stop, admin_stopped) = tokio::sync::watch::channel(false);
+    let (admin, _task) = gpuscale_autoscaler::admin::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        report.clone(),
+        admin_stopped,
+    )
+    .await
+    .unwrap();
+    assert_eq!(common::admin_get(admin, "/readyz").await.0, 200);
+    for failed in 1..=3 {
+        assert!(
+            report.ready().is_ok(),
+            "not ready after {} failure(s)",
+            failed - 1
+        );
+        controller.tick().await;
+    }
+    let (status, body) = common::admin_get(admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("3 metric reads in a row failed"), "{body}");
+    assert_eq!(common::admin_get(admin, "/healthz").await.0, 200);
+    // The loop ends (here: asked to stop): not alive any more.
+    let run = tokio::spawn(controller.run(stopped));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(common::admin_get(admin, "/healthz").await.0, 200);
+    stop.send(true).unwrap();
+    run.await.unwrap();
+    let (status, body) = common::admin_get(admin, "/healthz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("stopped"), "{body}");
+}
