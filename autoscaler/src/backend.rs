@@ -256,9 +256,24 @@ impl KubeBackend {
             }
             self.finish_drains().await?;
         }
+        // What the gateway lists now: an endpoint registered before that
+        // it no longer lists (it restarted, someone removed it) is
+        // registered again below. Unreadable: trust what was registered.
+        let listed = self.gateway.replica_list().await.ok();
         for m in models {
             let found: BTreeSet<String> = self.kube.endpoints(&m.name).await?.into_iter().collect();
             let known = self.registered.entry(m.served_name.clone()).or_default();
+            if let Some(listed) = &listed {
+                let there = listed.get(&m.served_name);
+                let lost = known
+                    .iter()
+                    .filter(|e| there.is_none_or(|l| !l.contains(e)))
+                    .count();
+                if lost > 0 {
+                    tracing::warn!(model = %m.name, lost, "the gateway lost replica(s); registering them again");
+                    known.retain(|e| there.is_some_and(|l| l.contains(e)));
+                }
+            }
             // Registered only once the gateway has taken it; a failure is
             // retried next tick.
             let mut now_known = BTreeSet::new();

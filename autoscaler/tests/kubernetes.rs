@@ -475,7 +475,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(mock, "inference");
     let k = Kube::new(client, spec(), "gpuscale-0".into(), false);
-    let (gw, seen) = common::stand_in_gateway(common::quiet()).await;
+    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
     let mut backend = Backend::Kube(KubeBackend::new(
         k,
         gpuscale_autoscaler::observe::GatewayClient::new(&gw),
@@ -519,12 +519,45 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     assert_eq!(observed.replicas["llama"], 1);
     assert!(observed.memory.is_empty());
     assert_eq!(
-        seen.lock().unwrap().as_slice(),
+        gw_state.seen.lock().unwrap().as_slice(),
         [
             r#"POST {"endpoint":"http://10.0.0.7:8000","maxConcurrency":32,"model":"meta-llama/Llama-3.1-8B-Instruct"}"#
         ]
     );
     assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 1);
+
+    // The gateway restarts and forgets the replica: the next tick sees it
+    // missing from the gateway's list and registers it again.
+    gw_state.replicas.lock().unwrap().clear();
+    let server = tokio::spawn(async move {
+        let ours = lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1");
+        expect(&mut handle, Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 200,
+            ours.clone()).await;
+        expect(&mut handle, Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?", 200,
+            ours).await;
+        expect(&mut handle, Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            deployments(&[("llama", 1)])).await;
+        expect(&mut handle, Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
+                              "ports": [{"port": 8000}],
+                              "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
+        handle
+    });
+    let observed = backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
+        .await;
+    let mut handle = server.await.unwrap();
+    assert!(!observed.took_over);
+    assert_eq!(gw_state.seen.lock().unwrap().len(), 2);
+    assert_eq!(
+        gw_state.replicas.lock().unwrap()["meta-llama/Llama-3.1-8B-Instruct"].len(),
+        1
+    );
 
     // A decision: the model's Deployment applied, scaled, recorded.
     let server = tokio::spawn(async move {
@@ -553,6 +586,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
                    "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
         assert_eq!(st["status"]["desiredReplicas"], 5);
         assert_eq!(st["status"]["currentReplicas"], 1);
+        handle
     });
     backend
         .apply(
@@ -567,8 +601,39 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
             now,
         )
         .await;
-    server.await.unwrap();
+    let mut handle = server.await.unwrap();
     assert_eq!(backend.desired()["llama"], 5);
+
+    // The memory goes into the status every 15 s (from the takeover on),
+    // not every tick.
+    let memory = ScalingMemory {
+        recommendations: vec![TimedReplicas {
+            time: "2026-11-29T18:20:10.000Z".into(),
+            replicas: 5,
+        }],
+        ..ScalingMemory::default()
+    };
+    let memories = std::collections::BTreeMap::from([("llama".to_string(), memory)]);
+    backend.remember(&memories, now + Duration::from_secs(10)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), handle.next_request())
+            .await
+            .is_err(),
+        "the memory written before 15 s had passed"
+    );
+    let server = tokio::spawn(async move {
+        let st = expect(&mut handle, Method::PATCH,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?", 200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
+                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
+        assert_eq!(
+            st["status"]["scalingMemory"]["recommendations"],
+            json!([{"time": "2026-11-29T18:20:10.000Z", "replicas": 5}])
+        );
+        assert_eq!(st["__content_type"], "application/merge-patch+json");
+    });
+    backend.remember(&memories, now + Duration::from_secs(15)).await;
+    server.await.unwrap();
 }
 
 #[tokio::test]
@@ -654,7 +719,7 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
     use gpuscale_autoscaler::backend::{Backend, KubeBackend};
     use gpuscale_autoscaler::controller::Controller;
     let dir = tempfile::tempdir().unwrap();
-    let (gw, seen) = common::stand_in_gateway(common::quiet()).await;
+    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
     std::fs::write(
         dir.path().join("policies.yaml"),
         "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
@@ -723,7 +788,7 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
             .is_err(),
         "a write while holding"
     );
-    assert!(seen.lock().unwrap().is_empty());
+    assert!(gw_state.seen.lock().unwrap().is_empty());
 
     // Someone scales the Deployment to 3 by hand: the next tick works
     // from 3 (as HPA reads `/scale` every cycle), and 3 is no change to

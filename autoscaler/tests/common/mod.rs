@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response};
@@ -22,46 +23,75 @@ pub fn queues(waiting: u32) -> Value {
         "arrival_rate": {"1s": 0.0, "10s": 0.0, "60s": 0.0}}}})
 }
 
+/// What the stand-in gateway holds: the writes it was sent (`METHOD
+/// body`), and its replica list per model (emptied to play a restart).
+#[derive(Clone, Default)]
+pub struct StandIn {
+    /// Every write, in order.
+    pub seen: Arc<Mutex<Vec<String>>>,
+    /// model → endpoints, as `POST` / `DELETE /v1/replicas` left them.
+    pub replicas: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+}
+
 /// A stand-in for the gateway's admin API: `GET /v1/queues` answers
-/// `queues`, other reads `{}`; every write is recorded as `METHOD body`.
-pub async fn stand_in_gateway(queues: Value) -> (String, Arc<Mutex<Vec<String>>>) {
+/// `queues`, `GET /v1/replicas` the list the writes built, other reads
+/// `{}`; every write is recorded.
+pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
     use http_body_util::BodyExt;
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let state = StandIn::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let s = seen.clone();
+    let st = state.clone();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
-            let s = s.clone();
+            let st = st.clone();
             let queues = queues.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let s = s.clone();
+                    let st = st.clone();
                     let queues = queues.clone();
                     async move {
                         let method = req.method().clone();
                         let path = req.uri().path().to_string();
                         let body = req.into_body().collect().await.unwrap().to_bytes();
-                        if method == Method::GET {
-                            // Reads: a quiet gateway.
-                            let doc = if path == "/v1/queues" {
-                                queues.clone()
-                            } else {
-                                json!({})
-                            };
-                            return Ok::<_, std::convert::Infallible>(Response::new(
-                                http_body_util::Full::new(bytes::Bytes::from(doc.to_string())),
-                            ));
-                        }
-                        s.lock()
-                            .unwrap()
-                            .push(format!("{method} {}", String::from_utf8_lossy(&body)));
-                        Ok(Response::new(http_body_util::Full::new(
-                            bytes::Bytes::from("[]"),
-                        )))
+                        let doc = if method == Method::GET {
+                            match path.as_str() {
+                                "/v1/queues" => queues.clone(),
+                                "/v1/replicas" => {
+                                    let r = st.replicas.lock().unwrap();
+                                    let lists: BTreeMap<&String, Vec<Value>> = r
+                                        .iter()
+                                        .map(|(m, e)| {
+                                            (m, e.iter().map(|e| json!({"endpoint": e})).collect())
+                                        })
+                                        .collect();
+                                    json!(lists)
+                                }
+                                _ => json!({}),
+                            }
+                        } else {
+                            st.seen
+                                .lock()
+                                .unwrap()
+                                .push(format!("{method} {}", String::from_utf8_lossy(&body)));
+                            let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                            if let (Some(m), Some(e)) = (v["model"].as_str(), v["endpoint"].as_str()) {
+                                let mut r = st.replicas.lock().unwrap();
+                                let list = r.entry(m.to_string()).or_default();
+                                if method == Method::POST {
+                                    list.insert(e.to_string());
+                                } else {
+                                    list.remove(e);
+                                }
+                            }
+                            json!([])
+                        };
+                        Ok::<_, std::convert::Infallible>(Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(doc.to_string())),
+                        ))
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -70,7 +100,7 @@ pub async fn stand_in_gateway(queues: Value) -> (String, Arc<Mutex<Vec<String>>>
             });
         }
     });
-    (format!("http://{addr}"), seen)
+    (format!("http://{addr}"), state)
 }
 
 /// A blocking-free HTTP GET against the admin listener: (status, body).
