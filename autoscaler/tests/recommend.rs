@@ -2,7 +2,10 @@
 //! sources (property test: HPA through a transcription of its Go code in
 //! `hpa/mod.rs`, KEDA's activation, cooldown and fallback, Knative's
 //! panic), and in simulated-time scenarios: a burst, a noisy steady queue,
-//! scale to zero, a metric outage, activation from zero.
+//! scale to zero, a metric outage (not idle time), activation from zero, a
+//! takeover with and without the last leader's memory; the memory round
+//! trip (property test); panic side by side with a transcription of
+//! Knative's KPA (`kpa/mod.rs`), where gpuscale departs from it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,6 +16,7 @@ use gpuscale_policies::model::{RatePolicy, RatePolicyType, ResolvedRules, Select
 use proptest::prelude::*;
 
 mod hpa;
+mod kpa;
 
 fn model(scaling: &str) -> Model {
     let text = format!(
@@ -857,4 +861,60 @@ proptest! {
             prop_assert_eq!(a.replicas, b.replicas, "at t={}: {} / {}", now, a.reason, b.reason);
         }
     }
+}
+
+/// Concurrency (in flight, target 8 per replica) per second: a minute at
+/// 8, then `after` for two minutes. Both autoscalers decide once a second
+/// on the same figure, with every decided replica ready at once (the
+/// same for both). Returns (gpuscale's counts, KPA's counts) from the
+/// change on.
+fn against_kpa(after: impl Fn(u64) -> f64) -> (Vec<u32>, Vec<i32>) {
+    let m = model("    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n");
+    let tuning = Tuning::default();
+    let mut state = State::new(1);
+    let mut kpa = kpa::Kpa::new(8.0);
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let mut ready = 1;
+    for t in 0..180u64 {
+        let c = if t < 60 { 8.0 } else { after(t - 60) };
+        let r = recommend(Some(&queue(c)), &m, &tuning, &mut state, secs(t as f64));
+        kpa.record(t, c);
+        ready = kpa.scale(t, ready);
+        if t >= 60 {
+            ours.push(r.replicas);
+            theirs.push(ready);
+        }
+    }
+    (ours, theirs)
+}
+
+/// gpuscale's panic reads the gateway's queue as it is now against the
+/// replicas decided; KPA averages per-pod concurrency samples over 6 s
+/// against ready pods. On a sustained five-fold surge gpuscale has the
+/// whole count at the first decision; KPA climbs for five seconds as its
+/// window fills.
+#[test]
+fn on_a_sustained_surge_panic_sizes_at_once_where_kpa_takes_its_window() {
+    let (ours, theirs) = against_kpa(|_| 40.0);
+    assert_eq!(ours[0], 5, "{ours:?}");
+    assert!(ours.iter().all(|&n| n == 5), "{ours:?}");
+    let first = |v: &[i32]| v.iter().position(|&n| n >= 5);
+    assert_eq!(theirs[..6], [2, 3, 3, 4, 5, 5], "{theirs:?}");
+    assert_eq!(first(&theirs), Some(4));
+}
+
+/// The price of reading the queue as it is: a one-second spike (a queue
+/// that empties within the second) is sized in full, held through panic
+/// and then through HPA's scale-down window (300 s by default, from the
+/// spike), where KPA's average sees a fifth of it and holds that for its
+/// stable window only. For model servers a queue of 40 cannot empty in a
+/// second (a request takes seconds), so the gateway's queue is already
+/// smoothed by service time; the README's "Panic mode" says so.
+#[test]
+fn a_one_second_spike_costs_more_than_under_kpa() {
+    let (ours, theirs) = against_kpa(|s| if s == 0 { 40.0 } else { 8.0 });
+    assert!(ours.iter().all(|&n| n == 5), "{ours:?}");
+    assert_eq!(theirs[0], 2, "{theirs:?}");
+    assert!(theirs[..61].iter().all(|&n| n == 2), "{theirs:?}");
+    assert!(theirs[62..].iter().all(|&n| n == 1), "{theirs:?}");
 }
