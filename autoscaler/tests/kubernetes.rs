@@ -531,12 +531,22 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     gw_state.replicas.lock().unwrap().clear();
     let server = tokio::spawn(async move {
         let ours = lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1");
-        expect(&mut handle, Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 200,
-            ours.clone()).await;
-        expect(&mut handle, Method::PUT,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?", 200,
-            ours).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+            200,
+            ours.clone(),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
+            200,
+            ours,
+        )
+        .await;
         expect(&mut handle, Method::GET,
             "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
             deployments(&[("llama", 1)])).await;
@@ -614,7 +624,9 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
         ..ScalingMemory::default()
     };
     let memories = std::collections::BTreeMap::from([("llama".to_string(), memory)]);
-    backend.remember(&memories, now + Duration::from_secs(10)).await;
+    backend
+        .remember(&memories, now + Duration::from_secs(10))
+        .await;
     assert!(
         tokio::time::timeout(Duration::from_millis(100), handle.next_request())
             .await
@@ -632,7 +644,9 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
         );
         assert_eq!(st["__content_type"], "application/merge-patch+json");
     });
-    backend.remember(&memories, now + Duration::from_secs(15)).await;
+    backend
+        .remember(&memories, now + Duration::from_secs(15))
+        .await;
     server.await.unwrap();
 }
 

@@ -78,7 +78,9 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
                                 .unwrap()
                                 .push(format!("{method} {}", String::from_utf8_lossy(&body)));
                             let v: Value = serde_json::from_slice(&body).unwrap_or_default();
-                            if let (Some(m), Some(e)) = (v["model"].as_str(), v["endpoint"].as_str()) {
+                            if let (Some(m), Some(e)) =
+                                (v["model"].as_str(), v["endpoint"].as_str())
+                            {
                                 let mut r = st.replicas.lock().unwrap();
                                 let list = r.entry(m.to_string()).or_default();
                                 if method == Method::POST {
@@ -89,9 +91,9 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
                             }
                             json!([])
                         };
-                        Ok::<_, std::convert::Infallible>(Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from(doc.to_string())),
-                        ))
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(doc.to_string()),
+                        )))
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()

@@ -85,9 +85,9 @@ impl Kpa {
         let desired_stable = dspc.max(max_scale_down).min(max_scale_up) as i32;
         let desired_panic = dppc.max(max_scale_down).min(max_scale_up) as i32;
         let over = dppc / ready_pods >= self.panic_threshold;
-        if self.panic_time.is_none() && over {
-            self.panic_time = Some(now);
-        } else if over {
+        // Go's first two branches (begin panicking; extend the panic
+        // window) both set `panicTime = now`; they differ only in logging.
+        if over {
             self.panic_time = Some(now);
         } else if let Some(p) = self.panic_time
             && !over
