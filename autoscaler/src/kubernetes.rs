@@ -128,9 +128,7 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "nodeSelector": {
-                        "nvidia.com/gpu.product": gpuscale_packer::emit::product_hint(&variant.gpu_model)
-                    },
+                    "nodeSelector": variant.node_selector,
                     "containers": [{
                         "name": "model-server",
                         "image": spec.image,

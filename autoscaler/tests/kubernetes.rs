@@ -154,6 +154,11 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
         name: "llama-h100-80gb-3g-40gb".into(),
         gpu_model: "H100-80GB".into(),
         resources: [("nvidia.com/mig-3g.40gb".to_string(), 1)].into(),
+        node_selector: [(
+            "nvidia.com/gpu.product".to_string(),
+            "NVIDIA-H100-80GB-HBM3".to_string(),
+        )]
+        .into(),
         replicas: 3,
     };
     let server = tokio::spawn(async move {

@@ -142,6 +142,12 @@ pub fn mig_parted(plan: &Plan) -> (MigPartedConfig, BTreeMap<String, String>) {
     )
 }
 
+/// The node label GPU Feature Discovery sets to the GPU's product name.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+
+/// The node label that picks the device plugin's config for the node.
+pub const DEVICE_PLUGIN_CONFIG_LABEL: &str = "nvidia.com/device-plugin.config";
+
 /// The device plugin's configuration for a node time-slicing into `n`.
 pub fn device_plugin_config(n: Option<u8>) -> serde_json::Value {
     let mut config = serde_json::json!({
@@ -220,7 +226,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
                 BTreeMap::from([
                     ("nvidia.com/mig.config", n.mig_config.clone()),
                     (
-                        "nvidia.com/device-plugin.config",
+                        DEVICE_PLUGIN_CONFIG_LABEL,
                         device_plugin_config_name(n.timeslice_replicas),
                     ),
                 ]),
@@ -238,7 +244,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
                 "variant": v.name,
                 "model": m.name,
                 "replicas": v.replicas,
-                "nodeSelector": {"nvidia.com/gpu.product": product_hint(&v.gpu_model)},
+                "nodeSelector": v.node_selector,
                 "resources": {"limits": v.resources},
             });
             out.push((
@@ -248,12 +254,4 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
         }
     }
     Ok(out)
-}
-
-/// The `nvidia.com/gpu.product` label value GPU Feature Discovery sets for a
-/// GPU model (the catalogue's product name).
-pub fn product_hint(gpu_model: &str) -> String {
-    gpuscale_policies::Catalog::builtin()
-        .get(gpu_model)
-        .map_or_else(|| gpu_model.to_string(), |g| g.product.clone())
 }

@@ -155,12 +155,19 @@ fn figures(
             let share = f64::from(r.group_size.unwrap_or(1));
             memory += m.memory_gib / share;
             compute += m.compute / share;
+            let mut node_selector =
+                BTreeMap::from([(emit::PRODUCT_LABEL.to_string(), gpu.product.clone())]);
             let (suffix, resource, count) = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
                     (profile.clone(), format!("nvidia.com/mig-{profile}"), 1)
                 }
-                Mode::Timeslice => ("shared".to_string(), "nvidia.com/gpu.shared".to_string(), 1),
+                Mode::Timeslice => {
+                    let config = emit::device_plugin_config_name(g.timeslice_replicas);
+                    node_selector
+                        .insert(emit::DEVICE_PLUGIN_CONFIG_LABEL.to_string(), config.clone());
+                    (config, "nvidia.com/gpu.shared".to_string(), 1)
+                }
                 _ => {
                     let k = r.group_size.unwrap_or(1);
                     (format!("tp{k}"), "nvidia.com/gpu".to_string(), k)
@@ -175,6 +182,7 @@ fn figures(
                     name,
                     gpu_model: g.gpu_model.clone(),
                     resources: BTreeMap::from([(resource, count)]),
+                    node_selector,
                     replicas: 0,
                 });
             let first_gpu_of_group = r.group_size.is_none()

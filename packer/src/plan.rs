@@ -63,12 +63,20 @@ pub struct GpuPlan {
 /// A way a model's replicas are placed, and what each such pod requests.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Variant {
-    /// Variant name (`<model>-<gpu>-<mig profile|shared|tpK>`), lowercase.
+    /// Variant name (`<model>-<gpu>-<mig profile|timeslice-N|tpK>`),
+    /// lowercase.
     pub name: String,
     /// GPU model.
     pub gpu_model: String,
     /// Device-plugin resources one pod requests.
     pub resources: BTreeMap<String, u32>,
+    /// Node labels a pod of this variant must land on: the GPU product
+    /// (`nvidia.com/gpu.product`, from the cluster's catalogue) and, for a
+    /// shared GPU, the device-plugin config that shares it the way the
+    /// plan assumed (`nvidia.com/device-plugin.config: timeslice-N`), so a
+    /// share planned on a 3-way node never lands on a 4-way one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
     /// Replicas of this variant.
     pub replicas: u32,
 }

@@ -142,7 +142,45 @@ fn check_rules(
             m.name
         );
         assert_eq!(m.variants.iter().map(|v| v.replicas).sum::<u32>(), m.placed);
+        for v in &m.variants {
+            // The product label is the cluster catalogue's (overrides
+            // included), never the built-in one's.
+            assert_eq!(
+                v.node_selector.get(emit::PRODUCT_LABEL),
+                Some(&cluster.catalog.get(&v.gpu_model).unwrap().product),
+                "{}",
+                v.name
+            );
+        }
     }
+    // A shared replica's variant selects the device-plugin config of the
+    // node it was planned on, so it cannot land on a node that shares its
+    // GPUs another way: per (model, config), the variant's replicas are
+    // the replicas planned on GPUs shared that way.
+    let mut shared: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for g in plan.gpus.iter().filter(|g| g.mode == Mode::Timeslice) {
+        let config = emit::device_plugin_config_name(g.timeslice_replicas);
+        for r in &g.replicas {
+            *shared.entry((r.model.clone(), config.clone())).or_default() += 1;
+        }
+    }
+    let mut by_variant: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for m in &plan.models {
+        for v in m
+            .variants
+            .iter()
+            .filter(|v| v.resources.contains_key("nvidia.com/gpu.shared"))
+        {
+            let config = v
+                .node_selector
+                .get(emit::DEVICE_PLUGIN_CONFIG_LABEL)
+                .unwrap_or_else(|| panic!("{} selects no device-plugin config", v.name))
+                .clone();
+            assert!(v.name.ends_with(&config), "{}", v.name);
+            *by_variant.entry((m.name.clone(), config)).or_default() += v.replicas;
+        }
+    }
+    assert_eq!(shared, by_variant);
     // Pools: every GPU model of the cluster once, their GPUs add up, and
     // the cost LP's per-pool GPUs price out at the LP cost bound.
     let models_in_cluster: BTreeSet<&str> =
@@ -508,5 +546,64 @@ fn scaling_down_removes_replicas_without_moving_the_rest() {
         &models,
         &PackOptions::default(),
         &common::demand(&[("small", 2)]),
+    );
+}
+
+/// Time-sliced nodes with different share counts get one variant per
+/// count, each selecting its nodes' device-plugin config; a product name
+/// overridden in the cluster's catalogue is the one selected on.
+#[test]
+fn shared_variants_select_their_share_count_and_the_catalogues_product() {
+    let text = r#"apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: t}
+spec:
+  catalog:
+    - {name: L40S, product: Acme-L40S-Custom}
+  nodes:
+    - {name: three, gpuModel: L40S, gpuCount: 1, timesliceReplicas: 3}
+    - {name: four, gpuModel: L40S, gpuCount: 1, timesliceReplicas: 4}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: small}
+spec:
+  resources: {memoryGiB: 9, compute: 0.05, maxConcurrency: 8}
+  placement: {sharing: [timeslice], gpuModels: [L40S]}
+"#;
+    let bundle = gpuscale_policies::load::load_sources(&[(Path::new("t.yaml"), text)])
+        .unwrap_or_else(|p| panic!("{p}"));
+    let cluster = bundle.cluster.clone().unwrap();
+    let wanted = BTreeMap::from([("small".to_string(), 7)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &bundle.models, &wanted, &options).unwrap();
+    check_rules(&plan, &cluster, &bundle.models, &options, &wanted);
+    let variants = &plan.models[0].variants;
+    let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["small-l40s-timeslice-3", "small-l40s-timeslice-4"],
+        "{variants:?}"
+    );
+    for v in variants {
+        assert_eq!(v.node_selector[emit::PRODUCT_LABEL], "Acme-L40S-Custom");
+    }
+    assert_eq!(
+        variants[0].node_selector[emit::DEVICE_PLUGIN_CONFIG_LABEL],
+        "timeslice-3"
+    );
+    // The emitted snippets carry the same selectors.
+    let files = emit::files(&plan, "gpu-operator").unwrap();
+    let (_, snippet) = files
+        .iter()
+        .find(|(path, _)| path == "variants/small-l40s-timeslice-4.yaml")
+        .expect("a snippet per variant");
+    assert!(
+        snippet.contains("nvidia.com/device-plugin.config: timeslice-4"),
+        "{snippet}"
+    );
+    assert!(
+        snippet.contains("nvidia.com/gpu.product: Acme-L40S-Custom"),
+        "{snippet}"
     );
 }

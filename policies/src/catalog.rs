@@ -14,12 +14,26 @@
 //!   tensor-core TFLOPS from NVIDIA's data sheets divided by the H100-80GB
 //!   SXM's 989 TFLOPS, so **1.0 = one H100-80GB**. A model policy's compute
 //!   need is expressed in the same unit.
-//! - **MIG usable memory**: H100-80GB's values are the measured ones from the
-//!   MIG User Guide (1g.10gb 9.75, 1g.20gb 19.62, 2g.20gb 19.62, 3g.40gb 39.50,
-//!   4g.40gb 39.50, 7g.80gb 79.25 GiB). For the other models the same usable
-//!   fraction of the profile's nominal size is applied — an assumption until
-//!   `gpuscale agent` reads `nvidia-smi mig -lgip` on real hardware; override
-//!   it in the cluster file when you know better.
+//! - **MIG usable memory** (what `nvidia-smi mig -lgip` prints per GPU
+//!   instance profile):
+//!   - H100-80GB: measured, from the MIG User Guide's `-lgip` listing
+//!     (1g.10gb 9.75, 1g.20gb 19.62, 2g.20gb 19.62, 3g.40gb 39.50, 4g.40gb
+//!     39.50, 7g.80gb 79.25 GiB).
+//!   - A100-SXM4-40GB: measured, from public `nvidia-smi mig -lgip` output
+//!     of that product (1g.5gb 4.75, 1g.10gb and 2g.10gb 9.75, 3g.20gb and
+//!     4g.20gb 19.62, 7g.40gb 39.38 GiB).
+//!   - H200-141GB: public reports put 1g.18gb at 16–16.5 GiB, well under
+//!     H100's fraction of its nominal size (17.55). Rounded down to 16.00,
+//!     and the same 1.55 GiB shortfall taken off every other H200 profile,
+//!     each rounded down to a quarter GiB. This is an assumption, chosen
+//!     never to plan a replica into a slice it does not fit. Replace it with
+//!     a real H200's `-lgip` when one is at hand.
+//!   - The other models: H100's usable fraction of the profile's nominal
+//!     size, an assumption.
+//!
+//!   Where the assumption and the hardware may differ, override `usableGiB`
+//!   in the cluster file. A replica planned into a slice it does not fit
+//!   fails with an out-of-memory error, so round down.
 //! - **Price** (`price_per_hour`): an **assumption** — a round, typical 2025
 //!   cloud on-demand price per GPU in USD. Every deployment should override it
 //!   with its own cost; the packer only compares prices, it never bills.
@@ -328,6 +342,32 @@ impl Catalog {
         let mut catalog = Catalog {
             models: rows.into_iter().map(|m| (m.name.clone(), m)).collect(),
         };
+        // Measured or conservative usable memory per memory-slot count
+        // (the module docs give the sources).
+        let a100_40 = [(1, 4.75), (2, 9.75), (4, 19.62), (8, 39.38)];
+        let h200_shortfall = 1.55;
+        let h200: Vec<(u8, f64)> = [1u8, 2, 4, 8]
+            .iter()
+            .map(|&slots| {
+                let nominal = match slots {
+                    1 => 18,
+                    2 => 35,
+                    4 => 71,
+                    _ => 141,
+                };
+                let by_fraction = usable_for(nominal, slots);
+                (slots, ((by_fraction - h200_shortfall) * 4.0).floor() / 4.0)
+            })
+            .collect();
+        for (name, table) in [("A100-40GB", a100_40.to_vec()), ("H200-141GB", h200)] {
+            if let Some(mig) = catalog.models.get_mut(name).and_then(|m| m.mig.as_mut()) {
+                for p in &mut mig.profiles {
+                    if let Some((_, u)) = table.iter().find(|(s, _)| *s == p.memory_slots) {
+                        p.usable_gib = *u;
+                    }
+                }
+            }
+        }
         // The 7g instance and the whole GPU differ only by the driver's
         // reservation; keep MIG GPUs' whole-GPU usable memory at least the
         // 7g instance's so a full-size instance never fits where the GPU
@@ -424,6 +464,63 @@ mod tests {
             ]
         );
         assert_eq!(c.get("H100-80GB").unwrap().usable_gib, 79.25);
+    }
+
+    #[test]
+    fn a100_40gb_and_h200_usable_memory_is_measured_or_rounded_down() {
+        fn h100_name_nominal(list: &[(String, f64)], usable: &f64) -> f64 {
+            let (name, _) = list.iter().find(|(_, u)| u == usable).unwrap();
+            name.split('.')
+                .nth(1)
+                .unwrap()
+                .trim_end_matches("gb")
+                .parse()
+                .unwrap()
+        }
+        let c = Catalog::builtin();
+        let usable = |gpu: &str| -> Vec<(String, f64)> {
+            c.get(gpu)
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .profiles
+                .iter()
+                .filter(|p| !p.media_extensions)
+                .map(|p| (p.name.clone(), p.usable_gib))
+                .collect()
+        };
+        // `nvidia-smi mig -lgip` on an A100-SXM4-40GB.
+        assert_eq!(
+            usable("A100-40GB"),
+            [
+                ("1g.5gb".to_string(), 4.75),
+                ("1g.10gb".to_string(), 9.75),
+                ("2g.10gb".to_string(), 9.75),
+                ("3g.20gb".to_string(), 19.62),
+                ("4g.20gb".to_string(), 19.62),
+                ("7g.40gb".to_string(), 39.38),
+            ]
+        );
+        // H200: 1g.18gb at 16 GiB (public reports: 16–16.5), so a 17 GiB
+        // replica is never planned into it; every profile under H100's
+        // fraction of its nominal size.
+        let h200 = usable("H200-141GB");
+        assert_eq!(h200[0], ("1g.18gb".to_string(), 16.0));
+        let h100 = usable("H100-80GB");
+        for ((name, u), (_, h)) in h200.iter().zip(&h100) {
+            // H100's usable fraction of the same profile, less 1.5 GiB.
+            let nominal: f64 = name
+                .split('.')
+                .nth(1)
+                .unwrap()
+                .trim_end_matches("gb")
+                .parse()
+                .unwrap();
+            let h100_nominal: f64 = h100_name_nominal(&h100, h);
+            assert!(*u <= nominal * h / h100_nominal - 1.5, "{name} {u}");
+        }
+        assert!(c.get("H200-141GB").unwrap().usable_gib >= h200.last().unwrap().1);
     }
 
     #[test]

@@ -224,14 +224,28 @@ fn table(plan: &Plan) -> String {
         ));
     }
     if let Some(b) = &plan.baselines {
+        // A baseline that could not place every replica used fewer GPUs
+        // for less work: say so beside its figures.
+        let unplaced = |n: u32| {
+            if n == 0 {
+                String::new()
+            } else {
+                format!(
+                    ", {n} {} unplaced: not like for like",
+                    if n == 1 { "replica" } else { "replicas" }
+                )
+            }
+        };
         out.push_str(&format!(
-            "baselines: whole-GPU {} GPUs (${:.2}/h, memory {:.1} %), first-fit decreasing {} GPUs (${:.2}/h, memory {:.1} %)\n",
+            "baselines: whole-GPU {} GPUs (${:.2}/h, memory {:.1} %{}), first-fit decreasing {} GPUs (${:.2}/h, memory {:.1} %{})\n",
             b.whole_gpu.gpus_used,
             b.whole_gpu.cost_per_hour,
             b.whole_gpu.utilization.memory * 100.0,
+            unplaced(b.whole_gpu.unplaced),
             b.ffd.gpus_used,
             b.ffd.cost_per_hour,
-            b.ffd.utilization.memory * 100.0
+            b.ffd.utilization.memory * 100.0,
+            unplaced(b.ffd.unplaced),
         ));
     }
     out
