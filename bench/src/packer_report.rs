@@ -31,6 +31,10 @@ pub struct Row {
     pub whole_gpus: u32,
     /// Memory utilisation: gpuscale, FFD, whole.
     pub memory: [f64; 3],
+    /// gpuscale's compute and dominant utilisation (the dominant share:
+    /// per GPU in use, the larger of its memory and compute fractions,
+    /// averaged).
+    pub compute_dominant: (f64, f64),
     /// The most memory utilisation any plan under the same rules can reach:
     /// Σ replica memory ÷ the LP bound on usable memory in use.
     pub memory_ceiling: f64,
@@ -148,6 +152,7 @@ pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
             ffd.utilization.memory,
             whole.utilization.memory,
         ],
+        compute_dominant: (plan.utilization.compute, plan.utilization.dominant),
         cost: [
             plan.cost_per_hour,
             plan.lp_bound_cost,
@@ -264,16 +269,16 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | memory ceiling (LP) | pools at ⌈LP⌉ (excess GPUs) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
+        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | gpuscale compute / dominant util | memory ceiling (LP) | pools at ⌈LP⌉ (excess GPUs) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|---|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---|---:|---:|---:|---:|"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.1} % | {} of {} ({}) | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.1} % / {:.1} % | {:.1} % | {} of {} ({}) | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
             r.gpus,
             r.replicas,
             r.gpuscale_gpus,
@@ -285,6 +290,8 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
             r.memory[0] * 100.0,
             r.memory[1] * 100.0,
             r.memory[2] * 100.0,
+            r.compute_dominant.0 * 100.0,
+            r.compute_dominant.1 * 100.0,
             r.memory_ceiling * 100.0,
             r.pools_at_lp.0,
             r.pools_at_lp.1,

@@ -59,6 +59,8 @@ struct Tally {
     usable: f64,
     compute: f64,
     capacity: f64,
+    /// Σ over GPUs in use of each one's dominant share.
+    dominant: f64,
     unplaced: u32,
 }
 
@@ -75,6 +77,15 @@ impl Tally {
         self.compute += model.compute;
     }
 
+    /// A replica alone on `k` whole GPUs (its share of each, k times).
+    fn whole(&mut self, gpu: &GpuModel, k: u32, model: &Model) {
+        self.open(gpu, k);
+        self.place(model);
+        let each = f64::from(k);
+        self.dominant +=
+            each * crate::dominant_fraction(model.memory_gib / each, model.compute / each, gpu);
+    }
+
     fn figures(&self) -> BaselineFigures {
         BaselineFigures {
             gpus_used: self.gpus,
@@ -87,6 +98,11 @@ impl Tally {
                 },
                 compute: if self.capacity > 0.0 {
                     self.compute / self.capacity
+                } else {
+                    0.0
+                },
+                dominant: if self.gpus > 0 {
+                    self.dominant / f64::from(self.gpus)
                 } else {
                     0.0
                 },
@@ -163,10 +179,7 @@ pub fn whole_gpu(
             .into_iter()
             .find(|&(_, i, k)| take(&mut pools[i], k));
         match placed {
-            Some((_, i, k)) => {
-                tally.open(pools[i].gpu, k);
-                tally.place(m);
-            }
+            Some((_, i, k)) => tally.whole(pools[i].gpu, k, m),
             None => tally.unplaced += 1,
         }
     }
@@ -181,6 +194,9 @@ enum Open {
 struct OpenGpu {
     pool: usize,
     kind: Open,
+    /// Memory and compute of the replicas on it.
+    memory: f64,
+    compute: f64,
 }
 
 /// The smallest profile that holds the replica and has a free valid start.
@@ -347,6 +363,8 @@ pub fn ffd(
             }
             if done {
                 room.set(i, room_on(&open[i], gpu, options));
+                open[i].memory += m.memory_gib;
+                open[i].compute += m.compute;
                 tally.place(m);
                 break;
             }
@@ -390,7 +408,12 @@ pub fn ffd(
                 }
             }
             if let Some(kind) = opened {
-                let o = OpenGpu { pool: i, kind };
+                let o = OpenGpu {
+                    pool: i,
+                    kind,
+                    memory: m.memory_gib,
+                    compute: m.compute,
+                };
                 room.set(open.len(), room_on(&o, gpu, options));
                 open.push(o);
                 tally.open(gpu, 1);
@@ -402,8 +425,7 @@ pub fn ffd(
                 && let Some(k) = whole_degree(m, gpu)
                 && take(&mut pools[i], k)
             {
-                tally.open(gpu, k);
-                tally.place(m);
+                tally.whole(gpu, k, m);
                 done = true;
                 break;
             }
@@ -411,6 +433,9 @@ pub fn ffd(
         if !done {
             tally.unplaced += 1;
         }
+    }
+    for o in &open {
+        tally.dominant += crate::dominant_fraction(o.memory, o.compute, pools[o.pool].gpu);
     }
     tally.figures()
 }

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use gpuscale_policies::model::PlacementOption;
-use gpuscale_policies::{Cluster, Health, Model};
+use gpuscale_policies::{Cluster, GpuModel, Health, Model};
 
 pub use plan::{
     Baselines, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Pool, Unplaced, Utilization, Variant,
@@ -133,6 +133,7 @@ fn figures(
     let mut used = 0u32;
     let mut cost = 0.0;
     let (mut memory, mut usable, mut compute, mut capacity) = (0.0, 0.0, 0.0, 0.0);
+    let mut dominant = 0.0;
     let mut variants: BTreeMap<(String, String), plan::Variant> = BTreeMap::new();
     let mut placed: BTreeMap<&str, u32> = BTreeMap::new();
     // A tensor-parallel replica is listed on each of its GPUs; count it once.
@@ -148,13 +149,22 @@ fn figures(
         cost += gpu.price_per_hour;
         usable += gpu.usable_gib;
         capacity += gpu.compute;
+        let (mut gpu_memory, mut gpu_compute) = (0.0, 0.0);
         for r in &g.replicas {
             let Some(m) = by_name.get(r.model.as_str()) else {
                 continue;
             };
             let share = f64::from(r.group_size.unwrap_or(1));
-            memory += m.memory_gib / share;
-            compute += m.compute / share;
+            gpu_memory += m.memory_gib / share;
+            gpu_compute += m.compute / share;
+        }
+        memory += gpu_memory;
+        compute += gpu_compute;
+        dominant += dominant_fraction(gpu_memory, gpu_compute, gpu);
+        for r in &g.replicas {
+            let Some(m) = by_name.get(r.model.as_str()) else {
+                continue;
+            };
             let mut node_selector =
                 BTreeMap::from([(emit::PRODUCT_LABEL.to_string(), gpu.product.clone())]);
             let (suffix, resource, count) = match g.mode {
@@ -236,6 +246,11 @@ fn figures(
             } else {
                 0.0
             },
+            dominant: if used > 0 {
+                dominant / f64::from(used)
+            } else {
+                0.0
+            },
         },
         moves: decoded.moves,
         reconfigured_gpus: decoded.reconfigured,
@@ -285,6 +300,22 @@ fn pools(classes: &[classes::Class], solved: &ilp::Solved, gpus: &[GpuPlan]) -> 
         }
     }
     pools.into_values().collect()
+}
+
+/// One GPU's dominant share: the larger of the memory and the compute
+/// its replicas take, each as a fraction of the GPU's.
+pub(crate) fn dominant_fraction(memory: f64, compute: f64, gpu: &GpuModel) -> f64 {
+    let m = if gpu.usable_gib > 0.0 {
+        memory / gpu.usable_gib
+    } else {
+        0.0
+    };
+    let c = if gpu.compute > 0.0 {
+        compute / gpu.compute
+    } else {
+        0.0
+    };
+    m.max(c)
 }
 
 /// Why replicas of a model were left out, in a model owner's words.

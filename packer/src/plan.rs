@@ -125,6 +125,11 @@ pub struct Utilization {
     pub memory: f64,
     /// Σ replica compute ÷ Σ compute of GPUs in use.
     pub compute: f64,
+    /// The dominant-resource view (as in DRF): for each GPU in use, the
+    /// larger of its memory and compute fractions, averaged over the GPUs.
+    /// A GPU full on compute but half full on memory counts as full.
+    #[serde(default)]
+    pub dominant: f64,
 }
 
 /// One GPU pool (all healthy GPUs of one model): GPUs the plan uses and

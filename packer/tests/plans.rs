@@ -81,6 +81,17 @@ fn check_rules(
                     .map(|r| by_name[r.model.as_str()].memory_gib)
                     .sum();
                 assert!(total <= gpu.usable_gib * (1.0 - options.timeslice_memory_headroom) + 1e-9);
+                let compute: f64 = g
+                    .replicas
+                    .iter()
+                    .map(|r| by_name[r.model.as_str()].compute)
+                    .sum();
+                assert!(
+                    compute <= gpu.compute * options.timeslice_compute_cap + 1e-9,
+                    "{}:{} compute {compute} over the cap",
+                    g.node,
+                    g.index
+                );
                 for r in &g.replicas {
                     let m = by_name[r.model.as_str()];
                     assert!(m.sharing.contains(&SharingMode::Timeslice));
@@ -112,6 +123,43 @@ fn check_rules(
         for r in &g.replicas {
             assert!(by_name[r.model.as_str()].gpu_models.contains(&g.gpu_model));
         }
+    }
+    // No GPU holds more memory or compute than it has, and the dominant
+    // utilisation is the mean over the GPUs in use of the larger of the
+    // two fractions (DRF's dominant share).
+    let mut dominant = 0.0;
+    let mut in_use = 0u32;
+    for g in plan.gpus.iter().filter(|g| !g.replicas.is_empty()) {
+        let gpu = cluster.catalog.get(&g.gpu_model).unwrap();
+        let (mut memory, mut compute) = (0.0, 0.0);
+        for r in &g.replicas {
+            let m = by_name[r.model.as_str()];
+            let k = f64::from(r.group_size.unwrap_or(1));
+            memory += m.memory_gib / k;
+            compute += m.compute / k;
+        }
+        assert!(
+            memory <= gpu.usable_gib + 1e-9,
+            "{}:{} memory {memory}",
+            g.node,
+            g.index
+        );
+        assert!(
+            compute <= gpu.compute + 1e-9,
+            "{}:{} compute {compute}",
+            g.node,
+            g.index
+        );
+        dominant += (memory / gpu.usable_gib).max(compute / gpu.compute);
+        in_use += 1;
+    }
+    if in_use > 0 {
+        let expected = dominant / f64::from(in_use);
+        assert!(
+            (plan.utilization.dominant - expected).abs() < 1e-9,
+            "dominant {} against {expected}",
+            plan.utilization.dominant
+        );
     }
     for (node, ns) in &node_shares {
         assert_eq!(
@@ -606,4 +654,53 @@ spec:
         snippet.contains("nvidia.com/gpu.product: Acme-L40S-Custom"),
         "{snippet}"
     );
+}
+
+/// The baselines report the dominant share too: a compute-bound replica
+/// alone on a GPU counts by its compute, a memory-bound one by its memory.
+#[test]
+fn baselines_report_the_dominant_share() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 4)]);
+    let models = vec![
+        common::model(
+            "hot",
+            20.0,
+            0.8,
+            &[SharingMode::Whole],
+            &[1],
+            &["H100-80GB"],
+        ),
+        common::model(
+            "big",
+            60.0,
+            0.1,
+            &[SharingMode::Whole],
+            &[1],
+            &["H100-80GB"],
+        ),
+    ];
+    let demand = common::demand(&[("hot", 1), ("big", 1)]);
+    let usable = cluster.catalog.get("H100-80GB").unwrap().usable_gib;
+    let expected = (0.8 + 60.0 / usable) / 2.0;
+    let whole = gpuscale_packer::baseline::whole_gpu(&cluster, &models, &demand);
+    assert_eq!(whole.gpus_used, 2);
+    assert!(
+        (whole.utilization.dominant - expected).abs() < 1e-9,
+        "{:?}",
+        whole.utilization
+    );
+    let ffd = gpuscale_packer::baseline::ffd(&cluster, &models, &demand, &PackOptions::default());
+    assert!(
+        (ffd.utilization.dominant - expected).abs() < 1e-9,
+        "{:?}",
+        ffd.utilization
+    );
+    let plan = pack(&cluster, &models, &demand, &PackOptions::default()).unwrap();
+    assert!(
+        (plan.utilization.dominant - expected).abs() < 1e-9,
+        "{:?}",
+        plan.utilization
+    );
+    // Memory alone would say the pair fills under half of the GPUs.
+    assert!(plan.utilization.memory < 0.51);
 }

@@ -188,9 +188,10 @@ fn table(plan: &Plan) -> String {
         .collect();
     out.push_str(&format!("GPUs used per pool: {}\n", pools.join(", ")));
     out.push_str(&format!(
-        "utilisation of GPUs in use: memory {:.1} %, compute {:.1} %\n",
+        "utilisation of GPUs in use: memory {:.1} %, compute {:.1} %, dominant {:.1} %\n",
         plan.utilization.memory * 100.0,
-        plan.utilization.compute * 100.0
+        plan.utilization.compute * 100.0,
+        plan.utilization.dominant * 100.0
     ));
     out.push_str(&format!(
         "replicas moved {}, GPUs reconfigured {}, solved in {:.0} ms\n",
@@ -237,14 +238,18 @@ fn table(plan: &Plan) -> String {
             }
         };
         out.push_str(&format!(
-            "baselines: whole-GPU {} GPUs (${:.2}/h, memory {:.1} %{}), first-fit decreasing {} GPUs (${:.2}/h, memory {:.1} %{})\n",
+            "baselines: whole-GPU {} GPUs (${:.2}/h, memory {:.1} %, compute {:.1} %, dominant {:.1} %{}), first-fit decreasing {} GPUs (${:.2}/h, memory {:.1} %, compute {:.1} %, dominant {:.1} %{})\n",
             b.whole_gpu.gpus_used,
             b.whole_gpu.cost_per_hour,
             b.whole_gpu.utilization.memory * 100.0,
+            b.whole_gpu.utilization.compute * 100.0,
+            b.whole_gpu.utilization.dominant * 100.0,
             unplaced(b.whole_gpu.unplaced),
             b.ffd.gpus_used,
             b.ffd.cost_per_hour,
             b.ffd.utilization.memory * 100.0,
+            b.ffd.utilization.compute * 100.0,
+            b.ffd.utilization.dominant * 100.0,
             unplaced(b.ffd.unplaced),
         ));
     }
