@@ -319,3 +319,101 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     }
     out
 }
+
+/// The sharing rules a report row was packed under (today one set: MIG
+/// slices, time-sliced whole GPUs and whole GPUs).
+pub const RULE_SET: &str = "mig-whole";
+
+/// One row of `packer-report --json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JsonRow {
+    /// GPUs in the cluster.
+    pub gpus: usize,
+    /// Replicas demanded.
+    pub replicas: u32,
+    /// The sharing rules (`mig-whole`).
+    pub rule_set: &'static str,
+    /// GPUs gpuscale uses.
+    pub gpus_used: u32,
+    /// Cost per hour of gpuscale's plan.
+    pub cost: f64,
+    /// The LP bound on cost per hour.
+    pub lp_cost_bound: f64,
+    /// gpuscale's utilisation of the GPUs in use.
+    pub utilization: JsonUtilization,
+    /// The LP bound on memory utilisation under the same rules.
+    pub ceiling_memory: f64,
+    /// Median pack time, ms.
+    pub pack_ms: f64,
+    /// Median load + pack, ms.
+    pub end_to_end_ms: f64,
+}
+
+/// Memory, compute and dominant utilisation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JsonUtilization {
+    /// Σ replica memory ÷ Σ usable memory.
+    pub memory: f64,
+    /// Σ replica compute ÷ Σ compute.
+    pub compute: f64,
+    /// Mean over GPUs in use of the larger of the two fractions.
+    pub dominant: f64,
+}
+
+/// The rows as `packer-report --json` writes them.
+pub fn json_rows(rows: &[Row]) -> Vec<JsonRow> {
+    rows.iter()
+        .map(|r| JsonRow {
+            gpus: r.gpus,
+            replicas: r.replicas,
+            rule_set: RULE_SET,
+            gpus_used: r.gpuscale_gpus,
+            cost: r.cost[0],
+            lp_cost_bound: r.cost[1],
+            utilization: JsonUtilization {
+                memory: r.memory[0],
+                compute: r.compute_dominant.0,
+                dominant: r.compute_dominant.1,
+            },
+            ceiling_memory: r.memory_ceiling,
+            pack_ms: r.ms[1],
+            end_to_end_ms: r.ms[2],
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[test]
+    fn json_rows_carry_the_documented_fields() {
+        let row = Row {
+            gpus: 108,
+            replicas: 100,
+            gpuscale_gpus: 39,
+            lp_gpus: 32,
+            ffd_gpus: 62,
+            whole_gpus: 108,
+            memory: [0.66, 0.47, 0.21],
+            compute_dominant: (0.64, 0.83),
+            memory_ceiling: 0.70,
+            pools_at_lp: (2, 6),
+            pool_excess: 3,
+            cost: [85.8, 84.5, 120.0, 271.0],
+            unplaced: [0, 0, 9],
+            optimal: true,
+            ms: [39.0, 12.0, 51.0, 3.0],
+        };
+        let v = serde_json::to_value(json_rows(&[row])).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([{
+                "gpus": 108, "replicas": 100, "rule_set": "mig-whole", "gpus_used": 39,
+                "cost": 85.8, "lp_cost_bound": 84.5,
+                "utilization": {"memory": 0.66, "compute": 0.64, "dominant": 0.83},
+                "ceiling_memory": 0.70, "pack_ms": 12.0, "end_to_end_ms": 51.0
+            }])
+        );
+    }
+}

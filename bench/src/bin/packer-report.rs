@@ -30,6 +30,12 @@ struct Args {
     /// Where the scenario files are written.
     #[arg(long, default_value = "target/bench-scenarios")]
     dir: PathBuf,
+    /// Also write the rows as JSON to this file (a list of `{gpus,
+    /// replicas, rule_set, gpus_used, cost, lp_cost_bound, utilization:
+    /// {memory, compute, dominant}, ceiling_memory, pack_ms,
+    /// end_to_end_ms}`).
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,5 +62,10 @@ fn main() -> anyhow::Result<()> {
         None
     };
     print!("{}", packer_report::markdown(&rows, incremental.as_ref()));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&packer_report::json_rows(&rows))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
     Ok(())
 }
