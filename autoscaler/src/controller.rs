@@ -269,8 +269,21 @@ impl Controller {
     pub fn new(settings: Settings, gateway: GatewayClient, mut backend: Backend) -> Self {
         let (metrics, registry) = Metrics::new();
         let mut states = BTreeMap::new();
+        let cap = backend.cap();
         for m in &settings.models {
-            let start = m.scaling.min_replicas;
+            if let Some(cap) = cap
+                && cap < m.scaling.min_replicas
+            {
+                tracing::warn!(
+                    model = %m.name,
+                    min_replicas = m.scaling.min_replicas,
+                    "local.maxReplicasPerModel {cap} is below minReplicas: the model runs at most {cap}"
+                );
+            }
+            let start = match cap {
+                Some(cap) => m.scaling.min_replicas.min(cap),
+                None => m.scaling.min_replicas,
+            };
             if let Backend::Local(local) = &mut backend {
                 local.scale(m, start);
             }
@@ -472,8 +485,10 @@ impl Controller {
             // that runs.
             let rec = match cap {
                 Some(cap) if cap < m.scaling.max_replicas => {
+                    // Below minReplicas too: the cap is what can run.
                     let mut bounded = m.clone();
                     bounded.scaling.max_replicas = cap;
+                    bounded.scaling.min_replicas = bounded.scaling.min_replicas.min(cap);
                     // What it would be without the cap (on a copy of the
                     // memory), to say when the cap is what decided.
                     let unbounded =

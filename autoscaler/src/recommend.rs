@@ -583,7 +583,13 @@ pub fn recommend(
     );
     let mut reason = format!("{why} → {limited} {}", plural(limited));
     if limited != desired {
-        let what = limit.unwrap_or("stabilisation window");
+        // Held at minReplicas with less wanted: that is the bound, whatever
+        // the window also says.
+        let what = match limit {
+            Some(l) => l,
+            None if limited == floor && desired < floor => "minReplicas",
+            None => "stabilisation window",
+        };
         let _ = write!(reason, " ({desired} wanted; {what})");
     }
     finish(state, now, limited, Mode::Normal, reason)

@@ -19,31 +19,33 @@ fn spec() -> KubeSpec {
     }
 }
 
-/// A local backend capped at 2 replicas per model, under a queue that
-/// asks for 5: the decision says the cap, and the count it works from is
-/// the capped one, so the next ticks are no change (the bug: every tick
-/// was a change towards 5).
-#[tokio::test]
-async fn the_local_cap_bounds_the_decision_and_is_not_a_change_every_tick() {
+/// A controller over a local backend capped at `cap` replicas per model
+/// (replicas are `sleep` processes that never say where they listen:
+/// counted, never registered), a policy with `min_replicas`, and a
+/// stand-in gateway with `waiting` requests queued; after five ticks, the
+/// model's decisions.
+async fn capped(
+    min_replicas: u32,
+    cap: u32,
+    waiting: u32,
+) -> gpuscale_autoscaler::controller::ModelDecisions {
     use gpuscale_autoscaler::backend::Backend;
     use gpuscale_autoscaler::controller::Controller;
     use gpuscale_autoscaler::local::LocalBackend;
     let dir = tempfile::tempdir().unwrap();
-    let (gw, _) = common::stand_in_gateway(common::queues(40)).await;
+    let (gw, _) = common::stand_in_gateway(common::queues(waiting)).await;
     std::fs::write(
         dir.path().join("policies.yaml"),
-        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n    startupTime: 1h\n",
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: {min_replicas}\n    maxReplicas: 10\n    targetQueueDepth: 8\n    startupTime: 1h\n"),
     )
     .unwrap();
     std::fs::write(
         dir.path().join("autoscaler.yaml"),
-        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  local: {{maxReplicasPerModel: 2}}\n  tuning: {{panicThreshold: 1000}}\n"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  local: {{maxReplicasPerModel: {cap}}}\n  tuning: {{panicThreshold: 1000}}\n"),
     )
     .unwrap();
     let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
-    // Replicas are `sleep` processes that never say where they listen:
-    // counted, never registered (the start-up time is an hour anyway).
     let local = LocalBackend::new(
         "/bin/sleep".into(),
         gateway.clone(),
@@ -54,8 +56,16 @@ async fn the_local_cap_bounds_the_decision_and_is_not_a_change_every_tick() {
     for _ in 0..5 {
         controller.tick().await;
     }
-    let d = report.decisions();
-    let latest = d["llama"].latest.as_ref().unwrap();
+    report.decisions().remove("llama").unwrap()
+}
+
+/// Capped at 2 under a queue that asks for 5: the decision says the cap,
+/// and the count it works from is the capped one, so the next ticks are no
+/// change (the bug: every tick was a change towards 5).
+#[tokio::test]
+async fn the_local_cap_bounds_the_decision_and_is_not_a_change_every_tick() {
+    let d = capped(1, 2, 40).await;
+    let latest = d.latest.as_ref().unwrap();
     assert_eq!(latest.desired, 2, "{}", latest.reason);
     assert!(
         latest
@@ -65,7 +75,17 @@ async fn the_local_cap_bounds_the_decision_and_is_not_a_change_every_tick() {
         latest.reason
     );
     // One change (1 → 2), not one per tick.
-    assert_eq!(d["llama"].history.len(), 1, "{:?}", d["llama"].history);
+    assert_eq!(d.history.len(), 1, "{:?}", d.history);
+}
+
+/// A cap below minReplicas wins too: the model runs at the cap from the
+/// start and no tick counts as a change.
+#[tokio::test]
+async fn a_cap_below_min_replicas_is_the_count_from_the_start() {
+    let d = capped(3, 2, 0).await;
+    let latest = d.latest.as_ref().unwrap();
+    assert_eq!(latest.desired, 2, "{}", latest.reason);
+    assert!(d.history.is_empty(), "{:?}", d.history);
 }
 
 /// `/readyz` fails once metric reads have failed as often as the fallback
