@@ -32,19 +32,14 @@ async fn capped(
     use gpuscale_autoscaler::backend::Backend;
     use gpuscale_autoscaler::controller::Controller;
     use gpuscale_autoscaler::local::LocalBackend;
-    let dir = tempfile::tempdir().unwrap();
     let (gw, _) = common::stand_in_gateway(common::queues(waiting)).await;
-    std::fs::write(
-        dir.path().join("policies.yaml"),
-        format!("apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: {min_replicas}\n    maxReplicas: 10\n    targetQueueDepth: 8\n    startupTime: 1h\n"),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("autoscaler.yaml"),
-        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  local: {{maxReplicasPerModel: {cap}}}\n  tuning: {{panicThreshold: 1000}}\n"),
-    )
-    .unwrap();
-    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let settings = common::settings(
+        &gw,
+        &format!(
+            "  scaling:\n    minReplicas: {min_replicas}\n    maxReplicas: 10\n    targetQueueDepth: 8\n    startupTime: 1h\n"
+        ),
+        &format!("  local: {{maxReplicasPerModel: {cap}}}\n  tuning: {{panicThreshold: 1000}}\n"),
+    );
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
     let local = LocalBackend::new(
         "/bin/sleep".into(),
@@ -94,22 +89,11 @@ async fn a_cap_below_min_replicas_is_the_count_from_the_start() {
 async fn readiness_follows_failed_reads_and_liveness_the_control_loop() {
     use gpuscale_autoscaler::backend::{Backend, KubeBackend};
     use gpuscale_autoscaler::controller::Controller;
-    let dir = tempfile::tempdir().unwrap();
     // Nothing listens on this port: every read of the gateway fails.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let gw = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
-    std::fs::write(
-        dir.path().join("policies.yaml"),
-        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("autoscaler.yaml"),
-        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  interval: 100ms\n  tuning: {{fallbackAfter: 3}}\n"),
-    )
-    .unwrap();
-    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let settings = common::settings(&gw, "", "  interval: 100ms\n  tuning: {fallbackAfter: 3}\n");
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     // The API server is down too: every request gets a 503.
     tokio::spawn(async move {

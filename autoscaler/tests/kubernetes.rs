@@ -107,6 +107,39 @@ fn rec() -> Recommendation {
     }
 }
 
+/// A tick of the leader that holds `lease` already: the lease read and
+/// renewed, the live count read (`replicas` in the Deployment `llama`),
+/// the EndpointSlices answered with `slices`.
+async fn leader_tick(handle: &mut Handle, lease: &Value, replicas: u32, slices: Value) {
+    expect(
+        handle,
+        Method::GET,
+        "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
+        200,
+        lease.clone(),
+    )
+    .await;
+    expect(
+        handle,
+        Method::PUT,
+        "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
+        200,
+        lease.clone(),
+    )
+    .await;
+    expect(
+        handle,
+        Method::GET,
+        "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama",
+        200,
+        deployments(&[("llama", replicas)]),
+    )
+    .await;
+    expect(handle, Method::GET,
+        "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
+        slices).await;
+}
+
 /// A DeploymentList of (name, spec.replicas).
 fn deployments(items: &[(&str, u32)]) -> Value {
     let items: Vec<Value> = items
@@ -536,28 +569,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     gw_state.replicas.lock().unwrap().clear();
     let server = tokio::spawn(async move {
         let ours = lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1");
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            200,
-            ours.clone(),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::PUT,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
-            200,
-            ours,
-        )
-        .await;
-        expect(&mut handle, Method::GET,
-            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            deployments(&[("llama", 1)])).await;
-        expect(&mut handle, Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+        leader_tick(&mut handle, &ours, 1, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
                    "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
                               "ports": [{"port": 8000}],
                               "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
@@ -737,19 +749,12 @@ async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
 async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
     use gpuscale_autoscaler::backend::{Backend, KubeBackend};
     use gpuscale_autoscaler::controller::Controller;
-    let dir = tempfile::tempdir().unwrap();
     let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
-    std::fs::write(
-        dir.path().join("policies.yaml"),
-        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("autoscaler.yaml"),
-        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gw}\"}}\n  admin: 127.0.0.1:0\n  kubernetes: {{namespace: inference}}\n"),
-    )
-    .unwrap();
-    let settings = gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap();
+    let settings = common::settings(
+        &gw,
+        "  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
+        "  kubernetes: {namespace: inference}\n",
+    );
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(mock, "inference");
     let k = Kube::new(client, spec(), "gpuscale-1".into(), false);
@@ -814,28 +819,7 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
     // write back.
     let server = tokio::spawn(async move {
         let renewed = lease("gpuscale-1", "2026-11-29T18:20:01.000000Z", "1");
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            200,
-            renewed.clone(),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::PUT,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
-            200,
-            renewed,
-        )
-        .await;
-        expect(&mut handle, Method::GET,
-            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            deployments(&[("llama", 3)])).await;
-        expect(&mut handle, Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
+        leader_tick(&mut handle, &renewed, 3, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
         handle
     });
     controller.tick().await;

@@ -117,3 +117,26 @@ pub async fn admin_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) 
     let status = text.split(' ').nth(1).unwrap().parse().unwrap();
     (status, text.split_once("\r\n\r\n").unwrap().1.to_string())
 }
+
+/// Autoscaler settings as a user writes them: a ModelPolicy `llama`
+/// (`policy_spec` lines appended to its spec, indented two spaces) and a
+/// `kind: Autoscaler` pointing at the gateway admin API `gateway`
+/// (`spec_lines` appended to its spec), loaded as the binary loads them.
+pub fn settings(
+    gateway: &str,
+    policy_spec: &str,
+    spec_lines: &str,
+) -> gpuscale_autoscaler::config::Settings {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n{policy_spec}"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("autoscaler.yaml"),
+        format!("apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: t}}\nspec:\n  policies: [policies.yaml]\n  gateway: {{admin: \"{gateway}\"}}\n  admin: 127.0.0.1:0\n{spec_lines}"),
+    )
+    .unwrap();
+    gpuscale_autoscaler::config::load(&dir.path().join("autoscaler.yaml")).unwrap()
+}
