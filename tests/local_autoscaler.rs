@@ -132,15 +132,7 @@ spec:
         "apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {name: t}\nspec:\n  policies: [policies.yaml]\n  gateway: {config: gateway.yaml}\n  interval: 500ms\n  admin: 127.0.0.1:0\n  tuning: {stableWindow: 2s}\n  local: {profile: tiny, drainTime: 500ms}\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["autoscaler", "--config"])
-        .arg(dir.path().join("autoscaler.yaml"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (child, mut lines) = autoscaler(&dir.path().join("autoscaler.yaml"));
     let mut stop = Stop(Some(child));
     let first = lines.next().unwrap().unwrap();
     let second = lines.next().unwrap().unwrap();
@@ -260,15 +252,7 @@ spec:
     assert_eq!(test_servers(group), 0, "simulated servers left running");
 
     // A parent killed outright takes its servers with it too.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["autoscaler", "--config"])
-        .arg(dir.path().join("autoscaler.yaml"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = autoscaler(&dir.path().join("autoscaler.yaml"));
     let _ = lines.next();
     let second = lines.next().unwrap().unwrap();
     let admin = addr_after(&second, "admin on ");
@@ -327,6 +311,23 @@ fn free_port() -> u16 {
         .map(|i| 20_000 + ((seed.wrapping_mul(2_654_435_761) + i * 7919) % 12_000) as u16)
         .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
         .expect("a free port in 20000-31999")
+}
+
+/// `gpuscale autoscaler --config CONFIG` in a process group of its own
+/// (its simulated servers inherit it), and the lines of its stdout.
+fn autoscaler(
+    config: &std::path::Path,
+) -> (Child, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["autoscaler", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("starts");
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
 }
 
 fn start_gateway(config: &std::path::Path) -> Child {
@@ -406,15 +407,7 @@ spec:
     .unwrap();
 
     // The autoscaler first, with no gateway to register with.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["autoscaler", "--config"])
-        .arg(dir.path().join("autoscaler.yaml"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (child, mut lines) = autoscaler(&dir.path().join("autoscaler.yaml"));
     let group = child.id();
     let _stop = Stop(Some(child));
     let line = lines.next().unwrap().unwrap();
