@@ -110,6 +110,7 @@ impl KubeBackend {
             )]
             .into(),
             node_selector,
+            annotations: BTreeMap::new(),
             replicas,
         }]
     }

@@ -115,6 +115,11 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         .iter()
         .map(|(k, v)| (k, v.to_string()))
         .collect();
+    let mut template_metadata = serde_json::json!({"labels": labels});
+    if !variant.annotations.is_empty() {
+        // Fractional variants: HAMi's placement annotations.
+        template_metadata["annotations"] = serde_json::json!(variant.annotations);
+    }
     let value = serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -126,7 +131,7 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         "spec": {
             "selector": {"matchLabels": {VARIANT_LABEL: variant.name}},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": template_metadata,
                 "spec": {
                     "nodeSelector": variant.node_selector,
                     "containers": [{

@@ -192,6 +192,7 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
             "NVIDIA-H100-80GB-HBM3".to_string(),
         )]
         .into(),
+        annotations: Default::default(),
         replicas: 3,
     };
     let server = tokio::spawn(async move {

@@ -17,7 +17,18 @@
 //! keeps the sum of memory on a GPU under its usable memory whatever the
 //! assignment. One `N` per node (the device plugin's `replicas`), and no
 //! whole GPU on a node that time-slices (the plugin renames every
-//! `nvidia.com/gpu` of such a node to `nvidia.com/gpu.shared`).
+//! `nvidia.com/gpu` of such a node to `nvidia.com/gpu.shared`). `Mps(N)`
+//! is its twin under the device plugin's `sharing.mps`: `N` equal
+//! partitions whose memory and compute limits MPS enforces, so it is safe
+//! for compute-heavy replicas; a node has one config (time-slicing or MPS),
+//! and MPS does not run on MIG GPUs.
+//!
+//! **Fractional GPUs** (HAMi) are not slots: any mix of replicas shares
+//! such a GPU while their memory (MiB, rounded up, as `nvidia.com/gpumem`)
+//! stays within `usable × (1 − headroom)` and their SM percentages
+//! (`nvidia.com/gpucores`, rounded up) within the compute cap. The ILP
+//! counts them per class with aggregate capacity ([`Fractional`]); decode
+//! packs the replicas onto concrete GPUs.
 //!
 //! **Patterns**: every maximal MIG geometry of the GPU model (38 on an
 //! 8-slot GPU, derived from the placement rules), every MIG geometry in use
@@ -39,6 +50,8 @@ pub enum SlotKind {
     Mig(String),
     /// One of `N` time-sliced shares of a GPU.
     Share(u8),
+    /// One of `N` MPS partitions of a GPU.
+    Mps(u8),
 }
 
 /// One slot type of a class, with what a slot of it offers.
@@ -68,6 +81,35 @@ pub enum PatternKind {
     Mig(Geometry),
     /// Time-sliced into `N` shares.
     Share(u8),
+    /// Split into `N` MPS partitions.
+    Mps(u8),
+}
+
+impl PatternKind {
+    /// Whether it needs its node's device-plugin config (time-slicing or
+    /// MPS with this `N`).
+    pub fn node_config(&self) -> bool {
+        matches!(self, PatternKind::Share(_) | PatternKind::Mps(_))
+    }
+}
+
+/// What a fractional (HAMi) GPU of a class offers: memory in MiB and SM
+/// percent, both after headroom and cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fractional {
+    /// MiB replicas may take together: `⌊usable × (1 − headroom) × 1024⌋`.
+    pub memory_mib: u32,
+    /// SM percent replicas may take together: `⌊cap × 100⌋`.
+    pub cores: u32,
+}
+
+/// What one replica asks of a fractional GPU: `nvidia.com/gpumem` (MiB,
+/// rounded up) and `nvidia.com/gpucores` (percent of this GPU's SMs,
+/// rounded up).
+pub fn fractional_need(model: &Model, gpu_compute: f64) -> (u32, u32) {
+    let mib = (model.memory_gib * 1024.0 - 1e-6).ceil().max(1.0) as u32;
+    let cores = (model.compute / gpu_compute * 100.0 - 1e-6).ceil().max(1.0) as u32;
+    (mib, cores)
 }
 
 /// Nodes with the same GPU model and number of healthy GPUs.
@@ -85,6 +127,14 @@ pub struct Class {
     pub mig: Option<MigSpec>,
     /// Healthy GPUs per node.
     pub gpus_per_node: u32,
+    /// Sharing mechanisms its nodes allow.
+    pub allows: Vec<SharingMode>,
+    /// What a fractional GPU offers, when the nodes run HAMi.
+    pub fractional: Option<Fractional>,
+    /// Fractional GPUs now.
+    pub current_fractional_gpus: u32,
+    /// Fractional replicas per model index now.
+    pub current_fractional: BTreeMap<usize, u32>,
     /// The nodes (indices into `Cluster::nodes`).
     pub nodes: Vec<usize>,
     /// Slot types.
@@ -125,7 +175,7 @@ impl Class {
         let want = plain_counts(geometry);
         self.patterns.iter().position(|p| match &p.kind {
             PatternKind::Mig(g) => plain_counts(g) == want,
-            PatternKind::Share(_) => false,
+            PatternKind::Share(_) | PatternKind::Mps(_) => false,
         })
     }
 }
@@ -146,12 +196,26 @@ pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
     let mode = match t.kind {
         SlotKind::Mig(_) => SharingMode::Mig,
         SlotKind::Share(_) => SharingMode::Timeslice,
+        SlotKind::Mps(_) => SharingMode::Mps,
     };
     model.sharing.contains(&mode)
         && model.tensor_parallel.contains(&1)
         && model.gpu_models.contains(&class.gpu_model)
         && model.memory_gib <= t.memory_gib + 1e-9
         && model.compute <= t.compute + 1e-9
+}
+
+/// Whether a model may run on a fractional GPU of a class.
+pub fn fits_fractional(model: &Model, class: &Class) -> bool {
+    let Some(f) = class.fractional else {
+        return false;
+    };
+    let (mib, cores) = fractional_need(model, class.compute);
+    model.sharing.contains(&SharingMode::Fractional)
+        && model.tensor_parallel.contains(&1)
+        && model.gpu_models.contains(&class.gpu_model)
+        && mib <= f.memory_mib
+        && cores <= f.cores
 }
 
 /// Tensor-parallel degrees a model may use on a class.
@@ -175,7 +239,8 @@ pub fn whole_degrees(model: &Model, class: &Class) -> Vec<u32> {
 /// Groups the cluster's nodes into classes and builds slot types, patterns
 /// and the current state of each.
 pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<Class> {
-    let mut groups: BTreeMap<(String, u32), Vec<usize>> = BTreeMap::new();
+    type Key = (String, u32, Vec<SharingMode>);
+    let mut groups: BTreeMap<Key, Vec<usize>> = BTreeMap::new();
     for (i, n) in cluster.nodes.iter().enumerate() {
         let healthy = n
             .gpus
@@ -183,22 +248,42 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
             .filter(|g| g.health == Health::Healthy)
             .count() as u32;
         if healthy > 0 && cluster.catalog.get(&n.gpu_model).is_some() {
+            let mut allows: Vec<SharingMode> = n
+                .sharing
+                .iter()
+                .copied()
+                .filter(|&m| m != SharingMode::Whole)
+                .collect();
+            allows.sort();
+            allows.dedup();
             groups
-                .entry((n.gpu_model.clone(), healthy))
+                .entry((n.gpu_model.clone(), healthy, allows))
                 .or_default()
                 .push(i);
         }
     }
     let mut classes = Vec::new();
-    for ((gpu_model, gpus_per_node), nodes) in groups {
+    for ((gpu_model, gpus_per_node, allows), nodes) in groups {
         let gpu = cluster.catalog.get(&gpu_model).expect("checked above");
+        let fractional = allows
+            .contains(&SharingMode::Fractional)
+            .then(|| Fractional {
+                memory_mib: (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0
+                    + 1e-6)
+                    .floor() as u32,
+                cores: (options.fractional_compute_cap * 100.0 + 1e-6).floor() as u32,
+            });
         let mut class = Class {
             gpu_model: gpu_model.clone(),
             price: gpu.price_per_hour,
             usable_gib: gpu.usable_gib,
             compute: gpu.compute,
-            mig: gpu.mig.clone(),
+            mig: gpu.mig.clone().filter(|_| allows.contains(&SharingMode::Mig)),
             gpus_per_node,
+            allows,
+            fractional,
+            current_fractional_gpus: 0,
+            current_fractional: BTreeMap::new(),
             nodes,
             slot_types: Vec::new(),
             patterns: Vec::new(),
@@ -225,12 +310,24 @@ fn add_slot_types(class: &mut Class, options: &PackOptions) {
             });
         }
     }
-    for n in 2..=options.max_timeslice_replicas {
-        class.slot_types.push(SlotType {
-            kind: SlotKind::Share(n),
-            memory_gib: class.usable_gib * (1.0 - options.timeslice_memory_headroom) / f64::from(n),
-            compute: class.compute * options.timeslice_compute_cap / f64::from(n),
-        });
+    if class.allows.contains(&SharingMode::Timeslice) {
+        for n in 2..=options.max_timeslice_replicas {
+            class.slot_types.push(SlotType {
+                kind: SlotKind::Share(n),
+                memory_gib: class.usable_gib * (1.0 - options.timeslice_memory_headroom)
+                    / f64::from(n),
+                compute: class.compute * options.timeslice_compute_cap / f64::from(n),
+            });
+        }
+    }
+    if class.allows.contains(&SharingMode::Mps) {
+        for n in 2..=options.max_mps_replicas {
+            class.slot_types.push(SlotType {
+                kind: SlotKind::Mps(n),
+                memory_gib: class.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n),
+                compute: class.compute * options.mps_compute_cap / f64::from(n),
+            });
+        }
     }
 }
 
@@ -302,12 +399,15 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
             class.patterns.push(pattern.clone());
         }
     }
-    for n in 2..=options.max_timeslice_replicas {
-        if let Some(t) = class.share_slot(n)
+    let shared = (2..=options.max_timeslice_replicas)
+        .map(|n| (SlotKind::Share(n), PatternKind::Share(n), n))
+        .chain((2..=options.max_mps_replicas).map(|n| (SlotKind::Mps(n), PatternKind::Mps(n), n)));
+    for (slot, kind, n) in shared {
+        if let Some(t) = class.slot_types.iter().position(|st| st.kind == slot)
             && useful[t]
         {
             class.patterns.push(Pattern {
-                kind: PatternKind::Share(n),
+                kind,
                 slots: vec![(t, u32::from(n))],
             });
         }
@@ -341,19 +441,31 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
                         }
                     }
                 }
-                GpuMode::Timeslice => {
-                    let n = node.timeslice_replicas.unwrap_or(0);
-                    if let Some(p) = class
-                        .patterns
-                        .iter()
-                        .position(|p| p.kind == PatternKind::Share(n))
-                    {
+                GpuMode::Timeslice | GpuMode::Mps => {
+                    let (pattern, slot) = if g.mode == GpuMode::Timeslice {
+                        let n = node.timeslice_replicas.unwrap_or(0);
+                        (PatternKind::Share(n), SlotKind::Share(n))
+                    } else {
+                        let n = node.mps_replicas.unwrap_or(0);
+                        (PatternKind::Mps(n), SlotKind::Mps(n))
+                    };
+                    if let Some(p) = class.patterns.iter().position(|p| p.kind == pattern) {
                         class.current_patterns[p] += 1;
                     }
-                    if let Some(t) = class.share_slot(n) {
+                    if let Some(t) = class.slot_types.iter().position(|st| st.kind == slot) {
                         for w in &g.workloads {
                             if let Some(m) = model_index(&w.model) {
                                 *class.current_slots.entry((m, t)).or_insert(0) += 1;
+                            }
+                        }
+                    }
+                }
+                GpuMode::Fractional => {
+                    if class.fractional.is_some() {
+                        class.current_fractional_gpus += 1;
+                        for w in &g.workloads {
+                            if let Some(m) = model_index(&w.model) {
+                                *class.current_fractional.entry(m).or_insert(0) += 1;
                             }
                         }
                     }

@@ -1,19 +1,26 @@
 //! Mapping the ILP's counts onto concrete GPUs, preferring what is already
 //! there: GPUs already in the needed geometry, replicas already in place.
 //!
-//! Per class, in this order: (1) choose the nodes that time-slice, those
-//! already time-slicing with the same `N` first; (2) place tensor-parallel
-//! groups, largest first, on the other nodes — where the model already runs
-//! if it can, else best fit; (3) time-sliced GPUs on their nodes; (4) MIG
-//! GPUs, keeping GPUs whose current geometry has the pattern's profiles;
-//! (5) replicas into slots, the slot a replica already occupies first.
-//! Each step is linear in the class's GPUs and replicas (plus sorting).
+//! Per class, in this order: (1) choose the nodes that get a device-plugin
+//! config (time-slicing or MPS into `N`) or run HAMi, those already
+//! configured the same way first; (2) place tensor-parallel groups, largest
+//! first, on the other nodes — where the model already runs if it can,
+//! else best fit; (3) time-sliced and MPS GPUs on their nodes; (4) MIG
+//! GPUs (not on MPS or HAMi nodes), keeping GPUs whose current geometry has
+//! the pattern's profiles; (5) fractional GPUs on HAMi nodes: replicas
+//! already on a fractional GPU stay, the rest go first fit decreasing (by
+//! their larger share of memory or SMs) onto the GPUs opened so far, then
+//! onto newly opened ones — more than the ILP's count if the aggregate
+//! bound was not enough, on free GPUs of HAMi nodes, then on free nodes;
+//! (6) replicas into slots, the slot a replica already occupies first.
+//! Each step is linear in the class's GPUs and replicas (plus sorting;
+//! step 5 is quadratic in one class's fractional GPUs at worst).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuscale_policies::{Cluster, Geometry, GpuMode, Health, Model};
 
-use crate::classes::{Class, PatternKind, SlotKind, plain_counts};
+use crate::classes::{Class, PatternKind, SlotKind, fractional_need, plain_counts};
 use crate::ilp::Counts;
 use crate::plan::{GpuPlan, Mode, ReplicaSlot};
 
@@ -30,6 +37,10 @@ pub struct Decoded {
     pub reconfigured: u32,
     /// Time-slicing `N` per node name.
     pub timeslice_nodes: BTreeMap<String, u8>,
+    /// MPS `N` per node name.
+    pub mps_nodes: BTreeMap<String, u8>,
+    /// Nodes running HAMi.
+    pub hami_nodes: BTreeSet<String>,
     next_group: u32,
 }
 
@@ -52,6 +63,17 @@ struct Assigned {
     slots: Vec<Slot>,
     /// (model, group size, group number) for whole GPUs.
     whole: Option<(usize, u32, u32)>,
+    /// Models of the replicas on a fractional GPU.
+    fractional: Vec<usize>,
+}
+
+/// What a node is designated for in a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A device-plugin config: the pattern (time-slicing or MPS) it serves.
+    Config(usize),
+    /// HAMi (fractional GPUs).
+    Hami,
 }
 
 /// Decodes one solution.
@@ -70,6 +92,7 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
         decode_class(
             cluster,
             &model_index,
+            models,
             class,
             c,
             counts,
@@ -118,11 +141,16 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
             if let Some((m, k, group)) = a.whole {
                 replicas.push((m, None, None, Some((k, group))));
             }
+            for &m in &a.fractional {
+                replicas.push((m, None, None, None));
+            }
             // Reconfiguration: the MIG or sharing configuration changes.
-            let before = config_key(gpu.mode, &gpu.geometry, node.timeslice_replicas);
+            let before = config_key(gpu.mode, &gpu.geometry, node);
             let after = match a.mode {
                 Mode::Mig => Some(format!("mig:{:?}", plain_counts(&a.geometry))),
                 Mode::Timeslice => Some(format!("share:{}", a.share.unwrap_or(0))),
+                Mode::Mps => Some(format!("mps:{}", a.share.unwrap_or(0))),
+                Mode::Fractional => Some("fractional".to_string()),
                 Mode::Whole | Mode::Idle => None,
             };
             let reconfigured = before != after;
@@ -175,7 +203,8 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
                 gpu_model: node.gpu_model.clone(),
                 mode: a.mode,
                 geometry: a.geometry.placements().to_vec(),
-                timeslice_replicas: a.share,
+                timeslice_replicas: a.share.filter(|_| a.mode == Mode::Timeslice),
+                mps_replicas: a.share.filter(|_| a.mode == Mode::Mps),
                 replicas: slots,
             });
         }
@@ -205,10 +234,12 @@ fn smallest_group(cluster: &Cluster, node: &gpuscale_policies::Node, model: &Mod
         .max(1)
 }
 
-fn config_key(mode: GpuMode, geometry: &Geometry, share: Option<u8>) -> Option<String> {
+fn config_key(mode: GpuMode, geometry: &Geometry, node: &gpuscale_policies::Node) -> Option<String> {
     match mode {
         GpuMode::Mig => Some(format!("mig:{:?}", plain_counts(geometry))),
-        GpuMode::Timeslice => Some(format!("share:{}", share.unwrap_or(0))),
+        GpuMode::Timeslice => Some(format!("share:{}", node.timeslice_replicas.unwrap_or(0))),
+        GpuMode::Mps => Some(format!("mps:{}", node.mps_replicas.unwrap_or(0))),
+        GpuMode::Fractional => Some("fractional".to_string()),
         GpuMode::Whole | GpuMode::Free => None,
     }
 }
@@ -225,13 +256,16 @@ fn idle(node: String, gpu_model: &str, gpu: &gpuscale_policies::Gpu) -> GpuPlan 
             Vec::new()
         },
         timeslice_replicas: None,
+        mps_replicas: None,
         replicas: Vec::new(),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decode_class(
     cluster: &Cluster,
     model_index: &BTreeMap<&str, usize>,
+    models: &[Model],
     class: &Class,
     c: usize,
     counts: &Counts,
@@ -248,41 +282,58 @@ fn decode_class(
     };
     let gpu_state = |ni: usize, idx: u32| &cluster.nodes[ni].gpus[idx as usize];
 
-    // (1) Nodes that time-slice: those already doing so with the same N
-    // first, then those sharing the most GPUs now.
-    let share_gpus = |n: u8| -> u32 {
+    // (1) Nodes with a device-plugin config or HAMi: those already
+    // configured the same way first, then those sharing the most GPUs now.
+    let role_now = |ni: usize| -> Option<Role> {
+        let node = &cluster.nodes[ni];
+        if node.gpus.iter().any(|x| x.mode == GpuMode::Fractional) {
+            return Some(Role::Hami);
+        }
+        let kind = match (node.timeslice_replicas, node.mps_replicas) {
+            (Some(n), _) => PatternKind::Share(n),
+            (None, Some(n)) => PatternKind::Mps(n),
+            (None, None) => return None,
+        };
         class
             .patterns
             .iter()
-            .position(|p| p.kind == PatternKind::Share(n))
-            .map(|p| counts.patterns[c][p])
-            .unwrap_or(0)
+            .position(|p| p.kind == kind)
+            .map(Role::Config)
     };
-    let share_ns: Vec<u8> = counts
-        .share_nodes
-        .range((c, 0)..=(c, u8::MAX))
-        .map(|(&(_, n), _)| n)
+    let mut roles: Vec<(Role, u32)> = class
+        .patterns
+        .iter()
+        .enumerate()
+        .filter(|(p, pattern)| pattern.kind.node_config() && counts.patterns[c][*p] > 0)
+        .map(|(p, _)| (Role::Config(p), counts.patterns[c][p]))
         .collect();
-    let mut designated: BTreeMap<usize, u8> = BTreeMap::new();
-    if !share_ns.is_empty() {
+    let fractional_gpus = counts.fractional_gpus.get(c).copied().unwrap_or(0);
+    if fractional_gpus > 0 {
+        roles.push((Role::Hami, fractional_gpus));
+    }
+    let mut designated: BTreeMap<usize, Role> = BTreeMap::new();
+    if !roles.is_empty() {
         let mut order: Vec<usize> = class.nodes.clone();
         order.sort_by_key(|&ni| {
             let node = &cluster.nodes[ni];
             let shared = node
                 .gpus
                 .iter()
-                .filter(|x| x.mode == GpuMode::Timeslice)
+                .filter(|x| {
+                    matches!(
+                        x.mode,
+                        GpuMode::Timeslice | GpuMode::Mps | GpuMode::Fractional
+                    )
+                })
                 .count();
             (std::cmp::Reverse(shared), ni)
         });
-        for &n in &share_ns {
-            let need = share_gpus(n).div_ceil(g) as usize;
+        for &(role, gpus) in &roles {
+            let need = gpus.div_ceil(g) as usize;
             let mut picked: Vec<usize> = order
                 .iter()
                 .copied()
-                .filter(|ni| {
-                    !designated.contains_key(ni) && cluster.nodes[*ni].timeslice_replicas == Some(n)
-                })
+                .filter(|ni| !designated.contains_key(ni) && role_now(*ni) == Some(role))
                 .take(need)
                 .collect();
             if picked.len() < need {
@@ -295,7 +346,7 @@ fn decode_class(
                 picked.extend(more);
             }
             for ni in picked {
-                designated.insert(ni, n);
+                designated.insert(ni, role);
             }
         }
     }
@@ -368,35 +419,47 @@ fn decode_class(
                     share: None,
                     slots: Vec::new(),
                     whole: Some((m, k, out.next_group)),
+                    fractional: Vec::new(),
                 },
             );
         }
     }
 
-    // (3) Time-sliced GPUs on their nodes.
-    let share_gpu = |n: u8| Assigned {
-        mode: Mode::Timeslice,
-        geometry: Geometry::default(),
-        share: Some(n),
-        slots: (0..n)
-            .map(|_| Slot {
-                kind: SlotKind::Share(n),
-                start: None,
-                profile: None,
-                model: None,
-            })
-            .collect(),
-        whole: None,
+    // (3) Time-sliced and MPS GPUs on their nodes.
+    let config_gpu = |p: usize| {
+        let (mode, slot, n) = match class.patterns[p].kind {
+            PatternKind::Share(n) => (Mode::Timeslice, SlotKind::Share(n), n),
+            PatternKind::Mps(n) => (Mode::Mps, SlotKind::Mps(n), n),
+            PatternKind::Mig(_) => unreachable!("config roles are time-slicing or MPS"),
+        };
+        Assigned {
+            mode,
+            geometry: Geometry::default(),
+            share: Some(n),
+            slots: (0..n)
+                .map(|_| Slot {
+                    kind: slot.clone(),
+                    start: None,
+                    profile: None,
+                    model: None,
+                })
+                .collect(),
+            whole: None,
+            fractional: Vec::new(),
+        }
     };
-    for &n in &share_ns {
-        let mut need = share_gpus(n);
+    for &(role, gpus) in &roles {
+        let Role::Config(p) = role else {
+            continue;
+        };
+        let mut need = gpus;
         let mut nodes: Vec<usize> = designated
             .iter()
-            .filter(|&(_, &dn)| dn == n)
+            .filter(|&(_, &r)| r == role)
             .map(|(&ni, _)| ni)
             .collect();
         // Whole GPUs may have crowded the chosen nodes: then also nodes
-        // with no whole GPU and no other N.
+        // with no whole GPU and no other role.
         let spare: Vec<usize> = class
             .nodes
             .iter()
@@ -411,6 +474,10 @@ fn decode_class(
             })
             .collect();
         nodes.extend(spare);
+        let shared_now = match class.patterns[p].kind {
+            PatternKind::Mps(_) => GpuMode::Mps,
+            _ => GpuMode::Timeslice,
+        };
         for ni in nodes {
             if need == 0 {
                 break;
@@ -418,25 +485,36 @@ fn decode_class(
             let mut free: Vec<u32> = healthy(ni)
                 .filter(|&i| !assigned.contains_key(&(ni, i)))
                 .collect();
-            free.sort_by_key(|&i| (gpu_state(ni, i).mode != GpuMode::Timeslice, i));
+            free.sort_by_key(|&i| (gpu_state(ni, i).mode != shared_now, i));
             for i in free.into_iter().take(need as usize) {
                 need -= 1;
-                assigned.insert((ni, i), share_gpu(n));
-                designated.insert(ni, n);
+                assigned.insert((ni, i), config_gpu(p));
+                designated.insert(ni, role);
                 free_gpus.remove(&ni);
             }
         }
     }
 
-    for (&ni, &n) in &designated {
+    for (&ni, &role) in &designated {
+        let Role::Config(p) = role else {
+            continue;
+        };
         let shares = healthy(ni).any(|i| {
             assigned
                 .get(&(ni, i))
-                .is_some_and(|a| a.mode == Mode::Timeslice)
+                .is_some_and(|a| matches!(a.mode, Mode::Timeslice | Mode::Mps))
         });
         if shares {
-            out.timeslice_nodes
-                .insert(cluster.nodes[ni].name.clone(), n);
+            let name = cluster.nodes[ni].name.clone();
+            match class.patterns[p].kind {
+                PatternKind::Share(n) => {
+                    out.timeslice_nodes.insert(name, n);
+                }
+                PatternKind::Mps(n) => {
+                    out.mps_nodes.insert(name, n);
+                }
+                PatternKind::Mig(_) => {}
+            }
         }
     }
 
@@ -444,7 +522,12 @@ fn decode_class(
     // running nothing, then the rest.
     let mut same_geometry: BTreeMap<BTreeMap<String, u32>, Vec<(usize, u32)>> = BTreeMap::new();
     let mut rest: Vec<(usize, u32)> = Vec::new();
-    for &ni in &class.nodes {
+    let no_mig = |ni: &usize| match designated.get(ni) {
+        Some(Role::Hami) => true,
+        Some(Role::Config(p)) => matches!(class.patterns[*p].kind, PatternKind::Mps(_)),
+        None => false,
+    };
+    for &ni in class.nodes.iter().filter(|ni| !no_mig(ni)) {
         for i in healthy(ni) {
             if assigned.contains_key(&(ni, i)) {
                 continue;
@@ -511,12 +594,37 @@ fn decode_class(
                     share: None,
                     slots,
                     whole: None,
+                    fractional: Vec::new(),
                 },
             );
         }
     }
 
-    // (5) Replicas into slots: where the model runs now first.
+    // (5) Fractional GPUs on HAMi nodes.
+    fractional_gpus_of_class(
+        cluster,
+        model_index,
+        models,
+        class,
+        c,
+        counts,
+        &mut designated,
+        assigned,
+        out,
+    );
+    for (&ni, &role) in &designated {
+        if role == Role::Hami
+            && healthy(ni).any(|i| {
+                assigned
+                    .get(&(ni, i))
+                    .is_some_and(|a| a.mode == Mode::Fractional)
+            })
+        {
+            out.hami_nodes.insert(cluster.nodes[ni].name.clone());
+        }
+    }
+
+    // (6) Replicas into slots: where the model runs now first.
     let class_gpus: Vec<(usize, u32)> = class
         .nodes
         .iter()
@@ -589,8 +697,180 @@ fn decode_class(
     // GPUs that ended with no replica are idle after all.
     for key in class_gpus {
         let a = &assigned[&key];
-        if a.whole.is_none() && a.slots.iter().all(|s| s.model.is_none()) {
+        if a.whole.is_none() && a.fractional.is_empty() && a.slots.iter().all(|s| s.model.is_none()) {
             assigned.remove(&key);
+        }
+    }
+}
+
+/// Step (5) of [`decode_class`]: the class's fractional replicas onto
+/// concrete GPUs of HAMi nodes.
+#[allow(clippy::too_many_arguments)]
+fn fractional_gpus_of_class(
+    cluster: &Cluster,
+    model_index: &BTreeMap<&str, usize>,
+    models: &[Model],
+    class: &Class,
+    c: usize,
+    counts: &Counts,
+    designated: &mut BTreeMap<usize, Role>,
+    assigned: &mut BTreeMap<(usize, u32), Assigned>,
+    out: &mut Decoded,
+) {
+    let Some(cap) = class.fractional else {
+        return;
+    };
+    let mut left: BTreeMap<usize, u32> = counts
+        .fractional
+        .range((c, 0)..(c + 1, 0))
+        .map(|(&(_, m), &n)| (m, n))
+        .collect();
+    if left.values().all(|&n| n == 0) {
+        return;
+    }
+    let need = |m: usize| fractional_need(&models[m], class.compute);
+    // An open GPU: (key, MiB left, SM percent left, models on it).
+    struct Open {
+        key: (usize, u32),
+        mib: u32,
+        pct: u32,
+        models: Vec<usize>,
+    }
+    let mut open: Vec<Open> = Vec::new();
+    let free_on = |ni: usize, assigned: &BTreeMap<(usize, u32), Assigned>| -> Vec<u32> {
+        let mut free: Vec<u32> = cluster.nodes[ni]
+            .gpus
+            .iter()
+            .filter(|x| x.health == Health::Healthy && !assigned.contains_key(&(ni, x.index)))
+            .map(|x| x.index)
+            .collect();
+        let state = |i: u32| &cluster.nodes[ni].gpus[i as usize];
+        free.sort_by_key(|&i| {
+            (
+                state(i).mode != GpuMode::Fractional,
+                !state(i).workloads.is_empty(),
+                i,
+            )
+        });
+        free
+    };
+    let hami: Vec<usize> = designated
+        .iter()
+        .filter(|&(_, &r)| r == Role::Hami)
+        .map(|(&ni, _)| ni)
+        .collect();
+    // Replicas already on a fractional GPU of a HAMi node stay there.
+    for &ni in &hami {
+        for i in free_on(ni, assigned) {
+            let state = &cluster.nodes[ni].gpus[i as usize];
+            if state.mode != GpuMode::Fractional {
+                continue;
+            }
+            let mut gpu = Open {
+                key: (ni, i),
+                mib: cap.memory_mib,
+                pct: cap.cores,
+                models: Vec::new(),
+            };
+            for w in &state.workloads {
+                let Some(&m) = model_index.get(w.model.as_str()) else {
+                    continue;
+                };
+                let (mib, pct) = need(m);
+                if let Some(n) = left.get_mut(&m)
+                    && *n > 0
+                    && mib <= gpu.mib
+                    && pct <= gpu.pct
+                {
+                    *n -= 1;
+                    gpu.mib -= mib;
+                    gpu.pct -= pct;
+                    gpu.models.push(m);
+                }
+            }
+            if !gpu.models.is_empty() {
+                assigned.insert(gpu.key, fractional_gpu(Vec::new()));
+                open.push(gpu);
+            }
+        }
+    }
+    // The rest, largest share first, first fit onto open GPUs, opening
+    // GPUs on HAMi nodes and then on free nodes as needed.
+    let mut rest: Vec<usize> = left
+        .iter()
+        .flat_map(|(&m, &n)| std::iter::repeat_n(m, n as usize))
+        .collect();
+    let share = |m: usize| {
+        let (mib, pct) = need(m);
+        (f64::from(mib) / f64::from(cap.memory_mib)).max(f64::from(pct) / f64::from(cap.cores))
+    };
+    rest.sort_by(|&a, &b| share(b).total_cmp(&share(a)).then(a.cmp(&b)));
+    let mut hami = hami;
+    let mut cursor = 0;
+    for m in rest {
+        let (mib, pct) = need(m);
+        if let Some(gpu) = open.iter_mut().find(|o| o.mib >= mib && o.pct >= pct) {
+            gpu.mib -= mib;
+            gpu.pct -= pct;
+            gpu.models.push(m);
+            continue;
+        }
+        let mut key = None;
+        loop {
+            if cursor < hami.len() {
+                match free_on(hami[cursor], assigned).first() {
+                    Some(&i) => {
+                        key = Some((hami[cursor], i));
+                        break;
+                    }
+                    None => {
+                        cursor += 1;
+                        continue;
+                    }
+                }
+            }
+            // A node with nothing assigned becomes a HAMi node.
+            let spare = class.nodes.iter().copied().find(|&ni| {
+                !designated.contains_key(&ni)
+                    && !cluster.nodes[ni]
+                        .gpus
+                        .iter()
+                        .any(|x| assigned.contains_key(&(ni, x.index)))
+            });
+            match spare {
+                Some(ni) => {
+                    designated.insert(ni, Role::Hami);
+                    hami.push(ni);
+                }
+                None => break,
+            }
+        }
+        match key {
+            Some(key) => {
+                // Reserved now so later openings skip it; filled below.
+                assigned.insert(key, fractional_gpu(Vec::new()));
+                open.push(Open {
+                    key,
+                    mib: cap.memory_mib - mib,
+                    pct: cap.cores - pct,
+                    models: vec![m],
+                });
+            }
+            None => out.failed[m] += 1,
+        }
+    }
+    for gpu in open {
+        assigned.insert(gpu.key, fractional_gpu(gpu.models));
+    }
+
+    fn fractional_gpu(models: Vec<usize>) -> Assigned {
+        Assigned {
+            mode: Mode::Fractional,
+            geometry: Geometry::default(),
+            share: None,
+            slots: Vec::new(),
+            whole: None,
+            fractional: models,
         }
     }
 }

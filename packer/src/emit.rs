@@ -1,9 +1,12 @@
 //! The artefacts NVIDIA's tools consume, generated from a [`Plan`]: the
 //! mig-parted configuration (selected per node by the `nvidia.com/mig.config`
-//! label), the device plugin's time-slicing configurations (selected by
-//! `nvidia.com/device-plugin.config`), the node labels, and per-variant
-//! resource snippets for pod templates. Pure: it returns text; the caller
-//! writes files.
+//! label), the device plugin's time-slicing and MPS configurations
+//! (selected by `nvidia.com/device-plugin.config`), the node labels (HAMi
+//! nodes: `gpu: "on"` for HAMi's device plugin, and the GPU Operator's
+//! device plugin switched off there), and per-variant resource snippets
+//! for pod templates (fractional variants: HAMi's `nvidia.com/gpumem` and
+//! `nvidia.com/gpucores`, and its annotations). Pure: it returns text; the
+//! caller writes files.
 //!
 //! mig-parted applies a geometry by profile counts per device; the driver
 //! picks start slots. The plan's start slots are valid placements (so the
@@ -171,6 +174,76 @@ pub fn device_plugin_config_name(n: Option<u8>) -> String {
     n.map_or_else(|| "default".to_string(), |n| format!("timeslice-{n}"))
 }
 
+/// The device plugin's configuration for a node sharing its GPUs through
+/// MPS into `n` partitions (device plugin v0.15+; MPS does not run on MIG
+/// devices, so `migStrategy: none`).
+pub fn mps_config(n: u8) -> serde_json::Value {
+    serde_json::json!({
+        "version": "v1",
+        "flags": {"migStrategy": "none"},
+        "sharing": {
+            "mps": {
+                "renameByDefault": true,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": n}],
+            }
+        },
+    })
+}
+
+/// Name of the MPS device-plugin config (`mps-N`).
+pub fn mps_config_name(n: u8) -> String {
+    format!("mps-{n}")
+}
+
+/// The device-plugin config a node's label names.
+pub fn node_config_name(node: &crate::plan::NodePlan) -> String {
+    match node.mps_replicas {
+        Some(n) => mps_config_name(n),
+        None => device_plugin_config_name(node.timeslice_replicas),
+    }
+}
+
+/// HAMi's per-container memory limit resource (MiB).
+pub const HAMI_MEMORY: &str = "nvidia.com/gpumem";
+/// HAMi's per-container SM percentage resource.
+pub const HAMI_CORES: &str = "nvidia.com/gpucores";
+/// The node label HAMi's device plugin and scheduler select (`gpu: on`).
+pub const HAMI_NODE_LABEL: (&str, &str) = ("gpu", "on");
+/// The GPU Operator's label that keeps its device plugin off a node (HAMi's
+/// serves the node's GPUs instead).
+pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
+/// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
+pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
+/// HAMi's annotation choosing how it picks a GPU on a node.
+pub const HAMI_GPU_POLICY: &str = "hami.io/gpu-scheduler-policy";
+
+/// A fractional variant's pod annotations: bin-pack (fill the GPUs in use
+/// before opening another, as the plan did) and, when the inventory knows
+/// the UUID of every GPU the variant's replicas are on, those GPUs: HAMi
+/// then places each pod only there, and its own accounting of `gpumem` and
+/// `gpucores` per GPU keeps any assignment within the limits.
+pub fn hami_annotations(
+    cluster: &gpuscale_policies::Cluster,
+    on: &std::collections::BTreeSet<(&str, u32)>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([(HAMI_GPU_POLICY.to_string(), "binpack".to_string())]);
+    let uuids: Option<Vec<&str>> = on
+        .iter()
+        .map(|&(node, index)| {
+            cluster
+                .nodes
+                .iter()
+                .find(|n| n.name == node)
+                .and_then(|n| n.gpus.get(index as usize))
+                .and_then(|g| g.uuid.as_deref())
+        })
+        .collect();
+    if let Some(uuids) = uuids {
+        out.insert(HAMI_USE_UUID.to_string(), uuids.join(","));
+    }
+    out
+}
+
 /// Every file `plan --emit DIR` writes: (relative path, contents).
 pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
     let mut out = Vec::new();
@@ -193,17 +266,30 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
     ));
 
     let mut shares: Vec<Option<u8>> = vec![None];
+    let mut mps: Vec<u8> = Vec::new();
     for n in &plan.nodes {
         if !shares.contains(&n.timeslice_replicas) {
             shares.push(n.timeslice_replicas);
         }
+        if let Some(k) = n.mps_replicas
+            && !mps.contains(&k)
+        {
+            mps.push(k);
+        }
     }
     shares.sort();
+    mps.sort();
     let mut data = serde_json::Map::new();
     for n in &shares {
         data.insert(
             device_plugin_config_name(*n),
             serde_json::Value::String(serde_yaml_ng::to_string(&device_plugin_config(*n))?),
+        );
+    }
+    for &n in &mps {
+        data.insert(
+            mps_config_name(n),
+            serde_json::Value::String(serde_yaml_ng::to_string(&mps_config(n))?),
         );
     }
     let dp = serde_json::json!({
@@ -221,16 +307,15 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
         .nodes
         .iter()
         .map(|n| {
-            (
-                n.name.as_str(),
-                BTreeMap::from([
-                    ("nvidia.com/mig.config", n.mig_config.clone()),
-                    (
-                        DEVICE_PLUGIN_CONFIG_LABEL,
-                        device_plugin_config_name(n.timeslice_replicas),
-                    ),
-                ]),
-            )
+            let mut labels = BTreeMap::from([
+                ("nvidia.com/mig.config", n.mig_config.clone()),
+                (DEVICE_PLUGIN_CONFIG_LABEL, node_config_name(n)),
+            ]);
+            if n.hami {
+                labels.insert(HAMI_NODE_LABEL.0, HAMI_NODE_LABEL.1.to_string());
+                labels.insert(OPERATOR_DEVICE_PLUGIN_LABEL, "false".to_string());
+            }
+            (n.name.as_str(), labels)
         })
         .collect();
     out.push((
@@ -240,13 +325,16 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
 
     for m in &plan.models {
         for v in &m.variants {
-            let snippet = serde_json::json!({
+            let mut snippet = serde_json::json!({
                 "variant": v.name,
                 "model": m.name,
                 "replicas": v.replicas,
                 "nodeSelector": v.node_selector,
                 "resources": {"limits": v.resources},
             });
+            if !v.annotations.is_empty() {
+                snippet["annotations"] = serde_json::json!(v.annotations);
+            }
             out.push((
                 format!("variants/{}.yaml", v.name),
                 serde_yaml_ng::to_string(&snippet)?,

@@ -7,16 +7,26 @@
 //! - `n[c,p]` GPUs of class `c` configured as pattern `p`;
 //! - `x[c,m,t]` replicas of `m` on slots of type `t` in `c`;
 //! - `w[c,m,k]` tensor-parallel groups of `k` whole GPUs for `m` in `c`;
-//! - `u[c,N]` nodes of `c` whose device plugin time-slices into `N`;
+//! - `u[c,q]` nodes of `c` whose device-plugin config is `q` (time-slicing
+//!   or MPS into `N`; one per node);
+//! - `f[c]` fractional (HAMi) GPUs of `c`, `h[c]` nodes of `c` running
+//!   HAMi, `y[c,m]` replicas of `m` on fractional GPUs of `c`;
 //! - `s[m]` replicas of `m` left unplaced.
 //!
 //! Constraints, one function each:
-//! - [`capacity`]: `Σp n[c,p] + Σm,k k·w[c,m,k] ≤ healthy GPUs of c`;
+//! - [`capacity`]: `Σp n[c,p] + f[c] + Σm,k k·w[c,m,k] ≤ healthy GPUs of c`;
 //! - [`slots`]: `Σm x[c,m,t] ≤ Σp slots(p,t)·n[c,p]`;
-//! - [`demand`]: `Σc,t x[c,m,t] + Σc,k w[c,m,k] + s[m] = D[m]`;
-//! - [`timeslice_nodes`]: `Σ_N u[c,N] ≤ nodes(c)`, `n[c,Share N] ≤ G·u[c,N]`
-//!   and `Σ k·w[c,m,k] ≤ G·(nodes(c) − Σ_N u[c,N])` (one replica count per
-//!   node; no whole GPU on a time-slicing node);
+//! - [`fractional`]: `Σm MiB[m]·y[c,m] ≤ MiB(c)·f[c]`, the same for SM
+//!   percent, and `Σ y[c,m] over replicas larger than half a GPU ≤ f[c]`
+//!   (two of them never share one) — aggregate capacity: a valid
+//!   relaxation of packing the replicas onto `f[c]` GPUs, which decode
+//!   then does (first fit decreasing, more GPUs if it must);
+//! - [`demand`]: `Σc,t x[c,m,t] + Σc y[c,m] + Σc,k w[c,m,k] + s[m] = D[m]`;
+//! - [`node_configs`]: `Σ_q u[c,q] + h[c] ≤ nodes(c)`, `n[c,q] ≤ G·u[c,q]`,
+//!   `f[c] ≤ G·h[c]`, `Σ k·w[c,m,k] ≤ G·(nodes(c) − Σ_q u[c,q] − h[c])`
+//!   (one device-plugin config per node; no whole GPU on a node that
+//!   shares), and MIG, time-sliced and whole GPUs together `≤ G·(nodes(c)
+//!   − Σ u[c,MPS] − h[c])` (MPS and HAMi nodes run no MIG);
 //! - [`tensor_parallel_fit`]: for `k` that does not divide `G`,
 //!   `Σm w[c,m,k] ≤ nodes(c)·⌊G/k⌋`.
 //!
@@ -37,7 +47,7 @@ use good_lp::{
 };
 use gpuscale_policies::{Model, Priority};
 
-use crate::classes::{Class, PatternKind, fits_slot, whole_degrees};
+use crate::classes::{Class, PatternKind, fits_fractional, fits_slot, fractional_need, whole_degrees};
 use crate::{PackError, PackOptions};
 
 /// The variables of one formulation.
@@ -45,7 +55,9 @@ struct Vars {
     n: Vec<Vec<Variable>>,
     x: Vec<(usize, usize, usize, Variable)>,
     w: Vec<(usize, usize, u32, Variable)>,
-    u: Vec<(usize, u8, Variable)>,
+    u: Vec<(usize, usize, Variable)>,
+    f: Vec<Option<(Variable, Variable)>>,
+    y: Vec<(usize, usize, Variable)>,
     s: Vec<Variable>,
 }
 
@@ -58,8 +70,13 @@ pub struct Counts {
     pub slots: BTreeMap<(usize, usize, usize), u32>,
     /// Tensor-parallel groups per (class, model, k).
     pub whole: BTreeMap<(usize, usize, u32), u32>,
-    /// Time-slicing nodes per (class, N).
-    pub share_nodes: BTreeMap<(usize, u8), u32>,
+    /// Nodes per (class, pattern) for patterns that need a device-plugin
+    /// config (time-slicing or MPS).
+    pub config_nodes: BTreeMap<(usize, usize), u32>,
+    /// Fractional GPUs per class.
+    pub fractional_gpus: Vec<u32>,
+    /// Fractional replicas per (class, model).
+    pub fractional: BTreeMap<(usize, usize), u32>,
     /// Unplaced replicas per model.
     pub unplaced: Vec<u32>,
 }
@@ -109,6 +126,8 @@ fn build_vars(
         x: Vec::new(),
         w: Vec::new(),
         u: Vec::new(),
+        f: Vec::new(),
+        y: Vec::new(),
         s: Vec::new(),
     };
     for (c, class) in classes.iter().enumerate() {
@@ -135,10 +154,24 @@ fn build_vars(
                 v.w.push((c, m, k, var));
             }
         }
-        for p in &class.patterns {
-            if let PatternKind::Share(n) = p.kind {
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            if pattern.kind.node_config() {
                 let var = vars.add(int(variable().min(0).max(class.nodes.len() as f64)));
-                v.u.push((c, n, var));
+                v.u.push((c, p, var));
+            }
+        }
+        let fractional_models: Vec<usize> = (0..models.len())
+            .filter(|&m| demand[m] > 0 && fits_fractional(&models[m], class))
+            .collect();
+        if fractional_models.is_empty() {
+            v.f.push(None);
+        } else {
+            let f = vars.add(int(variable().min(0).max(healthy)));
+            let h = vars.add(int(variable().min(0).max(class.nodes.len() as f64)));
+            v.f.push(Some((f, h)));
+            for m in fractional_models {
+                let var = vars.add(int(variable().min(0).max(f64::from(demand[m]))));
+                v.y.push((c, m, var));
             }
         }
     }
@@ -153,6 +186,9 @@ fn gpus_expr(v: &Vars, c: usize) -> Expression {
     let mut e = Expression::with_capacity(v.n[c].len() + 8);
     for &var in &v.n[c] {
         e.add_mul(1.0, var);
+    }
+    if let Some((f, _)) = v.f[c] {
+        e.add_mul(1.0, f);
     }
     for &(cc, _, k, var) in &v.w {
         if cc == c {
@@ -217,31 +253,77 @@ fn demand(v: &Vars, demand: &[u32]) -> Vec<Constraint> {
                     e.add_mul(1.0, var);
                 }
             }
+            for &(_, mm, var) in &v.y {
+                if mm == m {
+                    e.add_mul(1.0, var);
+                }
+            }
             e.eq(f64::from(d))
         })
         .collect()
 }
 
-/// One replica count per node, and no whole GPU on a time-slicing node.
-fn timeslice_nodes(v: &Vars, classes: &[Class]) -> Vec<Constraint> {
+/// Aggregate memory and SM capacity of each class's fractional GPUs, and
+/// at most one replica larger than half a GPU on each.
+fn fractional(v: &Vars, classes: &[Class], models: &[Model]) -> Vec<Constraint> {
+    let mut out = Vec::new();
+    for (c, class) in classes.iter().enumerate() {
+        let (Some((f, _)), Some(cap)) = (v.f[c], class.fractional) else {
+            continue;
+        };
+        let mut memory = Expression::with_capacity(16);
+        let mut cores = Expression::with_capacity(16);
+        let mut big = Expression::with_capacity(16);
+        for &(cc, m, var) in &v.y {
+            if cc != c {
+                continue;
+            }
+            let (mib, pct) = fractional_need(&models[m], class.compute);
+            // GiB and fractions of a GPU keep the coefficients near 1.
+            memory.add_mul(f64::from(mib) / 1024.0, var);
+            cores.add_mul(f64::from(pct) / 100.0, var);
+            if 2 * mib > cap.memory_mib || 2 * pct > cap.cores {
+                big.add_mul(1.0, var);
+            }
+        }
+        memory.add_mul(-f64::from(cap.memory_mib) / 1024.0, f);
+        cores.add_mul(-f64::from(cap.cores) / 100.0, f);
+        big.add_mul(-1.0, f);
+        out.push(memory.leq(0.0));
+        out.push(cores.leq(0.0));
+        out.push(big.leq(0.0));
+    }
+    out
+}
+
+/// One device-plugin config per node; no whole GPU on a node that shares;
+/// no MIG on MPS or HAMi nodes.
+fn node_configs(v: &Vars, classes: &[Class]) -> Vec<Constraint> {
     let mut out = Vec::new();
     for (c, class) in classes.iter().enumerate() {
         let g = f64::from(class.gpus_per_node);
         let nodes = class.nodes.len() as f64;
-        let mut all_u = Expression::with_capacity(8);
-        for &(cc, n, u) in &v.u {
+        let mut configured = Expression::with_capacity(8);
+        let mut no_mig = Expression::with_capacity(8);
+        for &(cc, p, u) in &v.u {
             if cc != c {
                 continue;
             }
-            all_u.add_mul(1.0, u);
-            let p = class
-                .patterns
-                .iter()
-                .position(|p| p.kind == PatternKind::Share(n))
-                .expect("u exists only for share patterns");
+            configured.add_mul(1.0, u);
+            if matches!(class.patterns[p].kind, PatternKind::Mps(_)) {
+                no_mig.add_mul(1.0, u);
+            }
             let mut e = Expression::with_capacity(2);
             e.add_mul(1.0, v.n[c][p]);
             e.add_mul(-g, u);
+            out.push(e.leq(0.0));
+        }
+        if let Some((f, h)) = v.f[c] {
+            configured.add_mul(1.0, h);
+            no_mig.add_mul(1.0, h);
+            let mut e = Expression::with_capacity(2);
+            e.add_mul(1.0, f);
+            e.add_mul(-g, h);
             out.push(e.leq(0.0));
         }
         let mut whole = Expression::with_capacity(8);
@@ -250,10 +332,18 @@ fn timeslice_nodes(v: &Vars, classes: &[Class]) -> Vec<Constraint> {
                 whole.add_mul(f64::from(k), var);
             }
         }
-        let mut whole_room = whole;
-        whole_room.add_mul(g, all_u.clone());
+        let mut whole_room = whole.clone();
+        whole_room.add_mul(g, configured.clone());
         out.push(whole_room.leq(g * nodes));
-        out.push(all_u.leq(nodes));
+        out.push(configured.leq(nodes));
+        let mut mig_room = whole;
+        for (p, pattern) in class.patterns.iter().enumerate() {
+            if matches!(pattern.kind, PatternKind::Mig(_) | PatternKind::Share(_)) {
+                mig_room.add_mul(1.0, v.n[c][p]);
+            }
+        }
+        mig_room.add_mul(g, no_mig);
+        out.push(mig_room.leq(g * nodes));
     }
     out
 }
@@ -307,11 +397,17 @@ fn gpu_count_expr(v: &Vars, classes: &[Class], models: &[Model]) -> Expression {
     e
 }
 
-fn all_constraints(v: &Vars, classes: &[Class], demand_: &[u32]) -> Vec<Constraint> {
+fn all_constraints(
+    v: &Vars,
+    classes: &[Class],
+    models: &[Model],
+    demand_: &[u32],
+) -> Vec<Constraint> {
     let mut out = capacity(v, classes);
     out.extend(slots(v, classes));
+    out.extend(fractional(v, classes, models));
     out.extend(demand(v, demand_));
-    out.extend(timeslice_nodes(v, classes));
+    out.extend(node_configs(v, classes));
     out.extend(tensor_parallel_fit(v, classes));
     out
 }
@@ -321,6 +417,8 @@ struct Relaxed {
     n: Vec<Vec<f64>>,
     x: BTreeMap<(usize, usize, usize), f64>,
     w: BTreeMap<(usize, usize, u32), f64>,
+    f: Vec<f64>,
+    y: BTreeMap<(usize, usize), f64>,
 }
 
 fn lp_value(
@@ -333,7 +431,7 @@ fn lp_value(
     let v = build_vars(&mut vars, classes, models, demand_, false);
     let obj = objective(&v, classes, models);
     let mut problem = vars.minimise(obj).using(highs);
-    for c in all_constraints(&v, classes, demand_) {
+    for c in all_constraints(&v, classes, models, demand_) {
         problem.add_constraint(c);
     }
     let sol = problem
@@ -356,6 +454,14 @@ fn lp_value(
             .iter()
             .map(|&(c, m, k, var)| ((c, m, k), sol.value(var)))
             .collect(),
+        f: v.f
+            .iter()
+            .map(|f| f.map_or(0.0, |(f, _)| sol.value(f)))
+            .collect(),
+        y: v.y
+            .iter()
+            .map(|&(c, m, var)| ((c, m), sol.value(var)))
+            .collect(),
     };
     Ok((cost, gpus, relaxed))
 }
@@ -374,10 +480,18 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
             .iter()
             .map(|ns| ns.iter().map(|&v| up(v)).collect())
             .collect(),
+        fractional_gpus: r.f.iter().map(|&v| up(v)).collect(),
         unplaced: vec![0; models.len()],
         ..Counts::default()
     };
     let mut remaining: Vec<u32> = demand_.to_vec();
+    for (&key, &v) in &r.y {
+        let k = down(v).min(remaining[key.1]);
+        if k > 0 {
+            counts.fractional.insert(key, k);
+            remaining[key.1] -= k;
+        }
+    }
     for (&key, &v) in &r.x {
         let k = down(v).min(remaining[key.1]);
         if k > 0 {
@@ -395,6 +509,7 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     let mut used: Vec<u32> = (0..classes.len())
         .map(|c| {
             counts.patterns[c].iter().sum::<u32>()
+                + counts.fractional_gpus[c]
                 + counts
                     .whole
                     .iter()
@@ -417,6 +532,21 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     // Rounding patterns up can overrun a class: take back the GPUs rounded
     // up least, and the replicas their slots held go back to the greedy.
     for (c, class) in classes.iter().enumerate() {
+        // Fractional GPUs rounded up first go back while they overrun.
+        while used[c] > class.healthy_gpus() && counts.fractional_gpus[c] > 0 {
+            counts.fractional_gpus[c] -= 1;
+            used[c] -= 1;
+            while !fractional_fits(class, c, models, &counts) {
+                let (&key, _) = counts
+                    .fractional
+                    .iter()
+                    .filter(|&(&(cc, _), &n)| cc == c && n > 0)
+                    .max_by_key(|&(_, &n)| n)?;
+                *counts.fractional.get_mut(&key).expect("found above") -= 1;
+                remaining[key.1] += 1;
+            }
+        }
+        counts.fractional.retain(|_, n| *n > 0);
         while used[c] > class.healthy_gpus() {
             let p = (0..class.patterns.len())
                 .filter(|&p| counts.patterns[c][p] > 0)
@@ -445,7 +575,7 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     counts.slots.retain(|_, n| *n > 0);
     // Whole GPUs where time-slicing nodes need the room go back too.
     for (c, class) in classes.iter().enumerate() {
-        while !node_ok(class, c, &counts, 0) {
+        while !node_ok(class, c, &counts, Extra::default()) {
             let (&key, _) = counts
                 .whole
                 .iter()
@@ -498,6 +628,21 @@ fn complete(
                 remaining[m] -= 1;
                 continue;
             }
+            // Room on a fractional GPU already counted, cheapest class.
+            let room = (0..classes.len())
+                .filter(|&c| fits_fractional(&models[m], &classes[c]))
+                .filter(|&c| {
+                    *counts.fractional.entry((c, m)).or_insert(0) += 1;
+                    let fits = fractional_fits(&classes[c], c, models, &counts);
+                    *counts.fractional.get_mut(&(c, m)).expect("inserted above") -= 1;
+                    fits
+                })
+                .min_by(|&a, &b| classes[a].price.total_cmp(&classes[b].price));
+            if let Some(c) = room {
+                *counts.fractional.entry((c, m)).or_insert(0) += 1;
+                remaining[m] -= 1;
+                continue;
+            }
             // Whole GPUs, cheapest.
             let whole = classes
                 .iter()
@@ -508,7 +653,8 @@ fn complete(
                         .map(move |k| (c, k))
                 })
                 .filter(|&(c, k)| {
-                    used[c] + k <= classes[c].healthy_gpus() && node_ok(&classes[c], c, &counts, k)
+                    used[c] + k <= classes[c].healthy_gpus()
+                        && node_ok(&classes[c], c, &counts, Extra::whole(k))
                 })
                 .min_by(|a, b| {
                     (classes[a.0].price * f64::from(a.1))
@@ -520,47 +666,50 @@ fn complete(
                 remaining[m] -= 1;
                 continue;
             }
-            // A newly configured GPU whose pattern has the most fitting slots.
-            let pattern = classes
-                .iter()
-                .enumerate()
-                .filter(|&(c, class)| used[c] < class.healthy_gpus())
-                .flat_map(|(c, class)| {
-                    class.patterns.iter().enumerate().map(move |(p, pattern)| {
-                        let fitting: u32 = pattern
-                            .slots
-                            .iter()
-                            .filter(|&&(t, _)| fits_slot(&models[m], class, &class.slot_types[t]))
-                            .map(|&(_, k)| k)
-                            .sum();
-                        (c, p, fitting)
-                    })
-                })
-                .filter(|&(_, _, f)| f > 0)
-                .filter(|&(c, p, _)| {
-                    // One more time-sliced GPU may need one more node.
-                    let class = &classes[c];
-                    let PatternKind::Share(_) = class.patterns[p].kind else {
-                        return true;
-                    };
-                    let g = class.gpus_per_node.max(1);
-                    let n = counts.patterns[c][p];
-                    let extra_node = (n + 1).div_ceil(g) > n.div_ceil(g);
-                    let (shared, whole) = node_use(class, c, &counts);
-                    let nodes = class.nodes.len() as u32;
-                    !extra_node || (shared < nodes && whole <= g * (nodes - shared - 1))
-                })
-                .max_by(|a, b| {
-                    a.2.cmp(&b.2)
-                        .then(classes[b.0].price.total_cmp(&classes[a.0].price))
-                });
-            match pattern {
-                Some((c, p, _)) => {
+            // A newly configured GPU: the pattern with the most fitting
+            // slots (a fractional GPU counts as many as the replica's
+            // share of it allows).
+            let mut best: Option<(usize, Option<usize>, u32)> = None;
+            for (c, class) in classes.iter().enumerate() {
+                if used[c] >= class.healthy_gpus() {
+                    continue;
+                }
+                for (p, pattern) in class.patterns.iter().enumerate() {
+                    let fitting: u32 = pattern
+                        .slots
+                        .iter()
+                        .filter(|&&(t, _)| fits_slot(&models[m], class, &class.slot_types[t]))
+                        .map(|&(_, k)| k)
+                        .sum();
+                    if fitting > 0
+                        && node_ok(class, c, &counts, Extra::pattern(p))
+                        && better(classes, best, (c, fitting))
+                    {
+                        best = Some((c, Some(p), fitting));
+                    }
+                }
+                if fits_fractional(&models[m], class)
+                    && let Some(cap) = class.fractional
+                    && node_ok(class, c, &counts, Extra::fractional())
+                {
+                    let (mib, pct) = fractional_need(&models[m], class.compute);
+                    let fitting = (cap.memory_mib / mib).min(cap.cores / pct).max(1);
+                    if better(classes, best, (c, fitting)) {
+                        best = Some((c, None, fitting));
+                    }
+                }
+            }
+            match best {
+                Some((c, Some(p), _)) => {
                     used[c] += 1;
                     counts.patterns[c][p] += 1;
                     for &(t, k) in &classes[c].patterns[p].slots {
                         *spare.entry((c, t)).or_insert(0) += i64::from(k);
                     }
+                }
+                Some((c, None, _)) => {
+                    used[c] += 1;
+                    counts.fractional_gpus[c] += 1;
                 }
                 None => {
                     counts.unplaced[m] += remaining[m];
@@ -653,18 +802,30 @@ fn complete(
             }
         }
     }
-    // Node-level rules: one N per time-slicing node, no whole GPU there.
+    // Fractional GPUs the replicas do not need.
+    for (c, class) in classes.iter().enumerate() {
+        while counts.fractional_gpus[c] > 0 {
+            counts.fractional_gpus[c] -= 1;
+            if !fractional_fits(class, c, models, &counts) {
+                counts.fractional_gpus[c] += 1;
+                break;
+            }
+        }
+    }
+    counts.fractional.retain(|_, n| *n > 0);
+    // Node-level rules: one device-plugin config per node, no whole GPU
+    // there, no MIG on MPS or HAMi nodes.
     for (c, class) in classes.iter().enumerate() {
         let g = class.gpus_per_node.max(1);
         for (p, pattern) in class.patterns.iter().enumerate() {
-            if let PatternKind::Share(n) = pattern.kind {
+            if pattern.kind.node_config() {
                 let need = counts.patterns[c][p].div_ceil(g);
                 if need > 0 {
-                    counts.share_nodes.insert((c, n), need);
+                    counts.config_nodes.insert((c, p), need);
                 }
             }
         }
-        if !node_ok(class, c, &counts, 0) {
+        if !node_ok(class, c, &counts, Extra::default()) {
             return None;
         }
         for k in 2..=g {
@@ -692,10 +853,16 @@ fn complete(
 fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
     let mut counts = Counts {
         patterns: classes.iter().map(|c| c.current_patterns.clone()).collect(),
+        fractional_gpus: classes.iter().map(|c| c.current_fractional_gpus).collect(),
         unplaced: vec![0; models.len()],
         ..Counts::default()
     };
     for (c, class) in classes.iter().enumerate() {
+        for (&m, &n) in &class.current_fractional {
+            if fits_fractional(&models[m], class) {
+                counts.fractional.insert((c, m), n);
+            }
+        }
         for (&(m, t), &n) in &class.current_slots {
             if fits_slot(&models[m], class, &class.slot_types[t]) {
                 counts.slots.insert((c, m, t), n);
@@ -720,6 +887,12 @@ fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts
                 .iter()
                 .filter(|((_, mm, _), _)| *mm == m)
                 .map(|(_, &n)| n)
+                .sum::<u32>()
+            + counts
+                .fractional
+                .iter()
+                .filter(|((_, mm), _)| *mm == m)
+                .map(|(_, &n)| n)
                 .sum::<u32>();
         while have > want {
             let slot = counts
@@ -728,9 +901,16 @@ fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts
                 .filter(|&(&(_, mm, _), &n)| mm == m && n > 0)
                 .max_by_key(|&(_, &n)| n)
                 .map(|(&key, _)| key);
-            match slot {
-                Some(key) => *counts.slots.get_mut(&key).expect("found above") -= 1,
-                None => {
+            let fractional = counts
+                .fractional
+                .iter()
+                .filter(|&(&(_, mm), &n)| mm == m && n > 0)
+                .max_by_key(|&(_, &n)| n)
+                .map(|(&key, _)| key);
+            match (slot, fractional) {
+                (Some(key), _) => *counts.slots.get_mut(&key).expect("found above") -= 1,
+                (None, Some(key)) => *counts.fractional.get_mut(&key).expect("found above") -= 1,
+                (None, None) => {
                     let (&key, _) = counts
                         .whole
                         .iter()
@@ -745,10 +925,20 @@ fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts
     }
     counts.slots.retain(|_, n| *n > 0);
     counts.whole.retain(|_, n| *n > 0);
+    counts.fractional.retain(|_, n| *n > 0);
+    if (0..classes.len()).any(|c| !fractional_fits(&classes[c], c, models, &counts)) {
+        return None;
+    }
     let mut used = Vec::new();
     let mut spare: BTreeMap<(usize, usize), i64> = BTreeMap::new();
     for (c, class) in classes.iter().enumerate() {
-        used.push(counts.patterns[c].iter().sum::<u32>() + node_use(class, c, &counts).1);
+        let whole: u32 = counts
+            .whole
+            .iter()
+            .filter(|((cc, _, _), _)| *cc == c)
+            .map(|(&(_, _, k), &n)| k * n)
+            .sum();
+        used.push(counts.patterns[c].iter().sum::<u32>() + counts.fractional_gpus[c] + whole);
         for (p, pattern) in class.patterns.iter().enumerate() {
             for &(t, k) in &pattern.slots {
                 *spare.entry((c, t)).or_insert(0) += i64::from(k * counts.patterns[c][p]);
@@ -784,6 +974,9 @@ fn change_is_cheap(
         for (&(m, _), &n) in &class.current_whole {
             running[m] += n;
         }
+        for (&m, &n) in &class.current_fractional {
+            running[m] += n;
+        }
     }
     let Some(now) = pinned(classes, models, &running) else {
         return Ok(false);
@@ -815,6 +1008,7 @@ fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
     let mut cost = 0.0;
     for (c, class) in classes.iter().enumerate() {
         let gpus: u32 = counts.patterns[c].iter().sum::<u32>()
+            + counts.fractional_gpus.get(c).copied().unwrap_or(0)
             + counts
                 .whole
                 .iter()
@@ -829,31 +1023,100 @@ fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
     cost
 }
 
-/// Nodes of class `c` that time-slice, and whole GPUs of `c`, in `counts`.
-fn node_use(class: &Class, c: usize, counts: &Counts) -> (u32, u32) {
+/// What is added to a class's counts before checking the node rules.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extra {
+    whole: u32,
+    pattern: Option<usize>,
+    fractional: u32,
+}
+
+impl Extra {
+    fn whole(k: u32) -> Extra {
+        Extra {
+            whole: k,
+            ..Extra::default()
+        }
+    }
+    fn pattern(p: usize) -> Extra {
+        Extra {
+            pattern: Some(p),
+            ..Extra::default()
+        }
+    }
+    fn fractional() -> Extra {
+        Extra {
+            fractional: 1,
+            ..Extra::default()
+        }
+    }
+}
+
+/// Whether class `c` keeps the node-level rules with `extra` added: one
+/// device-plugin config (time-slicing, MPS) or HAMi per node, whole GPUs
+/// only on nodes with neither, MIG and time-sliced GPUs not on MPS or
+/// HAMi nodes.
+fn node_ok(class: &Class, c: usize, counts: &Counts, extra: Extra) -> bool {
     let g = class.gpus_per_node.max(1);
-    let shared: u32 = class
-        .patterns
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| matches!(p.kind, PatternKind::Share(_)))
-        .map(|(p, _)| counts.patterns[c][p].div_ceil(g))
-        .sum();
+    let nodes = class.nodes.len() as u32;
+    let (mut configured, mut no_mig, mut mig_share) = (0u32, 0u32, 0u32);
+    for (p, pattern) in class.patterns.iter().enumerate() {
+        let n = counts.patterns[c][p] + u32::from(extra.pattern == Some(p));
+        match pattern.kind {
+            PatternKind::Mig(_) => mig_share += n,
+            PatternKind::Share(_) => {
+                configured += n.div_ceil(g);
+                mig_share += n;
+            }
+            PatternKind::Mps(_) => {
+                configured += n.div_ceil(g);
+                no_mig += n.div_ceil(g);
+            }
+        }
+    }
+    let hami = (counts.fractional_gpus.get(c).copied().unwrap_or(0) + extra.fractional).div_ceil(g);
+    configured += hami;
+    no_mig += hami;
     let whole: u32 = counts
         .whole
         .iter()
         .filter(|((cc, _, _), _)| *cc == c)
         .map(|(&(_, _, k), &n)| k * n)
-        .sum();
-    (shared, whole)
+        .sum::<u32>()
+        + extra.whole;
+    configured <= nodes
+        && whole <= g * (nodes - configured)
+        && no_mig <= nodes
+        && mig_share + whole <= g * (nodes - no_mig)
 }
 
-/// Whether class `c` keeps the node-level rules with `extra_whole` more
-/// whole GPUs.
-fn node_ok(class: &Class, c: usize, counts: &Counts, extra_whole: u32) -> bool {
-    let nodes = class.nodes.len() as u32;
-    let (shared, whole) = node_use(class, c, counts);
-    shared <= nodes && whole + extra_whole <= class.gpus_per_node * (nodes - shared)
+/// Whether the fractional replicas of class `c` fit its fractional GPUs in
+/// aggregate (the ILP's [`fractional`] constraints).
+fn fractional_fits(class: &Class, c: usize, models: &[Model], counts: &Counts) -> bool {
+    let gpus = counts.fractional_gpus.get(c).copied().unwrap_or(0);
+    let Some(cap) = class.fractional else {
+        return counts.fractional.range((c, 0)..(c + 1, 0)).all(|(_, &n)| n == 0);
+    };
+    let (mut mib, mut pct, mut big) = (0u64, 0u64, 0u64);
+    for (&(_, m), &n) in counts.fractional.range((c, 0)..(c + 1, 0)) {
+        let (a, b) = fractional_need(&models[m], class.compute);
+        mib += u64::from(a) * u64::from(n);
+        pct += u64::from(b) * u64::from(n);
+        if 2 * a > cap.memory_mib || 2 * b > cap.cores {
+            big += u64::from(n);
+        }
+    }
+    let gpus = u64::from(gpus);
+    mib <= u64::from(cap.memory_mib) * gpus && pct <= u64::from(cap.cores) * gpus && big <= gpus
+}
+
+/// Whether opening a GPU of class `c` with `fitting` places for the replica
+/// beats `best`: more places first, then the cheaper GPU.
+fn better(classes: &[Class], best: Option<(usize, Option<usize>, u32)>, (c, fitting): (usize, u32)) -> bool {
+    match best {
+        None => true,
+        Some((bc, _, bf)) => fitting > bf || (fitting == bf && classes[c].price < classes[bc].price),
+    }
 }
 
 fn read_counts(sol: &impl Solution, v: &Vars) -> Counts {
@@ -864,6 +1127,7 @@ fn read_counts(sol: &impl Solution, v: &Vars) -> Counts {
             .iter()
             .map(|ns| ns.iter().map(|&var| int(var)).collect())
             .collect(),
+        fractional_gpus: v.f.iter().map(|f| f.map_or(0, |(f, _)| int(f))).collect(),
         unplaced: v.s.iter().map(|&var| int(var)).collect(),
         ..Counts::default()
     };
@@ -879,10 +1143,16 @@ fn read_counts(sol: &impl Solution, v: &Vars) -> Counts {
             counts.whole.insert((c, m, k), n);
         }
     }
-    for &(c, n, var) in &v.u {
+    for &(c, p, var) in &v.u {
         let k = int(var);
         if k > 0 {
-            counts.share_nodes.insert((c, n), k);
+            counts.config_nodes.insert((c, p), k);
+        }
+    }
+    for &(c, m, var) in &v.y {
+        let k = int(var);
+        if k > 0 {
+            counts.fractional.insert((c, m), k);
         }
     }
     counts
@@ -913,6 +1183,7 @@ pub fn solve(
         c.current_patterns.iter().any(|&n| n > 0)
             || !c.current_slots.is_empty()
             || !c.current_whole.is_empty()
+            || c.current_fractional_gpus > 0
     });
     // Re-planning: keep everything that runs and add what is missing on top
     // when that change costs no more than the LP's own marginal cost of it
@@ -950,7 +1221,7 @@ pub fn solve(
         options,
         start,
     )?;
-    for c in all_constraints(&v, classes, demand_) {
+    for c in all_constraints(&v, classes, models, demand_) {
         problem.add_constraint(c);
     }
     let sol = match problem.solve() {
@@ -986,6 +1257,20 @@ pub fn solve(
                 reconfigured.add_mul(-1.0, keep);
             }
         }
+        if let Some((f, _)) = v.f[c] {
+            reconfigured.add_mul(1.0, f);
+            if class.current_fractional_gpus > 0 {
+                let keep = kept(&mut vars, &mut links, class.current_fractional_gpus, f);
+                reconfigured.add_mul(-1.0, keep);
+            }
+        }
+        for (&m, &cur) in &class.current_fractional {
+            current_replicas += f64::from(cur);
+            if let Some(&(_, _, var)) = v.y.iter().find(|y| (y.0, y.1) == (c, m)) {
+                let stay = kept(&mut vars, &mut links, cur, var);
+                moved.add_mul(-1.0, stay);
+            }
+        }
         // Replicas that stay: in a slot type, or in a tensor-parallel group.
         let slots = class.current_slots.iter().map(|(&(m, t), &cur)| {
             let var =
@@ -1017,7 +1302,7 @@ pub fn solve(
     let slack = (options.mip_rel_gap * best.abs()).max(1e-6 * best.abs().max(1.0));
     let cost_bound = cost_expr(&v, classes, models).leq(best + slack);
     let mut problem = configure(vars.minimise(objective2).using(highs), options, start)?;
-    for c in all_constraints(&v, classes, demand_) {
+    for c in all_constraints(&v, classes, models, demand_) {
         problem.add_constraint(c);
     }
     problem.add_constraint(cost_bound);

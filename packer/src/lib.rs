@@ -56,6 +56,20 @@ pub struct PackOptions {
     pub timeslice_memory_headroom: f64,
     /// Fraction of a time-sliced GPU's compute its replicas may need.
     pub timeslice_compute_cap: f64,
+    /// Most MPS partitions per GPU considered (patterns `Mps(2..=N)`).
+    pub max_mps_replicas: u8,
+    /// Fraction of an MPS GPU's usable memory kept free (the MPS server's
+    /// own contexts).
+    pub mps_memory_headroom: f64,
+    /// Fraction of an MPS GPU's compute its replicas may need.
+    pub mps_compute_cap: f64,
+    /// Fraction of a fractional (HAMi) GPU's usable memory kept free
+    /// (HAMi-core enforces each container's limit, so less than
+    /// time-slicing needs; CUDA contexts count inside the limits).
+    pub fractional_memory_headroom: f64,
+    /// Fraction of a fractional GPU's SMs its replicas' `gpucores` may sum
+    /// to.
+    pub fractional_compute_cap: f64,
     /// Let HiGHS write its log to stdout (for diagnosing slow solves).
     pub solver_log: bool,
 }
@@ -68,6 +82,11 @@ impl Default for PackOptions {
             max_timeslice_replicas: 4,
             timeslice_memory_headroom: 0.1,
             timeslice_compute_cap: 1.0,
+            max_mps_replicas: 8,
+            mps_memory_headroom: 0.05,
+            mps_compute_cap: 1.0,
+            fractional_memory_headroom: 0.05,
+            fractional_compute_cap: 1.0,
             solver_log: false,
         }
     }
@@ -138,6 +157,9 @@ fn figures(
     let mut placed: BTreeMap<&str, u32> = BTreeMap::new();
     // A tensor-parallel replica is listed on each of its GPUs; count it once.
     let mut groups_seen: std::collections::BTreeSet<(&str, &str, u32)> = Default::default();
+    // The GPUs each fractional variant's replicas are on.
+    let mut fractional_gpus: BTreeMap<String, std::collections::BTreeSet<(&str, u32)>> =
+        BTreeMap::new();
     for g in &decoded.gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
@@ -167,20 +189,39 @@ fn figures(
             };
             let mut node_selector =
                 BTreeMap::from([(emit::PRODUCT_LABEL.to_string(), gpu.product.clone())]);
-            let (suffix, resource, count) = match g.mode {
+            let mut resources = BTreeMap::new();
+            let suffix = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
-                    (profile.clone(), format!("nvidia.com/mig-{profile}"), 1)
+                    resources.insert(format!("nvidia.com/mig-{profile}"), 1);
+                    profile
                 }
-                Mode::Timeslice => {
-                    let config = emit::device_plugin_config_name(g.timeslice_replicas);
+                Mode::Timeslice | Mode::Mps => {
+                    let config = if g.mode == Mode::Mps {
+                        emit::mps_config_name(g.mps_replicas.unwrap_or(0))
+                    } else {
+                        emit::device_plugin_config_name(g.timeslice_replicas)
+                    };
                     node_selector
                         .insert(emit::DEVICE_PLUGIN_CONFIG_LABEL.to_string(), config.clone());
-                    (config, "nvidia.com/gpu.shared".to_string(), 1)
+                    resources.insert("nvidia.com/gpu.shared".to_string(), 1);
+                    config
                 }
-                _ => {
+                Mode::Fractional => {
+                    let (mib, cores) = classes::fractional_need(m, gpu.compute);
+                    resources.insert("nvidia.com/gpu".to_string(), 1);
+                    resources.insert(emit::HAMI_MEMORY.to_string(), mib);
+                    resources.insert(emit::HAMI_CORES.to_string(), cores);
+                    node_selector.insert(
+                        emit::HAMI_NODE_LABEL.0.to_string(),
+                        emit::HAMI_NODE_LABEL.1.to_string(),
+                    );
+                    "fractional".to_string()
+                }
+                Mode::Whole | Mode::Idle => {
                     let k = r.group_size.unwrap_or(1);
-                    (format!("tp{k}"), "nvidia.com/gpu".to_string(), k)
+                    resources.insert("nvidia.com/gpu".to_string(), k);
+                    format!("tp{k}")
                 }
             };
             let name = format!("{}-{}-{}", r.model, g.gpu_model, suffix)
@@ -191,16 +232,28 @@ fn figures(
                 .or_insert_with(|| plan::Variant {
                     name,
                     gpu_model: g.gpu_model.clone(),
-                    resources: BTreeMap::from([(resource, count)]),
+                    resources,
                     node_selector,
+                    annotations: BTreeMap::new(),
                     replicas: 0,
                 });
+            if g.mode == Mode::Fractional {
+                fractional_gpus
+                    .entry(v.name.clone())
+                    .or_default()
+                    .insert((g.node.as_str(), g.index));
+            }
             let first_gpu_of_group = r.group_size.is_none()
                 || groups_seen.insert((g.node.as_str(), r.model.as_str(), r.replica));
             if first_gpu_of_group {
                 v.replicas += 1;
                 *placed.entry(m.name.as_str()).or_insert(0) += 1;
             }
+        }
+    }
+    for v in variants.values_mut() {
+        if let Some(on) = fractional_gpus.get(&v.name) {
+            v.annotations = emit::hami_annotations(cluster, on);
         }
     }
     let model_plans: Vec<ModelPlan> = models
@@ -273,6 +326,8 @@ fn figures(
                 .cloned()
                 .unwrap_or_else(|| emit::ALL_DISABLED.to_string()),
             timeslice_replicas: decoded.timeslice_nodes.get(&n.name).copied(),
+            mps_replicas: decoded.mps_nodes.get(&n.name).copied(),
+            hami: decoded.hami_nodes.contains(&n.name),
         })
         .collect();
     plan
@@ -323,21 +378,9 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
     let options = m.options(&cluster.catalog);
     let present: Vec<&PlacementOption> = options
         .iter()
-        .filter(|o| {
-            let gpu = match o {
-                PlacementOption::Mig { gpu, .. }
-                | PlacementOption::Timeslice { gpu }
-                | PlacementOption::Whole { gpu, .. } => gpu,
-            };
-            cluster.gpus_of(gpu) > 0
-        })
+        .filter(|o| cluster.gpus_allowing(o.gpu(), o.mode()) > 0)
         .collect();
-    let describe = |o: &PlacementOption| match o {
-        PlacementOption::Mig { gpu, profile } => format!("a {gpu} {profile} slice"),
-        PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
-        PlacementOption::Whole { gpu, gpus: 1 } => format!("a whole {gpu}"),
-        PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu} on one node"),
-    };
+    let describe = PlacementOption::describe;
     let head = format!(
         "{} needs {:.2} GiB and {:.2} H100s of compute per replica",
         m.name, m.memory_gib, m.compute
@@ -374,11 +417,7 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
     let mut models_seen: Vec<&str> = Vec::new();
     let mut room = Vec::new();
     for o in &present {
-        let gpu = match o {
-            PlacementOption::Mig { gpu, .. }
-            | PlacementOption::Timeslice { gpu }
-            | PlacementOption::Whole { gpu, .. } => gpu.as_str(),
-        };
+        let gpu = o.gpu();
         if models_seen.contains(&gpu) {
             continue;
         }

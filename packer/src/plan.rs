@@ -15,6 +15,10 @@ pub enum Mode {
     Mig,
     /// Time-sliced.
     Timeslice,
+    /// Split into equal MPS partitions.
+    Mps,
+    /// Shared fractionally under HAMi.
+    Fractional,
     /// Used whole (alone or in a tensor-parallel group).
     Whole,
     /// Nothing placed; its configuration is left as it is.
@@ -56,6 +60,9 @@ pub struct GpuPlan {
     /// Shares per GPU (mode `timeslice`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeslice_replicas: Option<u8>,
+    /// Partitions per GPU (mode `mps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_replicas: Option<u8>,
     /// Replicas on it.
     pub replicas: Vec<ReplicaSlot>,
 }
@@ -63,8 +70,8 @@ pub struct GpuPlan {
 /// A way a model's replicas are placed, and what each such pod requests.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Variant {
-    /// Variant name (`<model>-<gpu>-<mig profile|timeslice-N|tpK>`),
-    /// lowercase.
+    /// Variant name (`<model>-<gpu>-<mig profile|timeslice-N|mps-N|
+    /// fractional|tpK>`), lowercase.
     pub name: String,
     /// GPU model.
     pub gpu_model: String,
@@ -77,6 +84,11 @@ pub struct Variant {
     /// share planned on a 3-way node never lands on a 4-way one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Pod annotations (fractional variants: HAMi's GPU type filter,
+    /// bin-pack policy and, when the inventory knows the UUIDs, the GPUs
+    /// the plan chose).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     /// Replicas of this variant.
     pub replicas: u32,
 }
@@ -105,6 +117,15 @@ pub struct NodePlan {
     /// (value of `nvidia.com/device-plugin.config`: `timeslice-<N>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeslice_replicas: Option<u8>,
+    /// Device-plugin MPS replicas, when the node shares GPUs through MPS
+    /// (`nvidia.com/device-plugin.config: mps-<N>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_replicas: Option<u8>,
+    /// Whether the node runs HAMi (fractional GPUs): labelled `gpu: "on"`
+    /// for HAMi's device plugin and `nvidia.com/gpu.deploy.device-plugin:
+    /// "false"` so the GPU Operator's does not run beside it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hami: bool,
 }
 
 /// A model's replicas that could not be placed, and why.
@@ -223,10 +244,15 @@ impl Plan {
         }
         for node in &mut out.nodes {
             let plan_node = self.nodes.iter().find(|n| n.name == node.name);
-            if let Some(n) = plan_node
-                && n.timeslice_replicas.is_some()
-            {
-                node.timeslice_replicas = n.timeslice_replicas;
+            if let Some(n) = plan_node {
+                if n.timeslice_replicas.is_some() {
+                    node.timeslice_replicas = n.timeslice_replicas;
+                    node.mps_replicas = None;
+                }
+                if n.mps_replicas.is_some() {
+                    node.mps_replicas = n.mps_replicas;
+                    node.timeslice_replicas = None;
+                }
             }
             for gpu in &mut node.gpus {
                 let Some(p) = by_gpu.get(&(node.name.as_str(), gpu.index)) else {
@@ -248,6 +274,16 @@ impl Plan {
                     }
                     Mode::Timeslice => {
                         gpu.mode = GpuMode::Timeslice;
+                        gpu.geometry = Geometry::default();
+                        gpu.workloads = workloads;
+                    }
+                    Mode::Mps => {
+                        gpu.mode = GpuMode::Mps;
+                        gpu.geometry = Geometry::default();
+                        gpu.workloads = workloads;
+                    }
+                    Mode::Fractional => {
+                        gpu.mode = GpuMode::Fractional;
                         gpu.geometry = Geometry::default();
                         gpu.workloads = workloads;
                     }

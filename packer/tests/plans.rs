@@ -32,8 +32,10 @@ fn check_rules(
     wanted: &BTreeMap<String, u32>,
 ) {
     let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
-    let mut node_shares: BTreeMap<&str, BTreeSet<u8>> = BTreeMap::new();
+    // Per node, the device-plugin configs / HAMi its GPUs need: one at most.
+    let mut node_configs: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     let mut node_whole: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut node_mig: BTreeSet<&str> = BTreeSet::new();
     let mut groups: BTreeMap<(String, u32), (BTreeSet<String>, u32, u32)> = BTreeMap::new();
     for g in &plan.gpus {
         let gpu = cluster.catalog.get(&g.gpu_model).unwrap();
@@ -48,6 +50,7 @@ fn check_rules(
         }
         match g.mode {
             Mode::Mig => {
+                node_mig.insert(g.node.as_str());
                 let spec = gpu.mig.as_ref().expect("MIG only on MIG GPUs");
                 mig::validate(spec, &g.geometry)
                     .unwrap_or_else(|e| panic!("{}:{} {e}", g.node, g.index));
@@ -71,9 +74,61 @@ fn check_rules(
                     assert!(m.compute <= compute + 1e-9);
                 }
             }
+            Mode::Mps => {
+                let n = g.mps_replicas.unwrap();
+                node_configs
+                    .entry(g.node.as_str())
+                    .or_default()
+                    .insert(format!("mps-{n}"));
+                assert!(node.sharing.contains(&SharingMode::Mps));
+                assert!(g.replicas.len() <= usize::from(n));
+                // The device plugin gives each MPS client 1/N of the memory
+                // and of the SMs.
+                for r in &g.replicas {
+                    let m = by_name[r.model.as_str()];
+                    assert!(m.sharing.contains(&SharingMode::Mps));
+                    assert!(
+                        m.memory_gib
+                            <= gpu.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n)
+                                + 1e-9
+                    );
+                    assert!(m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9);
+                }
+            }
+            Mode::Fractional => {
+                node_configs
+                    .entry(g.node.as_str())
+                    .or_default()
+                    .insert("hami".into());
+                assert!(node.sharing.contains(&SharingMode::Fractional));
+                // HAMi's accounting: Σ nvidia.com/gpumem (MiB, each rounded
+                // up) within the usable memory less headroom, Σ
+                // nvidia.com/gpucores (percent of this GPU's SMs, rounded
+                // up) within the cap.
+                let (mut mib, mut cores) = (0.0, 0.0);
+                for r in &g.replicas {
+                    let m = by_name[r.model.as_str()];
+                    assert!(m.sharing.contains(&SharingMode::Fractional));
+                    assert_eq!(r.group_size, None);
+                    mib += (m.memory_gib * 1024.0).ceil();
+                    cores += (m.compute / gpu.compute * 100.0).ceil();
+                }
+                assert!(
+                    mib <= (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0)
+                        .floor(),
+                    "{}:{} {mib} MiB",
+                    g.node,
+                    g.index
+                );
+                assert!(cores <= (options.fractional_compute_cap * 100.0).floor());
+            }
             Mode::Timeslice => {
                 let n = g.timeslice_replicas.unwrap();
-                node_shares.entry(g.node.as_str()).or_default().insert(n);
+                node_configs
+                    .entry(g.node.as_str())
+                    .or_default()
+                    .insert(format!("timeslice-{n}"));
+                assert!(node.sharing.contains(&SharingMode::Timeslice));
                 assert!(g.replicas.len() <= usize::from(n));
                 let total: f64 = g
                     .replicas
@@ -161,16 +216,27 @@ fn check_rules(
             plan.utilization.dominant
         );
     }
-    for (node, ns) in &node_shares {
-        assert_eq!(
-            ns.len(),
-            1,
-            "{node} time-slices with several replica counts"
-        );
+    for (node, configs) in &node_configs {
+        assert_eq!(configs.len(), 1, "{node} needs several configs: {configs:?}");
         assert!(
             !node_whole.contains_key(node),
-            "{node} time-slices and has whole GPUs"
+            "{node} shares GPUs and has whole GPUs"
         );
+        let config = configs.first().unwrap();
+        if config == "hami" || config.starts_with("mps") {
+            assert!(!node_mig.contains(node), "{node} runs MIG beside {config}");
+        }
+        let plan_node = plan.nodes.iter().find(|n| n.name == *node).unwrap();
+        assert_eq!(plan_node.hami, config == "hami", "{node}");
+        assert_eq!(emit::node_config_name(plan_node) != "default", config != "hami", "{node}");
+        if config != "hami" {
+            assert_eq!(&emit::node_config_name(plan_node), config, "{node}");
+        }
+    }
+    for node in &plan.nodes {
+        if node.hami || node.mps_replicas.is_some() || node.timeslice_replicas.is_some() {
+            assert!(node_configs.contains_key(node.name.as_str()), "{} configured for nothing", node.name);
+        }
     }
     for ((model, replica), (nodes, k, gpus)) in &groups {
         assert_eq!(nodes.len(), 1, "{model}#{replica} spans nodes");
@@ -206,8 +272,15 @@ fn check_rules(
     // GPUs another way: per (model, config), the variant's replicas are
     // the replicas planned on GPUs shared that way.
     let mut shared: BTreeMap<(String, String), u32> = BTreeMap::new();
-    for g in plan.gpus.iter().filter(|g| g.mode == Mode::Timeslice) {
-        let config = emit::device_plugin_config_name(g.timeslice_replicas);
+    for g in plan
+        .gpus
+        .iter()
+        .filter(|g| matches!(g.mode, Mode::Timeslice | Mode::Mps))
+    {
+        let config = match g.mps_replicas {
+            Some(n) => format!("mps-{n}"),
+            None => emit::device_plugin_config_name(g.timeslice_replicas),
+        };
         for r in &g.replicas {
             *shared.entry((r.model.clone(), config.clone())).or_default() += 1;
         }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::FieldError;
 use crate::catalog::{Catalog, GpuModel, MigProfile, MigSpec};
 use crate::mig::{self, Geometry, Placement};
+use crate::model::SharingMode;
 
 /// The cluster file's spec.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -87,6 +88,11 @@ pub enum GpuMode {
     Timeslice,
     /// Partitioned with MIG (see `geometry`).
     Mig,
+    /// Shared through MPS (the node's `mpsReplicas` equal partitions).
+    Mps,
+    /// Shared fractionally under HAMi (each workload its own memory and
+    /// SM limits).
+    Fractional,
 }
 
 /// One replica (or training worker) running on a GPU.
@@ -118,6 +124,10 @@ pub struct GpuState {
     /// What runs on it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workloads: Vec<Workload>,
+    /// The GPU's UUID (`nvidia-smi -L`, `GPU-…`), when known: fractional
+    /// variants are pinned to the GPUs the plan chose by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// A node (or, with `count`, a group of identical nodes).
@@ -150,6 +160,18 @@ pub struct NodeSpec {
     /// time-sliced GPUs runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeslice_replicas: Option<u8>,
+    /// The device plugin's MPS replica count configured on the node now, if
+    /// it shares GPUs through MPS (default: the most workloads any of its
+    /// MPS GPUs runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_replicas: Option<u8>,
+    /// Sharing mechanisms the node may be configured for (default `[mig,
+    /// timeslice, whole]`: what NVIDIA's GPU Operator does on any node).
+    /// `mps` needs the device plugin's MPS support (v0.15+); `fractional`
+    /// needs HAMi installed for the node (its device plugin replaces
+    /// NVIDIA's there). Whole GPUs are always allowed.
+    #[serde(default = "node_sharing", skip_serializing_if = "is_default_sharing")]
+    pub sharing: Vec<SharingMode>,
     /// State of GPUs that are not free and healthy (others default to that).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuState>,
@@ -172,6 +194,10 @@ pub struct Node {
     pub gpu_model: String,
     /// Time-slicing replica count configured now (see [`NodeSpec`]).
     pub timeslice_replicas: Option<u8>,
+    /// MPS replica count configured now (see [`NodeSpec`]).
+    pub mps_replicas: Option<u8>,
+    /// Sharing mechanisms allowed (see [`NodeSpec`]).
+    pub sharing: Vec<SharingMode>,
     /// Every GPU, by index.
     pub gpus: Vec<Gpu>,
 }
@@ -189,6 +215,25 @@ pub struct Gpu {
     pub geometry: Geometry,
     /// What runs on it.
     pub workloads: Vec<Workload>,
+    /// UUID, when known.
+    pub uuid: Option<String>,
+}
+
+impl Node {
+    /// Whether the node may be configured for a sharing mode (whole GPUs
+    /// always).
+    pub fn allows(&self, mode: SharingMode) -> bool {
+        mode == SharingMode::Whole || self.sharing.contains(&mode)
+    }
+}
+
+/// The default of [`NodeSpec::sharing`].
+pub fn node_sharing() -> Vec<SharingMode> {
+    vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole]
+}
+
+fn is_default_sharing(v: &[SharingMode]) -> bool {
+    v == node_sharing().as_slice()
 }
 
 /// A validated cluster: nodes expanded, catalogue overrides applied.
@@ -223,6 +268,15 @@ impl Cluster {
         self.nodes
             .iter()
             .filter(|n| n.gpu_model == gpu_model)
+            .map(|n| n.gpus.len() as u32)
+            .sum()
+    }
+
+    /// GPUs of a model on nodes that allow a sharing mode.
+    pub fn gpus_allowing(&self, gpu_model: &str, mode: SharingMode) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.gpu_model == gpu_model && n.allows(mode))
             .map(|n| n.gpus.len() as u32)
             .sum()
     }
@@ -272,6 +326,25 @@ impl Cluster {
                     "a node template (`count`) cannot carry per-GPU state; list such nodes one by one",
                 ));
             }
+            if n.timeslice_replicas.is_some() && n.mps_replicas.is_some() {
+                errors.push(FieldError::new(
+                    format!("{path}.mpsReplicas"),
+                    "a node has one device-plugin config: time-slicing (`timesliceReplicas`) or MPS (`mpsReplicas`), not both",
+                ));
+            }
+            for (field, v) in [
+                ("timesliceReplicas", n.timeslice_replicas),
+                ("mpsReplicas", n.mps_replicas),
+            ] {
+                if let Some(v) = v
+                    && v < 2
+                {
+                    errors.push(FieldError::new(
+                        format!("{path}.{field}"),
+                        format!("must be at least 2 (shares per GPU), got {v}"),
+                    ));
+                }
+            }
             let gpus = validate_gpus(n, &path, gpu, &mut errors);
             for k in 0..count {
                 let node_name = if n.count.is_some() {
@@ -299,6 +372,13 @@ impl Cluster {
                             .map(|g| g.workloads.len() as u8)
                             .max()
                     }),
+                    mps_replicas: n.mps_replicas.or_else(|| {
+                        gpus.iter()
+                            .filter(|g| g.mode == GpuMode::Mps)
+                            .map(|g| g.workloads.len() as u8)
+                            .max()
+                    }),
+                    sharing: n.sharing.clone(),
                     gpus: gpus.clone(),
                 });
             }
@@ -328,6 +408,7 @@ fn validate_gpus(
             mode: GpuMode::Free,
             geometry: Geometry::default(),
             workloads: Vec::new(),
+            uuid: None,
         })
         .collect();
     let mut seen = BTreeSet::new();
@@ -387,6 +468,26 @@ fn validate_gpus(
                 format!("{gp}.workloads"),
                 "a GPU used whole runs one workload; use mode timeslice to share it",
             )),
+            GpuMode::Timeslice | GpuMode::Mps | GpuMode::Fractional => {
+                let needs = match g.mode {
+                    GpuMode::Timeslice => SharingMode::Timeslice,
+                    GpuMode::Mps => SharingMode::Mps,
+                    _ => SharingMode::Fractional,
+                };
+                if !n.sharing.contains(&needs) {
+                    errors.push(FieldError::new(
+                        format!("{gp}.mode"),
+                        format!(
+                            "the node does not allow `{needs}` (its `sharing` is [{}])",
+                            n.sharing
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
+            }
             _ => {}
         }
         gpus[g.index as usize] = Gpu {
@@ -395,6 +496,7 @@ fn validate_gpus(
             mode: g.mode,
             geometry: Geometry::new(g.geometry.clone()),
             workloads: g.workloads.clone(),
+            uuid: g.uuid.clone(),
         };
     }
     gpus
@@ -518,6 +620,8 @@ mod tests {
             gpu_model: "H100-80GB".into(),
             gpu_count: 8,
             timeslice_replicas: None,
+            mps_replicas: None,
+            sharing: node_sharing(),
             gpus,
         }
     }
@@ -545,6 +649,7 @@ mod tests {
             mode,
             geometry,
             workloads,
+            uuid: None,
         };
         let spec = ClusterSpec {
             catalog: vec![],

@@ -501,22 +501,15 @@ fn check_model_fits_cluster(
 ) -> Option<Problem> {
     let options = m.options(catalog);
     let possible = options.iter().any(|o| match o {
-        PlacementOption::Mig { gpu, .. } | PlacementOption::Timeslice { gpu } => c.gpus_of(gpu) > 0,
         PlacementOption::Whole { gpu, gpus } => c.max_gpus_per_node(gpu) >= *gpus,
+        _ => c.gpus_allowing(o.gpu(), o.mode()) > 0,
     });
     (!possible).then(|| {
-        let described: Vec<String> = options
-            .iter()
-            .map(|o| match o {
-                PlacementOption::Mig { gpu, profile } => format!("{gpu} MIG {profile}"),
-                PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
-                PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu} on one node"),
-            })
-            .collect();
+        let described: Vec<String> = options.iter().map(PlacementOption::describe).collect();
         doc.problem(
             "spec.placement",
             format!(
-                "`{}` can run on {}, but cluster `{}` has no such GPU or node",
+                "`{}` can run on {}, but cluster `{}` has no such GPU or node (or no node allows that sharing: `spec.nodes[].sharing`)",
                 m.name,
                 described.join(", or "),
                 c.name

@@ -180,6 +180,12 @@ pub enum SharingMode {
     Timeslice,
     /// One or more whole GPUs.
     Whole,
+    /// One of `N` equal MPS partitions of a GPU (the device plugin's
+    /// `sharing.mps`: memory and compute limits enforced per client).
+    Mps,
+    /// A fractional GPU under HAMi: any memory (`nvidia.com/gpumem`) and
+    /// SM percentage (`nvidia.com/gpucores`), enforced by HAMi-core.
+    Fractional,
 }
 
 impl fmt::Display for SharingMode {
@@ -188,6 +194,8 @@ impl fmt::Display for SharingMode {
             SharingMode::Mig => "mig",
             SharingMode::Timeslice => "timeslice",
             SharingMode::Whole => "whole",
+            SharingMode::Mps => "mps",
+            SharingMode::Fractional => "fractional",
         })
     }
 }
@@ -204,7 +212,8 @@ fn tp_one() -> Vec<u32> {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementPolicy {
-    /// Allowed sharing modes (default: all three).
+    /// Allowed sharing modes (default: `[mig, timeslice, whole]`; `mps`
+    /// and `fractional` are opt-in).
     #[serde(default = "all_modes")]
     pub sharing: Vec<SharingMode>,
     /// Allowed GPU models by catalogue name (default: any).
@@ -590,6 +599,16 @@ pub enum PlacementOption {
         /// GPU model.
         gpu: String,
     },
+    /// An MPS partition of one GPU.
+    Mps {
+        /// GPU model.
+        gpu: String,
+    },
+    /// A fractional (HAMi) share of one GPU.
+    Fractional {
+        /// GPU model.
+        gpu: String,
+    },
     /// `gpus` whole GPUs on one node.
     Whole {
         /// GPU model.
@@ -597,6 +616,42 @@ pub enum PlacementOption {
         /// Tensor-parallel degree.
         gpus: u32,
     },
+}
+
+impl PlacementOption {
+    /// The GPU model it is on.
+    pub fn gpu(&self) -> &str {
+        match self {
+            PlacementOption::Mig { gpu, .. }
+            | PlacementOption::Timeslice { gpu }
+            | PlacementOption::Mps { gpu }
+            | PlacementOption::Fractional { gpu }
+            | PlacementOption::Whole { gpu, .. } => gpu,
+        }
+    }
+
+    /// The sharing mode it uses (a node must allow it, `whole` aside).
+    pub fn mode(&self) -> SharingMode {
+        match self {
+            PlacementOption::Mig { .. } => SharingMode::Mig,
+            PlacementOption::Timeslice { .. } => SharingMode::Timeslice,
+            PlacementOption::Mps { .. } => SharingMode::Mps,
+            PlacementOption::Fractional { .. } => SharingMode::Fractional,
+            PlacementOption::Whole { .. } => SharingMode::Whole,
+        }
+    }
+
+    /// In a model owner's words: "a H100-80GB 1g.10gb slice".
+    pub fn describe(&self) -> String {
+        match self {
+            PlacementOption::Mig { gpu, profile } => format!("a {gpu} {profile} slice"),
+            PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
+            PlacementOption::Mps { gpu } => format!("an MPS share of a {gpu}"),
+            PlacementOption::Fractional { gpu } => format!("a fractional (HAMi) {gpu}"),
+            PlacementOption::Whole { gpu, gpus: 1 } => format!("a whole {gpu}"),
+            PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu} on one node"),
+        }
+    }
 }
 
 impl Model {
@@ -839,6 +894,22 @@ impl Model {
                 && self.fits(gpu.usable_gib, gpu.compute, 1)
             {
                 out.push(PlacementOption::Timeslice {
+                    gpu: gpu.name.clone(),
+                });
+            }
+            if single
+                && self.sharing.contains(&SharingMode::Mps)
+                && self.fits(gpu.usable_gib, gpu.compute, 1)
+            {
+                out.push(PlacementOption::Mps {
+                    gpu: gpu.name.clone(),
+                });
+            }
+            if single
+                && self.sharing.contains(&SharingMode::Fractional)
+                && self.fits(gpu.usable_gib, gpu.compute, 1)
+            {
+                out.push(PlacementOption::Fractional {
                     gpu: gpu.name.clone(),
                 });
             }

@@ -53,6 +53,12 @@ pub struct Args {
     /// Fraction of a time-sliced GPU's memory kept free.
     #[arg(long, default_value_t = 0.1)]
     pub timeslice_headroom: f64,
+    /// Most MPS partitions per GPU.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(2..=48))]
+    pub max_mps: u8,
+    /// Fraction of an MPS or fractional (HAMi) GPU's memory kept free.
+    #[arg(long, default_value_t = 0.05)]
+    pub isolated_headroom: f64,
     /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
@@ -62,6 +68,9 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !(0.0..1.0).contains(&args.timeslice_headroom) {
         bail!("--timeslice-headroom must be in [0, 1)");
+    }
+    if !(0.0..1.0).contains(&args.isolated_headroom) {
+        bail!("--isolated-headroom must be in [0, 1)");
     }
     let mut paths = vec![args.cluster.clone()];
     paths.extend(args.policies.iter().cloned());
@@ -93,6 +102,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         mip_rel_gap: args.mip_gap,
         max_timeslice_replicas: args.max_shares,
         timeslice_memory_headroom: args.timeslice_headroom,
+        max_mps_replicas: args.max_mps,
+        mps_memory_headroom: args.isolated_headroom,
+        fractional_memory_headroom: args.isolated_headroom,
         solver_log: args.solver_log,
         ..PackOptions::default()
     };
@@ -145,6 +157,8 @@ fn table(plan: &Plan) -> String {
                 .collect::<Vec<_>>()
                 .join(" + "),
             Mode::Timeslice => format!("{} shares", g.timeslice_replicas.unwrap_or(0)),
+            Mode::Mps => format!("{} MPS partitions", g.mps_replicas.unwrap_or(0)),
+            Mode::Fractional => "fractional (HAMi)".to_string(),
             _ => "whole".to_string(),
         };
         let replicas: Vec<String> = g

@@ -86,6 +86,8 @@ fn summary(
             .map(|o| match o {
                 PlacementOption::Mig { gpu, profile } => format!("{gpu}:{profile}"),
                 PlacementOption::Timeslice { gpu } => format!("{gpu}:shared"),
+                PlacementOption::Mps { gpu } => format!("{gpu}:mps"),
+                PlacementOption::Fractional { gpu } => format!("{gpu}:fractional"),
                 PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu}"),
             })
             .take(4)

@@ -10,6 +10,11 @@ use gpuscale_policies::model::{
 use gpuscale_policies::{Catalog, Cluster, Model, ModelPolicy, Priority, SharingMode};
 
 pub fn cluster(nodes: &[(&str, &str, u32)]) -> Cluster {
+    cluster_allowing(nodes, &gpuscale_policies::inventory::node_sharing())
+}
+
+/// A cluster whose nodes all allow `sharing`.
+pub fn cluster_allowing(nodes: &[(&str, &str, u32)], sharing: &[SharingMode]) -> Cluster {
     let spec = ClusterSpec {
         catalog: vec![],
         nodes: nodes
@@ -24,6 +29,8 @@ pub fn cluster(nodes: &[(&str, &str, u32)]) -> Cluster {
                 gpu_model: gpu.into(),
                 gpu_count: count,
                 timeslice_replicas: None,
+                mps_replicas: None,
+                sharing: sharing.to_vec(),
                 gpus: vec![],
             })
             .collect(),
