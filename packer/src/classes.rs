@@ -205,6 +205,33 @@ pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
         && model.compute <= t.compute + 1e-9
 }
 
+/// Dual-feasible weights of one replica on a fractional GPU: for `k` in
+/// 1..=3 and each of memory and SMs, Fekete and Schepers' `u(k)(x) = x`
+/// when `(k+1)x` is an integer, else `⌊(k+1)x⌋ / k`, of its share `x` of
+/// the GPU. Replicas that fit one GPU together have weights summing to at
+/// most 1 in each of the six, so `Σ weight·replicas ≤ GPUs` is valid for
+/// any packing; it is what the aggregate capacity misses (five replicas of
+/// 0.35 need three GPUs, not two: their `k = 2` weights are ½ each).
+pub fn fractional_weights(need: (u32, u32), cap: Fractional) -> [f64; 6] {
+    fn dff(k: u64, a: u32, cap: u32) -> f64 {
+        let (a, cap) = (u64::from(a), u64::from(cap).max(1));
+        if ((k + 1) * a).is_multiple_of(cap) {
+            a as f64 / cap as f64
+        } else {
+            ((k + 1) * a / cap) as f64 / k as f64
+        }
+    }
+    let (mib, pct) = need;
+    [
+        dff(1, mib, cap.memory_mib),
+        dff(2, mib, cap.memory_mib),
+        dff(3, mib, cap.memory_mib),
+        dff(1, pct, cap.cores),
+        dff(2, pct, cap.cores),
+        dff(3, pct, cap.cores),
+    ]
+}
+
 /// Whether a model may run on a fractional GPU of a class.
 pub fn fits_fractional(model: &Model, class: &Class) -> bool {
     let Some(f) = class.fractional else {
@@ -278,7 +305,10 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
             price: gpu.price_per_hour,
             usable_gib: gpu.usable_gib,
             compute: gpu.compute,
-            mig: gpu.mig.clone().filter(|_| allows.contains(&SharingMode::Mig)),
+            mig: gpu
+                .mig
+                .clone()
+                .filter(|_| allows.contains(&SharingMode::Mig)),
             gpus_per_node,
             allows,
             fractional,

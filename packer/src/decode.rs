@@ -234,7 +234,11 @@ fn smallest_group(cluster: &Cluster, node: &gpuscale_policies::Node, model: &Mod
         .max(1)
 }
 
-fn config_key(mode: GpuMode, geometry: &Geometry, node: &gpuscale_policies::Node) -> Option<String> {
+fn config_key(
+    mode: GpuMode,
+    geometry: &Geometry,
+    node: &gpuscale_policies::Node,
+) -> Option<String> {
     match mode {
         GpuMode::Mig => Some(format!("mig:{:?}", plain_counts(geometry))),
         GpuMode::Timeslice => Some(format!("share:{}", node.timeslice_replicas.unwrap_or(0))),
@@ -697,7 +701,8 @@ fn decode_class(
     // GPUs that ended with no replica are idle after all.
     for key in class_gpus {
         let a = &assigned[&key];
-        if a.whole.is_none() && a.fractional.is_empty() && a.slots.iter().all(|s| s.model.is_none()) {
+        if a.whole.is_none() && a.fractional.is_empty() && a.slots.iter().all(|s| s.model.is_none())
+        {
             assigned.remove(&key);
         }
     }

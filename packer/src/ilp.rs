@@ -17,8 +17,8 @@
 //! - [`capacity`]: `Σp n[c,p] + f[c] + Σm,k k·w[c,m,k] ≤ healthy GPUs of c`;
 //! - [`slots`]: `Σm x[c,m,t] ≤ Σp slots(p,t)·n[c,p]`;
 //! - [`fractional`]: `Σm MiB[m]·y[c,m] ≤ MiB(c)·f[c]`, the same for SM
-//!   percent, and `Σ y[c,m] over replicas larger than half a GPU ≤ f[c]`
-//!   (two of them never share one) — aggregate capacity: a valid
+//!   percent, and six dual-feasible-function cuts
+//!   ([`crate::classes::fractional_weights`]) — aggregate capacity: a valid
 //!   relaxation of packing the replicas onto `f[c]` GPUs, which decode
 //!   then does (first fit decreasing, more GPUs if it must);
 //! - [`demand`]: `Σc,t x[c,m,t] + Σc y[c,m] + Σc,k w[c,m,k] + s[m] = D[m]`;
@@ -47,7 +47,10 @@ use good_lp::{
 };
 use gpuscale_policies::{Model, Priority};
 
-use crate::classes::{Class, PatternKind, fits_fractional, fits_slot, fractional_need, whole_degrees};
+use crate::classes::{
+    Class, PatternKind, fits_fractional, fits_slot, fractional_need, fractional_weights,
+    whole_degrees,
+};
 use crate::{PackError, PackOptions};
 
 /// The variables of one formulation.
@@ -273,25 +276,29 @@ fn fractional(v: &Vars, classes: &[Class], models: &[Model]) -> Vec<Constraint> 
         };
         let mut memory = Expression::with_capacity(16);
         let mut cores = Expression::with_capacity(16);
-        let mut big = Expression::with_capacity(16);
+        let mut cuts: Vec<Expression> = (0..6).map(|_| Expression::with_capacity(16)).collect();
         for &(cc, m, var) in &v.y {
             if cc != c {
                 continue;
             }
-            let (mib, pct) = fractional_need(&models[m], class.compute);
+            let need = fractional_need(&models[m], class.compute);
             // GiB and fractions of a GPU keep the coefficients near 1.
-            memory.add_mul(f64::from(mib) / 1024.0, var);
-            cores.add_mul(f64::from(pct) / 100.0, var);
-            if 2 * mib > cap.memory_mib || 2 * pct > cap.cores {
-                big.add_mul(1.0, var);
+            memory.add_mul(f64::from(need.0) / 1024.0, var);
+            cores.add_mul(f64::from(need.1) / 100.0, var);
+            for (cut, w) in cuts.iter_mut().zip(fractional_weights(need, cap)) {
+                if w > 0.0 {
+                    cut.add_mul(w, var);
+                }
             }
         }
         memory.add_mul(-f64::from(cap.memory_mib) / 1024.0, f);
         cores.add_mul(-f64::from(cap.cores) / 100.0, f);
-        big.add_mul(-1.0, f);
         out.push(memory.leq(0.0));
         out.push(cores.leq(0.0));
-        out.push(big.leq(0.0));
+        for mut cut in cuts {
+            cut.add_mul(-1.0, f);
+            out.push(cut.leq(0.0));
+        }
     }
     out
 }
@@ -1095,27 +1102,37 @@ fn node_ok(class: &Class, c: usize, counts: &Counts, extra: Extra) -> bool {
 fn fractional_fits(class: &Class, c: usize, models: &[Model], counts: &Counts) -> bool {
     let gpus = counts.fractional_gpus.get(c).copied().unwrap_or(0);
     let Some(cap) = class.fractional else {
-        return counts.fractional.range((c, 0)..(c + 1, 0)).all(|(_, &n)| n == 0);
+        return counts
+            .fractional
+            .range((c, 0)..(c + 1, 0))
+            .all(|(_, &n)| n == 0);
     };
-    let (mut mib, mut pct, mut big) = (0u64, 0u64, 0u64);
+    let (mut mib, mut pct, mut cuts) = (0u64, 0u64, [0.0f64; 6]);
     for (&(_, m), &n) in counts.fractional.range((c, 0)..(c + 1, 0)) {
-        let (a, b) = fractional_need(&models[m], class.compute);
-        mib += u64::from(a) * u64::from(n);
-        pct += u64::from(b) * u64::from(n);
-        if 2 * a > cap.memory_mib || 2 * b > cap.cores {
-            big += u64::from(n);
+        let need = fractional_need(&models[m], class.compute);
+        mib += u64::from(need.0) * u64::from(n);
+        pct += u64::from(need.1) * u64::from(n);
+        for (sum, w) in cuts.iter_mut().zip(fractional_weights(need, cap)) {
+            *sum += w * f64::from(n);
         }
     }
-    let gpus = u64::from(gpus);
-    mib <= u64::from(cap.memory_mib) * gpus && pct <= u64::from(cap.cores) * gpus && big <= gpus
+    mib <= u64::from(cap.memory_mib) * u64::from(gpus)
+        && pct <= u64::from(cap.cores) * u64::from(gpus)
+        && cuts.iter().all(|&w| w <= f64::from(gpus) + 1e-9)
 }
 
 /// Whether opening a GPU of class `c` with `fitting` places for the replica
 /// beats `best`: more places first, then the cheaper GPU.
-fn better(classes: &[Class], best: Option<(usize, Option<usize>, u32)>, (c, fitting): (usize, u32)) -> bool {
+fn better(
+    classes: &[Class],
+    best: Option<(usize, Option<usize>, u32)>,
+    (c, fitting): (usize, u32),
+) -> bool {
     match best {
         None => true,
-        Some((bc, _, bf)) => fitting > bf || (fitting == bf && classes[c].price < classes[bc].price),
+        Some((bc, _, bf)) => {
+            fitting > bf || (fitting == bf && classes[c].price < classes[bc].price)
+        }
     }
 }
 

@@ -2,6 +2,17 @@
 //! most 3 GPUs, at most 6 replicas): every configuration of every GPU is
 //! tried and replicas are assigned by backtracking, under the same rules.
 //! The packer must place as many replicas and pay no more.
+//!
+//! The rules, from NVIDIA's and HAMi's documentation rather than the
+//! packer's code: a MIG instance holds one replica within its profile's
+//! memory and compute; the device plugin's time-slicing and MPS configs
+//! give `N` equal shares per GPU, one config per node, and a node so
+//! configured serves no whole GPU (`nvidia.com/gpu` is renamed); MPS does
+//! not run on MIG GPUs; a HAMi node runs HAMi's device plugin instead of
+//! NVIDIA's (no MIG, no time-slicing, no whole GPU there), and a GPU there
+//! holds any replicas whose `nvidia.com/gpumem` (MiB, rounded up) and
+//! `nvidia.com/gpucores` (percent, rounded up) sum within its memory less
+//! headroom and 100 % × the cap.
 
 mod common;
 
@@ -18,6 +29,8 @@ enum Config {
     Whole,
     Mig(Geometry),
     Share(u8),
+    Mps(u8),
+    Fractional,
 }
 
 /// What a replica can occupy on a configured GPU.
@@ -26,7 +39,7 @@ struct Slot {
     gpu: usize,
     memory: f64,
     compute: f64,
-    mig: bool,
+    mode: SharingMode,
 }
 
 fn configs(gpu: &GpuModel, options: &PackOptions) -> Vec<Config> {
@@ -35,7 +48,31 @@ fn configs(gpu: &GpuModel, options: &PackOptions) -> Vec<Config> {
         out.extend(mig::maximal_geometries(spec).into_iter().map(Config::Mig));
     }
     out.extend((2..=options.max_timeslice_replicas).map(Config::Share));
+    out.extend((2..=options.max_mps_replicas).map(Config::Mps));
+    out.push(Config::Fractional);
     out
+}
+
+/// Whether a node's GPU configurations keep the node-level rules.
+fn node_ok(cfg: &[&Config]) -> bool {
+    let any = |f: &dyn Fn(&Config) -> bool| cfg.iter().any(|c| f(c));
+    let shared: Vec<String> = cfg
+        .iter()
+        .filter_map(|c| match c {
+            Config::Share(n) => Some(format!("ts{n}")),
+            Config::Mps(n) => Some(format!("mps{n}")),
+            _ => None,
+        })
+        .collect();
+    let one_config = shared.windows(2).all(|w| w[0] == w[1]);
+    let whole = any(&|c| matches!(c, Config::Whole));
+    let mig = any(&|c| matches!(c, Config::Mig(_)));
+    let mps = any(&|c| matches!(c, Config::Mps(_)));
+    let hami = any(&|c| matches!(c, Config::Fractional));
+    one_config
+        && (shared.is_empty() || !whole)
+        && (!mps || !mig)
+        && (!hami || (shared.is_empty() && !whole && !mig))
 }
 
 /// Most replicas placeable (then least cost) for one node of `gpus`.
@@ -52,25 +89,31 @@ fn oracle(
     let mut choice = vec![0usize; count];
     loop {
         let cfg: Vec<&Config> = choice.iter().map(|&i| &all[i]).collect();
-        let shares: Vec<u8> = cfg
-            .iter()
-            .filter_map(|c| {
-                if let Config::Share(n) = c {
-                    Some(*n)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let one_n = shares.windows(2).all(|w| w[0] == w[1]);
-        let whole_ok = shares.is_empty() || !cfg.iter().any(|c| matches!(c, Config::Whole));
-        if one_n && whole_ok {
+        if node_ok(&cfg) {
             let mut slots = Vec::new();
             let mut whole_gpus = Vec::new();
+            let mut fractional = Vec::new();
             for (g, c) in cfg.iter().enumerate() {
                 match c {
                     Config::Idle => {}
                     Config::Whole => whole_gpus.push(g),
+                    Config::Fractional => fractional.push(Bin {
+                        gpu: g,
+                        mib: (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0)
+                            .floor() as i64,
+                        pct: (options.fractional_compute_cap * 100.0).floor() as i64,
+                    }),
+                    Config::Mps(n) => {
+                        for _ in 0..*n {
+                            slots.push(Slot {
+                                gpu: g,
+                                memory: gpu.usable_gib * (1.0 - options.mps_memory_headroom)
+                                    / f64::from(*n),
+                                compute: gpu.compute * options.mps_compute_cap / f64::from(*n),
+                                mode: SharingMode::Mps,
+                            });
+                        }
+                    }
                     Config::Mig(geometry) => {
                         let spec = gpu.mig.as_ref().unwrap();
                         for p in geometry.placements() {
@@ -80,7 +123,7 @@ fn oracle(
                                 memory: prof.usable_gib,
                                 compute: gpu.compute * f64::from(prof.compute_slices)
                                     / f64::from(spec.compute_slices),
-                                mig: true,
+                                mode: SharingMode::Mig,
                             });
                         }
                     }
@@ -92,7 +135,7 @@ fn oracle(
                                     / f64::from(*n),
                                 compute: gpu.compute * options.timeslice_compute_cap
                                     / f64::from(*n),
-                                mig: false,
+                                mode: SharingMode::Timeslice,
                             });
                         }
                     }
@@ -104,6 +147,7 @@ fn oracle(
                 replicas,
                 slots: &slots,
                 whole: &whole_gpus,
+                bins: fractional,
                 used_slots: vec![false; slots.len()],
                 used_whole: vec![false; whole_gpus.len()],
                 used_gpu: vec![false; count],
@@ -134,6 +178,14 @@ fn oracle(
     }
 }
 
+/// A fractional GPU's room left.
+#[derive(Debug, Clone, Copy)]
+struct Bin {
+    gpu: usize,
+    mib: i64,
+    pct: i64,
+}
+
 /// Backtracking over one configuration of the node: the most replicas
 /// placed, and with that the fewest GPUs hosting something.
 struct Search<'a> {
@@ -142,6 +194,7 @@ struct Search<'a> {
     replicas: &'a [usize],
     slots: &'a [Slot],
     whole: &'a [usize],
+    bins: Vec<Bin>,
     used_slots: Vec<bool>,
     used_whole: Vec<bool>,
     used_gpu: Vec<bool>,
@@ -165,13 +218,8 @@ impl Search<'_> {
         if allowed && m.tensor_parallel.contains(&1) {
             for s in 0..self.slots.len() {
                 let slot = self.slots[s];
-                let mode = if slot.mig {
-                    SharingMode::Mig
-                } else {
-                    SharingMode::Timeslice
-                };
                 if self.used_slots[s]
-                    || !m.sharing.contains(&mode)
+                    || !m.sharing.contains(&slot.mode)
                     || m.memory_gib > slot.memory + 1e-9
                     || m.compute > slot.compute + 1e-9
                 {
@@ -183,6 +231,25 @@ impl Search<'_> {
                 consider(self.assign(r + 1));
                 self.used_gpu[slot.gpu] = was;
                 self.used_slots[s] = false;
+            }
+        }
+        if allowed && m.tensor_parallel.contains(&1) && m.sharing.contains(&SharingMode::Fractional)
+        {
+            let mib = (m.memory_gib * 1024.0).ceil() as i64;
+            let pct = (m.compute / self.gpu.compute * 100.0).ceil() as i64;
+            for b in 0..self.bins.len() {
+                if self.bins[b].mib < mib || self.bins[b].pct < pct {
+                    continue;
+                }
+                self.bins[b].mib -= mib;
+                self.bins[b].pct -= pct;
+                let g = self.bins[b].gpu;
+                let was = self.used_gpu[g];
+                self.used_gpu[g] = true;
+                consider(self.assign(r + 1));
+                self.used_gpu[g] = was;
+                self.bins[b].mib += mib;
+                self.bins[b].pct += pct;
             }
         }
         if allowed && m.sharing.contains(&SharingMode::Whole) {
@@ -221,8 +288,14 @@ fn arb_instance() -> impl Strategy<Value = (String, usize, Vec<Model>, Vec<u32>)
         ]),
         prop::sample::select(vec![0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3]),
         prop::sample::subsequence(
-            vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole],
-            1..=3,
+            vec![
+                SharingMode::Mig,
+                SharingMode::Timeslice,
+                SharingMode::Whole,
+                SharingMode::Mps,
+                SharingMode::Fractional,
+            ],
+            1..=5,
         ),
         prop::sample::select(vec![vec![1u32], vec![1, 2], vec![2]]),
     );
@@ -257,7 +330,10 @@ proptest! {
     fn packer_matches_the_brute_force_optimum((gpu, count, models, wants) in arb_instance()) {
         let total: u32 = wants.iter().sum();
         prop_assume!(total <= 6 && !models.is_empty());
-        let cluster: Cluster = common::cluster(&[("n", &gpu, count as u32)]);
+        let cluster: Cluster = common::cluster_allowing(
+            &[("n", &gpu, count as u32)],
+            &[SharingMode::Mig, SharingMode::Timeslice, SharingMode::Mps, SharingMode::Fractional],
+        );
         let options = PackOptions { mip_rel_gap: 0.0, ..PackOptions::default() };
         let demand: BTreeMap<String, u32> = models.iter().zip(&wants).map(|(m, &w)| (m.name.clone(), w)).collect();
         let plan = pack(&cluster, &models, &demand, &options).unwrap();

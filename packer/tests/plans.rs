@@ -92,7 +92,9 @@ fn check_rules(
                             <= gpu.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n)
                                 + 1e-9
                     );
-                    assert!(m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9);
+                    assert!(
+                        m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9
+                    );
                 }
             }
             Mode::Fractional => {
@@ -217,7 +219,11 @@ fn check_rules(
         );
     }
     for (node, configs) in &node_configs {
-        assert_eq!(configs.len(), 1, "{node} needs several configs: {configs:?}");
+        assert_eq!(
+            configs.len(),
+            1,
+            "{node} needs several configs: {configs:?}"
+        );
         assert!(
             !node_whole.contains_key(node),
             "{node} shares GPUs and has whole GPUs"
@@ -228,14 +234,22 @@ fn check_rules(
         }
         let plan_node = plan.nodes.iter().find(|n| n.name == *node).unwrap();
         assert_eq!(plan_node.hami, config == "hami", "{node}");
-        assert_eq!(emit::node_config_name(plan_node) != "default", config != "hami", "{node}");
+        assert_eq!(
+            emit::node_config_name(plan_node) != "default",
+            config != "hami",
+            "{node}"
+        );
         if config != "hami" {
             assert_eq!(&emit::node_config_name(plan_node), config, "{node}");
         }
     }
     for node in &plan.nodes {
         if node.hami || node.mps_replicas.is_some() || node.timeslice_replicas.is_some() {
-            assert!(node_configs.contains_key(node.name.as_str()), "{} configured for nothing", node.name);
+            assert!(
+                node_configs.contains_key(node.name.as_str()),
+                "{} configured for nothing",
+                node.name
+            );
         }
     }
     for ((model, replica), (nodes, k, gpus)) in &groups {
@@ -608,6 +622,136 @@ proptest! {
     }
 }
 
+const ALL_MODES: [SharingMode; 5] = [
+    SharingMode::Mig,
+    SharingMode::Timeslice,
+    SharingMode::Mps,
+    SharingMode::Fractional,
+    SharingMode::Whole,
+];
+
+/// A subset of the sharing modes, from a bit mask.
+fn modes(mask: u8) -> Vec<SharingMode> {
+    ALL_MODES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, &m)| m)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random clusters whose nodes allow random sharing modes, random
+    /// models allowing random modes, random demand: no GPU or slice
+    /// exceeds memory or compute, one config per node, every emitted
+    /// config parses in NVIDIA's and HAMi's shapes, and re-planning the
+    /// applied plan moves nothing.
+    #[test]
+    fn every_sharing_mode_keeps_memory_and_compute_within_limits(
+        nodes in prop::collection::vec(
+            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..32),
+            1..=4,
+        ),
+        specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..32, 0u32..=6), 1..=5),
+    ) {
+        let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &(g, n, mask))| (format!("n{i}"), g, n, modes(mask)))
+            .collect();
+        let each: Vec<(&str, &str, u32, &[SharingMode])> = named
+            .iter()
+            .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
+            .collect();
+        let cluster = common::cluster_each(&each);
+        let mut models = Vec::new();
+        let mut demand = BTreeMap::new();
+        for (i, &(memory, compute, mask, want)) in specs.iter().enumerate() {
+            let sharing = modes(mask);
+            let name = format!("m{i}");
+            if let Some(m) = common::try_model(&name, memory, compute, &sharing, &[1], &[]) {
+                demand.insert(name, want);
+                models.push(m);
+            }
+        }
+        prop_assume!(!models.is_empty());
+        let options = PackOptions::default();
+        let plan = pack(&cluster, &models, &demand, &options).unwrap();
+        check_rules(&plan, &cluster, &models, &options, &demand);
+        check_emitted(&plan);
+        let now = plan.apply_to(&cluster);
+        let again = pack(&now, &models, &demand, &options).unwrap();
+        prop_assert_eq!(again.moves, 0);
+        prop_assert_eq!(again.reconfigured_gpus, 0);
+        check_rules(&again, &now, &models, &options, &demand);
+    }
+}
+
+/// The emitted artefacts in the shapes their consumers read: the device
+/// plugin's config (`version: v1`, `sharing.timeSlicing` or `sharing.mps`
+/// with `resources: [{name, replicas}]`), and HAMi's pod resources
+/// (`nvidia.com/gpu: 1` with `nvidia.com/gpumem` in MiB and
+/// `nvidia.com/gpucores` in percent, 1..=100) and annotations.
+fn check_emitted(plan: &Plan) {
+    let files = emit::files(plan, "gpuscale").unwrap();
+    let dp = files
+        .iter()
+        .find(|(p, _)| p == "device-plugin-config.yaml")
+        .unwrap();
+    let cm: serde_yaml_ng::Value = serde_yaml_ng::from_str(&dp.1).unwrap();
+    let data = cm["data"].as_mapping().unwrap();
+    for node in &plan.nodes {
+        let name = emit::node_config_name(node);
+        let text = data
+            .get(serde_yaml_ng::Value::String(name.clone()))
+            .unwrap_or_else(|| panic!("{} names config {name}, which is not emitted", node.name));
+        let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(text.as_str().unwrap()).unwrap();
+        assert_eq!(config["version"].as_str(), Some("v1"));
+        let (key, n) = match (node.timeslice_replicas, node.mps_replicas) {
+            (Some(n), None) => ("timeSlicing", n),
+            (None, Some(n)) => ("mps", n),
+            (None, None) => continue,
+            _ => panic!("{} time-slices and runs MPS", node.name),
+        };
+        let resources = &config["sharing"][key]["resources"];
+        assert_eq!(resources[0]["name"].as_str(), Some("nvidia.com/gpu"));
+        assert_eq!(resources[0]["replicas"].as_u64(), Some(u64::from(n)));
+    }
+    let labels = files.iter().find(|(p, _)| p == "node-labels.yaml").unwrap();
+    let labels: BTreeMap<String, BTreeMap<String, String>> =
+        serde_yaml_ng::from_str(&labels.1).unwrap();
+    for node in &plan.nodes {
+        let l = &labels[&node.name];
+        assert_eq!(l.get("gpu").map(String::as_str), node.hami.then_some("on"));
+        assert_eq!(
+            l.get("nvidia.com/gpu.deploy.device-plugin")
+                .map(String::as_str),
+            node.hami.then_some("false")
+        );
+    }
+    for m in &plan.models {
+        for v in &m.variants {
+            if v.resources.contains_key("nvidia.com/gpumem") {
+                assert_eq!(v.resources.get("nvidia.com/gpu"), Some(&1));
+                assert!(v.resources["nvidia.com/gpumem"] >= 1);
+                assert!((1..=100).contains(&v.resources["nvidia.com/gpucores"]));
+                assert_eq!(v.node_selector.get("gpu").map(String::as_str), Some("on"));
+                assert_eq!(
+                    v.annotations
+                        .get("hami.io/gpu-scheduler-policy")
+                        .map(String::as_str),
+                    Some("binpack")
+                );
+                assert!(v.name.ends_with("-fractional"), "{}", v.name);
+            } else {
+                assert!(v.annotations.is_empty(), "{}", v.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_generous_gap_takes_the_rounded_relaxation_and_keeps_every_rule() {
     let b = examples();
@@ -776,4 +920,106 @@ fn baselines_report_the_dominant_share() {
     );
     // Memory alone would say the pair fills under half of the GPUs.
     assert!(plan.utilization.memory < 0.51);
+}
+
+#[test]
+fn fractional_gpus_pack_mixed_sizes_that_slots_would_strand() {
+    // Two H100 nodes that run HAMi; embedding replicas of 2.5 GiB and
+    // Llama-8B replicas of 21 GiB. MIG would give each embedding a 10 GiB
+    // slice and each Llama a 40 GiB one; fractional GPUs hold any mix
+    // within 95 % of 79.6 GiB and 100 % of the SMs.
+    let cluster = common::cluster_allowing(
+        &[("a", "H100-80GB", 8), ("b", "H100-80GB", 8)],
+        &[SharingMode::Mig, SharingMode::Fractional],
+    );
+    let all = [
+        SharingMode::Mig,
+        SharingMode::Fractional,
+        SharingMode::Whole,
+    ];
+    let models = vec![
+        common::model("embed", 2.5, 0.03, &all, &[1], &[]),
+        common::model("llama", 21.0, 0.1, &all, &[1], &[]),
+    ];
+    let demand = common::demand(&[("embed", 20), ("llama", 9)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan);
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    // 20 × 2.5 + 9 × 21 = 239 GiB; 75.6 GiB per GPU: 4 GPUs at best (3
+    // Llamas each take 63 GiB, the rest fill with embeddings).
+    assert_eq!(plan.gpus_used, 4, "{:#?}", plan.gpus);
+    assert!(
+        plan.gpus
+            .iter()
+            .all(|g| matches!(g.mode, Mode::Fractional | Mode::Idle))
+    );
+    assert!(plan.utilization.memory > 0.74, "{:?}", plan.utilization);
+    assert_eq!(plan.nodes.iter().filter(|n| n.hami).count(), 1);
+    let v = &plan.models[1].variants[0];
+    assert_eq!(v.resources["nvidia.com/gpumem"], 21 * 1024);
+    assert_eq!(v.resources["nvidia.com/gpucores"], 10);
+}
+
+#[test]
+fn mps_partitions_hold_compute_heavy_replicas_and_select_their_config() {
+    // Compute-heavy replicas (0.3 of an H100 each) that may not be
+    // time-sliced: MPS into 3 holds three per GPU with limits enforced.
+    let cluster = common::cluster_allowing(
+        &[("a", "H100-80GB", 4)],
+        &[SharingMode::Mps, SharingMode::Timeslice],
+    );
+    let sdxl = common::model(
+        "sdxl",
+        12.5,
+        0.3,
+        &[SharingMode::Mps, SharingMode::Whole],
+        &[1],
+        &[],
+    );
+    let demand = common::demand(&[("sdxl", 6)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, std::slice::from_ref(&sdxl), &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &[sdxl], &options, &demand);
+    check_emitted(&plan);
+    assert_eq!(plan.gpus_used, 2, "{:#?}", plan.gpus);
+    assert!(
+        plan.gpus
+            .iter()
+            .all(|g| matches!(g.mode, Mode::Mps | Mode::Idle))
+    );
+    let v = &plan.models[0].variants[0];
+    assert_eq!(v.resources.get("nvidia.com/gpu.shared"), Some(&1));
+    let config = &v.node_selector[emit::DEVICE_PLUGIN_CONFIG_LABEL];
+    assert!(config.starts_with("mps-"), "{config}");
+    assert_eq!(
+        plan.nodes[0]
+            .mps_replicas
+            .map(emit::mps_config_name)
+            .as_ref(),
+        Some(config)
+    );
+}
+
+#[test]
+fn a_node_that_does_not_allow_a_mode_never_gets_it() {
+    // The same demand on nodes that allow only MIG: no fractional GPU.
+    let cluster = common::cluster_allowing(&[("a", "H100-80GB", 8)], &[SharingMode::Mig]);
+    let all = [
+        SharingMode::Mig,
+        SharingMode::Fractional,
+        SharingMode::Timeslice,
+        SharingMode::Mps,
+    ];
+    let models = vec![common::model("embed", 2.5, 0.03, &all, &[1], &[])];
+    let demand = common::demand(&[("embed", 10)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    assert!(
+        plan.gpus
+            .iter()
+            .all(|g| matches!(g.mode, Mode::Mig | Mode::Idle))
+    );
 }

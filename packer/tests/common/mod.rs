@@ -15,11 +15,20 @@ pub fn cluster(nodes: &[(&str, &str, u32)]) -> Cluster {
 
 /// A cluster whose nodes all allow `sharing`.
 pub fn cluster_allowing(nodes: &[(&str, &str, u32)], sharing: &[SharingMode]) -> Cluster {
+    let each: Vec<(&str, &str, u32, &[SharingMode])> = nodes
+        .iter()
+        .map(|&(name, gpu, count)| (name, gpu, count, sharing))
+        .collect();
+    cluster_each(&each)
+}
+
+/// A cluster whose nodes each allow their own sharing modes.
+pub fn cluster_each(nodes: &[(&str, &str, u32, &[SharingMode])]) -> Cluster {
     let spec = ClusterSpec {
         catalog: vec![],
         nodes: nodes
             .iter()
-            .map(|&(name, gpu, count)| NodeSpec {
+            .map(|&(name, gpu, count, sharing)| NodeSpec {
                 name: name.into(),
                 count: None,
                 zone: None,
