@@ -13,7 +13,14 @@ fn bench_pack(c: &mut Criterion) {
     let mut group = c.benchmark_group("pack");
     group.sample_size(10);
     for gpus in [100u32, 1000, 10_000] {
-        let paths = write_scenario(&dir.join(gpus.to_string()), gpus, 40, 0.9).expect("scenario");
+        let paths = write_scenario(
+            &dir.join(gpus.to_string()),
+            gpus,
+            40,
+            0.9,
+            gpuscale_bench::scenario::RuleSet::MigWhole,
+        )
+        .expect("scenario");
         let bundle = load_paths(&paths).expect("valid scenario");
         let cluster = bundle.cluster.clone().expect("cluster");
         let demand = bundle.demand.clone().unwrap_or_default();

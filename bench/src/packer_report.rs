@@ -12,11 +12,13 @@ use anyhow::Context;
 use gpuscale_packer::{Mode, PackOptions, baseline, pack};
 use gpuscale_policies::load_paths;
 
-use crate::scenario;
+use crate::scenario::{self, RuleSet};
 
-/// One size's results.
+/// One size's results under one rule set.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// The sharing rules.
+    pub rule_set: RuleSet,
     /// GPUs in the cluster.
     pub gpus: usize,
     /// Replicas demanded.
@@ -25,6 +27,9 @@ pub struct Row {
     pub gpuscale_gpus: u32,
     /// ⌈LP bound⌉ on GPUs.
     pub lp_gpus: u32,
+    /// Whether the baselines ran for this row (they follow today's rules,
+    /// so they run once per size).
+    pub baselines: bool,
     /// FFD's GPUs.
     pub ffd_gpus: u32,
     /// Whole-GPU baseline's GPUs.
@@ -64,13 +69,14 @@ pub fn write_scenario(
     gpus: u32,
     models: usize,
     fill: f64,
+    rules: RuleSet,
 ) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let zoo = scenario::load_zoo(&scenario::default_zoo_path())?;
     let ms = scenario::models(&zoo, models);
     let d = scenario::demand(&ms, gpus, fill);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut paths = Vec::new();
-    for (name, text) in scenario::files(gpus, &ms, &d) {
+    for (name, text) in scenario::files(gpus, &ms, &d, rules) {
         let p = dir.join(name);
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
         paths.push(p);
@@ -91,19 +97,27 @@ pub struct Setup {
     pub runs: usize,
     /// Packer options.
     pub options: PackOptions,
+    /// The rule set of the incremental case.
+    pub incremental_rules: RuleSet,
 }
 
 impl Setup {
     /// Writes the scenario of `gpus` GPUs under `dir/name`.
-    fn scenario(&self, name: &str, gpus: u32) -> anyhow::Result<Vec<std::path::PathBuf>> {
-        write_scenario(&self.dir.join(name), gpus, self.models, self.fill)
+    fn scenario(
+        &self,
+        name: &str,
+        gpus: u32,
+        rules: RuleSet,
+    ) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        write_scenario(&self.dir.join(name), gpus, self.models, self.fill, rules)
     }
 }
 
-/// Runs one size.
-pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
+/// Runs one size under one rule set; the baselines only when asked (they
+/// follow today's rules whatever the rule set).
+pub fn run_size(setup: &Setup, gpus: u32, rules: RuleSet, baselines: bool) -> anyhow::Result<Row> {
     let (runs, options) = (setup.runs, &setup.options);
-    let paths = setup.scenario(&format!("gpus-{gpus}"), gpus)?;
+    let paths = setup.scenario(&format!("gpus-{gpus}-{}", rules.name()), gpus, rules)?;
     let (mut load, mut solve, mut total, mut ffd_ms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last = None;
@@ -115,7 +129,7 @@ pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
         let demand = bundle.demand.clone().unwrap_or_default();
         let plan = pack(&cluster, &bundle.models, &demand, options)?;
         let t2 = Instant::now();
-        let ffd = baseline::ffd(&cluster, &bundle.models, &demand, options);
+        let ffd = baselines.then(|| baseline::ffd(&cluster, &bundle.models, &demand, options));
         let t3 = Instant::now();
         load.push((t1 - t0).as_secs_f64() * 1e3);
         solve.push((t2 - t1).as_secs_f64() * 1e3);
@@ -124,11 +138,20 @@ pub fn run_size(setup: &Setup, gpus: u32) -> anyhow::Result<Row> {
         last = Some((bundle, cluster, demand, plan, ffd));
     }
     let (bundle, cluster, demand, plan, ffd) = last.expect("at least one run");
-    let whole = baseline::whole_gpu(&cluster, &bundle.models, &demand);
+    let whole = baselines.then(|| baseline::whole_gpu(&cluster, &bundle.models, &demand));
+    let none = gpuscale_packer::plan::BaselineFigures {
+        gpus_used: 0,
+        cost_per_hour: 0.0,
+        utilization: Default::default(),
+        unplaced: 0,
+    };
+    let (ffd, whole) = (ffd.unwrap_or_else(|| none.clone()), whole.unwrap_or(none));
     let memory_ceiling = memory_ceiling(&cluster, &bundle.models, &demand)?;
     let pools: Vec<_> = plan.pools.iter().filter(|p| p.gpus > 0).collect();
     let ceil = |x: f64| (x - 1e-6).ceil().max(0.0) as u32;
     Ok(Row {
+        rule_set: rules,
+        baselines,
         memory_ceiling,
         pools_at_lp: (
             pools
@@ -225,7 +248,11 @@ pub struct Incremental {
 /// Runs the incremental case.
 pub fn run_incremental(setup: &Setup, gpus: u32) -> anyhow::Result<Incremental> {
     let (runs, options) = (setup.runs, &setup.options);
-    let paths = setup.scenario(&format!("incremental-{gpus}"), gpus)?;
+    let paths = setup.scenario(
+        &format!("incremental-{gpus}-{}", setup.incremental_rules.name()),
+        gpus,
+        setup.incremental_rules,
+    )?;
     let bundle = load_paths(&paths).map_err(|p| anyhow::anyhow!("{p}"))?;
     let cluster = bundle.cluster.clone().context("scenario has a cluster")?;
     let demand = bundle.demand.clone().unwrap_or_default();
@@ -269,27 +296,38 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| GPUs | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | gpuscale compute / dominant util | memory ceiling (LP) | pools at ⌈LP⌉ (excess GPUs) | $/h gpuscale / LP / FFD / whole | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
+        "| GPUs | rule set | replicas | gpuscale GPUs | ⌈LP⌉ | FFD | whole-GPU | gpuscale ÷ FFD | gpuscale ÷ whole | memory util (gpuscale / FFD / whole) | gpuscale compute / dominant util | memory ceiling (LP) | pools at ⌈LP⌉ (excess GPUs) | $/h gpuscale / LP / FFD / whole | cost ÷ LP bound | unplaced (gpuscale / FFD / whole) | optimal | load ms | pack ms | end-to-end ms | FFD ms |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---|---|---:|---:|---:|---:|"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---:|---|---|---:|---:|---:|---:|"
     );
     for r in rows {
+        let b = |text: String| if r.baselines { text } else { "—".to_string() };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.1} % / {:.1} % | {:.1} % | {} of {} ({}) | {:.0} / {:.0} / {:.0} / {:.0} | {} / {} / {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} % / {} | {:.1} % / {:.1} % | {:.1} % | {} of {} ({}) | {:.0} / {:.0} / {} | {:.4} | {} / {} | {} | {:.0} | {:.0} | {:.0} | {} |",
             r.gpus,
+            r.rule_set.name(),
             r.replicas,
             r.gpuscale_gpus,
             r.lp_gpus,
-            r.ffd_gpus,
-            r.whole_gpus,
-            f64::from(r.gpuscale_gpus) / f64::from(r.ffd_gpus.max(1)),
-            f64::from(r.gpuscale_gpus) / f64::from(r.whole_gpus.max(1)),
+            b(r.ffd_gpus.to_string()),
+            b(r.whole_gpus.to_string()),
+            b(format!(
+                "{:.2}",
+                f64::from(r.gpuscale_gpus) / f64::from(r.ffd_gpus.max(1))
+            )),
+            b(format!(
+                "{:.2}",
+                f64::from(r.gpuscale_gpus) / f64::from(r.whole_gpus.max(1))
+            )),
             r.memory[0] * 100.0,
-            r.memory[1] * 100.0,
-            r.memory[2] * 100.0,
+            b(format!(
+                "{:.1} % / {:.1} %",
+                r.memory[1] * 100.0,
+                r.memory[2] * 100.0
+            )),
             r.compute_dominant.0 * 100.0,
             r.compute_dominant.1 * 100.0,
             r.memory_ceiling * 100.0,
@@ -298,16 +336,19 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
             r.pool_excess,
             r.cost[0],
             r.cost[1],
-            r.cost[2],
-            r.cost[3],
+            b(format!("{:.0} / {:.0}", r.cost[2], r.cost[3])),
+            if r.cost[1] > 0.0 {
+                r.cost[0] / r.cost[1]
+            } else {
+                1.0
+            },
             r.unplaced[0],
-            r.unplaced[1],
-            r.unplaced[2],
+            b(format!("{} / {}", r.unplaced[1], r.unplaced[2])),
             if r.optimal { "yes" } else { "limit" },
             r.ms[0],
             r.ms[1],
             r.ms[2],
-            r.ms[3],
+            b(format!("{:.0}", r.ms[3])),
         );
     }
     if let Some(i) = incremental {
@@ -320,10 +361,6 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     out
 }
 
-/// The sharing rules a report row was packed under (today one set: MIG
-/// slices, time-sliced whole GPUs and whole GPUs).
-pub const RULE_SET: &str = "mig-whole";
-
 /// One row of `packer-report --json`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct JsonRow {
@@ -331,7 +368,7 @@ pub struct JsonRow {
     pub gpus: usize,
     /// Replicas demanded.
     pub replicas: u32,
-    /// The sharing rules (`mig-whole`).
+    /// The sharing rules (`mig-whole`, `fractional`, `mps`, `all`).
     pub rule_set: &'static str,
     /// GPUs gpuscale uses.
     pub gpus_used: u32,
@@ -366,7 +403,7 @@ pub fn json_rows(rows: &[Row]) -> Vec<JsonRow> {
         .map(|r| JsonRow {
             gpus: r.gpus,
             replicas: r.replicas,
-            rule_set: RULE_SET,
+            rule_set: r.rule_set.name(),
             gpus_used: r.gpuscale_gpus,
             cost: r.cost[0],
             lp_cost_bound: r.cost[1],
@@ -389,6 +426,8 @@ mod json_tests {
     #[test]
     fn json_rows_carry_the_documented_fields() {
         let row = Row {
+            rule_set: RuleSet::MigWhole,
+            baselines: true,
             gpus: 108,
             replicas: 100,
             gpuscale_gpus: 39,

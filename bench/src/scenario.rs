@@ -209,27 +209,90 @@ pub fn demand(models: &[ModelSpec], gpus: u32, fill: f64) -> BTreeMap<String, u3
         .collect()
 }
 
+/// Which sharing mechanisms the scenario's policies and nodes allow. The
+/// models, their memory and compute, and the demand are the same under
+/// every rule set; only the `sharing` lists change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RuleSet {
+    /// Today's rules: MIG slices, time-sliced whole GPUs, whole GPUs.
+    MigWhole,
+    /// Plus fractional GPUs (every node runs HAMi if the plan wants it).
+    Fractional,
+    /// Plus MPS partitions (every node's device plugin may run MPS).
+    Mps,
+    /// Every mechanism.
+    All,
+}
+
+impl RuleSet {
+    /// Every rule set, in report order.
+    pub const EVERY: [RuleSet; 4] = [
+        RuleSet::MigWhole,
+        RuleSet::Fractional,
+        RuleSet::Mps,
+        RuleSet::All,
+    ];
+
+    /// The name in reports (`mig-whole`, `fractional`, `mps`, `all`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleSet::MigWhole => "mig-whole",
+            RuleSet::Fractional => "fractional",
+            RuleSet::Mps => "mps",
+            RuleSet::All => "all",
+        }
+    }
+
+    /// The rule set of a name.
+    pub fn parse(name: &str) -> Option<RuleSet> {
+        RuleSet::EVERY.into_iter().find(|r| r.name() == name)
+    }
+
+    /// Modes added to today's, for nodes and for the models that may share
+    /// a GPU (those of at most 70 GiB).
+    fn extra(self) -> &'static [&'static str] {
+        match self {
+            RuleSet::MigWhole => &[],
+            RuleSet::Fractional => &["fractional"],
+            RuleSet::Mps => &["mps"],
+            RuleSet::All => &["mps", "fractional"],
+        }
+    }
+}
+
 /// The scenario's files: `cluster.yaml`, `policies.yaml`, `demand.yaml`.
 pub fn files(
     gpus: u32,
     models: &[ModelSpec],
     demand: &BTreeMap<String, u32>,
+    rules: RuleSet,
 ) -> Vec<(String, String)> {
+    let extra = rules.extra();
+    let node_sharing = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(", sharing: [mig, timeslice, {}]", extra.join(", "))
+    };
     let mut cluster = format!(
         "# Generated: about {gpus} GPUs of mixed models.\napiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: bench-{gpus}\nspec:\n  nodes:\n"
     );
     for (prefix, model, per, nodes) in node_mix(gpus) {
         let _ = writeln!(
             cluster,
-            "    - {{name: {prefix}, count: {nodes}, gpuModel: {model}, gpuCount: {per}, zone: z1}}"
+            "    - {{name: {prefix}, count: {nodes}, gpuModel: {model}, gpuCount: {per}, zone: z1{node_sharing}}}"
         );
     }
     let mut policies = String::new();
     for m in models {
+        let sharing = if extra.is_empty() || m.sharing == "[whole]" {
+            m.sharing.to_string()
+        } else {
+            format!("{}, {}]", m.sharing.trim_end_matches(']'), extra.join(", "))
+        };
         let _ = write!(
             policies,
             "---\n# {}\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {}\nspec:\n  resources:\n    memoryGiB: {}\n    compute: {}\n    maxConcurrency: 16\n  placement:\n    sharing: {}\n    tensorParallel: {}\n",
-            m.note, m.name, m.memory_gib, m.compute, m.sharing, m.tensor_parallel
+            m.note, m.name, m.memory_gib, m.compute, sharing, m.tensor_parallel
         );
     }
     let mut d = String::from(
@@ -273,7 +336,7 @@ mod tests {
         let d = demand(&ms, 1000, 0.9);
         let dir = std::env::temp_dir().join(format!("gpuscale-scenario-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (name, text) in files(1000, &ms, &d) {
+        for (name, text) in files(1000, &ms, &d, RuleSet::All) {
             std::fs::write(dir.join(name), text).unwrap();
         }
         let bundle = gpuscale_policies::load_paths(&[&dir]).unwrap_or_else(|p| panic!("{p}"));
@@ -284,6 +347,23 @@ mod tests {
             cluster.gpu_count()
         );
         assert_eq!(bundle.models.len(), 40);
+        // Under `all`, every node allows MPS and fractional GPUs, and every
+        // model that may share a GPU allows them too; the rest stay whole.
+        assert!(cluster.nodes.iter().all(|n| {
+            n.sharing
+                .contains(&gpuscale_policies::SharingMode::Fractional)
+                && n.sharing.contains(&gpuscale_policies::SharingMode::Mps)
+        }));
+        for m in &bundle.models {
+            let shares = m.sharing.contains(&gpuscale_policies::SharingMode::Mig);
+            assert_eq!(
+                m.sharing
+                    .contains(&gpuscale_policies::SharingMode::Fractional),
+                shares,
+                "{}",
+                m.name
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,13 +8,14 @@
 //! else best fit; (3) time-sliced and MPS GPUs on their nodes; (4) MIG
 //! GPUs (not on MPS or HAMi nodes), keeping GPUs whose current geometry has
 //! the pattern's profiles; (5) fractional GPUs on HAMi nodes: replicas
-//! already on a fractional GPU stay, the rest go first fit decreasing (by
-//! their larger share of memory or SMs) onto the GPUs opened so far, then
-//! onto newly opened ones — more than the ILP's count if the aggregate
-//! bound was not enough, on free GPUs of HAMi nodes, then on free nodes;
+//! already on a fractional GPU stay, and the rest fill GPU after GPU, each
+//! kept near the memory-to-SM proportion of what is left to place — more
+//! GPUs than the ILP's count if the
+//! aggregate bound was not enough, on free GPUs of HAMi nodes, then on
+//! free nodes;
 //! (6) replicas into slots, the slot a replica already occupies first.
 //! Each step is linear in the class's GPUs and replicas (plus sorting;
-//! step 5 is quadratic in one class's fractional GPUs at worst).
+//! step 5 is replicas × models × 2).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -799,27 +800,55 @@ fn fractional_gpus_of_class(
             }
         }
     }
-    // The rest, largest share first, first fit onto open GPUs, opening
-    // GPUs on HAMi nodes and then on free nodes as needed.
-    let mut rest: Vec<usize> = left
+    // The rest: packed in the abstract by each of four rules, the one
+    // needing the fewest new GPUs kept, then the new GPUs given concrete
+    // GPUs of HAMi nodes (more nodes if need be).
+    let (cap_mib, cap_pct) = (cap.memory_mib, cap.cores);
+    let types: Vec<Kind> = left
         .iter()
-        .flat_map(|(&m, &n)| std::iter::repeat_n(m, n as usize))
+        .filter(|&(_, &n)| n > 0)
+        .map(|(&m, &n)| {
+            let (mib, pct) = need(m);
+            Kind {
+                model: m,
+                left: n,
+                mib,
+                pct,
+            }
+        })
         .collect();
-    let share = |m: usize| {
-        let (mib, pct) = need(m);
-        (f64::from(mib) / f64::from(cap.memory_mib)).max(f64::from(pct) / f64::from(cap.cores))
-    };
-    rest.sort_by(|&a, &b| share(b).total_cmp(&share(a)).then(a.cmp(&b)));
+    let kept: Vec<Bin> = open
+        .iter()
+        .map(|o| Bin {
+            mib: o.mib,
+            pct: o.pct,
+            models: Vec::new(),
+        })
+        .collect();
+    let fractional_gpus = counts.fractional_gpus.get(c).copied().unwrap_or(0);
+    let (kept_found, new) = [
+        Rule::Spread,
+        Rule::Proportional,
+        Rule::DotProduct,
+        Rule::Decreasing,
+    ]
+    .into_iter()
+    .map(|rule| pack_bins(rule, kept.clone(), types.clone(), cap_mib, cap_pct))
+    .min_by_key(|(_, new)| new.len())
+    .expect("four rules");
+    // Fewer GPUs than the rules found may still do (the ILP counted
+    // `fractional_gpus`): a bounded exact search tries each count from
+    // there up, which settles small classes exactly.
+    let counted = (fractional_gpus as usize).saturating_sub(kept.len());
+    let (kept, new) = (counted..new.len())
+        .find_map(|target| exact_bins(&kept, &types, cap_mib, cap_pct, target, EXACT_NODES))
+        .unwrap_or((kept_found, new));
+    for (gpu, bin) in open.iter_mut().zip(kept) {
+        gpu.models.extend(bin.models);
+    }
     let mut hami = hami;
     let mut cursor = 0;
-    for m in rest {
-        let (mib, pct) = need(m);
-        if let Some(gpu) = open.iter_mut().find(|o| o.mib >= mib && o.pct >= pct) {
-            gpu.mib -= mib;
-            gpu.pct -= pct;
-            gpu.models.push(m);
-            continue;
-        }
+    for bin in new {
         let mut key = None;
         loop {
             if cursor < hami.len() {
@@ -856,12 +885,16 @@ fn fractional_gpus_of_class(
                 assigned.insert(key, fractional_gpu(Vec::new()));
                 open.push(Open {
                     key,
-                    mib: cap.memory_mib - mib,
-                    pct: cap.cores - pct,
-                    models: vec![m],
+                    mib: bin.mib,
+                    pct: bin.pct,
+                    models: bin.models,
                 });
             }
-            None => out.failed[m] += 1,
+            None => {
+                for m in bin.models {
+                    out.failed[m] += 1;
+                }
+            }
         }
     }
     for gpu in open {
@@ -878,4 +911,367 @@ fn fractional_gpus_of_class(
             fractional: models,
         }
     }
+}
+
+/// A model's replicas still to place on fractional GPUs.
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    model: usize,
+    left: u32,
+    mib: u32,
+    pct: u32,
+}
+
+/// A fractional GPU in the abstract: room left and what it holds.
+#[derive(Debug, Clone)]
+struct Bin {
+    mib: u32,
+    pct: u32,
+    models: Vec<usize>,
+}
+
+/// How [`pack_bins`] packs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rule {
+    /// Open as many GPUs as the totals need at least, then deal the
+    /// replicas, largest first, each to the GPU that keeps the most room in
+    /// its scarcer resource (worst fit): every GPU gets a share of every
+    /// kind, as in the aggregate solution the ILP counted, so the mix
+    /// stays balanced to the last GPU; more GPUs only for what fits none.
+    Spread,
+    /// Keep the GPU's memory and SM use in the proportion of what is left
+    /// to place: the replica that fits with the largest share of whichever
+    /// resource the GPU is behind on. First fit decreasing, blind to the
+    /// mix, fills some GPUs' SMs with compute-heavy replicas and strands
+    /// their memory while others fill memory and strand SMs.
+    Proportional,
+    /// The largest dot product of the replica's shares with the room left
+    /// (the bin-centric "DotProduct" rule of vector bin packing, Panigrahy
+    /// et al., 2011).
+    DotProduct,
+    /// The replica with the largest share of either resource that fits.
+    Decreasing,
+}
+
+/// Packs the replicas of `kinds` onto the `kept` GPUs (already holding
+/// replicas, with their room left) and then new ones, GPU by GPU under
+/// `rule`; then empties new GPUs whose replicas all fit elsewhere, the
+/// emptiest first. Returns the kept GPUs' additions and the new GPUs. Per
+/// replica, one scan of the kinds.
+fn pack_bins(
+    rule: Rule,
+    mut kept: Vec<Bin>,
+    mut kinds: Vec<Kind>,
+    cap_mib: u32,
+    cap_pct: u32,
+) -> (Vec<Bin>, Vec<Bin>) {
+    let (cm, cp) = (f64::from(cap_mib), f64::from(cap_pct));
+    let mut new: Vec<Bin> = Vec::new();
+    if rule == Rule::Spread {
+        spread(&mut kept, &mut new, &mut kinds, cap_mib, cap_pct);
+    }
+    let fill = |bin: &mut Bin, kinds: &mut Vec<Kind>| loop {
+        let (total_mib, total_pct) = kinds.iter().fold((0.0, 0.0), |(a, b), k| {
+            (
+                a + f64::from(k.left) * f64::from(k.mib) / cm,
+                b + f64::from(k.left) * f64::from(k.pct) / cp,
+            )
+        });
+        let used_mib = 1.0 - f64::from(bin.mib) / cm;
+        let used_pct = 1.0 - f64::from(bin.pct) / cp;
+        let memory_behind = used_mib * total_pct <= used_pct * total_mib;
+        let score = |k: &Kind| -> (f64, f64) {
+            let (m, c) = (f64::from(k.mib) / cm, f64::from(k.pct) / cp);
+            match rule {
+                Rule::Proportional if memory_behind => (m, -c),
+                Rule::Proportional => (c, -m),
+                Rule::DotProduct => (
+                    m * f64::from(bin.mib) / cm + c * f64::from(bin.pct) / cp,
+                    0.0,
+                ),
+                Rule::Decreasing | Rule::Spread => (m.max(c), m.min(c)),
+            }
+        };
+        let best = kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.left > 0 && k.mib <= bin.mib && k.pct <= bin.pct)
+            .max_by(|(i, a), (j, b)| {
+                let (sa, sb) = (score(a), score(b));
+                sa.0.total_cmp(&sb.0)
+                    .then(sa.1.total_cmp(&sb.1))
+                    .then(j.cmp(i))
+            })
+            .map(|(i, _)| i);
+        let Some(i) = best else {
+            break;
+        };
+        let k = &mut kinds[i];
+        k.left -= 1;
+        bin.mib -= k.mib;
+        bin.pct -= k.pct;
+        bin.models.push(k.model);
+    };
+    for bin in &mut kept {
+        fill(bin, &mut kinds);
+    }
+    while kinds.iter().any(|k| k.left > 0) {
+        let mut bin = Bin {
+            mib: cap_mib,
+            pct: cap_pct,
+            models: Vec::new(),
+        };
+        fill(&mut bin, &mut kinds);
+        if bin.models.is_empty() {
+            break; // Nothing fits an empty GPU (cannot happen for fitting models).
+        }
+        new.push(bin);
+    }
+    // Empty the emptiest new GPUs into the room the others have left (a
+    // few of them: the packing leaves at most a few nearly empty).
+    let size = |b: &Bin| {
+        u64::from(cap_mib - b.mib) * u64::from(cap_pct)
+            + u64::from(cap_pct - b.pct) * u64::from(cap_mib)
+    };
+    new.sort_by_key(size);
+    let need = |m: usize| {
+        let k = kinds.iter().find(|k| k.model == m).expect("a packed kind");
+        (k.mib, k.pct)
+    };
+    let mut attempts = 0;
+    let mut i = 0;
+    while i < new.len() && attempts < 32 {
+        attempts += 1;
+        let mut items: Vec<usize> = new[i].models.clone();
+        items.sort_by_key(|&m| std::cmp::Reverse(need(m).0.max(need(m).1)));
+        let mut moved: Vec<(usize, usize)> = Vec::new();
+        for &m in &items {
+            let (a, b) = need(m);
+            let to = (0..new.len()).find(|&j| j != i && new[j].mib >= a && new[j].pct >= b);
+            let Some(j) = to else {
+                break;
+            };
+            new[j].mib -= a;
+            new[j].pct -= b;
+            new[j].models.push(m);
+            moved.push((j, m));
+        }
+        if moved.len() == items.len() {
+            new.remove(i);
+        } else {
+            // Undo.
+            for (j, m) in moved.into_iter().rev() {
+                let (a, b) = need(m);
+                new[j].mib += a;
+                new[j].pct += b;
+                new[j].models.pop();
+            }
+            i += 1;
+        }
+    }
+    (kept, new)
+}
+
+/// [`Rule::Spread`]: deals every replica of `kinds` onto `kept` and new
+/// GPUs (at least as many in all as the totals need), largest first, each
+/// to the GPU with the most room left in its scarcer resource that fits
+/// it; a GPU that fits none opens another. A max-heap on that room finds
+/// the GPU in `O(log GPUs)` unless the top ones cannot fit the replica.
+fn spread(kept: &mut [Bin], new: &mut Vec<Bin>, kinds: &mut [Kind], cap_mib: u32, cap_pct: u32) {
+    use std::collections::BinaryHeap;
+    let (cm, cp) = (u64::from(cap_mib), u64::from(cap_pct));
+    let (mut total_mib, mut total_pct) = (0u64, 0u64);
+    for k in kinds.iter() {
+        total_mib += u64::from(k.left) * u64::from(k.mib);
+        total_pct += u64::from(k.left) * u64::from(k.pct);
+    }
+    for b in kept.iter() {
+        total_mib += u64::from(cap_mib - b.mib);
+        total_pct += u64::from(cap_pct - b.pct);
+    }
+    let at_least = total_mib.div_ceil(cm).max(total_pct.div_ceil(cp)) as usize;
+    let blank = Bin {
+        mib: cap_mib,
+        pct: cap_pct,
+        models: Vec::new(),
+    };
+    new.extend(std::iter::repeat_n(
+        blank.clone(),
+        at_least.saturating_sub(kept.len()),
+    ));
+    // Room in the scarcer resource, as a fraction scaled to an integer.
+    let room = |b: &Bin| (u64::from(b.mib) * cp).min(u64::from(b.pct) * cm);
+    let n_kept = kept.len();
+    let mut heap: BinaryHeap<(u64, std::cmp::Reverse<usize>)> = kept
+        .iter()
+        .chain(new.iter())
+        .enumerate()
+        .map(|(i, b)| (room(b), std::cmp::Reverse(i)))
+        .collect();
+    let mut order: Vec<usize> = (0..kinds.len()).collect();
+    order.sort_by_key(|&i| {
+        let k = &kinds[i];
+        let (m, c) = (u64::from(k.mib) * cp, u64::from(k.pct) * cm);
+        (
+            std::cmp::Reverse(m.max(c)),
+            std::cmp::Reverse(m.min(c)),
+            k.model,
+        )
+    });
+    for i in order {
+        let k = kinds[i];
+        for _ in 0..k.left {
+            let mut popped = Vec::new();
+            let mut placed = false;
+            while let Some((r, std::cmp::Reverse(j))) = heap.pop() {
+                let b = if j < n_kept {
+                    &mut kept[j]
+                } else {
+                    &mut new[j - n_kept]
+                };
+                if b.mib >= k.mib && b.pct >= k.pct {
+                    b.mib -= k.mib;
+                    b.pct -= k.pct;
+                    b.models.push(k.model);
+                    heap.push((room(b), std::cmp::Reverse(j)));
+                    placed = true;
+                    break;
+                }
+                popped.push((r, std::cmp::Reverse(j)));
+                if popped.len() >= 64 {
+                    break;
+                }
+            }
+            heap.extend(popped);
+            if !placed {
+                let mut b = blank.clone();
+                b.mib -= k.mib;
+                b.pct -= k.pct;
+                b.models.push(k.model);
+                heap.push((room(&b), std::cmp::Reverse(n_kept + new.len())));
+                new.push(b);
+            }
+        }
+        kinds[i].left = 0;
+    }
+    new.retain(|b| !b.models.is_empty());
+}
+
+/// Search nodes [`exact_bins`] may visit per GPU count tried.
+const EXACT_NODES: u32 = 20_000;
+
+/// Whether the replicas of `kinds` fit the `kept` GPUs' room plus `target`
+/// new GPUs: depth-first over the replicas, largest first, into each GPU
+/// with a distinct room left (GPUs with the same room are interchangeable),
+/// pruned when what is left exceeds the room left in either resource;
+/// `None` when it does not fit or `limit` nodes were not enough to tell.
+fn exact_bins(
+    kept: &[Bin],
+    kinds: &[Kind],
+    cap_mib: u32,
+    cap_pct: u32,
+    target: usize,
+    limit: u32,
+) -> Option<(Vec<Bin>, Vec<Bin>)> {
+    let mut items: Vec<Kind> = kinds.iter().filter(|k| k.left > 0).copied().collect();
+    let (cm, cp) = (u64::from(cap_mib), u64::from(cap_pct));
+    items.sort_by_key(|k| {
+        let (m, c) = (u64::from(k.mib) * cp, u64::from(k.pct) * cm);
+        (
+            std::cmp::Reverse(m.max(c)),
+            std::cmp::Reverse(m.min(c)),
+            k.model,
+        )
+    });
+    let order: Vec<Kind> = items
+        .iter()
+        .flat_map(|k| std::iter::repeat_n(*k, k.left as usize))
+        .collect();
+    let mut bins: Vec<Bin> = kept.to_vec();
+    bins.extend(std::iter::repeat_n(
+        Bin {
+            mib: cap_mib,
+            pct: cap_pct,
+            models: Vec::new(),
+        },
+        target,
+    ));
+    // Suffix sums of what is left to place.
+    let mut left_mib = vec![0u64; order.len() + 1];
+    let mut left_pct = vec![0u64; order.len() + 1];
+    for i in (0..order.len()).rev() {
+        left_mib[i] = left_mib[i + 1] + u64::from(order[i].mib);
+        left_pct[i] = left_pct[i + 1] + u64::from(order[i].pct);
+    }
+    struct Search<'a> {
+        order: &'a [Kind],
+        left_mib: &'a [u64],
+        left_pct: &'a [u64],
+        nodes: u32,
+        limit: u32,
+    }
+    impl Search<'_> {
+        fn go(&mut self, i: usize, bins: &mut [Bin]) -> bool {
+            if i == self.order.len() {
+                return true;
+            }
+            self.nodes += 1;
+            if self.nodes > self.limit {
+                return false;
+            }
+            let (room_mib, room_pct) = bins.iter().fold((0u64, 0u64), |(a, b), x| {
+                (a + u64::from(x.mib), b + u64::from(x.pct))
+            });
+            if room_mib < self.left_mib[i] || room_pct < self.left_pct[i] {
+                return false;
+            }
+            let k = self.order[i];
+            let mut tried: Vec<(u32, u32)> = Vec::new();
+            for j in 0..bins.len() {
+                let b = &bins[j];
+                if b.mib < k.mib || b.pct < k.pct || tried.contains(&(b.mib, b.pct)) {
+                    continue;
+                }
+                tried.push((b.mib, b.pct));
+                bins[j].mib -= k.mib;
+                bins[j].pct -= k.pct;
+                bins[j].models.push(k.model);
+                if self.go(i + 1, bins) {
+                    return true;
+                }
+                bins[j].models.pop();
+                bins[j].mib += k.mib;
+                bins[j].pct += k.pct;
+                if self.nodes > self.limit {
+                    return false;
+                }
+            }
+            false
+        }
+    }
+    let mut search = Search {
+        order: &order,
+        left_mib: &left_mib,
+        left_pct: &left_pct,
+        nodes: 0,
+        limit,
+    };
+    if !search.go(0, &mut bins) {
+        return None;
+    }
+    let new = bins.split_off(kept.len());
+    // What the kept GPUs gained, as `pack_bins` returns it.
+    let kept_added: Vec<Bin> = bins
+        .into_iter()
+        .zip(kept)
+        .map(|(after, before)| Bin {
+            mib: after.mib,
+            pct: after.pct,
+            models: after.models[before.models.len()..].to_vec(),
+        })
+        .collect();
+    Some((
+        kept_added,
+        new.into_iter().filter(|b| !b.models.is_empty()).collect(),
+    ))
 }

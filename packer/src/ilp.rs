@@ -580,19 +580,78 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
         }
     }
     counts.slots.retain(|_, n| *n > 0);
-    // Whole GPUs where time-slicing nodes need the room go back too.
+    // Where the node-level rules break, take back whole GPUs first, then
+    // GPUs of the sharing role (a device-plugin config or HAMi) holding
+    // fewest, then MIG GPUs; their replicas go back to the greedy.
     for (c, class) in classes.iter().enumerate() {
         while !node_ok(class, c, &counts, Extra::default()) {
-            let (&key, _) = counts
+            let g = class.gpus_per_node.max(1);
+            let configured: u32 = class
+                .patterns
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.kind.node_config())
+                .map(|(p, _)| counts.patterns[c][p].div_ceil(g))
+                .sum::<u32>()
+                + counts.fractional_gpus[c].div_ceil(g);
+            let whole = counts
                 .whole
                 .iter()
                 .filter(|&(&(cc, _, _), &n)| cc == c && n > 0)
-                .max_by_key(|&(&(_, _, k), _)| k)?;
-            *counts.whole.get_mut(&key).expect("found above") -= 1;
-            remaining[key.1] += 1;
-            used[c] -= key.2;
+                .max_by_key(|&(&(_, _, k), _)| k)
+                .map(|(&key, _)| key);
+            if let Some(key) = whole.filter(|_| configured <= class.nodes.len() as u32) {
+                *counts.whole.get_mut(&key).expect("found above") -= 1;
+                remaining[key.1] += 1;
+                used[c] -= key.2;
+                continue;
+            }
+            let role = class
+                .patterns
+                .iter()
+                .enumerate()
+                .filter(|&(p, pattern)| pattern.kind.node_config() && counts.patterns[c][p] > 0)
+                .map(|(p, _)| (counts.patterns[c][p], Some(p)))
+                .chain((counts.fractional_gpus[c] > 0).then_some((counts.fractional_gpus[c], None)))
+                .min();
+            let p = match role {
+                Some((_, Some(p))) => p,
+                Some((_, None)) => {
+                    counts.fractional_gpus[c] -= 1;
+                    used[c] -= 1;
+                    while !fractional_fits(class, c, models, &counts) {
+                        let (&key, _) = counts
+                            .fractional
+                            .iter()
+                            .filter(|&(&(cc, _), &n)| cc == c && n > 0)
+                            .max_by_key(|&(_, &n)| n)?;
+                        *counts.fractional.get_mut(&key).expect("found above") -= 1;
+                        remaining[key.1] += 1;
+                    }
+                    continue;
+                }
+                None => (0..class.patterns.len()).find(|&p| counts.patterns[c][p] > 0)?,
+            };
+            counts.patterns[c][p] -= 1;
+            used[c] -= 1;
+            for &(t, k) in &class.patterns[p].slots {
+                let left = spare.entry((c, t)).or_insert(0);
+                *left -= i64::from(k);
+                while *left < 0 {
+                    let (&key, _) = counts
+                        .slots
+                        .iter()
+                        .filter(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
+                        .max_by_key(|&(_, &n)| n)?;
+                    *counts.slots.get_mut(&key).expect("found above") -= 1;
+                    remaining[key.1] += 1;
+                    *left += 1;
+                }
+            }
         }
     }
+    counts.slots.retain(|_, n| *n > 0);
+    counts.fractional.retain(|_, n| *n > 0);
     counts.whole.retain(|_, n| *n > 0);
     complete(classes, models, counts, remaining, used, spare)
 }

@@ -82,7 +82,7 @@ impl Default for PackOptions {
             max_timeslice_replicas: 4,
             timeslice_memory_headroom: 0.1,
             timeslice_compute_cap: 1.0,
-            max_mps_replicas: 8,
+            max_mps_replicas: 4,
             mps_memory_headroom: 0.05,
             mps_compute_cap: 1.0,
             fractional_memory_headroom: 0.05,

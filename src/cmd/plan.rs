@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.1)]
     pub timeslice_headroom: f64,
     /// Most MPS partitions per GPU.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(2..=48))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=48))]
     pub max_mps: u8,
     /// Fraction of an MPS or fractional (HAMi) GPU's memory kept free.
     #[arg(long, default_value_t = 0.05)]

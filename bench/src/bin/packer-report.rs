@@ -4,6 +4,16 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use gpuscale_bench::packer_report;
+use gpuscale_bench::scenario::RuleSet;
+
+fn parse_rule_set(name: &str) -> Result<RuleSet, String> {
+    RuleSet::parse(name).ok_or_else(|| {
+        format!(
+            "unknown rule set `{name}`; one of: {}",
+            RuleSet::EVERY.map(RuleSet::name).join(", ")
+        )
+    })
+}
 use gpuscale_packer::PackOptions;
 
 /// Packs generated scenarios with gpuscale, FFD and whole-GPU baselines.
@@ -27,6 +37,14 @@ struct Args {
     /// Relative MIP gap (the packer's `--mip-gap`).
     #[arg(long, default_value_t = 0.005)]
     mip_gap: f64,
+    /// Sharing rule sets, each a row per size: `mig-whole` (today's: MIG,
+    /// time-sliced whole GPUs, whole GPUs), `fractional` (+ HAMi),
+    /// `mps` (+ MPS), `all`. The baselines run with the first.
+    #[arg(long, value_delimiter = ',', default_value = "mig-whole,fractional,mps,all", value_parser = parse_rule_set)]
+    rule_sets: Vec<RuleSet>,
+    /// The rule set of the incremental case.
+    #[arg(long, default_value = "all", value_parser = parse_rule_set)]
+    incremental_rule_set: RuleSet,
     /// Where the scenario files are written.
     #[arg(long, default_value = "target/bench-scenarios")]
     dir: PathBuf,
@@ -49,11 +67,14 @@ fn main() -> anyhow::Result<()> {
             mip_rel_gap: args.mip_gap,
             ..PackOptions::default()
         },
+        incremental_rules: args.incremental_rule_set,
     };
     let mut rows = Vec::new();
     for &size in &args.sizes {
-        eprintln!("packing {size} GPUs…");
-        rows.push(packer_report::run_size(&setup, size)?);
+        for (i, &rules) in args.rule_sets.iter().enumerate() {
+            eprintln!("packing {size} GPUs under {}…", rules.name());
+            rows.push(packer_report::run_size(&setup, size, rules, i == 0)?);
+        }
     }
     let incremental = if args.incremental > 0 {
         eprintln!("incremental +1 on {} GPUs…", args.incremental);
