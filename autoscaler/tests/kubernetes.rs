@@ -235,6 +235,66 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
 }
 
 #[tokio::test]
+async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotations() {
+    let (k, mut handle) = kube(false);
+    let variant = Variant {
+        name: "llama-h100-80gb-fractional".into(),
+        gpu_model: "H100-80GB".into(),
+        resources: [
+            ("nvidia.com/gpu".to_string(), 1),
+            ("nvidia.com/gpumem".to_string(), 21_463),
+            ("nvidia.com/gpucores".to_string(), 35),
+        ]
+        .into(),
+        node_selector: [
+            (
+                "nvidia.com/gpu.product".to_string(),
+                "NVIDIA-H100-80GB-HBM3".to_string(),
+            ),
+            ("gpu".to_string(), "on".to_string()),
+        ]
+        .into(),
+        annotations: [
+            (
+                "hami.io/gpu-scheduler-policy".to_string(),
+                "binpack".to_string(),
+            ),
+            (
+                "nvidia.com/use-gpuuuid".to_string(),
+                "GPU-aaaa,GPU-bbbb".to_string(),
+            ),
+        ]
+        .into(),
+        replicas: 2,
+    };
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-fractional?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-fractional"}}),
+        )
+        .await;
+        let template = &body["spec"]["template"];
+        // HAMi reads its annotations from the pod, so they are on the
+        // template, not on the Deployment.
+        assert_eq!(
+            template["metadata"]["annotations"],
+            json!({"hami.io/gpu-scheduler-policy": "binpack", "nvidia.com/use-gpuuuid": "GPU-aaaa,GPU-bbbb"})
+        );
+        assert!(body["metadata"].get("annotations").is_none());
+        assert_eq!(
+            template["spec"]["containers"][0]["resources"]["limits"],
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "21463", "nvidia.com/gpucores": "35"})
+        );
+        assert_eq!(template["spec"]["nodeSelector"]["gpu"], "on");
+    });
+    assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
+    server.await.unwrap();
+}
+
+#[tokio::test]
 async fn a_mig_change_is_a_node_label_patch() {
     let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {

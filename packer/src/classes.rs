@@ -101,6 +101,10 @@ pub struct Fractional {
     pub memory_mib: u32,
     /// SM percent replicas may take together: `⌊cap × 100⌋`.
     pub cores: u32,
+    /// The share of that capacity the ILP's aggregate constraints count
+    /// (1.0; lowered by [`crate::pack`] for a class whose replicas decode
+    /// could not pack into the GPUs it had).
+    pub aggregate: f64,
 }
 
 /// What one replica asks of a fractional GPU: `nvidia.com/gpumem` (MiB,
@@ -299,6 +303,7 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
                     + 1e-6)
                     .floor() as u32,
                 cores: (options.fractional_compute_cap * 100.0 + 1e-6).floor() as u32,
+                aggregate: 1.0,
             });
         let mut class = Class {
             gpu_model: gpu_model.clone(),

@@ -42,6 +42,9 @@ pub struct Decoded {
     pub mps_nodes: BTreeMap<String, u8>,
     /// Nodes running HAMi.
     pub hami_nodes: BTreeSet<String>,
+    /// Classes whose fractional replicas did not all fit: (fractional GPUs
+    /// the ILP counted, GPUs the packing needed).
+    pub fractional_short: BTreeMap<usize, (u32, u32)>,
     next_group: u32,
 }
 
@@ -837,12 +840,18 @@ fn fractional_gpus_of_class(
     .min_by_key(|(_, new)| new.len())
     .expect("four rules");
     // Fewer GPUs than the rules found may still do (the ILP counted
-    // `fractional_gpus`): a bounded exact search tries each count from
-    // there up, which settles small classes exactly.
+    // `fractional_gpus`): in a small class, a bounded exact search tries
+    // each count from there up.
     let counted = (fractional_gpus as usize).saturating_sub(kept.len());
-    let (kept, new) = (counted..new.len())
-        .find_map(|target| exact_bins(&kept, &types, cap_mib, cap_pct, target, EXACT_NODES))
-        .unwrap_or((kept_found, new));
+    let replicas: u32 = types.iter().map(|k| k.left).sum();
+    let (kept, new) = if replicas <= EXACT_REPLICAS {
+        (counted..new.len())
+            .find_map(|target| exact_bins(&kept, &types, cap_mib, cap_pct, target, EXACT_NODES))
+            .unwrap_or((kept_found, new))
+    } else {
+        (kept_found, new)
+    };
+    let needed = (kept.len() + new.len()) as u32;
     for (gpu, bin) in open.iter_mut().zip(kept) {
         gpu.models.extend(bin.models);
     }
@@ -894,6 +903,7 @@ fn fractional_gpus_of_class(
                 for m in bin.models {
                     out.failed[m] += 1;
                 }
+                out.fractional_short.insert(c, (fractional_gpus, needed));
             }
         }
     }
@@ -1159,6 +1169,10 @@ fn spread(kept: &mut [Bin], new: &mut Vec<Bin>, kinds: &mut [Kind], cap_mib: u32
 
 /// Search nodes [`exact_bins`] may visit per GPU count tried.
 const EXACT_NODES: u32 = 20_000;
+
+/// Most replicas in a class for [`exact_bins`] to be tried (each node
+/// scans every GPU, so larger classes would spend their time budget here).
+const EXACT_REPLICAS: u32 = 64;
 
 /// Whether the replicas of `kinds` fit the `kept` GPUs' room plus `target`
 /// new GPUs: depth-first over the replicas, largest first, into each GPU

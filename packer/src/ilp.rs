@@ -291,12 +291,12 @@ fn fractional(v: &Vars, classes: &[Class], models: &[Model]) -> Vec<Constraint> 
                 }
             }
         }
-        memory.add_mul(-f64::from(cap.memory_mib) / 1024.0, f);
-        cores.add_mul(-f64::from(cap.cores) / 100.0, f);
+        memory.add_mul(-f64::from(cap.memory_mib) / 1024.0 * cap.aggregate, f);
+        cores.add_mul(-f64::from(cap.cores) / 100.0 * cap.aggregate, f);
         out.push(memory.leq(0.0));
         out.push(cores.leq(0.0));
         for mut cut in cuts {
-            cut.add_mul(-1.0, f);
+            cut.add_mul(-cap.aggregate, f);
             out.push(cut.leq(0.0));
         }
     }
@@ -916,7 +916,7 @@ fn complete(
 /// beyond the demand leave (from the slot types and groups holding most),
 /// missing ones are placed by [`complete`] on top of what runs. Nothing that
 /// runs moves; `None` when that cannot keep the node-level rules.
-fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
+pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
     let mut counts = Counts {
         patterns: classes.iter().map(|c| c.current_patterns.clone()).collect(),
         fractional_gpus: classes.iter().map(|c| c.current_fractional_gpus).collect(),
@@ -1175,9 +1175,10 @@ fn fractional_fits(class: &Class, c: usize, models: &[Model], counts: &Counts) -
             *sum += w * f64::from(n);
         }
     }
-    mib <= u64::from(cap.memory_mib) * u64::from(gpus)
-        && pct <= u64::from(cap.cores) * u64::from(gpus)
-        && cuts.iter().all(|&w| w <= f64::from(gpus) + 1e-9)
+    let bins = f64::from(gpus) * cap.aggregate;
+    mib as f64 <= f64::from(cap.memory_mib) * bins + 1e-6
+        && pct as f64 <= f64::from(cap.cores) * bins + 1e-6
+        && cuts.iter().all(|&w| w <= bins + 1e-9)
 }
 
 /// Whether opening a GPU of class `c` with `fitting` places for the replica
@@ -1310,7 +1311,7 @@ pub fn solve(
         }
     };
     // Optimal, or within the requested MIP gap (HiGHS's own stopping rule).
-    let mut optimal = !matches!(sol.status(), SolutionStatus::TimeLimit);
+    let optimal = !matches!(sol.status(), SolutionStatus::TimeLimit);
     let best = objective.eval_with(&sol);
     let phase1 = read_counts(&sol, &v);
 
@@ -1377,7 +1378,11 @@ pub fn solve(
     // re-plan never trades a cent inside the solver's own gap for moves.
     let slack = (options.mip_rel_gap * best.abs()).max(1e-6 * best.abs().max(1.0));
     let cost_bound = cost_expr(&v, classes, models).leq(best + slack);
-    let mut problem = configure(vars.minimise(objective2).using(highs), options, start)?;
+    // Disruption is worth a bounded search: at most `PHASE2_NODES` branch
+    // and bound nodes (a count, not a clock, so plans stay deterministic);
+    // the best found by then stands, and its cost is phase 1's either way.
+    let mut problem = configure(vars.minimise(objective2).using(highs), options, start)?
+        .set_option("mip_max_nodes", PHASE2_NODES);
     for c in all_constraints(&v, classes, models, demand_) {
         problem.add_constraint(c);
     }
@@ -1385,19 +1390,18 @@ pub fn solve(
     for c in links {
         problem.add_constraint(c);
     }
+    // `optimal` is about cost, which phase 2 keeps within the gap whether
+    // or not it proves the least disruption.
     let counts = match problem.solve() {
-        Ok(sol) => {
-            optimal &= !matches!(sol.status(), SolutionStatus::TimeLimit);
-            read_counts(&sol, &v)
-        }
-        // Out of time before improving on phase 1: phase 1 stands.
-        Err(_) => {
-            optimal = false;
-            phase1
-        }
+        Ok(sol) => read_counts(&sol, &v),
+        // Out of time before a solution: phase 1 stands.
+        Err(_) => phase1,
     };
     Ok(solved(counts, optimal))
 }
+
+/// Branch-and-bound nodes phase 2 may use.
+const PHASE2_NODES: i32 = 500;
 
 fn configure(
     problem: good_lp::solvers::highs::HighsProblem,

@@ -132,9 +132,63 @@ pub fn pack(
         .iter()
         .map(|m| demand.get(&m.name).copied().unwrap_or(0))
         .collect();
-    let classes = classes::build(cluster, models, options);
-    let solved = ilp::solve(&classes, models, &wanted, options)?;
-    let decoded = decode::decode(cluster, models, &classes, &solved.counts);
+    let mut classes = classes::build(cluster, models, options);
+    let mut solved = ilp::solve(&classes, models, &wanted, options)?;
+    let mut decoded = decode::decode(cluster, models, &classes, &solved.counts);
+    // Fractional GPUs are counted in aggregate; where decode could not pack
+    // a class's replicas into the GPUs it has, count that class's capacity
+    // at the share the packing achieved and solve again (twice at most).
+    // The LP bounds stay the first solve's: the later ones are not bounds.
+    let bounds = (solved.lp_cost, solved.lp_gpus, solved.lp_class_gpus.clone());
+    for _ in 0..2 {
+        if decoded.fractional_short.is_empty() {
+            break;
+        }
+        for (&c, &(counted, needed)) in &decoded.fractional_short {
+            if let Some(cap) = classes[c].fractional.as_mut() {
+                cap.aggregate *= (f64::from(counted.max(1)) / f64::from(needed.max(1))).min(0.98);
+            }
+        }
+        solved = ilp::solve(&classes, models, &wanted, options)?;
+        decoded = decode::decode(cluster, models, &classes, &solved.counts);
+    }
+    (solved.lp_cost, solved.lp_gpus, solved.lp_class_gpus) = bounds;
+    // Decode is exact for slots but a heuristic for fractional GPUs, so a
+    // re-plan never returns a plan that places fewer replicas or costs more
+    // than keeping everything that runs and adding on top of it.
+    let runs_now = classes.iter().any(|c| {
+        c.current_patterns.iter().any(|&n| n > 0)
+            || !c.current_slots.is_empty()
+            || !c.current_whole.is_empty()
+            || c.current_fractional_gpus > 0
+    });
+    if runs_now {
+        // The same repair as above where the aggregate promised room the
+        // packing could not find.
+        let mut kept_classes = classes.clone();
+        for _ in 0..3 {
+            let Some(counts) = ilp::pinned(&kept_classes, models, &wanted) else {
+                break;
+            };
+            let kept = decode::decode(cluster, models, &kept_classes, &counts);
+            let (placed, cost) = placed_and_cost(cluster, &counts, &kept);
+            let (placed_now, cost_now) = placed_and_cost(cluster, &solved.counts, &decoded);
+            if placed > placed_now || (placed == placed_now && cost < cost_now - 1e-9) {
+                decoded = kept;
+                solved.counts = counts;
+                break;
+            }
+            if kept.fractional_short.is_empty() {
+                break;
+            }
+            for (&c, &(counted, needed)) in &kept.fractional_short {
+                if let Some(cap) = kept_classes[c].fractional.as_mut() {
+                    cap.aggregate *=
+                        (f64::from(counted.max(1)) / f64::from(needed.max(1))).min(0.98);
+                }
+            }
+        }
+    }
     let mut plan = figures(cluster, models, &wanted, &solved, decoded);
     plan.pools = pools(&classes, &solved, &plan.gpus);
     plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -331,6 +385,25 @@ fn figures(
         })
         .collect();
     plan
+}
+
+/// Replicas placed and cost per hour of a decoded plan.
+fn placed_and_cost(
+    cluster: &Cluster,
+    counts: &ilp::Counts,
+    decoded: &decode::Decoded,
+) -> (u32, f64) {
+    let placed = counts.slots.values().sum::<u32>()
+        + counts.whole.values().sum::<u32>()
+        + counts.fractional.values().sum::<u32>();
+    let cost = decoded
+        .gpus
+        .iter()
+        .filter(|g| g.mode != Mode::Idle && !g.replicas.is_empty())
+        .filter_map(|g| cluster.catalog.get(&g.gpu_model))
+        .map(|m| m.price_per_hour)
+        .sum();
+    (placed.saturating_sub(decoded.failed.iter().sum()), cost)
 }
 
 /// Per GPU model: healthy GPUs, GPUs in use, GPUs in the cost LP.

@@ -417,7 +417,14 @@ fn replanning_an_applied_plan_moves_nothing() {
         .map(|g| cluster.catalog.get(&g.gpu_model).unwrap().price_per_hour)
         .fold(f64::INFINITY, f64::min);
     let pinned = first.cost_per_hour + cheapest_idle;
-    assert!(plus_one.cost_per_hour <= pinned + 1e-9);
+    assert!(
+        plus_one.cost_per_hour <= pinned + 1e-9,
+        "{} > {} (first {}, moves {})",
+        plus_one.cost_per_hour,
+        pinned,
+        first.cost_per_hour,
+        plus_one.moves
+    );
     if plus_one.moves > 0 {
         assert!(
             plus_one.cost_per_hour < pinned - 1e-9,
