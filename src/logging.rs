@@ -19,8 +19,12 @@ pub enum LogFormat {
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         // Decisions (what the autoscaler did and why) are news: info by
-        // default; everything else only when it is a warning.
-        .unwrap_or_else(|_| EnvFilter::new("warn,gpuscale_autoscaler::controller=info"));
+        // default; everything else only when it is a warning. The `highs`
+        // crate warns whenever HiGHS stops at a limit the packer set (phase
+        // 2's node limit), which is the plan working as meant.
+        .unwrap_or_else(|_| {
+            EnvFilter::new("warn,gpuscale_autoscaler::controller=info,highs=error")
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colour codes only for a terminal, never in files or pipes.

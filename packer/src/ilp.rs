@@ -541,17 +541,8 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
     for (c, class) in classes.iter().enumerate() {
         // Fractional GPUs rounded up first go back while they overrun.
         while used[c] > class.healthy_gpus() && counts.fractional_gpus[c] > 0 {
-            counts.fractional_gpus[c] -= 1;
+            take_back_fractional_gpu(class, c, models, &mut counts, &mut remaining)?;
             used[c] -= 1;
-            while !fractional_fits(class, c, models, &counts) {
-                let (&key, _) = counts
-                    .fractional
-                    .iter()
-                    .filter(|&(&(cc, _), &n)| cc == c && n > 0)
-                    .max_by_key(|&(_, &n)| n)?;
-                *counts.fractional.get_mut(&key).expect("found above") -= 1;
-                remaining[key.1] += 1;
-            }
         }
         counts.fractional.retain(|_, n| *n > 0);
         while used[c] > class.healthy_gpus() {
@@ -561,22 +552,8 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
                     let frac = |p: usize| r.n[c][p] - r.n[c][p].floor();
                     frac(a).total_cmp(&frac(b)).then(a.cmp(&b))
                 })?;
-            counts.patterns[c][p] -= 1;
+            take_back_gpu(class, c, p, &mut counts, &mut spare, &mut remaining)?;
             used[c] -= 1;
-            for &(t, k) in &class.patterns[p].slots {
-                let left = spare.entry((c, t)).or_insert(0);
-                *left -= i64::from(k);
-                while *left < 0 {
-                    let (&key, _) = counts
-                        .slots
-                        .iter()
-                        .filter(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
-                        .max_by_key(|&(_, &n)| n)?;
-                    *counts.slots.get_mut(&key).expect("found above") -= 1;
-                    remaining[key.1] += 1;
-                    *left += 1;
-                }
-            }
         }
     }
     counts.slots.retain(|_, n| *n > 0);
@@ -617,43 +594,71 @@ fn round(classes: &[Class], models: &[Model], demand_: &[u32], r: &Relaxed) -> O
             let p = match role {
                 Some((_, Some(p))) => p,
                 Some((_, None)) => {
-                    counts.fractional_gpus[c] -= 1;
+                    take_back_fractional_gpu(class, c, models, &mut counts, &mut remaining)?;
                     used[c] -= 1;
-                    while !fractional_fits(class, c, models, &counts) {
-                        let (&key, _) = counts
-                            .fractional
-                            .iter()
-                            .filter(|&(&(cc, _), &n)| cc == c && n > 0)
-                            .max_by_key(|&(_, &n)| n)?;
-                        *counts.fractional.get_mut(&key).expect("found above") -= 1;
-                        remaining[key.1] += 1;
-                    }
                     continue;
                 }
                 None => (0..class.patterns.len()).find(|&p| counts.patterns[c][p] > 0)?,
             };
-            counts.patterns[c][p] -= 1;
+            take_back_gpu(class, c, p, &mut counts, &mut spare, &mut remaining)?;
             used[c] -= 1;
-            for &(t, k) in &class.patterns[p].slots {
-                let left = spare.entry((c, t)).or_insert(0);
-                *left -= i64::from(k);
-                while *left < 0 {
-                    let (&key, _) = counts
-                        .slots
-                        .iter()
-                        .filter(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
-                        .max_by_key(|&(_, &n)| n)?;
-                    *counts.slots.get_mut(&key).expect("found above") -= 1;
-                    remaining[key.1] += 1;
-                    *left += 1;
-                }
-            }
         }
     }
     counts.slots.retain(|_, n| *n > 0);
     counts.fractional.retain(|_, n| *n > 0);
     counts.whole.retain(|_, n| *n > 0);
     complete(classes, models, counts, remaining, used, spare)
+}
+
+/// One GPU of pattern `p` of class `c` less; the replicas its slots held
+/// (from the slot types holding most) go back to `remaining`. `None` when
+/// the counts were inconsistent.
+fn take_back_gpu(
+    class: &Class,
+    c: usize,
+    p: usize,
+    counts: &mut Counts,
+    spare: &mut BTreeMap<(usize, usize), i64>,
+    remaining: &mut [u32],
+) -> Option<()> {
+    counts.patterns[c][p] -= 1;
+    for &(t, k) in &class.patterns[p].slots {
+        let left = spare.entry((c, t)).or_insert(0);
+        *left -= i64::from(k);
+        while *left < 0 {
+            let (&key, _) = counts
+                .slots
+                .iter()
+                .filter(|&(&(cc, _, tt), &n)| cc == c && tt == t && n > 0)
+                .max_by_key(|&(_, &n)| n)?;
+            *counts.slots.get_mut(&key).expect("found above") -= 1;
+            remaining[key.1] += 1;
+            *left += 1;
+        }
+    }
+    Some(())
+}
+
+/// One fractional GPU of class `c` less; replicas (of the models with
+/// most) go back to `remaining` until the rest fit in aggregate.
+fn take_back_fractional_gpu(
+    class: &Class,
+    c: usize,
+    models: &[Model],
+    counts: &mut Counts,
+    remaining: &mut [u32],
+) -> Option<()> {
+    counts.fractional_gpus[c] -= 1;
+    while !fractional_fits(class, c, models, counts) {
+        let (&key, _) = counts
+            .fractional
+            .iter()
+            .filter(|&(&(cc, _), &n)| cc == c && n > 0)
+            .max_by_key(|&(_, &n)| n)?;
+        *counts.fractional.get_mut(&key).expect("found above") -= 1;
+        remaining[key.1] += 1;
+    }
+    Some(())
 }
 
 /// Places the `remaining` replicas greedily on top of `counts` (spare

@@ -144,11 +144,7 @@ pub fn pack(
         if decoded.fractional_short.is_empty() {
             break;
         }
-        for (&c, &(counted, needed)) in &decoded.fractional_short {
-            if let Some(cap) = classes[c].fractional.as_mut() {
-                cap.aggregate *= (f64::from(counted.max(1)) / f64::from(needed.max(1))).min(0.98);
-            }
-        }
+        recount(&mut classes, &decoded.fractional_short);
         solved = ilp::solve(&classes, models, &wanted, options)?;
         decoded = decode::decode(cluster, models, &classes, &solved.counts);
     }
@@ -181,12 +177,7 @@ pub fn pack(
             if kept.fractional_short.is_empty() {
                 break;
             }
-            for (&c, &(counted, needed)) in &kept.fractional_short {
-                if let Some(cap) = kept_classes[c].fractional.as_mut() {
-                    cap.aggregate *=
-                        (f64::from(counted.max(1)) / f64::from(needed.max(1))).min(0.98);
-                }
-            }
+            recount(&mut kept_classes, &kept.fractional_short);
         }
     }
     let mut plan = figures(cluster, models, &wanted, &solved, decoded);
@@ -385,6 +376,17 @@ fn figures(
         })
         .collect();
     plan
+}
+
+/// Counts the fractional capacity of each class decode fell short in at
+/// the share its packing achieved (the GPUs counted over the GPUs needed,
+/// at most 0.98 of what it was).
+fn recount(classes: &mut [classes::Class], short: &BTreeMap<usize, (u32, u32)>) {
+    for (&c, &(counted, needed)) in short {
+        if let Some(cap) = classes[c].fractional.as_mut() {
+            cap.aggregate *= (f64::from(counted.max(1)) / f64::from(needed.max(1))).min(0.98);
+        }
+    }
 }
 
 /// Replicas placed and cost per hour of a decoded plan.

@@ -232,6 +232,13 @@ pub fn node_sharing() -> Vec<SharingMode> {
     vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole]
 }
 
+fn sharing_list(v: &[SharingMode]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn is_default_sharing(v: &[SharingMode]) -> bool {
     v == node_sharing().as_slice()
 }
@@ -434,6 +441,15 @@ fn validate_gpus(
             continue;
         }
         match g.mode {
+            GpuMode::Mig if !n.sharing.contains(&SharingMode::Mig) => {
+                errors.push(FieldError::new(
+                    format!("{gp}.mode"),
+                    format!(
+                        "the node does not allow `mig` (its `sharing` is [{}])",
+                        sharing_list(&n.sharing)
+                    ),
+                ));
+            }
             GpuMode::Mig => match gpu.and_then(|m| m.mig.as_ref()) {
                 None => errors.push(FieldError::new(
                     format!("{gp}.mode"),
@@ -479,11 +495,7 @@ fn validate_gpus(
                         format!("{gp}.mode"),
                         format!(
                             "the node does not allow `{needs}` (its `sharing` is [{}])",
-                            n.sharing
-                                .iter()
-                                .map(ToString::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            sharing_list(&n.sharing)
                         ),
                     ));
                 }
@@ -681,6 +693,49 @@ mod tests {
             ]
         );
         assert!(errors[1].message.contains("cannot start at slot 6"));
+    }
+
+    #[test]
+    fn a_node_runs_only_the_sharing_it_allows_and_one_device_plugin_config() {
+        let state = |index, mode| GpuState {
+            index,
+            health: Health::Healthy,
+            mode,
+            geometry: vec![],
+            workloads: vec![],
+            uuid: None,
+        };
+        let mut n = node(
+            "n",
+            vec![
+                state(0, GpuMode::Fractional),
+                state(1, GpuMode::Mps),
+                state(2, GpuMode::Timeslice),
+                state(3, GpuMode::Mig),
+            ],
+        );
+        n.sharing = vec![SharingMode::Timeslice];
+        n.timeslice_replicas = Some(2);
+        n.mps_replicas = Some(1);
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![n],
+        };
+        let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.nodes[0].mpsReplicas",
+                "spec.nodes[0].mpsReplicas",
+                "spec.nodes[0].gpus[0].mode",
+                "spec.nodes[0].gpus[1].mode",
+                "spec.nodes[0].gpus[3].mode"
+            ],
+            "{errors:?}"
+        );
+        assert!(errors[2].message.contains("does not allow `fractional`"));
+        assert!(errors[4].message.contains("does not allow `mig`"));
     }
 
     #[test]
