@@ -249,7 +249,7 @@ impl RuleSet {
     }
 
     /// Modes added to today's, for nodes and for the models that may share
-    /// a GPU (those of at most 70 GiB).
+    /// a GPU (those of at most 70 GiB; larger ones get `fractional` only).
     fn extra(self) -> &'static [&'static str] {
         match self {
             RuleSet::MigWhole => &[],
@@ -284,7 +284,18 @@ pub fn files(
     }
     let mut policies = String::new();
     for m in models {
-        let sharing = if extra.is_empty() || m.sharing == "[whole]" {
+        // Tensor-parallel models (over 70 GiB) may take fractional shares
+        // of their GPUs where HAMi runs (HAMi gives each GPU of a
+        // multi-GPU container its `gpumem`); MPS partitions, handed out
+        // one per request unit, could put two of a replica's shares on
+        // one GPU, so not MPS.
+        let sharing = if m.sharing == "[whole]" {
+            if extra.contains(&"fractional") {
+                "[whole, fractional]".to_string()
+            } else {
+                m.sharing.to_string()
+            }
+        } else if extra.is_empty() {
             m.sharing.to_string()
         } else {
             format!("{}, {}]", m.sharing.trim_end_matches(']'), extra.join(", "))
@@ -348,21 +359,17 @@ mod tests {
         );
         assert_eq!(bundle.models.len(), 40);
         // Under `all`, every node allows MPS and fractional GPUs, and every
-        // model that may share a GPU allows them too; the rest stay whole.
+        // model allows fractional shares (the tensor-parallel ones across
+        // their GPUs); MPS only those that may share one GPU.
+        use gpuscale_policies::SharingMode;
         assert!(cluster.nodes.iter().all(|n| {
-            n.sharing
-                .contains(&gpuscale_policies::SharingMode::Fractional)
-                && n.sharing.contains(&gpuscale_policies::SharingMode::Mps)
+            n.sharing.contains(&SharingMode::Fractional) && n.sharing.contains(&SharingMode::Mps)
         }));
         for m in &bundle.models {
-            let shares = m.sharing.contains(&gpuscale_policies::SharingMode::Mig);
-            assert_eq!(
-                m.sharing
-                    .contains(&gpuscale_policies::SharingMode::Fractional),
-                shares,
-                "{}",
-                m.name
-            );
+            let shares = m.sharing.contains(&SharingMode::Mig);
+            assert!(m.sharing.contains(&SharingMode::Fractional), "{}", m.name);
+            assert_eq!(m.sharing.contains(&SharingMode::Mps), shares, "{}", m.name);
+            assert_eq!(m.tensor_parallel.contains(&1), shares, "{}", m.name);
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -107,13 +107,36 @@ pub struct Fractional {
     pub aggregate: f64,
 }
 
-/// What one replica asks of a fractional GPU: `nvidia.com/gpumem` (MiB,
-/// rounded up) and `nvidia.com/gpucores` (percent of this GPU's SMs,
-/// rounded up).
-pub fn fractional_need(model: &Model, gpu_compute: f64) -> (u32, u32) {
-    let mib = (model.memory_gib * 1024.0 - 1e-6).ceil().max(1.0) as u32;
-    let cores = (model.compute / gpu_compute * 100.0 - 1e-6).ceil().max(1.0) as u32;
+/// What one replica asks of each of the `gpus` fractional GPUs it runs on
+/// (`gpus` > 1: a tensor-parallel replica, one equal share of each GPU,
+/// all on one node): `nvidia.com/gpumem` (MiB, rounded up) and
+/// `nvidia.com/gpucores` (percent of this GPU's SMs, rounded up), which
+/// HAMi applies to every GPU of the container.
+pub fn fractional_need(model: &Model, gpu_compute: f64, gpus: u32) -> (u32, u32) {
+    let k = f64::from(gpus.max(1));
+    let mib = (model.memory_gib * 1024.0 / k - 1e-6).ceil().max(1.0) as u32;
+    let cores = (model.compute / k / gpu_compute * 100.0 - 1e-6)
+        .ceil()
+        .max(1.0) as u32;
     (mib, cores)
+}
+
+/// How a replica of a model runs on a class's fractional GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FractionalPart {
+    /// GPUs of one node it takes a share of (its tensor-parallel degree).
+    pub gpus: u32,
+    /// MiB of each.
+    pub mib: u32,
+    /// SM percent of each.
+    pub pct: u32,
+}
+
+impl FractionalPart {
+    /// `(mib, pct)` of one share.
+    pub fn need(&self) -> (u32, u32) {
+        (self.mib, self.pct)
+    }
 }
 
 /// Nodes with the same GPU model and number of healthy GPUs.
@@ -236,17 +259,42 @@ pub fn fractional_weights(need: (u32, u32), cap: Fractional) -> [f64; 6] {
     ]
 }
 
-/// Whether a model may run on a fractional GPU of a class.
+/// How a model runs on fractional GPUs of a class, if it may: the smallest
+/// tensor-parallel degree it allows whose share of each GPU fits one
+/// fractional GPU, on one node (the fewest GPUs, so the least
+/// tensor-parallel traffic, as an operator sizing a group by hand would).
+/// A share of a tensor-parallel replica must be more than half a GPU's
+/// memory or SMs: then no two shares of one replica could ever sit on one
+/// GPU, so its `k` shares need `k` distinct GPUs by capacity alone and the
+/// ILP's aggregate constraints and cuts count them as well as single
+/// replicas. (Smaller shares would fit fewer GPUs than the policy's
+/// degree: such a replica takes whole GPUs.)
+pub fn fractional_part(model: &Model, class: &Class) -> Option<FractionalPart> {
+    let f = class.fractional?;
+    if !model.sharing.contains(&SharingMode::Fractional)
+        || !model.gpu_models.contains(&class.gpu_model)
+    {
+        return None;
+    }
+    let mut degrees = model.tensor_parallel.clone();
+    degrees.sort_unstable();
+    degrees
+        .into_iter()
+        .filter(|&k| k >= 1 && k <= class.gpus_per_node)
+        .find(|&k| {
+            let (mib, pct) = fractional_need(model, class.compute, k);
+            mib <= f.memory_mib && pct <= f.cores
+        })
+        .and_then(|k| {
+            let (mib, pct) = fractional_need(model, class.compute, k);
+            let large = 2 * mib > f.memory_mib || 2 * pct > f.cores;
+            (k == 1 || large).then_some(FractionalPart { gpus: k, mib, pct })
+        })
+}
+
+/// Whether a model may run on fractional GPUs of a class.
 pub fn fits_fractional(model: &Model, class: &Class) -> bool {
-    let Some(f) = class.fractional else {
-        return false;
-    };
-    let (mib, cores) = fractional_need(model, class.compute);
-    model.sharing.contains(&SharingMode::Fractional)
-        && model.tensor_parallel.contains(&1)
-        && model.gpu_models.contains(&class.gpu_model)
-        && mib <= f.memory_mib
-        && cores <= f.cores
+    fractional_part(model, class).is_some()
 }
 
 /// Tensor-parallel degrees a model may use on a class.
@@ -521,6 +569,14 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
             {
                 *class.current_whole.entry((m, k)).or_insert(0) += gpus / k;
             }
+        }
+    }
+    // A tensor-parallel replica on fractional GPUs is a workload on each.
+    let fractional = std::mem::take(&mut class.current_fractional);
+    for (m, shares) in fractional {
+        let k = fractional_part(&models[m], class).map_or(1, |p| p.gpus);
+        if shares / k > 0 {
+            class.current_fractional.insert(m, shares / k);
         }
     }
 }

@@ -21,7 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuscale_policies::{Cluster, Geometry, GpuMode, Health, Model};
 
-use crate::classes::{Class, PatternKind, SlotKind, fractional_need, plain_counts};
+use crate::classes::{
+    Class, PatternKind, SlotKind, fractional_need, fractional_part, plain_counts,
+};
 use crate::ilp::Counts;
 use crate::plan::{GpuPlan, Mode, ReplicaSlot};
 
@@ -48,6 +50,10 @@ pub struct Decoded {
     next_group: u32,
 }
 
+/// A replica on a fractional GPU: model, and (group size, group number)
+/// when it is one share of a tensor-parallel replica.
+type Member = (usize, Option<(u32, u32)>);
+
 /// (model, MIG profile, MIG start, (group size, group number)).
 type PlacedReplica = (usize, Option<String>, Option<u8>, Option<(u32, u32)>);
 
@@ -67,8 +73,8 @@ struct Assigned {
     slots: Vec<Slot>,
     /// (model, group size, group number) for whole GPUs.
     whole: Option<(usize, u32, u32)>,
-    /// Models of the replicas on a fractional GPU.
-    fractional: Vec<usize>,
+    /// Replicas on a fractional GPU.
+    fractional: Vec<Member>,
 }
 
 /// What a node is designated for in a class.
@@ -105,6 +111,12 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
         );
     }
 
+    let node_class: BTreeMap<usize, usize> = classes
+        .iter()
+        .enumerate()
+        .flat_map(|(c, class)| class.nodes.iter().map(move |&ni| (ni, c)))
+        .collect();
+
     // Replica numbers, moves and reconfigurations over the whole cluster.
     let mut next_replica = vec![0u32; models.len()];
     let mut group_replica: BTreeMap<u32, u32> = BTreeMap::new();
@@ -125,10 +137,17 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
         for gpu in &node.gpus {
             for w in &gpu.workloads {
                 if let Some(&m) = model_index.get(w.model.as_str()) {
-                    current[m] += if gpu.mode == GpuMode::Whole {
-                        1.0 / f64::from(smallest_group(cluster, node, &models[m]))
-                    } else {
-                        1.0
+                    current[m] += match gpu.mode {
+                        GpuMode::Whole => {
+                            1.0 / f64::from(smallest_group(cluster, node, &models[m]))
+                        }
+                        // One share of each of a tensor-parallel replica's GPUs.
+                        GpuMode::Fractional => node_class.get(&ni).map_or(1.0, |&c| {
+                            1.0 / f64::from(
+                                fractional_part(&models[m], &classes[c]).map_or(1, |p| p.gpus),
+                            )
+                        }),
+                        _ => 1.0,
                     };
                 }
             }
@@ -145,8 +164,8 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
             if let Some((m, k, group)) = a.whole {
                 replicas.push((m, None, None, Some((k, group))));
             }
-            for &m in &a.fractional {
-                replicas.push((m, None, None, None));
+            for &(m, group) in &a.fractional {
+                replicas.push((m, None, None, group));
             }
             // Reconfiguration: the MIG or sharing configuration changes.
             let before = config_key(gpu.mode, &gpu.geometry, node);
@@ -737,13 +756,20 @@ fn fractional_gpus_of_class(
     if left.values().all(|&n| n == 0) {
         return;
     }
-    let need = |m: usize| fractional_need(&models[m], class.compute);
-    // An open GPU: (key, MiB left, SM percent left, models on it).
+    let part = |m: usize| fractional_part(&models[m], class);
+    let degree = |m: usize| part(m).map_or(1, |p| p.gpus);
+    let need = |m: usize| {
+        part(m).map_or_else(
+            || fractional_need(&models[m], class.compute, 1),
+            |p| p.need(),
+        )
+    };
+    // An open GPU: (key, MiB left, SM percent left, replicas on it).
     struct Open {
         key: (usize, u32),
         mib: u32,
         pct: u32,
-        models: Vec<usize>,
+        models: Vec<Member>,
     }
     let mut open: Vec<Open> = Vec::new();
     let free_on = |ni: usize, assigned: &BTreeMap<(usize, u32), Assigned>| -> Vec<u32> {
@@ -768,25 +794,62 @@ fn fractional_gpus_of_class(
         .filter(|&(_, &r)| r == Role::Hami)
         .map(|(&ni, _)| ni)
         .collect();
-    // Replicas already on a fractional GPU of a HAMi node stay there.
+    // Replicas already on fractional GPUs of a HAMi node stay there: a
+    // tensor-parallel one where `k` GPUs of the node each run the model.
     for &ni in &hami {
-        for i in free_on(ni, assigned) {
-            let state = &cluster.nodes[ni].gpus[i as usize];
-            if state.mode != GpuMode::Fractional {
-                continue;
-            }
-            let mut gpu = Open {
-                key: (ni, i),
-                mib: cap.memory_mib,
-                pct: cap.cores,
-                models: Vec::new(),
-            };
-            for w in &state.workloads {
-                let Some(&m) = model_index.get(w.model.as_str()) else {
-                    continue;
+        let mut here: Vec<(Open, Vec<usize>)> = free_on(ni, assigned)
+            .into_iter()
+            .filter(|&i| cluster.nodes[ni].gpus[i as usize].mode == GpuMode::Fractional)
+            .map(|i| {
+                let running = cluster.nodes[ni].gpus[i as usize]
+                    .workloads
+                    .iter()
+                    .filter_map(|w| model_index.get(w.model.as_str()).copied())
+                    .collect();
+                let gpu = Open {
+                    key: (ni, i),
+                    mib: cap.memory_mib,
+                    pct: cap.cores,
+                    models: Vec::new(),
                 };
+                (gpu, running)
+            })
+            .collect();
+        let grouped: BTreeSet<usize> = here
+            .iter()
+            .flat_map(|(_, running)| running.iter().copied())
+            .filter(|&m| degree(m) > 1)
+            .collect();
+        for m in grouped {
+            let (k, (mib, pct)) = (degree(m), need(m));
+            while left.get(&m).is_some_and(|&n| n > 0) {
+                let with: Vec<usize> = (0..here.len())
+                    .filter(|&j| {
+                        let (gpu, running) = &here[j];
+                        running.contains(&m) && mib <= gpu.mib && pct <= gpu.pct
+                    })
+                    .take(k as usize)
+                    .collect();
+                if with.len() < k as usize {
+                    break;
+                }
+                out.next_group += 1;
+                for j in with {
+                    let (gpu, running) = &mut here[j];
+                    let at = running.iter().position(|&x| x == m).expect("filtered");
+                    running.swap_remove(at);
+                    gpu.mib -= mib;
+                    gpu.pct -= pct;
+                    gpu.models.push((m, Some((k, out.next_group))));
+                }
+                *left.get_mut(&m).expect("checked") -= 1;
+            }
+        }
+        for (mut gpu, running) in here {
+            for m in running {
                 let (mib, pct) = need(m);
-                if let Some(n) = left.get_mut(&m)
+                if degree(m) == 1
+                    && let Some(n) = left.get_mut(&m)
                     && *n > 0
                     && mib <= gpu.mib
                     && pct <= gpu.pct
@@ -794,7 +857,7 @@ fn fractional_gpus_of_class(
                     *n -= 1;
                     gpu.mib -= mib;
                     gpu.pct -= pct;
-                    gpu.models.push(m);
+                    gpu.models.push((m, None));
                 }
             }
             if !gpu.models.is_empty() {
@@ -803,10 +866,73 @@ fn fractional_gpus_of_class(
             }
         }
     }
-    // The rest: packed in the abstract by each of four rules, the one
-    // needing the fewest new GPUs kept, then the new GPUs given concrete
-    // GPUs of HAMi nodes (more nodes if need be).
+    // New tensor-parallel replicas, largest share first, into blocks (the
+    // GPUs of one node, at most a node's worth), by two rules; the one that
+    // needs the fewest GPUs is kept.
     let (cap_mib, cap_pct) = (cap.memory_mib, cap.cores);
+    let mut grouped: Vec<GroupKind> = left
+        .iter()
+        .filter(|&(&m, &n)| n > 0 && degree(m) > 1)
+        .map(|(&m, &n)| {
+            let (mib, pct) = need(m);
+            GroupKind {
+                model: m,
+                replicas: n,
+                k: degree(m),
+                mib,
+                pct,
+            }
+        })
+        .collect();
+    grouped.sort_by_key(|k| {
+        let (a, b) = (
+            u64::from(k.mib) * u64::from(cap_pct),
+            u64::from(k.pct) * u64::from(cap_mib),
+        );
+        (std::cmp::Reverse(a.max(b)), k.model)
+    });
+    let blocks_of = |rule: GroupRule| {
+        place_groups(rule, &grouped, class.gpus_per_node.max(1), cap_mib, cap_pct)
+    };
+    let blocks = [GroupRule::BestFit, GroupRule::Spread]
+        .into_iter()
+        .map(blocks_of)
+        .min_by_key(|blocks| blocks.iter().map(Vec::len).sum::<usize>())
+        .expect("two rules");
+    for k in &grouped {
+        left.insert(k.model, 0);
+    }
+    let base = out.next_group;
+    let mut groups_placed = 0;
+    let mut blocks: Vec<Vec<Open>> = blocks
+        .into_iter()
+        .map(|block| {
+            block
+                .into_iter()
+                .map(|share| {
+                    let members = share
+                        .members
+                        .iter()
+                        .map(|&(m, id)| {
+                            groups_placed = groups_placed.max(id + 1);
+                            (m, Some((degree(m), base + 1 + id)))
+                        })
+                        .collect();
+                    Open {
+                        key: (usize::MAX, 0),
+                        mib: share.mib,
+                        pct: share.pct,
+                        models: members,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    out.next_group += groups_placed;
+    // The single-GPU replicas: packed in the abstract onto the room the
+    // GPUs above left and then new GPUs, by each of four rules, the one
+    // needing the fewest new GPUs kept; then the new GPUs (and the blocks)
+    // given concrete GPUs of HAMi nodes (more nodes if need be).
     let types: Vec<Kind> = left
         .iter()
         .filter(|&(_, &n)| n > 0)
@@ -822,6 +948,7 @@ fn fractional_gpus_of_class(
         .collect();
     let kept: Vec<Bin> = open
         .iter()
+        .chain(blocks.iter().flatten())
         .map(|o| Bin {
             mib: o.mib,
             pct: o.pct,
@@ -852,10 +979,71 @@ fn fractional_gpus_of_class(
         (kept_found, new)
     };
     let needed = (kept.len() + new.len()) as u32;
-    for (gpu, bin) in open.iter_mut().zip(kept) {
-        gpu.models.extend(bin.models);
+    let mut additions = kept.into_iter();
+    for (gpu, bin) in open
+        .iter_mut()
+        .chain(blocks.iter_mut().flatten())
+        .zip(&mut additions)
+    {
+        gpu.models.extend(bin.models.into_iter().map(|m| (m, None)));
     }
     let mut hami = hami;
+    // A node with nothing assigned becomes a HAMi node.
+    let spare_node = |designated: &BTreeMap<usize, Role>,
+                      assigned: &BTreeMap<(usize, u32), Assigned>| {
+        class.nodes.iter().copied().find(|&ni| {
+            !designated.contains_key(&ni)
+                && !cluster.nodes[ni]
+                    .gpus
+                    .iter()
+                    .any(|x| assigned.contains_key(&(ni, x.index)))
+        })
+    };
+    let mut cursor = 0;
+    for block in blocks {
+        let k = block.len();
+        let mut gpus: Option<Vec<u32>> = None;
+        loop {
+            if cursor < hami.len() {
+                let free = free_on(hami[cursor], assigned);
+                if free.len() >= k {
+                    gpus = Some(free.into_iter().take(k).collect());
+                    break;
+                }
+                cursor += 1;
+                continue;
+            }
+            match spare_node(designated, assigned) {
+                Some(ni) => {
+                    designated.insert(ni, Role::Hami);
+                    hami.push(ni);
+                }
+                None => break,
+            }
+        }
+        let Some(gpus) = gpus else {
+            for g in block.iter().take(1) {
+                for &(m, _) in &g.models {
+                    out.failed[m] += 1;
+                }
+            }
+            for g in block.iter().skip(1) {
+                for &(m, group) in &g.models {
+                    if group.is_none() {
+                        out.failed[m] += 1;
+                    }
+                }
+            }
+            out.fractional_short.insert(c, (fractional_gpus, needed));
+            continue;
+        };
+        let ni = hami[cursor];
+        for (mut g, i) in block.into_iter().zip(gpus) {
+            g.key = (ni, i);
+            assigned.insert(g.key, fractional_gpu(Vec::new()));
+            open.push(g);
+        }
+    }
     let mut cursor = 0;
     for bin in new {
         let mut key = None;
@@ -872,15 +1060,7 @@ fn fractional_gpus_of_class(
                     }
                 }
             }
-            // A node with nothing assigned becomes a HAMi node.
-            let spare = class.nodes.iter().copied().find(|&ni| {
-                !designated.contains_key(&ni)
-                    && !cluster.nodes[ni]
-                        .gpus
-                        .iter()
-                        .any(|x| assigned.contains_key(&(ni, x.index)))
-            });
-            match spare {
+            match spare_node(designated, assigned) {
                 Some(ni) => {
                     designated.insert(ni, Role::Hami);
                     hami.push(ni);
@@ -896,7 +1076,7 @@ fn fractional_gpus_of_class(
                     key,
                     mib: bin.mib,
                     pct: bin.pct,
-                    models: bin.models,
+                    models: bin.models.into_iter().map(|m| (m, None)).collect(),
                 });
             }
             None => {
@@ -911,7 +1091,7 @@ fn fractional_gpus_of_class(
         assigned.insert(gpu.key, fractional_gpu(gpu.models));
     }
 
-    fn fractional_gpu(models: Vec<usize>) -> Assigned {
+    fn fractional_gpu(models: Vec<Member>) -> Assigned {
         Assigned {
             mode: Mode::Fractional,
             geometry: Geometry::default(),
@@ -921,6 +1101,110 @@ fn fractional_gpus_of_class(
             fractional: models,
         }
     }
+}
+
+/// A model's tensor-parallel replicas still to place on fractional GPUs:
+/// `k` shares of `mib` and `pct` each, on `k` distinct GPUs of one node.
+#[derive(Debug, Clone, Copy)]
+struct GroupKind {
+    model: usize,
+    replicas: u32,
+    k: u32,
+    mib: u32,
+    pct: u32,
+}
+
+/// A GPU of a block: room left and the shares on it (model, group index).
+#[derive(Debug, Clone)]
+struct ShareBin {
+    mib: u32,
+    pct: u32,
+    members: Vec<(usize, u32)>,
+}
+
+/// How [`place_groups`] picks a group's `k` GPUs within a block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum GroupRule {
+    /// The open GPUs with the least room that fit, new ones only when
+    /// fewer than `k` fit: the fewest GPUs.
+    BestFit,
+    /// The GPUs with the most room, new ones included: spreads shares so
+    /// that small ones interleave (three 2-GPU replicas on three GPUs).
+    Spread,
+}
+
+/// Tensor-parallel replicas onto blocks of at most `g` GPUs (one node
+/// each): each replica, in order, into the first of the last few blocks
+/// with `k` GPUs (open or not yet opened) that fit its share, else a new
+/// block.
+fn place_groups(
+    rule: GroupRule,
+    kinds: &[GroupKind],
+    g: u32,
+    cap_mib: u32,
+    cap_pct: u32,
+) -> Vec<Vec<ShareBin>> {
+    /// Blocks looked back at: shares come largest first, so older blocks
+    /// are full; a window keeps each replica's search short.
+    const WINDOW: usize = 16;
+    let mut blocks: Vec<Vec<ShareBin>> = Vec::new();
+    let mut id = 0u32;
+    for kind in kinds {
+        let k = kind.k as usize;
+        for _ in 0..kind.replicas {
+            let fits = |b: &ShareBin| kind.mib <= b.mib && kind.pct <= b.pct;
+            let from = blocks.len().saturating_sub(WINDOW);
+            let mut chosen: Option<(usize, Vec<usize>)> = None;
+            for (at, block) in blocks.iter().enumerate().skip(from) {
+                let mut open: Vec<usize> = (0..block.len()).filter(|&i| fits(&block[i])).collect();
+                let new = g as usize - block.len();
+                if open.len() + new < k {
+                    continue;
+                }
+                let room = |i: usize| {
+                    u64::from(block[i].mib) * u64::from(cap_pct)
+                        + u64::from(block[i].pct) * u64::from(cap_mib)
+                };
+                let picks: Vec<usize> = match rule {
+                    GroupRule::BestFit => {
+                        open.sort_by_key(|&i| (room(i), i));
+                        open.truncate(k);
+                        let more = k - open.len();
+                        open.extend(block.len()..block.len() + more);
+                        open
+                    }
+                    GroupRule::Spread => {
+                        let fresh = new.min(k);
+                        let mut picks: Vec<usize> = (block.len()..block.len() + fresh).collect();
+                        open.sort_by_key(|&i| (std::cmp::Reverse(room(i)), i));
+                        picks.extend(open.into_iter().take(k - fresh));
+                        picks
+                    }
+                };
+                chosen = Some((at, picks));
+                break;
+            }
+            let (at, picks) = chosen.unwrap_or_else(|| {
+                blocks.push(Vec::new());
+                (blocks.len() - 1, (0..k).collect())
+            });
+            let block = &mut blocks[at];
+            for i in picks {
+                if i >= block.len() {
+                    block.push(ShareBin {
+                        mib: cap_mib,
+                        pct: cap_pct,
+                        members: Vec::new(),
+                    });
+                }
+                block[i].mib -= kind.mib;
+                block[i].pct -= kind.pct;
+                block[i].members.push((kind.model, id));
+            }
+            id += 1;
+        }
+    }
+    blocks
 }
 
 /// A model's replicas still to place on fractional GPUs.

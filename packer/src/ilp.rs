@@ -48,7 +48,7 @@ use good_lp::{
 use gpuscale_policies::{Model, Priority};
 
 use crate::classes::{
-    Class, PatternKind, fits_fractional, fits_slot, fractional_need, fractional_weights,
+    Class, PatternKind, fits_fractional, fits_slot, fractional_part, fractional_weights,
     whole_degrees,
 };
 use crate::{PackError, PackOptions};
@@ -281,13 +281,15 @@ fn fractional(v: &Vars, classes: &[Class], models: &[Model]) -> Vec<Constraint> 
             if cc != c {
                 continue;
             }
-            let need = fractional_need(&models[m], class.compute);
-            // GiB and fractions of a GPU keep the coefficients near 1.
-            memory.add_mul(f64::from(need.0) / 1024.0, var);
-            cores.add_mul(f64::from(need.1) / 100.0, var);
+            let part = fractional_part(&models[m], class).expect("y only where it fits");
+            let (need, k) = (part.need(), f64::from(part.gpus));
+            // GiB and fractions of a GPU keep the coefficients near 1; a
+            // tensor-parallel replica is `k` items, one on each of `k` GPUs.
+            memory.add_mul(k * f64::from(need.0) / 1024.0, var);
+            cores.add_mul(k * f64::from(need.1) / 100.0, var);
             for (cut, w) in cuts.iter_mut().zip(fractional_weights(need, cap)) {
                 if w > 0.0 {
-                    cut.add_mul(w, var);
+                    cut.add_mul(k * w, var);
                 }
             }
         }
@@ -759,12 +761,13 @@ fn complete(
                         best = Some((c, Some(p), fitting));
                     }
                 }
-                if fits_fractional(&models[m], class)
+                if let Some(part) = fractional_part(&models[m], class)
                     && let Some(cap) = class.fractional
-                    && node_ok(class, c, &counts, Extra::fractional())
+                    && used[c] + part.gpus <= class.healthy_gpus()
+                    && node_ok(class, c, &counts, Extra::fractional(part.gpus))
                 {
-                    let (mib, pct) = fractional_need(&models[m], class.compute);
-                    let fitting = (cap.memory_mib / mib).min(cap.cores / pct).max(1);
+                    // A tensor-parallel replica opens its `k` GPUs at once.
+                    let fitting = (cap.memory_mib / part.mib).min(cap.cores / part.pct).max(1);
                     if better(classes, best, (c, fitting)) {
                         best = Some((c, None, fitting));
                     }
@@ -779,8 +782,9 @@ fn complete(
                     }
                 }
                 Some((c, None, _)) => {
-                    used[c] += 1;
-                    counts.fractional_gpus[c] += 1;
+                    let k = fractional_part(&models[m], &classes[c]).map_or(1, |p| p.gpus);
+                    used[c] += k;
+                    counts.fractional_gpus[c] += k;
                 }
                 None => {
                     counts.unplaced[m] += remaining[m];
@@ -1115,9 +1119,9 @@ impl Extra {
             ..Extra::default()
         }
     }
-    fn fractional() -> Extra {
+    fn fractional(gpus: u32) -> Extra {
         Extra {
-            fractional: 1,
+            fractional: gpus,
             ..Extra::default()
         }
     }
@@ -1173,11 +1177,14 @@ fn fractional_fits(class: &Class, c: usize, models: &[Model], counts: &Counts) -
     };
     let (mut mib, mut pct, mut cuts) = (0u64, 0u64, [0.0f64; 6]);
     for (&(_, m), &n) in counts.fractional.range((c, 0)..(c + 1, 0)) {
-        let need = fractional_need(&models[m], class.compute);
-        mib += u64::from(need.0) * u64::from(n);
-        pct += u64::from(need.1) * u64::from(n);
-        for (sum, w) in cuts.iter_mut().zip(fractional_weights(need, cap)) {
-            *sum += w * f64::from(n);
+        let Some(part) = fractional_part(&models[m], class) else {
+            return false;
+        };
+        let items = part.gpus * n;
+        mib += u64::from(part.mib) * u64::from(items);
+        pct += u64::from(part.pct) * u64::from(items);
+        for (sum, w) in cuts.iter_mut().zip(fractional_weights(part.need(), cap)) {
+            *sum += w * f64::from(items);
         }
     }
     let bins = f64::from(gpus) * cap.aggregate;

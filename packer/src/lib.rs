@@ -137,16 +137,29 @@ pub fn pack(
     let mut decoded = decode::decode(cluster, models, &classes, &solved.counts);
     // Fractional GPUs are counted in aggregate; where decode could not pack
     // a class's replicas into the GPUs it has, count that class's capacity
-    // at the share the packing achieved and solve again (twice at most).
+    // at the share the packing achieved and solve again (twice at most),
+    // keeping whichever decoded plan places most, then costs least (a
+    // small class derated may place fewer than the first decode did).
     // The LP bounds stay the first solve's: the later ones are not bounds.
     let bounds = (solved.lp_cost, solved.lp_gpus, solved.lp_class_gpus.clone());
+    // The classes as they are: what runs now always fits them, not always
+    // their derated copies.
+    let undated = classes.clone();
+    let mut short = decoded.fractional_short.clone();
     for _ in 0..2 {
-        if decoded.fractional_short.is_empty() {
+        if short.is_empty() {
             break;
         }
-        recount(&mut classes, &decoded.fractional_short);
-        solved = ilp::solve(&classes, models, &wanted, options)?;
-        decoded = decode::decode(cluster, models, &classes, &solved.counts);
+        recount(&mut classes, &short);
+        let again = ilp::solve(&classes, models, &wanted, options)?;
+        let redecoded = decode::decode(cluster, models, &classes, &again.counts);
+        short = redecoded.fractional_short.clone();
+        let (placed, cost) = placed_and_cost(cluster, &again.counts, &redecoded);
+        let (placed_best, cost_best) = placed_and_cost(cluster, &solved.counts, &decoded);
+        if placed > placed_best || (placed == placed_best && cost < cost_best - 1e-9) {
+            solved = again;
+            decoded = redecoded;
+        }
     }
     (solved.lp_cost, solved.lp_gpus, solved.lp_class_gpus) = bounds;
     // Decode is exact for slots but a heuristic for fractional GPUs, so a
@@ -161,7 +174,7 @@ pub fn pack(
     if runs_now {
         // The same repair as above where the aggregate promised room the
         // packing could not find.
-        let mut kept_classes = classes.clone();
+        let mut kept_classes = undated;
         for _ in 0..3 {
             let Some(counts) = ilp::pinned(&kept_classes, models, &wanted) else {
                 break;
@@ -169,7 +182,11 @@ pub fn pack(
             let kept = decode::decode(cluster, models, &kept_classes, &counts);
             let (placed, cost) = placed_and_cost(cluster, &counts, &kept);
             let (placed_now, cost_now) = placed_and_cost(cluster, &solved.counts, &decoded);
-            if placed > placed_now || (placed == placed_now && cost < cost_now - 1e-9) {
+            // Keeping what runs wins ties and near-ties: a re-plan never
+            // trades a cost inside the solver's own gap for disruption.
+            if placed > placed_now
+                || (placed == placed_now && cost <= cost_now * (1.0 + options.mip_rel_gap) + 1e-9)
+            {
                 decoded = kept;
                 solved.counts = counts;
                 break;
@@ -253,15 +270,21 @@ fn figures(
                     config
                 }
                 Mode::Fractional => {
-                    let (mib, cores) = classes::fractional_need(m, gpu.compute);
-                    resources.insert("nvidia.com/gpu".to_string(), 1);
+                    // HAMi gives each of the container's GPUs these limits.
+                    let k = r.group_size.unwrap_or(1);
+                    let (mib, cores) = classes::fractional_need(m, gpu.compute, k);
+                    resources.insert("nvidia.com/gpu".to_string(), k);
                     resources.insert(emit::HAMI_MEMORY.to_string(), mib);
                     resources.insert(emit::HAMI_CORES.to_string(), cores);
                     node_selector.insert(
                         emit::HAMI_NODE_LABEL.0.to_string(),
                         emit::HAMI_NODE_LABEL.1.to_string(),
                     );
-                    "fractional".to_string()
+                    if k == 1 {
+                        "fractional".to_string()
+                    } else {
+                        format!("fractional-tp{k}")
+                    }
                 }
                 Mode::Whole | Mode::Idle => {
                     let k = r.group_size.unwrap_or(1);

@@ -12,7 +12,11 @@
 //! NVIDIA's (no MIG, no time-slicing, no whole GPU there), and a GPU there
 //! holds any replicas whose `nvidia.com/gpumem` (MiB, rounded up) and
 //! `nvidia.com/gpucores` (percent, rounded up) sum within its memory less
-//! headroom and 100 % × the cap.
+//! headroom and 100 % × the cap; a container of `k` GPUs gets those limits
+//! on each, so a tensor-parallel replica takes `memory / k` and `compute /
+//! k` of `k` distinct GPUs of its node (the smallest degree its policy
+//! allows whose share fits one GPU, and only if that share is over half a
+//! GPU's memory or SMs).
 
 mod common;
 
@@ -143,6 +147,8 @@ fn oracle(
             }
             let (placed, gpus_used) = Search {
                 gpu,
+                options,
+                count,
                 models,
                 replicas,
                 slots: &slots,
@@ -190,6 +196,8 @@ struct Bin {
 /// placed, and with that the fewest GPUs hosting something.
 struct Search<'a> {
     gpu: &'a GpuModel,
+    options: &'a PackOptions,
+    count: usize,
     models: &'a [Model],
     replicas: &'a [usize],
     slots: &'a [Slot],
@@ -233,23 +241,65 @@ impl Search<'_> {
                 self.used_slots[s] = false;
             }
         }
-        if allowed && m.tensor_parallel.contains(&1) && m.sharing.contains(&SharingMode::Fractional)
-        {
-            let mib = (m.memory_gib * 1024.0).ceil() as i64;
-            let pct = (m.compute / self.gpu.compute * 100.0).ceil() as i64;
-            for b in 0..self.bins.len() {
-                if self.bins[b].mib < mib || self.bins[b].pct < pct {
-                    continue;
+        if allowed && m.sharing.contains(&SharingMode::Fractional) {
+            // HAMi: a container of `k` GPUs gets `gpumem` and `gpucores` on
+            // each, so a replica takes `memory / k` and `compute / k` (each
+            // rounded up) of `k` distinct fractional GPUs of its node. The
+            // degree is the smallest the policy allows whose share fits an
+            // empty fractional GPU (gpuscale's documented rule).
+            let cap_mib =
+                (self.gpu.usable_gib * (1.0 - self.options.fractional_memory_headroom) * 1024.0)
+                    .floor() as i64;
+            let cap_pct = (self.options.fractional_compute_cap * 100.0).floor() as i64;
+            let share = |k: u32| {
+                let k = f64::from(k);
+                (
+                    (m.memory_gib * 1024.0 / k - 1e-6).ceil() as i64,
+                    (m.compute / k / self.gpu.compute * 100.0 - 1e-6).ceil() as i64,
+                )
+            };
+            let mut degrees = m.tensor_parallel.clone();
+            degrees.sort_unstable();
+            let degree = degrees.into_iter().find(|&k| {
+                let (mib, pct) = share(k);
+                k as usize <= self.count && mib <= cap_mib && pct <= cap_pct
+            });
+            // A tensor-parallel share must be over half a GPU's memory or
+            // SMs (gpuscale's rule; smaller shares take whole GPUs).
+            let large = |k: u32| {
+                let (mib, pct) = share(k);
+                k == 1 || 2 * mib > cap_mib || 2 * pct > cap_pct
+            };
+            if let Some(k) = degree.filter(|&k| large(k)) {
+                let (mib, pct) = share(k);
+                let n = self.bins.len();
+                // Every set of `k` distinct bins (as a bit mask).
+                for set in 0u32..(1 << n) {
+                    if set.count_ones() != k
+                        || (0..n).any(|b| {
+                            set & (1 << b) != 0
+                                && (self.bins[b].mib < mib || self.bins[b].pct < pct)
+                        })
+                    {
+                        continue;
+                    }
+                    let chosen: Vec<usize> = (0..n).filter(|b| set & (1 << b) != 0).collect();
+                    let was: Vec<bool> = chosen
+                        .iter()
+                        .map(|&b| self.used_gpu[self.bins[b].gpu])
+                        .collect();
+                    for &b in &chosen {
+                        self.bins[b].mib -= mib;
+                        self.bins[b].pct -= pct;
+                        self.used_gpu[self.bins[b].gpu] = true;
+                    }
+                    consider(self.assign(r + 1));
+                    for (&b, &w) in chosen.iter().zip(&was) {
+                        self.bins[b].mib += mib;
+                        self.bins[b].pct += pct;
+                        self.used_gpu[self.bins[b].gpu] = w;
+                    }
                 }
-                self.bins[b].mib -= mib;
-                self.bins[b].pct -= pct;
-                let g = self.bins[b].gpu;
-                let was = self.used_gpu[g];
-                self.used_gpu[g] = true;
-                consider(self.assign(r + 1));
-                self.used_gpu[g] = was;
-                self.bins[b].mib += mib;
-                self.bins[b].pct += pct;
             }
         }
         if allowed && m.sharing.contains(&SharingMode::Whole) {

@@ -107,13 +107,27 @@ fn check_rules(
                 // up) within the usable memory less headroom, Σ
                 // nvidia.com/gpucores (percent of this GPU's SMs, rounded
                 // up) within the cap.
+                // A tensor-parallel replica of k GPUs asks each of them for
+                // its memory and compute over k (HAMi applies `gpumem` and
+                // `gpucores` per GPU of the container); its k GPUs are on
+                // one node, one share on each.
                 let (mut mib, mut cores) = (0.0, 0.0);
                 for r in &g.replicas {
                     let m = by_name[r.model.as_str()];
                     assert!(m.sharing.contains(&SharingMode::Fractional));
-                    assert_eq!(r.group_size, None);
-                    mib += (m.memory_gib * 1024.0).ceil();
-                    cores += (m.compute / gpu.compute * 100.0).ceil();
+                    let k = r.group_size.unwrap_or(1);
+                    assert!(m.tensor_parallel.contains(&k));
+                    if k > 1 {
+                        let e = groups.entry((r.model.clone(), r.replica)).or_insert((
+                            BTreeSet::new(),
+                            k,
+                            0,
+                        ));
+                        e.0.insert(g.node.clone());
+                        e.2 += 1;
+                    }
+                    mib += (m.memory_gib * 1024.0 / f64::from(k) - 1e-6).ceil();
+                    cores += (m.compute / f64::from(k) / gpu.compute * 100.0 - 1e-6).ceil();
                 }
                 assert!(
                     mib <= (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0)
@@ -661,8 +675,11 @@ proptest! {
             (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..32),
             1..=4,
         ),
-        specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..32, 0u32..=6), 1..=5),
+        specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..32, 0u32..=6, 0usize..3), 1..=5),
     ) {
+        // Tensor-parallel degrees: single GPUs, either, or groups only
+        // (those models twice as large, so they need their groups).
+        const DEGREES: [&[u32]; 3] = [&[1], &[1, 2], &[2, 4]];
         let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
             .iter()
             .enumerate()
@@ -675,10 +692,11 @@ proptest! {
         let cluster = common::cluster_each(&each);
         let mut models = Vec::new();
         let mut demand = BTreeMap::new();
-        for (i, &(memory, compute, mask, want)) in specs.iter().enumerate() {
+        for (i, &(memory, compute, mask, want, tp)) in specs.iter().enumerate() {
             let sharing = modes(mask);
             let name = format!("m{i}");
-            if let Some(m) = common::try_model(&name, memory, compute, &sharing, &[1], &[]) {
+            let scale = if tp == 2 { 2.0 } else { 1.0 };
+            if let Some(m) = common::try_model(&name, memory * scale, compute * scale, &sharing, DEGREES[tp], &[]) {
                 demand.insert(name, want);
                 models.push(m);
             }
@@ -691,7 +709,13 @@ proptest! {
         let now = plan.apply_to(&cluster);
         let again = pack(&now, &models, &demand, &options).unwrap();
         prop_assert_eq!(again.moves, 0);
-        prop_assert_eq!(again.reconfigured_gpus, 0);
+        // Nothing is reconfigured, unless decode left replicas out of the
+        // first plan (fractional GPUs are packed heuristically) and the
+        // re-plan places them (without moving any that run).
+        let placed = |p: &Plan| p.models.iter().map(|m| m.placed).sum::<u32>();
+        if again.reconfigured_gpus > 0 {
+            prop_assert!(placed(&again) > placed(&plan), "reconfigured for nothing");
+        }
         check_rules(&again, &now, &models, &options, &demand);
     }
 }
@@ -741,7 +765,9 @@ fn check_emitted(plan: &Plan) {
     for m in &plan.models {
         for v in &m.variants {
             if v.resources.contains_key("nvidia.com/gpumem") {
-                assert_eq!(v.resources.get("nvidia.com/gpu"), Some(&1));
+                // One GPU, or k for a tensor-parallel replica (then named so).
+                let k = v.resources["nvidia.com/gpu"];
+                assert!(k >= 1);
                 assert!(v.resources["nvidia.com/gpumem"] >= 1);
                 assert!((1..=100).contains(&v.resources["nvidia.com/gpucores"]));
                 assert_eq!(v.node_selector.get("gpu").map(String::as_str), Some("on"));
@@ -751,7 +777,15 @@ fn check_emitted(plan: &Plan) {
                         .map(String::as_str),
                     Some("binpack")
                 );
-                assert!(v.name.ends_with("-fractional"), "{}", v.name);
+                if k == 1 {
+                    assert!(v.name.ends_with("-fractional"), "{}", v.name);
+                } else {
+                    assert!(
+                        v.name.ends_with(&format!("-fractional-tp{k}")),
+                        "{}",
+                        v.name
+                    );
+                }
             } else {
                 assert!(v.annotations.is_empty(), "{}", v.name);
             }
@@ -967,6 +1001,72 @@ fn fractional_gpus_pack_mixed_sizes_that_slots_would_strand() {
     let v = &plan.models[1].variants[0];
     assert_eq!(v.resources["nvidia.com/gpumem"], 21 * 1024);
     assert_eq!(v.resources["nvidia.com/gpucores"], 10);
+}
+
+#[test]
+fn a_tensor_parallel_replica_takes_fractional_shares_of_gpus_on_one_node() {
+    // A 90 GiB model that needs two GPUs, and 30 GiB ones that need one,
+    // on A100-80GB nodes that run HAMi. Whole GPUs would give the big one
+    // two GPUs of which it uses 57 %; fractional shares give it 45 GiB of
+    // each of two GPUs of one node (`nvidia.com/gpu: 2`, `gpumem` per GPU,
+    // as HAMi applies it) and a 30 GiB replica fills the rest of each.
+    let cluster = common::cluster_allowing(
+        &[("a", "A100-80GB", 4), ("b", "A100-80GB", 4)],
+        &[SharingMode::Fractional],
+    );
+    let both = [SharingMode::Whole, SharingMode::Fractional];
+    let models = vec![
+        common::model("mixtral", 90.0, 0.2, &both, &[2, 4], &[]),
+        common::model("qwen", 30.0, 0.1, &both, &[1], &[]),
+    ];
+    let demand = common::demand(&[("mixtral", 2), ("qwen", 4)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan);
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    // 2 × 90 + 4 × 30 = 300 GiB on GPUs of 75.6 GiB each (95 % of 79.6):
+    // four GPUs, each with one 45 GiB share and one 30 GiB replica (and
+    // 32 % + 32 % of an A100's SMs: 0.1 of an H100 is 31.7 % of 0.315).
+    // Whole GPUs for the big one would take six.
+    assert_eq!(plan.gpus_used, 4, "{:#?}", plan.gpus);
+    let mixtral = &plan.models[0];
+    assert_eq!(mixtral.placed, 2);
+    let v = &mixtral.variants[0];
+    assert!(v.name.ends_with("-fractional-tp2"), "{}", v.name);
+    assert_eq!(v.resources["nvidia.com/gpu"], 2);
+    assert_eq!(v.resources["nvidia.com/gpumem"], 45 * 1024);
+    assert_eq!(v.resources["nvidia.com/gpucores"], 32);
+    assert_eq!(v.replicas, 2);
+    // Each replica's two shares are on two GPUs of one node.
+    let mut shares: BTreeMap<u32, Vec<(&str, u32)>> = BTreeMap::new();
+    for g in &plan.gpus {
+        for r in g.replicas.iter().filter(|r| r.model == "mixtral") {
+            assert_eq!(g.mode, Mode::Fractional);
+            assert_eq!(r.group_size, Some(2));
+            shares
+                .entry(r.replica)
+                .or_default()
+                .push((g.node.as_str(), g.index));
+        }
+    }
+    assert_eq!(shares.len(), 2);
+    for gpus in shares.values() {
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].0, gpus[1].0);
+        assert_ne!(gpus[0].1, gpus[1].1);
+    }
+    // The same demand again, from this plan: nothing moves.
+    let now = plan.apply_to(&cluster);
+    let again = pack(&now, &models, &demand, &options).unwrap();
+    check_rules(&again, &now, &models, &options, &demand);
+    assert_eq!(
+        (again.moves, again.reconfigured_gpus),
+        (0, 0),
+        "{:#?}",
+        again.gpus
+    );
+    assert_eq!(again.gpus_used, 4);
 }
 
 #[test]

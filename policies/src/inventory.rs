@@ -288,6 +288,17 @@ impl Cluster {
             .sum()
     }
 
+    /// GPUs of the largest node of a GPU model that allows a sharing mode
+    /// (0 when none does).
+    pub fn largest_node_allowing(&self, gpu_model: &str, mode: SharingMode) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.gpu_model == gpu_model && n.allows(mode))
+            .map(|n| n.gpus.len() as u32)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Validates a spec: applies catalogue overrides, expands node
     /// templates, and checks every GPU state. Every problem is reported.
     pub fn from_spec(

@@ -501,7 +501,9 @@ fn check_model_fits_cluster(
 ) -> Option<Problem> {
     let options = m.options(catalog);
     let possible = options.iter().any(|o| match o {
-        PlacementOption::Whole { gpu, gpus } => c.max_gpus_per_node(gpu) >= *gpus,
+        PlacementOption::Whole { gpus, .. } | PlacementOption::Fractional { gpus, .. } => {
+            c.largest_node_allowing(o.gpu(), o.mode()) >= *gpus
+        }
         _ => c.gpus_allowing(o.gpu(), o.mode()) > 0,
     });
     (!possible).then(|| {

@@ -604,10 +604,13 @@ pub enum PlacementOption {
         /// GPU model.
         gpu: String,
     },
-    /// A fractional (HAMi) share of one GPU.
+    /// Fractional (HAMi) shares of `gpus` GPUs on one node (one share
+    /// of each; `gpus` > 1 is tensor parallelism).
     Fractional {
         /// GPU model.
         gpu: String,
+        /// Tensor-parallel degree.
+        gpus: u32,
     },
     /// `gpus` whole GPUs on one node.
     Whole {
@@ -625,7 +628,7 @@ impl PlacementOption {
             PlacementOption::Mig { gpu, .. }
             | PlacementOption::Timeslice { gpu }
             | PlacementOption::Mps { gpu }
-            | PlacementOption::Fractional { gpu }
+            | PlacementOption::Fractional { gpu, .. }
             | PlacementOption::Whole { gpu, .. } => gpu,
         }
     }
@@ -647,7 +650,10 @@ impl PlacementOption {
             PlacementOption::Mig { gpu, profile } => format!("a {gpu} {profile} slice"),
             PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
             PlacementOption::Mps { gpu } => format!("an MPS share of a {gpu}"),
-            PlacementOption::Fractional { gpu } => format!("a fractional (HAMi) {gpu}"),
+            PlacementOption::Fractional { gpu, gpus: 1 } => format!("a fractional (HAMi) {gpu}"),
+            PlacementOption::Fractional { gpu, gpus } => {
+                format!("fractional (HAMi) shares of {gpus}×{gpu} on one node")
+            }
             PlacementOption::Whole { gpu, gpus: 1 } => format!("a whole {gpu}"),
             PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu} on one node"),
         }
@@ -770,10 +776,13 @@ impl Model {
                 );
             }
         }
-        if tensor_parallel.iter().any(|&k| k > 1) && !p.sharing.contains(&SharingMode::Whole) {
+        if tensor_parallel.iter().any(|&k| k > 1)
+            && !p.sharing.contains(&SharingMode::Whole)
+            && !p.sharing.contains(&SharingMode::Fractional)
+        {
             err(
                 "spec.placement.tensorParallel",
-                "tensor parallelism > 1 takes whole GPUs: add `whole` to sharing".into(),
+                "tensor parallelism > 1 takes whole GPUs or fractional (HAMi) shares of several: add `whole` or `fractional` to sharing".into(),
             );
         }
 
@@ -905,13 +914,15 @@ impl Model {
                     gpu: gpu.name.clone(),
                 });
             }
-            if single
-                && self.sharing.contains(&SharingMode::Fractional)
-                && self.fits(gpu.usable_gib, gpu.compute, 1)
-            {
-                out.push(PlacementOption::Fractional {
-                    gpu: gpu.name.clone(),
-                });
+            if self.sharing.contains(&SharingMode::Fractional) {
+                for &k in &self.tensor_parallel {
+                    if self.fits(gpu.usable_gib, gpu.compute, k) {
+                        out.push(PlacementOption::Fractional {
+                            gpu: gpu.name.clone(),
+                            gpus: k,
+                        });
+                    }
+                }
             }
             if self.sharing.contains(&SharingMode::Whole) {
                 for &k in &self.tensor_parallel {

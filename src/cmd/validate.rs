@@ -87,7 +87,8 @@ fn summary(
                 PlacementOption::Mig { gpu, profile } => format!("{gpu}:{profile}"),
                 PlacementOption::Timeslice { gpu } => format!("{gpu}:shared"),
                 PlacementOption::Mps { gpu } => format!("{gpu}:mps"),
-                PlacementOption::Fractional { gpu } => format!("{gpu}:fractional"),
+                PlacementOption::Fractional { gpu, gpus: 1 } => format!("{gpu}:fractional"),
+                PlacementOption::Fractional { gpu, gpus } => format!("{gpus}×{gpu}:fractional"),
                 PlacementOption::Whole { gpu, gpus } => format!("{gpus}×{gpu}"),
             })
             .take(4)
