@@ -23,18 +23,22 @@
 //! for compute-heavy replicas; a node has one config (time-slicing or MPS),
 //! and MPS does not run on MIG GPUs.
 //!
-//! **Fractional GPUs** (HAMi) are not slots: any mix of replicas shares
-//! such a GPU while their memory (MiB, rounded up, as `nvidia.com/gpumem`)
-//! stays within `usable × (1 − headroom)` and their SM percentages
-//! (`nvidia.com/gpucores`, rounded up) within the compute cap. The ILP
-//! counts them per class with aggregate capacity ([`Fractional`]); decode
-//! packs the replicas onto concrete GPUs.
+//! **Fractional GPUs** (HAMi): any mix of replicas shares such a GPU while
+//! their memory (MiB, rounded up, as `nvidia.com/gpumem`) stays within
+//! `usable × (1 − headroom)` and their SM percentages (`nvidia.com/gpucores`,
+//! rounded up) within the compute cap ([`Fractional`]). Each model that may
+//! run there gets a slot type of its own, `Fractional(model)`: one share of
+//! such a GPU sized for that model (a tensor-parallel replica takes one on
+//! each of `k` GPUs of its node, [`SlotType::parts`]), and a fractional
+//! pattern is a mix of those shares that fits one GPU. Mixes are too many
+//! to list, so [`crate::ilp::columns`] generates the useful ones (column
+//! generation); here come only the mixes running now.
 //!
 //! **Patterns**: every maximal MIG geometry of the GPU model (38 on an
 //! 8-slot GPU, derived from the placement rules), every MIG geometry in use
-//! now (so keeping it is an option), and `Share(N)` for `N` in
-//! `2..=max_share`. Whole GPUs are not patterns: tensor-parallel groups of
-//! `k` whole GPUs are counted per model.
+//! now (so keeping it is an option), `Share(N)` for `N` in `2..=max_share`,
+//! the MPS twins, and the fractional mixes running now. Whole GPUs are not
+//! patterns: tensor-parallel groups of `k` whole GPUs are counted per model.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +56,10 @@ pub enum SlotKind {
     Share(u8),
     /// One of `N` MPS partitions of a GPU.
     Mps(u8),
+    /// A share of a fractional (HAMi) GPU sized for one replica of this
+    /// model (its policy name), or for one of the `k` shares of a
+    /// tensor-parallel one.
+    Fractional(String),
 }
 
 /// One slot type of a class, with what a slot of it offers.
@@ -63,6 +71,12 @@ pub struct SlotType {
     pub memory_gib: f64,
     /// Compute it offers (1.0 = one H100-80GB).
     pub compute: f64,
+    /// Slots one replica takes: `k` for a tensor-parallel replica on
+    /// fractional GPUs (one on each of `k` GPUs of its node), else 1.
+    pub parts: u32,
+    /// On a fractional GPU: the MiB and SM percent one slot takes
+    /// (HAMi's `gpumem` and `gpucores`).
+    pub need: Option<(u32, u32)>,
 }
 
 /// A GPU configuration the ILP can choose for GPUs of a class.
@@ -83,6 +97,9 @@ pub enum PatternKind {
     Share(u8),
     /// Split into `N` MPS partitions.
     Mps(u8),
+    /// A fractional (HAMi) GPU holding the mix of shares in the pattern's
+    /// slots.
+    Fractional,
 }
 
 impl PatternKind {
@@ -95,16 +112,12 @@ impl PatternKind {
 
 /// What a fractional (HAMi) GPU of a class offers: memory in MiB and SM
 /// percent, both after headroom and cap.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fractional {
     /// MiB replicas may take together: `⌊usable × (1 − headroom) × 1024⌋`.
     pub memory_mib: u32,
     /// SM percent replicas may take together: `⌊cap × 100⌋`.
     pub cores: u32,
-    /// The share of that capacity the ILP's aggregate constraints count
-    /// (1.0; lowered by [`crate::pack`] for a class whose replicas decode
-    /// could not pack into the GPUs it had).
-    pub aggregate: f64,
 }
 
 /// What one replica asks of each of the `gpus` fractional GPUs it runs on
@@ -158,10 +171,6 @@ pub struct Class {
     pub allows: Vec<SharingMode>,
     /// What a fractional GPU offers, when the nodes run HAMi.
     pub fractional: Option<Fractional>,
-    /// Fractional GPUs now.
-    pub current_fractional_gpus: u32,
-    /// Fractional replicas per model index now.
-    pub current_fractional: BTreeMap<usize, u32>,
     /// The nodes (indices into `Cluster::nodes`).
     pub nodes: Vec<usize>,
     /// Slot types.
@@ -197,12 +206,61 @@ impl Class {
             .position(|t| t.kind == SlotKind::Share(n))
     }
 
+    /// Index of a model's fractional slot type.
+    pub fn fractional_slot(&self, model: &str) -> Option<usize> {
+        self.slot_types
+            .iter()
+            .position(|t| matches!(&t.kind, SlotKind::Fractional(m) if m == model))
+    }
+
+    /// Whether a mix of slots (type, count) fits one fractional GPU.
+    pub fn fractional_fits(&self, slots: &[(usize, u32)]) -> bool {
+        let Some(cap) = self.fractional else {
+            return false;
+        };
+        let (mut mib, mut pct) = (0u64, 0u64);
+        for &(t, k) in slots {
+            let Some((m, p)) = self.slot_types[t].need else {
+                return false;
+            };
+            mib += u64::from(m) * u64::from(k);
+            pct += u64::from(p) * u64::from(k);
+        }
+        let tensor_parallel = slots
+            .iter()
+            .filter(|&&(t, k)| k > 0 && self.slot_types[t].parts > 1)
+            .map(|&(_, k)| k)
+            .sum::<u32>();
+        mib <= u64::from(cap.memory_mib) && pct <= u64::from(cap.cores) && tensor_parallel <= 1
+    }
+
+    /// The fractional pattern with exactly these slots, if there is one.
+    pub fn fractional_pattern(&self, slots: &[(usize, u32)]) -> Option<usize> {
+        self.patterns
+            .iter()
+            .position(|p| p.kind == PatternKind::Fractional && p.slots == slots)
+    }
+
+    /// Adds a fractional pattern (slots sorted by type, no zero counts)
+    /// unless it is there already; its index.
+    pub fn add_fractional_pattern(&mut self, slots: Vec<(usize, u32)>) -> usize {
+        if let Some(p) = self.fractional_pattern(&slots) {
+            return p;
+        }
+        self.patterns.push(Pattern {
+            kind: PatternKind::Fractional,
+            slots,
+        });
+        self.current_patterns.push(0);
+        self.patterns.len() - 1
+    }
+
     /// The pattern a MIG geometry counts as (same profile multiset).
     pub fn mig_pattern_of(&self, geometry: &Geometry) -> Option<usize> {
         let want = plain_counts(geometry);
         self.patterns.iter().position(|p| match &p.kind {
             PatternKind::Mig(g) => plain_counts(g) == want,
-            PatternKind::Share(_) | PatternKind::Mps(_) => false,
+            PatternKind::Share(_) | PatternKind::Mps(_) | PatternKind::Fractional => false,
         })
     }
 }
@@ -220,10 +278,13 @@ pub fn plain_counts(geometry: &Geometry) -> BTreeMap<String, u32> {
 
 /// Whether a model may use a slot type of a class.
 pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
-    let mode = match t.kind {
+    let mode = match &t.kind {
         SlotKind::Mig(_) => SharingMode::Mig,
         SlotKind::Share(_) => SharingMode::Timeslice,
         SlotKind::Mps(_) => SharingMode::Mps,
+        // Made for this model alone (only where it fits, tensor-parallel
+        // or not).
+        SlotKind::Fractional(name) => return *name == model.name,
     };
     model.sharing.contains(&mode)
         && model.tensor_parallel.contains(&1)
@@ -232,43 +293,16 @@ pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
         && model.compute <= t.compute + 1e-9
 }
 
-/// Dual-feasible weights of one replica on a fractional GPU: for `k` in
-/// 1..=3 and each of memory and SMs, Fekete and Schepers' `u(k)(x) = x`
-/// when `(k+1)x` is an integer, else `⌊(k+1)x⌋ / k`, of its share `x` of
-/// the GPU. Replicas that fit one GPU together have weights summing to at
-/// most 1 in each of the six, so `Σ weight·replicas ≤ GPUs` is valid for
-/// any packing; it is what the aggregate capacity misses (five replicas of
-/// 0.35 need three GPUs, not two: their `k = 2` weights are ½ each).
-pub fn fractional_weights(need: (u32, u32), cap: Fractional) -> [f64; 6] {
-    fn dff(k: u64, a: u32, cap: u32) -> f64 {
-        let (a, cap) = (u64::from(a), u64::from(cap).max(1));
-        if ((k + 1) * a).is_multiple_of(cap) {
-            a as f64 / cap as f64
-        } else {
-            ((k + 1) * a / cap) as f64 / k as f64
-        }
-    }
-    let (mib, pct) = need;
-    [
-        dff(1, mib, cap.memory_mib),
-        dff(2, mib, cap.memory_mib),
-        dff(3, mib, cap.memory_mib),
-        dff(1, pct, cap.cores),
-        dff(2, pct, cap.cores),
-        dff(3, pct, cap.cores),
-    ]
-}
-
 /// How a model runs on fractional GPUs of a class, if it may: the smallest
 /// tensor-parallel degree it allows whose share of each GPU fits one
 /// fractional GPU, on one node (the fewest GPUs, so the least
 /// tensor-parallel traffic, as an operator sizing a group by hand would).
 /// A share of a tensor-parallel replica must be more than half a GPU's
 /// memory or SMs: then no two shares of one replica could ever sit on one
-/// GPU, so its `k` shares need `k` distinct GPUs by capacity alone and the
-/// ILP's aggregate constraints and cuts count them as well as single
-/// replicas. (Smaller shares would fit fewer GPUs than the policy's
-/// degree: such a replica takes whole GPUs.)
+/// GPU, so its `k` shares need `k` distinct GPUs by capacity alone. (Smaller shares would fit fewer GPUs than the policy's
+/// degree: such a replica takes whole GPUs.) A fractional GPU holds at most
+/// one share of a tensor-parallel replica ([`Class::fractional_fits`]), so
+/// a node's shares of each group come in whole groups.
 pub fn fractional_part(model: &Model, class: &Class) -> Option<FractionalPart> {
     let f = class.fractional?;
     if !model.sharing.contains(&SharingMode::Fractional)
@@ -351,7 +385,6 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
                     + 1e-6)
                     .floor() as u32,
                 cores: (options.fractional_compute_cap * 100.0 + 1e-6).floor() as u32,
-                aggregate: 1.0,
             });
         let mut class = Class {
             gpu_model: gpu_model.clone(),
@@ -365,8 +398,6 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
             gpus_per_node,
             allows,
             fractional,
-            current_fractional_gpus: 0,
-            current_fractional: BTreeMap::new(),
             nodes,
             slot_types: Vec::new(),
             patterns: Vec::new(),
@@ -374,7 +405,7 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
             current_slots: BTreeMap::new(),
             current_whole: BTreeMap::new(),
         };
-        add_slot_types(&mut class, options);
+        add_slot_types(&mut class, models, options);
         add_patterns(&mut class, cluster, models, options);
         count_current(&mut class, cluster, models);
         classes.push(class);
@@ -382,33 +413,49 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
     classes
 }
 
-fn add_slot_types(class: &mut Class, options: &PackOptions) {
+fn add_slot_types(class: &mut Class, models: &[Model], options: &PackOptions) {
+    let slot = |kind: SlotKind, memory_gib: f64, compute: f64| SlotType {
+        kind,
+        memory_gib,
+        compute,
+        parts: 1,
+        need: None,
+    };
     if let Some(spec) = &class.mig {
         for p in spec.profiles.iter().filter(|p| !p.media_extensions) {
-            class.slot_types.push(SlotType {
-                kind: SlotKind::Mig(p.name.clone()),
-                memory_gib: p.usable_gib,
-                compute: class.compute * f64::from(p.compute_slices)
-                    / f64::from(spec.compute_slices),
-            });
+            class.slot_types.push(slot(
+                SlotKind::Mig(p.name.clone()),
+                p.usable_gib,
+                class.compute * f64::from(p.compute_slices) / f64::from(spec.compute_slices),
+            ));
         }
     }
     if class.allows.contains(&SharingMode::Timeslice) {
         for n in 2..=options.max_timeslice_replicas {
-            class.slot_types.push(SlotType {
-                kind: SlotKind::Share(n),
-                memory_gib: class.usable_gib * (1.0 - options.timeslice_memory_headroom)
-                    / f64::from(n),
-                compute: class.compute * options.timeslice_compute_cap / f64::from(n),
-            });
+            class.slot_types.push(slot(
+                SlotKind::Share(n),
+                class.usable_gib * (1.0 - options.timeslice_memory_headroom) / f64::from(n),
+                class.compute * options.timeslice_compute_cap / f64::from(n),
+            ));
         }
     }
     if class.allows.contains(&SharingMode::Mps) {
         for n in 2..=options.max_mps_replicas {
+            class.slot_types.push(slot(
+                SlotKind::Mps(n),
+                class.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n),
+                class.compute * options.mps_compute_cap / f64::from(n),
+            ));
+        }
+    }
+    for model in models {
+        if let Some(part) = fractional_part(model, class) {
             class.slot_types.push(SlotType {
-                kind: SlotKind::Mps(n),
-                memory_gib: class.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n),
-                compute: class.compute * options.mps_compute_cap / f64::from(n),
+                kind: SlotKind::Fractional(model.name.clone()),
+                memory_gib: f64::from(part.mib) / 1024.0,
+                compute: f64::from(part.pct) / 100.0 * class.compute,
+                parts: part.gpus,
+                need: Some(part.need()),
             });
         }
     }
@@ -500,7 +547,9 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
 fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
     class.current_patterns = vec![0; class.patterns.len()];
     let model_index = |name: &str| models.iter().position(|m| m.name == name);
-    for &ni in &class.nodes {
+    // Shares per (model, fractional slot type), over the class.
+    let mut fractional_parts: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+    for ni in class.nodes.clone() {
         let node = &cluster.nodes[ni];
         let mut whole: BTreeMap<usize, u32> = BTreeMap::new();
         for g in node.gpus.iter().filter(|g| g.health == Health::Healthy) {
@@ -544,13 +593,22 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
                     }
                 }
                 GpuMode::Fractional => {
-                    if class.fractional.is_some() {
-                        class.current_fractional_gpus += 1;
-                        for w in &g.workloads {
-                            if let Some(m) = model_index(&w.model) {
-                                *class.current_fractional.entry(m).or_insert(0) += 1;
-                            }
+                    // The mix it runs is a pattern (when it still fits: a
+                    // policy may have grown since).
+                    let mut mix: BTreeMap<usize, u32> = BTreeMap::new();
+                    for w in &g.workloads {
+                        let Some(m) = model_index(&w.model) else {
+                            continue;
+                        };
+                        if let Some(t) = class.fractional_slot(&models[m].name) {
+                            *mix.entry(t).or_insert(0) += 1;
+                            *fractional_parts.entry((m, t)).or_insert(0) += 1;
                         }
+                    }
+                    let mix: Vec<(usize, u32)> = mix.into_iter().collect();
+                    if !mix.is_empty() && class.fractional_fits(&mix) {
+                        let p = class.add_fractional_pattern(mix);
+                        class.current_patterns[p] += 1;
                     }
                 }
                 GpuMode::Whole => {
@@ -572,11 +630,10 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
         }
     }
     // A tensor-parallel replica on fractional GPUs is a workload on each.
-    let fractional = std::mem::take(&mut class.current_fractional);
-    for (m, shares) in fractional {
-        let k = fractional_part(&models[m], class).map_or(1, |p| p.gpus);
-        if shares / k > 0 {
-            class.current_fractional.insert(m, shares / k);
+    for ((m, t), shares) in fractional_parts {
+        let replicas = shares / class.slot_types[t].parts.max(1);
+        if replicas > 0 {
+            class.current_slots.insert((m, t), replicas);
         }
     }
 }

@@ -16,7 +16,8 @@
 //! on each, so a tensor-parallel replica takes `memory / k` and `compute /
 //! k` of `k` distinct GPUs of its node (the smallest degree its policy
 //! allows whose share fits one GPU, and only if that share is over half a
-//! GPU's memory or SMs).
+//! GPU's memory or SMs), and, gpuscale's own rule, at most one share of a
+//! tensor-parallel replica per GPU.
 
 mod common;
 
@@ -106,6 +107,7 @@ fn oracle(
                         mib: (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0)
                             .floor() as i64,
                         pct: (options.fractional_compute_cap * 100.0).floor() as i64,
+                        grouped: false,
                     }),
                     Config::Mps(n) => {
                         for _ in 0..*n {
@@ -190,6 +192,8 @@ struct Bin {
     gpu: usize,
     mib: i64,
     pct: i64,
+    /// Holds a share of a tensor-parallel replica.
+    grouped: bool,
 }
 
 /// Backtracking over one configuration of the node: the most replicas
@@ -278,7 +282,9 @@ impl Search<'_> {
                     if set.count_ones() != k
                         || (0..n).any(|b| {
                             set & (1 << b) != 0
-                                && (self.bins[b].mib < mib || self.bins[b].pct < pct)
+                                && (self.bins[b].mib < mib
+                                    || self.bins[b].pct < pct
+                                    || (k > 1 && self.bins[b].grouped))
                         })
                     {
                         continue;
@@ -291,12 +297,16 @@ impl Search<'_> {
                     for &b in &chosen {
                         self.bins[b].mib -= mib;
                         self.bins[b].pct -= pct;
+                        self.bins[b].grouped |= k > 1;
                         self.used_gpu[self.bins[b].gpu] = true;
                     }
                     consider(self.assign(r + 1));
                     for (&b, &w) in chosen.iter().zip(&was) {
                         self.bins[b].mib += mib;
                         self.bins[b].pct += pct;
+                        if k > 1 {
+                            self.bins[b].grouped = false;
+                        }
                         self.used_gpu[self.bins[b].gpu] = w;
                     }
                 }

@@ -43,6 +43,11 @@ pub struct Args {
     /// Solver time limit.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub time_limit: Duration,
+    /// How long the whole MIP may improve on the heuristic plan (rounding,
+    /// diving, the small MIP over what the dive left); within the time
+    /// limit.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub improve_limit: Duration,
     /// Relative MIP gap at which the solver stops (0.005 = within 0.5 % of
     /// the optimal cost; 1e-4 for a tight plan, slower).
     #[arg(long, default_value_t = 0.005)]
@@ -99,6 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let options = PackOptions {
         time_limit: args.time_limit,
+        improve_limit: args.improve_limit,
         mip_rel_gap: args.mip_gap,
         max_timeslice_replicas: args.max_shares,
         timeslice_memory_headroom: args.timeslice_headroom,

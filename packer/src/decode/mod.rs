@@ -1,0 +1,733 @@
+//! Mapping the ILP's counts onto concrete GPUs, preferring what is already
+//! there: GPUs already in the needed geometry, replicas already in place.
+//!
+//! Per class, in this order: (1) choose the nodes that get a device-plugin
+//! config (time-slicing or MPS into `N`) or run HAMi, those already
+//! configured the same way first; (2) place tensor-parallel groups, largest
+//! first, on the other nodes — where the model already runs if it can,
+//! else best fit; (3) time-sliced and MPS GPUs on their nodes; (4) MIG
+//! GPUs (not on MPS or HAMi nodes), keeping GPUs whose current geometry has
+//! the pattern's profiles; (5) fractional GPUs on HAMi nodes
+//! ([`fractional`]): GPUs already running a pattern's mix keep it, the
+//! shares of tensor-parallel replicas go in node blocks, the rest on free
+//! GPUs; (6) replicas into slots, the slot a replica already occupies
+//! first. Each step is linear in the class's GPUs and replicas (plus
+//! sorting).
+
+mod fractional;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuscale_policies::{Cluster, Geometry, GpuMode, Health, Model};
+
+use crate::classes::{Class, PatternKind, SlotKind, fractional_part, plain_counts};
+use crate::ilp::Counts;
+use crate::plan::{GpuPlan, Mode, ReplicaSlot};
+
+/// What decoding produced.
+#[derive(Debug, Clone, Default)]
+pub struct Decoded {
+    /// Every healthy GPU of every class, in cluster order.
+    pub gpus: Vec<GpuPlan>,
+    /// Replicas that the counts promised but no GPU could take (per model).
+    pub failed: Vec<u32>,
+    /// Replicas running now that move.
+    pub moves: u32,
+    /// GPUs whose configuration changes.
+    pub reconfigured: u32,
+    /// Time-slicing `N` per node name.
+    pub timeslice_nodes: BTreeMap<String, u8>,
+    /// MPS `N` per node name.
+    pub mps_nodes: BTreeMap<String, u8>,
+    /// Nodes running HAMi.
+    pub hami_nodes: BTreeSet<String>,
+    next_group: u32,
+}
+
+/// (model, MIG profile, MIG start, (group size, group number)).
+type PlacedReplica = (usize, Option<String>, Option<u8>, Option<(u32, u32)>);
+
+#[derive(Debug, Clone)]
+struct Slot {
+    kind: SlotKind,
+    start: Option<u8>,
+    profile: Option<String>,
+    model: Option<usize>,
+    /// (group size, group number) of a tensor-parallel replica's share.
+    group: Option<(u32, u32)>,
+}
+
+impl Slot {
+    fn empty(kind: SlotKind) -> Slot {
+        Slot {
+            kind,
+            start: None,
+            profile: None,
+            model: None,
+            group: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Assigned {
+    mode: Mode,
+    geometry: Geometry,
+    share: Option<u8>,
+    slots: Vec<Slot>,
+    /// (model, group size, group number) for whole GPUs.
+    whole: Option<(usize, u32, u32)>,
+}
+
+/// What a node is designated for in a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A device-plugin config: the pattern (time-slicing or MPS) it serves.
+    Config(usize),
+    /// HAMi (fractional GPUs).
+    Hami,
+}
+
+/// Decodes one solution.
+pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &Counts) -> Decoded {
+    let model_index: BTreeMap<&str, usize> = models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.name.as_str(), i))
+        .collect();
+    let mut out = Decoded {
+        failed: vec![0; models.len()],
+        ..Decoded::default()
+    };
+    let mut assigned: BTreeMap<(usize, u32), Assigned> = BTreeMap::new();
+    for (c, class) in classes.iter().enumerate() {
+        decode_class(
+            cluster,
+            &model_index,
+            class,
+            c,
+            counts,
+            &mut assigned,
+            &mut out,
+        );
+    }
+
+    let node_class: BTreeMap<usize, usize> = classes
+        .iter()
+        .enumerate()
+        .flat_map(|(c, class)| class.nodes.iter().map(move |&ni| (ni, c)))
+        .collect();
+
+    // Replica numbers, moves and reconfigurations over the whole cluster.
+    let mut next_replica = vec![0u32; models.len()];
+    let mut group_replica: BTreeMap<u32, u32> = BTreeMap::new();
+    // Moves are counted in replicas: a GPU of a k-GPU group is 1/k of one.
+    let mut current: Vec<f64> = vec![0.0; models.len()];
+    let mut matched: Vec<f64> = vec![0.0; models.len()];
+    let mut placed: Vec<u32> = vec![0; models.len()];
+    for (&(_, m, _), &n) in &counts.slots {
+        placed[m] += n;
+    }
+    for (&(_, m, _), &n) in &counts.whole {
+        placed[m] += n;
+    }
+    for (m, p) in placed.iter_mut().enumerate() {
+        *p = p.saturating_sub(out.failed[m]);
+    }
+    for (ni, node) in cluster.nodes.iter().enumerate() {
+        for gpu in &node.gpus {
+            for w in &gpu.workloads {
+                if let Some(&m) = model_index.get(w.model.as_str()) {
+                    current[m] += match gpu.mode {
+                        GpuMode::Whole => {
+                            1.0 / f64::from(smallest_group(cluster, node, &models[m]))
+                        }
+                        // One share of each of a tensor-parallel replica's GPUs.
+                        GpuMode::Fractional => node_class.get(&ni).map_or(1.0, |&c| {
+                            1.0 / f64::from(
+                                fractional_part(&models[m], &classes[c]).map_or(1, |p| p.gpus),
+                            )
+                        }),
+                        _ => 1.0,
+                    };
+                }
+            }
+            let Some(a) = assigned.get(&(ni, gpu.index)) else {
+                out.gpus.push(idle(node.name.clone(), &node.gpu_model, gpu));
+                continue;
+            };
+            let mut replicas: Vec<PlacedReplica> = Vec::new();
+            for s in &a.slots {
+                if let Some(m) = s.model {
+                    replicas.push((m, s.profile.clone(), s.start, s.group));
+                }
+            }
+            if let Some((m, k, group)) = a.whole {
+                replicas.push((m, None, None, Some((k, group))));
+            }
+            // Reconfiguration: the MIG or sharing configuration changes.
+            let before = config_key(gpu.mode, &gpu.geometry, node);
+            let after = match a.mode {
+                Mode::Mig => Some(format!("mig:{:?}", plain_counts(&a.geometry))),
+                Mode::Timeslice => Some(format!("share:{}", a.share.unwrap_or(0))),
+                Mode::Mps => Some(format!("mps:{}", a.share.unwrap_or(0))),
+                Mode::Fractional => Some("fractional".to_string()),
+                Mode::Whole | Mode::Idle => None,
+            };
+            let reconfigured = before != after;
+            if reconfigured {
+                out.reconfigured += 1;
+            }
+            // Moves: a current workload stays when the same model is in the
+            // same place (the same instance start on MIG) on a GPU whose
+            // configuration does not change (a MIG change restarts it).
+            let mut here: Vec<(usize, Option<u8>)> = if reconfigured {
+                Vec::new()
+            } else {
+                gpu.workloads.clone()
+            }
+            .iter()
+            .filter_map(|w| model_index.get(w.model.as_str()).map(|&m| (m, w.slot)))
+            .collect();
+            for (m, _, start, group) in &replicas {
+                if let Some(pos) = here
+                    .iter()
+                    .position(|&(cm, cs)| cm == *m && (a.mode != Mode::Mig || cs == *start))
+                {
+                    here.swap_remove(pos);
+                    matched[*m] += group.map_or(1.0, |(k, _)| 1.0 / f64::from(k));
+                }
+            }
+            let mut slots = Vec::new();
+            for (m, profile, start, group) in replicas {
+                let replica = match group {
+                    Some((_, id)) => *group_replica.entry(id).or_insert_with(|| {
+                        next_replica[m] += 1;
+                        next_replica[m] - 1
+                    }),
+                    None => {
+                        next_replica[m] += 1;
+                        next_replica[m] - 1
+                    }
+                };
+                slots.push(ReplicaSlot {
+                    model: models[m].name.clone(),
+                    replica,
+                    profile,
+                    start,
+                    group_size: group.map(|(k, _)| k),
+                });
+            }
+            out.gpus.push(GpuPlan {
+                node: node.name.clone(),
+                index: gpu.index,
+                gpu_model: node.gpu_model.clone(),
+                mode: a.mode,
+                geometry: a.geometry.placements().to_vec(),
+                timeslice_replicas: a.share.filter(|_| a.mode == Mode::Timeslice),
+                mps_replicas: a.share.filter(|_| a.mode == Mode::Mps),
+                replicas: slots,
+            });
+        }
+    }
+    let mut moves = 0.0;
+    for m in 0..models.len() {
+        let unmatched = (current[m] - matched[m]).max(0.0);
+        let removed = (current[m] - f64::from(placed[m])).max(0.0);
+        moves += (unmatched - removed).max(0.0);
+    }
+    out.moves = moves.round() as u32;
+    out
+}
+
+/// The fewest whole GPUs of a node's model that hold one replica.
+fn smallest_group(cluster: &Cluster, node: &gpuscale_policies::Node, model: &Model) -> u32 {
+    let usable = cluster
+        .catalog
+        .get(&node.gpu_model)
+        .map_or(f64::INFINITY, |g| g.usable_gib);
+    model
+        .tensor_parallel
+        .iter()
+        .copied()
+        .find(|&k| f64::from(k) * usable + 1e-9 >= model.memory_gib)
+        .unwrap_or(1)
+        .max(1)
+}
+
+fn config_key(
+    mode: GpuMode,
+    geometry: &Geometry,
+    node: &gpuscale_policies::Node,
+) -> Option<String> {
+    match mode {
+        GpuMode::Mig => Some(format!("mig:{:?}", plain_counts(geometry))),
+        GpuMode::Timeslice => Some(format!("share:{}", node.timeslice_replicas.unwrap_or(0))),
+        GpuMode::Mps => Some(format!("mps:{}", node.mps_replicas.unwrap_or(0))),
+        GpuMode::Fractional => Some("fractional".to_string()),
+        GpuMode::Whole | GpuMode::Free => None,
+    }
+}
+
+fn idle(node: String, gpu_model: &str, gpu: &gpuscale_policies::Gpu) -> GpuPlan {
+    GpuPlan {
+        node,
+        index: gpu.index,
+        gpu_model: gpu_model.to_string(),
+        mode: Mode::Idle,
+        geometry: if gpu.mode == GpuMode::Mig {
+            gpu.geometry.placements().to_vec()
+        } else {
+            Vec::new()
+        },
+        timeslice_replicas: None,
+        mps_replicas: None,
+        replicas: Vec::new(),
+    }
+}
+
+fn decode_class(
+    cluster: &Cluster,
+    model_index: &BTreeMap<&str, usize>,
+    class: &Class,
+    c: usize,
+    counts: &Counts,
+    assigned: &mut BTreeMap<(usize, u32), Assigned>,
+    out: &mut Decoded,
+) {
+    let g = class.gpus_per_node.max(1);
+    let healthy = |ni: usize| {
+        cluster.nodes[ni]
+            .gpus
+            .iter()
+            .filter(|x| x.health == Health::Healthy)
+            .map(|x| x.index)
+    };
+    let gpu_state = |ni: usize, idx: u32| &cluster.nodes[ni].gpus[idx as usize];
+
+    // (1) Nodes with a device-plugin config or HAMi: those already
+    // configured the same way first, then those sharing the most GPUs now.
+    let role_now = |ni: usize| -> Option<Role> {
+        let node = &cluster.nodes[ni];
+        if node.gpus.iter().any(|x| x.mode == GpuMode::Fractional) {
+            return Some(Role::Hami);
+        }
+        let kind = match (node.timeslice_replicas, node.mps_replicas) {
+            (Some(n), _) => PatternKind::Share(n),
+            (None, Some(n)) => PatternKind::Mps(n),
+            (None, None) => return None,
+        };
+        class
+            .patterns
+            .iter()
+            .position(|p| p.kind == kind)
+            .map(Role::Config)
+    };
+    let mut roles: Vec<(Role, u32)> = class
+        .patterns
+        .iter()
+        .enumerate()
+        .filter(|(p, pattern)| pattern.kind.node_config() && counts.patterns[c][*p] > 0)
+        .map(|(p, _)| (Role::Config(p), counts.patterns[c][p]))
+        .collect();
+    let fractional_gpus: u32 = class
+        .patterns
+        .iter()
+        .zip(&counts.patterns[c])
+        .filter(|(p, _)| p.kind == PatternKind::Fractional)
+        .map(|(_, &n)| n)
+        .sum();
+    if fractional_gpus > 0 {
+        roles.push((Role::Hami, fractional_gpus));
+    }
+    let mut designated: BTreeMap<usize, Role> = BTreeMap::new();
+    if !roles.is_empty() {
+        let mut order: Vec<usize> = class.nodes.clone();
+        order.sort_by_key(|&ni| {
+            let node = &cluster.nodes[ni];
+            let shared = node
+                .gpus
+                .iter()
+                .filter(|x| {
+                    matches!(
+                        x.mode,
+                        GpuMode::Timeslice | GpuMode::Mps | GpuMode::Fractional
+                    )
+                })
+                .count();
+            (std::cmp::Reverse(shared), ni)
+        });
+        for &(role, gpus) in &roles {
+            let need = gpus.div_ceil(g) as usize;
+            let mut picked: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|ni| !designated.contains_key(ni) && role_now(*ni) == Some(role))
+                .take(need)
+                .collect();
+            if picked.len() < need {
+                let more: Vec<usize> = order
+                    .iter()
+                    .copied()
+                    .filter(|ni| !designated.contains_key(ni) && !picked.contains(ni))
+                    .take(need - picked.len())
+                    .collect();
+                picked.extend(more);
+            }
+            for ni in picked {
+                designated.insert(ni, role);
+            }
+        }
+    }
+
+    // (2) Tensor-parallel groups (and single whole GPUs), largest first,
+    // best fit over nodes bucketed by free GPUs; where the model runs now
+    // first.
+    let mut free_gpus: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    let mut buckets: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); g as usize + 1];
+    for &ni in class.nodes.iter().filter(|ni| !designated.contains_key(ni)) {
+        let free: Vec<u32> = healthy(ni).collect();
+        buckets[free.len().min(g as usize)].insert(ni);
+        free_gpus.insert(ni, free);
+    }
+    let mut runs_whole: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &ni in free_gpus.keys() {
+        let models_here: BTreeSet<usize> = cluster.nodes[ni]
+            .gpus
+            .iter()
+            .filter(|x| x.mode == GpuMode::Whole)
+            .flat_map(|x| x.workloads.iter())
+            .filter_map(|w| model_index.get(w.model.as_str()).copied())
+            .collect();
+        for m in models_here {
+            runs_whole.entry(m).or_default().push(ni);
+        }
+    }
+    let mut groups: Vec<(usize, u32)> = Vec::new();
+    for (&(cc, m, k), &count) in &counts.whole {
+        if cc == c {
+            groups.extend(std::iter::repeat_n((m, k), count as usize));
+        }
+    }
+    groups.sort_by_key(|&(m, k)| (std::cmp::Reverse(k), m));
+    for (m, k) in groups {
+        let runs_here = |ni: usize, idx: u32| {
+            let s = gpu_state(ni, idx);
+            s.mode == GpuMode::Whole
+                && s.workloads
+                    .iter()
+                    .any(|w| model_index.get(w.model.as_str()) == Some(&m))
+        };
+        let home = runs_whole.get(&m).and_then(|nodes| {
+            nodes.iter().copied().find(|ni| {
+                free_gpus[ni].iter().filter(|&&i| runs_here(*ni, i)).count() >= k as usize
+            })
+        });
+        let node = home.or_else(|| {
+            (k as usize..buckets.len()).find_map(|f| buckets[f].iter().next().copied())
+        });
+        let Some(ni) = node else {
+            out.failed[m] += 1;
+            continue;
+        };
+        let free = free_gpus
+            .get_mut(&ni)
+            .expect("bucketed nodes have free lists");
+        buckets[free.len().min(g as usize)].remove(&ni);
+        free.sort_by_key(|&i| (!runs_here(ni, i), i));
+        let chosen: Vec<u32> = free.drain(..k as usize).collect();
+        free.sort_unstable();
+        buckets[free.len().min(g as usize)].insert(ni);
+        out.next_group += 1;
+        for i in chosen {
+            assigned.insert(
+                (ni, i),
+                Assigned {
+                    mode: Mode::Whole,
+                    geometry: Geometry::default(),
+                    share: None,
+                    slots: Vec::new(),
+                    whole: Some((m, k, out.next_group)),
+                },
+            );
+        }
+    }
+
+    // (3) Time-sliced and MPS GPUs on their nodes.
+    let config_gpu = |p: usize| {
+        let (mode, slot, n) = match class.patterns[p].kind {
+            PatternKind::Share(n) => (Mode::Timeslice, SlotKind::Share(n), n),
+            PatternKind::Mps(n) => (Mode::Mps, SlotKind::Mps(n), n),
+            PatternKind::Mig(_) | PatternKind::Fractional => {
+                unreachable!("config roles are time-slicing or MPS")
+            }
+        };
+        Assigned {
+            mode,
+            geometry: Geometry::default(),
+            share: Some(n),
+            slots: (0..n).map(|_| Slot::empty(slot.clone())).collect(),
+            whole: None,
+        }
+    };
+    for &(role, gpus) in &roles {
+        let Role::Config(p) = role else {
+            continue;
+        };
+        let mut need = gpus;
+        let mut nodes: Vec<usize> = designated
+            .iter()
+            .filter(|&(_, &r)| r == role)
+            .map(|(&ni, _)| ni)
+            .collect();
+        // Whole GPUs may have crowded the chosen nodes: then also nodes
+        // with no whole GPU and no other role.
+        let spare: Vec<usize> = class
+            .nodes
+            .iter()
+            .copied()
+            .filter(|ni| {
+                !designated.contains_key(ni)
+                    && !healthy(*ni).any(|i| {
+                        assigned
+                            .get(&(*ni, i))
+                            .is_some_and(|a| a.mode == Mode::Whole)
+                    })
+            })
+            .collect();
+        nodes.extend(spare);
+        let shared_now = match class.patterns[p].kind {
+            PatternKind::Mps(_) => GpuMode::Mps,
+            _ => GpuMode::Timeslice,
+        };
+        for ni in nodes {
+            if need == 0 {
+                break;
+            }
+            let mut free: Vec<u32> = healthy(ni)
+                .filter(|&i| !assigned.contains_key(&(ni, i)))
+                .collect();
+            free.sort_by_key(|&i| (gpu_state(ni, i).mode != shared_now, i));
+            for i in free.into_iter().take(need as usize) {
+                need -= 1;
+                assigned.insert((ni, i), config_gpu(p));
+                designated.insert(ni, role);
+                free_gpus.remove(&ni);
+            }
+        }
+    }
+
+    for (&ni, &role) in &designated {
+        let Role::Config(p) = role else {
+            continue;
+        };
+        let shares = healthy(ni).any(|i| {
+            assigned
+                .get(&(ni, i))
+                .is_some_and(|a| matches!(a.mode, Mode::Timeslice | Mode::Mps))
+        });
+        if shares {
+            let name = cluster.nodes[ni].name.clone();
+            match class.patterns[p].kind {
+                PatternKind::Share(n) => {
+                    out.timeslice_nodes.insert(name, n);
+                }
+                PatternKind::Mps(n) => {
+                    out.mps_nodes.insert(name, n);
+                }
+                PatternKind::Mig(_) | PatternKind::Fractional => {}
+            }
+        }
+    }
+
+    // (4) MIG GPUs: GPUs already in the pattern's geometry first, then GPUs
+    // running nothing, then the rest.
+    let mut same_geometry: BTreeMap<BTreeMap<String, u32>, Vec<(usize, u32)>> = BTreeMap::new();
+    let mut rest: Vec<(usize, u32)> = Vec::new();
+    let no_mig = |ni: &usize| match designated.get(ni) {
+        Some(Role::Hami) => true,
+        Some(Role::Config(p)) => matches!(class.patterns[*p].kind, PatternKind::Mps(_)),
+        None => false,
+    };
+    for &ni in class.nodes.iter().filter(|ni| !no_mig(ni)) {
+        for i in healthy(ni) {
+            if assigned.contains_key(&(ni, i)) {
+                continue;
+            }
+            let s = gpu_state(ni, i);
+            if s.mode == GpuMode::Mig {
+                same_geometry
+                    .entry(plain_counts(&s.geometry))
+                    .or_default()
+                    .push((ni, i));
+            }
+            rest.push((ni, i));
+        }
+    }
+    rest.sort_by_key(|&(ni, i)| (!gpu_state(ni, i).workloads.is_empty(), ni, i));
+    let mut cursor = 0;
+    for (p, pattern) in class.patterns.iter().enumerate() {
+        let PatternKind::Mig(canonical) = &pattern.kind else {
+            continue;
+        };
+        let mut need = counts.patterns[c][p];
+        if need == 0 {
+            continue;
+        }
+        let want = plain_counts(canonical);
+        let mut chosen: Vec<((usize, u32), Geometry)> = Vec::new();
+        let mut picked: BTreeSet<(usize, u32)> = BTreeSet::new();
+        for &(ni, i) in same_geometry.get(&want).into_iter().flatten() {
+            if need == 0 {
+                break;
+            }
+            if !assigned.contains_key(&(ni, i)) && picked.insert((ni, i)) {
+                need -= 1;
+                chosen.push(((ni, i), gpu_state(ni, i).geometry.clone()));
+            }
+        }
+        while need > 0 && cursor < rest.len() {
+            let key = rest[cursor];
+            cursor += 1;
+            if assigned.contains_key(&key) || !picked.insert(key) {
+                continue;
+            }
+            need -= 1;
+            chosen.push((key, canonical.clone()));
+        }
+        for (key, geometry) in chosen {
+            let slots = geometry
+                .placements()
+                .iter()
+                .filter_map(|pl| {
+                    class.mig_slot(&pl.profile).map(|t| Slot {
+                        kind: class.slot_types[t].kind.clone(),
+                        start: Some(pl.start),
+                        profile: Some(pl.profile.clone()),
+                        model: None,
+                        group: None,
+                    })
+                })
+                .collect();
+            assigned.insert(
+                key,
+                Assigned {
+                    mode: Mode::Mig,
+                    geometry,
+                    share: None,
+                    slots,
+                    whole: None,
+                },
+            );
+        }
+    }
+
+    // (5) Fractional GPUs on HAMi nodes; tensor-parallel replicas' shares
+    // are placed there in their groups.
+    fractional::place(
+        &fractional::Context {
+            cluster,
+            class,
+            c,
+            counts,
+        },
+        &mut designated,
+        assigned,
+        out,
+    );
+    for (&ni, &role) in &designated {
+        if role == Role::Hami
+            && healthy(ni).any(|i| {
+                assigned
+                    .get(&(ni, i))
+                    .is_some_and(|a| a.mode == Mode::Fractional)
+            })
+        {
+            out.hami_nodes.insert(cluster.nodes[ni].name.clone());
+        }
+    }
+
+    // (6) Replicas into slots: where the model runs now first.
+    let class_gpus: Vec<(usize, u32)> = class
+        .nodes
+        .iter()
+        .flat_map(|&ni| healthy(ni).map(move |i| (ni, i)))
+        .filter(|key| assigned.contains_key(key))
+        .collect();
+    let slot_type = |kind: &SlotKind| {
+        class
+            .slot_types
+            .iter()
+            .position(|st| st.kind == *kind)
+            .expect("slot kinds come from the class")
+    };
+    // Tensor-parallel shares were placed with their groups in (5).
+    let single = |t: usize| class.slot_types[t].parts <= 1;
+    let mut wanted: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+    for (&(cc, m, t), &count) in &counts.slots {
+        if cc == c && single(t) {
+            wanted.insert((m, t), count);
+        }
+    }
+    for &(ni, i) in &class_gpus {
+        let s = gpu_state(ni, i);
+        let a = assigned.get_mut(&(ni, i)).expect("listed from assigned");
+        let mode = a.mode;
+        if mode == Mode::Whole {
+            continue;
+        }
+        for w in &s.workloads {
+            let Some(&m) = model_index.get(w.model.as_str()) else {
+                continue;
+            };
+            // A free slot of a type this model is wanted in (the same
+            // instance on MIG); fractional GPUs have a type per model.
+            if let Some(sl) = a.slots.iter_mut().find(|sl| {
+                sl.model.is_none()
+                    && (mode != Mode::Mig || sl.start == w.slot)
+                    && wanted
+                        .get(&(m, slot_type(&sl.kind)))
+                        .is_some_and(|&left| left > 0)
+            }) {
+                *wanted
+                    .get_mut(&(m, slot_type(&sl.kind)))
+                    .expect("checked above") -= 1;
+                sl.model = Some(m);
+            }
+        }
+    }
+    let mut free_by_type: BTreeMap<usize, Vec<(usize, u32, usize)>> = BTreeMap::new();
+    for &(ni, i) in &class_gpus {
+        for (k, sl) in assigned[&(ni, i)].slots.iter().enumerate() {
+            if sl.model.is_none() && single(slot_type(&sl.kind)) {
+                free_by_type
+                    .entry(slot_type(&sl.kind))
+                    .or_default()
+                    .push((ni, i, k));
+            }
+        }
+    }
+    let mut cursors: BTreeMap<usize, usize> = BTreeMap::new();
+    for ((m, t), left) in wanted {
+        let free = free_by_type.get(&t).map(Vec::as_slice).unwrap_or(&[]);
+        let at = cursors.entry(t).or_insert(0);
+        for _ in 0..left {
+            match free.get(*at) {
+                Some(&(ni, i, k)) => {
+                    *at += 1;
+                    if let Some(a) = assigned.get_mut(&(ni, i)) {
+                        a.slots[k].model = Some(m);
+                    }
+                }
+                None => out.failed[m] += 1,
+            }
+        }
+    }
+    // GPUs that ended with no replica are idle after all.
+    for key in class_gpus {
+        let a = &assigned[&key];
+        if a.whole.is_none() && a.slots.iter().all(|s| s.model.is_none()) {
+            assigned.remove(&key);
+        }
+    }
+}
