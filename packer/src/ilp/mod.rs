@@ -424,6 +424,26 @@ struct Relaxed {
     w: BTreeMap<(usize, usize, u32), f64>,
 }
 
+/// Every constraint of the model, and `n[c,p] ≥ floors[c][p]` when given.
+fn add_rows(
+    problem: &mut good_lp::solvers::highs::HighsProblem,
+    v: &Vars,
+    classes: &[Class],
+    demand_: &[u32],
+    floors: Option<&[Vec<u32>]>,
+) {
+    for c in all_constraints(v, classes, demand_).constraints {
+        problem.add_constraint(c);
+    }
+    for (ns, fs) in floors.into_iter().flat_map(|f| v.n.iter().zip(f)) {
+        for (&var, &floor) in ns.iter().zip(fs) {
+            if floor > 0 {
+                problem.add_constraint(Expression::from(var).geq(f64::from(floor)));
+            }
+        }
+    }
+}
+
 /// The LP relaxation's value, GPUs per class and values (over the
 /// patterns the classes have).
 fn lp_value(
@@ -447,16 +467,7 @@ fn lp_with_floors(
     let v = build_vars(&mut vars, classes, models, demand_, false);
     let obj = objective_expr(&v, classes, models, price);
     let mut problem = vars.minimise(obj).using(highs);
-    for c in all_constraints(&v, classes, demand_).constraints {
-        problem.add_constraint(c);
-    }
-    for (ns, fs) in floors.into_iter().flat_map(|f| v.n.iter().zip(f)) {
-        for (&var, &floor) in ns.iter().zip(fs) {
-            if floor > 0 {
-                problem.add_constraint(Expression::from(var).geq(f64::from(floor)));
-            }
-        }
-    }
+    add_rows(&mut problem, &v, classes, demand_, floors);
     let sol = problem
         .solve()
         .map_err(|e| PackError::Solver(e.to_string()))?;
@@ -876,16 +887,7 @@ fn mip(
     // rounded solution is compared with, never given to, HiGHS.
     let mut problem = configure(vars.minimise(objective).using(highs), options, start)?
         .set_option("mip_max_nodes", nodes);
-    for c in all_constraints(&v, classes, demand_).constraints {
-        problem.add_constraint(c);
-    }
-    for (ns, fs) in floors.into_iter().flat_map(|f| v.n.iter().zip(f)) {
-        for (&var, &floor) in ns.iter().zip(fs) {
-            if floor > 0 {
-                problem.add_constraint(Expression::from(var).geq(f64::from(floor)));
-            }
-        }
-    }
+    add_rows(&mut problem, &v, classes, demand_, floors);
     Ok(match problem.solve() {
         Ok(sol) => (
             Some(read_counts(&sol, &v)),
