@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gpuscale_packer::{PackOptions, Plan, pack};
+use gpuscale_packer::{PackOptions, Plan, pack_from};
 use gpuscale_policies::Model;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -613,12 +613,15 @@ impl Controller {
         let models: Vec<Model> = self.settings.models.clone();
         let wanted = desired.clone();
         let on = current.clone();
+        let basis = self.plan.as_ref().and_then(|p| p.basis.clone());
         let options = PackOptions {
             time_limit: PACK_BUDGET,
             ..PackOptions::default()
         };
-        let solved =
-            tokio::task::spawn_blocking(move || pack(&on, &models, &wanted, &options)).await;
+        let solved = tokio::task::spawn_blocking(move || {
+            pack_from(&on, &models, &wanted, &options, basis.as_ref())
+        })
+        .await;
         let solved = match solved {
             Ok(r) => r,
             Err(e) => {

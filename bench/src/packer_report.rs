@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use gpuscale_packer::{Mode, PackOptions, baseline, pack};
+use gpuscale_packer::{Mode, PackOptions, baseline, pack, pack_from};
 use gpuscale_policies::load_paths;
 
 use crate::scenario::{self, RuleSet};
@@ -235,8 +235,16 @@ fn memory_ceiling(
 pub struct Incremental {
     /// GPUs in the cluster.
     pub gpus: usize,
-    /// Median re-plan ms.
+    /// Median re-plan ms, carrying the first plan's bound (as the
+    /// autoscaler and `plan --current` do).
     pub ms: f64,
+    /// Median re-plan ms without it (the bound proven again).
+    pub ms_fresh: f64,
+    /// The carried bound was used (nothing generated or solved).
+    pub carried: bool,
+    /// Cost per hour and LP cost bound: carried re-plan, fresh re-plan,
+    /// the first plan.
+    pub cost_bound: [f64; 6],
     /// Replicas moved.
     pub moves: u32,
     /// GPUs reconfigured.
@@ -268,15 +276,28 @@ pub fn run_incremental(setup: &Setup, gpus: u32) -> anyhow::Result<Incremental> 
         .clone();
     let mut more: BTreeMap<String, u32> = demand.clone();
     *more.entry(model.clone()).or_insert(0) += 1;
-    let mut times = Vec::new();
+    let (mut times, mut fresh) = (Vec::new(), Vec::new());
     let mut last = None;
+    let mut fresh_plan = None;
     for _ in 0..runs.max(1) {
         let t = Instant::now();
-        let plan = pack(&now, &bundle.models, &more, options)?;
+        let plan = pack_from(&now, &bundle.models, &more, options, first.basis.as_ref())?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let again = pack(&now, &bundle.models, &more, options)?;
+        fresh.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(
+            plan.cost_per_hour <= again.cost_per_hour + 1e-6,
+            "the carried re-plan costs {} > {}",
+            plan.cost_per_hour,
+            again.cost_per_hour
+        );
         last = Some(plan);
+        fresh_plan = Some(again);
     }
     let plan = last.expect("at least one run");
+    let carried = plan.basis == first.basis && first.basis.is_some();
+    let again = fresh_plan.expect("at least one run");
     debug_assert!(
         plan.gpus
             .iter()
@@ -285,6 +306,16 @@ pub fn run_incremental(setup: &Setup, gpus: u32) -> anyhow::Result<Incremental> 
     Ok(Incremental {
         gpus: cluster.gpu_count(),
         ms: median(times),
+        ms_fresh: median(fresh),
+        carried,
+        cost_bound: [
+            plan.cost_per_hour,
+            plan.lp_bound_cost,
+            again.cost_per_hour,
+            again.lp_bound_cost,
+            first.cost_per_hour,
+            first.lp_bound_cost,
+        ],
         moves: plan.moves,
         reconfigured: plan.reconfigured_gpus,
         model,
@@ -354,8 +385,28 @@ pub fn markdown(rows: &[Row], incremental: Option<&Incremental>) -> String {
     if let Some(i) = incremental {
         let _ = writeln!(
             out,
-            "\nIncremental: +1 replica of `{}` on the packed {}-GPU cluster: re-plan {:.0} ms (median), {} replicas moved, {} GPUs reconfigured.",
-            i.model, i.gpus, i.ms, i.moves, i.reconfigured
+            "\nIncremental: +1 replica of `{}` on the packed {}-GPU cluster: re-plan {:.1} ms (median) carrying the first plan's bound ({}), {:.0} ms proving it again; {} replicas moved, {} GPUs reconfigured.",
+            i.model,
+            i.gpus,
+            i.ms,
+            if i.carried {
+                "added on top, nothing solved"
+            } else {
+                "not admitted: solved in full"
+            },
+            i.ms_fresh,
+            i.moves,
+            i.reconfigured
+        );
+        let _ = writeln!(
+            out,
+            "Cost over its LP bound: ${:.2}/h over ${:.2}/h carried, ${:.2}/h over ${:.2}/h proven again (the first plan: ${:.2}/h over ${:.2}/h).",
+            i.cost_bound[0],
+            i.cost_bound[1],
+            i.cost_bound[2],
+            i.cost_bound[3],
+            i.cost_bound[4],
+            i.cost_bound[5]
         );
     }
     out

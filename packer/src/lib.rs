@@ -28,6 +28,7 @@
 //! later issue).
 
 pub mod baseline;
+pub mod basis;
 pub mod classes;
 pub mod decode;
 pub mod emit;
@@ -132,6 +133,21 @@ pub fn pack(
     demand: &BTreeMap<String, u32>,
     options: &PackOptions,
 ) -> Result<Plan, PackError> {
+    pack_from(cluster, models, demand, options, None)
+}
+
+/// [`pack`], re-planning from an earlier plan's proven bound (its
+/// [`Plan::basis`]): when the basis admits this input ([`basis`]) and
+/// every replica wanted on top of what runs fits the GPUs already in use,
+/// the plan keeps everything in place and adds them there, with no
+/// pattern generation and no solve.
+pub fn pack_from(
+    cluster: &Cluster,
+    models: &[Model],
+    demand: &BTreeMap<String, u32>,
+    options: &PackOptions,
+    prior: Option<&basis::Basis>,
+) -> Result<Plan, PackError> {
     let start = Instant::now();
     if let Some(unknown) = demand
         .keys()
@@ -144,6 +160,12 @@ pub fn pack(
         .map(|m| demand.get(&m.name).copied().unwrap_or(0))
         .collect();
     let mut classes = classes::build(cluster, models, options);
+    if let Some(prior) = prior
+        && let Some(mut plan) = on_top(cluster, models, &wanted, options, &classes, prior, start)
+    {
+        plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
+        return Ok(plan);
+    }
     let bounds = ilp::columns::generate(&mut classes, models, &wanted, options, start)?;
     let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds)?;
     let mut decoded = decode::decode(cluster, models, &classes, &solved.counts);
@@ -168,8 +190,90 @@ pub fn pack(
     }
     let mut plan = figures(cluster, models, &wanted, &solved, decoded);
     plan.pools = pools(&classes, &solved, &plan.gpus);
+    if plan.unplaced.is_empty() {
+        plan.basis = Some(basis::Basis::new(
+            &classes, models, &wanted, options, &solved,
+        ));
+    }
     plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(plan)
+}
+
+/// The re-plan that keeps everything running and adds what is wanted on
+/// top at no extra cost, with the prior's bound; `None` when the prior
+/// does not admit the input, demand fell for some model, or the added
+/// replicas need more GPUs than run now, a move or a reconfiguration (or
+/// decode cannot place them).
+fn on_top(
+    cluster: &Cluster,
+    models: &[Model],
+    wanted: &[u32],
+    options: &PackOptions,
+    classes: &[classes::Class],
+    prior: &basis::Basis,
+    start: Instant,
+) -> Option<Plan> {
+    if !ilp::runs_now(classes) {
+        return None;
+    }
+    let lp_class_gpus = prior.admits(classes, models, wanted, options)?;
+    let running = ilp::running(classes, models.len());
+    if wanted.iter().zip(&running).any(|(w, r)| w < r) {
+        return None;
+    }
+    let now = ilp::pinned(classes, models, &running)?;
+    let counts = ilp::pinned(classes, models, wanted)?;
+    if counts.unplaced.iter().any(|&u| u > 0) {
+        return None;
+    }
+    // What adding on top costs, against what it must cost at least: the
+    // re-plan rule of the full path (`ilp::solve`: keep what runs when the
+    // change costs no more than the LP's marginal cost of it plus the
+    // gap). The LP's rise is bounded below by the basis's prices: the
+    // priced bound of the new demand less the LP of what runs, which is
+    // the basis's own when the same replicas run on the same nodes (at
+    // most `upper`). A change that costs nothing needs no prices.
+    let extra =
+        ilp::counts_cost(classes, models, &counts) - ilp::counts_cost(classes, models, &now);
+    let same_demand = models
+        .iter()
+        .zip(&running)
+        .all(|(m, &r)| prior.demand.get(&m.name) == Some(&r));
+    let priced = prior.priced_bound(classes, models, wanted);
+    let bound = priced.unwrap_or(prior.lp_cost).max(prior.lp_cost);
+    let allowed = match (priced, &prior.prices) {
+        (Some(priced), Some(prices)) if same_demand => {
+            (priced - prices.upper).max(0.0) + options.mip_rel_gap * bound
+        }
+        _ => 0.0,
+    };
+    if extra > allowed + 1e-9 {
+        return None;
+    }
+    let decoded = decode::decode(cluster, models, classes, &counts);
+    let (placed, cost) = placed_and_cost(cluster, &counts, &decoded);
+    if placed < wanted.iter().sum::<u32>()
+        || decoded.moves > 0
+        || decoded.reconfigured > 0
+        || cost > running_cost(cluster) + allowed + 1e-9
+    {
+        return None;
+    }
+    // The carried bound, raised by the prices of what was added.
+    let lp_cost = bound;
+    let solved = ilp::Solved {
+        counts,
+        optimal: cost <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9,
+        lp_cost,
+        lp_gpus: prior.lp_gpus,
+        lp_class_gpus,
+        solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        prices: None,
+    };
+    let mut plan = figures(cluster, models, wanted, &solved, decoded);
+    plan.pools = pools(classes, &solved, &plan.gpus);
+    plan.basis = Some(prior.clone());
+    Some(plan)
 }
 
 fn figures(
@@ -351,6 +455,7 @@ fn figures(
         nodes: Vec::new(),
         models: model_plans,
         baselines: None,
+        basis: None,
     };
     let (_, names) = emit::mig_parted(&plan);
     plan.nodes = cluster
@@ -385,6 +490,18 @@ fn placed_and_cost(
         .map(|m| m.price_per_hour)
         .sum();
     (placed.saturating_sub(decoded.failed.iter().sum()), cost)
+}
+
+/// Cost per hour of the GPUs that run something now.
+fn running_cost(cluster: &Cluster) -> f64 {
+    cluster
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
+        .filter(|(_, g)| g.health == Health::Healthy && !g.workloads.is_empty())
+        .filter_map(|(n, _)| cluster.catalog.get(&n.gpu_model))
+        .map(|m| m.price_per_hour)
+        .sum()
 }
 
 /// Per GPU model: healthy GPUs, GPUs in use, GPUs in the cost LP.

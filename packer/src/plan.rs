@@ -228,6 +228,11 @@ pub struct Plan {
     /// Baselines, with `--compare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baselines: Option<Baselines>,
+    /// What the LP bound was proven for, when every replica was placed: a
+    /// later re-plan from this plan may carry the bound
+    /// ([`crate::pack_from`], [`crate::basis`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<crate::basis::Basis>,
 }
 
 impl Plan {

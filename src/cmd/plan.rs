@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gpuscale_packer::{Baselines, Mode, PackOptions, Plan, baseline, emit, min_replicas, pack};
+use gpuscale_packer::{
+    Baselines, Mode, PackOptions, Plan, baseline, emit, min_replicas, pack_from,
+};
 use gpuscale_policies::load_paths;
 
 /// Arguments of `plan`.
@@ -91,12 +93,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let Some(mut cluster) = bundle.cluster else {
         bail!("{}: no `kind: Cluster` document", args.cluster.display());
     };
+    let mut basis = None;
     if let Some(path) = &args.current {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let earlier: Plan = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a plan in JSON", path.display()))?;
         cluster = earlier.apply_to(&cluster);
+        basis = earlier.basis;
     }
     let mut demand: BTreeMap<String, u32> = min_replicas(&bundle.models);
     if let Some(d) = &bundle.demand {
@@ -119,7 +123,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         models = bundle.models.len(),
         "packing"
     );
-    let mut plan = pack(&cluster, &bundle.models, &demand, &options)?;
+    let mut plan = pack_from(&cluster, &bundle.models, &demand, &options, basis.as_ref())?;
     if args.compare {
         plan.baselines = Some(Baselines {
             whole_gpu: baseline::whole_gpu(&cluster, &bundle.models, &demand),

@@ -510,7 +510,7 @@ pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Co
 }
 
 /// Objective value (cost plus unplaced penalties) of integer counts.
-pub(super) fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
+pub(crate) fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) -> f64 {
     let max_price = classes.iter().map(|c| c.price).fold(0.0, f64::max);
     let max_gpus = max_group(models);
     let used = used_gpus(classes, counts);

@@ -1,0 +1,229 @@
+//! Re-planning from an earlier plan's proven bound (`pack_from` with the
+//! plan's `basis`): replicas added on top at no extra cost skip the solve
+//! and keep the bound; anything the basis does not cover is solved in
+//! full; and the carried bound is never above the bound proven afresh.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use gpuscale_packer::{PackOptions, Plan, pack, pack_from};
+use gpuscale_policies::{Model, SharingMode};
+use proptest::prelude::*;
+
+fn placed(p: &Plan) -> u32 {
+    p.models.iter().map(|m| m.placed).sum()
+}
+
+/// Whether the re-plan carried `first`'s bound (nothing was solved).
+fn carried(plan: &Plan, first: &Plan) -> bool {
+    first.basis.is_some() && plan.basis == first.basis
+}
+
+fn small() -> Vec<Model> {
+    vec![common::model(
+        "small",
+        9.0,
+        0.1,
+        &[SharingMode::Mig],
+        &[1],
+        &[],
+    )]
+}
+
+#[test]
+fn replicas_that_fit_free_slots_are_added_on_top_with_the_bound_carried() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let models = small();
+    let options = PackOptions::default();
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("small", 3)]),
+        &options,
+    )
+    .unwrap();
+    let basis = first.basis.clone().expect("everything placed: a basis");
+    assert_eq!(basis.demand["small"], 3);
+    assert_eq!(first.gpus_used, 1);
+    let now = first.apply_to(&cluster);
+    // The first plan's geometry has six instances able to hold `small`.
+    for n in 4..=6 {
+        let demand = common::demand(&[("small", n)]);
+        let plan = pack_from(&now, &models, &demand, &options, Some(&basis)).unwrap();
+        assert!(carried(&plan, &first), "{n}: solved in full");
+        assert_eq!(
+            (plan.moves, plan.reconfigured_gpus, plan.gpus_used),
+            (0, 0, 1)
+        );
+        assert_eq!(placed(&plan), n);
+        // The carried bound, raised by the LP's price of the replicas
+        // added, and still below the one proven for this demand.
+        assert!(plan.lp_bound_cost >= first.lp_bound_cost);
+        let fresh = pack(&now, &models, &demand, &options).unwrap();
+        assert!(plan.lp_bound_cost <= fresh.lp_bound_cost + 1e-9);
+        assert!((plan.cost_per_hour - fresh.cost_per_hour).abs() < 1e-9);
+        // A plan made on top carries the same basis on: still valid.
+        let next = plan.apply_to(&now);
+        let again = pack_from(&next, &models, &demand, &options, plan.basis.as_ref()).unwrap();
+        assert!(carried(&again, &first));
+    }
+    // Seven need another geometry: solved in full, with a bound of its own.
+    let seven = common::demand(&[("small", 7)]);
+    let plan = pack_from(&now, &models, &seven, &options, Some(&basis)).unwrap();
+    assert!(!carried(&plan, &first));
+    assert_eq!(plan.basis.as_ref().unwrap().demand["small"], 7);
+    assert_eq!(
+        (plan.gpus_used, plan.reconfigured_gpus, plan.moves),
+        (1, 1, 3)
+    );
+}
+
+#[test]
+fn a_basis_that_does_not_cover_the_input_is_not_used() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 2), ("m", "H100-80GB", 2)]);
+    let models = small();
+    let options = PackOptions::default();
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("small", 3)]),
+        &options,
+    )
+    .unwrap();
+    let basis = first.basis.clone().unwrap();
+    let now = first.apply_to(&cluster);
+    let four = common::demand(&[("small", 4)]);
+
+    // Fewer replicas: the smaller demand's LP may be lower.
+    let two = common::demand(&[("small", 2)]);
+    let down = pack_from(&now, &models, &two, &options, Some(&basis)).unwrap();
+    assert!(!carried(&down, &first));
+
+    // A policy changed (memory): another LP.
+    let mut grown = small();
+    grown[0].memory_gib = 9.5;
+    let plan = pack_from(&now, &grown, &four, &options, Some(&basis)).unwrap();
+    assert!(!carried(&plan, &first));
+
+    // Options that shape the LP changed.
+    let other = PackOptions {
+        max_timeslice_replicas: 3,
+        ..options.clone()
+    };
+    let plan = pack_from(&now, &models, &four, &other, Some(&basis)).unwrap();
+    assert!(!carried(&plan, &first));
+    // The gap and the clocks do not shape the LP.
+    let looser = PackOptions {
+        mip_rel_gap: 0.05,
+        improve_limit: std::time::Duration::from_millis(10),
+        ..options.clone()
+    };
+    let plan = pack_from(&now, &models, &four, &looser, Some(&basis)).unwrap();
+    assert!(carried(&plan, &first));
+
+    // A node more: a cheaper LP may exist.
+    let mut bigger = now.clone();
+    let mut extra = bigger.nodes[1].clone();
+    extra.name = "o".into();
+    for g in &mut extra.gpus {
+        g.workloads.clear();
+    }
+    bigger.nodes.push(extra);
+    let plan = pack_from(&bigger, &models, &four, &options, Some(&basis)).unwrap();
+    assert!(!carried(&plan, &first));
+
+    // A node fewer (the idle one): the LP only rises, so the bound holds.
+    let idle = now
+        .nodes
+        .iter()
+        .position(|n| n.gpus.iter().all(|g| g.workloads.is_empty()))
+        .expect("one node idle");
+    let mut smaller = now.clone();
+    smaller.nodes.remove(idle);
+    let plan = pack_from(&smaller, &models, &four, &options, Some(&basis)).unwrap();
+    assert!(carried(&plan, &first));
+}
+
+fn models_for(specs: &[(f64, f64, u8)]) -> Vec<Model> {
+    const MODES: [&[SharingMode]; 4] = [
+        &[SharingMode::Mig],
+        &[SharingMode::Mig, SharingMode::Timeslice],
+        &[SharingMode::Whole],
+        &[
+            SharingMode::Mig,
+            SharingMode::Fractional,
+            SharingMode::Whole,
+        ],
+    ];
+    specs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(memory, compute, mode))| {
+            common::try_model(
+                &format!("m{i}"),
+                memory,
+                compute,
+                MODES[usize::from(mode) % MODES.len()],
+                &[1],
+                &[],
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random clusters, models and demand; pack at mip gap 0 (optimal
+    /// plans), apply, add random replicas, and re-plan with and without
+    /// the carried bound: the carried bound is never above the bound
+    /// proven afresh (small instances list every pattern, so that bound is
+    /// the LP itself), a carried re-plan moves and reconfigures nothing
+    /// and costs no more than the fresh re-plan, and both place everything
+    /// the fresh one does.
+    #[test]
+    fn a_carried_bound_is_never_above_the_fresh_one(
+        nodes in prop::collection::vec(
+            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4"]), 1u32..=4),
+            1..=3,
+        ),
+        specs in prop::collection::vec((1.0f64..40.0, 0.02f64..0.6, 0u8..4), 1..=3),
+        wants in prop::collection::vec(0u32..=3, 3),
+        adds in prop::collection::vec(0u32..=2, 3),
+    ) {
+        let named: Vec<(String, String, u32)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (g, n))| (format!("n{i}"), g.to_string(), *n))
+            .collect();
+        let each: Vec<(&str, &str, u32, &[SharingMode])> = named
+            .iter()
+            .map(|(a, g, n)| (a.as_str(), g.as_str(), *n, &[SharingMode::Mig, SharingMode::Timeslice, SharingMode::Fractional][..]))
+            .collect();
+        let cluster = common::cluster_each(&each);
+        let models = models_for(&specs);
+        prop_assume!(!models.is_empty());
+        let demand: BTreeMap<String, u32> = models.iter().zip(&wants).map(|(m, &w)| (m.name.clone(), w)).collect();
+        let options = PackOptions { mip_rel_gap: 0.0, ..PackOptions::default() };
+        let first = pack(&cluster, &models, &demand, &options).unwrap();
+        prop_assume!(first.basis.is_some());
+        let now = first.apply_to(&cluster);
+        let more: BTreeMap<String, u32> = models
+            .iter()
+            .zip(wants.iter().zip(&adds))
+            .map(|(m, (&w, &a))| (m.name.clone(), w + a))
+            .collect();
+        let plan = pack_from(&now, &models, &more, &options, first.basis.as_ref()).unwrap();
+        let fresh = pack(&now, &models, &more, &options).unwrap();
+        prop_assert!(plan.lp_bound_cost <= fresh.lp_bound_cost + 1e-6,
+            "carried {} > fresh {}", plan.lp_bound_cost, fresh.lp_bound_cost);
+        prop_assert!(placed(&plan) >= placed(&fresh));
+        if carried(&plan, &first) {
+            prop_assert_eq!((plan.moves, plan.reconfigured_gpus), (0, 0));
+            prop_assert_eq!(placed(&plan), more.values().sum::<u32>());
+            prop_assert!(plan.cost_per_hour <= fresh.cost_per_hour + 1e-6,
+                "carried {} > fresh {}", plan.cost_per_hour, fresh.cost_per_hour);
+        }
+    }
+}
