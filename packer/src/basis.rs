@@ -3,22 +3,30 @@
 //! The bound a plan reports is the LP relaxation over every pattern (every
 //! MIG geometry, share count and fractional mix), a function of the
 //! models, the options, the GPU catalogue, the classes with their node
-//! counts, and the demand: not of what runs now. That LP only grows when
-//! demand grows (drop the extra replicas from any solution of the larger
-//! demand and it solves the smaller one at no more cost) and when nodes go
-//! away (fewer nodes only remove solutions). So the bound proven for one
-//! plan is still a valid bound for a later re-plan whose demand is at
-//! least as large, model by model, on a cluster with the same classes or a
-//! subset of their nodes, under the same policies and options. The
-//! [`Basis`] records exactly those inputs, and [`Basis::admits`] checks
-//! them.
+//! counts, and the demand: not of what runs now. That LP never falls when
+//! demand grows or nodes go away. Fewer nodes only remove solutions. For
+//! more demand, take an optimal solution of the larger demand `D'` and keep
+//! its GPU counts: each model's slots still cover the smaller `D`, also
+//! where a fractional mix holds more of a model's shares than `D` allows
+//! (mixes are capped at the demand): capped at `D`, a mix keeps at least
+//! `D/D'` of them, and `Σ min(c, D)·n ≥ (D/D')·Σ c·n ≥ D`. So it solves
+//! the smaller demand at the same cost. The bound proven for one plan thus
+//! holds for a later re-plan whose demand is at least as large, model by
+//! model, on the same classes or a subset of their nodes, under the same
+//! policies and options. The [`Basis`] records exactly those inputs, and
+//! [`Basis::admits`] checks them.
 //!
-//! With an admitted basis, a re-plan that adds replicas on top of what
-//! runs at no extra cost (free slots and shares of GPUs already in use)
-//! skips pattern generation and the solves: it is the plan the full
-//! re-plan would pick (keeping what runs wins every tie), and its bound
-//! is the carried one. Anything else, and any input the basis does not
-//! match, takes the full path.
+//! With an admitted basis, a re-plan that keeps everything running and
+//! adds the new replicas on top at an extra cost within the MIP gap of the
+//! carried bound skips pattern generation and the solves. The full path
+//! keeps what runs under a looser rule (extra cost up to the LP's own rise
+//! plus the gap), so the shortcut takes only what that rule allows.
+//! Anything else, and any input the basis does not match, takes the full
+//! path.
+//!
+//! The LP's dual prices of the replicas would bound its rise too, but not
+//! soundly here: the fractional mixes a solve prices are capped at that
+//! solve's demand, so a larger demand brings mixes its duals never priced.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -44,24 +52,6 @@ pub struct Basis {
     pub lp_cost: f64,
     /// The LP lower bound on GPUs.
     pub lp_gpus: f64,
-    /// What one more replica of each model adds to the cost LP at least,
-    /// when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prices: Option<BasisPrices>,
-}
-
-/// The cost LP's demand prices ([`crate::ilp::Prices`]): on the same
-/// classes, `LP(D') ≥ base + Σm models[m]·(D'[m] − demand[m])` for any
-/// demand `D'`, and `LP(demand) ≤ upper`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BasisPrices {
-    /// The dual bound the prices pair with.
-    pub base: f64,
-    /// The LP over the patterns the solve had: at least the LP's value.
-    pub upper: f64,
-    /// Per model, its price.
-    pub models: BTreeMap<String, f64>,
 }
 
 /// One class of the basis: its key, its catalogue facts and its nodes.
@@ -109,60 +99,7 @@ impl Basis {
             policies: policies_digest(models, options),
             lp_cost: solved.lp_cost,
             lp_gpus: solved.lp_gpus,
-            // A model with no demand has no replica columns in the LP, so
-            // its row's dual says nothing: 0 is feasible for it (adding its
-            // columns back), and the LP only rises with demand.
-            prices: solved.prices.as_ref().map(|p| BasisPrices {
-                base: p.base,
-                upper: p.upper,
-                models: models
-                    .iter()
-                    .zip(demand)
-                    .zip(&p.per_model)
-                    .map(|((m, &d), &y)| (m.name.clone(), if d > 0 { y } else { 0.0 }))
-                    .collect(),
-            }),
         }
-    }
-
-    /// A lower bound on the cost LP of `demand` over `classes` from the
-    /// prices (`base + Σm price[m]·(demand[m] − basis[m])`), or `None`
-    /// without prices or unless the classes are the basis's with all
-    /// their nodes (the prices' dual bound is for those capacities).
-    pub fn priced_bound(&self, classes: &[Class], models: &[Model], demand: &[u32]) -> Option<f64> {
-        let prices = self.prices.as_ref()?;
-        let whole = classes.len() == self.classes.len()
-            && classes.iter().all(|c| {
-                let key = class_key(c);
-                self.classes.iter().any(|b| {
-                    (
-                        &b.gpu_model,
-                        b.gpus_per_node,
-                        &b.sharing,
-                        &b.catalog,
-                        b.nodes,
-                    ) == (
-                        &key.gpu_model,
-                        key.gpus_per_node,
-                        &key.sharing,
-                        &key.catalog,
-                        key.nodes,
-                    )
-                })
-            });
-        if !whole {
-            return None;
-        }
-        let rise: f64 = models
-            .iter()
-            .zip(demand)
-            .map(|(m, &d)| {
-                let was = *self.demand.get(&m.name)?;
-                let price = prices.models.get(&m.name).copied().unwrap_or(0.0);
-                Some(price * (f64::from(d) - f64::from(was)))
-            })
-            .sum::<Option<f64>>()?;
-        Some(prices.base + rise)
     }
 
     /// Whether the bound holds for `demand` over `classes`: the same

@@ -48,7 +48,7 @@ use crate::{PackError, PackOptions};
 /// Proven lower bounds of the LP over every fractional mix, when the
 /// patterns were generated (`None`: listed in full or not needed, so the
 /// LP over the classes' patterns is the bound).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Bounds {
     /// Cost per hour.
     pub cost: Option<f64>,
@@ -58,9 +58,6 @@ pub struct Bounds {
     pub rounds: u32,
     /// Patterns generated (beyond the starting ones).
     pub generated: u32,
-    /// The cost LP's demand-row prices from the last pricing round
-    /// ([`super::Prices`]).
-    pub prices: Option<super::Prices>,
 }
 
 /// Most maximal mixes per class listed in full; above, generated.
@@ -184,7 +181,6 @@ pub fn generate(
         demand,
         &generate,
         by_price,
-        true,
         deadline,
         &mut bounds,
         &mut used,
@@ -195,7 +191,6 @@ pub fn generate(
         demand,
         &generate,
         by_count,
-        false,
         deadline,
         &mut bounds,
         &mut used,
@@ -232,7 +227,6 @@ fn price_in(
     demand: &[u32],
     generate: &[usize],
     price: GpuPrice,
-    is_cost: bool,
     deadline: Instant,
     bounds: &mut Bounds,
     used: &mut BTreeSet<(usize, usize)>,
@@ -326,21 +320,6 @@ fn price_in(
             }
         }
         best_bound = best_bound.max((value + lagrangian).max(value / theta));
-        // Farley's scaling makes this round's duals feasible for every
-        // mix (θ from the knapsacks' upper bounds; 1 when none prices in
-        // even by those): the prices of the replicas, paired with
-        // `value / θ`. Only when the LP places every replica.
-        if is_cost && penalties <= 1e-9 {
-            bounds.prices = Some(super::Prices {
-                base: value / theta,
-                upper: value,
-                per_model: built
-                    .demand
-                    .iter()
-                    .map(|&row| duals.dual(refs[row].clone()) / theta)
-                    .collect(),
-            });
-        }
         if !fresh_any {
             // Nothing prices in: the LP over these patterns is the LP over
             // all of them (where every knapsack was solved to the end, the

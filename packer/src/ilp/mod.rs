@@ -46,8 +46,8 @@ use std::time::Instant;
 
 use good_lp::solvers::highs::highs;
 use good_lp::{
-    Constraint, DualValues, Expression, ProblemVariables, Solution, SolutionStatus,
-    SolutionWithDual, SolverModel, Variable, variable,
+    Constraint, Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable,
+    variable,
 };
 use gpuscale_policies::{Model, Priority};
 
@@ -113,26 +113,6 @@ pub struct Solved {
     pub lp_class_gpus: Vec<f64>,
     /// Solver wall time, ms.
     pub solve_ms: f64,
-    /// What one more replica of each model costs the LP at least: see
-    /// [`Prices`].
-    pub prices: Option<Prices>,
-}
-
-/// Dual prices of the cost LP's demand rows, scaled to be feasible for the
-/// LP over every pattern, with the bound they pair with. For any demand
-/// `D'` on the same classes, weak duality gives
-/// `LP(D') ≥ base + Σm per_model[m]·(D'[m] − D[m])` (dual feasibility does
-/// not depend on demand); and `LP(D) ≤ upper`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Prices {
-    /// The dual bound at `D`: the LP's value where the duals are feasible
-    /// for every pattern, else Farley's `value / θ` with the duals scaled
-    /// by `1/θ`.
-    pub base: f64,
-    /// The LP's value over the patterns at hand: at least `LP(D)`.
-    pub upper: f64,
-    /// Per model (parallel to the models), the scaled demand-row dual.
-    pub per_model: Vec<f64>,
 }
 
 fn penalty(model: &Model, max_gpus: u32, max_price: f64) -> f64 {
@@ -157,14 +137,6 @@ fn build_vars(
     integer: bool,
 ) -> Vars {
     let int = |d: good_lp::variable::VariableDefinition| if integer { d.integer() } else { d };
-    // Replica counts are bounded by demand in the integer models only: the
-    // demand rows imply those bounds, and the relaxation leaves them out so
-    // that its demand rows' duals alone price a replica (no bound that
-    // moves with demand carries a dual: see [`Prices`]).
-    let at_most = |d: u32| {
-        let v = variable().min(0);
-        if integer { v.max(f64::from(d)) } else { v }
-    };
     let mut v = Vars {
         n: Vec::new(),
         x: Vec::new(),
@@ -188,12 +160,12 @@ fn build_vars(
             }
             for (t, slot) in class.slot_types.iter().enumerate() {
                 if fits_slot(model, class, slot) {
-                    let var = vars.add(int(at_most(demand[m])));
+                    let var = vars.add(int(variable().min(0).max(f64::from(demand[m]))));
                     v.x.push((c, m, t, var));
                 }
             }
             for k in whole_degrees(model, class) {
-                let var = vars.add(int(at_most(demand[m])));
+                let var = vars.add(int(variable().min(0).max(f64::from(demand[m]))));
                 v.w.push((c, m, k, var));
             }
         }
@@ -210,7 +182,7 @@ fn build_vars(
         v.h.push(hami.then(|| vars.add(int(variable().min(0).max(class.nodes.len() as f64)))));
     }
     for &d in demand {
-        v.s.push(vars.add(int(at_most(d))));
+        v.s.push(vars.add(int(variable().min(0).max(f64::from(d)))));
     }
     v
 }
@@ -417,7 +389,6 @@ fn cost_expr(v: &Vars, classes: &[Class], models: &[Model]) -> Expression {
 struct Built {
     constraints: Vec<Constraint>,
     capacity: Vec<usize>,
-    demand: Vec<usize>,
     slots: BTreeMap<(usize, usize), usize>,
     hami: BTreeMap<usize, usize>,
 }
@@ -430,7 +401,6 @@ fn all_constraints(v: &Vars, classes: &[Class], demand_: &[u32]) -> Built {
         slot_rows.insert(key, constraints.len());
         constraints.push(row);
     }
-    let demand_rows = (constraints.len()..constraints.len() + demand_.len()).collect();
     constraints.extend(demand(v, demand_));
     let (configs, hami) = node_configs(v, classes);
     constraints.extend(configs);
@@ -443,7 +413,6 @@ fn all_constraints(v: &Vars, classes: &[Class], demand_: &[u32]) -> Built {
     Built {
         constraints,
         capacity: capacity_rows,
-        demand: demand_rows,
         slots: slot_rows,
         hami: hami_rows,
     }
@@ -454,28 +423,19 @@ struct Relaxed {
     n: Vec<Vec<f64>>,
     x: BTreeMap<(usize, usize, usize), f64>,
     w: BTreeMap<(usize, usize, u32), f64>,
-    /// The demand rows' duals (the objective's rate of change per replica
-    /// wanted).
-    prices: Vec<f64>,
-    /// Replicas the relaxation leaves unplaced (Σ `s`).
-    unplaced: f64,
 }
 
-/// Every constraint of the model, and `n[c,p] ≥ floors[c][p]` when given;
-/// the demand rows' references.
+/// Every constraint of the model, and `n[c,p] ≥ floors[c][p]` when given.
 fn add_rows(
     problem: &mut good_lp::solvers::highs::HighsProblem,
     v: &Vars,
     classes: &[Class],
     demand_: &[u32],
     floors: Option<&[Vec<u32>]>,
-) -> Vec<good_lp::constraint::ConstraintReference> {
-    let built = all_constraints(v, classes, demand_);
-    let refs: Vec<_> = built
-        .constraints
-        .into_iter()
-        .map(|c| problem.add_constraint(c))
-        .collect();
+) {
+    for c in all_constraints(v, classes, demand_).constraints {
+        problem.add_constraint(c);
+    }
     for (ns, fs) in floors.into_iter().flat_map(|f| v.n.iter().zip(f)) {
         for (&var, &floor) in ns.iter().zip(fs) {
             if floor > 0 {
@@ -483,7 +443,6 @@ fn add_rows(
             }
         }
     }
-    built.demand.iter().map(|&r| refs[r].clone()).collect()
 }
 
 /// The LP relaxation's value, GPUs per class and values (over the
@@ -509,12 +468,10 @@ fn lp_with_floors(
     let v = build_vars(&mut vars, classes, models, demand_, false);
     let obj = objective_expr(&v, classes, models, price);
     let mut problem = vars.minimise(obj).using(highs);
-    let demand_rows = add_rows(&mut problem, &v, classes, demand_, floors);
-    let mut sol = problem
+    add_rows(&mut problem, &v, classes, demand_, floors);
+    let sol = problem
         .solve()
         .map_err(|e| PackError::Solver(e.to_string()))?;
-    let duals = sol.compute_dual();
-    let prices = demand_rows.into_iter().map(|r| duals.dual(r)).collect();
     let gpus: Vec<f64> = (0..classes.len())
         .map(|c| gpus_expr(&v, c).eval_with(&sol))
         .collect();
@@ -532,8 +489,6 @@ fn lp_with_floors(
             .iter()
             .map(|&(c, m, k, var)| ((c, m, k), sol.value(var)))
             .collect(),
-        unplaced: v.s.iter().map(|&var| sol.value(var)).sum(),
-        prices,
     };
     Ok((value, gpus, relaxed))
 }
@@ -697,18 +652,6 @@ pub fn solve(
 ) -> Result<Solved, PackError> {
     let start = Instant::now();
     let (lp_pool, lp_class_gpus, relaxed) = lp_value(classes, models, demand_, by_price)?;
-    // Without generation the classes' patterns are all of them, and this
-    // LP's duals are feasible for the LP over every pattern (priced only
-    // when it places every replica: a penalty is no price).
-    let prices = if bounds.cost.is_some() {
-        bounds.prices.clone()
-    } else {
-        (relaxed.unplaced <= 1e-9).then(|| Prices {
-            base: lp_pool,
-            upper: lp_pool,
-            per_model: relaxed.prices.clone(),
-        })
-    };
     let (gpus_pool, _, _) = lp_value(classes, models, demand_, by_count)?;
     let lp_cost = bounds.cost.map_or(lp_pool, |b| b.min(lp_pool));
     let lp_gpus = bounds.gpus.map_or(gpus_pool, |b| b.min(gpus_pool));
@@ -719,7 +662,6 @@ pub fn solve(
         lp_gpus,
         lp_class_gpus: lp_class_gpus.clone(),
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
-        prices: prices.clone(),
     };
     let within_gap = |counts: &Counts| {
         counts.unplaced.iter().all(|&u| u == 0)
@@ -954,7 +896,7 @@ fn mip(
     // rounded solution is compared with, never given to, HiGHS.
     let mut problem = configure(vars.minimise(objective).using(highs), options, start)?
         .set_option("mip_max_nodes", nodes);
-    let _ = add_rows(&mut problem, &v, classes, demand_, floors);
+    add_rows(&mut problem, &v, classes, demand_, floors);
     Ok(match problem.solve() {
         Ok(sol) => (
             Some(read_counts(&sol, &v)),
