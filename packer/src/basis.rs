@@ -3,7 +3,11 @@
 //! The bound a plan reports is the LP relaxation over every pattern (every
 //! MIG geometry, share count and fractional mix), a function of the
 //! models, the options, the GPU catalogue, the classes with their node
-//! counts, and the demand: not of what runs now. That LP never falls when
+//! counts, and the demand; what runs now adds its fractional mixes as
+//! patterns, which hold no more of a model than its demand as long as
+//! demand is at least what runs (the one case [`crate::pack_from`] carries
+//! a bound in; after a scale-down a running mix could undercut the capped
+//! mixes, and the full path is taken). That LP never falls when
 //! demand grows or nodes go away. Fewer nodes only remove solutions. For
 //! more demand, take an optimal solution of the larger demand `D'` and keep
 //! its GPU counts: each model's slots still cover the smaller `D`, also
@@ -161,6 +165,8 @@ fn class_key(class: &Class) -> BasisClass {
 
 /// The models (every field, in order) and the options that shape the LP
 /// (not the clocks, the gap or the log).
+/// The packer's version is in it too: a plan from another build (whose LP
+/// may differ) is solved in full.
 fn policies_digest(models: &[Model], options: &PackOptions) -> String {
     let shaping = PackOptions {
         time_limit: Default::default(),
@@ -169,7 +175,10 @@ fn policies_digest(models: &[Model], options: &PackOptions) -> String {
         solver_log: false,
         ..options.clone()
     };
-    digest(&format!("{models:?}|{shaping:?}"))
+    digest(&format!(
+        "{}|{models:?}|{shaping:?}",
+        env!("CARGO_PKG_VERSION")
+    ))
 }
 
 /// 64-bit FNV-1a, in hex: stable across runs, builds and platforms (a

@@ -227,7 +227,7 @@ fn on_top(
     }
     let now = ilp::pinned(classes, models, &running)?;
     let counts = ilp::pinned(classes, models, wanted)?;
-    if counts.unplaced.iter().any(|&u| u > 0) {
+    if counts.unplaced.iter().chain(&now.unplaced).any(|&u| u > 0) {
         return None;
     }
     // The full path keeps what runs when the change costs no more than the
@@ -249,6 +249,8 @@ fn on_top(
     {
         return None;
     }
+    // The bound and the pools' LP GPU counts are the basis's: those of the
+    // smaller demand (a valid bound; the counts are for information).
     let lp_cost = prior.lp_cost;
     let solved = ilp::Solved {
         counts,
