@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use gpuscale_packer::{PackOptions, Plan, pack, pack_from};
-use gpuscale_policies::{GpuMode, Model, SharingMode};
+use gpuscale_policies::{Cluster, GpuMode, Model, SharingMode};
 use proptest::prelude::*;
 
 fn placed(p: &Plan) -> u32 {
@@ -31,22 +31,23 @@ fn small() -> Vec<Model> {
     )]
 }
 
+/// Three `small` replicas packed on `cluster` with the default options,
+/// and the cluster running that plan.
+fn three_small(cluster: &Cluster) -> (Vec<Model>, PackOptions, Plan, Cluster) {
+    let models = small();
+    let options = PackOptions::default();
+    let first = pack(cluster, &models, &common::demand(&[("small", 3)]), &options).unwrap();
+    let now = first.apply_to(cluster);
+    (models, options, first, now)
+}
+
 #[test]
 fn replicas_that_fit_free_slots_are_added_on_top_with_the_bound_carried() {
     let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
-    let models = small();
-    let options = PackOptions::default();
-    let first = pack(
-        &cluster,
-        &models,
-        &common::demand(&[("small", 3)]),
-        &options,
-    )
-    .unwrap();
+    let (models, options, first, now) = three_small(&cluster);
     let basis = first.basis.clone().expect("everything placed: a basis");
     assert_eq!(basis.demand["small"], 3);
     assert_eq!(first.gpus_used, 1);
-    let now = first.apply_to(&cluster);
     // The first plan's geometry has six instances able to hold `small`.
     for n in 4..=6 {
         let demand = common::demand(&[("small", n)]);
@@ -82,17 +83,8 @@ fn replicas_that_fit_free_slots_are_added_on_top_with_the_bound_carried() {
 #[test]
 fn a_basis_that_does_not_cover_the_input_is_not_used() {
     let cluster = common::cluster(&[("n", "H100-80GB", 2), ("m", "H100-80GB", 2)]);
-    let models = small();
-    let options = PackOptions::default();
-    let first = pack(
-        &cluster,
-        &models,
-        &common::demand(&[("small", 3)]),
-        &options,
-    )
-    .unwrap();
+    let (models, options, first, now) = three_small(&cluster);
     let basis = first.basis.clone().unwrap();
-    let now = first.apply_to(&cluster);
     let four = common::demand(&[("small", 4)]);
 
     // Fewer replicas: the smaller demand's LP may be lower.
