@@ -834,14 +834,7 @@ fn a_generous_gap_takes_the_rounded_relaxation_and_keeps_every_rule() {
 #[test]
 fn scaling_down_removes_replicas_without_moving_the_rest() {
     let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
-    let models = vec![common::model(
-        "small",
-        9.0,
-        0.1,
-        &[SharingMode::Mig],
-        &[1],
-        &[],
-    )];
+    let models = vec![common::small_mig()];
     let six = pack(
         &cluster,
         &models,

@@ -21,14 +21,7 @@ fn carried(plan: &Plan, first: &Plan) -> bool {
 }
 
 fn small() -> Vec<Model> {
-    vec![common::model(
-        "small",
-        9.0,
-        0.1,
-        &[SharingMode::Mig],
-        &[1],
-        &[],
-    )]
+    vec![common::small_mig()]
 }
 
 /// Three `small` replicas packed on `cluster` with the default options,

@@ -97,3 +97,8 @@ pub fn try_model(
 pub fn demand(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
     pairs.iter().map(|(m, n)| (m.to_string(), *n)).collect()
 }
+
+/// A 9 GiB, 0.1-compute model that runs on MIG slices only.
+pub fn small_mig() -> Model {
+    model("small", 9.0, 0.1, &[SharingMode::Mig], &[1], &[])
+}
