@@ -23,6 +23,17 @@
 //! for compute-heavy replicas; a node has one config (time-slicing or MPS),
 //! and MPS does not run on MIG GPUs.
 //!
+//! **Time-sliced MIG slices**: `MigShare(profile, N)` is one of `N` shares
+//! of a MIG instance of that profile, under the device plugin's
+//! `sharing.timeSlicing` on `nvidia.com/mig-<profile>` (mixed strategy).
+//! The same per-share bound applies, within the instance: `usable ×
+//! (1 − headroom) / N` GiB and the instance's compute `× cap / N`. The
+//! config is per node and applies to every instance of that profile there,
+//! so a node time-slicing `(profile, N)` runs only geometries with that
+//! profile time-sliced that way (the pattern kind [`PatternKind::MigShare`],
+//! one per geometry with the profile): one device-plugin config per node,
+//! time-slicing one resource (whole GPUs, or one MIG profile).
+//!
 //! **Fractional GPUs** (HAMi): any mix of replicas shares such a GPU while
 //! their memory (MiB, rounded up, as `nvidia.com/gpumem`) stays within
 //! `usable × (1 − headroom)` and their SM percentages (`nvidia.com/gpucores`,
@@ -60,6 +71,9 @@ pub enum SlotKind {
     /// model (its policy name), or for one of the `k` shares of a
     /// tensor-parallel one.
     Fractional(String),
+    /// One of `N` time-sliced shares of a MIG instance of this (plain)
+    /// profile.
+    MigShare(String, u8),
 }
 
 /// One slot type of a class, with what a slot of it offers.
@@ -100,13 +114,53 @@ pub enum PatternKind {
     /// A fractional (HAMi) GPU holding the mix of shares in the pattern's
     /// slots.
     Fractional,
+    /// A MIG geometry (with `profile` in it) on a node whose device-plugin
+    /// config time-slices every instance of `profile` into `n` shares.
+    MigShare {
+        /// The geometry.
+        geometry: Geometry,
+        /// The time-sliced profile (plain).
+        profile: String,
+        /// Shares per instance.
+        n: u8,
+    },
+}
+
+/// A node's device-plugin config, as a pattern needs it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeConfig {
+    /// Whole GPUs time-sliced into `N`.
+    Share(u8),
+    /// Whole GPUs in `N` MPS partitions.
+    Mps(u8),
+    /// Instances of a MIG profile time-sliced into `N`.
+    MigShare(String, u8),
 }
 
 impl PatternKind {
-    /// Whether it needs its node's device-plugin config (time-slicing or
-    /// MPS with this `N`).
+    /// The device-plugin config its node needs, if any.
+    pub fn config(&self) -> Option<NodeConfig> {
+        match self {
+            PatternKind::Share(n) => Some(NodeConfig::Share(*n)),
+            PatternKind::Mps(n) => Some(NodeConfig::Mps(*n)),
+            PatternKind::MigShare { profile, n, .. } => {
+                Some(NodeConfig::MigShare(profile.clone(), *n))
+            }
+            PatternKind::Mig(_) | PatternKind::Fractional => None,
+        }
+    }
+
+    /// Whether it needs its node's device-plugin config.
     pub fn node_config(&self) -> bool {
-        matches!(self, PatternKind::Share(_) | PatternKind::Mps(_))
+        self.config().is_some()
+    }
+
+    /// The MIG geometry, for a MIG pattern (time-sliced or not).
+    pub fn geometry(&self) -> Option<&Geometry> {
+        match self {
+            PatternKind::Mig(g) | PatternKind::MigShare { geometry: g, .. } => Some(g),
+            _ => None,
+        }
     }
 }
 
@@ -199,6 +253,23 @@ impl Class {
             .position(|t| t.kind == SlotKind::Mig(plain.to_string()))
     }
 
+    /// Index of the slot type of a replica on an instance of `profile`
+    /// (`+me` maps to its plain twin) when the node time-slices `shared`.
+    pub fn instance_slot(&self, profile: &str, shared: Option<(&str, u8)>) -> Option<usize> {
+        let plain = profile.trim_end_matches("+me");
+        match shared {
+            Some((p, n)) if p == plain => self.mig_share_slot(p, n),
+            _ => self.mig_slot(plain),
+        }
+    }
+
+    /// Index of the `MigShare(profile, n)` slot type.
+    pub fn mig_share_slot(&self, profile: &str, n: u8) -> Option<usize> {
+        self.slot_types
+            .iter()
+            .position(|t| matches!(&t.kind, SlotKind::MigShare(p, k) if p == profile && *k == n))
+    }
+
     /// Index of the `Share(n)` slot type.
     pub fn share_slot(&self, n: u8) -> Option<usize> {
         self.slot_types
@@ -255,12 +326,22 @@ impl Class {
         self.patterns.len() - 1
     }
 
-    /// The pattern a MIG geometry counts as (same profile multiset).
-    pub fn mig_pattern_of(&self, geometry: &Geometry) -> Option<usize> {
+    /// The pattern a MIG geometry counts as (same profile multiset) on a
+    /// node that time-slices `shared` (a profile and `N`) or nothing.
+    pub fn mig_pattern_of(&self, geometry: &Geometry, shared: Option<(&str, u8)>) -> Option<usize> {
         let want = plain_counts(geometry);
-        self.patterns.iter().position(|p| match &p.kind {
-            PatternKind::Mig(g) => plain_counts(g) == want,
-            PatternKind::Share(_) | PatternKind::Mps(_) | PatternKind::Fractional => false,
+        let shared = shared.filter(|(p, _)| want.contains_key(*p));
+        self.patterns.iter().position(|p| match (&p.kind, shared) {
+            (PatternKind::Mig(g), None) => plain_counts(g) == want,
+            (
+                PatternKind::MigShare {
+                    geometry: g,
+                    profile,
+                    n,
+                },
+                Some((sp, sn)),
+            ) => profile == sp && *n == sn && plain_counts(g) == want,
+            _ => false,
         })
     }
 }
@@ -282,6 +363,7 @@ pub fn fits_slot(model: &Model, class: &Class, t: &SlotType) -> bool {
         SlotKind::Mig(_) => SharingMode::Mig,
         SlotKind::Share(_) => SharingMode::Timeslice,
         SlotKind::Mps(_) => SharingMode::Mps,
+        SlotKind::MigShare(..) => SharingMode::MigTimeslice,
         // Made for this model alone (only where it fits, tensor-parallel
         // or not).
         SlotKind::Fractional(name) => return *name == model.name,
@@ -430,6 +512,23 @@ fn add_slot_types(class: &mut Class, models: &[Model], options: &PackOptions) {
             ));
         }
     }
+    if let Some(spec) = class
+        .mig
+        .as_ref()
+        .filter(|_| class.allows.contains(&SharingMode::MigTimeslice))
+    {
+        for p in spec.profiles.iter().filter(|p| !p.media_extensions) {
+            let compute =
+                class.compute * f64::from(p.compute_slices) / f64::from(spec.compute_slices);
+            for n in 2..=options.max_timeslice_replicas {
+                class.slot_types.push(slot(
+                    SlotKind::MigShare(p.name.clone(), n),
+                    p.usable_gib * (1.0 - options.timeslice_memory_headroom) / f64::from(n),
+                    compute * options.timeslice_compute_cap / f64::from(n),
+                ));
+            }
+        }
+    }
     if class.allows.contains(&SharingMode::Timeslice) {
         for n in 2..=options.max_timeslice_replicas {
             class.slot_types.push(slot(
@@ -461,54 +560,18 @@ fn add_slot_types(class: &mut Class, models: &[Model], options: &PackOptions) {
     }
 }
 
-fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options: &PackOptions) {
-    let useful: Vec<bool> = class
-        .slot_types
-        .iter()
-        .map(|t| models.iter().any(|m| fits_slot(m, class, t)))
-        .collect();
-    let mut geometries: Vec<Geometry> = Vec::new();
-    if let Some(spec) = &class.mig {
-        geometries.extend(mig::maximal_geometries(spec));
-        for &ni in &class.nodes {
-            for g in &cluster.nodes[ni].gpus {
-                if g.mode == GpuMode::Mig && !g.geometry.is_empty() {
-                    geometries.push(g.geometry.clone());
-                }
-            }
-        }
-    }
-    let mut seen = Vec::new();
-    let mut candidates: Vec<(Pattern, bool)> = Vec::new();
-    for g in geometries {
-        let counts = plain_counts(&g);
-        if seen.contains(&counts) {
-            continue;
-        }
-        seen.push(counts.clone());
-        let slots: Vec<(usize, u32)> = counts
-            .iter()
-            .filter_map(|(profile, &c)| class.mig_slot(profile).map(|t| (t, c)))
-            .collect();
-        let is_current = class.nodes.iter().any(|&ni| {
-            cluster.nodes[ni]
-                .gpus
-                .iter()
-                .any(|gpu| gpu.mode == GpuMode::Mig && plain_counts(&gpu.geometry) == counts)
-        });
-        if is_current || slots.iter().any(|&(t, _)| useful[t]) {
-            candidates.push((
-                Pattern {
-                    kind: PatternKind::Mig(g),
-                    slots,
-                },
-                is_current,
-            ));
-        }
-    }
-    // A geometry whose useful slots another one matches or exceeds, type by
-    // type, is never needed (unless it is in use now, so keeping it stays
-    // possible): the ILP only sees slots demanded models fit.
+/// The MIG profile time-sliced on a node now and into how many shares.
+pub fn node_shared(node: &gpuscale_policies::Node) -> Option<(&str, u8)> {
+    node.mig_timeslice
+        .as_ref()
+        .map(|t| (t.profile.as_str(), t.replicas))
+}
+
+/// The candidates that no other one matches or exceeds in useful slots,
+/// type by type (or that are in use now, so keeping them stays possible):
+/// the ILP only sees slots demanded models fit. Among equals the first
+/// stays.
+fn undominated(candidates: Vec<(Pattern, bool)>, useful: &[bool]) -> Vec<Pattern> {
     let useful_slots = |p: &Pattern| -> Vec<u32> {
         let mut v = vec![0; useful.len()];
         for &(t, k) in &p.slots {
@@ -519,15 +582,126 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
         v
     };
     let vectors: Vec<Vec<u32>> = candidates.iter().map(|(p, _)| useful_slots(p)).collect();
-    for (i, (pattern, is_current)) in candidates.iter().enumerate() {
-        let dominated = vectors.iter().enumerate().any(|(j, other)| {
-            j != i
-                && other.iter().zip(&vectors[i]).all(|(a, b)| a >= b)
-                && (other != &vectors[i] || j < i)
-        });
-        if *is_current || !dominated {
-            class.patterns.push(pattern.clone());
+    candidates
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (_, is_current))| {
+            let dominated = vectors.iter().enumerate().any(|(j, other)| {
+                j != *i
+                    && other.iter().zip(&vectors[*i]).all(|(a, b)| a >= b)
+                    && (other != &vectors[*i] || j < *i)
+            });
+            *is_current || !dominated
+        })
+        .map(|(_, (p, _))| p)
+        .collect()
+}
+
+fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options: &PackOptions) {
+    let useful: Vec<bool> = class
+        .slot_types
+        .iter()
+        .map(|t| models.iter().any(|m| fits_slot(m, class, t)))
+        .collect();
+    // (geometry, its profile counts, the time-slicing of a node running it
+    // now, if any).
+    let mut geometries: Vec<(Geometry, Option<(String, u8)>)> = Vec::new();
+    if let Some(spec) = &class.mig {
+        geometries.extend(mig::maximal_geometries(spec).into_iter().map(|g| (g, None)));
+        for &ni in &class.nodes {
+            let node = &cluster.nodes[ni];
+            for g in &node.gpus {
+                if g.mode == GpuMode::Mig && !g.geometry.is_empty() {
+                    let shared = node_shared(node)
+                        .filter(|(p, _)| plain_counts(&g.geometry).contains_key(*p))
+                        .map(|(p, n)| (p.to_string(), n));
+                    geometries.push((g.geometry.clone(), shared));
+                }
+            }
         }
+    }
+    // Plain MIG patterns.
+    let mut seen = Vec::new();
+    let mut candidates: Vec<(Pattern, bool)> = Vec::new();
+    for (g, _) in &geometries {
+        let counts = plain_counts(g);
+        if seen.contains(&counts) {
+            continue;
+        }
+        seen.push(counts.clone());
+        let slots: Vec<(usize, u32)> = counts
+            .iter()
+            .filter_map(|(profile, &c)| class.mig_slot(profile).map(|t| (t, c)))
+            .collect();
+        let is_current = geometries
+            .iter()
+            .any(|(h, shared)| shared.is_none() && plain_counts(h) == counts);
+        if is_current || slots.iter().any(|&(t, _)| useful[t]) {
+            candidates.push((
+                Pattern {
+                    kind: PatternKind::Mig(g.clone()),
+                    slots,
+                },
+                is_current,
+            ));
+        }
+    }
+    class.patterns.extend(undominated(candidates, &useful));
+    // Time-sliced MIG: per (profile, N) whose shares some model fits, the
+    // geometries with that profile, its instances split into N shares.
+    let configs: Vec<(String, u8)> = class
+        .slot_types
+        .iter()
+        .enumerate()
+        .filter_map(|(t, st)| match &st.kind {
+            SlotKind::MigShare(p, n) if useful[t] => Some((p.clone(), *n)),
+            _ => None,
+        })
+        .chain(geometries.iter().filter_map(|(_, shared)| shared.clone()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for (profile, n) in configs {
+        let Some(share) = class.mig_share_slot(&profile, n) else {
+            continue;
+        };
+        let mut seen = Vec::new();
+        let mut candidates: Vec<(Pattern, bool)> = Vec::new();
+        for (g, _) in &geometries {
+            let counts = plain_counts(g);
+            if !counts.contains_key(&profile) || seen.contains(&counts) {
+                continue;
+            }
+            seen.push(counts.clone());
+            let mut slots: Vec<(usize, u32)> = counts
+                .iter()
+                .filter_map(|(p, &c)| {
+                    if *p == profile {
+                        Some((share, c * u32::from(n)))
+                    } else {
+                        class.mig_slot(p).map(|t| (t, c))
+                    }
+                })
+                .collect();
+            slots.sort_unstable();
+            let is_current = geometries.iter().any(|(h, shared)| {
+                shared.as_ref() == Some(&(profile.clone(), n)) && plain_counts(h) == counts
+            });
+            if is_current || slots.iter().any(|&(t, _)| useful[t]) {
+                candidates.push((
+                    Pattern {
+                        kind: PatternKind::MigShare {
+                            geometry: g.clone(),
+                            profile: profile.clone(),
+                            n,
+                        },
+                        slots,
+                    },
+                    is_current,
+                ));
+            }
+        }
+        class.patterns.extend(undominated(candidates, &useful));
     }
     let shared = (2..=options.max_timeslice_replicas)
         .map(|n| (SlotKind::Share(n), PatternKind::Share(n), n))
@@ -555,7 +729,8 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
         for g in node.gpus.iter().filter(|g| g.health == Health::Healthy) {
             match g.mode {
                 GpuMode::Mig => {
-                    if let Some(p) = class.mig_pattern_of(&g.geometry) {
+                    let shared = node_shared(node);
+                    if let Some(p) = class.mig_pattern_of(&g.geometry, shared) {
                         class.current_patterns[p] += 1;
                     }
                     for w in &g.workloads {
@@ -567,7 +742,7 @@ fn count_current(class: &mut Class, cluster: &Cluster, models: &[Model]) {
                             .map(|p| p.profile.clone());
                         if let (Some(m), Some(t)) = (
                             model_index(&w.model),
-                            profile.and_then(|p| class.mig_slot(&p)),
+                            profile.and_then(|p| class.instance_slot(&p, shared)),
                         ) {
                             *class.current_slots.entry((m, t)).or_insert(0) += 1;
                         }

@@ -1,6 +1,7 @@
 //! The artefacts NVIDIA's tools consume, generated from a [`Plan`]: the
 //! mig-parted configuration (selected per node by the `nvidia.com/mig.config`
-//! label), the device plugin's time-slicing and MPS configurations
+//! label), the device plugin's time-slicing (of whole GPUs or of one MIG
+//! profile's instances) and MPS configurations
 //! (selected by `nvidia.com/device-plugin.config`), the node labels (HAMi
 //! nodes: `gpu: "on"` for HAMi's device plugin, and the GPU Operator's
 //! device plugin switched off there), and per-variant resource snippets
@@ -169,6 +170,29 @@ pub fn device_plugin_config(n: Option<u8>) -> serde_json::Value {
     config
 }
 
+/// The device plugin's configuration for a node time-slicing every MIG
+/// instance of one profile into `n` (mixed strategy; the shares are
+/// advertised as `nvidia.com/mig-<profile>.shared`).
+pub fn mig_timeslice_config(profile: &str, n: u8) -> serde_json::Value {
+    serde_json::json!({
+        "version": "v1",
+        "flags": {"migStrategy": "mixed"},
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": true,
+                "failRequestsGreaterThanOne": true,
+                "resources": [{"name": format!("nvidia.com/mig-{profile}"), "replicas": n}],
+            }
+        },
+    })
+}
+
+/// Name of the device-plugin config time-slicing a MIG profile
+/// (`mig-<profile>-timeslice-N`).
+pub fn mig_timeslice_config_name(profile: &str, n: u8) -> String {
+    format!("mig-{profile}-timeslice-{n}")
+}
+
 /// Name of the device-plugin config for a node (`default` or `timeslice-N`).
 pub fn device_plugin_config_name(n: Option<u8>) -> String {
     n.map_or_else(|| "default".to_string(), |n| format!("timeslice-{n}"))
@@ -197,9 +221,10 @@ pub fn mps_config_name(n: u8) -> String {
 
 /// The device-plugin config a node's label names.
 pub fn node_config_name(node: &crate::plan::NodePlan) -> String {
-    match node.mps_replicas {
-        Some(n) => mps_config_name(n),
-        None => device_plugin_config_name(node.timeslice_replicas),
+    match (node.mps_replicas, &node.mig_timeslice) {
+        (Some(n), _) => mps_config_name(n),
+        (None, Some(t)) => mig_timeslice_config_name(&t.profile, t.replicas),
+        (None, None) => device_plugin_config_name(node.timeslice_replicas),
     }
 }
 
@@ -267,7 +292,11 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
 
     let mut shares: Vec<Option<u8>> = vec![None];
     let mut mps: Vec<u8> = Vec::new();
+    let mut mig_shared: std::collections::BTreeSet<(&str, u8)> = Default::default();
     for n in &plan.nodes {
+        if let Some(t) = &n.mig_timeslice {
+            mig_shared.insert((t.profile.as_str(), t.replicas));
+        }
         if !shares.contains(&n.timeslice_replicas) {
             shares.push(n.timeslice_replicas);
         }
@@ -290,6 +319,12 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
         data.insert(
             mps_config_name(n),
             serde_json::Value::String(serde_yaml_ng::to_string(&mps_config(n))?),
+        );
+    }
+    for &(profile, n) in &mig_shared {
+        data.insert(
+            mig_timeslice_config_name(profile, n),
+            serde_json::Value::String(serde_yaml_ng::to_string(&mig_timeslice_config(profile, n))?),
         );
     }
     let dp = serde_json::json!({

@@ -318,8 +318,25 @@ fn figures(
             let suffix = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
-                    resources.insert(format!("nvidia.com/mig-{profile}"), 1);
-                    profile
+                    let shared = decoded
+                        .mig_timeslice_nodes
+                        .get(&g.node)
+                        .filter(|(p, _)| *p == profile.trim_end_matches("+me"));
+                    match shared {
+                        Some((p, n)) => {
+                            let config = emit::mig_timeslice_config_name(p, *n);
+                            node_selector.insert(
+                                emit::DEVICE_PLUGIN_CONFIG_LABEL.to_string(),
+                                config.clone(),
+                            );
+                            resources.insert(format!("nvidia.com/mig-{p}.shared"), 1);
+                            config
+                        }
+                        None => {
+                            resources.insert(format!("nvidia.com/mig-{profile}"), 1);
+                            profile
+                        }
+                    }
                 }
                 Mode::Timeslice | Mode::Mps => {
                     let config = if g.mode == Mode::Mps {
@@ -459,6 +476,13 @@ fn figures(
                 .unwrap_or_else(|| emit::ALL_DISABLED.to_string()),
             timeslice_replicas: decoded.timeslice_nodes.get(&n.name).copied(),
             mps_replicas: decoded.mps_nodes.get(&n.name).copied(),
+            mig_timeslice: decoded
+                .mig_timeslice_nodes
+                .get(&n.name)
+                .map(|(profile, n)| gpuscale_policies::MigTimeslice {
+                    profile: profile.clone(),
+                    replicas: *n,
+                }),
             hami: decoded.hami_nodes.contains(&n.name),
         })
         .collect();

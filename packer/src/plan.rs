@@ -121,6 +121,11 @@ pub struct NodePlan {
     /// (`nvidia.com/device-plugin.config: mps-<N>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_replicas: Option<u8>,
+    /// The MIG profile whose instances the node's device plugin
+    /// time-slices, and into how many shares
+    /// (`nvidia.com/device-plugin.config: mig-<profile>-timeslice-<N>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_timeslice: Option<gpuscale_policies::MigTimeslice>,
     /// Whether the node runs HAMi (fractional GPUs): labelled `gpu: "on"`
     /// for HAMi's device plugin and `nvidia.com/gpu.deploy.device-plugin:
     /// "false"` so the GPU Operator's does not run beside it.
@@ -257,6 +262,12 @@ impl Plan {
                 if n.mps_replicas.is_some() {
                     node.mps_replicas = n.mps_replicas;
                     node.timeslice_replicas = None;
+                }
+                // The plan names every node's device-plugin config.
+                node.mig_timeslice = n.mig_timeslice.clone();
+                if n.mig_timeslice.is_some() {
+                    node.timeslice_replicas = None;
+                    node.mps_replicas = None;
                 }
             }
             for gpu in &mut node.gpus {

@@ -17,7 +17,12 @@
 //! k` of `k` distinct GPUs of its node (the smallest degree its policy
 //! allows whose share fits one GPU, and only if that share is over half a
 //! GPU's memory or SMs), and, gpuscale's own rule, at most one share of a
-//! tensor-parallel replica per GPU.
+//! tensor-parallel replica per GPU. A node's device-plugin config may
+//! time-slice the instances of one MIG profile (`nvidia.com/mig-<profile>`
+//! with `replicas: N`, mixed strategy): each instance of that profile on
+//! the node is `N` shares of its memory less headroom and its compute ×
+//! the cap, split equally; gpuscale's own rule, such a node runs only MIG
+//! geometries holding that profile.
 
 mod common;
 
@@ -36,6 +41,8 @@ enum Config {
     Share(u8),
     Mps(u8),
     Fractional,
+    /// A geometry whose instances of a profile are time-sliced into `N`.
+    MigShare(Geometry, String, u8),
 }
 
 /// What a replica can occupy on a configured GPU.
@@ -55,6 +62,34 @@ fn configs(gpu: &GpuModel, options: &PackOptions) -> Vec<Config> {
     out.extend((2..=options.max_timeslice_replicas).map(Config::Share));
     out.extend((2..=options.max_mps_replicas).map(Config::Mps));
     out.push(Config::Fractional);
+    out
+}
+
+/// The configurations of a node that time-slices MIG instances of one
+/// profile into `n`: idle, or a maximal geometry holding that profile.
+fn mig_share_configs(gpu: &GpuModel, profile: &str, n: u8) -> Vec<Config> {
+    let mut out = vec![Config::Idle];
+    if let Some(spec) = &gpu.mig {
+        for g in mig::maximal_geometries(spec) {
+            if g.placements().iter().any(|p| p.profile == profile) {
+                out.push(Config::MigShare(g, profile.to_string(), n));
+            }
+        }
+    }
+    out
+}
+
+/// Every node-wide choice: the plain configurations, then per time-sliced
+/// MIG profile and `N` its own.
+fn node_choices(gpu: &GpuModel, options: &PackOptions) -> Vec<Vec<Config>> {
+    let mut out = vec![configs(gpu, options)];
+    if let Some(spec) = &gpu.mig {
+        for p in spec.profiles.iter().filter(|p| !p.media_extensions) {
+            for n in 2..=options.max_timeslice_replicas {
+                out.push(mig_share_configs(gpu, &p.name, n));
+            }
+        }
+    }
     out
 }
 
@@ -88,8 +123,23 @@ fn oracle(
     replicas: &[usize],
     options: &PackOptions,
 ) -> (usize, f64) {
-    let all = configs(gpu, options);
     let mut best: Option<(usize, f64)> = None;
+    for all in node_choices(gpu, options) {
+        search_node(gpu, count, models, replicas, options, &all, &mut best);
+    }
+    best.expect("the all-idle configuration is always tried")
+}
+
+/// Tries every multiset of `all` over the node's GPUs.
+fn search_node(
+    gpu: &GpuModel,
+    count: usize,
+    models: &[Model],
+    replicas: &[usize],
+    options: &PackOptions,
+    all: &[Config],
+    best: &mut Option<(usize, f64)>,
+) {
     // Multisets of configurations (GPUs of a node are interchangeable).
     let mut choice = vec![0usize; count];
     loop {
@@ -133,6 +183,34 @@ fn oracle(
                             });
                         }
                     }
+                    Config::MigShare(geometry, shared, n) => {
+                        let spec = gpu.mig.as_ref().unwrap();
+                        for p in geometry.placements() {
+                            let prof = spec.profile(&p.profile).unwrap();
+                            let compute = gpu.compute * f64::from(prof.compute_slices)
+                                / f64::from(spec.compute_slices);
+                            if p.profile == *shared {
+                                for _ in 0..*n {
+                                    slots.push(Slot {
+                                        gpu: g,
+                                        memory: prof.usable_gib
+                                            * (1.0 - options.timeslice_memory_headroom)
+                                            / f64::from(*n),
+                                        compute: compute * options.timeslice_compute_cap
+                                            / f64::from(*n),
+                                        mode: SharingMode::MigTimeslice,
+                                    });
+                                }
+                            } else {
+                                slots.push(Slot {
+                                    gpu: g,
+                                    memory: prof.usable_gib,
+                                    compute,
+                                    mode: SharingMode::Mig,
+                                });
+                            }
+                        }
+                    }
                     Config::Share(n) => {
                         for _ in 0..*n {
                             slots.push(Slot {
@@ -165,14 +243,14 @@ fn oracle(
             let improves =
                 best.is_none_or(|(bp, bc)| placed > bp || (placed == bp && cost < bc - 1e-9));
             if improves {
-                best = Some((placed, cost));
+                *best = Some((placed, cost));
             }
         }
         // Next non-decreasing choice vector.
         let mut i = count;
         loop {
             if i == 0 {
-                return best.expect("the all-idle configuration is always tried");
+                return;
             }
             i -= 1;
             if choice[i] + 1 < all.len() {
@@ -354,8 +432,9 @@ fn arb_instance() -> impl Strategy<Value = (String, usize, Vec<Model>, Vec<u32>)
                 SharingMode::Whole,
                 SharingMode::Mps,
                 SharingMode::Fractional,
+                SharingMode::MigTimeslice,
             ],
-            1..=5,
+            1..=6,
         ),
         prop::sample::select(vec![vec![1u32], vec![1, 2], vec![2]]),
     );
@@ -392,7 +471,7 @@ proptest! {
         prop_assume!(total <= 6 && !models.is_empty());
         let cluster: Cluster = common::cluster_allowing(
             &[("n", &gpu, count as u32)],
-            &[SharingMode::Mig, SharingMode::Timeslice, SharingMode::Mps, SharingMode::Fractional],
+            &[SharingMode::Mig, SharingMode::Timeslice, SharingMode::Mps, SharingMode::Fractional, SharingMode::MigTimeslice],
         );
         let options = PackOptions { mip_rel_gap: 0.0, ..PackOptions::default() };
         let demand: BTreeMap<String, u32> = models.iter().zip(&wants).map(|(m, &w)| (m.name.clone(), w)).collect();

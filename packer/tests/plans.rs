@@ -50,28 +50,86 @@ fn check_rules(
         }
         match g.mode {
             Mode::Mig => {
-                node_mig.insert(g.node.as_str());
                 let spec = gpu.mig.as_ref().expect("MIG only on MIG GPUs");
                 mig::validate(spec, &g.geometry)
                     .unwrap_or_else(|e| panic!("{}:{} {e}", g.node, g.index));
-                let mut starts = BTreeSet::new();
+                // A node whose device plugin time-slices a MIG profile:
+                // every instance of it is N equal shares (no memory
+                // isolation inside), and the node runs only geometries
+                // holding it (gpuscale's rule).
+                let shared = plan
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == g.node)
+                    .unwrap()
+                    .mig_timeslice
+                    .clone();
+                match &shared {
+                    Some(t) => {
+                        node_configs
+                            .entry(g.node.as_str())
+                            .or_default()
+                            .insert(format!("mig-{}-timeslice-{}", t.profile, t.replicas));
+                        assert!(node.sharing.contains(&SharingMode::MigTimeslice));
+                        assert!(
+                            g.geometry.iter().any(|p| p.profile == t.profile),
+                            "{}:{} has no {} instance on a node time-slicing it",
+                            g.node,
+                            g.index,
+                            t.profile
+                        );
+                    }
+                    None => {
+                        node_mig.insert(g.node.as_str());
+                    }
+                }
+                let mut per_instance: BTreeMap<u8, (u32, f64, f64)> = BTreeMap::new();
                 for r in &g.replicas {
                     let m = by_name[r.model.as_str()];
-                    assert!(m.sharing.contains(&SharingMode::Mig));
                     let start = r.start.unwrap();
-                    assert!(starts.insert(start), "two replicas in one instance");
                     let placement = g.geometry.iter().find(|p| p.start == start).unwrap();
                     assert_eq!(Some(&placement.profile), r.profile.as_ref());
                     let prof = spec.profile(&placement.profile).unwrap();
-                    assert!(
-                        m.memory_gib <= prof.usable_gib + 1e-9,
-                        "{} in {}",
-                        m.name,
-                        prof.name
-                    );
                     let compute = gpu.compute * f64::from(prof.compute_slices)
                         / f64::from(spec.compute_slices);
-                    assert!(m.compute <= compute + 1e-9);
+                    let e = per_instance.entry(start).or_insert((0, 0.0, 0.0));
+                    e.0 += 1;
+                    e.1 += m.memory_gib;
+                    e.2 += m.compute;
+                    match shared.as_ref().filter(|t| t.profile == placement.profile) {
+                        Some(t) => {
+                            assert!(m.sharing.contains(&SharingMode::MigTimeslice));
+                            let n = f64::from(t.replicas);
+                            assert!(
+                                m.memory_gib
+                                    <= prof.usable_gib * (1.0 - options.timeslice_memory_headroom)
+                                        / n
+                                        + 1e-9,
+                                "{} in a 1/{n} share of {}",
+                                m.name,
+                                prof.name
+                            );
+                            assert!(
+                                m.compute <= compute * options.timeslice_compute_cap / n + 1e-9
+                            );
+                            assert!(e.0 <= u32::from(t.replicas));
+                        }
+                        None => {
+                            assert!(m.sharing.contains(&SharingMode::Mig));
+                            assert_eq!(e.0, 1, "two replicas in one instance");
+                            assert!(
+                                m.memory_gib <= prof.usable_gib + 1e-9,
+                                "{} in {}",
+                                m.name,
+                                prof.name
+                            );
+                            assert!(m.compute <= compute + 1e-9);
+                        }
+                    }
+                    // Whatever the sharing, an instance never holds more
+                    // than it has.
+                    assert!(e.1 <= prof.usable_gib + 1e-9);
+                    assert!(e.2 <= compute + 1e-9);
                 }
             }
             Mode::Mps => {
@@ -243,7 +301,7 @@ fn check_rules(
             "{node} shares GPUs and has whole GPUs"
         );
         let config = configs.first().unwrap();
-        if config == "hami" || config.starts_with("mps") {
+        if config == "hami" || config.starts_with("mps") || config.starts_with("mig-") {
             assert!(!node_mig.contains(node), "{node} runs MIG beside {config}");
         }
         let plan_node = plan.nodes.iter().find(|n| n.name == *node).unwrap();
@@ -258,7 +316,11 @@ fn check_rules(
         }
     }
     for node in &plan.nodes {
-        if node.hami || node.mps_replicas.is_some() || node.timeslice_replicas.is_some() {
+        if node.hami
+            || node.mps_replicas.is_some()
+            || node.timeslice_replicas.is_some()
+            || node.mig_timeslice.is_some()
+        {
             assert!(
                 node_configs.contains_key(node.name.as_str()),
                 "{} configured for nothing",
@@ -313,19 +375,42 @@ fn check_rules(
             *shared.entry((r.model.clone(), config.clone())).or_default() += 1;
         }
     }
+    for g in plan.gpus.iter().filter(|g| g.mode == Mode::Mig) {
+        let node = plan.nodes.iter().find(|n| n.name == g.node).unwrap();
+        let Some(t) = &node.mig_timeslice else {
+            continue;
+        };
+        for r in &g.replicas {
+            if r.profile.as_deref() == Some(t.profile.as_str()) {
+                let config = format!("mig-{}-timeslice-{}", t.profile, t.replicas);
+                *shared.entry((r.model.clone(), config)).or_default() += 1;
+            }
+        }
+    }
     let mut by_variant: BTreeMap<(String, String), u32> = BTreeMap::new();
     for m in &plan.models {
         for v in m
             .variants
             .iter()
-            .filter(|v| v.resources.contains_key("nvidia.com/gpu.shared"))
+            .filter(|v| v.resources.keys().any(|r| r.ends_with(".shared")))
         {
             let config = v
                 .node_selector
                 .get(emit::DEVICE_PLUGIN_CONFIG_LABEL)
                 .unwrap_or_else(|| panic!("{} selects no device-plugin config", v.name))
                 .clone();
-            assert!(v.name.ends_with(&config), "{}", v.name);
+            assert!(v.name.ends_with(&config.replace('.', "-")), "{}", v.name);
+            if let Some(profile) = config
+                .strip_prefix("mig-")
+                .and_then(|c| c.split("-timeslice-").next())
+            {
+                assert_eq!(
+                    v.resources,
+                    BTreeMap::from([(format!("nvidia.com/mig-{profile}.shared"), 1)]),
+                    "{}",
+                    v.name
+                );
+            }
             *by_variant.entry((m.name.clone(), config)).or_default() += v.replicas;
         }
     }
@@ -650,12 +735,13 @@ proptest! {
     }
 }
 
-const ALL_MODES: [SharingMode; 5] = [
+const ALL_MODES: [SharingMode; 6] = [
     SharingMode::Mig,
     SharingMode::Timeslice,
     SharingMode::Mps,
     SharingMode::Fractional,
     SharingMode::Whole,
+    SharingMode::MigTimeslice,
 ];
 
 /// A subset of the sharing modes, from a bit mask.
@@ -679,10 +765,10 @@ proptest! {
     #[test]
     fn every_sharing_mode_keeps_memory_and_compute_within_limits(
         nodes in prop::collection::vec(
-            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..32),
+            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..64),
             1..=4,
         ),
-        specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..32, 0u32..=6, 0usize..3), 1..=5),
+        specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..64, 0u32..=6, 0usize..3), 1..=5),
     ) {
         // Tensor-parallel degrees: single GPUs, either, or groups only
         // (those models twice as large, so they need their groups).
@@ -690,7 +776,14 @@ proptest! {
         let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
             .iter()
             .enumerate()
-            .map(|(i, &(g, n, mask))| (format!("n{i}"), g, n, modes(mask)))
+            .map(|(i, &(g, n, mask))| {
+                // A node time-slices MIG instances only where it runs MIG.
+                let mut m = modes(mask);
+                if m.contains(&SharingMode::MigTimeslice) && !m.contains(&SharingMode::Mig) {
+                    m.push(SharingMode::Mig);
+                }
+                (format!("n{i}"), g, n, m)
+            })
             .collect();
         let each: Vec<(&str, &str, u32, &[SharingMode])> = named
             .iter()
@@ -753,15 +846,30 @@ fn check_emitted(plan: &Plan) {
             .unwrap_or_else(|| panic!("{} names config {name}, which is not emitted", node.name));
         let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(text.as_str().unwrap()).unwrap();
         assert_eq!(config["version"].as_str(), Some("v1"));
-        let (key, n) = match (node.timeslice_replicas, node.mps_replicas) {
-            (Some(n), None) => ("timeSlicing", n),
-            (None, Some(n)) => ("mps", n),
-            (None, None) => continue,
-            _ => panic!("{} time-slices and runs MPS", node.name),
+        let (key, resource, n) = match (
+            node.timeslice_replicas,
+            node.mps_replicas,
+            &node.mig_timeslice,
+        ) {
+            (Some(n), None, None) => ("timeSlicing", "nvidia.com/gpu".to_string(), n),
+            (None, Some(n), None) => ("mps", "nvidia.com/gpu".to_string(), n),
+            (None, None, Some(t)) => (
+                "timeSlicing",
+                format!("nvidia.com/mig-{}", t.profile),
+                t.replicas,
+            ),
+            (None, None, None) => continue,
+            _ => panic!("{} has two device-plugin configs", node.name),
         };
         let resources = &config["sharing"][key]["resources"];
-        assert_eq!(resources[0]["name"].as_str(), Some("nvidia.com/gpu"));
+        assert_eq!(resources.as_sequence().map(Vec::len), Some(1));
+        assert_eq!(resources[0]["name"].as_str(), Some(resource.as_str()));
         assert_eq!(resources[0]["replicas"].as_u64(), Some(u64::from(n)));
+        if node.mig_timeslice.is_some() {
+            // MIG devices are advertised per profile only under the mixed
+            // strategy.
+            assert_eq!(config["flags"]["migStrategy"].as_str(), Some("mixed"));
+        }
     }
     let labels = files.iter().find(|(p, _)| p == "node-labels.yaml").unwrap();
     let labels: BTreeMap<String, BTreeMap<String, String>> =
@@ -1135,4 +1243,112 @@ fn a_node_that_does_not_allow_a_mode_never_gets_it() {
             .iter()
             .all(|g| matches!(g.mode, Mode::Mig | Mode::Idle))
     );
+}
+
+/// Small replicas share MIG instances where a node's device plugin
+/// time-slices that profile: 2.5 GiB, 0.02-compute replicas fit three to a
+/// 1g.10gb instance of an H100 (9.75 GiB × 0.9 / 3 = 2.93 GiB and 1/7 ×
+/// 1.0 / 3 = 0.048 compute per share), so 21 take one GPU where one
+/// replica per instance takes three. The node's config, the variant's
+/// resource and its selector name the time-sliced profile, and re-planning
+/// the applied plan changes nothing.
+#[test]
+fn small_replicas_share_time_sliced_mig_instances() {
+    let embed = common::model(
+        "embed",
+        2.5,
+        0.02,
+        &[SharingMode::Mig, SharingMode::MigTimeslice],
+        &[1],
+        &[],
+    );
+    let models = vec![embed];
+    let demand = common::demand(&[("embed", 21)]);
+    let options = PackOptions::default();
+
+    let plain = common::cluster_allowing(&[("n", "H100-80GB", 4)], &[SharingMode::Mig]);
+    let before = pack(&plain, &models, &demand, &options).unwrap();
+    assert_eq!(before.gpus_used, 3);
+
+    let cluster = common::cluster_allowing(
+        &[("n", "H100-80GB", 4)],
+        &[SharingMode::Mig, SharingMode::MigTimeslice],
+    );
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan);
+    assert_eq!(plan.gpus_used, 1, "{plan:#?}");
+    assert_eq!(plan.models[0].placed, 21);
+    let node = &plan.nodes[0];
+    assert_eq!(
+        node.mig_timeslice,
+        Some(gpuscale_policies::MigTimeslice {
+            profile: "1g.10gb".into(),
+            replicas: 3
+        })
+    );
+    assert_eq!(emit::node_config_name(node), "mig-1g.10gb-timeslice-3");
+    let variants = &plan.models[0].variants;
+    assert_eq!(variants.len(), 1, "{variants:#?}");
+    assert_eq!(variants[0].name, "embed-h100-80gb-mig-1g-10gb-timeslice-3");
+    assert_eq!(
+        variants[0].resources,
+        BTreeMap::from([("nvidia.com/mig-1g.10gb.shared".to_string(), 1)])
+    );
+    assert_eq!(
+        variants[0].node_selector[emit::DEVICE_PLUGIN_CONFIG_LABEL],
+        "mig-1g.10gb-timeslice-3"
+    );
+    // The LP bound agrees: the plan is at it.
+    assert!(plan.optimality_gap.abs() < 1e-9, "{}", plan.optimality_gap);
+
+    let now = plan.apply_to(&cluster);
+    assert_eq!(now.nodes[0].mig_timeslice, node.mig_timeslice);
+    let again = pack(&now, &models, &demand, &options).unwrap();
+    assert_eq!((again.moves, again.reconfigured_gpus), (0, 0));
+    assert_eq!(again.gpus_used, 1);
+    check_rules(&again, &now, &models, &options, &demand);
+}
+
+/// A node that time-slices one MIG profile serves no other config and no
+/// whole GPU: a model that needs a whole GPU goes to another node, and a
+/// replica larger than a share takes an instance of its own elsewhere.
+#[test]
+fn a_node_time_slicing_a_mig_profile_runs_only_geometries_with_it() {
+    let cluster = common::cluster_allowing(
+        &[("a", "H100-80GB", 2), ("b", "H100-80GB", 2)],
+        &[
+            SharingMode::Mig,
+            SharingMode::MigTimeslice,
+            SharingMode::Whole,
+        ],
+    );
+    let models = vec![
+        common::model(
+            "embed",
+            2.5,
+            0.02,
+            &[SharingMode::Mig, SharingMode::MigTimeslice],
+            &[1],
+            &[],
+        ),
+        common::model("big", 70.0, 0.5, &[SharingMode::Whole], &[1], &[]),
+    ];
+    let demand = common::demand(&[("embed", 6), ("big", 2)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan);
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    for node in plan.nodes.iter().filter(|n| n.mig_timeslice.is_some()) {
+        for g in plan.gpus.iter().filter(|g| g.node == node.name) {
+            assert!(
+                matches!(g.mode, Mode::Mig | Mode::Idle),
+                "{}:{} is {:?} on a node time-slicing MIG",
+                g.node,
+                g.index,
+                g.mode
+            );
+        }
+    }
 }

@@ -106,6 +106,20 @@ pub struct Workload {
     pub slot: Option<u8>,
 }
 
+/// A node's device-plugin config that time-slices one MIG profile: each
+/// `nvidia.com/mig-<profile>` instance on the node is advertised as
+/// `replicas` shares (mixed MIG strategy).
+#[derive(
+    Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigTimeslice {
+    /// The MIG profile time-sliced (a plain profile, e.g. `1g.10gb`).
+    pub profile: String,
+    /// Shares per instance (at least 2).
+    pub replicas: u8,
+}
+
 /// Current state of one GPU of a node.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -165,11 +179,17 @@ pub struct NodeSpec {
     /// MPS GPUs runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_replicas: Option<u8>,
+    /// The MIG profile the node's device-plugin config time-slices now,
+    /// and into how many shares (default: from the instances that run
+    /// more than one workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_timeslice: Option<MigTimeslice>,
     /// Sharing mechanisms the node may be configured for (default `[mig,
     /// timeslice, whole]`: what NVIDIA's GPU Operator does on any node).
     /// `mps` needs the device plugin's MPS support (v0.15+); `fractional`
     /// needs HAMi installed for the node (its device plugin replaces
-    /// NVIDIA's there). Whole GPUs are always allowed.
+    /// NVIDIA's there); `mig-timeslice` (MIG instances of one profile
+    /// time-sliced) needs `mig` too. Whole GPUs are always allowed.
     #[serde(default = "node_sharing", skip_serializing_if = "is_default_sharing")]
     pub sharing: Vec<SharingMode>,
     /// State of GPUs that are not free and healthy (others default to that).
@@ -196,6 +216,8 @@ pub struct Node {
     pub timeslice_replicas: Option<u8>,
     /// MPS replica count configured now (see [`NodeSpec`]).
     pub mps_replicas: Option<u8>,
+    /// The MIG profile time-sliced now (see [`NodeSpec`]).
+    pub mig_timeslice: Option<MigTimeslice>,
     /// Sharing mechanisms allowed (see [`NodeSpec`]).
     pub sharing: Vec<SharingMode>,
     /// Every GPU, by index.
@@ -344,11 +366,24 @@ impl Cluster {
                     "a node template (`count`) cannot carry per-GPU state; list such nodes one by one",
                 ));
             }
-            if n.timeslice_replicas.is_some() && n.mps_replicas.is_some() {
+            let configs = [
+                n.timeslice_replicas.is_some(),
+                n.mps_replicas.is_some(),
+                n.mig_timeslice.is_some(),
+            ];
+            if configs.iter().filter(|&&c| c).count() > 1 {
+                let field = if n.mig_timeslice.is_some() {
+                    "migTimeslice"
+                } else {
+                    "mpsReplicas"
+                };
                 errors.push(FieldError::new(
-                    format!("{path}.mpsReplicas"),
-                    "a node has one device-plugin config: time-slicing (`timesliceReplicas`) or MPS (`mpsReplicas`), not both",
+                    format!("{path}.{field}"),
+                    "a node has one device-plugin config: time-slicing (`timesliceReplicas`), MPS (`mpsReplicas`) or a time-sliced MIG profile (`migTimeslice`), not two",
                 ));
+            }
+            if let Some(ts) = &n.mig_timeslice {
+                check_mig_timeslice(n, ts, &path, gpu, &mut errors);
             }
             for (field, v) in [
                 ("timesliceReplicas", n.timeslice_replicas),
@@ -364,6 +399,26 @@ impl Cluster {
                 }
             }
             let gpus = validate_gpus(n, &path, gpu, &mut errors);
+            let mig_timeslice = match &n.mig_timeslice {
+                Some(ts) => Some(ts.clone()),
+                None => crowded_instance(&gpus).unwrap_or_else(|e| {
+                    errors.push(FieldError::new(format!("{path}.gpus"), e));
+                    None
+                }),
+            };
+            let shared_whole = gpus
+                .iter()
+                .any(|g| matches!(g.mode, GpuMode::Timeslice | GpuMode::Mps));
+            let other_config =
+                shared_whole || n.timeslice_replicas.is_some() || n.mps_replicas.is_some();
+            if (n.mig_timeslice.is_none() && mig_timeslice.is_some() && other_config)
+                || (n.mig_timeslice.is_some() && shared_whole)
+            {
+                errors.push(FieldError::new(
+                    format!("{path}.gpus"),
+                    "a node has one device-plugin config: it cannot share whole GPUs (time-slicing or MPS) and run several workloads on one MIG instance",
+                ));
+            }
             for k in 0..count {
                 let node_name = if n.count.is_some() {
                     format!("{}-{k}", n.name)
@@ -396,6 +451,7 @@ impl Cluster {
                             .map(|g| g.workloads.len() as u8)
                             .max()
                     }),
+                    mig_timeslice: mig_timeslice.clone(),
                     sharing: n.sharing.clone(),
                     gpus: gpus.clone(),
                 });
@@ -470,15 +526,54 @@ fn validate_gpus(
                     if let Err(e) = mig::validate(spec, &g.geometry) {
                         errors.push(FieldError::new(format!("{gp}.geometry"), e.to_string()));
                     }
+                    let mut on: BTreeMap<u8, usize> = BTreeMap::new();
                     for (w, wl) in g.workloads.iter().enumerate() {
-                        let fits = wl
+                        let instance = wl
                             .slot
-                            .is_some_and(|s| g.geometry.iter().any(|p| p.start == s));
-                        if !fits {
+                            .and_then(|s| g.geometry.iter().find(|p| p.start == s));
+                        let Some(instance) = instance else {
                             errors.push(FieldError::new(
                                 format!("{gp}.workloads[{w}].slot"),
                                 "a workload on a MIG GPU names the start slot of one of its instances",
                             ));
+                            continue;
+                        };
+                        let here = on.entry(instance.start).or_insert(0);
+                        *here += 1;
+                        if *here > 1 {
+                            let shares = n
+                                .mig_timeslice
+                                .as_ref()
+                                .filter(|ts| ts.profile == instance.profile)
+                                .map(|ts| usize::from(ts.replicas));
+                            let problem = match shares {
+                                Some(k) if *here > k => Some(format!(
+                                    "instance {} at slot {} runs {} workloads, more than the node's `migTimeslice.replicas` ({k})",
+                                    instance.profile, instance.start, here
+                                )),
+                                Some(_) => None,
+                                None if n.mig_timeslice.is_some() => Some(format!(
+                                    "instance {} at slot {} runs more than one workload, but the node time-slices only {}",
+                                    instance.profile,
+                                    instance.start,
+                                    n.mig_timeslice.as_ref().map_or("", |t| t.profile.as_str())
+                                )),
+                                None if !n.sharing.contains(&SharingMode::MigTimeslice) => {
+                                    Some(format!(
+                                        "instance {} at slot {} runs more than one workload: a MIG instance runs one unless the node allows `mig-timeslice` (its `sharing` is [{}])",
+                                        instance.profile,
+                                        instance.start,
+                                        sharing_list(&n.sharing)
+                                    ))
+                                }
+                                None => None,
+                            };
+                            if let Some(problem) = problem {
+                                errors.push(FieldError::new(
+                                    format!("{gp}.workloads[{w}].slot"),
+                                    problem,
+                                ));
+                            }
                         }
                     }
                 }
@@ -523,6 +618,97 @@ fn validate_gpus(
         };
     }
     gpus
+}
+
+/// Checks a node's `migTimeslice`: the node allows it (and MIG), the GPU
+/// model has that plain profile, and at least two shares.
+fn check_mig_timeslice(
+    n: &NodeSpec,
+    ts: &MigTimeslice,
+    path: &str,
+    gpu: Option<&GpuModel>,
+    errors: &mut Vec<FieldError>,
+) {
+    for needs in [SharingMode::MigTimeslice, SharingMode::Mig] {
+        if !n.sharing.contains(&needs) {
+            errors.push(FieldError::new(
+                format!("{path}.migTimeslice"),
+                format!(
+                    "the node does not allow `{needs}` (its `sharing` is [{}])",
+                    sharing_list(&n.sharing)
+                ),
+            ));
+        }
+    }
+    if ts.replicas < 2 {
+        errors.push(FieldError::new(
+            format!("{path}.migTimeslice.replicas"),
+            format!(
+                "must be at least 2 (shares per instance), got {}",
+                ts.replicas
+            ),
+        ));
+    }
+    if let Some(gpu) = gpu {
+        let profiles: Vec<&str> = gpu
+            .mig
+            .iter()
+            .flat_map(|m| m.profiles.iter())
+            .filter(|p| !p.media_extensions)
+            .map(|p| p.name.as_str())
+            .collect();
+        if !profiles.contains(&ts.profile.as_str()) {
+            errors.push(FieldError::new(
+                format!("{path}.migTimeslice.profile"),
+                if profiles.is_empty() {
+                    format!("{} does not support MIG", gpu.name)
+                } else {
+                    format!(
+                        "`{}` is not a MIG profile of {} (without `+me`): {}",
+                        ts.profile,
+                        gpu.name,
+                        profiles.join(", ")
+                    )
+                },
+            ));
+        }
+    }
+}
+
+/// The time-slicing a node's MIG GPUs show when its spec does not say:
+/// the profile of the instances running more than one workload, and the
+/// most any of them runs (`None` when no instance runs two); an error when
+/// they are of different profiles, which no one config serves.
+fn crowded_instance(gpus: &[Gpu]) -> Result<Option<MigTimeslice>, String> {
+    let mut found: Option<MigTimeslice> = None;
+    for g in gpus.iter().filter(|g| g.mode == GpuMode::Mig) {
+        for p in g.geometry.placements() {
+            let k = g
+                .workloads
+                .iter()
+                .filter(|w| w.slot == Some(p.start))
+                .count();
+            if k < 2 {
+                continue;
+            }
+            match &mut found {
+                Some(f) if f.profile == p.profile => f.replicas = f.replicas.max(k as u8),
+                Some(f) => {
+                    return Err(format!(
+                        "instances of {} and of {} run several workloads each, but a node's device-plugin config time-slices one MIG profile",
+                        f.profile, p.profile
+                    ));
+                }
+                None => {
+                    found = Some(MigTimeslice {
+                        profile: p.profile.clone(),
+                        replicas: k as u8,
+                    })
+                }
+            }
+        }
+    }
+    Ok(found)
 }
 
 fn apply_overrides(
@@ -644,6 +830,7 @@ mod tests {
             gpu_count: 8,
             timeslice_replicas: None,
             mps_replicas: None,
+            mig_timeslice: None,
             sharing: node_sharing(),
             gpus,
         }
@@ -747,6 +934,109 @@ mod tests {
         );
         assert!(errors[2].message.contains("does not allow `fractional`"));
         assert!(errors[4].message.contains("does not allow `mig`"));
+    }
+
+    fn mig_gpu(index: u32, workloads: &[(&str, u8)]) -> GpuState {
+        GpuState {
+            index,
+            health: Health::Healthy,
+            mode: GpuMode::Mig,
+            geometry: vec![Placement::new("3g.40gb", 4), Placement::new("1g.10gb", 0)],
+            workloads: workloads
+                .iter()
+                .map(|&(model, slot)| Workload {
+                    model: model.into(),
+                    slot: Some(slot),
+                })
+                .collect(),
+            uuid: None,
+        }
+    }
+
+    fn one_node(n: NodeSpec) -> Result<Cluster, Vec<FieldError>> {
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![n],
+        };
+        Cluster::from_spec("c", &spec, &Catalog::builtin())
+    }
+
+    #[test]
+    fn a_mig_instance_runs_one_workload_unless_its_profile_is_time_sliced() {
+        // Two on one 1g.10gb instance: only where the node allows it.
+        let n = node("n", vec![mig_gpu(0, &[("a", 0), ("b", 0)])]);
+        let errors = one_node(n.clone()).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.nodes[0].gpus[0].workloads[1].slot");
+        assert!(errors[0].message.contains("`mig-timeslice`"), "{errors:?}");
+
+        // Allowed, the node's config is read from what runs.
+        let mut allowed = n.clone();
+        allowed.sharing.push(SharingMode::MigTimeslice);
+        let cluster = one_node(allowed.clone()).unwrap();
+        assert_eq!(
+            cluster.nodes[0].mig_timeslice,
+            Some(MigTimeslice {
+                profile: "1g.10gb".into(),
+                replicas: 2
+            })
+        );
+
+        // Stated: more than its replicas, or another profile, is an error.
+        let mut stated = allowed.clone();
+        stated.gpus = vec![mig_gpu(
+            0,
+            &[("a", 0), ("b", 0), ("c", 0), ("d", 4), ("e", 4)],
+        )];
+        stated.mig_timeslice = Some(MigTimeslice {
+            profile: "1g.10gb".into(),
+            replicas: 2,
+        });
+        let errors = one_node(stated).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.nodes[0].gpus[0].workloads[2].slot",
+                "spec.nodes[0].gpus[0].workloads[4].slot"
+            ],
+            "{errors:?}"
+        );
+        assert!(
+            errors[0]
+                .message
+                .contains("more than the node's `migTimeslice.replicas` (2)")
+        );
+        assert!(errors[1].message.contains("time-slices only 1g.10gb"));
+    }
+
+    #[test]
+    fn a_mig_timeslice_config_names_a_profile_the_node_may_time_slice() {
+        let mut n = node("n", vec![]);
+        n.mig_timeslice = Some(MigTimeslice {
+            profile: "1g.5gb".into(),
+            replicas: 1,
+        });
+        n.timeslice_replicas = Some(2);
+        let errors = one_node(n).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.nodes[0].migTimeslice",
+                "spec.nodes[0].migTimeslice",
+                "spec.nodes[0].migTimeslice.replicas",
+                "spec.nodes[0].migTimeslice.profile"
+            ],
+            "{errors:?}"
+        );
+        assert!(errors[0].message.contains("one device-plugin config"));
+        assert!(errors[1].message.contains("does not allow `mig-timeslice`"));
+        assert!(
+            errors[3].message.contains("1g.10gb"),
+            "{}",
+            errors[3].message
+        );
     }
 
     #[test]

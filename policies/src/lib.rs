@@ -29,7 +29,7 @@ pub mod training;
 
 pub use catalog::{Catalog, GpuModel, MigProfile, MigSpec};
 pub use document::{Position, Problem};
-pub use inventory::{Cluster, ClusterSpec, Gpu, GpuMode, Health, Node};
+pub use inventory::{Cluster, ClusterSpec, Gpu, GpuMode, Health, MigTimeslice, Node};
 pub use load::{Bundle, Problems, load_paths, load_sources};
 pub use mig::{Geometry, Placement};
 pub use model::{Model, ModelPolicy, ModelPolicySpec, Priority, SharingMode};

@@ -186,6 +186,12 @@ pub enum SharingMode {
     /// A fractional GPU under HAMi: any memory (`nvidia.com/gpumem`) and
     /// SM percentage (`nvidia.com/gpucores`), enforced by HAMi-core.
     Fractional,
+    /// One of `N` time-sliced shares of a MIG slice (the device plugin's
+    /// `sharing.timeSlicing` on a `nvidia.com/mig-<profile>` resource,
+    /// mixed MIG strategy): the slice's hardware isolation from other
+    /// slices, no memory isolation within it.
+    #[serde(rename = "mig-timeslice")]
+    MigTimeslice,
 }
 
 impl fmt::Display for SharingMode {
@@ -196,6 +202,7 @@ impl fmt::Display for SharingMode {
             SharingMode::Whole => "whole",
             SharingMode::Mps => "mps",
             SharingMode::Fractional => "fractional",
+            SharingMode::MigTimeslice => "mig-timeslice",
         })
     }
 }
@@ -212,8 +219,8 @@ fn tp_one() -> Vec<u32> {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementPolicy {
-    /// Allowed sharing modes (default: `[mig, timeslice, whole]`; `mps`
-    /// and `fractional` are opt-in).
+    /// Allowed sharing modes (default: `[mig, timeslice, whole]`; `mps`,
+    /// `fractional` and `mig-timeslice` are opt-in).
     #[serde(default = "all_modes")]
     pub sharing: Vec<SharingMode>,
     /// Allowed GPU models by catalogue name (default: any).
@@ -599,6 +606,13 @@ pub enum PlacementOption {
         /// GPU model.
         gpu: String,
     },
+    /// A time-sliced share of a MIG instance of a profile.
+    MigTimeslice {
+        /// GPU model.
+        gpu: String,
+        /// Profile name.
+        profile: String,
+    },
     /// An MPS partition of one GPU.
     Mps {
         /// GPU model.
@@ -626,6 +640,7 @@ impl PlacementOption {
     pub fn gpu(&self) -> &str {
         match self {
             PlacementOption::Mig { gpu, .. }
+            | PlacementOption::MigTimeslice { gpu, .. }
             | PlacementOption::Timeslice { gpu }
             | PlacementOption::Mps { gpu }
             | PlacementOption::Fractional { gpu, .. }
@@ -637,6 +652,7 @@ impl PlacementOption {
     pub fn mode(&self) -> SharingMode {
         match self {
             PlacementOption::Mig { .. } => SharingMode::Mig,
+            PlacementOption::MigTimeslice { .. } => SharingMode::MigTimeslice,
             PlacementOption::Timeslice { .. } => SharingMode::Timeslice,
             PlacementOption::Mps { .. } => SharingMode::Mps,
             PlacementOption::Fractional { .. } => SharingMode::Fractional,
@@ -648,6 +664,9 @@ impl PlacementOption {
     pub fn describe(&self) -> String {
         match self {
             PlacementOption::Mig { gpu, profile } => format!("a {gpu} {profile} slice"),
+            PlacementOption::MigTimeslice { gpu, profile } => {
+                format!("a time-sliced {gpu} {profile} slice")
+            }
             PlacementOption::Timeslice { gpu } => format!("a time-sliced {gpu}"),
             PlacementOption::Mps { gpu } => format!("an MPS share of a {gpu}"),
             PlacementOption::Fractional { gpu, gpus: 1 } => format!("a fractional (HAMi) {gpu}"),
@@ -883,15 +902,21 @@ impl Model {
         let mut out = Vec::new();
         for gpu in self.gpu_models.iter().filter_map(|g| catalog.get(g)) {
             let single = self.tensor_parallel.contains(&1);
-            if single
-                && self.sharing.contains(&SharingMode::Mig)
-                && let Some(mig) = &gpu.mig
-            {
+            if single && let Some(mig) = &gpu.mig {
                 for prof in &mig.profiles {
                     let compute = gpu.compute * f64::from(prof.compute_slices)
                         / f64::from(mig.compute_slices);
-                    if !prof.media_extensions && self.fits(prof.usable_gib, compute, 1) {
+                    if prof.media_extensions || !self.fits(prof.usable_gib, compute, 1) {
+                        continue;
+                    }
+                    if self.sharing.contains(&SharingMode::Mig) {
                         out.push(PlacementOption::Mig {
+                            gpu: gpu.name.clone(),
+                            profile: prof.name.clone(),
+                        });
+                    }
+                    if self.sharing.contains(&SharingMode::MigTimeslice) {
+                        out.push(PlacementOption::MigTimeslice {
                             gpu: gpu.name.clone(),
                             profile: prof.name.clone(),
                         });

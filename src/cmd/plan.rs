@@ -159,11 +159,21 @@ fn table(plan: &Plan) -> String {
             idle += 1;
             continue;
         }
+        let shared = plan
+            .nodes
+            .iter()
+            .find(|n| n.name == g.node)
+            .and_then(|n| n.mig_timeslice.as_ref());
         let config = match g.mode {
             Mode::Mig => g
                 .geometry
                 .iter()
-                .map(|p| format!("{}@{}", p.profile, p.start))
+                .map(|p| match shared {
+                    Some(t) if t.profile == p.profile => {
+                        format!("{}@{}×{}", p.profile, p.start, t.replicas)
+                    }
+                    _ => format!("{}@{}", p.profile, p.start),
+                })
                 .collect::<Vec<_>>()
                 .join(" + "),
             Mode::Timeslice => format!("{} shares", g.timeslice_replicas.unwrap_or(0)),

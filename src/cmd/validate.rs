@@ -85,6 +85,9 @@ fn summary(
             .iter()
             .map(|o| match o {
                 PlacementOption::Mig { gpu, profile } => format!("{gpu}:{profile}"),
+                PlacementOption::MigTimeslice { gpu, profile } => {
+                    format!("{gpu}:{profile}:shared")
+                }
                 PlacementOption::Timeslice { gpu } => format!("{gpu}:shared"),
                 PlacementOption::Mps { gpu } => format!("{gpu}:mps"),
                 PlacementOption::Fractional { gpu, gpus: 1 } => format!("{gpu}:fractional"),

@@ -83,6 +83,7 @@ impl Context<'_> {
             share: None,
             slots,
             whole: None,
+            mig_share: None,
         }
     }
 
@@ -128,7 +129,7 @@ pub(super) fn place(
     }
     let mut hami: Vec<usize> = designated
         .iter()
-        .filter(|&(_, &r)| r == Role::Hami)
+        .filter(|&(_, r)| *r == Role::Hami)
         .map(|(&ni, _)| ni)
         .collect();
 

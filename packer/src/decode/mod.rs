@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuscale_policies::{Cluster, Geometry, GpuMode, Health, Model};
 
-use crate::classes::{Class, PatternKind, SlotKind, fractional_part, plain_counts};
+use crate::classes::{
+    Class, NodeConfig, PatternKind, SlotKind, fractional_part, node_shared, plain_counts,
+};
 use crate::ilp::Counts;
 use crate::plan::{GpuPlan, Mode, ReplicaSlot};
 
@@ -41,6 +43,8 @@ pub struct Decoded {
     pub mps_nodes: BTreeMap<String, u8>,
     /// Nodes running HAMi.
     pub hami_nodes: BTreeSet<String>,
+    /// The time-sliced MIG profile and `N` per node name.
+    pub mig_timeslice_nodes: BTreeMap<String, (String, u8)>,
     next_group: u32,
 }
 
@@ -77,13 +81,16 @@ struct Assigned {
     slots: Vec<Slot>,
     /// (model, group size, group number) for whole GPUs.
     whole: Option<(usize, u32, u32)>,
+    /// On a MIG GPU of a node time-slicing a profile: it, and `N`.
+    mig_share: Option<(String, u8)>,
 }
 
 /// What a node is designated for in a class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Role {
-    /// A device-plugin config: the pattern (time-slicing or MPS) it serves.
-    Config(usize),
+    /// A device-plugin config (time-slicing, MPS, a time-sliced MIG
+    /// profile).
+    Config(NodeConfig),
     /// HAMi (fractional GPUs).
     Hami,
 }
@@ -168,7 +175,10 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
             // Reconfiguration: the MIG or sharing configuration changes.
             let before = config_key(gpu.mode, &gpu.geometry, node);
             let after = match a.mode {
-                Mode::Mig => Some(format!("mig:{:?}", plain_counts(&a.geometry))),
+                Mode::Mig => Some(mig_key(
+                    &a.geometry,
+                    a.mig_share.as_ref().map(|(p, n)| (p.as_str(), *n)),
+                )),
                 Mode::Timeslice => Some(format!("share:{}", a.share.unwrap_or(0))),
                 Mode::Mps => Some(format!("mps:{}", a.share.unwrap_or(0))),
                 Mode::Fractional => Some("fractional".to_string()),
@@ -261,11 +271,21 @@ fn config_key(
     node: &gpuscale_policies::Node,
 ) -> Option<String> {
     match mode {
-        GpuMode::Mig => Some(format!("mig:{:?}", plain_counts(geometry))),
+        GpuMode::Mig => Some(mig_key(geometry, node_shared(node))),
         GpuMode::Timeslice => Some(format!("share:{}", node.timeslice_replicas.unwrap_or(0))),
         GpuMode::Mps => Some(format!("mps:{}", node.mps_replicas.unwrap_or(0))),
         GpuMode::Fractional => Some("fractional".to_string()),
         GpuMode::Whole | GpuMode::Free => None,
+    }
+}
+
+/// A MIG GPU's configuration: its profile counts and, when its node
+/// time-slices one of its profiles, that profile and `N`.
+fn mig_key(geometry: &Geometry, shared: Option<(&str, u8)>) -> String {
+    let counts = plain_counts(geometry);
+    match shared.filter(|(p, _)| counts.contains_key(*p)) {
+        Some((p, n)) => format!("mig:{counts:?}:{p}/{n}"),
+        None => format!("mig:{counts:?}"),
     }
 }
 
@@ -312,23 +332,30 @@ fn decode_class(
         if node.gpus.iter().any(|x| x.mode == GpuMode::Fractional) {
             return Some(Role::Hami);
         }
-        let kind = match (node.timeslice_replicas, node.mps_replicas) {
-            (Some(n), _) => PatternKind::Share(n),
-            (None, Some(n)) => PatternKind::Mps(n),
-            (None, None) => return None,
-        };
-        class
-            .patterns
-            .iter()
-            .position(|p| p.kind == kind)
-            .map(Role::Config)
+        match (
+            node.timeslice_replicas,
+            node.mps_replicas,
+            node_shared(node),
+        ) {
+            (Some(n), _, _) => Some(Role::Config(NodeConfig::Share(n))),
+            (None, Some(n), _) => Some(Role::Config(NodeConfig::Mps(n))),
+            (None, None, Some((p, n))) => {
+                Some(Role::Config(NodeConfig::MigShare(p.to_string(), n)))
+            }
+            (None, None, None) => None,
+        }
     };
-    let mut roles: Vec<(Role, u32)> = class
-        .patterns
-        .iter()
-        .enumerate()
-        .filter(|(p, pattern)| pattern.kind.node_config() && counts.patterns[c][*p] > 0)
-        .map(|(p, _)| (Role::Config(p), counts.patterns[c][p]))
+    let mut per_config: BTreeMap<NodeConfig, u32> = BTreeMap::new();
+    for (p, pattern) in class.patterns.iter().enumerate() {
+        if let Some(q) = pattern.kind.config()
+            && counts.patterns[c][p] > 0
+        {
+            *per_config.entry(q).or_insert(0) += counts.patterns[c][p];
+        }
+    }
+    let mut roles: Vec<(Role, u32)> = per_config
+        .into_iter()
+        .map(|(q, gpus)| (Role::Config(q), gpus))
         .collect();
     let fractional_gpus: u32 = class
         .patterns
@@ -357,12 +384,12 @@ fn decode_class(
                 .count();
             (std::cmp::Reverse(shared), ni)
         });
-        for &(role, gpus) in &roles {
+        for (role, gpus) in &roles {
             let need = gpus.div_ceil(g) as usize;
             let mut picked: Vec<usize> = order
                 .iter()
                 .copied()
-                .filter(|ni| !designated.contains_key(ni) && role_now(*ni) == Some(role))
+                .filter(|ni| !designated.contains_key(ni) && role_now(*ni).as_ref() == Some(role))
                 .take(need)
                 .collect();
             if picked.len() < need {
@@ -375,7 +402,7 @@ fn decode_class(
                 picked.extend(more);
             }
             for ni in picked {
-                designated.insert(ni, role);
+                designated.insert(ni, role.clone());
             }
         }
     }
@@ -448,19 +475,18 @@ fn decode_class(
                     share: None,
                     slots: Vec::new(),
                     whole: Some((m, k, out.next_group)),
+                    mig_share: None,
                 },
             );
         }
     }
 
     // (3) Time-sliced and MPS GPUs on their nodes.
-    let config_gpu = |p: usize| {
-        let (mode, slot, n) = match class.patterns[p].kind {
-            PatternKind::Share(n) => (Mode::Timeslice, SlotKind::Share(n), n),
-            PatternKind::Mps(n) => (Mode::Mps, SlotKind::Mps(n), n),
-            PatternKind::Mig(_) | PatternKind::Fractional => {
-                unreachable!("config roles are time-slicing or MPS")
-            }
+    let config_gpu = |q: &NodeConfig| {
+        let (mode, slot, n) = match q {
+            NodeConfig::Share(n) => (Mode::Timeslice, SlotKind::Share(*n), *n),
+            NodeConfig::Mps(n) => (Mode::Mps, SlotKind::Mps(*n), *n),
+            NodeConfig::MigShare(..) => unreachable!("whole-GPU configs only"),
         };
         Assigned {
             mode,
@@ -468,16 +494,21 @@ fn decode_class(
             share: Some(n),
             slots: (0..n).map(|_| Slot::empty(slot.clone())).collect(),
             whole: None,
+            mig_share: None,
         }
     };
-    for &(role, gpus) in &roles {
-        let Role::Config(p) = role else {
+    for (role, gpus) in &roles {
+        let Role::Config(q) = role else {
             continue;
         };
+        if matches!(q, NodeConfig::MigShare(..)) {
+            continue;
+        }
+        let gpus = *gpus;
         let mut need = gpus;
         let mut nodes: Vec<usize> = designated
             .iter()
-            .filter(|&(_, &r)| r == role)
+            .filter(|&(_, r)| r == role)
             .map(|(&ni, _)| ni)
             .collect();
         // Whole GPUs may have crowded the chosen nodes: then also nodes
@@ -496,8 +527,8 @@ fn decode_class(
             })
             .collect();
         nodes.extend(spare);
-        let shared_now = match class.patterns[p].kind {
-            PatternKind::Mps(_) => GpuMode::Mps,
+        let shared_now = match q {
+            NodeConfig::Mps(_) => GpuMode::Mps,
             _ => GpuMode::Timeslice,
         };
         for ni in nodes {
@@ -510,15 +541,15 @@ fn decode_class(
             free.sort_by_key(|&i| (gpu_state(ni, i).mode != shared_now, i));
             for i in free.into_iter().take(need as usize) {
                 need -= 1;
-                assigned.insert((ni, i), config_gpu(p));
-                designated.insert(ni, role);
+                assigned.insert((ni, i), config_gpu(q));
+                designated.insert(ni, role.clone());
                 free_gpus.remove(&ni);
             }
         }
     }
 
-    for (&ni, &role) in &designated {
-        let Role::Config(p) = role else {
+    for (&ni, role) in &designated {
+        let Role::Config(q) = role else {
             continue;
         };
         let shares = healthy(ni).any(|i| {
@@ -528,28 +559,35 @@ fn decode_class(
         });
         if shares {
             let name = cluster.nodes[ni].name.clone();
-            match class.patterns[p].kind {
-                PatternKind::Share(n) => {
-                    out.timeslice_nodes.insert(name, n);
+            match q {
+                NodeConfig::Share(n) => {
+                    out.timeslice_nodes.insert(name, *n);
                 }
-                PatternKind::Mps(n) => {
-                    out.mps_nodes.insert(name, n);
+                NodeConfig::Mps(n) => {
+                    out.mps_nodes.insert(name, *n);
                 }
-                PatternKind::Mig(_) | PatternKind::Fractional => {}
+                NodeConfig::MigShare(..) => {}
             }
         }
     }
 
-    // (4) MIG GPUs: GPUs already in the pattern's geometry first, then GPUs
-    // running nothing, then the rest.
-    let mut same_geometry: BTreeMap<BTreeMap<String, u32>, Vec<(usize, u32)>> = BTreeMap::new();
-    let mut rest: Vec<(usize, u32)> = Vec::new();
-    let no_mig = |ni: &usize| match designated.get(ni) {
-        Some(Role::Hami) => true,
-        Some(Role::Config(p)) => matches!(class.patterns[*p].kind, PatternKind::Mps(_)),
-        None => false,
-    };
-    for &ni in class.nodes.iter().filter(|ni| !no_mig(ni)) {
+    // (4) MIG GPUs: plain geometries on nodes with no config but
+    // time-slicing whole GPUs, time-sliced ones on their nodes; GPUs
+    // already in the pattern's geometry first, then GPUs running nothing,
+    // then the rest.
+    type Pool = (
+        BTreeMap<BTreeMap<String, u32>, Vec<(usize, u32)>>,
+        Vec<(usize, u32)>,
+        usize,
+    );
+    let mut pools: BTreeMap<Option<NodeConfig>, Pool> = BTreeMap::new();
+    for &ni in &class.nodes {
+        let pool = match designated.get(&ni) {
+            Some(Role::Hami) | Some(Role::Config(NodeConfig::Mps(_))) => continue,
+            Some(Role::Config(q @ NodeConfig::MigShare(..))) => Some(q.clone()),
+            Some(Role::Config(NodeConfig::Share(_))) | None => None,
+        };
+        let (same_geometry, rest, _) = pools.entry(pool).or_default();
         for i in healthy(ni) {
             if assigned.contains_key(&(ni, i)) {
                 continue;
@@ -564,16 +602,25 @@ fn decode_class(
             rest.push((ni, i));
         }
     }
-    rest.sort_by_key(|&(ni, i)| (!gpu_state(ni, i).workloads.is_empty(), ni, i));
-    let mut cursor = 0;
+    for (_, rest, _) in pools.values_mut() {
+        rest.sort_by_key(|&(ni, i)| (!gpu_state(ni, i).workloads.is_empty(), ni, i));
+    }
     for (p, pattern) in class.patterns.iter().enumerate() {
-        let PatternKind::Mig(canonical) = &pattern.kind else {
+        let Some(canonical) = pattern.kind.geometry() else {
             continue;
         };
         let mut need = counts.patterns[c][p];
         if need == 0 {
             continue;
         }
+        let config = pattern.kind.config();
+        let mig_share = match &config {
+            Some(NodeConfig::MigShare(profile, n)) => Some((profile.clone(), *n)),
+            _ => None,
+        };
+        let Some((same_geometry, rest, cursor)) = pools.get_mut(&config) else {
+            continue;
+        };
         let want = plain_counts(canonical);
         let mut chosen: Vec<((usize, u32), Geometry)> = Vec::new();
         let mut picked: BTreeSet<(usize, u32)> = BTreeSet::new();
@@ -586,29 +633,36 @@ fn decode_class(
                 chosen.push(((ni, i), gpu_state(ni, i).geometry.clone()));
             }
         }
-        while need > 0 && cursor < rest.len() {
-            let key = rest[cursor];
-            cursor += 1;
+        while need > 0 && *cursor < rest.len() {
+            let key = rest[*cursor];
+            *cursor += 1;
             if assigned.contains_key(&key) || !picked.insert(key) {
                 continue;
             }
             need -= 1;
             chosen.push((key, canonical.clone()));
         }
+        let shared = mig_share.as_ref().map(|(p, n)| (p.as_str(), *n));
         for (key, geometry) in chosen {
-            let slots = geometry
-                .placements()
-                .iter()
-                .filter_map(|pl| {
-                    class.mig_slot(&pl.profile).map(|t| Slot {
+            let mut slots = Vec::new();
+            for pl in geometry.placements() {
+                let Some(t) = class.instance_slot(&pl.profile, shared) else {
+                    continue;
+                };
+                let copies = match &class.slot_types[t].kind {
+                    SlotKind::MigShare(_, n) => *n,
+                    _ => 1,
+                };
+                for _ in 0..copies {
+                    slots.push(Slot {
                         kind: class.slot_types[t].kind.clone(),
                         start: Some(pl.start),
                         profile: Some(pl.profile.clone()),
                         model: None,
                         group: None,
-                    })
-                })
-                .collect();
+                    });
+                }
+            }
             assigned.insert(
                 key,
                 Assigned {
@@ -617,6 +671,7 @@ fn decode_class(
                     share: None,
                     slots,
                     whole: None,
+                    mig_share: mig_share.clone(),
                 },
             );
         }
@@ -635,8 +690,8 @@ fn decode_class(
         assigned,
         out,
     );
-    for (&ni, &role) in &designated {
-        if role == Role::Hami
+    for (&ni, role) in &designated {
+        if *role == Role::Hami
             && healthy(ni).any(|i| {
                 assigned
                     .get(&(ni, i))
@@ -728,6 +783,9 @@ fn decode_class(
         let a = &assigned[&key];
         if a.whole.is_none() && a.slots.iter().all(|s| s.model.is_none()) {
             assigned.remove(&key);
+        } else if let Some(shared) = &a.mig_share {
+            out.mig_timeslice_nodes
+                .insert(cluster.nodes[key.0].name.clone(), shared.clone());
         }
     }
 }

@@ -51,7 +51,7 @@ use good_lp::{
 };
 use gpuscale_policies::{Model, Priority};
 
-use crate::classes::{Class, PatternKind, fits_slot, whole_degrees};
+use crate::classes::{Class, NodeConfig, PatternKind, fits_slot, whole_degrees};
 use crate::{PackError, PackOptions};
 
 pub(crate) use round::counts_cost;
@@ -63,7 +63,7 @@ struct Vars {
     n: Vec<Vec<Variable>>,
     x: Vec<(usize, usize, usize, Variable)>,
     w: Vec<(usize, usize, u32, Variable)>,
-    u: Vec<(usize, usize, Variable)>,
+    u: Vec<(usize, NodeConfig, Variable)>,
     h: Vec<Option<Variable>>,
     s: Vec<Variable>,
 }
@@ -77,9 +77,9 @@ pub struct Counts {
     pub slots: BTreeMap<(usize, usize, usize), u32>,
     /// Tensor-parallel groups per (class, model, k).
     pub whole: BTreeMap<(usize, usize, u32), u32>,
-    /// Nodes per (class, pattern) for patterns that need a device-plugin
-    /// config (time-slicing or MPS).
-    pub config_nodes: BTreeMap<(usize, usize), u32>,
+    /// Nodes per (class, device-plugin config) (time-slicing, MPS, a
+    /// time-sliced MIG profile).
+    pub config_nodes: BTreeMap<(usize, NodeConfig), u32>,
     /// Unplaced replicas per model.
     pub unplaced: Vec<u32>,
 }
@@ -169,11 +169,14 @@ fn build_vars(
                 v.w.push((c, m, k, var));
             }
         }
-        for (p, pattern) in class.patterns.iter().enumerate() {
-            if pattern.kind.node_config() {
-                let var = vars.add(int(variable().min(0).max(class.nodes.len() as f64)));
-                v.u.push((c, p, var));
-            }
+        let configs: std::collections::BTreeSet<NodeConfig> = class
+            .patterns
+            .iter()
+            .filter_map(|p| p.kind.config())
+            .collect();
+        for q in configs {
+            let var = vars.add(int(variable().min(0).max(class.nodes.len() as f64)));
+            v.u.push((c, q, var));
         }
         let hami = class
             .patterns
@@ -268,17 +271,22 @@ fn node_configs(v: &Vars, classes: &[Class]) -> (Vec<Constraint>, BTreeMap<usize
         let nodes = class.nodes.len() as f64;
         let mut configured = Expression::with_capacity(8);
         let mut no_mig = Expression::with_capacity(8);
-        for &(cc, p, u) in &v.u {
-            if cc != c {
+        for (cc, q, u) in &v.u {
+            if *cc != c {
                 continue;
             }
-            configured.add_mul(1.0, u);
-            if matches!(class.patterns[p].kind, PatternKind::Mps(_)) {
-                no_mig.add_mul(1.0, u);
+            configured.add_mul(1.0, *u);
+            // MPS and time-sliced MIG nodes run no plain MIG geometry.
+            if matches!(q, NodeConfig::Mps(_) | NodeConfig::MigShare(..)) {
+                no_mig.add_mul(1.0, *u);
             }
-            let mut e = Expression::with_capacity(2);
-            e.add_mul(1.0, v.n[c][p]);
-            e.add_mul(-g, u);
+            let mut e = Expression::with_capacity(8);
+            for (p, pattern) in class.patterns.iter().enumerate() {
+                if pattern.kind.config().as_ref() == Some(q) {
+                    e.add_mul(1.0, v.n[c][p]);
+                }
+            }
+            e.add_mul(-g, *u);
             out.push(e.leq(0.0));
         }
         if let Some(h) = v.h[c] {
@@ -605,10 +613,10 @@ fn read_counts(sol: &impl Solution, v: &Vars) -> Counts {
             counts.whole.insert((c, m, k), n);
         }
     }
-    for &(c, p, var) in &v.u {
-        let k = int(var);
+    for (c, q, var) in &v.u {
+        let k = int(*var);
         if k > 0 {
-            counts.config_nodes.insert((c, p), k);
+            counts.config_nodes.insert((*c, q.clone()), k);
         }
     }
     counts

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use gpuscale_policies::Model;
 
 use super::{Counts, Relaxed, max_group, penalty};
-use crate::classes::{Class, PatternKind, SlotType, fits_slot, whole_degrees};
+use crate::classes::{Class, NodeConfig, PatternKind, SlotType, fits_slot, whole_degrees};
 
 /// Spare slots per (class, slot type), in parts.
 type Spare = BTreeMap<(usize, usize), i64>;
@@ -331,12 +331,10 @@ fn complete(
     // there, no MIG on MPS or HAMi nodes, groups that fit a node.
     for (c, class) in classes.iter().enumerate() {
         let g = class.gpus_per_node.max(1);
-        for (p, pattern) in class.patterns.iter().enumerate() {
-            if pattern.kind.node_config() {
-                let need = counts.patterns[c][p].div_ceil(g);
-                if need > 0 {
-                    counts.config_nodes.insert((c, p), need);
-                }
+        for (q, gpus) in config_gpus(class, c, &counts, Extra::default()) {
+            let need = gpus.div_ceil(g);
+            if need > 0 {
+                counts.config_nodes.insert((c, q), need);
             }
         }
         if !node_ok(class, c, &counts, Extra::default()) {
@@ -525,6 +523,23 @@ pub(crate) fn counts_cost(classes: &[Class], models: &[Model], counts: &Counts) 
     cost
 }
 
+/// GPUs per device-plugin config of class `c` (with `extra`).
+fn config_gpus(
+    class: &Class,
+    c: usize,
+    counts: &Counts,
+    extra: Extra,
+) -> BTreeMap<NodeConfig, u32> {
+    let mut out: BTreeMap<NodeConfig, u32> = BTreeMap::new();
+    for (p, pattern) in class.patterns.iter().enumerate() {
+        if let Some(q) = pattern.kind.config() {
+            *out.entry(q).or_insert(0) +=
+                counts.patterns[c][p] + u32::from(extra.pattern == Some(p));
+        }
+    }
+    out
+}
+
 /// What is added to a class's counts before checking the node rules.
 #[derive(Debug, Clone, Copy, Default)]
 struct Extra {
@@ -558,16 +573,15 @@ fn node_ok(class: &Class, c: usize, counts: &Counts, extra: Extra) -> bool {
     for (p, pattern) in class.patterns.iter().enumerate() {
         let n = counts.patterns[c][p] + u32::from(extra.pattern == Some(p));
         match pattern.kind {
-            PatternKind::Mig(_) => mig_share += n,
-            PatternKind::Share(_) => {
-                configured += n.div_ceil(g);
-                mig_share += n;
-            }
-            PatternKind::Mps(_) => {
-                configured += n.div_ceil(g);
-                no_mig += n.div_ceil(g);
-            }
+            PatternKind::Mig(_) | PatternKind::Share(_) => mig_share += n,
             PatternKind::Fractional => fractional += n,
+            PatternKind::Mps(_) | PatternKind::MigShare { .. } => {}
+        }
+    }
+    for (q, gpus) in config_gpus(class, c, counts, extra) {
+        configured += gpus.div_ceil(g);
+        if !matches!(q, NodeConfig::Share(_)) {
+            no_mig += gpus.div_ceil(g);
         }
     }
     let hami = fractional.div_ceil(g);

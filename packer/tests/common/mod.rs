@@ -39,6 +39,7 @@ pub fn cluster_each(nodes: &[(&str, &str, u32, &[SharingMode])]) -> Cluster {
                 gpu_count: count,
                 timeslice_replicas: None,
                 mps_replicas: None,
+                mig_timeslice: None,
                 sharing: sharing.to_vec(),
                 gpus: vec![],
             })
