@@ -216,6 +216,9 @@ pub fn demand(models: &[ModelSpec], gpus: u32, fill: f64) -> BTreeMap<String, u3
 pub enum RuleSet {
     /// Today's rules: MIG slices, time-sliced whole GPUs, whole GPUs.
     MigWhole,
+    /// Plus time-sliced MIG slices (every node may time-slice one MIG
+    /// profile).
+    MigTimeslice,
     /// Plus fractional GPUs (every node runs HAMi if the plan wants it).
     Fractional,
     /// Plus MPS partitions (every node's device plugin may run MPS).
@@ -226,17 +229,20 @@ pub enum RuleSet {
 
 impl RuleSet {
     /// Every rule set, in report order.
-    pub const EVERY: [RuleSet; 4] = [
+    pub const EVERY: [RuleSet; 5] = [
         RuleSet::MigWhole,
+        RuleSet::MigTimeslice,
         RuleSet::Fractional,
         RuleSet::Mps,
         RuleSet::All,
     ];
 
-    /// The name in reports (`mig-whole`, `fractional`, `mps`, `all`).
+    /// The name in reports (`mig-whole`, `mig-timeslice`, `fractional`,
+    /// `mps`, `all`).
     pub fn name(self) -> &'static str {
         match self {
             RuleSet::MigWhole => "mig-whole",
+            RuleSet::MigTimeslice => "mig-timeslice",
             RuleSet::Fractional => "fractional",
             RuleSet::Mps => "mps",
             RuleSet::All => "all",
@@ -253,9 +259,10 @@ impl RuleSet {
     fn extra(self) -> &'static [&'static str] {
         match self {
             RuleSet::MigWhole => &[],
+            RuleSet::MigTimeslice => &["mig-timeslice"],
             RuleSet::Fractional => &["fractional"],
             RuleSet::Mps => &["mps"],
-            RuleSet::All => &["mps", "fractional"],
+            RuleSet::All => &["mig-timeslice", "mps", "fractional"],
         }
     }
 }
@@ -363,12 +370,20 @@ mod tests {
         // their GPUs); MPS only those that may share one GPU.
         use gpuscale_policies::SharingMode;
         assert!(cluster.nodes.iter().all(|n| {
-            n.sharing.contains(&SharingMode::Fractional) && n.sharing.contains(&SharingMode::Mps)
+            n.sharing.contains(&SharingMode::Fractional)
+                && n.sharing.contains(&SharingMode::Mps)
+                && n.sharing.contains(&SharingMode::MigTimeslice)
         }));
         for m in &bundle.models {
             let shares = m.sharing.contains(&SharingMode::Mig);
             assert!(m.sharing.contains(&SharingMode::Fractional), "{}", m.name);
             assert_eq!(m.sharing.contains(&SharingMode::Mps), shares, "{}", m.name);
+            assert_eq!(
+                m.sharing.contains(&SharingMode::MigTimeslice),
+                shares,
+                "{}",
+                m.name
+            );
             assert_eq!(m.tensor_parallel.contains(&1), shares, "{}", m.name);
         }
         std::fs::remove_dir_all(&dir).unwrap();

@@ -597,6 +597,37 @@ fn undominated(candidates: Vec<(Pattern, bool)>, useful: &[bool]) -> Vec<Pattern
         .collect()
 }
 
+/// Whether one fractional (HAMi) GPU of the class holds whatever a
+/// pattern's slots could hold: every model that fits one of its slots also
+/// runs on a fractional GPU alone, and the largest `gpumem` and `gpucores`
+/// any of them asks, summed over the slots, stays within the GPU's. Then
+/// the pattern is dominated (its node may run HAMi instead, with every
+/// replica where it was) and the ILP needs only the fractional mixes.
+fn fractional_holds(class: &Class, models: &[Model], pattern: &Pattern) -> bool {
+    let Some(cap) = class.fractional else {
+        return false;
+    };
+    let (mut mib, mut pct) = (0u64, 0u64);
+    for &(t, count) in &pattern.slots {
+        let (mut worst_mib, mut worst_pct) = (0u32, 0u32);
+        for m in models
+            .iter()
+            .filter(|m| fits_slot(m, class, &class.slot_types[t]))
+        {
+            match fractional_part(m, class) {
+                Some(part) if part.gpus == 1 => {
+                    worst_mib = worst_mib.max(part.mib);
+                    worst_pct = worst_pct.max(part.pct);
+                }
+                _ => return false,
+            }
+        }
+        mib += u64::from(worst_mib) * u64::from(count);
+        pct += u64::from(worst_pct) * u64::from(count);
+    }
+    mib <= u64::from(cap.memory_mib) && pct <= u64::from(cap.cores)
+}
+
 fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options: &PackOptions) {
     let useful: Vec<bool> = class
         .slot_types
@@ -649,12 +680,25 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
     class.patterns.extend(undominated(candidates, &useful));
     // Time-sliced MIG: per (profile, N) whose shares some model fits, the
     // geometries with that profile, its instances split into N shares.
+    // `(p, N)` is dominated by `(p, N + 1)` when the same models fit a share
+    // of either: the same geometries then offer more shares, and a node can
+    // switch config with every replica where it is.
+    let fitting = |t: usize| -> Vec<bool> {
+        models
+            .iter()
+            .map(|m| fits_slot(m, class, &class.slot_types[t]))
+            .collect()
+    };
     let configs: Vec<(String, u8)> = class
         .slot_types
         .iter()
         .enumerate()
         .filter_map(|(t, st)| match &st.kind {
-            SlotKind::MigShare(p, n) if useful[t] => Some((p.clone(), *n)),
+            SlotKind::MigShare(p, n) if useful[t] => {
+                let finer = class.mig_share_slot(p, n + 1);
+                let dominated = finer.is_some_and(|f| fitting(f) == fitting(t));
+                (!dominated).then(|| (p.clone(), *n))
+            }
             _ => None,
         })
         .chain(geometries.iter().filter_map(|(_, shared)| shared.clone()))
@@ -701,7 +745,12 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
                 ));
             }
         }
-        class.patterns.extend(undominated(candidates, &useful));
+        let kept = undominated(candidates, &useful);
+        let kept: Vec<Pattern> = kept
+            .into_iter()
+            .filter(|p| !fractional_holds(class, models, p))
+            .collect();
+        class.patterns.extend(kept);
     }
     let shared = (2..=options.max_timeslice_replicas)
         .map(|n| (SlotKind::Share(n), PatternKind::Share(n), n))

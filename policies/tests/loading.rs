@@ -199,3 +199,29 @@ fn syntax_errors_and_bad_documents() {
     let p = problems("bad.yaml", &text);
     assert_eq!(p[0].path, "metadata.name");
 }
+
+#[test]
+fn a_mig_timeslice_profile_the_gpu_lacks_is_located() {
+    let text = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata:
+  name: c
+spec:
+  nodes:
+    - name: a
+      gpuModel: A100-40GB
+      gpuCount: 8
+      sharing: [mig, mig-timeslice]
+      migTimeslice: {profile: 1g.20gb, replicas: 3}
+";
+    let p = problems("cluster.yaml", text);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].path, "spec.nodes[0].migTimeslice.profile");
+    assert_eq!(p[0].position.line, 11);
+    assert!(p[0].message.contains("1g.5gb"), "{}", p[0].message);
+    let fixed = text.replace("1g.20gb", "1g.5gb");
+    let b = load_sources(&[(Path::new("cluster.yaml"), fixed.as_str())]).unwrap();
+    let t = b.cluster.unwrap().nodes[0].mig_timeslice.clone().unwrap();
+    assert_eq!((t.profile.as_str(), t.replicas), ("1g.5gb", 3));
+}

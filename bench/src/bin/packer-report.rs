@@ -38,9 +38,10 @@ struct Args {
     #[arg(long, default_value_t = 0.005)]
     mip_gap: f64,
     /// Sharing rule sets, each a row per size: `mig-whole` (today's: MIG,
-    /// time-sliced whole GPUs, whole GPUs), `fractional` (+ HAMi),
-    /// `mps` (+ MPS), `all`. The baselines run with the first.
-    #[arg(long, value_delimiter = ',', default_value = "mig-whole,fractional,mps,all", value_parser = parse_rule_set)]
+    /// time-sliced whole GPUs, whole GPUs), `mig-timeslice` (+ time-sliced
+    /// MIG slices), `fractional` (+ HAMi), `mps` (+ MPS), `all`. The
+    /// baselines run with the first.
+    #[arg(long, value_delimiter = ',', default_value = "mig-whole,mig-timeslice,fractional,mps,all", value_parser = parse_rule_set)]
     rule_sets: Vec<RuleSet>,
     /// The rule set of the incremental case.
     #[arg(long, default_value = "all", value_parser = parse_rule_set)]
