@@ -234,6 +234,74 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
     server.await.unwrap();
 }
 
+/// A replica the packer puts on a time-sliced MIG slice becomes a
+/// Deployment asking for a share of that profile
+/// (`nvidia.com/mig-1g.10gb.shared`) on nodes whose device-plugin config
+/// time-slices it that many ways, and nowhere else.
+#[tokio::test]
+async fn a_time_sliced_mig_variant_asks_for_a_share_on_nodes_sliced_that_way() {
+    let text = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata:
+  name: c
+spec:
+  nodes:
+    - {name: h100-0, gpuModel: H100-80GB, gpuCount: 2, sharing: [mig, mig-timeslice]}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata:
+  name: embed
+spec:
+  resources: {memoryGiB: 2.5, compute: 0.02, maxConcurrency: 64}
+  placement: {sharing: [mig, mig-timeslice]}
+";
+    let bundle = gpuscale_policies::load::load_sources(&[(Path::new("c.yaml"), text)]).unwrap();
+    // 21 fit one GPU only as seven 1g.10gb instances three ways each.
+    let demand = [("embed".to_string(), 21)].into();
+    let plan = gpuscale_packer::pack(
+        bundle.cluster.as_ref().unwrap(),
+        &bundle.models,
+        &demand,
+        &gpuscale_packer::PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(plan.gpus_used, 1);
+    let variant = plan.models[0].variants[0].clone();
+    assert_eq!(plan.models[0].variants.len(), 1);
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/embed-h100-80gb-mig-1g-10gb-timeslice-3?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "embed-h100-80gb-mig-1g-10gb-timeslice-3"}}),
+        )
+        .await;
+        let pod = &body["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["resources"]["limits"],
+            json!({"nvidia.com/mig-1g.10gb.shared": "1"})
+        );
+        assert_eq!(
+            pod["nodeSelector"],
+            json!({
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-3",
+            })
+        );
+    });
+    assert_eq!(
+        k.apply_deployment(&bundle.models[0], &variant)
+            .await
+            .unwrap(),
+        None
+    );
+    server.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotations() {
     let (k, mut handle) = kube(false);
