@@ -1254,15 +1254,7 @@ fn a_node_that_does_not_allow_a_mode_never_gets_it() {
 /// the applied plan changes nothing.
 #[test]
 fn small_replicas_share_time_sliced_mig_instances() {
-    let embed = common::model(
-        "embed",
-        2.5,
-        0.02,
-        &[SharingMode::Mig, SharingMode::MigTimeslice],
-        &[1],
-        &[],
-    );
-    let models = vec![embed];
+    let models = vec![common::slice_sharing_embed()];
     let demand = common::demand(&[("embed", 21)]);
     let options = PackOptions::default();
 
@@ -1324,14 +1316,7 @@ fn a_node_time_slicing_a_mig_profile_runs_only_geometries_with_it() {
         ],
     );
     let models = vec![
-        common::model(
-            "embed",
-            2.5,
-            0.02,
-            &[SharingMode::Mig, SharingMode::MigTimeslice],
-            &[1],
-            &[],
-        ),
+        common::slice_sharing_embed(),
         common::model("big", 70.0, 0.5, &[SharingMode::Whole], &[1], &[]),
     ];
     let demand = common::demand(&[("embed", 6), ("big", 2)]);

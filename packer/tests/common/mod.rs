@@ -103,3 +103,16 @@ pub fn demand(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
 pub fn small_mig() -> Model {
     model("small", 9.0, 0.1, &[SharingMode::Mig], &[1], &[])
 }
+
+/// A 2.5 GiB, 0.02-compute model that runs on MIG slices, whole or
+/// time-sliced: three to a share of an H100's 1g.10gb instance.
+pub fn slice_sharing_embed() -> Model {
+    model(
+        "embed",
+        2.5,
+        0.02,
+        &[SharingMode::Mig, SharingMode::MigTimeslice],
+        &[1],
+        &[],
+    )
+}
