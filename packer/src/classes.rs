@@ -600,9 +600,10 @@ fn undominated(candidates: Vec<(Pattern, bool)>, useful: &[bool]) -> Vec<Pattern
 /// Whether one fractional (HAMi) GPU of the class holds whatever a
 /// pattern's slots could hold: every model that fits one of its slots also
 /// runs on a fractional GPU alone, and the largest `gpumem` and `gpucores`
-/// any of them asks, summed over the slots, stays within the GPU's. Then
-/// the pattern is dominated (its node may run HAMi instead, with every
-/// replica where it was) and the ILP needs only the fractional mixes.
+/// any of them asks, summed over the slots, stays within the GPU's. When
+/// that holds for every geometry of a node config, the config is
+/// dominated (its nodes may run HAMi instead, every replica where it was)
+/// and the ILP needs only the fractional mixes.
 fn fractional_holds(class: &Class, models: &[Model], pattern: &Pattern) -> bool {
     let Some(cap) = class.fractional else {
         return false;
@@ -745,12 +746,17 @@ fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options:
                 ));
             }
         }
+        // The config is left out when one fractional GPU holds whatever
+        // any of its geometries could and none runs now: every node that
+        // would time-slice this way can run HAMi instead with each
+        // replica where it was (per config, not per geometry: a node runs
+        // one config, so a geometry HAMi could not replace keeps the
+        // others company).
+        let any_current = candidates.iter().any(|(_, current)| *current);
         let kept = undominated(candidates, &useful);
-        let kept: Vec<Pattern> = kept
-            .into_iter()
-            .filter(|p| !fractional_holds(class, models, p))
-            .collect();
-        class.patterns.extend(kept);
+        if any_current || !kept.iter().all(|p| fractional_holds(class, models, p)) {
+            class.patterns.extend(kept);
+        }
     }
     let shared = (2..=options.max_timeslice_replicas)
         .map(|n| (SlotKind::Share(n), PatternKind::Share(n), n))

@@ -19,6 +19,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::{Mode, Plan};
 
+/// A name that is also a valid label value and Deployment name (at most
+/// 63 characters): a longer one keeps its first 52 characters and ends in
+/// a hash of the whole, so two long names stay apart.
+pub fn bounded_name(name: String) -> String {
+    if name.len() <= 63 {
+        return name;
+    }
+    let head: String = name.chars().take(52).collect();
+    format!(
+        "{}-{:010x}",
+        head.trim_end_matches('-'),
+        fnv(&name) & 0xff_ffff_ffff
+    )
+}
+
 /// The mig-parted config name that disables MIG on every GPU.
 pub const ALL_DISABLED: &str = "all-disabled";
 

@@ -333,7 +333,11 @@ fn figures(
                             config
                         }
                         None => {
-                            resources.insert(format!("nvidia.com/mig-{profile}"), 1);
+                            // The device plugin serves a `+me` instance as
+                            // its plain profile's resource (`+` is not
+                            // allowed in a resource name).
+                            let plain = profile.trim_end_matches("+me");
+                            resources.insert(format!("nvidia.com/mig-{plain}"), 1);
                             profile
                         }
                     }
@@ -372,9 +376,11 @@ fn figures(
                     format!("tp{k}")
                 }
             };
-            let name = format!("{}-{}-{}", r.model, g.gpu_model, suffix)
-                .to_lowercase()
-                .replace(['.', '+', '_'], "-");
+            let name = emit::bounded_name(
+                format!("{}-{}-{}", r.model, g.gpu_model, suffix)
+                    .to_lowercase()
+                    .replace(['.', '+', '_'], "-"),
+            );
             let v = variants
                 .entry((r.model.clone(), name.clone()))
                 .or_insert_with(|| plan::Variant {

@@ -1337,3 +1337,182 @@ fn a_node_time_slicing_a_mig_profile_runs_only_geometries_with_it() {
         }
     }
 }
+
+/// Loads a cluster and policies written as YAML.
+fn bundle_of(text: &str) -> Bundle {
+    gpuscale_policies::load_sources(&[(Path::new("t.yaml"), text)])
+        .unwrap_or_else(|p| panic!("{p}"))
+}
+
+const SLICED_NODE: &str = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: c}
+spec:
+  nodes:
+    - name: n0
+      gpuModel: H100-80GB
+      gpuCount: 1
+      sharing: [mig, mig-timeslice, fractional]
+      migTimeslice: {profile: 1g.10gb, replicas: 4}
+      gpus:
+        - index: 0
+          mode: mig
+          geometry:
+            - {profile: 1g.10gb, start: 0}
+            - {profile: 1g.10gb, start: 1}
+            - {profile: 1g.10gb, start: 2}
+            - {profile: 1g.10gb, start: 3}
+            - {profile: 1g.10gb, start: 4}
+            - {profile: 1g.10gb, start: 5}
+            - {profile: 1g.10gb, start: 6}
+          workloads:
+            - {model: y, slot: 0}
+            - {model: y, slot: 0}
+            - {model: y, slot: 1}
+            - {model: y, slot: 1}
+            - {model: y, slot: 2}
+            - {model: y, slot: 3}
+            - {model: y, slot: 4}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: y}
+spec:
+  resources: {memoryGiB: 2, compute: 0.02, maxConcurrency: 8}
+  placement: {sharing: [mig-timeslice, fractional]}
+";
+
+/// A GPU whose instances are time-sliced now stays so on a re-plan, even
+/// where a fractional GPU could hold the same (a review found the
+/// dominance rule dropped the running geometry, so every re-plan wiped
+/// it).
+#[test]
+fn a_running_time_sliced_gpu_is_kept() {
+    let b = bundle_of(SLICED_NODE);
+    let cluster = b.cluster.clone().unwrap();
+    let demand = common::demand(&[("y", 7)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &b.models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &b.models, &options, &demand);
+    assert_eq!((plan.moves, plan.reconfigured_gpus), (0, 0), "{plan:#?}");
+    assert_eq!(plan.nodes[0].mig_timeslice, cluster.nodes[0].mig_timeslice);
+}
+
+/// Time-sliced geometries that a fractional GPU could replace are still
+/// needed beside one it cannot, on the same node: 44 small replicas and
+/// a 30 GiB MIG-only one fit two GPUs only as [3g.40gb + 4 × 1g.10gb] and
+/// [7 × 1g.10gb], each 1g instance four ways (a review found the
+/// per-geometry dominance rule left replicas out here).
+#[test]
+fn a_node_keeps_every_time_sliced_geometry_it_needs() {
+    let text = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: c}
+spec:
+  nodes:
+    - {name: n0, gpuModel: H100-80GB, gpuCount: 2, sharing: [mig, mig-timeslice, fractional]}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: x}
+spec:
+  resources: {memoryGiB: 30, compute: 0.1, maxConcurrency: 8}
+  placement: {sharing: [mig]}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: y}
+spec:
+  resources: {memoryGiB: 2, compute: 0.02, maxConcurrency: 8}
+  placement: {sharing: [mig-timeslice, fractional]}
+";
+    let b = bundle_of(text);
+    let cluster = b.cluster.clone().unwrap();
+    let demand = common::demand(&[("x", 1), ("y", 44)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &b.models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &b.models, &options, &demand);
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+}
+
+/// A node running a time-sliced MIG config keeps it when another node
+/// must take up a config of its own (a review found the first role
+/// handed out took it while a free node was there).
+#[test]
+fn a_config_role_never_takes_a_node_another_role_runs_on_while_one_is_free() {
+    let text = SLICED_NODE.to_string()
+        + "---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: z}
+spec:
+  resources: {memoryGiB: 20, compute: 0.1, maxConcurrency: 8}
+  placement: {sharing: [timeslice]}
+";
+    // The free node comes after the busy one, where a role handed out in
+    // node order would take the busy one first.
+    let text = text.replace(
+        "            - {model: y, slot: 4}\n",
+        "            - {model: y, slot: 4}\n    - {name: free, gpuModel: H100-80GB, gpuCount: 1, sharing: [mig, timeslice, mig-timeslice]}\n",
+    );
+    let text = text.replace(
+        "      sharing: [mig, mig-timeslice, fractional]\n",
+        "      sharing: [mig, timeslice, mig-timeslice]\n",
+    );
+    let text = text.replace(
+        "  placement: {sharing: [mig-timeslice, fractional]}",
+        "  placement: {sharing: [mig-timeslice]}",
+    );
+    let b = bundle_of(&text);
+    let cluster = b.cluster.clone().unwrap();
+    let demand = common::demand(&[("y", 7), ("z", 2)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &b.models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &b.models, &options, &demand);
+    assert_eq!(plan.moves, 0, "{plan:#?}");
+    let n0 = plan.nodes.iter().find(|n| n.name == "n0").unwrap();
+    assert_eq!(n0.mig_timeslice, cluster.nodes[0].mig_timeslice);
+    assert!(n0.mig_timeslice.is_some());
+    let free = plan.nodes.iter().find(|n| n.name == "free").unwrap();
+    assert!(free.timeslice_replicas.is_some(), "{free:?}");
+}
+
+/// Variant names are label values and Deployment names: at most 63
+/// characters, however long the model's name, and still distinct.
+#[test]
+fn long_variant_names_are_bounded_and_distinct() {
+    let cluster = common::cluster_allowing(
+        &[("n", "H100-80GB", 2)],
+        &[SharingMode::Mig, SharingMode::MigTimeslice],
+    );
+    let long = |name: &str| {
+        common::model(
+            name,
+            2.5,
+            0.02,
+            &[SharingMode::Mig, SharingMode::MigTimeslice],
+            &[1],
+            &[],
+        )
+    };
+    let a = "multilingual-e5-large-instruct-embeddings-a";
+    let b = "multilingual-e5-large-instruct-embeddings-b";
+    let models = vec![long(a), long(b)];
+    let demand = common::demand(&[(a, 10), (b, 10)]);
+    let plan = pack(&cluster, &models, &demand, &PackOptions::default()).unwrap();
+    let names: BTreeSet<&str> = plan
+        .models
+        .iter()
+        .flat_map(|m| m.variants.iter().map(|v| v.name.as_str()))
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    for n in &names {
+        assert!(n.len() <= 63, "{n} is {} characters", n.len());
+        assert!(
+            n.starts_with("multilingual-e5-large-instruct-embeddings-"),
+            "{n}"
+        );
+    }
+}

@@ -384,6 +384,16 @@ impl Cluster {
             }
             if let Some(ts) = &n.mig_timeslice {
                 check_mig_timeslice(n, ts, &path, gpu, &mut errors);
+            } else if n.sharing.contains(&SharingMode::MigTimeslice)
+                && !n.sharing.contains(&SharingMode::Mig)
+            {
+                errors.push(FieldError::new(
+                    format!("{path}.sharing"),
+                    format!(
+                        "`mig-timeslice` time-slices MIG instances, so the node must allow `mig` too (its `sharing` is [{}])",
+                        sharing_list(&n.sharing)
+                    ),
+                ));
             }
             for (field, v) in [
                 ("timesliceReplicas", n.timeslice_replicas),
@@ -544,7 +554,7 @@ fn validate_gpus(
                             let shares = n
                                 .mig_timeslice
                                 .as_ref()
-                                .filter(|ts| ts.profile == instance.profile)
+                                .filter(|ts| ts.profile == plain(&instance.profile))
                                 .map(|ts| usize::from(ts.replicas));
                             let problem = match shares {
                                 Some(k) if *here > k => Some(format!(
@@ -620,6 +630,13 @@ fn validate_gpus(
     gpus
 }
 
+/// A MIG profile without its `+me` (media extensions) suffix: the device
+/// plugin serves such an instance as its plain profile's resource, so it
+/// is time-sliced with it.
+fn plain(profile: &str) -> &str {
+    profile.trim_end_matches("+me")
+}
+
 /// Checks a node's `migTimeslice`: the node allows it (and MIG), the GPU
 /// model has that plain profile, and at least two shares.
 fn check_mig_timeslice(
@@ -691,17 +708,19 @@ fn crowded_instance(gpus: &[Gpu]) -> Result<Option<MigTimeslice>, String> {
             if k < 2 {
                 continue;
             }
+            // A `+me` instance is served as its plain profile's resource.
+            let profile = plain(&p.profile);
             match &mut found {
-                Some(f) if f.profile == p.profile => f.replicas = f.replicas.max(k as u8),
+                Some(f) if f.profile == profile => f.replicas = f.replicas.max(k as u8),
                 Some(f) => {
                     return Err(format!(
-                        "instances of {} and of {} run several workloads each, but a node's device-plugin config time-slices one MIG profile",
-                        f.profile, p.profile
+                        "instances of {} and of {profile} run several workloads each, but a node's device-plugin config time-slices one MIG profile",
+                        f.profile
                     ));
                 }
                 None => {
                     found = Some(MigTimeslice {
-                        profile: p.profile.clone(),
+                        profile: profile.to_string(),
                         replicas: k as u8,
                     })
                 }
@@ -1008,6 +1027,40 @@ mod tests {
                 .contains("more than the node's `migTimeslice.replicas` (2)")
         );
         assert!(errors[1].message.contains("time-slices only 1g.10gb"));
+    }
+
+    #[test]
+    fn a_media_extensions_instance_is_time_sliced_with_its_plain_profile() {
+        // The device plugin serves 1g.10gb+me as nvidia.com/mig-1g.10gb.
+        let gpu = GpuState {
+            geometry: vec![
+                Placement::new("1g.10gb+me", 0),
+                Placement::new("1g.10gb", 1),
+            ],
+            ..mig_gpu(0, &[("a", 0), ("b", 0), ("c", 1), ("d", 1)])
+        };
+        let mut n = node("n", vec![gpu]);
+        n.sharing.push(SharingMode::MigTimeslice);
+        let read = one_node(n.clone()).unwrap();
+        assert_eq!(
+            read.nodes[0].mig_timeslice,
+            Some(MigTimeslice {
+                profile: "1g.10gb".into(),
+                replicas: 2
+            })
+        );
+        n.mig_timeslice = read.nodes[0].mig_timeslice.clone();
+        one_node(n).unwrap();
+    }
+
+    #[test]
+    fn mig_timeslice_without_mig_is_refused() {
+        let mut n = node("n", vec![]);
+        n.sharing = vec![SharingMode::MigTimeslice, SharingMode::Whole];
+        let errors = one_node(n).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.nodes[0].sharing");
+        assert!(errors[0].message.contains("must allow `mig`"));
     }
 
     #[test]

@@ -384,24 +384,33 @@ fn decode_class(
                 .count();
             (std::cmp::Reverse(shared), ni)
         });
+        // Every role first gets the nodes already configured its way, then
+        // the shortfalls are filled, nodes with no role now first, so no
+        // role takes a node another role runs on now while others are
+        // free.
+        let mut short: Vec<(&Role, usize)> = Vec::new();
         for (role, gpus) in &roles {
             let need = gpus.div_ceil(g) as usize;
-            let mut picked: Vec<usize> = order
+            let picked: Vec<usize> = order
                 .iter()
                 .copied()
                 .filter(|ni| !designated.contains_key(ni) && role_now(*ni).as_ref() == Some(role))
                 .take(need)
                 .collect();
-            if picked.len() < need {
-                let more: Vec<usize> = order
-                    .iter()
-                    .copied()
-                    .filter(|ni| !designated.contains_key(ni) && !picked.contains(ni))
-                    .take(need - picked.len())
-                    .collect();
-                picked.extend(more);
-            }
+            short.push((role, need - picked.len()));
             for ni in picked {
+                designated.insert(ni, role.clone());
+            }
+        }
+        let mut spare: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|ni| !designated.contains_key(ni))
+            .collect();
+        spare.sort_by_key(|&ni| role_now(ni).is_some());
+        let mut spare = spare.into_iter();
+        for (role, missing) in short {
+            for ni in spare.by_ref().take(missing) {
                 designated.insert(ni, role.clone());
             }
         }

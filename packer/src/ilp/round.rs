@@ -118,12 +118,9 @@ pub(super) fn round(
                 .filter(|(_, p)| p.kind == PatternKind::Fractional)
                 .map(|(p, _)| counts.patterns[c][p])
                 .sum();
-            let configured: u32 = class
-                .patterns
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.kind.node_config())
-                .map(|(p, _)| counts.patterns[c][p].div_ceil(g))
+            let configured: u32 = config_gpus(class, c, &counts, Extra::default())
+                .values()
+                .map(|n| n.div_ceil(g))
                 .sum::<u32>()
                 + fractional.div_ceil(g);
             let whole = counts
