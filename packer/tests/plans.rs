@@ -1374,7 +1374,11 @@ spec:
             - {model: y, slot: 2}
             - {model: y, slot: 3}
             - {model: y, slot: 4}
----
+";
+
+/// A 2 GiB policy that takes a share of a time-sliced MIG slice or a
+/// fractional GPU.
+const Y_POLICY: &str = "---
 apiVersion: gpuscale.io/v1alpha1
 kind: ModelPolicy
 metadata: {name: y}
@@ -1389,7 +1393,7 @@ spec:
 /// it).
 #[test]
 fn a_running_time_sliced_gpu_is_kept() {
-    let b = bundle_of(SLICED_NODE);
+    let b = bundle_of(&format!("{SLICED_NODE}{Y_POLICY}"));
     let cluster = b.cluster.clone().unwrap();
     let demand = common::demand(&[("y", 7)]);
     let options = PackOptions::default();
@@ -1420,15 +1424,8 @@ metadata: {name: x}
 spec:
   resources: {memoryGiB: 30, compute: 0.1, maxConcurrency: 8}
   placement: {sharing: [mig]}
----
-apiVersion: gpuscale.io/v1alpha1
-kind: ModelPolicy
-metadata: {name: y}
-spec:
-  resources: {memoryGiB: 2, compute: 0.02, maxConcurrency: 8}
-  placement: {sharing: [mig-timeslice, fractional]}
 ";
-    let b = bundle_of(text);
+    let b = bundle_of(&format!("{text}{Y_POLICY}"));
     let cluster = b.cluster.clone().unwrap();
     let demand = common::demand(&[("x", 1), ("y", 44)]);
     let options = PackOptions::default();
@@ -1442,7 +1439,7 @@ spec:
 /// handed out took it while a free node was there).
 #[test]
 fn a_config_role_never_takes_a_node_another_role_runs_on_while_one_is_free() {
-    let text = SLICED_NODE.to_string()
+    let text = format!("{SLICED_NODE}{Y_POLICY}")
         + "---
 apiVersion: gpuscale.io/v1alpha1
 kind: ModelPolicy
