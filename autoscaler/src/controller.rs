@@ -22,14 +22,12 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use std::fmt::Write as _;
-
 use gpuscale_policies::model::ScalingMemory;
 
 use crate::backend::{Backend, Change, Observed};
 use crate::config::Settings;
 use crate::observe::{Event, GatewayClient, observations};
-use crate::recommend::{Mode, State, recommend};
+use crate::recommend::{Mode, State};
 
 /// Decisions on stream events are at most this frequent (ticks always
 /// decide).
@@ -473,38 +471,17 @@ impl Controller {
     ) {
         let now = unix_now();
         self.last_decision = Some(Instant::now());
-        let mut desired: BTreeMap<String, u32> = BTreeMap::new();
-        let mut recs = BTreeMap::new();
         let cap = self.backend.cap();
-        for m in &self.settings.models {
-            let o = obs.as_ref().and_then(|o| o.get(&m.served_name));
-            let state = self.states.entry(m.name.clone()).or_default();
-            // A backend limit below the policy's maxReplicas is the
-            // recommender's maxReplicas: the count it decides (and works
-            // from next time, and records in its scale events) is the one
-            // that runs.
-            let rec = match cap {
-                Some(cap) if cap < m.scaling.max_replicas => {
-                    // Below minReplicas too: the cap is what can run.
-                    let mut bounded = m.clone();
-                    bounded.scaling.max_replicas = cap;
-                    bounded.scaling.min_replicas = bounded.scaling.min_replicas.min(cap);
-                    // What it would be without the cap (on a copy of the
-                    // memory), to say when the cap is what decided.
-                    let unbounded =
-                        recommend(o, m, &self.settings.spec.tuning, &mut state.clone(), now);
-                    let mut rec = recommend(o, &bounded, &self.settings.spec.tuning, state, now);
-                    if unbounded.replicas > cap {
-                        let _ =
-                            write!(rec.reason, "; capped at {cap} by local.maxReplicasPerModel");
-                    }
-                    rec
-                }
-                _ => recommend(o, m, &self.settings.spec.tuning, state, now),
-            };
-            desired.insert(m.name.clone(), rec.replicas);
-            recs.insert(m.name.clone(), rec);
-        }
+        let mut recs = crate::decide::recommend_all(
+            &self.settings.models,
+            obs.as_ref(),
+            &self.settings.spec.tuning,
+            &mut self.states,
+            cap,
+            now,
+        );
+        let mut desired: BTreeMap<String, u32> =
+            recs.iter().map(|(k, r)| (k.clone(), r.replicas)).collect();
         let before = self.backend.desired();
         let changed = self
             .settings
@@ -631,24 +608,7 @@ impl Controller {
         };
         match solved {
             Ok(plan) => {
-                for mp in &plan.models {
-                    if mp.placed < mp.wanted {
-                        let why = plan
-                            .unplaced
-                            .iter()
-                            .find(|u| u.model == mp.name)
-                            .map(|u| u.reason.clone())
-                            .unwrap_or_default();
-                        desired.insert(mp.name.clone(), mp.placed);
-                        if let Some(r) = recs.get_mut(&mp.name) {
-                            r.replicas = mp.placed;
-                            r.reason = format!("{}; only {} placed: {why}", r.reason, mp.placed);
-                        }
-                        if let Some(s) = self.states.get_mut(&mp.name) {
-                            s.current = mp.placed;
-                        }
-                    }
-                }
+                crate::decide::take_placement(&plan, desired, recs, &mut self.states);
                 tracing::info!(
                     gpus = plan.gpus_used,
                     moves = plan.moves,

@@ -7,6 +7,9 @@
 //! - the decision, [`recommend()`] in [`mod@recommend`], a pure function with its state passed in
 //!   (property-tested against a transcription of HPA's algorithm,
 //!   scenario-tested in simulated time);
+//! - one round over every model, [`decide`]: the recommendations and the
+//!   packer's answer taken back, pure, shared by the controller and the
+//!   trace-driven simulator;
 //! - signals, [`observe`]: the gateway's `/v1/queues` and push stream, or
 //!   a Prometheus query;
 //! - the thin async shell, [`controller`] (ticks and pushed events →
@@ -26,6 +29,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod decide;
 pub mod keda;
 pub mod kubernetes;
 pub mod local;

@@ -4,13 +4,12 @@
 //! vLLM-style `/metrics` (`vllm:num_requests_waiting`,
 //! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`).
 //!
-//! Latency model ([`SimProfile`]): prefill at `prefill_tps` prompt tokens
-//! per second, then one output token every `1 / decode_tps` seconds, both
-//! scaled by `speed` (the GPU share it runs on: 3/7 for a 3g MIG slice);
-//! at most `max_concurrency` requests run at once (the rest wait inside,
-//! as in vLLM), and each token slows by `batch_slowdown` per other running
-//! request — throughput grows with the batch but per-request speed falls.
-//! Prompt tokens are estimated as characters ÷ 4.
+//! Latency model: [`SimProfile`], which is
+//! [`gpuscale_policies::serving::ServiceProfile`] — the one the trace-driven
+//! simulator (`gpuscale simulate`) uses too, so a simulated replica and a
+//! simulated server run at the same speed. At most `max_concurrency`
+//! requests run at once (the rest wait inside, as in vLLM). Prompt tokens
+//! are estimated as characters ÷ 4.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,80 +30,9 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::proxy::{Body, ChannelBody, error_response, full};
 
-/// How a simulated server behaves.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimProfile {
-    /// The model name it serves (any name is accepted; this one is listed).
-    pub model: String,
-    /// Prompt tokens per second (0: instant).
-    pub prefill_tps: f64,
-    /// Output tokens per second for one request alone (0: instant).
-    pub decode_tps: f64,
-    /// Requests running at once; more wait inside.
-    pub max_concurrency: u32,
-    /// Per-token slowdown per other running request (0.02 = 2 %).
-    pub batch_slowdown: f64,
-    /// Share of a GPU (1 = whole; 3/7 for a 3g MIG slice).
-    pub speed: f64,
-    /// Output tokens when the request does not say (`max_tokens`).
-    pub default_max_tokens: u32,
-}
-
-impl SimProfile {
-    /// A named profile: `instant` (no delays: a fast upstream for proxy
-    /// benchmarks), `small` (an 8B model on a whole H100: 8,000 prompt
-    /// tokens/s, 60 tokens/s decode, 32 at once) or `tiny` (a fast model
-    /// for tests: 200 tokens/s decode, 4 at once).
-    pub fn named(name: &str, model: &str) -> Option<SimProfile> {
-        let base = SimProfile {
-            model: model.to_string(),
-            prefill_tps: 0.0,
-            decode_tps: 0.0,
-            max_concurrency: 1024,
-            batch_slowdown: 0.0,
-            speed: 1.0,
-            default_max_tokens: 16,
-        };
-        match name {
-            "instant" => Some(base),
-            "small" => Some(SimProfile {
-                prefill_tps: 8000.0,
-                decode_tps: 60.0,
-                max_concurrency: 32,
-                batch_slowdown: 0.02,
-                ..base
-            }),
-            "tiny" => Some(SimProfile {
-                prefill_tps: 20000.0,
-                decode_tps: 200.0,
-                max_concurrency: 4,
-                batch_slowdown: 0.05,
-                ..base
-            }),
-            _ => None,
-        }
-    }
-
-    /// Profile names [`SimProfile::named`] knows.
-    pub const NAMES: [&'static str; 3] = ["instant", "small", "tiny"];
-
-    /// Prefill time for a prompt.
-    pub fn prefill(&self, prompt_tokens: u32) -> Duration {
-        if self.prefill_tps <= 0.0 {
-            return Duration::ZERO;
-        }
-        Duration::from_secs_f64(f64::from(prompt_tokens) / (self.prefill_tps * self.speed))
-    }
-
-    /// Time per output token with `running` requests in the batch.
-    pub fn per_token(&self, running: u32) -> Duration {
-        if self.decode_tps <= 0.0 {
-            return Duration::ZERO;
-        }
-        let slow = 1.0 + self.batch_slowdown * f64::from(running.saturating_sub(1));
-        Duration::from_secs_f64(slow / (self.decode_tps * self.speed))
-    }
-}
+/// The latency model of a simulated server (one place for it: the
+/// simulator uses the same).
+pub use gpuscale_policies::serving::ServiceProfile as SimProfile;
 
 /// Waits `d`; no wait at all for zero. (A zero `tokio::time::sleep`
 /// still waits for the timer's next 1 ms tick: the `instant` profile

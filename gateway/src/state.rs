@@ -497,45 +497,9 @@ impl Shared {
             .iter()
             .map(|(name, m)| {
                 let inner = lock(&m.inner);
-                let [critical, standard, sheddable] = inner.pool.waiting_by_class();
-                let census = inner.pool.census(now);
-                let view = QueueView {
-                    waiting: inner.pool.waiting(),
-                    waiting_by_priority: WaitingByPriority {
-                        critical,
-                        standard,
-                        sheddable,
-                    },
-                    in_flight: census.ready.in_flight,
-                    replicas: census.ready.replicas,
-                    capacity: census.ready.capacity,
-                    ejected_replicas: census.ejected.replicas,
-                    ejected: census.ejected,
-                    draining: census.draining,
-                    server_waiting: inner.pool.replicas().iter().map(|r| r.server_waiting).sum(),
-                    ..QueueView::default()
-                };
+                let view = QueueView::of_pool(&inner.pool, now);
                 drop(inner);
-                let mut s = lock(&m.stats);
-                let ms = |x: Option<f64>| x.map(|v| (v * 1e4).round() / 10.0);
-                let view = QueueView {
-                    arrival_rate: ArrivalRate {
-                        s1: s.arrivals.per_second(now, 1),
-                        s10: s.arrivals.per_second(now, 10),
-                        s60: s.arrivals.per_second(now, 60),
-                    },
-                    queue_wait_p50_ms: ms(s.queue_wait.quantile(now, 0.5)),
-                    queue_wait_p95_ms: ms(s.queue_wait.quantile(now, 0.95)),
-                    latency_p50_ms: ms(s.latency.quantile(now, 0.5)),
-                    latency_p50_10s_ms: ms(s.latency.quantile_within(
-                        now,
-                        0.5,
-                        Duration::from_secs(10),
-                    )),
-                    latency_p95_ms: ms(s.latency.quantile(now, 0.95)),
-                    ttft_p95_ms: ms(s.ttft.quantile(now, 0.95)),
-                    ..view
-                };
+                let view = lock(&m.stats).add_to(view, now);
                 (name.clone(), view)
             })
             .collect();
@@ -661,6 +625,54 @@ pub struct QueueView {
     pub latency_p95_ms: Option<f64>,
     /// Time to first token p95, ms (streams).
     pub ttft_p95_ms: Option<f64>,
+}
+
+impl QueueView {
+    /// The queue and replica half of a model's view, from its pool (pure:
+    /// the gateway and the simulator build their views alike).
+    pub fn of_pool<W>(pool: &crate::admission::Pool<W>, now: Instant) -> QueueView {
+        let [critical, standard, sheddable] = pool.waiting_by_class();
+        let census = pool.census(now);
+        QueueView {
+            waiting: pool.waiting(),
+            waiting_by_priority: WaitingByPriority {
+                critical,
+                standard,
+                sheddable,
+            },
+            in_flight: census.ready.in_flight,
+            replicas: census.ready.replicas,
+            capacity: census.ready.capacity,
+            ejected_replicas: census.ejected.replicas,
+            ejected: census.ejected,
+            draining: census.draining,
+            server_waiting: pool.replicas().iter().map(|r| r.server_waiting).sum(),
+            ..QueueView::default()
+        }
+    }
+}
+
+impl crate::stats::ModelStats {
+    /// `view` with this model's rates and quantiles added (ms, to 0.1).
+    pub fn add_to(&mut self, view: QueueView, now: Instant) -> QueueView {
+        let ms = |x: Option<f64>| x.map(|v| (v * 1e4).round() / 10.0);
+        QueueView {
+            arrival_rate: ArrivalRate {
+                s1: self.arrivals.per_second(now, 1),
+                s10: self.arrivals.per_second(now, 10),
+                s60: self.arrivals.per_second(now, 60),
+            },
+            queue_wait_p50_ms: ms(self.queue_wait.quantile(now, 0.5)),
+            queue_wait_p95_ms: ms(self.queue_wait.quantile(now, 0.95)),
+            latency_p50_ms: ms(self.latency.quantile(now, 0.5)),
+            latency_p50_10s_ms: ms(self
+                .latency
+                .quantile_within(now, 0.5, Duration::from_secs(10))),
+            latency_p95_ms: ms(self.latency.quantile(now, 0.95)),
+            ttft_p95_ms: ms(self.ttft.quantile(now, 0.95)),
+            ..view
+        }
+    }
 }
 
 /// Waiting requests per priority class.

@@ -8,6 +8,8 @@
 //!   placement rules;
 //! - [`model`]: the model SLO policy model owners write (also the
 //!   `ModelPolicy` custom resource, `gpuscale.io/v1alpha1`);
+//! - [`serving`]: the latency model of a replica (prefill, decode, batch
+//!   slowdown, the GPU share's speed);
 //! - [`training`]: training job specs for gang placement;
 //! - [`inventory`]: the cluster inventory (nodes, topology labels, GPUs and
 //!   their current state);
@@ -25,6 +27,7 @@ pub mod inventory;
 pub mod load;
 pub mod mig;
 pub mod model;
+pub mod serving;
 pub mod training;
 
 pub use catalog::{Catalog, GpuModel, MigProfile, MigSpec};

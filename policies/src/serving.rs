@@ -1,0 +1,108 @@
+//! The latency model of one model-server replica, in one place: the
+//! simulated server (`gpuscale sim-server`) and the trace-driven simulator
+//! (`gpuscale simulate`) both serve requests by it.
+//!
+//! Prefill runs at `prefill_tps` prompt tokens per second, then one output
+//! token every `1 / decode_tps` seconds, both scaled by `speed` (the share
+//! of a GPU the replica runs on: 3/7 of an H100's compute for a 3g MIG
+//! slice, 1/N of a GPU time-sliced N ways). Each token slows by
+//! `batch_slowdown` per other request in the batch: throughput grows with
+//! the batch, per-request speed falls (as in vLLM's continuous batching).
+//! Pure: no clock, no I/O.
+
+use std::time::Duration;
+
+/// How fast one replica serves, on a whole GPU or a share of one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceProfile {
+    /// The model name it serves (any name is accepted; this one is listed).
+    pub model: String,
+    /// Prompt tokens per second (0: instant).
+    pub prefill_tps: f64,
+    /// Output tokens per second for one request alone (0: instant).
+    pub decode_tps: f64,
+    /// Requests running at once; more wait inside.
+    pub max_concurrency: u32,
+    /// Per-token slowdown per other running request (0.02 = 2 %).
+    pub batch_slowdown: f64,
+    /// Share of a GPU (1 = whole; 3/7 for a 3g MIG slice).
+    pub speed: f64,
+    /// Output tokens when the request does not say (`max_tokens`).
+    pub default_max_tokens: u32,
+}
+
+impl ServiceProfile {
+    /// A named profile: `instant` (no delays: a fast upstream for proxy
+    /// benchmarks), `small` (an 8B model on a whole H100: 8,000 prompt
+    /// tokens/s, 60 tokens/s decode, 32 at once) or `tiny` (a fast model
+    /// for tests: 200 tokens/s decode, 4 at once).
+    pub fn named(name: &str, model: &str) -> Option<ServiceProfile> {
+        let base = ServiceProfile {
+            model: model.to_string(),
+            prefill_tps: 0.0,
+            decode_tps: 0.0,
+            max_concurrency: 1024,
+            batch_slowdown: 0.0,
+            speed: 1.0,
+            default_max_tokens: 16,
+        };
+        match name {
+            "instant" => Some(base),
+            "small" => Some(ServiceProfile {
+                prefill_tps: 8000.0,
+                decode_tps: 60.0,
+                max_concurrency: 32,
+                batch_slowdown: 0.02,
+                ..base
+            }),
+            "tiny" => Some(ServiceProfile {
+                prefill_tps: 20000.0,
+                decode_tps: 200.0,
+                max_concurrency: 4,
+                batch_slowdown: 0.05,
+                ..base
+            }),
+            _ => None,
+        }
+    }
+
+    /// Profile names [`ServiceProfile::named`] knows.
+    pub const NAMES: [&'static str; 3] = ["instant", "small", "tiny"];
+
+    /// Prefill time for a prompt.
+    pub fn prefill(&self, prompt_tokens: u32) -> Duration {
+        if self.prefill_tps <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(f64::from(prompt_tokens) / (self.prefill_tps * self.speed))
+    }
+
+    /// Time per output token with `running` requests in the batch.
+    pub fn per_token(&self, running: u32) -> Duration {
+        if self.decode_tps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let slow = 1.0 + self.batch_slowdown * f64::from(running.saturating_sub(1));
+        Duration::from_secs_f64(slow / (self.decode_tps * self.speed))
+    }
+
+    /// Service time of one request: prefill of `prompt_tokens`, then
+    /// `output_tokens` at the per-token pace of a batch of `running`
+    /// (itself included), and the time to its first token (prefill plus
+    /// one token).
+    pub fn service(
+        &self,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        running: u32,
+    ) -> (Duration, Duration) {
+        let prefill = self.prefill(prompt_tokens);
+        let per = self.per_token(running);
+        let first = if output_tokens == 0 {
+            prefill
+        } else {
+            prefill + per
+        };
+        (prefill + per * output_tokens, first)
+    }
+}

@@ -1,0 +1,8 @@
+//! # gpuscale-sim
+//!
+//! The trace-driven simulator behind `gpuscale simulate`: arrivals from a
+//! production trace or generators ([`arrivals`], [`trace`]), served in
+//! simulated time by replicas that run at the speed of the GPU share they
+//! were placed on.
+pub mod arrivals;
+pub mod trace;
