@@ -46,6 +46,10 @@ enum Command {
     /// Run a simulated OpenAI-compatible model server (for trying the
     /// gateway, tests and benchmarks).
     SimServer(cmd::sim_server::Args),
+    /// Replay a scenario (a trace or generated load) through gpuscale, HPA,
+    /// KEDA, Knative and static provisioning in simulated time; write
+    /// report.json and report.md.
+    Simulate(cmd::simulate::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Command::Gateway(args) => cmd::gateway::run(&args),
         Command::SimServer(args) => cmd::sim_server::run(&args),
         Command::Autoscaler(args) => cmd::autoscaler::run(&args),
+        Command::Simulate(args) => cmd::simulate::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -6,6 +6,7 @@ pub mod crd;
 pub mod gateway;
 pub mod plan;
 pub mod sim_server;
+pub mod simulate;
 pub mod validate;
 
 /// Output formats shared by the commands that print data.

@@ -1,0 +1,755 @@
+//! The discrete-event loop: arrivals, the gateway's admission (the real
+//! [`Pool`]: least outstanding, a bounded queue per priority class,
+//! displacement, 429 when full, 503 after the queue timeout), replicas
+//! serving at their share's speed (the [`ServiceProfile`] shared with
+//! `gpuscale sim-server`), cold starts, and the autoscaler stepped every
+//! simulated second with the gateway's view (built by the gateway's own
+//! [`QueueView`] and statistics, read by the autoscaler's own
+//! [`observations`]). Deterministic: no clock, no thread, ties broken by
+//! event order.
+//!
+//! A request's service time is fixed when it starts, from the batch it
+//! joins (`running` then, itself included); a request that joins later
+//! does not slow one already running. GPU-hours, cost and utilisation are
+//! integrated exactly between events over `[0, duration]`; requests still
+//! queued or running at the end are served to completion (the autoscaler
+//! keeps running) so that every request is counted once.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use gpuscale_autoscaler::Observation;
+use gpuscale_autoscaler::observe::observations;
+use gpuscale_gateway::admission::{Enqueued, Pool, ReplicaId};
+use gpuscale_gateway::config::Endpoint;
+use gpuscale_gateway::state::QueueView;
+use gpuscale_gateway::stats::ModelStats;
+use gpuscale_policies::serving::ServiceProfile;
+use gpuscale_policies::{Model, Priority};
+
+use crate::arrivals::Arrival;
+use crate::control::Autoscaler;
+use crate::histogram::Histogram;
+use crate::placement::{Placer, Slot};
+use crate::scenario::ColdStartSpec;
+
+/// What a run needs besides the autoscaler and the placer.
+pub struct Setup<'a> {
+    /// The model policies.
+    pub models: &'a [Model],
+    /// Per workload: its model's index.
+    pub workload_models: &'a [usize],
+    /// Per workload: the service profile at speed 1.
+    pub services: &'a [ServiceProfile],
+    /// Per workload: its requests' priority.
+    pub priorities: &'a [Priority],
+    /// Arrivals in time order.
+    pub arrivals: &'a [Arrival],
+    /// Seconds of arrivals and of accounting.
+    pub duration: f64,
+    /// Gateway queue bound per model.
+    pub max_queue: usize,
+    /// Longest wait in the queue.
+    pub queue_timeout: f64,
+    /// Cold starts.
+    pub cold_start: &'a ColdStartSpec,
+    /// Burst onsets per model index (seconds), for the reaction figures.
+    pub onsets: &'a [(usize, f64)],
+    /// Seconds between points of the time series.
+    pub series_step: f64,
+    /// Replicas per model already serving at the start (no cold start).
+    pub initial: &'a BTreeMap<String, u32>,
+}
+
+/// One point of a run's time series.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Point {
+    /// Seconds since the start.
+    pub t: f64,
+    /// Arrivals per second over the last step.
+    pub load: f64,
+    /// Replicas the autoscaler wants, all models.
+    pub replicas: u32,
+    /// Replicas serving.
+    pub ready: u32,
+    /// GPUs holding a replica.
+    pub gpus: u32,
+    /// Memory utilisation of those GPUs now.
+    pub utilization_memory: f64,
+    /// Compute utilisation of those GPUs now.
+    pub utilization_compute: f64,
+}
+
+/// Per-model figures of a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelOutcome {
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Served within every SLO target.
+    pub within_slo: u64,
+    /// Answered 429 or 503.
+    pub rejected: u64,
+    /// End-to-end latencies of served requests.
+    pub latency: Histogram,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Served.
+    pub completed: u64,
+    /// Refused at admission: queue full, or displaced (429).
+    pub rejected_full: u64,
+    /// Timed out in the queue (503).
+    pub timed_out: u64,
+    /// Served within every SLO target of their model.
+    pub within_slo: u64,
+    /// End-to-end latency (arrival to last token) of served requests.
+    pub latency: Histogram,
+    /// Arrival to first token.
+    pub ttft: Histogram,
+    /// Time in the gateway's queue.
+    pub queue_wait: Histogram,
+    /// GPU-hours over the duration.
+    pub gpu_hours: f64,
+    /// Cost over the duration.
+    pub cost: f64,
+    /// ∫ allocated memory ÷ ∫ usable memory of GPUs holding a replica.
+    pub utilization_memory: f64,
+    /// ∫ busy compute ÷ ∫ compute of GPUs holding a replica.
+    pub utilization_compute: f64,
+    /// Decisions that changed a model's count.
+    pub scale_events: u64,
+    /// Replicas started.
+    pub replica_starts: u64,
+    /// Per burst onset: seconds to the first scale-up decision.
+    pub reaction_decision: Vec<f64>,
+    /// Per burst onset: seconds until the replicas of that decision serve.
+    pub reaction_ready: Vec<f64>,
+    /// Per model policy name.
+    pub models: BTreeMap<String, ModelOutcome>,
+    /// The time series.
+    pub series: Vec<Point>,
+    /// Simulated seconds until the last request was answered.
+    pub end: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A request finishes on a replica.
+    Complete { rep: usize, req: u64 },
+    /// A replica's cold start ends.
+    Ready { rep: usize },
+    /// A queued request's wait runs out.
+    Timeout { model: usize, req: u64 },
+    /// The autoscaler's step.
+    Tick,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RepState {
+    Starting,
+    Ready,
+    Draining,
+    Gone,
+}
+
+struct Rep {
+    model: usize,
+    slot: Slot,
+    state: RepState,
+    running: u32,
+    id: Option<ReplicaId>,
+    endpoint: Endpoint,
+}
+
+struct Pending {
+    arrival: f64,
+    workload: usize,
+    prompt: u32,
+    output: u32,
+    /// When it left the queue, and the time to its first token from then.
+    started: f64,
+    first: f64,
+}
+
+struct ModelRt {
+    pool: Pool<u64>,
+    stats: ModelStats,
+    live: BTreeMap<String, usize>,
+    /// Pool replica id → index in the run's replicas.
+    by_id: HashMap<ReplicaId, usize>,
+}
+
+/// Time as ordered integer nanoseconds.
+fn ns(t: f64) -> u64 {
+    (t * 1e9).round().max(0.0) as u64
+}
+
+/// Running sums of what is integrated over time.
+#[derive(Default)]
+struct Gauges {
+    gpus: HashMap<(String, u32), u32>,
+    on: u32,
+    price: f64,
+    usable: f64,
+    compute: f64,
+    allocated: f64,
+    busy: f64,
+    // Integrals.
+    gpu_seconds: f64,
+    cost_seconds: f64,
+    usable_seconds: f64,
+    allocated_seconds: f64,
+    compute_seconds: f64,
+    busy_seconds: f64,
+    last: f64,
+}
+
+impl Gauges {
+    fn advance(&mut self, to: f64, until: f64) {
+        let to_c = to.min(until);
+        if to_c > self.last {
+            let dt = to_c - self.last;
+            self.gpu_seconds += f64::from(self.on) * dt;
+            self.cost_seconds += self.price * dt;
+            self.usable_seconds += self.usable * dt;
+            self.allocated_seconds += self.allocated * dt;
+            self.compute_seconds += self.compute * dt;
+            self.busy_seconds += self.busy * dt;
+        }
+        self.last = self.last.max(to_c);
+    }
+
+    fn occupy(&mut self, slot: &Slot, placer: &dyn Placer, sign: f64) {
+        for (node, i) in &slot.gpus {
+            let (usable, compute, price) = placer.gpu(node);
+            let c = self.gpus.entry((node.clone(), *i)).or_default();
+            if sign > 0.0 {
+                if *c == 0 {
+                    self.on += 1;
+                    self.price += price;
+                    self.usable += usable;
+                    self.compute += compute;
+                }
+                *c += 1;
+            } else {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.on -= 1;
+                    self.price -= price;
+                    self.usable -= usable;
+                    self.compute -= compute;
+                }
+            }
+            self.allocated += sign * slot.memory_per_gpu;
+        }
+    }
+}
+
+/// Runs one autoscaler with one placer over the arrivals.
+pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn Placer) -> Outcome {
+    let base = Instant::now();
+    let at = |t: f64| base + Duration::from_secs_f64(t.max(0.0));
+    let models = setup.models;
+    let mut rt: Vec<ModelRt> = models
+        .iter()
+        .map(|m| ModelRt {
+            pool: Pool::new(setup.max_queue, m.max_concurrency),
+            stats: ModelStats::new(base),
+            live: BTreeMap::new(),
+            by_id: HashMap::new(),
+        })
+        .collect();
+    let mut reps: Vec<Rep> = Vec::new();
+    let mut pending: HashMap<u64, Pending> = HashMap::new();
+    let mut heap: BinaryHeap<Reverse<(u64, u64, Event)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |heap: &mut BinaryHeap<Reverse<(u64, u64, Event)>>, t: f64, e: Event| {
+        seq += 1;
+        heap.push(Reverse((ns(t), seq, e)));
+    };
+    let mut out = Outcome::default();
+    for m in models {
+        out.models.insert(m.name.clone(), ModelOutcome::default());
+    }
+    let mut g = Gauges::default();
+    let mut current: BTreeMap<String, u32> = models.iter().map(|m| (m.name.clone(), 0)).collect();
+    let mut next_arrival = 0usize;
+    let mut next_id = 0u64;
+    // Reaction tracking: per onset, (decided at, count decided).
+    let mut reaction: Vec<Option<(f64, u32)>> = vec![None; setup.onsets.len()];
+    let mut reaction_ready: Vec<Option<f64>> = vec![None; setup.onsets.len()];
+    let mut series_next = 0.0;
+    let mut series_arrivals = 0u64;
+    if setup.initial.values().any(|&n| n > 0) {
+        let mut desired = setup.initial.clone();
+        let slots = placer.place(&desired);
+        autoscaler.placed(placer.plan(), &mut desired);
+        for (i, m) in models.iter().enumerate() {
+            let empty = Vec::new();
+            let want = slots.get(&m.name).unwrap_or(&empty);
+            apply(
+                i,
+                want,
+                0.0,
+                true,
+                setup,
+                &mut reps,
+                &mut rt,
+                &mut g,
+                placer,
+                &mut out,
+                &mut |t, e| push(&mut heap, t, e),
+            );
+        }
+        out.replica_starts = 0;
+        current = desired;
+    }
+    push(&mut heap, 0.0, Event::Tick);
+    let limit = setup.duration + setup.queue_timeout + 3600.0;
+
+    // Starts a request on a replica.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        setup: &Setup<'_>,
+        reps: &mut [Rep],
+        rt: &mut [ModelRt],
+        pending: &mut HashMap<u64, Pending>,
+        g: &mut Gauges,
+        out: &mut Outcome,
+        now: f64,
+        base: Instant,
+        m: usize,
+        req: u64,
+        id: ReplicaId,
+    ) -> Option<(f64, Event)> {
+        let p = pending.get_mut(&req)?;
+        let r = *rt[m].by_id.get(&id)?;
+        let rep = &mut reps[r];
+        rep.running += 1;
+        let mut profile = setup.services[p.workload].clone();
+        profile.speed = rep.slot.speed.max(1e-6);
+        let (service, first) = profile.service(p.prompt, p.output, rep.running);
+        p.started = now;
+        p.first = first.as_secs_f64();
+        let wait = now - p.arrival;
+        let stamp = base + Duration::from_secs_f64(now);
+        rt[m].stats.queue_wait.record(stamp, wait);
+        out.queue_wait.record(wait);
+        g.busy += rep.slot.speed / f64::from(setup.models[m].max_concurrency.max(1));
+        Some((now + service.as_secs_f64(), Event::Complete { rep: r, req }))
+    }
+
+    loop {
+        let next_event = heap.peek().map(|Reverse((t, _, _))| *t);
+        let arrival = setup.arrivals.get(next_arrival);
+        let take_arrival = match (arrival, next_event) {
+            (Some(a), Some(t)) => ns(a.at) <= t,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if take_arrival {
+            let a = *arrival.expect("checked");
+            next_arrival += 1;
+            let now = a.at;
+            g.advance(now, setup.duration);
+            let w = a.workload as usize;
+            let m = setup.workload_models[w];
+            let id = next_id;
+            next_id += 1;
+            out.requests += 1;
+            series_arrivals += 1;
+            if let Some(mo) = out.models.get_mut(&models[m].name) {
+                mo.requests += 1;
+            }
+            rt[m].stats.arrivals.record(at(now));
+            pending.insert(
+                id,
+                Pending {
+                    arrival: now,
+                    workload: w,
+                    prompt: a.prompt,
+                    output: a.output,
+                    started: now,
+                    first: 0.0,
+                },
+            );
+            match rt[m].pool.acquire(at(now)) {
+                Some((rid, _)) => {
+                    if let Some((t, e)) = start(
+                        setup,
+                        &mut reps,
+                        &mut rt,
+                        &mut pending,
+                        &mut g,
+                        &mut out,
+                        now,
+                        base,
+                        m,
+                        id,
+                        rid,
+                    ) {
+                        push(&mut heap, t, e);
+                    }
+                }
+                None => match rt[m].pool.enqueue(id, setup.priorities[w], id) {
+                    Enqueued::Waiting => push(
+                        &mut heap,
+                        now + setup.queue_timeout,
+                        Event::Timeout { model: m, req: id },
+                    ),
+                    Enqueued::Rejected(r) => {
+                        reject(&mut pending, &mut out, models, m, r, false);
+                    }
+                    Enqueued::Displaced(r) => {
+                        push(
+                            &mut heap,
+                            now + setup.queue_timeout,
+                            Event::Timeout { model: m, req: id },
+                        );
+                        reject(&mut pending, &mut out, models, m, r, false);
+                    }
+                },
+            }
+            continue;
+        }
+        let Some(Reverse((t, _, event))) = heap.pop() else {
+            break;
+        };
+        let now = t as f64 / 1e9;
+        g.advance(now, setup.duration);
+        match event {
+            Event::Complete { rep, req } => {
+                let Some(p) = pending.remove(&req) else {
+                    continue;
+                };
+                let r = &mut reps[rep];
+                let m = r.model;
+                r.running -= 1;
+                g.busy -= r.slot.speed / f64::from(models[m].max_concurrency.max(1));
+                let latency = now - p.arrival;
+                let model = &models[m];
+                let ttft = p.started + p.first - p.arrival;
+                let stamp = at(now);
+                rt[m].stats.latency.record(stamp, now - p.started);
+                rt[m].stats.ttft.record(stamp, p.first);
+                out.completed += 1;
+                out.latency.record(latency);
+                out.ttft.record(ttft);
+                let wait = p.started - p.arrival;
+                let ok = model
+                    .slo
+                    .latency_p95
+                    .is_none_or(|d| latency <= d.as_secs_f64() + 1e-9)
+                    && model
+                        .slo
+                        .ttft_p95
+                        .is_none_or(|d| ttft <= d.as_secs_f64() + 1e-9)
+                    && model
+                        .slo
+                        .queue_wait_p95
+                        .is_none_or(|d| wait <= d.as_secs_f64() + 1e-9);
+                if let Some(mo) = out.models.get_mut(&model.name) {
+                    mo.latency.record(latency);
+                    if ok {
+                        mo.within_slo += 1;
+                    }
+                }
+                if ok {
+                    out.within_slo += 1;
+                }
+                let id = r.id;
+                let draining_idle = r.state == RepState::Draining && r.running == 0;
+                if let Some(id) = id {
+                    rt[m].pool.release(id);
+                    if draining_idle {
+                        rt[m].by_id.remove(&id);
+                    }
+                }
+                if draining_idle {
+                    reps[rep].state = RepState::Gone;
+                    let slot = reps[rep].slot.clone();
+                    g.occupy(&slot, placer, -1.0);
+                }
+                for (req, rid, _) in rt[m].pool.dispatch(at(now)) {
+                    if let Some((t, e)) = start(
+                        setup,
+                        &mut reps,
+                        &mut rt,
+                        &mut pending,
+                        &mut g,
+                        &mut out,
+                        now,
+                        base,
+                        m,
+                        req,
+                        rid,
+                    ) {
+                        push(&mut heap, t, e);
+                    }
+                }
+            }
+            Event::Ready { rep } => {
+                if reps[rep].state != RepState::Starting {
+                    continue;
+                }
+                let m = reps[rep].model;
+                reps[rep].state = RepState::Ready;
+                let id = rt[m]
+                    .pool
+                    .add_replica(reps[rep].endpoint.clone(), Some(models[m].max_concurrency));
+                reps[rep].id = Some(id);
+                rt[m].by_id.insert(id, rep);
+                for (req, rid, _) in rt[m].pool.dispatch(at(now)) {
+                    if let Some((t, e)) = start(
+                        setup,
+                        &mut reps,
+                        &mut rt,
+                        &mut pending,
+                        &mut g,
+                        &mut out,
+                        now,
+                        base,
+                        m,
+                        req,
+                        rid,
+                    ) {
+                        push(&mut heap, t, e);
+                    }
+                }
+                // Capacity-ready reaction: the decided count serves.
+                for (k, &(om, _)) in setup.onsets.iter().enumerate() {
+                    if om == m
+                        && reaction_ready[k].is_none()
+                        && let Some((_, want)) = reaction[k]
+                    {
+                        let serving = ready_count(&reps, m);
+                        if serving >= want {
+                            reaction_ready[k] = Some(now - setup.onsets[k].1);
+                        }
+                    }
+                }
+            }
+            Event::Timeout { model, req } => {
+                if rt[model].pool.remove_waiter(req).is_some() {
+                    reject(&mut pending, &mut out, models, model, req, true);
+                }
+            }
+            Event::Tick => {
+                let stamp = at(now);
+                let mut view = serde_json::Map::new();
+                for (i, m) in models.iter().enumerate() {
+                    let q = QueueView::of_pool(&rt[i].pool, stamp);
+                    let q = rt[i].stats.add_to(q, stamp);
+                    view.insert(
+                        m.served_name.clone(),
+                        serde_json::to_value(q).unwrap_or_default(),
+                    );
+                }
+                let obs: BTreeMap<String, Observation> =
+                    observations(&serde_json::json!({ "models": view }));
+                let ready: BTreeMap<String, u32> = models
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| (m.name.clone(), ready_count(&reps, i)))
+                    .collect();
+                let since = Duration::from_secs_f64(now);
+                if let Some(mut desired) = autoscaler.step(since, &obs, &current, &ready) {
+                    for m in models {
+                        desired.entry(m.name.clone()).or_insert(0);
+                    }
+                    if desired != current {
+                        let slots = placer.place(&desired);
+                        autoscaler.placed(placer.plan(), &mut desired);
+                        for (i, m) in models.iter().enumerate() {
+                            let before = current.get(&m.name).copied().unwrap_or(0);
+                            let after = desired.get(&m.name).copied().unwrap_or(0);
+                            if after != before {
+                                out.scale_events += 1;
+                            }
+                            for (k, &(om, onset)) in setup.onsets.iter().enumerate() {
+                                if om == i
+                                    && now >= onset
+                                    && reaction[k].is_none()
+                                    && after > before
+                                {
+                                    reaction[k] = Some((now - onset, after));
+                                }
+                            }
+                            let empty = Vec::new();
+                            let want = slots.get(&m.name).unwrap_or(&empty);
+                            apply(
+                                i,
+                                want,
+                                now,
+                                false,
+                                setup,
+                                &mut reps,
+                                &mut rt,
+                                &mut g,
+                                placer,
+                                &mut out,
+                                &mut |t, e| push(&mut heap, t, e),
+                            );
+                        }
+                        current = desired;
+                    }
+                }
+                if now + 1e-9 >= series_next && now <= setup.duration {
+                    let step = setup.series_step;
+                    out.series.push(Point {
+                        t: now,
+                        load: series_arrivals as f64 / step,
+                        replicas: current.values().sum(),
+                        ready: ready.values().sum(),
+                        gpus: g.on,
+                        utilization_memory: ratio(g.allocated, g.usable),
+                        utilization_compute: ratio(g.busy, g.compute),
+                    });
+                    series_arrivals = 0;
+                    series_next += step;
+                }
+                let more = now < setup.duration || !pending.is_empty();
+                if more && now < limit {
+                    push(&mut heap, now + 1.0, Event::Tick);
+                }
+            }
+        }
+        if heap.is_empty() && next_arrival >= setup.arrivals.len() {
+            break;
+        }
+    }
+    g.advance(setup.duration, setup.duration);
+    out.end = g.last.max(setup.duration);
+    out.gpu_hours = g.gpu_seconds / 3600.0;
+    out.cost = g.cost_seconds / 3600.0;
+    out.utilization_memory = ratio(g.allocated_seconds, g.usable_seconds);
+    out.utilization_compute = ratio(g.busy_seconds, g.compute_seconds);
+    out.reaction_decision = reaction.iter().flatten().map(|(d, _)| *d).collect();
+    out.reaction_ready = reaction_ready.iter().flatten().copied().collect();
+    // Anything still pending (the run hit its limit) is answered 503.
+    let left: Vec<u64> = pending.keys().copied().collect();
+    for req in left {
+        let m = setup.workload_models[pending[&req].workload];
+        reject(&mut pending, &mut out, models, m, req, true);
+    }
+    out
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+fn ready_count(reps: &[Rep], model: usize) -> u32 {
+    reps.iter()
+        .filter(|r| r.model == model && r.state == RepState::Ready)
+        .count() as u32
+}
+
+fn reject(
+    pending: &mut HashMap<u64, Pending>,
+    out: &mut Outcome,
+    models: &[Model],
+    m: usize,
+    req: u64,
+    timeout: bool,
+) {
+    if pending.remove(&req).is_none() {
+        return;
+    }
+    if timeout {
+        out.timed_out += 1;
+    } else {
+        out.rejected_full += 1;
+    }
+    if let Some(mo) = out.models.get_mut(&models[m].name) {
+        mo.rejected += 1;
+    }
+}
+
+/// Brings a model's replicas to `want`: kept slots keep running, gone
+/// slots drain (or stop, when still starting), new slots cold-start.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    m: usize,
+    want: &[Slot],
+    now: f64,
+    warm: bool,
+    setup: &Setup<'_>,
+    reps: &mut Vec<Rep>,
+    rt: &mut [ModelRt],
+    g: &mut Gauges,
+    placer: &dyn Placer,
+    out: &mut Outcome,
+    push: &mut dyn FnMut(f64, Event),
+) {
+    let keep: std::collections::BTreeSet<&str> = want.iter().map(|s| s.key.as_str()).collect();
+    let gone: Vec<(String, usize)> = rt[m]
+        .live
+        .iter()
+        .filter(|(k, _)| !keep.contains(k.as_str()))
+        .map(|(k, &r)| (k.clone(), r))
+        .collect();
+    for (key, r) in gone {
+        rt[m].live.remove(&key);
+        match reps[r].state {
+            RepState::Starting => {
+                reps[r].state = RepState::Gone;
+                let slot = reps[r].slot.clone();
+                g.occupy(&slot, placer, -1.0);
+            }
+            RepState::Ready => {
+                rt[m].pool.remove_replica(&reps[r].endpoint);
+                if reps[r].running == 0 {
+                    if let Some(id) = reps[r].id {
+                        rt[m].by_id.remove(&id);
+                    }
+                    reps[r].state = RepState::Gone;
+                    let slot = reps[r].slot.clone();
+                    g.occupy(&slot, placer, -1.0);
+                } else {
+                    reps[r].state = RepState::Draining;
+                }
+            }
+            RepState::Draining | RepState::Gone => {}
+        }
+    }
+    for s in want {
+        if rt[m].live.contains_key(&s.key) {
+            continue;
+        }
+        let r = reps.len();
+        let n = r as u32 + 1;
+        let endpoint = Endpoint::parse(&format!(
+            "http://10.{}.{}.{}:8000",
+            (n >> 16) & 255,
+            (n >> 8) & 255,
+            n & 255
+        ))
+        .expect("a well-formed address");
+        reps.push(Rep {
+            model: m,
+            slot: s.clone(),
+            state: RepState::Starting,
+            running: 0,
+            id: None,
+            endpoint,
+        });
+        g.occupy(s, placer, 1.0);
+        rt[m].live.insert(s.key.clone(), r);
+        out.replica_starts += 1;
+        let cold = if warm {
+            0.0
+        } else {
+            setup
+                .cold_start
+                .of(setup.models[m].memory_gib)
+                .as_secs_f64()
+        };
+        push(now + cold, Event::Ready { rep: r });
+    }
+}

@@ -1,0 +1,336 @@
+//! Where the simulated replicas run: the packer's plan (`pack_from`, as
+//! the controller calls it, re-planned from the last plan) or one replica
+//! per whole GPU (first fit, what most clusters run today). Either way a
+//! replica exists only on GPUs of the cluster, and runs at the speed of
+//! its share: the compute it gets, in H100-80GB units, summed over its
+//! GPUs (a 3g MIG slice of an H100 3/7; a GPU time-sliced or split by MPS
+//! `N` ways `1/N` of it, the worst case when every share is busy; a HAMi
+//! share its `gpucores` percentage).
+
+use std::collections::BTreeMap;
+
+use gpuscale_packer::classes::fractional_need;
+use gpuscale_packer::plan::{Mode, Plan};
+use gpuscale_packer::{PackOptions, pack_from};
+use gpuscale_policies::inventory::Health;
+use gpuscale_policies::{Cluster, Model};
+
+/// One replica's place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slot {
+    /// Identity across re-plans: the same key is the same running replica
+    /// (a replica whose key changes is a new one, with a cold start).
+    pub key: String,
+    /// Its GPUs as (node, index).
+    pub gpus: Vec<(String, u32)>,
+    /// Compute it runs with, H100-80GB units.
+    pub speed: f64,
+    /// GPU memory it takes on each of its GPUs, GiB.
+    pub memory_per_gpu: f64,
+}
+
+/// Replicas wanted → slots per model.
+pub trait Placer {
+    /// Places `desired` (replicas per model policy). A model may get fewer
+    /// slots than it asked for when the cluster is full.
+    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>>;
+    /// The packer's last plan, when there is one.
+    fn plan(&self) -> Option<&Plan> {
+        None
+    }
+    /// Usable memory (GiB), compute (H100 units) and price per hour of a
+    /// GPU of the cluster.
+    fn gpu(&self, node: &str) -> (f64, f64, f64);
+}
+
+fn gpu_figures(cluster: &Cluster) -> BTreeMap<String, (f64, f64, f64)> {
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let g = cluster.catalog.get(&n.gpu_model)?;
+            Some((n.name.clone(), (g.usable_gib, g.compute, g.price_per_hour)))
+        })
+        .collect()
+}
+
+/// Keys made unique: the `k`-th identical key gets `#k`.
+fn keyed(raw: Vec<(String, String, Vec<(String, u32)>, f64, f64)>) -> BTreeMap<String, Vec<Slot>> {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    let mut out: BTreeMap<String, Vec<Slot>> = BTreeMap::new();
+    for (model, key, gpus, speed, memory_per_gpu) in raw {
+        let n = seen.entry(key.clone()).or_default();
+        let key = format!("{key}#{n}");
+        *n += 1;
+        out.entry(model).or_default().push(Slot {
+            key,
+            gpus,
+            speed,
+            memory_per_gpu,
+        });
+    }
+    out
+}
+
+/// The packer, re-planning from its last plan.
+pub struct PackerPlacer {
+    cluster: Cluster,
+    models: Vec<Model>,
+    options: PackOptions,
+    plan: Option<Plan>,
+    figures: BTreeMap<String, (f64, f64, f64)>,
+    last: BTreeMap<String, Vec<Slot>>,
+    /// Solves that failed (the previous placement stays).
+    pub failures: u32,
+    /// Milliseconds spent packing.
+    pub solve_ms: f64,
+}
+
+impl PackerPlacer {
+    /// A packer over `cluster` as it is now.
+    pub fn new(cluster: Cluster, models: Vec<Model>, options: PackOptions) -> Self {
+        let figures = gpu_figures(&cluster);
+        PackerPlacer {
+            cluster,
+            models,
+            options,
+            plan: None,
+            figures,
+            last: BTreeMap::new(),
+            failures: 0,
+            solve_ms: 0.0,
+        }
+    }
+
+    fn slots(&self, plan: &Plan) -> BTreeMap<String, Vec<Slot>> {
+        // (model, replica) → its GPUs and what it has on each.
+        let mut parts: BTreeMap<(&str, u32), Vec<(String, u32, String, f64, f64)>> =
+            BTreeMap::new();
+        let shared: BTreeMap<&str, u8> = plan
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.name.as_str(), n.mig_timeslice.as_ref()?.replicas)))
+            .collect();
+        for g in &plan.gpus {
+            let Some(gm) = self.cluster.catalog.get(&g.gpu_model) else {
+                continue;
+            };
+            for r in &g.replicas {
+                let Some(model) = self.models.iter().find(|m| m.name == r.model) else {
+                    continue;
+                };
+                let k = r.group_size.unwrap_or(1).max(1);
+                let (what, speed) = match g.mode {
+                    Mode::Mig => {
+                        let profile = r.profile.clone().unwrap_or_default();
+                        let slices = gm
+                            .mig
+                            .as_ref()
+                            .and_then(|m| {
+                                Some((m.profile(&profile)?.compute_slices, m.compute_slices))
+                            })
+                            .map_or(1.0, |(p, all)| f64::from(p) / f64::from(all));
+                        // A time-sliced instance: as many replicas as the
+                        // node's config says share it.
+                        let on_instance = g
+                            .replicas
+                            .iter()
+                            .filter(|o| o.profile == r.profile && o.start == r.start)
+                            .count();
+                        let n = if on_instance > 1 {
+                            f64::from(shared.get(g.node.as_str()).copied().unwrap_or(1).max(1))
+                        } else {
+                            1.0
+                        };
+                        (
+                            format!("mig-{profile}@{}", r.start.unwrap_or(0)),
+                            gm.compute * slices / n,
+                        )
+                    }
+                    Mode::Timeslice => {
+                        let n = g.timeslice_replicas.unwrap_or(1).max(1);
+                        (format!("timeslice-{n}"), gm.compute / f64::from(n))
+                    }
+                    Mode::Mps => {
+                        let n = g.mps_replicas.unwrap_or(1).max(1);
+                        (format!("mps-{n}"), gm.compute / f64::from(n))
+                    }
+                    Mode::Fractional => {
+                        let (_, pct) = fractional_need(model, gm.compute, k);
+                        (format!("hami-{pct}"), gm.compute * f64::from(pct) / 100.0)
+                    }
+                    Mode::Whole | Mode::Idle => ("whole".to_string(), gm.compute),
+                };
+                parts
+                    .entry((r.model.as_str(), r.replica))
+                    .or_default()
+                    .push((
+                        g.node.clone(),
+                        g.index,
+                        what,
+                        speed,
+                        model.memory_gib / f64::from(k),
+                    ));
+            }
+        }
+        let raw = parts
+            .into_iter()
+            .map(|((model, _), mut on)| {
+                on.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+                let key = format!(
+                    "{model}@{}",
+                    on.iter()
+                        .map(|(n, i, w, _, _)| format!("{n}/{i}/{w}"))
+                        .collect::<Vec<_>>()
+                        .join("+")
+                );
+                let gpus = on.iter().map(|(n, i, ..)| (n.clone(), *i)).collect();
+                let speed = on.iter().map(|p| p.3).sum();
+                let mem = on.first().map_or(0.0, |p| p.4);
+                (model.to_string(), key, gpus, speed, mem)
+            })
+            .collect();
+        keyed(raw)
+    }
+}
+
+impl Placer for PackerPlacer {
+    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>> {
+        let current = match &self.plan {
+            Some(p) => p.apply_to(&self.cluster),
+            None => self.cluster.clone(),
+        };
+        let basis = self.plan.as_ref().and_then(|p| p.basis.as_ref());
+        match pack_from(&current, &self.models, desired, &self.options, basis) {
+            Ok(plan) => {
+                self.solve_ms += plan.solve_ms;
+                self.last = self.slots(&plan);
+                self.plan = Some(plan);
+            }
+            Err(_) => self.failures += 1,
+        }
+        self.last.clone()
+    }
+
+    fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    fn gpu(&self, node: &str) -> (f64, f64, f64) {
+        self.figures.get(node).copied().unwrap_or((1.0, 1.0, 0.0))
+    }
+}
+
+/// One replica per whole GPU (or per tensor-parallel group on one node):
+/// for each model the cheapest allowed GPU model and smallest degree that
+/// hold it, first fit over the nodes; the others when those are full.
+pub struct WholeGpuPlacer {
+    figures: BTreeMap<String, (f64, f64, f64)>,
+    /// Free healthy GPU indices per node, and the node's GPU model.
+    free: Vec<(String, String, Vec<u32>)>,
+    /// Per model, its options: (GPU model, degree), cheapest first.
+    shapes: BTreeMap<String, Vec<(String, u32, f64, f64, f64)>>,
+    held: BTreeMap<String, Vec<Slot>>,
+    serial: u64,
+}
+
+impl WholeGpuPlacer {
+    /// Over `cluster`, all of it free.
+    pub fn new(cluster: &Cluster, models: &[Model]) -> Self {
+        let free = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                let gpus = n
+                    .gpus
+                    .iter()
+                    .filter(|g| g.health == Health::Healthy)
+                    .map(|g| g.index)
+                    .collect();
+                (n.name.clone(), n.gpu_model.clone(), gpus)
+            })
+            .collect();
+        let mut shapes = BTreeMap::new();
+        for m in models {
+            let mut options: Vec<(String, u32, f64, f64, f64)> = Vec::new();
+            // Whole GPUs are what everyone has: used even where the
+            // policy lists only sharing modes, so every model can run.
+            for gm in &m.gpu_models {
+                let Some(g) = cluster.catalog.get(gm) else {
+                    continue;
+                };
+                let most = cluster.max_gpus_per_node(gm);
+                if let Some(&k) = m.tensor_parallel.iter().find(|&&k| {
+                    k <= most
+                        && f64::from(k) * g.usable_gib + 1e-9 >= m.memory_gib
+                        && f64::from(k) * g.compute + 1e-9 >= m.compute
+                }) {
+                    options.push((
+                        gm.clone(),
+                        k,
+                        f64::from(k) * g.price_per_hour,
+                        g.compute,
+                        m.memory_gib / f64::from(k),
+                    ));
+                }
+            }
+            options.sort_by(|a, b| a.2.total_cmp(&b.2).then(a.1.cmp(&b.1)));
+            shapes.insert(m.name.clone(), options);
+        }
+        WholeGpuPlacer {
+            figures: gpu_figures(cluster),
+            free,
+            shapes,
+            held: BTreeMap::new(),
+            serial: 0,
+        }
+    }
+}
+
+impl Placer for WholeGpuPlacer {
+    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>> {
+        // Releases first, so a model shrinking frees GPUs for one growing.
+        for (model, held) in &mut self.held {
+            let want = desired.get(model).copied().unwrap_or(0) as usize;
+            while held.len() > want {
+                let s = held.pop().expect("longer than want");
+                for (node, i) in s.gpus {
+                    if let Some(n) = self.free.iter_mut().find(|n| n.0 == node) {
+                        n.2.push(i);
+                        n.2.sort_unstable();
+                    }
+                }
+            }
+        }
+        for (model, &want) in desired {
+            let shapes = self.shapes.get(model).cloned().unwrap_or_default();
+            let held = self.held.entry(model.clone()).or_default();
+            'more: while held.len() < want as usize {
+                for (gm, k, _, compute, mem) in &shapes {
+                    if let Some(n) = self
+                        .free
+                        .iter_mut()
+                        .find(|n| &n.1 == gm && n.2.len() >= *k as usize)
+                    {
+                        let gpus: Vec<(String, u32)> =
+                            n.2.drain(..*k as usize).map(|i| (n.0.clone(), i)).collect();
+                        self.serial += 1;
+                        held.push(Slot {
+                            key: format!("{model}@whole#{}", self.serial),
+                            gpus,
+                            speed: compute * f64::from(*k),
+                            memory_per_gpu: *mem,
+                        });
+                        continue 'more;
+                    }
+                }
+                break;
+            }
+        }
+        self.held.clone()
+    }
+
+    fn gpu(&self, node: &str) -> (f64, f64, f64) {
+        self.figures.get(node).copied().unwrap_or((1.0, 1.0, 0.0))
+    }
+}

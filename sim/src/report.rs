@@ -1,0 +1,233 @@
+//! What a simulation reports: the figures of every run (autoscaler ×
+//! placement) in `report.json`, and `report.md` tying them together.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::engine::{Outcome, Point};
+
+/// One model's figures in a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelFigures {
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Share served within every SLO target (rejections count as misses).
+    pub slo_attainment: f64,
+    /// Answered 429 or 503.
+    pub rejected: u64,
+    /// End-to-end p95, seconds.
+    pub p95_latency_s: Option<f64>,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figures {
+    /// The autoscaler.
+    pub policy: String,
+    /// The placement.
+    pub placement: String,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Served.
+    pub completed: u64,
+    /// Answered 429 (queue full) or 503 (queue timeout).
+    pub rejected: u64,
+    /// Of those, 429.
+    pub rejected_429: u64,
+    /// Of those, 503.
+    pub timed_out_503: u64,
+    /// Share of requests served within every SLO target of their model.
+    pub slo_attainment: f64,
+    /// End-to-end latency (arrival to last token) quantiles, seconds.
+    pub p50_latency_s: Option<f64>,
+    /// p95.
+    pub p95_latency_s: Option<f64>,
+    /// p99.
+    pub p99_latency_s: Option<f64>,
+    /// Time to first token (from arrival) quantiles, seconds.
+    pub p50_ttft_s: Option<f64>,
+    /// p95.
+    pub p95_ttft_s: Option<f64>,
+    /// p99.
+    pub p99_ttft_s: Option<f64>,
+    /// Gateway queue wait p95, seconds.
+    pub p95_queue_wait_s: Option<f64>,
+    /// GPU-hours of GPUs holding a replica (starting, serving or draining).
+    pub gpu_hours: f64,
+    /// Their cost at the catalogue's prices.
+    pub cost: f64,
+    /// Time-weighted memory allocated ÷ usable memory of those GPUs.
+    pub utilization_memory: f64,
+    /// Time-weighted compute busy ÷ compute of those GPUs (a replica's
+    /// share counts busy in proportion to its batch slots in use).
+    pub utilization_compute: f64,
+    /// Decisions that changed a model's replica count.
+    pub scale_events: u64,
+    /// Replicas started (cold starts, moves included).
+    pub replica_starts: u64,
+    /// Median seconds from a burst's onset to the first scale-up decision.
+    pub reaction_s: Option<f64>,
+    /// Median seconds from a burst's onset until that decision's replicas
+    /// serve.
+    pub reaction_ready_s: Option<f64>,
+    /// Per model policy.
+    pub models: BTreeMap<String, ModelFigures>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some(v[(v.len() - 1) / 2])
+}
+
+fn share(a: u64, b: u64) -> f64 {
+    if b == 0 { 1.0 } else { a as f64 / b as f64 }
+}
+
+/// Rounded to 6 significant decimals, so reports diff cleanly.
+fn r6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+impl Figures {
+    /// The figures of an outcome.
+    pub fn of(policy: &str, placement: &str, o: &Outcome) -> Figures {
+        let q = |h: &crate::histogram::Histogram, p: f64| h.quantile(p).map(r6);
+        Figures {
+            policy: policy.to_string(),
+            placement: placement.to_string(),
+            requests: o.requests,
+            completed: o.completed,
+            rejected: o.rejected_full + o.timed_out,
+            rejected_429: o.rejected_full,
+            timed_out_503: o.timed_out,
+            slo_attainment: r6(share(o.within_slo, o.requests)),
+            p50_latency_s: q(&o.latency, 0.5),
+            p95_latency_s: q(&o.latency, 0.95),
+            p99_latency_s: q(&o.latency, 0.99),
+            p50_ttft_s: q(&o.ttft, 0.5),
+            p95_ttft_s: q(&o.ttft, 0.95),
+            p99_ttft_s: q(&o.ttft, 0.99),
+            p95_queue_wait_s: q(&o.queue_wait, 0.95),
+            gpu_hours: r6(o.gpu_hours),
+            cost: r6(o.cost),
+            utilization_memory: r6(o.utilization_memory),
+            utilization_compute: r6(o.utilization_compute),
+            scale_events: o.scale_events,
+            replica_starts: o.replica_starts,
+            reaction_s: median(&o.reaction_decision).map(r6),
+            reaction_ready_s: median(&o.reaction_ready).map(r6),
+            models: o
+                .models
+                .iter()
+                .map(|(k, m)| {
+                    (
+                        k.clone(),
+                        ModelFigures {
+                            requests: m.requests,
+                            slo_attainment: r6(share(m.within_slo, m.requests)),
+                            rejected: m.rejected,
+                            p95_latency_s: m.latency.quantile(0.95).map(r6),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One run's curves.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Curves {
+    /// `<policy>/<placement>`.
+    pub run: String,
+    /// The time series.
+    pub series: Vec<Point>,
+    /// End-to-end latency CDF: (seconds, fraction at or below).
+    pub latency_cdf: Vec<(f64, f64)>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Seed.
+    pub seed: u64,
+    /// Simulated seconds.
+    pub duration_s: f64,
+    /// Requests in the scenario.
+    pub requests: u64,
+    /// GPUs in the cluster.
+    pub cluster_gpus: usize,
+    /// The settings each autoscaler ran with, in words.
+    pub settings: BTreeMap<String, String>,
+    /// Each autoscaler's headline run: gpuscale with its packer, the
+    /// others with whole GPUs (what they run with today) when simulated.
+    pub policies: BTreeMap<String, Figures>,
+    /// Every run.
+    pub runs: Vec<Figures>,
+    /// Curves of every run.
+    pub curves: Vec<Curves>,
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("–".to_string(), |v| format!("{v:.2}"))
+}
+
+impl Report {
+    /// `report.md`: the figures in a table, the settings, and the plots
+    /// (`plots` lists the image files written beside it).
+    pub fn markdown(&self, plots: &[(String, String)]) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# Simulation: {}\n", self.scenario);
+        let _ = writeln!(
+            s,
+            "{} requests over {:.0} s on {} GPUs, seed {}.\n",
+            self.requests, self.duration_s, self.cluster_gpus, self.seed
+        );
+        let _ = writeln!(
+            s,
+            "| autoscaler | placement | SLO attainment | GPU-hours | cost | mem. util. | compute util. | p95 latency s | p95 TTFT s | rejected | scale events | reaction s (decision / ready) |"
+        );
+        let _ = writeln!(
+            s,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        );
+        for f in &self.runs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} / {} |",
+                f.policy,
+                f.placement,
+                f.slo_attainment * 100.0,
+                f.gpu_hours,
+                f.cost,
+                f.utilization_memory * 100.0,
+                f.utilization_compute * 100.0,
+                opt(f.p95_latency_s),
+                opt(f.p95_ttft_s),
+                f.rejected,
+                f.scale_events,
+                opt(f.reaction_s),
+                opt(f.reaction_ready_s),
+            );
+        }
+        let _ = writeln!(s, "\n## Settings\n");
+        for (k, v) in &self.settings {
+            let _ = writeln!(s, "- **{k}**: {v}");
+        }
+        if !plots.is_empty() {
+            let _ = writeln!(s, "\n## Plots\n");
+            for (title, file) in plots {
+                let _ = writeln!(s, "### {title}\n\n![{title}]({file})\n");
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,687 @@
+//! Scenario files (`kind: Scenario`): the cluster and policies to run, the
+//! workloads that drive them, the autoscalers to compare and how. Paths
+//! inside are relative to the scenario file. Every problem — in the file
+//! itself, in the cluster and policies it names, in a trace — is reported
+//! at its file, line and column.
+//!
+//! ```yaml
+//! apiVersion: gpuscale.io/v1alpha1
+//! kind: Scenario
+//! metadata: {name: azure-conv}
+//! spec:
+//!   seed: 7
+//!   duration: 1h
+//!   cluster: ../../examples/cluster.yaml
+//!   policies: [../../examples/policies]
+//!   workloads:
+//!     - model: llama-3-1-8b
+//!       arrivals: {trace: {file: data/azure_llm_2023_conv.csv}}
+//!       service: {prefillTps: 8000, decodeTps: 60, batchSlowdown: 0.02}
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuscale_policies::document::{self, Document, Position, Problem};
+use gpuscale_policies::load::{self, Problems};
+use gpuscale_policies::serving::ServiceProfile;
+use gpuscale_policies::{Cluster, Model, Priority};
+use serde::Deserialize;
+
+use crate::arrivals::{Diurnal, Process, Shape, Step, Tokens, Workload};
+use crate::trace::Trace;
+
+/// The autoscalers a scenario can compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// gpuscale's recommender (`recommend()`), its decision round and packer.
+    Gpuscale,
+    /// Kubernetes HPA v2 on average in-flight requests per replica.
+    Hpa,
+    /// KEDA on top of HPA: polling, activation, cooldown, scale to zero.
+    Keda,
+    /// Knative's KPA: stable and panic windows on concurrency.
+    Knative,
+    /// A fixed count, provisioned for the peak.
+    StaticPeak,
+}
+
+impl PolicyKind {
+    /// Every kind, in report order.
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::Gpuscale,
+        PolicyKind::Hpa,
+        PolicyKind::Keda,
+        PolicyKind::Knative,
+        PolicyKind::StaticPeak,
+    ];
+
+    /// The name in files and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Gpuscale => "gpuscale",
+            PolicyKind::Hpa => "hpa",
+            PolicyKind::Keda => "keda",
+            PolicyKind::Knative => "knative",
+            PolicyKind::StaticPeak => "static-peak",
+        }
+    }
+}
+
+/// Where replicas go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementKind {
+    /// gpuscale's packer (MIG, sharing, whole GPUs), re-planned on change.
+    Packer,
+    /// One replica per whole GPU (or tensor-parallel group), first fit.
+    WholeGpu,
+}
+
+impl PlacementKind {
+    /// The name in files and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacementKind::Packer => "packer",
+            PlacementKind::WholeGpu => "whole-gpu",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ScenarioDoc {
+    #[serde(rename = "apiVersion")]
+    _api_version: String,
+    #[serde(rename = "kind")]
+    _kind: String,
+    metadata: load::Metadata,
+    spec: ScenarioSpec,
+}
+
+fn seed() -> u64 {
+    1
+}
+fn second() -> Duration {
+    Duration::from_secs(1)
+}
+fn all_policies() -> Vec<PolicyKind> {
+    PolicyKind::ALL.to_vec()
+}
+fn both_placements() -> Vec<PlacementKind> {
+    vec![PlacementKind::Packer, PlacementKind::WholeGpu]
+}
+
+/// `spec` of a scenario, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioSpec {
+    /// Seed of every random draw.
+    #[serde(default = "seed")]
+    pub seed: u64,
+    /// Simulated time.
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+    /// The cluster file.
+    pub cluster: PathBuf,
+    /// Model policy files or folders.
+    pub policies: Vec<PathBuf>,
+    /// The gateway's queue.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+    /// How long a new replica takes to serve.
+    #[serde(default)]
+    pub cold_start: ColdStartSpec,
+    /// gpuscale's decision interval (the controller's tick).
+    #[serde(default = "second", with = "humantime_serde")]
+    pub tick: Duration,
+    /// The autoscalers to run.
+    #[serde(default = "all_policies")]
+    pub compare: Vec<PolicyKind>,
+    /// The placements each runs with.
+    #[serde(default = "both_placements")]
+    pub placements: Vec<PlacementKind>,
+    /// The packer's per-solve time limit (a re-plan in the controller has
+    /// 5 s).
+    #[serde(default = "pack_limit", with = "humantime_serde")]
+    pub pack_time_limit: Duration,
+    /// What arrives.
+    pub workloads: Vec<WorkloadSpec>,
+}
+
+fn pack_limit() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// The gateway's admission settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GatewaySpec {
+    /// Waiting requests per model before 429.
+    pub max_queue: usize,
+    /// Longest wait before 503.
+    #[serde(with = "humantime_serde")]
+    pub queue_timeout: Duration,
+}
+
+impl Default for GatewaySpec {
+    fn default() -> Self {
+        // The gateway's own defaults (`gateway::config`).
+        GatewaySpec {
+            max_queue: 256,
+            queue_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Cold start: the image pull, then the weights loaded at a rate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ColdStartSpec {
+    /// Pulling the serving image (cached images: set 0).
+    #[serde(with = "humantime_serde")]
+    pub image_pull: Duration,
+    /// GiB of replica memory loaded per second.
+    #[serde(rename = "loadGiBPerSecond")]
+    pub load_gib_per_second: f64,
+}
+
+impl Default for ColdStartSpec {
+    fn default() -> Self {
+        ColdStartSpec {
+            image_pull: Duration::from_secs(20),
+            load_gib_per_second: 2.0,
+        }
+    }
+}
+
+impl ColdStartSpec {
+    /// Cold start of a replica of `memory_gib`.
+    pub fn of(&self, memory_gib: f64) -> Duration {
+        self.image_pull + Duration::from_secs_f64(memory_gib / self.load_gib_per_second)
+    }
+}
+
+/// One workload as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// The model policy's name.
+    pub model: String,
+    /// Arrivals.
+    pub arrivals: ArrivalsSpec,
+    /// Sizes (generators only; a trace brings its own).
+    #[serde(default)]
+    pub tokens: Option<TokensSpec>,
+    /// Service speed of a replica on one H100's compute.
+    #[serde(default)]
+    pub service: ServiceSpec,
+    /// Priority class of its requests (default: the policy's).
+    #[serde(default)]
+    pub priority: Option<Priority>,
+}
+
+/// Arrivals as written: one process, and a shape for generators.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArrivalsSpec {
+    /// Poisson.
+    #[serde(default)]
+    pub poisson: Option<RateSpec>,
+    /// Gamma gaps.
+    #[serde(default)]
+    pub gamma: Option<GammaSpec>,
+    /// Trace replay.
+    #[serde(default)]
+    pub trace: Option<TraceSpec>,
+    /// Diurnal shape.
+    #[serde(default)]
+    pub diurnal: Option<DiurnalSpec>,
+    /// Step bursts.
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+}
+
+/// `{rate}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateSpec {
+    /// Mean requests per second.
+    pub rate: f64,
+}
+
+/// `{rate, cv}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GammaSpec {
+    /// Mean requests per second.
+    pub rate: f64,
+    /// Coefficient of variation of the gaps.
+    pub cv: f64,
+}
+
+fn one_f() -> f64 {
+    1.0
+}
+fn one_u() -> u32 {
+    1
+}
+
+/// Trace replay.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TraceSpec {
+    /// The CSV file.
+    pub file: PathBuf,
+    /// Time compression.
+    #[serde(default = "one_f")]
+    pub speedup: f64,
+    /// Share of the rows this model receives.
+    #[serde(default = "one_f")]
+    pub share: f64,
+    /// Copies of each kept row.
+    #[serde(default = "one_u")]
+    pub copies: u32,
+}
+
+/// Diurnal shape.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiurnalSpec {
+    /// 0–1.
+    pub amplitude: f64,
+    /// Cycle length (default 24 h).
+    #[serde(default = "day", with = "humantime_serde")]
+    pub period: Duration,
+    /// Time of the peak within the cycle.
+    #[serde(with = "humantime_serde")]
+    pub peak_at: Duration,
+}
+
+fn day() -> Duration {
+    Duration::from_secs(86_400)
+}
+
+/// A step burst.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepSpec {
+    /// Start.
+    #[serde(with = "humantime_serde")]
+    pub at: Duration,
+    /// Length.
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub length: Duration,
+    /// Rate multiplier.
+    pub factor: f64,
+}
+
+/// Sizes: fixed, or sampled from a trace's rows.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokensSpec {
+    /// Fixed prompt tokens.
+    #[serde(default)]
+    pub prompt: Option<u32>,
+    /// Fixed output tokens.
+    #[serde(default)]
+    pub output: Option<u32>,
+    /// Sample (prompt, output) pairs from this trace.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
+}
+
+/// A replica's speed on one H100's compute.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServiceSpec {
+    /// Prompt tokens per second.
+    pub prefill_tps: f64,
+    /// Output tokens per second of one request alone.
+    pub decode_tps: f64,
+    /// Per-token slowdown per other request in the batch.
+    pub batch_slowdown: f64,
+}
+
+impl Default for ServiceSpec {
+    fn default() -> Self {
+        // `gpuscale sim-server --profile small`: an 8B model on an H100.
+        let p = ServiceProfile::named("small", "").expect("a built-in profile");
+        ServiceSpec {
+            prefill_tps: p.prefill_tps,
+            decode_tps: p.decode_tps,
+            batch_slowdown: p.batch_slowdown,
+        }
+    }
+}
+
+/// A loaded, validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// `metadata.name`.
+    pub name: String,
+    /// The file.
+    pub file: PathBuf,
+    /// The spec (paths resolved).
+    pub spec: ScenarioSpec,
+    /// The cluster.
+    pub cluster: Cluster,
+    /// The model policies.
+    pub models: Vec<Model>,
+    /// Per workload: the model's index in `models`.
+    pub workload_models: Vec<usize>,
+    /// Per workload: its arrivals.
+    pub workloads: Vec<Workload>,
+    /// Per workload: the service profile on one H100 (speed 1).
+    pub services: Vec<ServiceProfile>,
+    /// Per workload: the priority class of its requests.
+    pub priorities: Vec<Priority>,
+}
+
+fn at_start(file: &Path, message: String) -> Problems {
+    Problems(vec![Problem {
+        file: file.to_path_buf(),
+        position: Position { line: 1, column: 1 },
+        path: String::new(),
+        message,
+    }])
+}
+
+impl Scenario {
+    /// Loads a scenario file with everything it names.
+    pub fn load(file: &Path) -> Result<Scenario, Problems> {
+        let text = load::read(file).map_err(|p| Problems(vec![p]))?;
+        let docs = document::parse(file, &text).map_err(|p| Problems(vec![p]))?;
+        let [doc] = docs.as_slice() else {
+            return Err(at_start(
+                file,
+                format!(
+                    "expected one `kind: Scenario` document, found {}",
+                    docs.len()
+                ),
+            ));
+        };
+        if doc.kind() != Some("Scenario") {
+            return Err(Problems(vec![doc.problem("kind", "expected `Scenario`")]));
+        }
+        let parsed: ScenarioDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let mut spec = parsed.spec;
+        let mut problems = check(&spec, doc);
+        if !problems.is_empty() {
+            problems.sort();
+            return Err(Problems(problems));
+        }
+        spec.cluster = dir.join(&spec.cluster);
+        spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
+        let mut paths = spec.policies.clone();
+        paths.push(spec.cluster.clone());
+        let bundle = load::load_paths(&paths)?;
+        let Some(cluster) = bundle.cluster else {
+            return Err(Problems(vec![
+                doc.problem("spec.cluster", "no `kind: Cluster` document there"),
+            ]));
+        };
+        let models = bundle.models;
+        let mut traces: BTreeMap<PathBuf, Arc<Trace>> = BTreeMap::new();
+        let mut trace = |path: &Path, field: String| -> Result<Arc<Trace>, Problem> {
+            let p = dir.join(path);
+            if let Some(t) = traces.get(&p) {
+                return Ok(t.clone());
+            }
+            match Trace::read(&p) {
+                Ok(t) => {
+                    let t = Arc::new(t);
+                    traces.insert(p, t.clone());
+                    Ok(t)
+                }
+                Err(e) if e.line == 1 && e.message.starts_with("cannot read") => {
+                    Err(doc.problem(field, format!("{}: {}", p.display(), e.message)))
+                }
+                Err(e) => Err(Problem {
+                    file: e.file,
+                    position: Position {
+                        line: e.line,
+                        column: e.column,
+                    },
+                    path: String::new(),
+                    message: e.message,
+                }),
+            }
+        };
+        let mut workload_models = Vec::new();
+        let mut workloads = Vec::new();
+        let mut services = Vec::new();
+        let mut priorities = Vec::new();
+        for (i, w) in spec.workloads.iter().enumerate() {
+            let at = |f: &str| format!("spec.workloads[{i}].{f}");
+            let Some(m) = models.iter().position(|m| m.name == w.model) else {
+                problems.push(doc.problem(
+                    at("model"),
+                    format!(
+                        "no model policy `{}` among {}",
+                        w.model,
+                        models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+                continue;
+            };
+            let a = &w.arrivals;
+            let process = if let Some(p) = &a.poisson {
+                Process::Poisson { rate: p.rate }
+            } else if let Some(g) = &a.gamma {
+                Process::Gamma {
+                    rate: g.rate,
+                    cv: g.cv,
+                }
+            } else if let Some(t) = &a.trace {
+                match trace(&t.file, at("arrivals.trace.file")) {
+                    Ok(tr) => Process::Trace {
+                        trace: tr,
+                        speedup: t.speedup,
+                        share: t.share,
+                        copies: t.copies,
+                    },
+                    Err(p) => {
+                        problems.push(p);
+                        continue;
+                    }
+                }
+            } else {
+                continue; // reported by `check`
+            };
+            let tokens = match &w.tokens {
+                Some(TokensSpec {
+                    trace: Some(path), ..
+                }) => match trace(path, at("tokens.trace")) {
+                    Ok(t) => Tokens::Sampled(t),
+                    Err(p) => {
+                        problems.push(p);
+                        continue;
+                    }
+                },
+                Some(t) => Tokens::Fixed {
+                    prompt: t.prompt.unwrap_or(0),
+                    output: t.output.unwrap_or(0),
+                },
+                None => Tokens::Fixed {
+                    prompt: 0,
+                    output: 0,
+                },
+            };
+            let shape = Shape {
+                diurnal: a.diurnal.as_ref().map(|d| Diurnal {
+                    amplitude: d.amplitude,
+                    period: d.period.as_secs_f64(),
+                    peak: d.peak_at.as_secs_f64(),
+                }),
+                steps: a
+                    .steps
+                    .iter()
+                    .map(|s| Step {
+                        at: s.at.as_secs_f64(),
+                        length: s.length.as_secs_f64(),
+                        factor: s.factor,
+                    })
+                    .collect(),
+            };
+            let model = &models[m];
+            services.push(ServiceProfile {
+                model: model.served_name.clone(),
+                prefill_tps: w.service.prefill_tps,
+                decode_tps: w.service.decode_tps,
+                max_concurrency: model.max_concurrency,
+                batch_slowdown: w.service.batch_slowdown,
+                speed: 1.0,
+                default_max_tokens: 16,
+            });
+            priorities.push(w.priority.unwrap_or(model.priority));
+            workload_models.push(m);
+            workloads.push(Workload {
+                process,
+                shape,
+                tokens,
+            });
+        }
+        if !problems.is_empty() {
+            problems.sort();
+            return Err(Problems(problems));
+        }
+        Ok(Scenario {
+            name: parsed.metadata.name,
+            file: file.to_path_buf(),
+            spec,
+            cluster,
+            models,
+            workload_models,
+            workloads,
+            services,
+            priorities,
+        })
+    }
+}
+
+/// Every bound of the spec, each a located problem.
+fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut bad = |path: String, message: &str| out.push(doc.problem(path, message));
+    if spec.duration.is_zero() {
+        bad("spec.duration".into(), "must be more than 0");
+    }
+    if spec.tick.is_zero() {
+        bad("spec.tick".into(), "must be more than 0");
+    }
+    if spec.gateway.max_queue == 0 {
+        bad("spec.gateway.maxQueue".into(), "must be at least 1");
+    }
+    if !(spec.cold_start.load_gib_per_second > 0.0
+        && spec.cold_start.load_gib_per_second.is_finite())
+    {
+        bad(
+            "spec.coldStart.loadGiBPerSecond".into(),
+            "must be a positive number",
+        );
+    }
+    if spec.policies.is_empty() {
+        bad(
+            "spec.policies".into(),
+            "name at least one policy file or folder",
+        );
+    }
+    if spec.compare.is_empty() {
+        bad("spec.compare".into(), "name at least one autoscaler");
+    }
+    if spec.placements.is_empty() {
+        bad("spec.placements".into(), "name at least one placement");
+    }
+    if spec.workloads.is_empty() {
+        bad("spec.workloads".into(), "give at least one workload");
+    }
+    let positive = |x: f64| x > 0.0 && x.is_finite();
+    for (i, w) in spec.workloads.iter().enumerate() {
+        let at = |f: &str| format!("spec.workloads[{i}].{f}");
+        let a = &w.arrivals;
+        let n = [a.poisson.is_some(), a.gamma.is_some(), a.trace.is_some()]
+            .iter()
+            .filter(|x| **x)
+            .count();
+        if n != 1 {
+            bad(
+                at("arrivals"),
+                "give exactly one of `poisson`, `gamma` and `trace`",
+            );
+        }
+        if let Some(p) = &a.poisson
+            && !(p.rate >= 0.0 && p.rate.is_finite())
+        {
+            bad(at("arrivals.poisson.rate"), "must be a rate ≥ 0 per second");
+        }
+        if let Some(g) = &a.gamma {
+            if !(g.rate >= 0.0 && g.rate.is_finite()) {
+                bad(at("arrivals.gamma.rate"), "must be a rate ≥ 0 per second");
+            }
+            if !positive(g.cv) {
+                bad(at("arrivals.gamma.cv"), "must be more than 0");
+            }
+        }
+        if let Some(t) = &a.trace {
+            if !positive(t.speedup) {
+                bad(at("arrivals.trace.speedup"), "must be more than 0");
+            }
+            if !(t.share > 0.0 && t.share <= 1.0) {
+                bad(at("arrivals.trace.share"), "must be in (0, 1]");
+            }
+            if t.copies == 0 {
+                bad(at("arrivals.trace.copies"), "must be at least 1");
+            }
+            if a.diurnal.is_some() || !a.steps.is_empty() {
+                bad(
+                    at("arrivals"),
+                    "a trace keeps its own shape: `diurnal` and `steps` are for generators",
+                );
+            }
+            if w.tokens.is_some() {
+                bad(at("tokens"), "a trace brings its own token counts");
+            }
+        }
+        if let Some(d) = &a.diurnal {
+            if !(0.0..=1.0).contains(&d.amplitude) {
+                bad(at("arrivals.diurnal.amplitude"), "must be in [0, 1]");
+            }
+            if d.period.is_zero() {
+                bad(at("arrivals.diurnal.period"), "must be more than 0");
+            }
+        }
+        for (k, s) in a.steps.iter().enumerate() {
+            if !(s.factor >= 0.0 && s.factor.is_finite()) {
+                bad(at(&format!("arrivals.steps[{k}].factor")), "must be ≥ 0");
+            }
+        }
+        if let Some(t) = &w.tokens {
+            match (t.trace.is_some(), t.prompt.is_some() || t.output.is_some()) {
+                (true, true) => bad(
+                    at("tokens"),
+                    "give `trace` (sizes sampled from it) or fixed `prompt`/`output`, not both",
+                ),
+                (false, false) => bad(at("tokens"), "give `trace` or `prompt`/`output`"),
+                _ => {}
+            }
+        }
+        let s = &w.service;
+        for (f, v) in [
+            ("service.prefillTps", s.prefill_tps),
+            ("service.decodeTps", s.decode_tps),
+        ] {
+            if !positive(v) {
+                bad(at(f), "must be more than 0 tokens per second");
+            }
+        }
+        if !(s.batch_slowdown >= 0.0 && s.batch_slowdown.is_finite()) {
+            bad(at("service.batchSlowdown"), "must be ≥ 0");
+        }
+    }
+    out
+}

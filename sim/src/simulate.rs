@@ -1,0 +1,225 @@
+//! A whole simulation: the scenario's arrivals once, then every
+//! autoscaler with every placement over them, into a [`Report`].
+
+use std::collections::BTreeMap;
+
+use gpuscale_packer::PackOptions;
+
+use crate::arrivals::generate;
+use crate::control::{
+    Autoscaler, Gpuscale, Hpa, HpaSettings, Keda, KedaSettings, Kpa, KpaSettings, Static,
+};
+use crate::engine::{Setup, run};
+use crate::placement::{PackerPlacer, Placer, WholeGpuPlacer};
+use crate::report::{Curves, Figures, Report};
+use crate::scenario::{PlacementKind, PolicyKind, Scenario};
+
+/// The runs a simulation makes, in order: (autoscaler, placement).
+pub fn runs(scenario: &Scenario) -> Vec<(PolicyKind, PlacementKind)> {
+    let mut out = Vec::new();
+    for &p in &scenario.spec.compare {
+        for &pl in &scenario.spec.placements {
+            if !out.contains(&(p, pl)) {
+                out.push((p, pl));
+            }
+        }
+    }
+    out
+}
+
+/// Replicas per model for the peak: the busiest minute's arrival rate
+/// times the mean service time on a whole H100 (Little's law), over the
+/// policy's per-replica target, within its bounds.
+pub fn peak_counts(
+    scenario: &Scenario,
+    arrivals: &[crate::arrivals::Arrival],
+) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for (mi, m) in scenario.models.iter().enumerate() {
+        let mut per_minute: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut work = 0.0;
+        let mut n = 0u64;
+        for a in arrivals {
+            let w = a.workload as usize;
+            if scenario.workload_models[w] != mi {
+                continue;
+            }
+            *per_minute.entry((a.at / 60.0) as u64).or_default() += 1;
+            let target = m.scaling.target_queue_depth.max(1.0).ceil() as u32;
+            work += scenario.services[w]
+                .service(a.prompt, a.output, target)
+                .0
+                .as_secs_f64();
+            n += 1;
+        }
+        let peak = per_minute.values().copied().max().unwrap_or(0) as f64 / 60.0;
+        let mean = if n > 0 { work / n as f64 } else { 0.0 };
+        let want = (peak * mean / m.scaling.target_queue_depth - 1e-9)
+            .ceil()
+            .max(0.0) as u32;
+        let lo = m.scaling.min_replicas.max(1);
+        out.insert(
+            m.name.clone(),
+            want.clamp(lo, m.scaling.max_replicas.max(lo)),
+        );
+    }
+    out
+}
+
+/// Runs the scenario. `progress` is told after each run: (done, of, run
+/// name).
+pub fn simulate(scenario: &Scenario, progress: &mut dyn FnMut(usize, usize, &str)) -> Report {
+    let spec = &scenario.spec;
+    let duration = spec.duration.as_secs_f64();
+    let arrivals = generate(&scenario.workloads, duration, spec.seed);
+    let onsets: Vec<(usize, f64)> = scenario
+        .workloads
+        .iter()
+        .enumerate()
+        .flat_map(|(w, wl)| {
+            let m = scenario.workload_models[w];
+            wl.shape
+                .steps
+                .iter()
+                .filter(|s| s.factor > 1.0)
+                .map(move |s| (m, s.at))
+        })
+        .collect();
+    let peak = peak_counts(scenario, &arrivals);
+    let models = &scenario.models;
+    let series_step = (duration / 720.0).max(1.0).round();
+    let options = PackOptions {
+        time_limit: spec.pack_time_limit,
+        ..PackOptions::default()
+    };
+    let hpa = HpaSettings::default();
+    let keda = KedaSettings::default();
+    let kpa = KpaSettings::default();
+    let plan = runs(scenario);
+    let mut figures = Vec::new();
+    let mut curves = Vec::new();
+    for (done, &(policy, placement)) in plan.iter().enumerate() {
+        let initial: BTreeMap<String, u32> = models
+            .iter()
+            .map(|m| {
+                let n = match policy {
+                    PolicyKind::StaticPeak => peak[&m.name],
+                    PolicyKind::Hpa => m.scaling.min_replicas.max(1),
+                    _ => m.scaling.min_replicas,
+                };
+                (m.name.clone(), n)
+            })
+            .collect();
+        let mut autoscaler: Box<dyn Autoscaler> = match policy {
+            PolicyKind::Gpuscale => Box::new(Gpuscale::new(models, spec.tick, &initial)),
+            PolicyKind::Hpa => Box::new(Hpa::new(models, hpa.clone())),
+            PolicyKind::Keda => Box::new(Keda::new(models, hpa.clone(), keda.clone())),
+            PolicyKind::Knative => Box::new(Kpa::new(models, kpa.clone())),
+            PolicyKind::StaticPeak => Box::new(Static::new(peak.clone())),
+        };
+        let mut placer: Box<dyn Placer> = match placement {
+            PlacementKind::Packer => Box::new(PackerPlacer::new(
+                scenario.cluster.clone(),
+                models.clone(),
+                options.clone(),
+            )),
+            PlacementKind::WholeGpu => Box::new(WholeGpuPlacer::new(&scenario.cluster, models)),
+        };
+        let setup = Setup {
+            models,
+            workload_models: &scenario.workload_models,
+            services: &scenario.services,
+            priorities: &scenario.priorities,
+            arrivals: &arrivals,
+            duration,
+            max_queue: spec.gateway.max_queue,
+            queue_timeout: spec.gateway.queue_timeout.as_secs_f64(),
+            cold_start: &spec.cold_start,
+            onsets: &onsets,
+            series_step,
+            initial: &initial,
+        };
+        let outcome = run(&setup, autoscaler.as_mut(), placer.as_mut());
+        let name = format!("{}/{}", policy.name(), placement.name());
+        figures.push(Figures::of(policy.name(), placement.name(), &outcome));
+        curves.push(Curves {
+            run: name.clone(),
+            series: outcome.series.clone(),
+            latency_cdf: outcome.latency.cdf(60),
+        });
+        progress(done + 1, plan.len(), &name);
+    }
+    let mut policies = BTreeMap::new();
+    for &p in &spec.compare {
+        let preferred = if p == PolicyKind::Gpuscale {
+            PlacementKind::Packer
+        } else {
+            PlacementKind::WholeGpu
+        };
+        let pick = figures
+            .iter()
+            .find(|f| f.policy == p.name() && f.placement == preferred.name())
+            .or_else(|| figures.iter().find(|f| f.policy == p.name()));
+        if let Some(f) = pick {
+            policies.insert(p.name().to_string(), f.clone());
+        }
+    }
+    let mut settings = BTreeMap::new();
+    settings.insert(
+        "gpuscale".into(),
+        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?})", spec.tick, spec.pack_time_limit),
+    );
+    settings.insert(
+        "hpa".into(),
+        format!(
+            "External metric, AverageValue = targetQueueDepth (gateway in flight + waiting per replica); sync {:?}, tolerance {}, scrape every {:?} read {:?} later; up: max({} %, {} pods) per {:?}, window {:?}; down: {} % per {:?}, window {:?}; minReplicas ≥ 1",
+            hpa.sync, hpa.tolerance, hpa.scrape, hpa.lag, hpa.up_percent, hpa.up_pods, hpa.up_period, hpa.up_window, hpa.down_percent, hpa.down_period, hpa.down_window
+        ),
+    );
+    settings.insert(
+        "keda".into(),
+        format!(
+            "the HPA above; pollingInterval {:?}, activation above activationQueueDepth, cooldownPeriod {:?}, to zero where minReplicas is 0",
+            keda.polling, keda.cooldown
+        ),
+    );
+    settings.insert(
+        "knative".into(),
+        format!(
+            "KPA: stable window {:?}, panic window {:?}, panic threshold {} %, target {} × maxConcurrency per replica, scale-up rate ≤ {}×, down ≤ {}× per {:?} tick, to zero after {:?} grace; the activator wakes a model at zero on its first request",
+            kpa.stable_window, kpa.panic_window, kpa.panic_threshold * 100.0, kpa.target_utilization, kpa.max_scale_up_rate, kpa.max_scale_down_rate, kpa.tick, kpa.scale_to_zero_grace
+        ),
+    );
+    settings.insert(
+        "static-peak".into(),
+        format!(
+            "fixed replicas per model: the busiest minute's arrival rate × mean service time on one H100 ÷ targetQueueDepth: {}",
+            peak.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        ),
+    );
+    settings.insert(
+        "gateway".into(),
+        format!(
+            "queue ≤ {} per model (429 beyond, lower priority displaced first), 503 after {:?} waiting",
+            spec.gateway.max_queue, spec.gateway.queue_timeout
+        ),
+    );
+    settings.insert(
+        "cold start".into(),
+        format!(
+            "image pull {:?} + replica memory at {} GiB/s",
+            spec.cold_start.image_pull, spec.cold_start.load_gib_per_second
+        ),
+    );
+    Report {
+        scenario: scenario.name.clone(),
+        seed: spec.seed,
+        duration_s: duration,
+        requests: arrivals.len() as u64,
+        cluster_gpus: scenario.cluster.gpu_count(),
+        settings,
+        policies,
+        runs: figures,
+        curves,
+    }
+}

@@ -1,0 +1,68 @@
+//! `gpuscale simulate --scenario FILE --report DIR`: a scenario through
+//! gpuscale and the baselines in simulated time; `report.json` and
+//! `report.md` in `DIR`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use gpuscale_sim::{Scenario, simulate};
+
+/// Arguments of `simulate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The scenario file (`kind: Scenario`; see bench/scenarios/).
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// Folder for report.json and report.md (created if missing).
+    #[arg(long)]
+    pub report: PathBuf,
+}
+
+/// Runs the command: exit 1 on a bad scenario, with every problem located.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let scenario = match Scenario::load(&args.scenario) {
+        Ok(s) => s,
+        Err(problems) => {
+            let lines: String = problems.0.iter().map(|p| format!("{p}\n")).collect();
+            super::emit(&lines)?;
+            eprintln!("{} problem(s) found", problems.0.len());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    std::fs::create_dir_all(&args.report)
+        .with_context(|| format!("cannot create {}", args.report.display()))?;
+    let bar = if std::io::stderr().is_terminal() {
+        let n = gpuscale_sim::simulate::runs(&scenario).len() as u64;
+        let bar = indicatif::ProgressBar::new(n);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("simulating {}", scenario.name));
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        Some(bar)
+    } else {
+        None
+    };
+    let report = simulate(&scenario, &mut |done, of, name| {
+        if let Some(bar) = &bar {
+            bar.set_position(done as u64);
+            bar.set_message(format!("{name} done"));
+        } else {
+            tracing::info!(run = name, done, of, "simulated");
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let json = args.report.join("report.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let md = args.report.join("report.md");
+    std::fs::write(&md, report.markdown(&[]))
+        .with_context(|| format!("cannot write {}", md.display()))?;
+    super::emit(&report.markdown(&[]))?;
+    Ok(ExitCode::SUCCESS)
+}
