@@ -13,7 +13,10 @@
 //!    arrival rate, forecast `startupTime` ahead, can only add. **SLO**: a
 //!    p95 (queue wait, time to first token, latency) over its target adds
 //!    capacity in proportion (at most ×2); one within 80 % of its target
-//!    blocks scale-down.
+//!    blocks scale-down. For TTFT and latency, both only while the replicas
+//!    are loaded (requests waiting, or at least half the target in flight
+//!    per replica): a breach at light load is the replica's own speed,
+//!    which more replicas do not change.
 //! 3. **Activation** (KEDA): at zero, activate only when the queue is
 //!    strictly above `activationQueueDepth`, and then to the size the queue
 //!    asks for, not 1. To zero only when `minReplicas` is 0 and the model
@@ -428,6 +431,15 @@ pub fn recommend(
     ];
     let mut slo_factor: f64 = 1.0;
     let mut near_slo = false;
+    // More replicas lower a TTFT or latency p95 only through load:
+    // requests waiting, or batches large enough that splitting them speeds
+    // each request up. A breach with neither (replicas at under half their
+    // target, nothing queued) is the replica's own speed on its GPU share,
+    // which no replica count fixes: it is reported and not acted on
+    // (acting on it ran every such model to maxReplicas in the
+    // simulator). Queue wait is load by nature and always counts.
+    let busy = obs.waiting > 0.0 || depth >= 0.5 * f64::from(current) * target;
+    let mut unhelped = Vec::new();
     for (name, seen, goal) in pairs {
         // A p95 over the last minute counts only while requests are
         // arriving or waiting: after the traffic stops, an old breach is
@@ -436,7 +448,10 @@ pub fn recommend(
             continue;
         };
         let ratio = seen.as_secs_f64() / goal.as_secs_f64().max(1e-9);
-        if ratio > 1.0 {
+        let loaded = busy || name == "queue wait";
+        if ratio > 1.0 && !loaded {
+            unhelped.push(name);
+        } else if ratio > 1.0 {
             slo_factor = slo_factor.max(ratio.min(tuning.slo_max_step));
             let _ = write!(
                 why,
@@ -444,9 +459,16 @@ pub fn recommend(
                 seen.as_millis(),
                 goal.as_millis()
             );
-        } else if ratio >= 0.8 {
+        } else if ratio >= 0.8 && loaded {
             near_slo = true;
         }
+    }
+    if !unhelped.is_empty() {
+        let _ = write!(
+            why,
+            "; p95 {} over SLO with replicas lightly loaded: more would not help",
+            unhelped.join(", ")
+        );
     }
     if slo_factor > 1.0 && current > 0 {
         total = total.max(f64::from(current) * target * slo_factor);

@@ -541,6 +541,50 @@ fn slo_misses_add_capacity_and_near_misses_block_scale_down() {
 }
 
 #[test]
+fn a_latency_breach_at_light_load_adds_no_replicas() {
+    let mut m = model("    minReplicas: 1\n    maxReplicas: 50\n    targetQueueDepth: 8\n");
+    m.slo.ttft_p95 = Some(Duration::from_millis(500));
+    let tuning = Tuning::default();
+    // 10 replicas with 12 in flight (15 % of the target) and TTFT 2× the
+    // SLO: each request is slow on its own; more replicas would not help.
+    let mut state = State::new(10);
+    let light = Observation {
+        in_flight: 12.0,
+        ttft_p95: Some(Duration::from_millis(1000)),
+        ..Observation::default()
+    };
+    let r = recommend(
+        Some(&light),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(100),
+    );
+    assert_eq!(r.replicas, 10, "{}", r.reason);
+    assert!(
+        r.reason
+            .contains("p95 TTFT over SLO with replicas lightly loaded"),
+        "{}",
+        r.reason
+    );
+    // The same breach with the replicas busy (60 in flight, 75 % of the
+    // target): capacity in proportion, 2× at most.
+    let mut state = State::new(10);
+    let busy = Observation {
+        in_flight: 60.0,
+        ..light
+    };
+    let r = recommend(
+        Some(&busy),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(100),
+    );
+    assert_eq!(r.replicas, 20, "{}", r.reason);
+}
+
+#[test]
 fn the_forecast_scales_ahead_of_a_rising_rate() {
     let m = model(
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 60s\n",

@@ -37,8 +37,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let n = gpuscale_sim::simulate::runs(&scenario).len() as u64;
         let bar = indicatif::ProgressBar::new(n);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.set_message(format!("simulating {}", scenario.name));
         bar.enable_steady_tick(std::time::Duration::from_millis(200));
