@@ -410,20 +410,25 @@ impl Scenario {
         let parsed: ScenarioDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
         let dir = file.parent().unwrap_or(Path::new("."));
         let mut spec = parsed.spec;
+        // Every problem at once: the spec's own, those of the files it
+        // names, those of its workloads.
         let mut problems = check(&spec, doc);
-        if !problems.is_empty() {
-            problems.sort();
-            return Err(Problems(problems));
-        }
         spec.cluster = dir.join(&spec.cluster);
         spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
         let mut paths = spec.policies.clone();
         paths.push(spec.cluster.clone());
-        let bundle = load::load_paths(&paths)?;
+        let bundle = match load::load_paths(&paths) {
+            Ok(b) => b,
+            Err(Problems(more)) => {
+                problems.extend(more);
+                problems.sort();
+                return Err(Problems(problems));
+            }
+        };
         let Some(cluster) = bundle.cluster else {
-            return Err(Problems(vec![
-                doc.problem("spec.cluster", "no `kind: Cluster` document there"),
-            ]));
+            problems.push(doc.problem("spec.cluster", "no `kind: Cluster` document there"));
+            problems.sort();
+            return Err(Problems(problems));
         };
         let models = bundle.models;
         let mut traces: BTreeMap<PathBuf, Arc<Trace>> = BTreeMap::new();

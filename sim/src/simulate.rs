@@ -66,9 +66,31 @@ pub fn peak_counts(
     out
 }
 
+/// The mean queue wait (seconds) of the scenario's first autoscaler and
+/// placement: for checks against queueing theory.
+pub fn mean_queue_wait(scenario: &Scenario) -> f64 {
+    let mut only = scenario.clone();
+    let first = runs(scenario)[0];
+    only.spec.compare = vec![first.0];
+    only.spec.placements = vec![first.1];
+    let mut wait = 0.0;
+    simulate_with(&only, &mut |_, _, _| {}, &mut |o| {
+        wait = o.queue_wait.mean().unwrap_or(0.0)
+    });
+    wait
+}
+
 /// Runs the scenario. `progress` is told after each run: (done, of, run
 /// name).
 pub fn simulate(scenario: &Scenario, progress: &mut dyn FnMut(usize, usize, &str)) -> Report {
+    simulate_with(scenario, progress, &mut |_| {})
+}
+
+fn simulate_with(
+    scenario: &Scenario,
+    progress: &mut dyn FnMut(usize, usize, &str),
+    each: &mut dyn FnMut(&crate::engine::Outcome),
+) -> Report {
     let spec = &scenario.spec;
     let duration = spec.duration.as_secs_f64();
     let arrivals = generate(&scenario.workloads, duration, spec.seed);
@@ -140,6 +162,7 @@ pub fn simulate(scenario: &Scenario, progress: &mut dyn FnMut(usize, usize, &str
             initial: &initial,
         };
         let outcome = run(&setup, autoscaler.as_mut(), placer.as_mut());
+        each(&outcome);
         let name = format!("{}/{}", policy.name(), placement.name());
         figures.push(Figures::of(policy.name(), placement.name(), &outcome));
         curves.push(Curves {
