@@ -53,6 +53,10 @@ pub struct Observation {
     /// window as `arrival_rate` (the gateway's 10 s p50 latency); `None`
     /// until measured.
     pub service_time: Option<f64>,
+    /// Replicas taking requests now (the gateway's count); `None` when
+    /// the source does not say (Prometheus).
+    #[serde(default)]
+    pub ready: Option<f64>,
     /// p95 queue wait.
     pub queue_wait_p95: Option<Duration>,
     /// p95 time to first token.
@@ -471,7 +475,15 @@ pub fn recommend(
         );
     }
     if slo_factor > 1.0 && current > 0 {
-        total = total.max(f64::from(current) * target * slo_factor);
+        // In proportion to the replicas serving, not to those decided: the
+        // p95 covers the last minute, so while replicas added for a breach
+        // start it still reads high, and scaling the decided count again
+        // every tick compounded (×2 per second, to maxReplicas, in the
+        // simulator).
+        let serving = obs
+            .ready
+            .map_or(f64::from(current), |r| r.min(f64::from(current)));
+        total = total.max(serving.max(1.0) * target * slo_factor);
     }
     let demand = total / target;
 

@@ -585,6 +585,56 @@ fn a_latency_breach_at_light_load_adds_no_replicas() {
 }
 
 #[test]
+fn slo_feedback_scales_the_replicas_serving_and_does_not_compound() {
+    let mut m = model("    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n");
+    m.slo.queue_wait_p95 = Some(Duration::from_millis(200));
+    let tuning = Tuning::default();
+    // 4 replicas serve, queue wait at 2× its SLO: 8 wanted.
+    let mut state = State::new(4);
+    let breach = Observation {
+        waiting: 4.0,
+        in_flight: 28.0,
+        ready: Some(4.0),
+        queue_wait_p95: Some(Duration::from_millis(400)),
+        ..Observation::default()
+    };
+    let r = recommend(
+        Some(&breach),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.replicas, 8, "{}", r.reason);
+    // The minute-long p95 still reads 2× while the new 4 start: the count
+    // stays at 8 (2× the 4 serving), second after second.
+    for s in 11..40 {
+        let r = recommend(
+            Some(&breach),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(s),
+        );
+        assert_eq!(r.replicas, 8, "at {s}s: {}", r.reason);
+    }
+    // Once they serve and the breach persists, it doubles again.
+    let serving = Observation {
+        ready: Some(8.0),
+        in_flight: 60.0,
+        ..breach
+    };
+    let r = recommend(
+        Some(&serving),
+        &m,
+        &tuning,
+        &mut state,
+        Duration::from_secs(41),
+    );
+    assert_eq!(r.replicas, 16, "{}", r.reason);
+}
+
+#[test]
 fn the_forecast_scales_ahead_of_a_rising_rate() {
     let m = model(
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 60s\n",

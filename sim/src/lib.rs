@@ -9,6 +9,7 @@ pub mod control;
 pub mod engine;
 pub mod histogram;
 pub mod placement;
+pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod simulate;

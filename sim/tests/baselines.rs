@@ -10,9 +10,7 @@ use std::time::Duration;
 use gpuscale_autoscaler::Observation;
 use gpuscale_policies::Model;
 use gpuscale_policies::load::load_sources;
-use gpuscale_sim::control::{
-    Autoscaler, Hpa, HpaSettings, Keda, KedaSettings, Kpa, KpaSettings,
-};
+use gpuscale_sim::control::{Autoscaler, Hpa, HpaSettings, Keda, KedaSettings, Kpa, KpaSettings};
 
 fn model(min: u32, max: u32, target: f64, concurrency: u32) -> Model {
     let text = format!(
@@ -102,7 +100,13 @@ fn keda_activates_at_its_poll_and_goes_to_zero_after_the_cooldown() {
     // Work arrives at 40 s (load 3 > activation 0); the poll at 60 s sees
     // it in the 45 s scrape and activates to 1. HPA then sizes it: 3 / 5
     // per replica needs 1.
-    let changes = drive(&mut keda, &mut n, 0, 100, |t| if t >= 40 { 3.0 } else { 0.0 });
+    let changes = drive(
+        &mut keda,
+        &mut n,
+        0,
+        100,
+        |t| if t >= 40 { 3.0 } else { 0.0 },
+    );
     assert_eq!(changes, vec![(60, 1)]);
     // Idle from 100 s: the last poll that saw activity is at 90 s (scrape
     // at 90 s); the cooldown of 300 s ends at 390 s, the next poll.

@@ -1,6 +1,6 @@
 //! `gpuscale simulate --scenario FILE --report DIR`: a scenario through
 //! gpuscale and the baselines in simulated time; `report.json` and
-//! `report.md` in `DIR`.
+//! `report.md` (with its plots, SVG and PNG) in `DIR`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -62,8 +62,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let json = args.report.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("cannot write {}", json.display()))?;
+    let plots = gpuscale_sim::plot::write(&report, &args.report)
+        .map_err(|e| anyhow::anyhow!("cannot draw the plots in {}: {e}", args.report.display()))?;
     let md = args.report.join("report.md");
-    std::fs::write(&md, report.markdown(&[]))
+    std::fs::write(&md, report.markdown(&plots))
         .with_context(|| format!("cannot write {}", md.display()))?;
     super::emit(&report.markdown(&[]))?;
     Ok(ExitCode::SUCCESS)
