@@ -13,10 +13,12 @@
 //!    arrival rate, forecast `startupTime` ahead, can only add. **SLO**: a
 //!    p95 (queue wait, time to first token, latency) over its target adds
 //!    capacity in proportion (at most ×2); one within 80 % of its target
-//!    blocks scale-down. For TTFT and latency, both only while the replicas
-//!    are loaded (requests waiting, or at least half the target in flight
-//!    per replica): a breach at light load is the replica's own speed,
-//!    which more replicas do not change.
+//!    blocks scale-down. Capacity is added in proportion to the replicas
+//!    serving, and only where more replicas help now: for queue wait while
+//!    requests wait (a drained queue's breach only holds), for TTFT and
+//!    latency while the replicas are loaded (requests waiting, or at least
+//!    half the target in flight per replica) — a breach at light load is
+//!    the replica's own speed, which more replicas do not change.
 //! 3. **Activation** (KEDA): at zero, activate only when the queue is
 //!    strictly above `activationQueueDepth`, and then to the size the queue
 //!    asks for, not 1. To zero only when `minReplicas` is 0 and the model
@@ -452,10 +454,11 @@ pub fn recommend(
             continue;
         };
         let ratio = seen.as_secs_f64() / goal.as_secs_f64().max(1e-9);
-        let loaded = busy || name == "queue wait";
-        if ratio > 1.0 && !loaded {
-            unhelped.push(name);
-        } else if ratio > 1.0 {
+        let queue = name == "queue wait";
+        // Whether more replicas would lower this p95 now: queue wait while
+        // requests wait; TTFT and latency while the replicas are busy.
+        let helps = if queue { obs.waiting > 0.0 } else { busy };
+        if ratio > 1.0 && helps {
             slo_factor = slo_factor.max(ratio.min(tuning.slo_max_step));
             let _ = write!(
                 why,
@@ -463,7 +466,19 @@ pub fn recommend(
                 seen.as_millis(),
                 goal.as_millis()
             );
-        } else if ratio >= 0.8 && loaded {
+        } else if ratio > 1.0 && queue {
+            // The queue has drained: the minute-long p95 remembers it.
+            // Hold what drained it; adding more would answer an old queue.
+            near_slo = true;
+            let _ = write!(
+                why,
+                "; p95 queue wait {}ms over SLO {}ms, queue empty now: holding",
+                seen.as_millis(),
+                goal.as_millis()
+            );
+        } else if ratio > 1.0 {
+            unhelped.push(name);
+        } else if ratio >= 0.8 && (busy || queue) {
             near_slo = true;
         }
     }

@@ -632,6 +632,28 @@ fn slo_feedback_scales_the_replicas_serving_and_does_not_compound() {
         Duration::from_secs(41),
     );
     assert_eq!(r.replicas, 16, "{}", r.reason);
+    // The queue drains; the minute's p95 still reads 2×: hold, add nothing.
+    let drained = Observation {
+        waiting: 0.0,
+        in_flight: 20.0,
+        ready: Some(16.0),
+        ..breach
+    };
+    for s in 42..60 {
+        let r = recommend(
+            Some(&drained),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(s),
+        );
+        assert_eq!(r.replicas, 16, "at {s}s: {}", r.reason);
+        assert!(
+            r.reason.contains("queue empty now: holding"),
+            "{}",
+            r.reason
+        );
+    }
 }
 
 #[test]

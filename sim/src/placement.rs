@@ -287,6 +287,15 @@ impl WholeGpuPlacer {
     }
 }
 
+impl WholeGpuPlacer {
+    /// The speed of a model's first choice (GPU model and degree), if any
+    /// GPU of the cluster holds it.
+    pub fn speed_of(&self, model: &str) -> Option<f64> {
+        let (_, k, _, compute, _) = self.shapes.get(model)?.first()?;
+        Some(compute * f64::from(*k))
+    }
+}
+
 impl Placer for WholeGpuPlacer {
     fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>> {
         // Releases first, so a model shrinking frees GPUs for one growing.

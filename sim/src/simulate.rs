@@ -27,34 +27,39 @@ pub fn runs(scenario: &Scenario) -> Vec<(PolicyKind, PlacementKind)> {
     out
 }
 
-/// Replicas per model for the peak: the busiest minute's arrival rate
-/// times the mean service time on a whole H100 (Little's law), over the
-/// policy's per-replica target, within its bounds.
-pub fn peak_counts(
+/// Replicas per model to carry the arrivals of `[from, to)` seconds at
+/// their busiest minute (or their mean rate over a shorter span): the
+/// arrival rate times the mean service time at `speed(model)` (Little's
+/// law), over the policy's per-replica target, within its bounds (at
+/// least one).
+pub fn counts_for(
     scenario: &Scenario,
     arrivals: &[crate::arrivals::Arrival],
+    from: f64,
+    to: f64,
+    speed: &dyn Fn(&gpuscale_policies::Model) -> f64,
 ) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
     for (mi, m) in scenario.models.iter().enumerate() {
         let mut per_minute: BTreeMap<u64, u64> = BTreeMap::new();
         let mut work = 0.0;
         let mut n = 0u64;
-        for a in arrivals {
+        let target = m.scaling.target_queue_depth.max(1.0).ceil() as u32;
+        for a in arrivals.iter().filter(|a| a.at >= from && a.at < to) {
             let w = a.workload as usize;
             if scenario.workload_models[w] != mi {
                 continue;
             }
-            *per_minute.entry((a.at / 60.0) as u64).or_default() += 1;
-            let target = m.scaling.target_queue_depth.max(1.0).ceil() as u32;
-            work += scenario.services[w]
-                .service(a.prompt, a.output, target)
-                .0
-                .as_secs_f64();
+            *per_minute.entry(((a.at - from) / 60.0) as u64).or_default() += 1;
+            let mut profile = scenario.services[w].clone();
+            profile.speed = speed(m).max(1e-6);
+            work += profile.service(a.prompt, a.output, target).0.as_secs_f64();
             n += 1;
         }
-        let peak = per_minute.values().copied().max().unwrap_or(0) as f64 / 60.0;
+        let window = (to - from).clamp(1.0, 60.0);
+        let rate = per_minute.values().copied().max().unwrap_or(0) as f64 / window;
         let mean = if n > 0 { work / n as f64 } else { 0.0 };
-        let want = (peak * mean / m.scaling.target_queue_depth - 1e-9)
+        let want = (rate * mean / m.scaling.target_queue_depth - 1e-9)
             .ceil()
             .max(0.0) as u32;
         let lo = m.scaling.min_replicas.max(1);
@@ -64,6 +69,25 @@ pub fn peak_counts(
         );
     }
     out
+}
+
+/// The speed a model's replicas run at under a placement, for sizing:
+/// with whole GPUs, the first GPU model and degree that hold it (as
+/// [`crate::placement::WholeGpuPlacer`] picks); with the packer, its
+/// declared compute (the least share the packer gives it).
+pub fn sizing_speed(
+    scenario: &Scenario,
+    placement: PlacementKind,
+    m: &gpuscale_policies::Model,
+) -> f64 {
+    match placement {
+        PlacementKind::Packer => m.compute,
+        PlacementKind::WholeGpu => {
+            crate::placement::WholeGpuPlacer::new(&scenario.cluster, std::slice::from_ref(m))
+                .speed_of(&m.name)
+                .unwrap_or(1.0)
+        }
+    }
 }
 
 /// The mean queue wait (seconds) of the scenario's first autoscaler and
@@ -107,7 +131,17 @@ fn simulate_with(
                 .map(move |s| (m, s.at))
         })
         .collect();
-    let peak = peak_counts(scenario, &arrivals);
+    let end = duration.max(1.0);
+    let sized = |placement: PlacementKind, to: f64| {
+        counts_for(scenario, &arrivals, 0.0, to, &|m| {
+            sizing_speed(scenario, placement, m)
+        })
+    };
+    let peaks: BTreeMap<PlacementKind, BTreeMap<String, u32>> = spec
+        .placements
+        .iter()
+        .map(|&p| (p, sized(p, end)))
+        .collect();
     let models = &scenario.models;
     let series_step = (duration / 720.0).max(1.0).round();
     let options = PackOptions {
@@ -121,13 +155,16 @@ fn simulate_with(
     let mut figures = Vec::new();
     let mut curves = Vec::new();
     for (done, &(policy, placement)) in plan.iter().enumerate() {
+        // Every autoscaler starts warm, with what the first minute's
+        // arrivals need: the comparison is of how each follows the load,
+        // not of a cold start they would all share.
+        let start = sized(placement, end.min(60.0));
         let initial: BTreeMap<String, u32> = models
             .iter()
             .map(|m| {
                 let n = match policy {
-                    PolicyKind::StaticPeak => peak[&m.name],
-                    PolicyKind::Hpa => m.scaling.min_replicas.max(1),
-                    _ => m.scaling.min_replicas,
+                    PolicyKind::StaticPeak => peaks[&placement][&m.name],
+                    _ => start[&m.name].max(m.scaling.min_replicas),
                 };
                 (m.name.clone(), n)
             })
@@ -137,7 +174,7 @@ fn simulate_with(
             PolicyKind::Hpa => Box::new(Hpa::new(models, hpa.clone())),
             PolicyKind::Keda => Box::new(Keda::new(models, hpa.clone(), keda.clone())),
             PolicyKind::Knative => Box::new(Kpa::new(models, kpa.clone())),
-            PolicyKind::StaticPeak => Box::new(Static::new(peak.clone())),
+            PolicyKind::StaticPeak => Box::new(Static::new(peaks[&placement].clone())),
         };
         let mut placer: Box<dyn Placer> = match placement {
             PlacementKind::Packer => Box::new(PackerPlacer::new(
@@ -216,9 +253,24 @@ fn simulate_with(
     settings.insert(
         "static-peak".into(),
         format!(
-            "fixed replicas per model: the busiest minute's arrival rate × mean service time on one H100 ÷ targetQueueDepth: {}",
-            peak.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+            "fixed replicas per model: the busiest minute's arrival rate × mean service time ÷ targetQueueDepth, at the speed of the model's whole GPU (whole-gpu) or of its declared compute (packer): {}",
+            peaks
+                .iter()
+                .map(|(p, c)| format!(
+                    "{}: {}",
+                    p.name(),
+                    c.iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
         ),
+    );
+    settings.insert(
+        "start".into(),
+        "every autoscaler starts warm with the replicas the first minute's arrivals need (Little's law at the placement's sizing speed, within each policy's bounds)".into(),
     );
     settings.insert(
         "gateway".into(),
