@@ -473,3 +473,91 @@ fn an_exposed_admin_port_without_a_token_is_refused_and_a_bad_token_file_named()
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"));
 }
+
+#[test]
+fn validate_checks_the_bench_scenarios_and_locates_a_bad_one() {
+    let out = gpuscale(&["validate", "bench/scenarios/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("s.yaml");
+    std::fs::write(
+        &bad,
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {{name: s}}\nspec:\n  duration: 1h\n  cluster: {root}/bench/scenarios/cluster-64.yaml\n  policies: [{root}/bench/scenarios/zoo/chat.yaml]\n  workloads:\n    - model: llama-3-1-8b\n      arrivals: {{poisson: {{rate: -1}}}}\n",
+            root = root().display()
+        ),
+    )
+    .unwrap();
+    let out = gpuscale(&["validate", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("{}:10:", bad.display()))
+            && text.contains("spec.workloads[0].arrivals.poisson.rate"),
+        "{text}"
+    );
+}
+
+#[test]
+fn simulate_writes_the_report_and_its_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.yaml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {{name: s}}\nspec:\n  duration: 3m\n  cluster: {root}/bench/scenarios/cluster-64.yaml\n  policies: [{root}/bench/scenarios/zoo/chat.yaml]\n  compare: [gpuscale, hpa]\n  workloads:\n    - model: llama-3-1-8b\n      arrivals: {{poisson: {{rate: 3}}, steps: [{{at: 1m, for: 1m, factor: 5}}]}}\n      tokens: {{trace: {root}/bench/data/traces/azure_llm_2023_conv.csv}}\n",
+            root = root().display()
+        ),
+    )
+    .unwrap();
+    let report = dir.path().join("out");
+    let out = gpuscale(&[
+        "simulate",
+        "--scenario",
+        scenario.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("| gpuscale | packer |"),
+        "{}",
+        stdout(&out)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
+    for name in ["gpuscale", "hpa"] {
+        for field in [
+            "slo_attainment",
+            "gpu_hours",
+            "cost",
+            "utilization_memory",
+            "utilization_compute",
+            "scale_events",
+        ] {
+            assert!(
+                json["policies"][name][field].is_number(),
+                "policies.{name}.{field}: {}",
+                json["policies"][name]
+            );
+        }
+    }
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    for plot in ["replicas", "latency-cdf", "utilization", "cost-attainment"] {
+        assert!(md.contains(&format!("({plot}.svg)")), "{md}");
+        let png = std::fs::read(report.join(format!("{plot}.png"))).unwrap();
+        assert_eq!(&png[..4], b"\x89PNG", "{plot}.png");
+        let svg = std::fs::read_to_string(report.join(format!("{plot}.svg"))).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("<text"), "{plot}.svg");
+    }
+    // A scenario that does not exist: exit 1 with its name, no panic.
+    let out = gpuscale(&[
+        "simulate",
+        "--scenario",
+        "nope.yaml",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("nope.yaml"), "{}", stdout(&out));
+}

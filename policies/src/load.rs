@@ -79,6 +79,9 @@ pub struct Bundle {
     /// Files holding a `kind: Autoscaler` document (the autoscaler's
     /// loader checks them).
     pub autoscalers: Vec<PathBuf>,
+    /// Files holding a `kind: Scenario` document (the simulator's loader
+    /// checks them).
+    pub scenarios: Vec<PathBuf>,
 }
 
 /// A `kind: Demand` spec: the replica count wanted per model policy.
@@ -196,10 +199,12 @@ enum Parsed {
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
     Demand(DemandSpec),
-    /// A kind another command reads (`Gateway`, `Autoscaler`): its file is
-    /// listed in the bundle for that command's own validation.
+    /// A kind another command reads (`Gateway`, `Autoscaler`,
+    /// `Scenario`): its file is listed in the bundle for that command's own
+    /// validation.
     Gateway,
     Autoscaler,
+    Scenario,
 }
 
 fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
@@ -257,15 +262,16 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
         }
         Some("Gateway") => Ok(Parsed::Gateway),
         Some("Autoscaler") => Ok(Parsed::Autoscaler),
+        Some("Scenario") => Ok(Parsed::Scenario),
         Some(other) => Err(doc.problem(
             "kind",
             format!(
-                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand, Gateway or Autoscaler"
+                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand, Gateway, Autoscaler or Scenario"
             ),
         )),
         None => Err(doc.problem(
             "kind",
-            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand, Gateway or Autoscaler)",
+            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand, Gateway, Autoscaler or Scenario)",
         )),
     }
 }
@@ -364,7 +370,11 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
             Parsed::Job(n, _) => n.clone(),
-            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway | Parsed::Autoscaler => {
+            Parsed::Cluster(..)
+            | Parsed::Demand(..)
+            | Parsed::Gateway
+            | Parsed::Autoscaler
+            | Parsed::Scenario => {
                 continue;
             }
         };
@@ -402,7 +412,11 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Cluster(..) | Parsed::Demand(..) | Parsed::Gateway | Parsed::Autoscaler => {}
+            Parsed::Cluster(..)
+            | Parsed::Demand(..)
+            | Parsed::Gateway
+            | Parsed::Autoscaler
+            | Parsed::Scenario => {}
         }
     }
 
@@ -418,6 +432,12 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         .map(|(doc, _)| doc.file.clone())
         .collect();
     autoscalers.dedup();
+    let mut scenarios: Vec<PathBuf> = parsed
+        .iter()
+        .filter(|(_, p)| matches!(p, Parsed::Scenario))
+        .map(|(doc, _)| doc.file.clone())
+        .collect();
+    scenarios.dedup();
 
     // Demand: at most one document; every name a loaded model policy.
     let mut demand: Option<BTreeMap<String, u32>> = None;
@@ -456,6 +476,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             demand,
             gateways,
             autoscalers,
+            scenarios,
         })
     } else {
         problems.sort();

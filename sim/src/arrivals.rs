@@ -326,7 +326,7 @@ mod tests {
         let before = a.iter().filter(|r| r.at < 100.0).count() as f64;
         assert!((inside / 10_000.0 - 1.0).abs() < 0.05, "{inside}");
         assert!((before / 1_000.0 - 1.0).abs() < 0.12, "{before}");
-        assert_eq!(a, generate(&[w.clone()], 300.0, 9));
+        assert_eq!(a, generate(std::slice::from_ref(&w), 300.0, 9));
         assert_ne!(a, generate(&[w], 300.0, 10));
     }
 

@@ -55,21 +55,35 @@ fn gpu_figures(cluster: &Cluster) -> BTreeMap<String, (f64, f64, f64)> {
 }
 
 /// Keys made unique: the `k`-th identical key gets `#k`.
-fn keyed(raw: Vec<(String, String, Vec<(String, u32)>, f64, f64)>) -> BTreeMap<String, Vec<Slot>> {
+fn keyed(raw: Vec<(String, Slot)>) -> BTreeMap<String, Vec<Slot>> {
     let mut seen: BTreeMap<String, u32> = BTreeMap::new();
     let mut out: BTreeMap<String, Vec<Slot>> = BTreeMap::new();
-    for (model, key, gpus, speed, memory_per_gpu) in raw {
-        let n = seen.entry(key.clone()).or_default();
-        let key = format!("{key}#{n}");
+    for (model, mut slot) in raw {
+        let n = seen.entry(slot.key.clone()).or_default();
+        slot.key = format!("{}#{n}", slot.key);
         *n += 1;
-        out.entry(model).or_default().push(Slot {
-            key,
-            gpus,
-            speed,
-            memory_per_gpu,
-        });
+        out.entry(model).or_default().push(slot);
     }
     out
+}
+
+/// A replica's part on one GPU of a plan.
+struct Part {
+    node: String,
+    index: u32,
+    what: String,
+    speed: f64,
+    memory: f64,
+}
+
+/// A way to run a model on whole GPUs.
+#[derive(Debug, Clone)]
+struct Shape {
+    gpu_model: String,
+    degree: u32,
+    price: f64,
+    compute: f64,
+    memory_per_gpu: f64,
 }
 
 /// The packer, re-planning from its last plan.
@@ -104,8 +118,7 @@ impl PackerPlacer {
 
     fn slots(&self, plan: &Plan) -> BTreeMap<String, Vec<Slot>> {
         // (model, replica) → its GPUs and what it has on each.
-        let mut parts: BTreeMap<(&str, u32), Vec<(String, u32, String, f64, f64)>> =
-            BTreeMap::new();
+        let mut parts: BTreeMap<(&str, u32), Vec<Part>> = BTreeMap::new();
         let shared: BTreeMap<&str, u8> = plan
             .nodes
             .iter()
@@ -164,30 +177,33 @@ impl PackerPlacer {
                 parts
                     .entry((r.model.as_str(), r.replica))
                     .or_default()
-                    .push((
-                        g.node.clone(),
-                        g.index,
+                    .push(Part {
+                        node: g.node.clone(),
+                        index: g.index,
                         what,
                         speed,
-                        model.memory_gib / f64::from(k),
-                    ));
+                        memory: model.memory_gib / f64::from(k),
+                    });
             }
         }
         let raw = parts
             .into_iter()
             .map(|((model, _), mut on)| {
-                on.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+                on.sort_by(|a, b| (&a.node, a.index).cmp(&(&b.node, b.index)));
                 let key = format!(
                     "{model}@{}",
                     on.iter()
-                        .map(|(n, i, w, _, _)| format!("{n}/{i}/{w}"))
+                        .map(|p| format!("{}/{}/{}", p.node, p.index, p.what))
                         .collect::<Vec<_>>()
                         .join("+")
                 );
-                let gpus = on.iter().map(|(n, i, ..)| (n.clone(), *i)).collect();
-                let speed = on.iter().map(|p| p.3).sum();
-                let mem = on.first().map_or(0.0, |p| p.4);
-                (model.to_string(), key, gpus, speed, mem)
+                let slot = Slot {
+                    key,
+                    gpus: on.iter().map(|p| (p.node.clone(), p.index)).collect(),
+                    speed: on.iter().map(|p| p.speed).sum(),
+                    memory_per_gpu: on.first().map_or(0.0, |p| p.memory),
+                };
+                (model.to_string(), slot)
             })
             .collect();
         keyed(raw)
@@ -229,7 +245,7 @@ pub struct WholeGpuPlacer {
     /// Free healthy GPU indices per node, and the node's GPU model.
     free: Vec<(String, String, Vec<u32>)>,
     /// Per model, its options: (GPU model, degree), cheapest first.
-    shapes: BTreeMap<String, Vec<(String, u32, f64, f64, f64)>>,
+    shapes: BTreeMap<String, Vec<Shape>>,
     held: BTreeMap<String, Vec<Slot>>,
     serial: u64,
 }
@@ -252,7 +268,7 @@ impl WholeGpuPlacer {
             .collect();
         let mut shapes = BTreeMap::new();
         for m in models {
-            let mut options: Vec<(String, u32, f64, f64, f64)> = Vec::new();
+            let mut options: Vec<Shape> = Vec::new();
             // Whole GPUs are what everyone has: used even where the
             // policy lists only sharing modes, so every model can run.
             for gm in &m.gpu_models {
@@ -265,16 +281,16 @@ impl WholeGpuPlacer {
                         && f64::from(k) * g.usable_gib + 1e-9 >= m.memory_gib
                         && f64::from(k) * g.compute + 1e-9 >= m.compute
                 }) {
-                    options.push((
-                        gm.clone(),
-                        k,
-                        f64::from(k) * g.price_per_hour,
-                        g.compute,
-                        m.memory_gib / f64::from(k),
-                    ));
+                    options.push(Shape {
+                        gpu_model: gm.clone(),
+                        degree: k,
+                        price: f64::from(k) * g.price_per_hour,
+                        compute: g.compute,
+                        memory_per_gpu: m.memory_gib / f64::from(k),
+                    });
                 }
             }
-            options.sort_by(|a, b| a.2.total_cmp(&b.2).then(a.1.cmp(&b.1)));
+            options.sort_by(|a, b| a.price.total_cmp(&b.price).then(a.degree.cmp(&b.degree)));
             shapes.insert(m.name.clone(), options);
         }
         WholeGpuPlacer {
@@ -291,8 +307,8 @@ impl WholeGpuPlacer {
     /// The speed of a model's first choice (GPU model and degree), if any
     /// GPU of the cluster holds it.
     pub fn speed_of(&self, model: &str) -> Option<f64> {
-        let (_, k, _, compute, _) = self.shapes.get(model)?.first()?;
-        Some(compute * f64::from(*k))
+        let s = self.shapes.get(model)?.first()?;
+        Some(s.compute * f64::from(s.degree))
     }
 }
 
@@ -315,20 +331,21 @@ impl Placer for WholeGpuPlacer {
             let shapes = self.shapes.get(model).cloned().unwrap_or_default();
             let held = self.held.entry(model.clone()).or_default();
             'more: while held.len() < want as usize {
-                for (gm, k, _, compute, mem) in &shapes {
+                for shape in &shapes {
+                    let k = shape.degree as usize;
                     if let Some(n) = self
                         .free
                         .iter_mut()
-                        .find(|n| &n.1 == gm && n.2.len() >= *k as usize)
+                        .find(|n| n.1 == shape.gpu_model && n.2.len() >= k)
                     {
                         let gpus: Vec<(String, u32)> =
-                            n.2.drain(..*k as usize).map(|i| (n.0.clone(), i)).collect();
+                            n.2.drain(..k).map(|i| (n.0.clone(), i)).collect();
                         self.serial += 1;
                         held.push(Slot {
                             key: format!("{model}@whole#{}", self.serial),
                             gpus,
-                            speed: compute * f64::from(*k),
-                            memory_per_gpu: *mem,
+                            speed: shape.compute * f64::from(shape.degree),
+                            memory_per_gpu: shape.memory_per_gpu,
                         });
                         continue 'more;
                     }

@@ -38,6 +38,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     Err(p) => problems.extend(p.0),
                 }
             }
+            for file in &bundle.scenarios {
+                if let Err(p) = gpuscale_sim::Scenario::load(file) {
+                    problems.extend(p.0);
+                }
+            }
             if !problems.is_empty() {
                 let lines: String = problems.iter().map(|p| format!("{p}\n")).collect();
                 super::emit(&lines)?;
