@@ -148,6 +148,14 @@ pub struct ScenarioSpec {
     /// 5 s).
     #[serde(default = "pack_limit", with = "humantime_serde")]
     pub pack_time_limit: Duration,
+    /// The packer's clock-bound improvement of its heuristic plan
+    /// (`--improve-limit`; the controller's default is 1 s). 0, the
+    /// default here, skips it: plans are then a function of the input
+    /// alone (the same seed gives the same report at any size), and a day
+    /// of re-plans takes minutes, not hours; the plans may cost a little
+    /// more than the controller's, which counts against gpuscale.
+    #[serde(default, with = "humantime_serde")]
+    pub pack_improve_limit: Duration,
     /// What arrives.
     pub workloads: Vec<WorkloadSpec>,
 }

@@ -146,6 +146,7 @@ fn simulate_with(
     let series_step = (duration / 720.0).max(1.0).round();
     let options = PackOptions {
         time_limit: spec.pack_time_limit,
+        improve_limit: spec.pack_improve_limit,
         ..PackOptions::default()
     };
     let hpa = HpaSettings::default();
@@ -227,7 +228,7 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?})", spec.tick, spec.pack_time_limit),
+        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?})", spec.tick, spec.pack_time_limit, spec.pack_improve_limit),
     );
     settings.insert(
         "hpa".into(),
