@@ -152,16 +152,8 @@ pub fn generate(workloads: &[Workload], duration: f64, seed: u64) -> Vec<Arrival
                     *rate,
                     &w.shape,
                     duration,
-                    |r| Exp1.sample(r),
-                    |rng, at| {
-                        let (prompt, output) = size(&w.tokens, rng);
-                        all.push(Arrival {
-                            at,
-                            workload: i,
-                            prompt,
-                            output,
-                        });
-                    },
+                    &|r| Exp1.sample(r),
+                    &mut |rng, at| all.push(sized(&w.tokens, rng, at, i)),
                 );
             }
             Process::Gamma { rate, cv } => {
@@ -172,16 +164,8 @@ pub fn generate(workloads: &[Workload], duration: f64, seed: u64) -> Vec<Arrival
                     *rate,
                     &w.shape,
                     duration,
-                    |r| gamma.sample(r),
-                    |rng, at| {
-                        let (prompt, output) = size(&w.tokens, rng);
-                        all.push(Arrival {
-                            at,
-                            workload: i,
-                            prompt,
-                            output,
-                        });
-                    },
+                    &|r| gamma.sample(r),
+                    &mut |rng, at| all.push(sized(&w.tokens, rng, at, i)),
                 );
             }
             Process::Trace {
@@ -228,6 +212,17 @@ pub fn generate(workloads: &[Workload], duration: f64, seed: u64) -> Vec<Arrival
     all
 }
 
+/// An arrival at `at` of workload `i`, sized by `tokens`.
+fn sized(tokens: &Tokens, rng: &mut Xoshiro256PlusPlus, at: f64, i: u32) -> Arrival {
+    let (prompt, output) = size(tokens, rng);
+    Arrival {
+        at,
+        workload: i,
+        prompt,
+        output,
+    }
+}
+
 fn size(tokens: &Tokens, rng: &mut Xoshiro256PlusPlus) -> (u32, u32) {
     match tokens {
         Tokens::Fixed { prompt, output } => (*prompt, *output),
@@ -245,8 +240,8 @@ fn shaped(
     rate: f64,
     shape: &Shape,
     duration: f64,
-    gap: impl Fn(&mut Xoshiro256PlusPlus) -> f64,
-    mut emit: impl FnMut(&mut Xoshiro256PlusPlus, f64),
+    gap: &dyn Fn(&mut Xoshiro256PlusPlus) -> f64,
+    emit: &mut dyn FnMut(&mut Xoshiro256PlusPlus, f64),
 ) {
     if rate <= 0.0 {
         return;

@@ -344,6 +344,30 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         Some((now + service.as_secs_f64(), Event::Complete { rep: r, req }))
     }
 
+    // Hands a model's free slots to its waiters and starts them.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        setup: &Setup<'_>,
+        reps: &mut [Rep],
+        rt: &mut [ModelRt],
+        pending: &mut HashMap<u64, Pending>,
+        g: &mut Gauges,
+        out: &mut Outcome,
+        now: f64,
+        base: Instant,
+        m: usize,
+    ) -> Vec<(f64, Event)> {
+        let grants = rt[m]
+            .pool
+            .dispatch(base + Duration::from_secs_f64(now.max(0.0)));
+        grants
+            .into_iter()
+            .filter_map(|(req, rid, _)| {
+                start(setup, reps, rt, pending, g, out, now, base, m, req, rid)
+            })
+            .collect()
+    }
+
     loop {
         let next_event = heap.peek().map(|Reverse((t, _, _))| *t);
         let arrival = setup.arrivals.get(next_arrival);
@@ -475,22 +499,18 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     let slot = reps[rep].slot.clone();
                     g.occupy(&slot, placer, -1.0);
                 }
-                for (req, rid, _) in rt[m].pool.dispatch(at(now)) {
-                    if let Some((t, e)) = start(
-                        setup,
-                        &mut reps,
-                        &mut rt,
-                        &mut pending,
-                        &mut g,
-                        &mut out,
-                        now,
-                        base,
-                        m,
-                        req,
-                        rid,
-                    ) {
-                        push(&mut heap, t, e);
-                    }
+                for (t, e) in dispatch(
+                    setup,
+                    &mut reps,
+                    &mut rt,
+                    &mut pending,
+                    &mut g,
+                    &mut out,
+                    now,
+                    base,
+                    m,
+                ) {
+                    push(&mut heap, t, e);
                 }
             }
             Event::Ready { rep } => {
@@ -504,22 +524,18 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     .add_replica(reps[rep].endpoint.clone(), Some(models[m].max_concurrency));
                 reps[rep].id = Some(id);
                 rt[m].by_id.insert(id, rep);
-                for (req, rid, _) in rt[m].pool.dispatch(at(now)) {
-                    if let Some((t, e)) = start(
-                        setup,
-                        &mut reps,
-                        &mut rt,
-                        &mut pending,
-                        &mut g,
-                        &mut out,
-                        now,
-                        base,
-                        m,
-                        req,
-                        rid,
-                    ) {
-                        push(&mut heap, t, e);
-                    }
+                for (t, e) in dispatch(
+                    setup,
+                    &mut reps,
+                    &mut rt,
+                    &mut pending,
+                    &mut g,
+                    &mut out,
+                    now,
+                    base,
+                    m,
+                ) {
+                    push(&mut heap, t, e);
                 }
                 // Capacity-ready reaction: the decided count serves.
                 for (k, &(om, _)) in setup.onsets.iter().enumerate() {
