@@ -10,8 +10,10 @@
 //!   implements it: an External metric with an `AverageValue` target (the
 //!   gateway's requests in flight plus waiting, per replica, against the
 //!   policy's `targetQueueDepth`), synced every 15 s, tolerance 0.1, the
-//!   default behaviour (up: the larger of 100 % and 4 pods per 15 s, no
-//!   stabilisation; down: 300 s stabilisation, 100 % per 15 s), at least
+//!   documented default `behavior` written out in the HPA (up: the larger
+//!   of 100 % and 4 pods per 15 s, no stabilisation; down: 300 s
+//!   stabilisation, 100 % per 15 s; an HPA with no `behavior` at all runs
+//!   the older `normalizeDesiredReplicas`, up to max(2×, 4)), at least
 //!   one replica; the metric as Prometheus last scraped it (every 15 s,
 //!   the sync running 5 s after a scrape).
 //! - **KEDA** ([`Keda`]): that HPA, plus KEDA's operator polling every
@@ -401,8 +403,13 @@ impl Autoscaler for Keda {
                         counts.insert(m.name.clone(), m.scaling.min_replicas.max(1));
                     }
                 } else if m.scaling.min_replicas == 0 && c > 0 {
-                    let since = self.last_active.get(&m.name).copied().unwrap_or_default();
-                    if now >= since + self.settings.cooldown {
+                    // Never active: KEDA scales to zero at once (its
+                    // `initialCooldownPeriod` defaults to 0).
+                    let cooled = self
+                        .last_active
+                        .get(&m.name)
+                        .is_none_or(|&since| now >= since + self.settings.cooldown);
+                    if cooled {
                         counts.insert(m.name.clone(), 0);
                     }
                 }
@@ -576,10 +583,11 @@ impl Autoscaler for Kpa {
                 activate.push(m.name.clone());
             }
         }
-        if now < self.next_tick && activate.is_empty() {
+        let tick = now >= self.next_tick;
+        if !tick && activate.is_empty() {
             return None;
         }
-        if now >= self.next_tick {
+        if tick {
             self.next_tick = now + self.settings.tick;
         }
         let models = self.models.clone();
@@ -588,9 +596,15 @@ impl Autoscaler for Kpa {
                 .iter()
                 .map(|m| {
                     let c = current.get(&m.name).copied().unwrap_or(0);
+                    let woken = activate.contains(&m.name);
+                    // Between ticks only a model the activator wakes is
+                    // scaled (to one); the others keep their count.
+                    if !tick && !woken {
+                        return (m.name.clone(), c);
+                    }
                     let r = ready.get(&m.name).copied().unwrap_or(0);
-                    let mut d = self.scale(m, now, c, r);
-                    if activate.contains(&m.name) {
+                    let mut d = if tick { self.scale(m, now, c, r) } else { c };
+                    if woken {
                         d = d.max(1);
                     }
                     (m.name.clone(), d)

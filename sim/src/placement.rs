@@ -119,10 +119,14 @@ impl PackerPlacer {
     fn slots(&self, plan: &Plan) -> BTreeMap<String, Vec<Slot>> {
         // (model, replica) → its GPUs and what it has on each.
         let mut parts: BTreeMap<(&str, u32), Vec<Part>> = BTreeMap::new();
-        let shared: BTreeMap<&str, u8> = plan
+        // Nodes that time-slice a MIG profile: (profile, shares).
+        let shared: BTreeMap<&str, (&str, u8)> = plan
             .nodes
             .iter()
-            .filter_map(|n| Some((n.name.as_str(), n.mig_timeslice.as_ref()?.replicas)))
+            .filter_map(|n| {
+                let t = n.mig_timeslice.as_ref()?;
+                Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
+            })
             .collect();
         for g in &plan.gpus {
             let Some(gm) = self.cluster.catalog.get(&g.gpu_model) else {
@@ -143,21 +147,26 @@ impl PackerPlacer {
                                 Some((m.profile(&profile)?.compute_slices, m.compute_slices))
                             })
                             .map_or(1.0, |(p, all)| f64::from(p) / f64::from(all));
-                        // A time-sliced instance: as many replicas as the
-                        // node's config says share it.
-                        let on_instance = g
-                            .replicas
-                            .iter()
-                            .filter(|o| o.profile == r.profile && o.start == r.start)
-                            .count();
-                        let n = if on_instance > 1 {
-                            f64::from(shared.get(g.node.as_str()).copied().unwrap_or(1).max(1))
-                        } else {
-                            1.0
+                        // On a node that time-slices this profile, each
+                        // replica is one of `n` shares of its instance.
+                        let n = match shared.get(g.node.as_str()) {
+                            Some(&(p, n)) if p == profile => n.max(1),
+                            _ => 1,
                         };
+                        // The key holds the GPU's whole geometry: a GPU
+                        // reconfigured is wiped, its replicas restart.
+                        let geometry: Vec<String> = g
+                            .geometry
+                            .iter()
+                            .map(|p| format!("{}@{}", p.profile, p.start))
+                            .collect();
                         (
-                            format!("mig-{profile}@{}", r.start.unwrap_or(0)),
-                            gm.compute * slices / n,
+                            format!(
+                                "mig[{}]-{profile}@{}x{n}",
+                                geometry.join(","),
+                                r.start.unwrap_or(0)
+                            ),
+                            gm.compute * slices / f64::from(n),
                         )
                     }
                     Mode::Timeslice => {

@@ -584,8 +584,11 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     if spec.duration.is_zero() {
         bad("spec.duration".into(), "must be more than 0");
     }
-    if spec.tick.is_zero() {
-        bad("spec.tick".into(), "must be more than 0");
+    if spec.tick.is_zero() || spec.tick.subsec_nanos() != 0 {
+        bad(
+            "spec.tick".into(),
+            "must be a whole number of seconds, at least 1s (the simulation steps every second)",
+        );
     }
     if spec.gateway.max_queue == 0 {
         bad("spec.gateway.maxQueue".into(), "must be at least 1");
@@ -672,6 +675,12 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             if !(s.factor >= 0.0 && s.factor.is_finite()) {
                 bad(at(&format!("arrivals.steps[{k}].factor")), "must be ≥ 0");
             }
+        }
+        if a.trace.is_none() && w.tokens.is_none() {
+            bad(
+                at("tokens"),
+                "a generator needs request sizes: `tokens: {trace: FILE}` or `{prompt: N, output: N}`",
+            );
         }
         if let Some(t) = &w.tokens {
             match (t.trace.is_some(), t.prompt.is_some() || t.output.is_some()) {

@@ -115,6 +115,20 @@ fn keda_activates_at_its_poll_and_goes_to_zero_after_the_cooldown() {
 }
 
 #[test]
+fn keda_takes_a_model_never_active_to_zero_at_its_first_poll() {
+    // `initialCooldownPeriod` defaults to 0: a ScaledObject whose trigger
+    // has never been active scales its target to zero at once.
+    let m = model(0, 10, 5.0, 10);
+    let mut keda = Keda::new(
+        std::slice::from_ref(&m),
+        HpaSettings::default(),
+        KedaSettings::default(),
+    );
+    let mut n = 2;
+    assert_eq!(drive(&mut keda, &mut n, 0, 10, |_| 0.0), vec![(0, 0)]);
+}
+
+#[test]
 fn kpa_panics_at_twice_its_capacity_and_never_scales_down_in_panic() {
     // Concurrency 10 per replica at 70 %: target 7 per replica.
     let m = model(1, 100, 5.0, 10);

@@ -272,6 +272,12 @@ spec:
                 && t.contains("spec.workloads[2].arrivals.trace.file")),
         "{text:#?}"
     );
+    // A generator with no request sizes.
+    assert!(
+        text.iter()
+            .any(|t| t.contains("spec.workloads[1].tokens") && t.contains("needs request sizes")),
+        "{text:#?}"
+    );
     // A type error: located at its field.
     let typo = write(
         d,
