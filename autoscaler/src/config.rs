@@ -41,6 +41,14 @@ pub struct AutoscalerSpec {
     /// Decision interval when nothing pushes an event.
     #[serde(default = "one_second", with = "humantime_serde")]
     pub interval: Duration,
+    /// How often a re-plan may move running replicas to save GPUs (a move
+    /// is a cold start); between, re-plans keep every running replica
+    /// where it is and add or remove on top. 0s (the default): every
+    /// re-plan may move — on the Azure trace that costs fewer GPU-hours
+    /// and fewer cold starts than keeping for 10 minutes (`bench/README.md`,
+    /// Simulator).
+    #[serde(default = "consolidate_every", with = "humantime_serde")]
+    pub consolidate_every: Duration,
     /// Admin listener: `/metrics`, `/healthz`, `/v1/decisions`.
     #[serde(default = "default_admin")]
     pub admin: SocketAddr,
@@ -64,6 +72,13 @@ pub struct AutoscalerSpec {
 
 fn one_second() -> Duration {
     Duration::from_secs(1)
+}
+
+/// The default `consolidateEvery`: 0s, every re-plan may move.
+pub const DEFAULT_CONSOLIDATE_EVERY: Duration = Duration::ZERO;
+
+fn consolidate_every() -> Duration {
+    DEFAULT_CONSOLIDATE_EVERY
 }
 
 fn default_admin() -> SocketAddr {

@@ -31,7 +31,7 @@ use crate::recommend::{Mode, State};
 
 /// Decisions on stream events are at most this frequent (ticks always
 /// decide).
-const MIN_EVENT_GAP: Duration = Duration::from_millis(100);
+pub const MIN_EVENT_GAP: Duration = Duration::from_millis(100);
 
 /// Longest a placement solve may take (HiGHS returns its best plan then).
 pub const PACK_BUDGET: Duration = Duration::from_secs(5);
@@ -245,6 +245,8 @@ pub struct Controller {
     metrics: Metrics,
     report: Report,
     last_decision: Option<Instant>,
+    /// When a re-plan last could move running replicas.
+    last_consolidation: Option<Instant>,
 }
 
 /// How long a round of the control loop may take before `/healthz`
@@ -319,6 +321,7 @@ impl Controller {
                 }),
             },
             last_decision: None,
+            last_consolidation: None,
         }
     }
 
@@ -591,8 +594,17 @@ impl Controller {
         let wanted = desired.clone();
         let on = current.clone();
         let basis = self.plan.as_ref().and_then(|p| p.basis.clone());
+        // Moves (cold starts) only at a consolidation; between, what
+        // runs stays where it is.
+        let keep = self
+            .last_consolidation
+            .is_some_and(|t| t.elapsed() < self.settings.spec.consolidate_every);
+        if !keep {
+            self.last_consolidation = Some(Instant::now());
+        }
         let options = PackOptions {
             time_limit: PACK_BUDGET,
+            keep_running: keep,
             ..PackOptions::default()
         };
         let solved = tokio::task::spawn_blocking(move || {

@@ -10,7 +10,8 @@
 //! 2. **Demand**: queue depth (waiting + in flight) ÷ the per-replica
 //!    target, and arrival rate × observed service time (Little's law) ÷ the
 //!    same target; the larger. **Predictive**: Holt's linear trend on the
-//!    arrival rate, forecast `startupTime` ahead, can only add. **SLO**: a
+//!    arrival rate (smoothed per second, however often it is asked),
+//!    forecast `startupTime` ahead, can only add. **SLO**: a
 //!    p95 (queue wait, time to first token, latency) over its target adds
 //!    capacity in proportion (at most ×2); one within 80 % of its target
 //!    blocks scale-down. Capacity is added in proportion to the replicas
@@ -86,9 +87,9 @@ pub struct Tuning {
     pub fallback_after: u32,
     /// Replicas after `fallback_after` failures; `None`: hold.
     pub fallback_replicas: Option<u32>,
-    /// Holt smoothing of the arrival-rate level (0–1).
+    /// Holt smoothing of the arrival-rate level (0–1), per second.
     pub forecast_alpha: f64,
-    /// Holt smoothing of the trend (0–1).
+    /// Holt smoothing of the trend (0–1), per second.
     pub forecast_beta: f64,
     /// Most that SLO feedback multiplies capacity by in one decision.
     pub slo_max_step: f64,
@@ -707,7 +708,13 @@ fn update_forecast(
             if dt <= 0.0 {
                 return Some(level + trend * ahead.as_secs_f64());
             }
-            let (a, b) = (tuning.forecast_alpha, tuning.forecast_beta);
+            // The smoothing factors are per second: an update after `dt`
+            // seconds weighs the new observation 1 − (1 − α)^dt, so the
+            // forecast does not depend on how often it is asked (the
+            // controller decides on every push, up to ten times a second,
+            // and a 0.1 s step of a noisy rate is no trend).
+            let per = |x: f64| 1.0 - (1.0 - x.clamp(0.0, 1.0)).powf(dt);
+            let (a, b) = (per(tuning.forecast_alpha), per(tuning.forecast_beta));
             let predicted = level + trend * dt;
             let new_level = a * rate + (1.0 - a) * predicted;
             // Trend per second.

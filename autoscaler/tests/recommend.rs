@@ -694,6 +694,71 @@ fn the_forecast_scales_ahead_of_a_rising_rate() {
     );
 }
 
+/// The most replicas recommended over 300 s of Poisson arrivals at a
+/// flat 20 req/s, read as the gateway reads them (arrivals in the last
+/// 10 s ÷ 10, stepping 0.1 with every arrival and every departure from
+/// the window), deciding every `step_ms`.
+fn worst_on_a_flat_noisy_rate(step_ms: u64) -> u32 {
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    let tuning = no_panic();
+    let mut state = State::new(5);
+    // Exponential gaps from a fixed LCG (Knuth's MMIX constants).
+    let mut x: u64 = 42;
+    let mut uniform = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    // The window full from the start: arrivals since −10 s.
+    let mut arrivals = std::collections::VecDeque::new();
+    let mut next = -10.0;
+    let mut worst = 0;
+    for i in 0..300_000 / step_ms {
+        let now = (i * step_ms) as f64 / 1000.0;
+        while next <= now {
+            arrivals.push_back(next);
+            next += -uniform().ln() / 20.0;
+        }
+        while arrivals.front().is_some_and(|&t| t <= now - 10.0) {
+            arrivals.pop_front();
+        }
+        let rate = arrivals.len() as f64 / 10.0;
+        let r = recommend(
+            Some(&Observation {
+                in_flight: 40.0,
+                arrival_rate: rate,
+                service_time: Some(2.0),
+                ..Observation::default()
+            }),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_millis(i * step_ms),
+        );
+        worst = worst.max(r.replicas);
+    }
+    worst
+}
+
+#[test]
+fn a_forecast_asked_ten_times_a_second_reads_no_more_trend_than_once() {
+    // The controller decides on every push, up to ten times a second.
+    // Holt's smoothing per observation would read each 0.1 step of the
+    // rate in 0.1 s as a trend of 1 req/s² (30 req/s 30 s ahead): 14
+    // replicas where deciding once a second asks for 8. Per second, how
+    // often it is asked does not matter.
+    let once = worst_on_a_flat_noisy_rate(1000);
+    let often = worst_on_a_flat_noisy_rate(100);
+    assert!(once <= 8, "{once} replicas for 20 req/s × 2 s ÷ 8");
+    assert!(
+        often <= once + 1,
+        "{often} deciding every 100 ms, {once} every second"
+    );
+}
+
 /// A model on a simulated clock that advances a second per decision.
 struct Clock<'a> {
     model: &'a Model,

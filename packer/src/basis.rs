@@ -164,7 +164,8 @@ fn class_key(class: &Class) -> BasisClass {
 }
 
 /// The models (every field, in order) and the options that shape the LP
-/// (not the clocks, the gap or the log).
+/// (not the clocks, the gap, the log or whether running replicas are
+/// kept).
 /// The packer's version is in it too: a plan from another build (whose LP
 /// may differ) is solved in full.
 fn policies_digest(models: &[Model], options: &PackOptions) -> String {
@@ -173,6 +174,7 @@ fn policies_digest(models: &[Model], options: &PackOptions) -> String {
         improve_limit: Default::default(),
         mip_rel_gap: 0.0,
         solver_log: false,
+        keep_running: false,
         ..options.clone()
     };
     digest(&format!(

@@ -87,6 +87,14 @@ pub struct PackOptions {
     pub fractional_compute_cap: f64,
     /// Let HiGHS write its log to stdout (for diagnosing slow solves).
     pub solver_log: bool,
+    /// A re-plan keeps every running replica where it is whenever that
+    /// places every wanted replica (replicas beyond the demand leave in
+    /// place, new ones go on top, on new GPUs if need be), without a
+    /// solve; it moves or reconfigures only when keeping cannot place them
+    /// all. Off (the default): a re-plan moves replicas whenever that
+    /// saves more than the MIP gap. The controller keeps between
+    /// consolidations when `consolidateEvery` is set.
+    pub keep_running: bool,
 }
 
 impl Default for PackOptions {
@@ -104,6 +112,7 @@ impl Default for PackOptions {
             fractional_memory_headroom: 0.05,
             fractional_compute_cap: 1.0,
             solver_log: false,
+            keep_running: false,
         }
     }
 }
@@ -166,6 +175,12 @@ pub fn pack_from(
     let mut classes = classes::build(cluster, models, options);
     if let Some(prior) = prior
         && let Some(mut plan) = on_top(cluster, models, &wanted, options, &classes, prior, start)
+    {
+        plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
+        return Ok(plan);
+    }
+    if options.keep_running
+        && let Some(mut plan) = kept(cluster, models, &wanted, options, &classes, prior, start)
     {
         plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
         return Ok(plan);
@@ -263,6 +278,48 @@ fn on_top(
     let mut plan = figures(cluster, models, wanted, &solved, decoded);
     plan.pools = pools(classes, &solved, &plan.gpus);
     plan.basis = Some(prior.clone());
+    Some(plan)
+}
+
+/// The re-plan that keeps everything running where it is, trims the
+/// models that want fewer and adds the others' new replicas on top
+/// ([`ilp::pinned`]), with no solve; `None` when nothing runs yet or
+/// keeping cannot place every wanted replica. Its bound is the prior's
+/// where the prior admits this demand (no less of any model), else 0 (not
+/// proven); it is never called optimal.
+fn kept(
+    cluster: &Cluster,
+    models: &[Model],
+    wanted: &[u32],
+    options: &PackOptions,
+    classes: &[classes::Class],
+    prior: Option<&basis::Basis>,
+    start: Instant,
+) -> Option<Plan> {
+    if !ilp::runs_now(classes) {
+        return None;
+    }
+    let counts = ilp::pinned(classes, models, wanted)?;
+    if counts.unplaced.iter().any(|&u| u > 0) {
+        return None;
+    }
+    let decoded = decode::decode(cluster, models, classes, &counts);
+    let (placed, _) = placed_and_cost(cluster, &counts, &decoded);
+    if placed < wanted.iter().sum::<u32>() || decoded.moves > 0 || decoded.reconfigured > 0 {
+        return None;
+    }
+    let bound = prior.and_then(|p| Some((p, p.admits(classes, models, wanted, options)?)));
+    let solved = ilp::Solved {
+        counts,
+        optimal: false,
+        lp_cost: bound.as_ref().map_or(0.0, |(p, _)| p.lp_cost),
+        lp_gpus: bound.as_ref().map_or(0.0, |(p, _)| p.lp_gpus),
+        lp_class_gpus: bound.map_or_else(|| vec![0.0; classes.len()], |(_, g)| g),
+        solve_ms: start.elapsed().as_secs_f64() * 1e3,
+    };
+    let mut plan = figures(cluster, models, wanted, &solved, decoded);
+    plan.pools = pools(classes, &solved, &plan.gpus);
+    plan.basis = prior.cloned();
     Some(plan)
 }
 

@@ -254,3 +254,57 @@ fn an_idle_fractional_gpu_is_not_opened_for_what_fits_beside_what_runs() {
     assert_eq!(plan.gpus_used, fresh.gpus_used);
     assert!(plan.cost_per_hour <= fresh.cost_per_hour + 1e-9);
 }
+
+#[test]
+fn keeping_what_runs_moves_nothing_unless_only_a_move_places_every_replica() {
+    let keep = PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    };
+    let on = |p: &Plan| -> Vec<(String, u32, Option<u8>)> {
+        let mut v: Vec<_> = p
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                g.replicas
+                    .iter()
+                    .map(|r| (g.node.clone(), g.index, r.start))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    // Seven `small` on one of two GPUs (seven 1g.10gb instances).
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let models = small();
+    let seven = common::demand(&[("small", 7)]);
+    let first = pack(&cluster, &models, &seven, &PackOptions::default()).unwrap();
+    assert_eq!((placed(&first), first.gpus_used), (7, 1));
+    let now = first.apply_to(&cluster);
+    // Down to two: five leave, two stay where they were, nothing moves.
+    let two = common::demand(&[("small", 2)]);
+    let down = pack_from(&now, &models, &two, &keep, first.basis.as_ref()).unwrap();
+    assert_eq!(
+        (placed(&down), down.moves, down.reconfigured_gpus),
+        (2, 0, 0)
+    );
+    let before = on(&first);
+    assert!(on(&down).iter().all(|r| before.contains(r)));
+    // A smaller demand's LP may be lower: the prior's bound is not claimed.
+    assert_eq!(down.lp_bound_cost, 0.0);
+    // Back up to seven on top of the two, in the free instances.
+    let then = down.apply_to(&now);
+    let up = pack_from(&then, &models, &seven, &keep, down.basis.as_ref()).unwrap();
+    assert_eq!(
+        (placed(&up), up.gpus_used, up.moves, up.reconfigured_gpus),
+        (7, 1, 0, 0)
+    );
+    assert!(on(&down).iter().all(|r| on(&up).contains(r)));
+
+    // One GPU running three in a geometry with six instances: only a
+    // reconfiguration places seven, so the solve runs and makes it.
+    let cluster = common::cluster(&[("n", "H100-80GB", 1)]);
+    let (models, _, first, now) = three_small(&cluster);
+    let plan = pack_from(&now, &models, &seven, &keep, first.basis.as_ref()).unwrap();
+    assert_eq!((placed(&plan), plan.reconfigured_gpus), (7, 1));
+}

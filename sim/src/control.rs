@@ -4,7 +4,10 @@
 //!
 //! - **gpuscale**: the real decision round
 //!   ([`gpuscale_autoscaler::decide::recommend_all`]: `recommend()` per
-//!   model) every tick, and the packer's answer taken back
+//!   model) every tick and on the gateway's pushes (as the controller
+//!   does on `/v1/queues/stream`, at most every
+//!   [`MIN_EVENT_GAP`](gpuscale_autoscaler::controller::MIN_EVENT_GAP)),
+//!   and the packer's answer taken back
 //!   ([`gpuscale_autoscaler::decide::take_placement`]).
 //! - **HPA v2** ([`Hpa`]), as `pkg/controller/podautoscaler` documents and
 //!   implements it: an External metric with an `AverageValue` target (the
@@ -32,6 +35,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use gpuscale_autoscaler::controller::MIN_EVENT_GAP;
 use gpuscale_autoscaler::decide::{recommend_all, take_placement};
 use gpuscale_autoscaler::{Observation, State, Tuning};
 use gpuscale_packer::Plan;
@@ -50,6 +54,22 @@ pub trait Autoscaler {
         current: &BTreeMap<String, u32>,
         ready: &BTreeMap<String, u32>,
     ) -> Option<BTreeMap<String, u32>>;
+
+    /// Whether it also decides on the gateway's pushes, and at most how
+    /// often: `None` for the autoscalers that only poll.
+    fn pushed(&self) -> Option<Duration> {
+        None
+    }
+
+    /// A decision on a push (only called when [`Autoscaler::pushed`] says
+    /// so); the periodic schedule of [`Autoscaler::step`] is unchanged.
+    fn push(
+        &mut self,
+        _now: Duration,
+        _observations: &BTreeMap<String, Observation>,
+    ) -> Option<BTreeMap<String, u32>> {
+        None
+    }
 
     /// What was placed of the last decision (the packer's plan when it
     /// was the packer). gpuscale takes it back; the others, like HPA, keep
@@ -102,6 +122,18 @@ impl Autoscaler for Gpuscale {
             return None;
         }
         self.next = now + self.tick;
+        self.push(now, observations)
+    }
+
+    fn pushed(&self) -> Option<Duration> {
+        Some(MIN_EVENT_GAP)
+    }
+
+    fn push(
+        &mut self,
+        now: Duration,
+        observations: &BTreeMap<String, Observation>,
+    ) -> Option<BTreeMap<String, u32>> {
         self.recs = recommend_all(
             &self.models,
             Some(observations),

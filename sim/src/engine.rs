@@ -3,7 +3,8 @@
 //! displacement, 429 when full, 503 after the queue timeout), replicas
 //! serving at their share's speed (the [`ServiceProfile`] shared with
 //! `gpuscale sim-server`), cold starts, and the autoscaler stepped every
-//! simulated second with the gateway's view (built by the gateway's own
+//! simulated second (and, for gpuscale, on the gateway's pushes) with the
+//! gateway's view (built by the gateway's own
 //! [`QueueView`] and statistics, read by the autoscaler's own
 //! [`observations`]). Deterministic: no clock, no thread, ties broken by
 //! event order.
@@ -147,6 +148,8 @@ enum Event {
     Timeout { model: usize, req: u64 },
     /// The autoscaler's step.
     Tick,
+    /// The gateway's push to an autoscaler that listens for them.
+    Decide,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +177,8 @@ struct Pending {
     /// When it left the queue, and the time to its first token from then.
     started: f64,
     first: f64,
+    /// Compute it keeps busy while it runs (its share of its replica's).
+    busy: f64,
 }
 
 struct ModelRt {
@@ -287,7 +292,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     let mut series_arrivals = 0u64;
     if setup.initial.values().any(|&n| n > 0) {
         let mut desired = setup.initial.clone();
-        let slots = placer.place(&desired);
+        let slots = placer.place(&desired, 0.0);
         autoscaler.placed(placer.plan(), &mut desired);
         for (i, m) in models.iter().enumerate() {
             let empty = Vec::new();
@@ -310,6 +315,13 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         current = desired;
     }
     push(&mut heap, 0.0, Event::Tick);
+    // Pushed decisions: the gateway pushes its queues 10 ms after a change
+    // (coalesced); the controller decides at most every `gap`. Pushed
+    // here on every arrival (completions only lower the load: the next
+    // tick sees them).
+    let gap = autoscaler.pushed().map(|d| d.as_secs_f64());
+    let mut last_decision = f64::NEG_INFINITY;
+    let mut push_due = false;
     let limit = setup.duration + setup.queue_timeout + 3600.0;
 
     // Starts a request on a replica.
@@ -340,7 +352,8 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         let stamp = base + Duration::from_secs_f64(now);
         rt[m].stats.queue_wait.record(stamp, wait);
         out.queue_wait.record(wait);
-        g.busy += rep.slot.speed / f64::from(setup.models[m].max_concurrency.max(1));
+        p.busy = rep.slot.speed / f64::from(setup.models[m].max_concurrency.max(1));
+        g.busy += p.busy;
         Some((now + service.as_secs_f64(), Event::Complete { rep: r, req }))
     }
 
@@ -400,8 +413,19 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     output: a.output,
                     started: now,
                     first: 0.0,
+                    busy: 0.0,
                 },
             );
+            if let Some(gap) = gap
+                && !push_due
+            {
+                push_due = true;
+                push(
+                    &mut heap,
+                    (now + 0.010).max(last_decision + gap),
+                    Event::Decide,
+                );
+            }
             match rt[m].pool.acquire(at(now)) {
                 Some((rid, _)) => {
                     if let Some((t, e)) = start(
@@ -454,7 +478,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                 let r = &mut reps[rep];
                 let m = r.model;
                 r.running -= 1;
-                g.busy -= r.slot.speed / f64::from(models[m].max_concurrency.max(1));
+                g.busy -= p.busy;
                 let latency = now - p.arrival;
                 let model = &models[m];
                 let ttft = p.started + p.first - p.arrival;
@@ -555,7 +579,11 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     reject(&mut pending, &mut out, models, model, req, true);
                 }
             }
-            Event::Tick => {
+            Event::Tick | Event::Decide => {
+                let pushed = event == Event::Decide;
+                if pushed {
+                    push_due = false;
+                }
                 let stamp = at(now);
                 let mut view = serde_json::Map::new();
                 for (i, m) in models.iter().enumerate() {
@@ -574,12 +602,20 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     .map(|(i, m)| (m.name.clone(), ready_count(&reps, i)))
                     .collect();
                 let since = Duration::from_secs_f64(now);
-                if let Some(mut desired) = autoscaler.step(since, &obs, &current, &ready) {
+                let decided = if pushed {
+                    autoscaler.push(since, &obs)
+                } else {
+                    autoscaler.step(since, &obs, &current, &ready)
+                };
+                if decided.is_some() {
+                    last_decision = now;
+                }
+                if let Some(mut desired) = decided {
                     for m in models {
                         desired.entry(m.name.clone()).or_insert(0);
                     }
                     if desired != current {
-                        let slots = placer.place(&desired);
+                        let slots = placer.place(&desired, now);
                         autoscaler.placed(placer.plan(), &mut desired);
                         for (i, m) in models.iter().enumerate() {
                             let before = current.get(&m.name).copied().unwrap_or(0);
@@ -614,6 +650,9 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         }
                         current = desired;
                     }
+                }
+                if pushed {
+                    continue;
                 }
                 if now + 1e-9 >= series_next && now <= setup.duration {
                     let step = setup.series_step;
@@ -735,7 +774,10 @@ fn apply(
         }
     }
     for s in want {
-        if rt[m].live.contains_key(&s.key) {
+        if let Some(&r) = rt[m].live.get(&s.key) {
+            // Kept: same GPUs; its speed follows its co-tenants (requests
+            // already running keep theirs).
+            reps[r].slot.speed = s.speed;
             continue;
         }
         let r = reps.len();

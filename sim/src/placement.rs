@@ -19,7 +19,10 @@ use gpuscale_policies::{Cluster, Model};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slot {
     /// Identity across re-plans: the same key is the same running replica
-    /// (a replica whose key changes is a new one, with a cold start).
+    /// (a replica whose key changes is a new one, with a cold start). It
+    /// holds the GPUs, the sharing mode and, for MIG, the GPU's geometry
+    /// (a GPU reconfigured is wiped); not the number of time-sliced or MPS
+    /// co-tenants, which changes the replica's speed, not the replica.
     pub key: String,
     /// Its GPUs as (node, index).
     pub gpus: Vec<(String, u32)>,
@@ -31,9 +34,10 @@ pub struct Slot {
 
 /// Replicas wanted → slots per model.
 pub trait Placer {
-    /// Places `desired` (replicas per model policy). A model may get fewer
-    /// slots than it asked for when the cluster is full.
-    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>>;
+    /// Places `desired` (replicas per model policy) at `now` (seconds). A
+    /// model may get fewer slots than it asked for when the cluster is
+    /// full.
+    fn place(&mut self, desired: &BTreeMap<String, u32>, now: f64) -> BTreeMap<String, Vec<Slot>>;
     /// The packer's last plan, when there is one.
     fn plan(&self) -> Option<&Plan> {
         None
@@ -98,11 +102,20 @@ pub struct PackerPlacer {
     pub failures: u32,
     /// Milliseconds spent packing.
     pub solve_ms: f64,
+    /// Seconds between re-plans that may move running replicas.
+    consolidate_every: f64,
+    last_consolidation: Option<f64>,
 }
 
 impl PackerPlacer {
-    /// A packer over `cluster` as it is now.
-    pub fn new(cluster: Cluster, models: Vec<Model>, options: PackOptions) -> Self {
+    /// A packer over `cluster` as it is now, which moves running replicas
+    /// at most once per `consolidate_every` (the controller's rule).
+    pub fn new(
+        cluster: Cluster,
+        models: Vec<Model>,
+        options: PackOptions,
+        consolidate_every: std::time::Duration,
+    ) -> Self {
         let figures = gpu_figures(&cluster);
         PackerPlacer {
             cluster,
@@ -113,6 +126,8 @@ impl PackerPlacer {
             last: BTreeMap::new(),
             failures: 0,
             solve_ms: 0.0,
+            consolidate_every: consolidate_every.as_secs_f64(),
+            last_consolidation: None,
         }
     }
 
@@ -162,7 +177,7 @@ impl PackerPlacer {
                             .collect();
                         (
                             format!(
-                                "mig[{}]-{profile}@{}x{n}",
+                                "mig[{}]-{profile}@{}",
                                 geometry.join(","),
                                 r.start.unwrap_or(0)
                             ),
@@ -171,11 +186,11 @@ impl PackerPlacer {
                     }
                     Mode::Timeslice => {
                         let n = g.timeslice_replicas.unwrap_or(1).max(1);
-                        (format!("timeslice-{n}"), gm.compute / f64::from(n))
+                        ("timeslice".to_string(), gm.compute / f64::from(n))
                     }
                     Mode::Mps => {
                         let n = g.mps_replicas.unwrap_or(1).max(1);
-                        (format!("mps-{n}"), gm.compute / f64::from(n))
+                        ("mps".to_string(), gm.compute / f64::from(n))
                     }
                     Mode::Fractional => {
                         let (_, pct) = fractional_need(model, gm.compute, k);
@@ -220,13 +235,23 @@ impl PackerPlacer {
 }
 
 impl Placer for PackerPlacer {
-    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>> {
+    fn place(&mut self, desired: &BTreeMap<String, u32>, now: f64) -> BTreeMap<String, Vec<Slot>> {
+        let keep = self
+            .last_consolidation
+            .is_some_and(|t| now - t < self.consolidate_every);
+        if !keep {
+            self.last_consolidation = Some(now);
+        }
+        let options = PackOptions {
+            keep_running: keep,
+            ..self.options.clone()
+        };
         let current = match &self.plan {
             Some(p) => p.apply_to(&self.cluster),
             None => self.cluster.clone(),
         };
         let basis = self.plan.as_ref().and_then(|p| p.basis.as_ref());
-        match pack_from(&current, &self.models, desired, &self.options, basis) {
+        match pack_from(&current, &self.models, desired, &options, basis) {
             Ok(plan) => {
                 self.solve_ms += plan.solve_ms;
                 self.last = self.slots(&plan);
@@ -322,7 +347,7 @@ impl WholeGpuPlacer {
 }
 
 impl Placer for WholeGpuPlacer {
-    fn place(&mut self, desired: &BTreeMap<String, u32>) -> BTreeMap<String, Vec<Slot>> {
+    fn place(&mut self, desired: &BTreeMap<String, u32>, _now: f64) -> BTreeMap<String, Vec<Slot>> {
         // Releases first, so a model shrinking frees GPUs for one growing.
         for (model, held) in &mut self.held {
             let want = desired.get(model).copied().unwrap_or(0) as usize;

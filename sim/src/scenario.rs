@@ -156,12 +156,22 @@ pub struct ScenarioSpec {
     /// more than the controller's, which counts against gpuscale.
     #[serde(default, with = "humantime_serde")]
     pub pack_improve_limit: Duration,
+    /// How often a re-plan may move running replicas to save GPUs (the
+    /// controller's `consolidateEvery`); between, re-plans keep every
+    /// running replica where it is. 0s (the default): every re-plan may
+    /// move.
+    #[serde(default = "consolidate_every", with = "humantime_serde")]
+    pub consolidate_every: Duration,
     /// What arrives.
     pub workloads: Vec<WorkloadSpec>,
 }
 
 fn pack_limit() -> Duration {
     Duration::from_secs(5)
+}
+
+fn consolidate_every() -> Duration {
+    gpuscale_autoscaler::config::DEFAULT_CONSOLIDATE_EVERY
 }
 
 /// The gateway's admission settings.

@@ -182,6 +182,7 @@ fn simulate_with(
                 scenario.cluster.clone(),
                 models.clone(),
                 options.clone(),
+                spec.consolidate_every,
             )),
             PlacementKind::WholeGpu => Box::new(WholeGpuPlacer::new(&scenario.cluster, models)),
         };
@@ -228,7 +229,7 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?})", spec.tick, spec.pack_time_limit, spec.pack_improve_limit),
+        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?}), moving running replicas at most once per {:?} (consolidateEvery) and keeping them in place otherwise", spec.tick, spec.pack_time_limit, spec.pack_improve_limit, spec.consolidate_every),
     );
     settings.insert(
         "hpa".into(),
