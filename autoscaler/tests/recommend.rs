@@ -656,6 +656,17 @@ fn slo_feedback_scales_the_replicas_serving_and_does_not_compound() {
     }
 }
 
+/// `in_flight` requests on replicas, `rate` arriving per second, each
+/// holding its slot 2 s.
+fn two_second_requests(in_flight: f64, rate: f64) -> Observation {
+    Observation {
+        in_flight,
+        arrival_rate: rate,
+        service_time: Some(2.0),
+        ..Observation::default()
+    }
+}
+
 #[test]
 fn the_forecast_scales_ahead_of_a_rising_rate() {
     let m = model(
@@ -672,12 +683,7 @@ fn the_forecast_scales_ahead_of_a_rising_rate() {
         let rate = s as f64;
         let now_needed = (rate * 2.0 / 8.0).ceil() as u32;
         let r = recommend(
-            Some(&Observation {
-                in_flight: rate * 2.0,
-                arrival_rate: rate,
-                service_time: Some(2.0),
-                ..Observation::default()
-            }),
+            Some(&two_second_requests(rate * 2.0, rate)),
             &m,
             &tuning,
             &mut state,
@@ -727,12 +733,7 @@ fn worst_on_a_flat_noisy_rate(step_ms: u64) -> u32 {
         }
         let rate = arrivals.len() as f64 / 10.0;
         let r = recommend(
-            Some(&Observation {
-                in_flight: 40.0,
-                arrival_rate: rate,
-                service_time: Some(2.0),
-                ..Observation::default()
-            }),
+            Some(&two_second_requests(40.0, rate)),
             &m,
             &tuning,
             &mut state,
