@@ -476,7 +476,22 @@ fn an_exposed_admin_port_without_a_token_is_refused_and_a_bad_token_file_named()
 
 #[test]
 fn validate_checks_the_bench_scenarios_and_locates_a_bad_one() {
-    let out = gpuscale(&["validate", "bench/scenarios/"]);
+    // Every scenario, each with the cluster and policies it names (two
+    // scenarios' clusters are two clusters, so not the folder as one
+    // bundle).
+    let scenarios: Vec<String> = [
+        "azure-conv",
+        "bursty",
+        "diurnal",
+        "fleet-1000",
+        "marketplace",
+    ]
+    .iter()
+    .map(|s| format!("bench/scenarios/{s}.yaml"))
+    .collect();
+    let mut args = vec!["validate"];
+    args.extend(scenarios.iter().map(String::as_str));
+    let out = gpuscale(&args);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("s.yaml");

@@ -650,9 +650,17 @@ fn plural(n: u32) -> &'static str {
     if n == 1 { "replica" } else { "replicas" }
 }
 
-/// Records a recommendation for the stabilisation windows.
+/// Records a recommendation for the stabilisation windows. A run of equal
+/// recommendations is kept as its last one: a window's min and max over
+/// any span ending now are the same with or without the earlier ones (the
+/// run reaches into the window exactly when its last entry does), and the
+/// windows then scan one entry per change, not one per decision (ten a
+/// second on the push stream).
 fn record(state: &mut State, now: Duration, replicas: u32) {
-    state.history.push_back((now, replicas));
+    match state.history.back_mut() {
+        Some((t, r)) if *r == replicas && *t <= now => *t = now,
+        _ => state.history.push_back((now, replicas)),
+    }
 }
 
 fn trim(x: f64) -> String {

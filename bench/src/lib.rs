@@ -7,6 +7,8 @@
 //!
 //! - [`scenario`]: clusters of 100 to 80,000 GPUs of mixed models, a model
 //!   zoo from real model sizes, demand at a set memory fill;
+//! - [`sim_scenarios`]: the simulator's generated scenarios (fleet-1000,
+//!   marketplace), checked in under `bench/scenarios/`;
 //! - [`packer_report`]: gpuscale against first-fit decreasing, one replica
 //!   per whole GPU and the LP bound, in the same run, plus the incremental
 //!   case.
@@ -16,3 +18,4 @@
 
 pub mod packer_report;
 pub mod scenario;
+pub mod sim_scenarios;

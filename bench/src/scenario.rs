@@ -79,6 +79,13 @@ pub struct ModelSpec {
     pub tensor_parallel: &'static str,
     /// The arithmetic, for the YAML comment.
     pub note: String,
+    /// Parameters, billions (of the zoo entry).
+    pub params_b: f64,
+    /// Weights, GiB (at this variant's precision).
+    pub weights_gib: f64,
+    /// The zoo entry's kind (`llm`, `llm-moe`, `embedding`, `speech`,
+    /// `image`).
+    pub kind: String,
     /// Popularity weight.
     pub weight: f64,
 }
@@ -88,64 +95,91 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// `count` model policies from the zoo: each entry in bf16 with a short
 /// context, then fp8 with a longer one, then int4 with the longest.
 pub fn models(zoo: &[ZooEntry], count: usize) -> Vec<ModelSpec> {
-    let variants: [(&str, f64, f64); 3] = [
-        ("bf16", 2.0, 8192.0),
-        ("fp8", 1.0, 32768.0),
-        ("int4", 0.5, 65536.0),
-    ];
     (0..count)
         .map(|i| {
             let z = &zoo[i % zoo.len()];
             let round = i / zoo.len();
-            let (dtype, bytes, tokens) = variants[round % variants.len()];
+            let (dtype, bytes, tokens) = VARIANTS[round % VARIANTS.len()];
             // Past the three variants, longer contexts.
-            let longer = round / variants.len();
+            let longer = round / VARIANTS.len();
             let tokens = tokens * f64::from(1u32 << longer.min(4));
             let suffix = if longer > 0 {
                 format!("-ctx{longer}")
             } else {
                 String::new()
             };
-            let weights = z.params_b * 1e9 * bytes / GIB;
-            let kv = match (z.layers, z.kv_heads, z.head_dim) {
-                (Some(l), Some(h), Some(d)) => {
-                    2.0 * f64::from(l) * f64::from(h) * f64::from(d) * 2.0 * tokens / GIB
-                }
-                _ => 0.0,
-            };
-            let overhead = if z.kind == "image" { 6.0 } else { 2.0 };
-            let memory = weights + kv + overhead;
-            let compute = match z.kind.as_str() {
-                "image" => 0.3,
-                "embedding" => 0.03 + 0.01 * z.params_b,
-                "speech" => 0.08,
-                _ => (0.02 + weights / 180.0).min(4.0),
-            };
-            let (sharing, tensor_parallel) = if memory > 70.0 {
-                ("[whole]", "[2, 4, 8]")
-            } else if memory > 40.0 {
-                ("[mig, whole]", "[1, 2]")
-            } else {
-                ("[mig, timeslice, whole]", "[1]")
-            };
-            ModelSpec {
-                name: format!(
-                    "{}-{dtype}{suffix}",
-                    z.name.to_lowercase().replace(['.', '_'], "-")
-                ),
-                memory_gib: (memory * 100.0).round() / 100.0,
-                compute: (compute * 1000.0).round() / 1000.0,
-                sharing,
-                tensor_parallel,
-                note: format!(
-                    "{} {dtype}: weights {:.2} GiB + KV {:.2} GiB ({} tokens) + overhead {:.1} GiB",
-                    z.name, weights, kv, tokens, overhead
-                ),
-                // Popular small models, rarer big ones.
-                weight: 1.0 / (1.0 + (i % 7) as f64) / memory.sqrt(),
-            }
+            let name = format!(
+                "{}-{dtype}{suffix}",
+                z.name.to_lowercase().replace(['.', '_'], "-")
+            );
+            let (mut m, memory) = variant_with_memory(z, name, dtype, bytes, tokens);
+            // Popular small models, rarer big ones.
+            m.weight = 1.0 / (1.0 + (i % 7) as f64) / memory.sqrt();
+            m
         })
         .collect()
+}
+
+/// The precisions a zoo entry is served in: (name, bytes per parameter,
+/// tokens of KV cache).
+pub const VARIANTS: [(&str, f64, f64); 3] = [
+    ("bf16", 2.0, 8192.0),
+    ("fp8", 1.0, 32768.0),
+    ("int4", 0.5, 65536.0),
+];
+
+/// A zoo entry served at `bytes` per parameter with `tokens` of KV
+/// cache: its memory (weights + KV + overhead), its compute, and what
+/// sharing and tensor-parallel degrees its size allows (weight 1).
+pub fn variant(z: &ZooEntry, name: String, dtype: &str, bytes: f64, tokens: f64) -> ModelSpec {
+    variant_with_memory(z, name, dtype, bytes, tokens).0
+}
+
+fn variant_with_memory(
+    z: &ZooEntry,
+    name: String,
+    dtype: &str,
+    bytes: f64,
+    tokens: f64,
+) -> (ModelSpec, f64) {
+    let weights = z.params_b * 1e9 * bytes / GIB;
+    let kv = match (z.layers, z.kv_heads, z.head_dim) {
+        (Some(l), Some(h), Some(d)) => {
+            2.0 * f64::from(l) * f64::from(h) * f64::from(d) * 2.0 * tokens / GIB
+        }
+        _ => 0.0,
+    };
+    let overhead = if z.kind == "image" { 6.0 } else { 2.0 };
+    let memory = weights + kv + overhead;
+    let compute = match z.kind.as_str() {
+        "image" => 0.3,
+        "embedding" => 0.03 + 0.01 * z.params_b,
+        "speech" => 0.08,
+        _ => (0.02 + weights / 180.0).min(4.0),
+    };
+    let (sharing, tensor_parallel) = if memory > 70.0 {
+        ("[whole]", "[2, 4, 8]")
+    } else if memory > 40.0 {
+        ("[mig, whole]", "[1, 2]")
+    } else {
+        ("[mig, timeslice, whole]", "[1]")
+    };
+    let spec = ModelSpec {
+        name,
+        memory_gib: (memory * 100.0).round() / 100.0,
+        compute: (compute * 1000.0).round() / 1000.0,
+        sharing,
+        tensor_parallel,
+        note: format!(
+            "{} {dtype}: weights {:.2} GiB + KV {:.2} GiB ({} tokens) + overhead {:.1} GiB",
+            z.name, weights, kv, tokens, overhead
+        ),
+        params_b: z.params_b,
+        weights_gib: weights,
+        kind: z.kind.clone(),
+        weight: 1.0,
+    };
+    (spec, memory)
 }
 
 /// Node templates of a cluster of about `gpus` GPUs: (prefix, GPU model,
@@ -267,6 +301,39 @@ impl RuleSet {
     }
 }
 
+impl RuleSet {
+    /// A model's `sharing` list under these rules.
+    pub fn model_sharing(self, m: &ModelSpec) -> String {
+        let extra = self.extra();
+        // Tensor-parallel models (over 70 GiB) may take fractional shares
+        // of their GPUs where HAMi runs (HAMi gives each GPU of a
+        // multi-GPU container its `gpumem`); MPS partitions, handed out
+        // one per request unit, could put two of a replica's shares on
+        // one GPU, so not MPS.
+        if m.sharing == "[whole]" {
+            if extra.contains(&"fractional") {
+                "[whole, fractional]".to_string()
+            } else {
+                m.sharing.to_string()
+            }
+        } else if extra.is_empty() {
+            m.sharing.to_string()
+        } else {
+            format!("{}, {}]", m.sharing.trim_end_matches(']'), extra.join(", "))
+        }
+    }
+
+    /// A node's `sharing` setting under these rules (empty: the default).
+    pub fn node_sharing(self) -> String {
+        let extra = self.extra();
+        if extra.is_empty() {
+            String::new()
+        } else {
+            format!(", sharing: [mig, timeslice, {}]", extra.join(", "))
+        }
+    }
+}
+
 /// The scenario's files: `cluster.yaml`, `policies.yaml`, `demand.yaml`.
 pub fn files(
     gpus: u32,
@@ -274,12 +341,7 @@ pub fn files(
     demand: &BTreeMap<String, u32>,
     rules: RuleSet,
 ) -> Vec<(String, String)> {
-    let extra = rules.extra();
-    let node_sharing = if extra.is_empty() {
-        String::new()
-    } else {
-        format!(", sharing: [mig, timeslice, {}]", extra.join(", "))
-    };
+    let node_sharing = rules.node_sharing();
     let mut cluster = format!(
         "# Generated: about {gpus} GPUs of mixed models.\napiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: bench-{gpus}\nspec:\n  nodes:\n"
     );
@@ -291,22 +353,7 @@ pub fn files(
     }
     let mut policies = String::new();
     for m in models {
-        // Tensor-parallel models (over 70 GiB) may take fractional shares
-        // of their GPUs where HAMi runs (HAMi gives each GPU of a
-        // multi-GPU container its `gpumem`); MPS partitions, handed out
-        // one per request unit, could put two of a replica's shares on
-        // one GPU, so not MPS.
-        let sharing = if m.sharing == "[whole]" {
-            if extra.contains(&"fractional") {
-                "[whole, fractional]".to_string()
-            } else {
-                m.sharing.to_string()
-            }
-        } else if extra.is_empty() {
-            m.sharing.to_string()
-        } else {
-            format!("{}, {}]", m.sharing.trim_end_matches(']'), extra.join(", "))
-        };
+        let sharing = rules.model_sharing(m);
         let _ = write!(
             policies,
             "---\n# {}\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {}\nspec:\n  resources:\n    memoryGiB: {}\n    compute: {}\n    maxConcurrency: 16\n  placement:\n    sharing: {}\n    tensorParallel: {}\n",

@@ -90,8 +90,10 @@ pub struct PackOptions {
     /// A re-plan keeps every running replica where it is whenever that
     /// places every wanted replica (replicas beyond the demand leave in
     /// place, new ones go on top, on new GPUs if need be), without a
-    /// solve; it moves or reconfigures only when keeping cannot place them
-    /// all. Off (the default): a re-plan moves replicas whenever that
+    /// solve; it re-solves (and may move many) only when keeping cannot
+    /// place them all. Decoding the kept counts onto nodes may move a few
+    /// (the plan's `moves` says how many) where a node's role must change
+    /// to hold a new tensor-parallel group. Off (the default): a re-plan moves replicas whenever that
     /// saves more than the MIP gap. The controller keeps between
     /// consolidations when `consolidateEvery` is set.
     pub keep_running: bool,
@@ -305,7 +307,10 @@ fn kept(
     }
     let decoded = decode::decode(cluster, models, classes, &counts);
     let (placed, _) = placed_and_cost(cluster, &counts, &decoded);
-    if placed < wanted.iter().sum::<u32>() || decoded.moves > 0 || decoded.reconfigured > 0 {
+    // Decoding the kept counts may still move a few replicas (a node's
+    // role handed to a new group when the nodes left over are tight);
+    // that is far less than a re-solve, which may move many.
+    if placed < wanted.iter().sum::<u32>() {
         return None;
     }
     let bound = prior.and_then(|p| Some((p, p.admits(classes, models, wanted, options)?)));

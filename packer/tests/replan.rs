@@ -308,3 +308,53 @@ fn keeping_what_runs_moves_nothing_unless_only_a_move_places_every_replica() {
     let plan = pack_from(&now, &models, &seven, &keep, first.basis.as_ref()).unwrap();
     assert_eq!((placed(&plan), plan.reconfigured_gpus), (7, 1));
 }
+
+#[test]
+fn a_new_tensor_parallel_group_does_not_take_the_node_a_running_group_stays_on() {
+    // Two L40S nodes of four GPUs. A two-GPU group runs on the first; a
+    // four-GPU group added beside it goes on the second. (Decoded
+    // largest first in one pass, the new group took the first node, as
+    // the one of the lowest index with four GPUs not yet assigned, and
+    // moved the running group off it.)
+    let keep = PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    };
+    let cluster = common::cluster(&[("a", "L40S", 4), ("b", "L40S", 4)]);
+    let whole = [SharingMode::Whole];
+    let models = vec![
+        common::model("pair", 60.0, 0.5, &whole, &[2], &["L40S"]),
+        common::model("quad", 150.0, 1.0, &whole, &[4], &["L40S"]),
+    ];
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("pair", 1)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let where_pair = |p: &Plan| -> Vec<(String, u32)> {
+        p.gpus
+            .iter()
+            .filter(|g| g.replicas.iter().any(|r| r.model == "pair"))
+            .map(|g| (g.node.clone(), g.index))
+            .collect()
+    };
+    let before = where_pair(&first);
+    assert_eq!(before.len(), 2);
+    assert!(before.iter().all(|(n, _)| n == "a"), "{before:?}");
+    let now = first.apply_to(&cluster);
+    for options in [keep, PackOptions::default()] {
+        let plan = pack_from(
+            &now,
+            &models,
+            &common::demand(&[("pair", 1), ("quad", 1)]),
+            &options,
+            first.basis.as_ref(),
+        )
+        .unwrap();
+        assert_eq!(placed(&plan), 2);
+        assert_eq!((plan.moves, plan.reconfigured_gpus), (0, 0));
+        assert_eq!(where_pair(&plan), before);
+    }
+}

@@ -270,6 +270,17 @@ pub struct SloTargets {
     )]
     #[schemars(with = "Option<String>")]
     pub queue_wait_p95: Option<Duration>,
+    /// Extra time the owner allows a request that arrives while the model
+    /// has no replica serving (scaled to zero, or its first replica still
+    /// starting): every target above is met by such a request when it is
+    /// met with this added. For rarely used models that may go to zero.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub cold_start_allowance: Option<Duration>,
 }
 
 /// Criticality: who is placed first and shed last.

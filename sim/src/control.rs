@@ -85,9 +85,17 @@ pub struct Gpuscale {
     tick: Duration,
     next: Duration,
     recs: BTreeMap<String, gpuscale_autoscaler::Recommendation>,
+    pushes: bool,
 }
 
 impl Gpuscale {
+    /// Whether it also decides on the gateway's pushes (the default), or
+    /// on its tick alone.
+    pub fn on_pushes(mut self, pushes: bool) -> Self {
+        self.pushes = pushes;
+        self
+    }
+
     /// gpuscale with the default tuning, deciding every `tick`, starting
     /// from `start` replicas per model.
     pub fn new(models: &[Model], tick: Duration, start: &BTreeMap<String, u32>) -> Self {
@@ -106,6 +114,7 @@ impl Gpuscale {
             tick,
             next: Duration::ZERO,
             recs: BTreeMap::new(),
+            pushes: true,
         }
     }
 }
@@ -126,7 +135,7 @@ impl Autoscaler for Gpuscale {
     }
 
     fn pushed(&self) -> Option<Duration> {
-        Some(MIN_EVENT_GAP)
+        self.pushes.then_some(MIN_EVENT_GAP)
     }
 
     fn push(

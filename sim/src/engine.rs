@@ -93,6 +93,8 @@ pub struct ModelOutcome {
     pub rejected: u64,
     /// End-to-end latencies of served requests.
     pub latency: Histogram,
+    /// Its SLO declares a cold-start allowance.
+    pub allowance: bool,
 }
 
 /// Everything a run measured.
@@ -126,6 +128,9 @@ pub struct Outcome {
     pub scale_events: u64,
     /// Replicas started.
     pub replica_starts: u64,
+    /// Replicas stopped by a re-plan and started elsewhere (beyond what
+    /// their model's scale-down stopped).
+    pub replica_moves: u64,
     /// Per burst onset: seconds to the first scale-up decision.
     pub reaction_decision: Vec<f64>,
     /// Per burst onset: seconds until the replicas of that decision serve.
@@ -179,6 +184,9 @@ struct Pending {
     first: f64,
     /// Compute it keeps busy while it runs (its share of its replica's).
     busy: f64,
+    /// It arrived while its model had no replica serving (its SLO then
+    /// has the model's cold-start allowance added).
+    cold: bool,
 }
 
 struct ModelRt {
@@ -279,7 +287,13 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     };
     let mut out = Outcome::default();
     for m in models {
-        out.models.insert(m.name.clone(), ModelOutcome::default());
+        out.models.insert(
+            m.name.clone(),
+            ModelOutcome {
+                allowance: m.slo.cold_start_allowance.is_some(),
+                ..ModelOutcome::default()
+            },
+        );
     }
     let mut g = Gauges::default();
     let mut current: BTreeMap<String, u32> = models.iter().map(|m| (m.name.clone(), 0)).collect();
@@ -414,6 +428,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     started: now,
                     first: 0.0,
                     busy: 0.0,
+                    cold: rt[m].pool.ready_replicas() == 0,
                 },
             );
             if let Some(gap) = gap
@@ -489,18 +504,16 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                 out.latency.record(latency);
                 out.ttft.record(ttft);
                 let wait = p.started - p.arrival;
-                let ok = model
-                    .slo
-                    .latency_p95
-                    .is_none_or(|d| latency <= d.as_secs_f64() + 1e-9)
-                    && model
-                        .slo
-                        .ttft_p95
-                        .is_none_or(|d| ttft <= d.as_secs_f64() + 1e-9)
-                    && model
-                        .slo
-                        .queue_wait_p95
-                        .is_none_or(|d| wait <= d.as_secs_f64() + 1e-9);
+                let allowed = match model.slo.cold_start_allowance {
+                    Some(a) if p.cold => a.as_secs_f64(),
+                    _ => 0.0,
+                };
+                let within = |x: f64, target: Option<Duration>| {
+                    target.is_none_or(|d| x <= d.as_secs_f64() + allowed + 1e-9)
+                };
+                let ok = within(latency, model.slo.latency_p95)
+                    && within(ttft, model.slo.ttft_p95)
+                    && within(wait, model.slo.queue_wait_p95);
                 if let Some(mo) = out.models.get_mut(&model.name) {
                     mo.latency.record(latency);
                     if ok {
@@ -567,7 +580,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         && reaction_ready[k].is_none()
                         && let Some((_, want)) = reaction[k]
                     {
-                        let serving = ready_count(&reps, m);
+                        let serving = ready_count(&reps, &rt[m]);
                         if serving >= want {
                             reaction_ready[k] = Some(now - setup.onsets[k].1);
                         }
@@ -599,7 +612,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                 let ready: BTreeMap<String, u32> = models
                     .iter()
                     .enumerate()
-                    .map(|(i, m)| (m.name.clone(), ready_count(&reps, i)))
+                    .map(|(i, m)| (m.name.clone(), ready_count(&reps, &rt[i])))
                     .collect();
                 let since = Duration::from_secs_f64(now);
                 let decided = if pushed {
@@ -699,9 +712,12 @@ fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
 
-fn ready_count(reps: &[Rep], model: usize) -> u32 {
-    reps.iter()
-        .filter(|r| r.model == model && r.state == RepState::Ready)
+/// Replicas of a model serving: those it holds (`live`: starting or
+/// ready; draining ones have left it) that are ready.
+fn ready_count(reps: &[Rep], rt: &ModelRt) -> u32 {
+    rt.live
+        .values()
+        .filter(|&&r| reps[r].state == RepState::Ready)
         .count() as u32
 }
 
@@ -749,6 +765,8 @@ fn apply(
         .filter(|(k, _)| !keep.contains(k.as_str()))
         .map(|(k, &r)| (k.clone(), r))
         .collect();
+    let shrink = rt[m].live.len().saturating_sub(want.len());
+    out.replica_moves += gone.len().saturating_sub(shrink) as u64;
     for (key, r) in gone {
         rt[m].live.remove(&key);
         match reps[r].state {

@@ -40,6 +40,13 @@ pub struct Figures {
     pub timed_out_503: u64,
     /// Share of requests served within every SLO target of their model.
     pub slo_attainment: f64,
+    /// The same over the models whose SLO declares no cold-start
+    /// allowance (the hot ones, when some declare one).
+    pub slo_attainment_hot: Option<f64>,
+    /// The same over the models that declare a cold-start allowance
+    /// (their requests that found no replica serving are judged with it
+    /// added); none when no model declares one.
+    pub slo_attainment_cold: Option<f64>,
     /// End-to-end latency (arrival to last token) quantiles, seconds.
     pub p50_latency_s: Option<f64>,
     /// p95.
@@ -67,6 +74,9 @@ pub struct Figures {
     pub scale_events: u64,
     /// Replicas started (cold starts, moves included).
     pub replica_starts: u64,
+    /// Of those, replicas a re-plan moved (stopped where they ran and
+    /// started elsewhere, beyond their model's scale-downs).
+    pub replica_moves: u64,
     /// Median seconds from a burst's onset to the first scale-up decision.
     pub reaction_s: Option<f64>,
     /// Median seconds from a burst's onset until that decision's replicas
@@ -94,6 +104,18 @@ fn r6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
+/// Attainment over the models that do (`allowance`) or do not declare a
+/// cold-start allowance; none when there are no such models.
+fn attainment(o: &Outcome, allowance: bool) -> Option<f64> {
+    let (within, requests) = o
+        .models
+        .values()
+        .filter(|m| m.allowance == allowance)
+        .fold((0, 0), |(w, n), m| (w + m.within_slo, n + m.requests));
+    let any = o.models.values().any(|m| m.allowance == allowance);
+    any.then(|| r6(share(within, requests)))
+}
+
 impl Figures {
     /// The figures of an outcome.
     pub fn of(policy: &str, placement: &str, o: &Outcome) -> Figures {
@@ -107,6 +129,8 @@ impl Figures {
             rejected_429: o.rejected_full,
             timed_out_503: o.timed_out,
             slo_attainment: r6(share(o.within_slo, o.requests)),
+            slo_attainment_hot: attainment(o, false),
+            slo_attainment_cold: attainment(o, true),
             p50_latency_s: q(&o.latency, 0.5),
             p95_latency_s: q(&o.latency, 0.95),
             p99_latency_s: q(&o.latency, 0.99),
@@ -120,6 +144,7 @@ impl Figures {
             utilization_compute: r6(o.utilization_compute),
             scale_events: o.scale_events,
             replica_starts: o.replica_starts,
+            replica_moves: o.replica_moves,
             reaction_s: median(&o.reaction_decision).map(r6),
             reaction_ready_s: median(&o.reaction_ready).map(r6),
             models: o
@@ -193,16 +218,16 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| autoscaler | placement | SLO attainment | GPU-hours | cost | mem. util. | compute util. | p95 latency s | p95 TTFT s | rejected | scale events | reaction s (decision / ready) |"
+            "| autoscaler | placement | SLO attainment | GPU-hours | cost | mem. util. | compute util. | p95 latency s | p95 TTFT s | rejected | scale events | replica starts (moved) | reaction s (decision / ready) |"
         );
         let _ = writeln!(
             s,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
         for f in &self.runs {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} / {} |",
+                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} ({}) | {} / {} |",
                 f.policy,
                 f.placement,
                 f.slo_attainment * 100.0,
@@ -214,9 +239,32 @@ impl Report {
                 opt(f.p95_ttft_s),
                 f.rejected,
                 f.scale_events,
+                f.replica_starts,
+                f.replica_moves,
                 opt(f.reaction_s),
                 opt(f.reaction_ready_s),
             );
+        }
+        if self.runs.iter().any(|f| f.slo_attainment_cold.is_some()) {
+            let _ = writeln!(
+                s,
+                "\nSLO attainment of the models with no cold-start allowance (hot) and of those that declare one (cold, judged with it on requests that found no replica serving):\n"
+            );
+            let _ = writeln!(
+                s,
+                "| autoscaler | placement | hot | cold |\n|---|---|---:|---:|"
+            );
+            let pct = |x: Option<f64>| x.map_or("–".into(), |v| format!("{:.2} %", v * 100.0));
+            for f in &self.runs {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} |",
+                    f.policy,
+                    f.placement,
+                    pct(f.slo_attainment_hot),
+                    pct(f.slo_attainment_cold)
+                );
+            }
         }
         let _ = writeln!(s, "\n## Settings\n");
         for (k, v) in &self.settings {

@@ -162,8 +162,18 @@ pub struct ScenarioSpec {
     /// move.
     #[serde(default = "consolidate_every", with = "humantime_serde")]
     pub consolidate_every: Duration,
+    /// Whether gpuscale also decides on the gateway's pushes (on every
+    /// arrival, at most every 100 ms, as the controller does), not only on
+    /// its tick. On by default; a scenario without bursts may turn it off
+    /// to simulate ten times fewer decisions (a day of a thousand GPUs).
+    #[serde(default = "yes")]
+    pub decide_on_push: bool,
     /// What arrives.
     pub workloads: Vec<WorkloadSpec>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn pack_limit() -> Duration {

@@ -98,20 +98,35 @@ pub fn mean_queue_wait(scenario: &Scenario) -> f64 {
     only.spec.compare = vec![first.0];
     only.spec.placements = vec![first.1];
     let mut wait = 0.0;
-    simulate_with(&only, &mut |_, _, _| {}, &mut |o| {
+    simulate_with(&only, 1, &mut |_, _, _| {}, &mut |o| {
         wait = o.queue_wait.mean().unwrap_or(0.0)
     });
     wait
 }
 
-/// Runs the scenario. `progress` is told after each run: (done, of, run
-/// name).
+/// Runs the scenario, its runs on as many threads as the machine has
+/// cores. `progress` is told after each run: (done, of, run name).
 pub fn simulate(scenario: &Scenario, progress: &mut dyn FnMut(usize, usize, &str)) -> Report {
-    simulate_with(scenario, progress, &mut |_| {})
+    simulate_on(scenario, default_jobs(), progress)
+}
+
+/// The machine's cores (1 when unknown).
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// [`simulate`] on `jobs` threads (the report is the same for any count).
+pub fn simulate_on(
+    scenario: &Scenario,
+    jobs: usize,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Report {
+    simulate_with(scenario, jobs, progress, &mut |_| {})
 }
 
 fn simulate_with(
     scenario: &Scenario,
+    jobs: usize,
     progress: &mut dyn FnMut(usize, usize, &str),
     each: &mut dyn FnMut(&crate::engine::Outcome),
 ) -> Report {
@@ -153,9 +168,8 @@ fn simulate_with(
     let keda = KedaSettings::default();
     let kpa = KpaSettings::default();
     let plan = runs(scenario);
-    let mut figures = Vec::new();
-    let mut curves = Vec::new();
-    for (done, &(policy, placement)) in plan.iter().enumerate() {
+    // One run: its autoscaler and placer over the shared arrivals.
+    let one = |policy: PolicyKind, placement: PlacementKind| -> crate::engine::Outcome {
         // Every autoscaler starts warm, with what the first minute's
         // arrivals need: the comparison is of how each follows the load,
         // not of a cold start they would all share.
@@ -171,7 +185,9 @@ fn simulate_with(
             })
             .collect();
         let mut autoscaler: Box<dyn Autoscaler> = match policy {
-            PolicyKind::Gpuscale => Box::new(Gpuscale::new(models, spec.tick, &initial)),
+            PolicyKind::Gpuscale => {
+                Box::new(Gpuscale::new(models, spec.tick, &initial).on_pushes(spec.decide_on_push))
+            }
             PolicyKind::Hpa => Box::new(Hpa::new(models, hpa.clone())),
             PolicyKind::Keda => Box::new(Keda::new(models, hpa.clone(), keda.clone())),
             PolicyKind::Knative => Box::new(Kpa::new(models, kpa.clone())),
@@ -200,16 +216,55 @@ fn simulate_with(
             series_step,
             initial: &initial,
         };
-        let outcome = run(&setup, autoscaler.as_mut(), placer.as_mut());
+        run(&setup, autoscaler.as_mut(), placer.as_mut())
+    };
+    // Runs are independent: `jobs` threads take them in order; each
+    // run's outcome depends on its inputs alone, so the report does not
+    // depend on the number of threads.
+    let mut outcomes: Vec<Option<crate::engine::Outcome>> = plan.iter().map(|_| None).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..jobs.clamp(1, plan.len().max(1)) {
+            let tx = tx.clone();
+            let (next, plan, one) = (&next, &plan, &one);
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(policy, placement)) = plan.get(i) else {
+                        break;
+                    };
+                    if tx.send((i, one(policy, placement))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (done, (i, outcome)) in rx.iter().enumerate() {
+            let (policy, placement) = plan[i];
+            progress(
+                done + 1,
+                plan.len(),
+                &format!("{}/{}", policy.name(), placement.name()),
+            );
+            outcomes[i] = Some(outcome);
+        }
+    });
+    let mut figures = Vec::new();
+    let mut curves = Vec::new();
+    for (&(policy, placement), outcome) in plan.iter().zip(outcomes) {
+        let Some(outcome) = outcome else {
+            continue;
+        };
         each(&outcome);
         let name = format!("{}/{}", policy.name(), placement.name());
         figures.push(Figures::of(policy.name(), placement.name(), &outcome));
         curves.push(Curves {
-            run: name.clone(),
+            run: name,
             series: outcome.series.clone(),
             latency_cdf: outcome.latency.cdf(60),
         });
-        progress(done + 1, plan.len(), &name);
     }
     let mut policies = BTreeMap::new();
     for &p in &spec.compare {
@@ -229,7 +284,7 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {:?} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?}), moving running replicas at most once per {:?} (consolidateEvery) and keeping them in place otherwise", spec.tick, spec.pack_time_limit, spec.pack_improve_limit, spec.consolidate_every),
+        format!("recommend() per model every {:?}{} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?}), moving running replicas at most once per {:?} (consolidateEvery) and keeping them in place otherwise", spec.tick, if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, spec.pack_time_limit, spec.pack_improve_limit, spec.consolidate_every),
     );
     settings.insert(
         "hpa".into(),

@@ -301,3 +301,65 @@ spec:
     let p = Scenario::load(&t).unwrap_err().0;
     assert!(p[0].to_string().contains("bad.csv:3:3"), "{}", p[0]);
 }
+
+#[test]
+fn a_cold_start_allowance_counts_for_requests_that_found_no_replica_serving() {
+    // One model that may go to zero, asked every few minutes: most
+    // requests find it at zero and wait for a cold start of about 10 s,
+    // far over its 2 s latency target. Without an allowance they miss;
+    // with one of a minute they count, and they are reported as the
+    // "cold" models' attainment.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "cluster.yaml", CLUSTER);
+    let rare = |allowance: &str| {
+        policy("rare", "    scaleToZeroAfter: 30s\n", 8)
+            .replace("minReplicas: 1", "minReplicas: 0")
+            .replace(
+                "slo: {ttftP95: 2s, latencyP95: 30s}",
+                &format!("slo: {{ttftP95: 2s, latencyP95: 2s{allowance}}}"),
+            )
+    };
+    let run = |allowance: &str| {
+        write(d, "rare.yaml", &rare(allowance));
+        let file = write(
+            d,
+            "scenario.yaml",
+            "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Scenario
+metadata: {name: rare}
+spec:
+  seed: 3
+  duration: 2h
+  cluster: cluster.yaml
+  policies: [rare.yaml]
+  compare: [gpuscale]
+  placements: [whole-gpu]
+  coldStart: {imagePull: 5s, loadGiBPerSecond: 4}
+  gateway: {maxQueue: 16, queueTimeout: 2m}
+  workloads:
+    - model: rare
+      arrivals: {poisson: {rate: 0.004}}
+      tokens: {prompt: 100, output: 10}
+      service: {prefillTps: 20000, decodeTps: 100, batchSlowdown: 0}
+",
+        );
+        let scenario = Scenario::load(&file).unwrap_or_else(|p| panic!("{p}"));
+        simulate(&scenario, &mut |_, _, _| {}).runs.remove(0)
+    };
+    let strict = run("");
+    let allowed = run(", coldStartAllowance: 1m");
+    assert!(strict.requests >= 10, "{}", strict.requests);
+    assert_eq!(strict.requests, allowed.requests);
+    assert_eq!(strict.completed, strict.requests);
+    // Without: no model declares one, so there is no "cold" figure.
+    assert_eq!(strict.slo_attainment_cold, None);
+    assert_eq!(strict.slo_attainment_hot, Some(strict.slo_attainment));
+    assert!(strict.slo_attainment < 0.5, "{}", strict.slo_attainment);
+    // With: the cold start is forgiven, nothing else changes.
+    assert_eq!(allowed.slo_attainment_hot, None);
+    assert_eq!(allowed.slo_attainment_cold, Some(allowed.slo_attainment));
+    assert!(allowed.slo_attainment > 0.99, "{}", allowed.slo_attainment);
+    assert_eq!(allowed.gpu_hours, strict.gpu_hours);
+}

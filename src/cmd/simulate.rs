@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gpuscale_sim::{Scenario, simulate};
+use gpuscale_sim::Scenario;
+use gpuscale_sim::simulate::simulate_on;
 
 /// Arguments of `simulate`.
 #[derive(Debug, clap::Args)]
@@ -18,6 +19,10 @@ pub struct Args {
     /// Folder for report.json and report.md (created if missing).
     #[arg(long)]
     pub report: PathBuf,
+    /// Runs simulated at once, one per thread (default: the machine's
+    /// cores). The report is the same for any number.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
 }
 
 /// Runs the command: exit 1 on a bad scenario, with every problem located.
@@ -48,7 +53,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let report = simulate(&scenario, &mut |done, of, name| {
+    let jobs = args
+        .jobs
+        .map_or_else(gpuscale_sim::simulate::default_jobs, |j| j as usize);
+    let report = simulate_on(&scenario, jobs, &mut |done, of, name| {
         if let Some(bar) = &bar {
             bar.set_position(done as u64);
             bar.set_message(format!("{name} done"));

@@ -402,6 +402,49 @@ fn decode_class(
                 designated.insert(ni, role.clone());
             }
         }
+        // A role's other nodes configured its way that run replicas now
+        // keep it while the nodes left over still hold every whole GPU
+        // and MIG GPU of the plan (the node rules the counts were solved
+        // under): GPUs kept running on them do not move onto the nodes
+        // the role needs, and a scale-down does not repack the rest.
+        let plain_gpus: u32 = counts
+            .whole
+            .iter()
+            .filter(|((cc, _, _), _)| *cc == c)
+            .map(|(&(_, _, k), &n)| k * n)
+            .sum::<u32>()
+            + class
+                .patterns
+                .iter()
+                .zip(&counts.patterns[c])
+                .filter(|(p, _)| matches!(p.kind, PatternKind::Mig(_) | PatternKind::Share(_)))
+                .map(|(_, &n)| n)
+                .sum::<u32>();
+        let missing: usize = short.iter().map(|(_, n)| n).sum();
+        let mut budget = class
+            .nodes
+            .len()
+            .saturating_sub(designated.len() + missing)
+            .saturating_sub(plain_gpus.div_ceil(g) as usize);
+        for (role, _) in &roles {
+            let extra: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|&ni| {
+                    !designated.contains_key(&ni)
+                        && role_now(ni).as_ref() == Some(role)
+                        && cluster.nodes[ni]
+                            .gpus
+                            .iter()
+                            .any(|x| !x.workloads.is_empty())
+                })
+                .take(budget)
+                .collect();
+            budget -= extra.len();
+            for ni in extra {
+                designated.insert(ni, role.clone());
+            }
+        }
         let mut spare: Vec<usize> = order
             .iter()
             .copied()
@@ -446,47 +489,86 @@ fn decode_class(
         }
     }
     groups.sort_by_key(|&(m, k)| (std::cmp::Reverse(k), m));
-    for (m, k) in groups {
-        let runs_here = |ni: usize, idx: u32| {
-            let s = gpu_state(ni, idx);
-            s.mode == GpuMode::Whole
-                && s.workloads
+    // Two passes: first every group that can stay where its model runs
+    // now, then the new ones, best fit. In one pass a new group sorted
+    // ahead (a larger one) could take the node a running group of another
+    // model needs to stay on, and move it.
+    let mut new_groups: Vec<(usize, u32)> = Vec::new();
+    let class_runs = class.nodes.iter().any(|&ni| {
+        cluster.nodes[ni]
+            .gpus
+            .iter()
+            .any(|x| !x.workloads.is_empty())
+    });
+    for pass in 0..2 {
+        let list = if pass == 0 {
+            std::mem::take(&mut groups)
+        } else {
+            std::mem::take(&mut new_groups)
+        };
+        for (m, k) in list {
+            let runs_here = |ni: usize, idx: u32| {
+                let s = gpu_state(ni, idx);
+                s.mode == GpuMode::Whole
+                    && s.workloads
+                        .iter()
+                        .any(|w| model_index.get(w.model.as_str()) == Some(&m))
+            };
+            let home = runs_whole.get(&m).and_then(|nodes| {
+                nodes.iter().copied().find(|ni| {
+                    free_gpus[ni].iter().filter(|&&i| runs_here(*ni, i)).count() >= k as usize
+                })
+            });
+            let node = match (pass, home) {
+                (_, Some(ni)) => Some(ni),
+                (0, None) => {
+                    new_groups.push((m, k));
+                    continue;
+                }
+                // A new group: where it stops the fewest GPUs running now
+                // (nodes whose replicas the plan moved off or trims), then
+                // best fit.
+                _ if class_runs => free_gpus
                     .iter()
-                    .any(|w| model_index.get(w.model.as_str()) == Some(&m))
-        };
-        let home = runs_whole.get(&m).and_then(|nodes| {
-            nodes.iter().copied().find(|ni| {
-                free_gpus[ni].iter().filter(|&&i| runs_here(*ni, i)).count() >= k as usize
-            })
-        });
-        let node = home.or_else(|| {
-            (k as usize..buckets.len()).find_map(|f| buckets[f].iter().next().copied())
-        });
-        let Some(ni) = node else {
-            out.failed[m] += 1;
-            continue;
-        };
-        let free = free_gpus
-            .get_mut(&ni)
-            .expect("bucketed nodes have free lists");
-        buckets[free.len().min(g as usize)].remove(&ni);
-        free.sort_by_key(|&i| (!runs_here(ni, i), i));
-        let chosen: Vec<u32> = free.drain(..k as usize).collect();
-        free.sort_unstable();
-        buckets[free.len().min(g as usize)].insert(ni);
-        out.next_group += 1;
-        for i in chosen {
-            assigned.insert(
-                (ni, i),
-                Assigned {
-                    mode: Mode::Whole,
-                    geometry: Geometry::default(),
-                    share: None,
-                    slots: Vec::new(),
-                    whole: Some((m, k, out.next_group)),
-                    mig_share: None,
-                },
-            );
+                    .filter(|(_, free)| free.len() >= k as usize)
+                    .map(|(&ni, free)| {
+                        let idle = free
+                            .iter()
+                            .filter(|&&i| gpu_state(ni, i).workloads.is_empty())
+                            .count();
+                        ((k as usize).saturating_sub(idle), free.len(), ni)
+                    })
+                    .min()
+                    .map(|(_, _, ni)| ni),
+                _ => (k as usize..buckets.len()).find_map(|f| buckets[f].iter().next().copied()),
+            };
+            let Some(ni) = node else {
+                out.failed[m] += 1;
+                continue;
+            };
+            let free = free_gpus
+                .get_mut(&ni)
+                .expect("bucketed nodes have free lists");
+            buckets[free.len().min(g as usize)].remove(&ni);
+            // Where it runs now first, then GPUs running nothing now.
+            free.sort_by_key(|&i| (!runs_here(ni, i), !gpu_state(ni, i).workloads.is_empty(), i));
+            let chosen: Vec<u32> = free.drain(..k as usize).collect();
+            free.sort_unstable();
+            buckets[free.len().min(g as usize)].insert(ni);
+            out.next_group += 1;
+            for i in chosen {
+                assigned.insert(
+                    (ni, i),
+                    Assigned {
+                        mode: Mode::Whole,
+                        geometry: Geometry::default(),
+                        share: None,
+                        slots: Vec::new(),
+                        whole: Some((m, k, out.next_group)),
+                        mig_share: None,
+                    },
+                );
+            }
         }
     }
 
