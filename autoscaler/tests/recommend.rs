@@ -1100,3 +1100,43 @@ fn a_one_second_spike_costs_more_than_under_kpa() {
     assert!(theirs[..61].iter().all(|&n| n == 2), "{theirs:?}");
     assert!(theirs[62..].iter().all(|&n| n == 1), "{theirs:?}");
 }
+
+#[test]
+fn a_burst_of_seconds_in_the_rate_window_is_sized_by_the_smoothed_rate_not_its_peak() {
+    // 6 req/s of requests that hold a slot 10 s: 60 in service, 4
+    // replicas at 16 each. Then for 10 s the gateway's 10 s rate reads
+    // 16 req/s (a burst of short requests: the in-flight count barely
+    // moves). Little's law on that raw rate would ask for
+    // 16 × 10 ÷ 16 = 10 replicas for a burst that is over before they
+    // start (and the forecast, reading the rise as a trend, more); the
+    // rate's level (about 20 s of smoothing) reads it as at most ~10
+    // req/s → 7, and the trend learnt in 10 s adds at most one. Held for
+    // minutes, the same rate is sized in full.
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 16\n    startupTime: 30s\n",
+    );
+    let mut c = Clock {
+        model: &m,
+        tuning: Tuning::default(),
+        state: State::new(4),
+        t: 0,
+    };
+    let at = |rate: f64, in_flight: f64| Observation {
+        in_flight,
+        arrival_rate: rate,
+        service_time: Some(10.0),
+        ..Observation::default()
+    };
+    assert_eq!(c.run(120, |_| at(6.0, 60.0)).replicas, 4);
+    let mut most = 0;
+    for _ in 0..10 {
+        most = most.max(c.run(1, |_| at(16.0, 70.0)).replicas);
+    }
+    for _ in 0..60 {
+        most = most.max(c.run(1, |_| at(6.0, 60.0)).replicas);
+    }
+    assert!(most <= 8, "{most} replicas for a 10 s burst");
+    assert!(most >= 5, "{most}: the burst still counts in part");
+    let r = c.run(180, |_| at(16.0, 160.0));
+    assert!(r.replicas >= 10, "{}", r.reason);
+}
