@@ -768,7 +768,17 @@ struct Clock<'a> {
     t: u64,
 }
 
-impl Clock<'_> {
+impl<'a> Clock<'a> {
+    /// `model` at `replicas`, at time 0.
+    fn new(model: &'a Model, tuning: Tuning, replicas: u32) -> Self {
+        Clock {
+            model,
+            tuning,
+            state: State::new(replicas),
+            t: 0,
+        }
+    }
+
     /// `n` decisions, the i-th on `obs(i)`; the last one.
     fn run(
         &mut self,
@@ -805,12 +815,7 @@ fn a_forecast_does_not_outlive_an_idle_spell() {
     let m = model(
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
     );
-    let mut c = Clock {
-        model: &m,
-        tuning: no_panic(),
-        state: State::new(1),
-        t: 0,
-    };
+    let mut c = Clock::new(&m, no_panic(), 1);
     c.run(60, |i| Observation {
         in_flight: i as f64,
         arrival_rate: i as f64 * 2.0,
@@ -833,12 +838,7 @@ fn a_forecast_starts_afresh_after_scale_to_zero() {
     let m = model(
         "    minReplicas: 0\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n    scaleToZeroAfter: 60s\n",
     );
-    let mut c = Clock {
-        model: &m,
-        tuning: no_panic(),
-        state: State::new(4),
-        t: 0,
-    };
+    let mut c = Clock::new(&m, no_panic(), 4);
     c.run(30, |i| Observation {
         in_flight: 8.0,
         arrival_rate: i as f64 * 3.0,
@@ -1115,12 +1115,7 @@ fn a_burst_of_seconds_in_the_rate_window_is_sized_by_the_smoothed_rate_not_its_p
     let m = model(
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 16\n    startupTime: 30s\n",
     );
-    let mut c = Clock {
-        model: &m,
-        tuning: Tuning::default(),
-        state: State::new(4),
-        t: 0,
-    };
+    let mut c = Clock::new(&m, Tuning::default(), 4);
     let at = |rate: f64, in_flight: f64| Observation {
         in_flight,
         arrival_rate: rate,
