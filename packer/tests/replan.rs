@@ -358,3 +358,79 @@ fn a_new_tensor_parallel_group_does_not_take_the_node_a_running_group_stays_on()
         assert_eq!(where_pair(&plan), before);
     }
 }
+
+/// A 9 GiB model that runs on a 1g.10gb MIG instance or a whole GPU.
+fn tiny_mig_or_whole() -> Vec<Model> {
+    vec![common::model(
+        "tiny",
+        9.0,
+        0.1,
+        &[SharingMode::Mig, SharingMode::Whole],
+        &[1],
+        &[],
+    )]
+}
+
+/// `cluster` with a `tiny` replica alone on each of the GPUs `whole`.
+fn alone_on(mut cluster: Cluster, whole: &[u32]) -> Cluster {
+    for g in &mut cluster.nodes[0].gpus {
+        if whole.contains(&g.index) {
+            g.mode = GpuMode::Whole;
+            g.workloads = vec![gpuscale_policies::inventory::Workload {
+                model: "tiny".into(),
+                slot: None,
+            }];
+        }
+    }
+    cluster
+}
+
+#[test]
+fn a_replica_added_between_consolidations_opens_a_gpu_its_next_replicas_fit() {
+    // One `tiny` runs alone on a whole GPU. A second, kept on top, costs
+    // one more H100 whole or split into seven 1g.10gb instances: the same
+    // price for one replica, but only the instances take the third and
+    // later ones without opening another GPU. (Whole GPUs came first,
+    // and each replica added between consolidations took a GPU of its
+    // own.)
+    let keep = PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    };
+    let models = tiny_mig_or_whole();
+    let mut now = alone_on(common::cluster(&[("n", "H100-80GB", 3)]), &[0]);
+    for n in 2..=4 {
+        let plan = pack_from(&now, &models, &common::demand(&[("tiny", n)]), &keep, None).unwrap();
+        assert_eq!(
+            (placed(&plan), plan.gpus_used, plan.moves),
+            (n, 2, 0),
+            "{n} replicas"
+        );
+        now = plan.apply_to(&now);
+    }
+}
+
+#[test]
+fn a_consolidation_repacks_what_kept_re_plans_left_one_replica_per_gpu() {
+    // Three `tiny` alone on three whole GPUs, as replicas added one at a
+    // time leave them; demand falls to two. Keeping both where they are
+    // costs two GPUs, less than now, so the test of a cheap change alone
+    // kept them; a re-plan that may move puts both on one GPU's MIG
+    // instances (the LP bound: 2/7 of a GPU).
+    let models = tiny_mig_or_whole();
+    let now = alone_on(common::cluster(&[("n", "H100-80GB", 3)]), &[0, 1, 2]);
+    let two = common::demand(&[("tiny", 2)]);
+    let keep = PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    };
+    let kept = pack_from(&now, &models, &two, &keep, None).unwrap();
+    assert_eq!((placed(&kept), kept.gpus_used, kept.moves), (2, 2, 0));
+    let plan = pack_from(&now, &models, &two, &PackOptions::default(), None).unwrap();
+    assert_eq!((placed(&plan), plan.gpus_used), (2, 1));
+    assert!(
+        plan.moves >= 1,
+        "one replica at least moves: {}",
+        plan.moves
+    );
+}

@@ -557,16 +557,32 @@ const DIVE_UP: f64 = 0.1;
 
 /// Whether a pinned re-plan's extra cost over the current placement is
 /// within the LP relaxation's marginal cost of the same change plus the MIP
-/// gap. A heuristic test, not a proof: it assumes the current placement was
-/// itself near-optimal (it came from a solve), and it sends consolidation
-/// after scale-downs (where keeping everything fragments) to the full solve.
+/// gap, and the pinned plan itself within the gap plus one GPU per pool
+/// the LP uses (the rounding a solve may need) of the LP bound. A
+/// heuristic test, not a proof. The second half sends a fragmented
+/// placement to the full solve: replicas added and removed one at a time
+/// between consolidations leave GPUs part-used, and a placement several
+/// times its bound still passes the first half when demand fell (its
+/// extra is then below 0).
 fn change_is_cheap(
     classes: &[Class],
     models: &[Model],
     pinned_counts: &Counts,
     lp_cost: f64,
+    lp_class_gpus: &[f64],
     options: &PackOptions,
 ) -> Result<bool, PackError> {
+    let rounding: f64 = classes
+        .iter()
+        .zip(lp_class_gpus)
+        .filter(|&(_, &g)| g > 1e-6)
+        .map(|(c, _)| c.price)
+        .sum();
+    if counts_cost(classes, models, pinned_counts)
+        > lp_cost * (1.0 + options.mip_rel_gap) + rounding + 1e-9
+    {
+        return Ok(false);
+    }
     let running = running(classes, models.len());
     let Some(now) = pinned(classes, models, &running) else {
         return Ok(false);
@@ -683,7 +699,7 @@ pub fn solve(
     if has_current
         && let Some(counts) = pinned(classes, models, demand_)
         && counts.unplaced.iter().all(|&u| u == 0)
-        && change_is_cheap(classes, models, &counts, lp_pool, options)?
+        && change_is_cheap(classes, models, &counts, lp_pool, &lp_class_gpus, options)?
     {
         let optimal = within_gap(&counts);
         return Ok(solved(counts, optimal));

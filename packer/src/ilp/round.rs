@@ -241,7 +241,7 @@ fn complete(
                 remaining[m] -= 1;
                 continue;
             }
-            // Whole GPUs, cheapest.
+            // Whole GPUs, cheapest per replica.
             let whole = classes
                 .iter()
                 .enumerate()
@@ -254,20 +254,14 @@ fn complete(
                     used[c] + k <= classes[c].healthy_gpus()
                         && node_ok(&classes[c], c, &counts, Extra::whole(k))
                 })
-                .min_by(|a, b| {
-                    (classes[a.0].price * f64::from(a.1))
-                        .total_cmp(&(classes[b.0].price * f64::from(b.1)))
-                });
-            if let Some((c, k)) = whole {
-                used[c] += k;
-                *counts.whole.entry((c, m, k)).or_insert(0) += 1;
-                remaining[m] -= 1;
-                continue;
-            }
+                .map(|(c, k)| (c, k, classes[c].price * f64::from(k)))
+                .min_by(|a, b| a.2.total_cmp(&b.2));
             // A newly configured GPU: the pattern whose slots cost least per
             // replica they will hold (a tensor-parallel replica on
-            // fractional shares opens one GPU at a time until it has `k`).
-            let mut best: Option<(usize, usize, f64)> = None;
+            // fractional shares opens one GPU at a time until it has `k`);
+            // at equal cost, the one that holds most of the model, whose
+            // spare slots take its next replicas.
+            let mut best: Option<(usize, usize, f64, f64)> = None;
             for (c, class) in classes.iter().enumerate() {
                 if used[c] >= class.healthy_gpus() {
                     continue;
@@ -285,15 +279,28 @@ fn complete(
                         continue;
                     }
                     let price = class.price / places.min(f64::from(remaining[m]));
-                    if node_ok(class, c, &counts, Extra::pattern(p))
-                        && best.is_none_or(|(_, _, b)| price < b - 1e-12)
-                    {
-                        best = Some((c, p, price));
+                    let better = best.is_none_or(|(_, _, b, most)| {
+                        price < b - 1e-12 || (price <= b + 1e-12 && places > most + 1e-9)
+                    });
+                    if better && node_ok(class, c, &counts, Extra::pattern(p)) {
+                        best = Some((c, p, price, places));
                     }
                 }
             }
+            // A whole GPU when it costs less per replica than any new
+            // pattern, or as little and no pattern holds more than one.
+            if let Some((c, k, price)) = whole
+                && best.is_none_or(|(_, _, b, most)| {
+                    price < b - 1e-12 || (price <= b + 1e-12 && most <= 1.0 + 1e-9)
+                })
+            {
+                used[c] += k;
+                *counts.whole.entry((c, m, k)).or_insert(0) += 1;
+                remaining[m] -= 1;
+                continue;
+            }
             match best {
-                Some((c, p, _)) => {
+                Some((c, p, _, _)) => {
                     used[c] += 1;
                     counts.patterns[c][p] += 1;
                     for &(t, k) in &classes[c].patterns[p].slots {
