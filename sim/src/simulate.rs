@@ -39,36 +39,65 @@ pub fn counts_for(
     to: f64,
     speed: &dyn Fn(&gpuscale_policies::Model) -> f64,
 ) -> BTreeMap<String, u32> {
-    let mut out = BTreeMap::new();
-    for (mi, m) in scenario.models.iter().enumerate() {
-        let mut per_minute: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut work = 0.0;
-        let mut n = 0u64;
-        let target = m.scaling.target_queue_depth.max(1.0).ceil() as u32;
-        for a in arrivals.iter().filter(|a| a.at >= from && a.at < to) {
-            let w = a.workload as usize;
-            if scenario.workload_models[w] != mi {
-                continue;
-            }
-            *per_minute.entry(((a.at - from) / 60.0) as u64).or_default() += 1;
-            let mut profile = scenario.services[w].clone();
-            profile.speed = speed(m).max(1e-6);
-            work += profile.service(a.prompt, a.output, target).0.as_secs_f64();
-            n += 1;
-        }
-        let window = (to - from).clamp(1.0, 60.0);
-        let rate = per_minute.values().copied().max().unwrap_or(0) as f64 / window;
-        let mean = if n > 0 { work / n as f64 } else { 0.0 };
-        let want = (rate * mean / m.scaling.target_queue_depth - 1e-9)
-            .ceil()
-            .max(0.0) as u32;
-        let lo = m.scaling.min_replicas.max(1);
-        out.insert(
-            m.name.clone(),
-            want.clamp(lo, m.scaling.max_replicas.max(lo)),
-        );
+    let models = &scenario.models;
+    // Each workload's service profile at its model's speed, worked out
+    // once (not per arrival: a day of the fleet has 42 million).
+    let profiles: Vec<_> = {
+        let speeds: Vec<f64> = models.iter().map(|m| speed(m).max(1e-6)).collect();
+        scenario
+            .services
+            .iter()
+            .zip(&scenario.workload_models)
+            .map(|(service, &mi)| {
+                let mut profile = service.clone();
+                profile.speed = speeds[mi];
+                profile
+            })
+            .collect()
+    };
+    let targets: Vec<u32> = models
+        .iter()
+        .map(|m| m.scaling.target_queue_depth.max(1.0).ceil() as u32)
+        .collect();
+    let mut per_minute: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); models.len()];
+    let mut work = vec![0.0; models.len()];
+    let mut n = vec![0u64; models.len()];
+    // Arrivals are in time order: the span is one slice of them.
+    let first = arrivals.partition_point(|a| a.at < from);
+    let last = arrivals.partition_point(|a| a.at < to);
+    for a in &arrivals[first..last.max(first)] {
+        let w = a.workload as usize;
+        let mi = scenario.workload_models[w];
+        *per_minute[mi]
+            .entry(((a.at - from) / 60.0) as u64)
+            .or_default() += 1;
+        work[mi] += profiles[w]
+            .service(a.prompt, a.output, targets[mi])
+            .0
+            .as_secs_f64();
+        n[mi] += 1;
     }
-    out
+    let window = (to - from).clamp(1.0, 60.0);
+    models
+        .iter()
+        .enumerate()
+        .map(|(mi, m)| {
+            let rate = per_minute[mi].values().copied().max().unwrap_or(0) as f64 / window;
+            let mean = if n[mi] > 0 {
+                work[mi] / n[mi] as f64
+            } else {
+                0.0
+            };
+            let want = (rate * mean / m.scaling.target_queue_depth - 1e-9)
+                .ceil()
+                .max(0.0) as u32;
+            let lo = m.scaling.min_replicas.max(1);
+            (
+                m.name.clone(),
+                want.clamp(lo, m.scaling.max_replicas.max(lo)),
+            )
+        })
+        .collect()
 }
 
 /// The speed a model's replicas run at under a placement, for sizing:
