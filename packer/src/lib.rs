@@ -59,6 +59,9 @@ pub struct PackOptions {
     /// the relaxation's rounding, diving and the small MIP over what the
     /// dive left give (within `time_limit`); past it the best found
     /// stands, so only a plan cut by this clock can differ between runs.
+    /// Zero skips the whole MIP (unless nothing else found a plan) and
+    /// leaves the small one bounded by its node count within
+    /// `time_limit`.
     pub improve_limit: Duration,
     /// Relative MIP gap at which HiGHS stops, also the bound the LP must
     /// prove for the MIP-free shortcuts. Default 0.005 (0.5 %): on the
