@@ -253,6 +253,18 @@ impl Placer for PackerPlacer {
         let basis = self.plan.as_ref().and_then(|p| p.basis.as_ref());
         match pack_from(&current, &self.models, desired, &options, basis) {
             Ok(plan) => {
+                tracing::debug!(
+                    t = now,
+                    may_move = !keep,
+                    replicas = desired.values().sum::<u32>(),
+                    gpus = plan.gpus_used,
+                    lp_bound_gpus = plan.lp_bound_gpus,
+                    memory = plan.utilization.memory,
+                    moves = plan.moves,
+                    reconfigured = plan.reconfigured_gpus,
+                    ms = plan.solve_ms,
+                    "re-plan"
+                );
                 self.solve_ms += plan.solve_ms;
                 self.last = self.slots(&plan);
                 self.plan = Some(plan);
