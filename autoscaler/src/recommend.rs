@@ -201,6 +201,8 @@ pub struct State {
     idle_since: Option<Duration>,
     /// Consecutive failed reads.
     failures: u32,
+    /// Since when fewer replicas than the count have been ready.
+    starting_since: Option<Duration>,
     /// Holt's level and trend of the arrival rate, and when last updated.
     forecast: Option<(f64, f64, Duration)>,
     /// How far back the windows and rate periods reach.
@@ -402,7 +404,6 @@ pub fn recommend(
     // `forecast_alpha` per second); the raw rate still starts panic, and
     // the queue depth, which a real surge fills, is read as it is.
     let concurrency = obs.service_time.map(|w| obs.arrival_rate * w);
-    let by_queue = depth;
 
     // Nothing arriving, nothing queued: the traffic that the forecast
     // and the latency figures describe is over. The forecast starts
@@ -421,6 +422,32 @@ pub fn recommend(
         (Some(w), Some(f)) => f.max(0.0) * w,
         _ => 0.0,
     };
+    // Capacity in transit: replicas of the current count not ready yet
+    // (moved by a consolidation, replaced, or just added) while the
+    // smoothed demand still fits the count. The queue they leave behind
+    // is served when they arrive, no later than replicas started now
+    // would be: it holds the count and adds nothing (no panic, no SLO
+    // step). On fleet-1000 each consolidation's moves otherwise read as a
+    // surge: 250 replicas became 450 for the 5-minute window, on fresh
+    // GPUs. The raw rate still starts panic, for a surge while they start.
+    // Replicas not ready a startup time after the count outran the ready
+    // ones are not on their way (failing, or slower than declared): the
+    // queue counts again.
+    let starting = obs.ready.map_or(0.0, |r| (f64::from(current) - r).max(0.0));
+    if starting > 0.0 {
+        state.starting_since.get_or_insert(now);
+    } else {
+        state.starting_since = None;
+    }
+    let in_transit = state
+        .starting_since
+        .is_some_and(|since| now.saturating_sub(since) < scaling.startup_time)
+        && by_rate.max(by_forecast) <= f64::from(current) * target;
+    let by_queue = if in_transit {
+        depth.min(f64::from(current) * target)
+    } else {
+        depth
+    };
     let mut total = by_queue.max(by_rate).max(by_forecast);
     let mut why = format!(
         "{} waiting + {} in flight over target {}/replica",
@@ -428,7 +455,12 @@ pub fn recommend(
         obs.in_flight.round(),
         trim(target)
     );
-    if by_rate > by_queue && by_rate >= by_forecast {
+    if in_transit && depth > by_queue {
+        let _ = write!(
+            why,
+            "; {starting} starting for a demand of {by_rate:.1}: the queue waits for them"
+        );
+    } else if by_rate > by_queue && by_rate >= by_forecast {
         let _ = write!(
             why,
             "; {level:.1} req/s × {:.2} s = {by_rate:.1} in service",
@@ -472,7 +504,7 @@ pub fn recommend(
         let queue = name == "queue wait";
         // Whether more replicas would lower this p95 now: queue wait while
         // requests wait; TTFT and latency while the replicas are busy.
-        let helps = if queue { obs.waiting > 0.0 } else { busy };
+        let helps = !in_transit && if queue { obs.waiting > 0.0 } else { busy };
         if ratio > 1.0 && helps {
             slo_factor = slo_factor.max(ratio.min(tuning.slo_max_step));
             let _ = write!(
@@ -484,12 +516,18 @@ pub fn recommend(
         } else if ratio > 1.0 && queue {
             // The queue has drained: the minute-long p95 remembers it.
             // Hold what drained it; adding more would answer an old queue.
+            // Or replicas are starting: hold what is on its way.
             near_slo = true;
             let _ = write!(
                 why,
-                "; p95 queue wait {}ms over SLO {}ms, queue empty now: holding",
+                "; p95 queue wait {}ms over SLO {}ms, {}: holding",
                 seen.as_millis(),
-                goal.as_millis()
+                goal.as_millis(),
+                if in_transit {
+                    "replicas starting"
+                } else {
+                    "queue empty now"
+                }
             );
         } else if ratio > 1.0 {
             unhelped.push(name);
@@ -582,7 +620,7 @@ pub fn recommend(
     // law: a few seconds' burst of short requests is not a service time's
     // worth of them.
     let capacity = f64::from(current) * target;
-    if depth.max(concurrency.unwrap_or(0.0)) >= tuning.panic_threshold * capacity {
+    if by_queue.max(concurrency.unwrap_or(0.0)) >= tuning.panic_threshold * capacity {
         let since = state.panic.map_or(now, |(s, _)| s);
         state.panic = Some((since, now + tuning.stable_window));
     } else if let Some((_, until)) = state.panic
@@ -591,7 +629,7 @@ pub fn recommend(
         state.panic = None;
     }
     if let Some((since, _)) = state.panic {
-        let raw = raw.max(ceil_u32(depth / target).clamp(floor, ceiling));
+        let raw = raw.max(ceil_u32(by_queue / target).clamp(floor, ceiling));
         let replicas = raw.max(current).min(ceiling.max(current));
         record(state, now, replicas);
         return finish(

@@ -32,7 +32,12 @@ async fn capped(
     use gpuscale_autoscaler::backend::Backend;
     use gpuscale_autoscaler::controller::Controller;
     use gpuscale_autoscaler::local::LocalBackend;
-    let (gw, _) = common::stand_in_gateway(common::queues(waiting)).await;
+    // The stand-in reports the cap's replicas ready: none is starting,
+    // so the queue is demand (a queue left by replicas still starting
+    // holds the count instead).
+    let mut queues = common::queues(waiting);
+    queues["models"]["meta-llama/Llama-3.1-8B-Instruct"]["replicas"] = cap.into();
+    let (gw, _) = common::stand_in_gateway(queues).await;
     let settings = common::settings(
         &gw,
         &format!(

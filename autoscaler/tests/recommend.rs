@@ -1135,3 +1135,70 @@ fn a_burst_of_seconds_in_the_rate_window_is_sized_by_the_smoothed_rate_not_its_p
     let r = c.run(180, |_| at(16.0, 160.0));
     assert!(r.replicas >= 10, "{}", r.reason);
 }
+
+#[test]
+fn a_queue_left_by_replicas_still_starting_holds_the_count_and_a_surge_still_panics() {
+    // 2 req/s of requests that hold a slot 10 s: 20 in service, 3
+    // replicas at target 8. Then all three are moved (a consolidation):
+    // none is ready for 29 s (their startup time is 30 s) and the queue
+    // grows by 2 a second. Replicas
+    // started now would be ready no sooner than the moved ones, so the
+    // count holds. The same queue with every replica ready is a surge
+    // (70 waiting, 2.9 × the capacity of 24): panic. And a surge in the
+    // rate while the moved replicas start still panics.
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    let at = |waiting: f64, rate: f64, ready: f64| Observation {
+        waiting,
+        in_flight: 0.0,
+        arrival_rate: rate,
+        service_time: Some(10.0),
+        ready: Some(ready),
+        ..Observation::default()
+    };
+    let steady = |_| Observation {
+        in_flight: 20.0,
+        ..at(0.0, 2.0, 3.0)
+    };
+    let mut moved = Clock::new(&m, Tuning::default(), 3);
+    assert_eq!(moved.run(120, steady).replicas, 3);
+    let mut most = 0;
+    for i in 1..=29 {
+        let r = moved.run(1, |_| at(2.0 * i as f64, 2.0, 0.0));
+        assert!(!moved.state.in_panic(), "{i} s: {}", r.reason);
+        most = most.max(r.replicas);
+    }
+    assert_eq!(most, 3);
+
+    let mut ready = Clock::new(&m, Tuning::default(), 3);
+    ready.run(120, steady);
+    let r = ready.run(1, |_| at(70.0, 2.0, 3.0));
+    assert!(ready.state.in_panic() && r.replicas >= 9, "{}", r.reason);
+
+    let mut surge = Clock::new(&m, Tuning::default(), 3);
+    surge.run(120, steady);
+    surge.run(10, |i| at(2.0 * i as f64, 2.0, 0.0));
+    let r = surge.run(1, |_| at(20.0, 20.0, 0.0));
+    assert!(surge.state.in_panic() && r.replicas > 3, "{}", r.reason);
+}
+
+#[test]
+fn replicas_not_ready_a_startup_time_on_no_longer_hold_the_queue() {
+    // Three replicas decided, none ready (failing, or slower than the
+    // declared 30 s startup), 40 queued, nothing arriving: held while they
+    // may still be starting, then the queue sizes the count again.
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    let stuck = |_| Observation {
+        waiting: 40.0,
+        ready: Some(0.0),
+        service_time: Some(10.0),
+        ..Observation::default()
+    };
+    let mut c = Clock::new(&m, Tuning::default(), 3);
+    assert_eq!(c.run(29, stuck).replicas, 3);
+    let r = c.run(2, stuck);
+    assert!(r.replicas >= 5, "{}", r.reason);
+}

@@ -143,6 +143,7 @@ impl Autoscaler for Gpuscale {
         now: Duration,
         observations: &BTreeMap<String, Observation>,
     ) -> Option<BTreeMap<String, u32>> {
+        let before = std::mem::take(&mut self.recs);
         self.recs = recommend_all(
             &self.models,
             Some(observations),
@@ -151,6 +152,17 @@ impl Autoscaler for Gpuscale {
             None,
             now,
         );
+        for (model, rec) in &self.recs {
+            if before.get(model).is_none_or(|b| b.replicas != rec.replicas) {
+                tracing::debug!(
+                    t = now.as_secs_f64(),
+                    model = model.as_str(),
+                    replicas = rec.replicas,
+                    "{}",
+                    rec.reason
+                );
+            }
+        }
         Some(
             self.recs
                 .iter()
