@@ -434,3 +434,44 @@ fn a_consolidation_repacks_what_kept_re_plans_left_one_replica_per_gpu() {
         plan.moves
     );
 }
+
+#[test]
+fn a_scale_down_between_consolidations_frees_a_whole_gpu_before_it_thins_a_shared_one() {
+    // Two `tiny` on one GPU's MIG instances and a third alone on a whole
+    // GPU; demand falls to two. Keeping, the one on the whole GPU leaves
+    // and frees it; one leaving a MIG instance would leave both GPUs on.
+    let keep = PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    };
+    let models = tiny_mig_or_whole();
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("tiny", 2)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(first.gpus_used, 1);
+    let mut now = first.apply_to(&cluster);
+    let free = now.nodes[0]
+        .gpus
+        .iter()
+        .position(|g| g.workloads.is_empty())
+        .expect("a free GPU") as u32;
+    now = alone_on(now, &[free]);
+    let two = common::demand(&[("tiny", 2)]);
+    let plan = pack_from(&now, &models, &two, &keep, None).unwrap();
+    assert_eq!(
+        (placed(&plan), plan.gpus_used, plan.moves),
+        (2, 1, 0),
+        "{:?}",
+        plan.gpus
+    );
+    assert!(
+        plan.gpus
+            .iter()
+            .all(|g| g.index != free || g.replicas.is_empty())
+    );
+}

@@ -444,9 +444,10 @@ fn consolidate(classes: &[Class], models: &[Model], counts: &mut Counts, spare: 
 }
 
 /// The current placement, trimmed or extended to the demand: replicas
-/// beyond the demand leave (from the slot types and groups holding most),
-/// missing ones are placed by [`complete`] on top of what runs. Nothing that
-/// runs moves; `None` when that cannot keep the node-level rules.
+/// beyond the demand leave (groups on whole GPUs first, dearest, then from
+/// the slot types holding most), missing ones are placed by [`complete`] on
+/// top of what runs. Nothing that runs moves; `None` when that cannot keep
+/// the node-level rules.
 pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
     let mut counts = Counts {
         patterns: classes.iter().map(|c| c.current_patterns.clone()).collect(),
@@ -480,21 +481,27 @@ pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Co
                 .map(|(_, &n)| n)
                 .sum::<u32>();
         while have > want {
-            let slot = counts
-                .slots
+            // A replica on whole GPUs first, the dearest group: it frees
+            // its GPUs now, where one leaving a shared GPU leaves a hole
+            // until the GPU's last tenant goes.
+            let whole = counts
+                .whole
                 .iter()
                 .filter(|&(&(_, mm, _), &n)| mm == m && n > 0)
-                .max_by_key(|&(_, &n)| n)
+                .max_by(|a, b| {
+                    let price = |&(c, _, k): &(usize, usize, u32)| classes[c].price * f64::from(k);
+                    price(a.0).total_cmp(&price(b.0)).then(b.0.cmp(a.0))
+                })
                 .map(|(&key, _)| key);
-            match slot {
-                Some(key) => *counts.slots.get_mut(&key).expect("found above") -= 1,
+            match whole {
+                Some(key) => *counts.whole.get_mut(&key).expect("found above") -= 1,
                 None => {
                     let (&key, _) = counts
-                        .whole
+                        .slots
                         .iter()
                         .filter(|&(&(_, mm, _), &n)| mm == m && n > 0)
                         .max_by_key(|&(_, &n)| n)?;
-                    *counts.whole.get_mut(&key).expect("found above") -= 1;
+                    *counts.slots.get_mut(&key).expect("found above") -= 1;
                 }
             }
             have -= 1;
