@@ -20,6 +20,14 @@ fn carried(plan: &Plan, first: &Plan) -> bool {
     first.basis.is_some() && plan.basis == first.basis
 }
 
+/// The options of a re-plan between consolidations: keep what runs.
+fn keeping() -> PackOptions {
+    PackOptions {
+        keep_running: true,
+        ..PackOptions::default()
+    }
+}
+
 fn small() -> Vec<Model> {
     vec![common::small_mig()]
 }
@@ -257,10 +265,7 @@ fn an_idle_fractional_gpu_is_not_opened_for_what_fits_beside_what_runs() {
 
 #[test]
 fn keeping_what_runs_moves_nothing_unless_only_a_move_places_every_replica() {
-    let keep = PackOptions {
-        keep_running: true,
-        ..PackOptions::default()
-    };
+    let keep = keeping();
     let on = |p: &Plan| -> Vec<(String, u32, Option<u8>)> {
         let mut v: Vec<_> = p
             .gpus
@@ -316,10 +321,7 @@ fn a_new_tensor_parallel_group_does_not_take_the_node_a_running_group_stays_on()
     // largest first in one pass, the new group took the first node, as
     // the one of the lowest index with four GPUs not yet assigned, and
     // moved the running group off it.)
-    let keep = PackOptions {
-        keep_running: true,
-        ..PackOptions::default()
-    };
+    let keep = keeping();
     let cluster = common::cluster(&[("a", "L40S", 4), ("b", "L40S", 4)]);
     let whole = [SharingMode::Whole];
     let models = vec![
@@ -393,10 +395,7 @@ fn a_replica_added_between_consolidations_opens_a_gpu_its_next_replicas_fit() {
     // later ones without opening another GPU. (Whole GPUs came first,
     // and each replica added between consolidations took a GPU of its
     // own.)
-    let keep = PackOptions {
-        keep_running: true,
-        ..PackOptions::default()
-    };
+    let keep = keeping();
     let models = tiny_mig_or_whole();
     let mut now = alone_on(common::cluster(&[("n", "H100-80GB", 3)]), &[0]);
     for n in 2..=4 {
@@ -420,10 +419,7 @@ fn a_consolidation_repacks_what_kept_re_plans_left_one_replica_per_gpu() {
     let models = tiny_mig_or_whole();
     let now = alone_on(common::cluster(&[("n", "H100-80GB", 3)]), &[0, 1, 2]);
     let two = common::demand(&[("tiny", 2)]);
-    let keep = PackOptions {
-        keep_running: true,
-        ..PackOptions::default()
-    };
+    let keep = keeping();
     let kept = pack_from(&now, &models, &two, &keep, None).unwrap();
     assert_eq!((placed(&kept), kept.gpus_used, kept.moves), (2, 2, 0));
     let plan = pack_from(&now, &models, &two, &PackOptions::default(), None).unwrap();
@@ -440,10 +436,7 @@ fn a_scale_down_between_consolidations_frees_a_whole_gpu_before_it_thins_a_share
     // Two `tiny` on one GPU's MIG instances and a third alone on a whole
     // GPU; demand falls to two. Keeping, the one on the whole GPU leaves
     // and frees it; one leaving a MIG instance would leave both GPUs on.
-    let keep = PackOptions {
-        keep_running: true,
-        ..PackOptions::default()
-    };
+    let keep = keeping();
     let models = tiny_mig_or_whole();
     let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
     let first = pack(
