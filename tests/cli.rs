@@ -576,3 +576,66 @@ fn simulate_writes_the_report_and_its_plots() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("nope.yaml"), "{}", stdout(&out));
 }
+
+#[test]
+fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
+    let dir = std::env::temp_dir().join(format!("gpuscale-gangs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_text = dir.to_string_lossy().to_string();
+    let mut args = PLAN_ARGS.to_vec();
+    args.insert(5, "examples/training");
+    args.extend(["--format", "json", "--emit", dir_text.as_str()]);
+    let out = gpuscale(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gangs = plan["gangs"].as_array().expect("`gangs` in the JSON");
+    assert_eq!(gangs.len(), 2);
+    let llama = gangs
+        .iter()
+        .find(|g| g["name"] == "llama-8b-finetune")
+        .unwrap();
+    assert_eq!(llama["status"], "starting", "{llama:#}");
+    assert_eq!(llama["topology_met"], "rack");
+    let workers = llama["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    // Each worker's 8 GPUs are whole, the gang's, and nobody else's.
+    for w in workers {
+        for i in w["gpus"].as_array().unwrap() {
+            let gpu = plan["gpus"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["node"] == w["node"] && g["index"] == *i)
+                .unwrap();
+            assert_eq!(gpu["gang"]["job"], "llama-8b-finetune");
+            assert_eq!(gpu["mode"], "whole");
+            assert_eq!(gpu["replicas"].as_array().unwrap().len(), 0);
+        }
+    }
+    let sbatch = std::fs::read_to_string(dir.join("gangs/llama-8b-finetune.sbatch")).unwrap();
+    assert!(sbatch.contains("#SBATCH --nodes=2"), "{sbatch}");
+    let group = std::fs::read_to_string(dir.join("gangs/llama-8b-finetune.yaml")).unwrap();
+    assert!(
+        group.contains("kind: PodGroup") && group.contains("minMember: 2"),
+        "{group}"
+    );
+
+    // Re-plan from that plan: the gangs run on where they are.
+    let earlier = dir.join("plan.json");
+    std::fs::write(&earlier, &out.stdout).unwrap();
+    let earlier_text = earlier.to_string_lossy().to_string();
+    let mut args = PLAN_ARGS.to_vec();
+    args.insert(5, "examples/training");
+    args.extend(["--format", "json", "--current", earlier_text.as_str()]);
+    let again: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
+    for g in again["gangs"].as_array().unwrap() {
+        assert_eq!(g["status"], "running", "{g:#}");
+    }
+    assert_eq!(again["moves"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,14 +28,18 @@
 //!
 //! What it does not do: any I/O (files, network, Kubernetes) or clock read
 //! beyond measuring its own solve time (`solve_ms`) and giving HiGHS and
-//! pattern generation their time limit; training-job gang placement (a
-//! later issue).
+//! pattern generation their time limit.
+//!
+//! Training jobs are placed gang-wise on the same inventory ([`gang`]):
+//! all workers or none, within a topology level, beside inference, with
+//! preemption by priority ([`gang::joint::plan`]).
 
 pub mod baseline;
 pub mod basis;
 pub mod classes;
 pub mod decode;
 pub mod emit;
+pub mod gang;
 pub mod ilp;
 pub mod plan;
 
@@ -46,7 +50,8 @@ use gpuscale_policies::model::PlacementOption;
 use gpuscale_policies::{Cluster, GpuModel, Health, Model};
 
 pub use plan::{
-    Baselines, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Pool, Unplaced, Utilization, Variant,
+    Baselines, GangSlot, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Pool, Unplaced, Utilization,
+    Variant,
 };
 
 /// Options of a solve.
@@ -534,6 +539,8 @@ fn figures(
         models: model_plans,
         baselines: None,
         basis: None,
+        gangs: Vec::new(),
+        training: None,
     };
     let (_, names) = emit::mig_parted(&plan);
     plan.nodes = cluster

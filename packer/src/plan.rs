@@ -65,6 +65,19 @@ pub struct GpuPlan {
     pub mps_replicas: Option<u8>,
     /// Replicas on it.
     pub replicas: Vec<ReplicaSlot>,
+    /// The training gang's worker that holds it whole (then `replicas` is
+    /// empty and `mode` is `whole`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangSlot>,
+}
+
+/// A GPU held by a training gang's worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangSlot {
+    /// Training job name.
+    pub job: String,
+    /// Worker number.
+    pub worker: u32,
 }
 
 /// A way a model's replicas are placed, and what each such pod requests.
@@ -238,6 +251,14 @@ pub struct Plan {
     /// ([`crate::pack_from`], [`crate::basis`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<crate::basis::Basis>,
+    /// Training jobs, placed gang-wise (`gangs` in JSON; empty without
+    /// training jobs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gangs: Vec<crate::gang::GangPlan>,
+    /// Training's GPUs and the fragmentation of what is left free for it
+    /// (with training jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<crate::gang::GangSummary>,
 }
 
 impl Plan {
@@ -274,7 +295,7 @@ impl Plan {
                 let Some(p) = by_gpu.get(&(node.name.as_str(), gpu.index)) else {
                     continue;
                 };
-                let workloads = p
+                let mut workloads: Vec<Workload> = p
                     .replicas
                     .iter()
                     .map(|r| Workload {
@@ -282,6 +303,12 @@ impl Plan {
                         slot: r.start,
                     })
                     .collect();
+                if let Some(g) = &p.gang {
+                    workloads.push(Workload {
+                        model: g.job.clone(),
+                        slot: None,
+                    });
+                }
                 match p.mode {
                     Mode::Mig => {
                         gpu.mode = GpuMode::Mig;

@@ -93,6 +93,15 @@ pub struct TrainingJobSpec {
     )]
     #[schemars(with = "Option<String>")]
     pub estimated_runtime: Option<Duration>,
+    /// How often the job checkpoints, if it does: a preemption loses at
+    /// most this much of its work.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub checkpoint_interval: Option<Duration>,
 }
 
 /// A validated training job.
@@ -110,6 +119,20 @@ impl TrainingJob {
     /// Total GPUs the gang takes.
     pub fn total_gpus(&self) -> u32 {
         self.spec.workers.saturating_mul(self.spec.gpus_per_worker)
+    }
+
+    /// GPU-hours a preemption would lose: the GPUs times the checkpoint
+    /// interval for a job that checkpoints (the worst case since its last
+    /// checkpoint), its estimated runtime for one that does not
+    /// (everything may be lost), and a day when neither is known (an
+    /// unknown job without checkpoints is the dearest to stop).
+    pub fn preemption_cost_gpu_hours(&self) -> f64 {
+        let span = self
+            .spec
+            .checkpoint_interval
+            .or(self.spec.estimated_runtime)
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        f64::from(self.total_gpus()) * span.as_secs_f64() / 3600.0
     }
 
     /// Validates a spec against the catalogue, reporting every problem.

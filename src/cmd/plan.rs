@@ -7,9 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gpuscale_packer::{
-    Baselines, Mode, PackOptions, Plan, baseline, emit, min_replicas, pack_from,
-};
+use gpuscale_packer::{Baselines, Mode, PackOptions, Plan, baseline, emit, gang, min_replicas};
 use gpuscale_policies::load_paths;
 
 /// Arguments of `plan`.
@@ -69,6 +67,21 @@ pub struct Args {
     /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
+    /// Namespace of the training jobs' PodGroups and worker pods.
+    #[arg(long, default_value = "default")]
+    pub training_namespace: String,
+    /// Which gang scheduler's PodGroup `--emit` writes for training jobs.
+    #[arg(long, value_enum, default_value_t = GangSchedulerArg::Coscheduling)]
+    pub gang_scheduler: GangSchedulerArg,
+}
+
+/// The gang scheduler a cluster runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GangSchedulerArg {
+    /// scheduler-plugins' coscheduling (`scheduling.x-k8s.io` PodGroup).
+    Coscheduling,
+    /// Volcano (`scheduling.volcano.sh` PodGroup).
+    Volcano,
 }
 
 /// Runs the command.
@@ -123,7 +136,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         models = bundle.models.len(),
         "packing"
     );
-    let mut plan = pack_from(&cluster, &bundle.models, &demand, &options, basis.as_ref())?;
+    tracing::info!(jobs = bundle.jobs.len(), "training jobs");
+    let mut plan = gang::joint::plan(
+        &cluster,
+        &bundle.models,
+        &bundle.jobs,
+        &demand,
+        &options,
+        &gang::GangOptions::default(),
+        basis.as_ref(),
+    )?;
     if args.compare {
         plan.baselines = Some(Baselines {
             whole_gpu: baseline::whole_gpu(&cluster, &bundle.models, &demand),
@@ -131,7 +153,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
     }
     if let Some(dir) = &args.emit {
-        for (rel, text) in emit::files(&plan, &args.namespace)? {
+        let scheduler = match args.gang_scheduler {
+            GangSchedulerArg::Coscheduling => gang::artefacts::GangScheduler::Coscheduling,
+            GangSchedulerArg::Volcano => gang::artefacts::GangScheduler::Volcano,
+        };
+        let mut files = emit::files(&plan, &args.namespace)?;
+        files.extend(gang::artefacts::files(
+            &plan.gangs,
+            &args.training_namespace,
+            scheduler,
+        )?);
+        for (rel, text) in files {
             let path = dir.join(&rel);
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)
@@ -179,16 +211,20 @@ fn table(plan: &Plan) -> String {
             Mode::Timeslice => format!("{} shares", g.timeslice_replicas.unwrap_or(0)),
             Mode::Mps => format!("{} MPS partitions", g.mps_replicas.unwrap_or(0)),
             Mode::Fractional => "fractional (HAMi)".to_string(),
+            _ if g.gang.is_some() => "whole (training)".to_string(),
             _ => "whole".to_string(),
         };
-        let replicas: Vec<String> = g
-            .replicas
-            .iter()
-            .map(|r| match (&r.profile, r.group_size) {
+        let gang = g
+            .gang
+            .as_ref()
+            .map(|s| format!("{} worker {}", s.job, s.worker));
+        let replicas: Vec<String> = gang
+            .into_iter()
+            .chain(g.replicas.iter().map(|r| match (&r.profile, r.group_size) {
                 (Some(p), _) => format!("{}#{} ({p})", r.model, r.replica),
                 (None, Some(k)) if k > 1 => format!("{}#{} (tp{k})", r.model, r.replica),
                 _ => format!("{}#{}", r.model, r.replica),
-            })
+            }))
             .collect();
         out.push_str(&format!(
             "{:<12} {:>3}  {:<11} {:<9} {:<44} {}\n",
@@ -258,6 +294,7 @@ fn table(plan: &Plan) -> String {
             u.replicas, u.model, u.reason
         ));
     }
+    out.push_str(&gangs_table(plan));
     if let Some(b) = &plan.baselines {
         // A baseline that could not place every replica used fewer GPUs
         // for less work: say so beside its figures.
@@ -285,6 +322,61 @@ fn table(plan: &Plan) -> String {
             b.ffd.utilization.compute * 100.0,
             b.ffd.utilization.dominant * 100.0,
             unplaced(b.ffd.unplaced),
+        ));
+    }
+    out
+}
+
+/// The training gangs section of the table.
+fn gangs_table(plan: &Plan) -> String {
+    if plan.gangs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("training gangs (all workers or none):\n");
+    for g in &plan.gangs {
+        let placement: Vec<String> = g
+            .workers
+            .iter()
+            .map(|w| {
+                let idx: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
+                format!("{}[{}]", w.node, idx.join(","))
+            })
+            .collect();
+        let met = match (&g.topology_met, &g.domain) {
+            (Some(l), Some(d)) => format!(", met: {l} {d}"),
+            (Some(l), None) => format!(", met: {l}"),
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "  {:<20} {:<9} {:<9} {}×{} {}  topology {} ({}{met})\n",
+            g.name,
+            format!("{:?}", g.status).to_lowercase(),
+            format!("{:?}", g.priority).to_lowercase(),
+            g.workers_wanted,
+            g.gpus_per_worker,
+            g.gpu_model.as_deref().unwrap_or("-"),
+            g.topology,
+            format!("{:?}", g.topology_mode).to_lowercase(),
+        ));
+        if !placement.is_empty() {
+            out.push_str(&format!("    on {}\n", placement.join(" ")));
+        }
+        out.push_str(&format!("    {}\n", g.reason));
+        for p in &g.preempts {
+            out.push_str(&format!(
+                "    preempts {:?} `{}` ({}, {:.1} GPU-hours lost): {}\n",
+                p.kind, p.name, p.count, p.lost_gpu_hours, p.reason
+            ));
+        }
+    }
+    if let Some(t) = &plan.training {
+        out.push_str(&format!(
+            "training holds {} GPUs; free for training {} ({} whole nodes, at most {} on one node), fragmentation {:.0} %\n",
+            t.gpus,
+            t.free_gpus,
+            t.free_whole_nodes,
+            t.largest_free_node,
+            t.fragmentation * 100.0
         ));
     }
     out

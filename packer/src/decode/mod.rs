@@ -237,6 +237,7 @@ pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &C
                 timeslice_replicas: a.share.filter(|_| a.mode == Mode::Timeslice),
                 mps_replicas: a.share.filter(|_| a.mode == Mode::Mps),
                 replicas: slots,
+                gang: None,
             });
         }
     }
@@ -303,6 +304,7 @@ fn idle(node: String, gpu_model: &str, gpu: &gpuscale_policies::Gpu) -> GpuPlan 
         timeslice_replicas: None,
         mps_replicas: None,
         replicas: Vec::new(),
+        gang: None,
     }
 }
 

@@ -1,0 +1,187 @@
+//! What a placed gang becomes for Kubernetes and for Slurm.
+//!
+//! - A `PodGroup` so the scheduler starts all workers or none: the
+//!   scheduler-plugins coscheduling plugin's
+//!   (`scheduling.x-k8s.io/v1alpha1`, pods labelled
+//!   `scheduling.x-k8s.io/pod-group`) or Volcano's
+//!   (`scheduling.volcano.sh/v1beta1`, pods annotated
+//!   `scheduling.k8s.io/group-name`, `schedulerName: volcano`), both with
+//!   `minMember` = workers.
+//! - Per worker, a pod snippet: `nvidia.com/gpu` limits and a required
+//!   node affinity on `kubernetes.io/hostname` to the planned node.
+//! - Kueue's topology-aware scheduling annotations on the pod template:
+//!   `kueue.x-k8s.io/podset-required-topology` (or `-preferred-`) with the
+//!   node label of the level ([`level_label`]).
+//! - The `sbatch` directives of the same placement.
+
+use gpuscale_policies::training::{TopologyLevel, TopologyMode};
+use serde_json::json;
+
+use super::{GangPlan, GangStatus};
+
+/// Which gang scheduler's `PodGroup` to emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GangScheduler {
+    /// scheduler-plugins' coscheduling plugin.
+    #[default]
+    Coscheduling,
+    /// Volcano.
+    Volcano,
+}
+
+/// The node label Kueue reads for a topology level: the hostname, the
+/// NVLink clique GPU Feature Discovery sets (`nvidia.com/gpu.clique`), a
+/// rack label the cluster must set (`gpuscale.io/rack`: there is no
+/// standard one), and the well-known zone label.
+pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
+    match level {
+        TopologyLevel::Node => Some("kubernetes.io/hostname"),
+        TopologyLevel::NvlinkDomain => Some("nvidia.com/gpu.clique"),
+        TopologyLevel::Rack => Some("gpuscale.io/rack"),
+        TopologyLevel::Zone => Some("topology.kubernetes.io/zone"),
+        TopologyLevel::Any => None,
+    }
+}
+
+/// The gang's Kubernetes objects: the PodGroup, then one pod snippet per
+/// worker (placed gangs only; a waiting gang gets its PodGroup alone, so
+/// the scheduler holds its pods).
+pub fn kubernetes(
+    g: &GangPlan,
+    namespace: &str,
+    scheduler: GangScheduler,
+) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let total = g.workers_wanted * g.gpus_per_worker;
+    let pod_group = match scheduler {
+        GangScheduler::Coscheduling => json!({
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": g.name, "namespace": namespace},
+            "spec": {"minMember": g.workers_wanted, "scheduleTimeoutSeconds": 300},
+        }),
+        GangScheduler::Volcano => json!({
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": g.name, "namespace": namespace},
+            "spec": {
+                "minMember": g.workers_wanted,
+                "minResources": {"nvidia.com/gpu": total.to_string()},
+            },
+        }),
+    };
+    out.push(pod_group);
+    if !matches!(g.status, GangStatus::Running | GangStatus::Starting) {
+        return out;
+    }
+    let mut annotations = serde_json::Map::new();
+    if let Some(label) = level_label(g.topology) {
+        let key = match g.topology_mode {
+            TopologyMode::Required => "kueue.x-k8s.io/podset-required-topology",
+            TopologyMode::Preferred => "kueue.x-k8s.io/podset-preferred-topology",
+        };
+        annotations.insert(key.into(), json!(label));
+    }
+    let mut labels = serde_json::Map::new();
+    labels.insert("gpuscale.io/training-job".into(), json!(g.name));
+    let mut scheduler_name = None;
+    match scheduler {
+        GangScheduler::Coscheduling => {
+            labels.insert("scheduling.x-k8s.io/pod-group".into(), json!(g.name));
+        }
+        GangScheduler::Volcano => {
+            annotations.insert("scheduling.k8s.io/group-name".into(), json!(g.name));
+            scheduler_name = Some("volcano");
+        }
+    }
+    for w in &g.workers {
+        labels.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
+        let mut spec = json!({
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "kubernetes.io/hostname",
+                    "operator": "In",
+                    "values": [w.node],
+                }]}],
+            }}},
+            "containers": [{
+                "name": "worker",
+                "resources": {"limits": {"nvidia.com/gpu": w.gpus.len()}},
+            }],
+        });
+        if let Some(s) = scheduler_name {
+            spec["schedulerName"] = json!(s);
+        }
+        out.push(json!({
+            "worker": w.worker,
+            "node": w.node,
+            "gpuIndices": w.gpus,
+            "metadata": {
+                "name": format!("{}-worker-{}", g.name, w.worker),
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": spec,
+        }));
+    }
+    out
+}
+
+/// `sbatch` directives for the same placement (placed gangs): one task
+/// per worker, its GPUs per task, the planned nodes, and every node up
+/// before the job starts (`--wait-all-nodes=1`).
+pub fn sbatch(g: &GangPlan) -> Option<String> {
+    if g.workers.is_empty() {
+        return None;
+    }
+    let mut nodes: Vec<&str> = g.workers.iter().map(|w| w.node.as_str()).collect();
+    nodes.dedup();
+    let mut per_node: Vec<usize> = nodes
+        .iter()
+        .map(|n| g.workers.iter().filter(|w| w.node == *n).count())
+        .collect();
+    let mut s = String::from("#!/bin/bash\n");
+    s.push_str(&format!("#SBATCH --job-name={}\n", g.name));
+    s.push_str(&format!("#SBATCH --nodes={}\n", nodes.len()));
+    s.push_str(&format!("#SBATCH --ntasks={}\n", g.workers.len()));
+    per_node.dedup();
+    if per_node.len() == 1 {
+        s.push_str(&format!("#SBATCH --ntasks-per-node={}\n", per_node[0]));
+        s.push_str(&format!(
+            "#SBATCH --gres=gpu:{}\n",
+            per_node[0] as u32 * g.gpus_per_worker
+        ));
+    }
+    s.push_str(&format!("#SBATCH --gpus-per-task={}\n", g.gpus_per_worker));
+    s.push_str(&format!("#SBATCH --nodelist={}\n", nodes.join(",")));
+    s.push_str("#SBATCH --wait-all-nodes=1\n");
+    if let Some(secs) = g.estimated_runtime_s {
+        let m = secs.div_ceil(60);
+        s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
+    }
+    Some(s)
+}
+
+/// Files for `gpuscale plan --emit DIR`: `gangs/<job>.yaml` (the
+/// PodGroup and worker snippets) and `gangs/<job>.sbatch`.
+pub fn files(
+    gangs: &[GangPlan],
+    namespace: &str,
+    scheduler: GangScheduler,
+) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+    let mut out = Vec::new();
+    for g in gangs {
+        let docs = kubernetes(g, namespace, scheduler);
+        let mut text = String::new();
+        for d in &docs {
+            text.push_str("---\n");
+            text.push_str(&serde_yaml_ng::to_string(d)?);
+        }
+        out.push((format!("gangs/{}.yaml", g.name), text));
+        if let Some(s) = sbatch(g) {
+            out.push((format!("gangs/{}.sbatch", g.name), s));
+        }
+    }
+    Ok(out)
+}

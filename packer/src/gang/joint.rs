@@ -1,0 +1,470 @@
+//! Training and inference on one inventory.
+//!
+//! 1. Gangs that run now keep their GPUs ([`super::running`]); inference
+//!    is packed on the rest (the plan inference would get alone, `full`).
+//! 2. Pending gangs are placed ([`super::place`]) on the GPUs `full`
+//!    leaves idle, on nodes whose device plugin does not share GPUs; a
+//!    gang may also take GPUs whose inference replicas are all of lower
+//!    priority, and preempt lower-priority preemptible gangs.
+//! 3. Inference is packed again without the gangs' GPUs, and nodes that
+//!    hold a worker lose time-slicing, MPS and HAMi (their device plugin
+//!    would hand out shares of the gang's GPUs).
+//! 4. The guard: no model may end below `min(minReplicas, what full
+//!    placed)`, and none may lose replicas to a gang of its own or lower
+//!    priority. When step 3 breaks it, the gangs that took inference GPUs
+//!    wait instead, then every gang started on a node inference used; in
+//!    the end the plan is `full` with only the running gangs.
+//!
+//! Replicas lost to a gang are named in its `preempts`, and in the plan's
+//! `unplaced` with the gang as the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuscale_policies::model::SharingMode;
+use gpuscale_policies::training::TrainingJob;
+use gpuscale_policies::{Cluster, Model};
+
+use super::{
+    GangOptions, GangPlan, GangStatus, GpuRef, Inventory, Preemption, VictimKind, place, rank,
+    running, summary,
+};
+use crate::basis::Basis;
+use crate::plan::{GangSlot, GpuPlan, Mode, Plan, Unplaced};
+use crate::{PackError, PackOptions, emit, pack_from};
+
+/// The cluster inference is packed on: `taken` GPUs out of use (marked
+/// unhealthy, so the packer never places on them and GPU indices stay
+/// where its decoder expects them), and no GPU sharing through the device
+/// plugin on nodes that hold a worker.
+pub fn for_inference(cluster: &Cluster, taken: &BTreeSet<GpuRef>) -> Cluster {
+    let mut out = cluster.clone();
+    for (n, node) in out.nodes.iter_mut().enumerate() {
+        let mut any = false;
+        for g in &mut node.gpus {
+            if taken.contains(&(n, g.index)) {
+                g.health = gpuscale_policies::Health::Unhealthy;
+                g.workloads.clear();
+                any = true;
+            }
+        }
+        if any {
+            node.sharing.retain(|s| {
+                matches!(
+                    s,
+                    SharingMode::Mig | SharingMode::MigTimeslice | SharingMode::Whole
+                )
+            });
+            node.timeslice_replicas = None;
+            node.mps_replicas = None;
+        }
+    }
+    out
+}
+
+/// Whether a node's device plugin shares whole GPUs in `plan`.
+fn shares(plan: &Plan, node: &str) -> bool {
+    plan.nodes
+        .iter()
+        .find(|n| n.name == node)
+        .is_some_and(|n| n.timeslice_replicas.is_some() || n.mps_replicas.is_some() || n.hami)
+}
+
+/// What gangs may take from a plan of inference: idle GPUs, and GPUs
+/// with replicas (ranked by their most important model). On a node whose
+/// device plugin shares GPUs and runs replicas, idle GPUs count as the
+/// node's inference (taking them changes the node's configuration).
+pub fn inventory(cluster: &Cluster, plan: &Plan, models: &[Model]) -> Inventory {
+    let rank_of = |model: &str| {
+        models
+            .iter()
+            .find(|m| m.name == model)
+            .map_or(2, |m| rank(m.priority))
+    };
+    let mut inv = Inventory::default();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let gpus: Vec<&GpuPlan> = plan.gpus.iter().filter(|g| g.node == node.name).collect();
+        let busy: Vec<&&GpuPlan> = gpus
+            .iter()
+            .filter(|g| g.mode != Mode::Idle && !g.replicas.is_empty())
+            .collect();
+        let node_rank = busy
+            .iter()
+            .flat_map(|g| g.replicas.iter())
+            .map(|r| rank_of(&r.model))
+            .max();
+        let shared = shares(plan, &node.name) && !busy.is_empty();
+        for gpu in &node.gpus {
+            if gpu.health != gpuscale_policies::Health::Healthy {
+                continue;
+            }
+            let p = gpus.iter().find(|g| g.index == gpu.index);
+            let idle = p.is_none_or(|g| g.mode == Mode::Idle || g.replicas.is_empty());
+            if idle && !shared {
+                inv.free.entry(n).or_default().insert(gpu.index);
+            } else if idle {
+                inv.inference
+                    .entry(n)
+                    .or_default()
+                    .push((gpu.index, node_rank.unwrap_or(0)));
+            } else {
+                let r = p
+                    .into_iter()
+                    .flat_map(|g| g.replicas.iter())
+                    .map(|r| rank_of(&r.model))
+                    .max()
+                    .unwrap_or(0);
+                let r = if shared {
+                    r.max(node_rank.unwrap_or(0))
+                } else {
+                    r
+                };
+                inv.inference.entry(n).or_default().push((gpu.index, r));
+            }
+        }
+    }
+    inv
+}
+
+fn placed_by_model(plan: &Plan) -> BTreeMap<String, u32> {
+    plan.models
+        .iter()
+        .map(|m| (m.name.clone(), m.placed))
+        .collect()
+}
+
+/// Packs inference and places training jobs together (see the module
+/// docs). Without jobs it is [`pack_from`].
+pub fn plan(
+    cluster: &Cluster,
+    models: &[Model],
+    jobs: &[TrainingJob],
+    demand: &BTreeMap<String, u32>,
+    options: &PackOptions,
+    gang_options: &GangOptions,
+    basis: Option<&Basis>,
+) -> Result<Plan, PackError> {
+    if jobs.is_empty() {
+        return pack_from(cluster, models, demand, options, basis);
+    }
+    let held = running(cluster, jobs);
+    let held_gpus: BTreeSet<GpuRef> = held
+        .values()
+        .filter(|h| h.intact)
+        .flat_map(|h| h.gpus.iter().copied())
+        .collect();
+    // Broken gangs' GPUs are not held: they are in the cluster, and their
+    // job workloads are not inference's.
+    let base = without_job_workloads(cluster, jobs);
+    let inf0 = for_inference(&base, &held_gpus);
+    let full = pack_from(&inf0, models, demand, options, basis)?;
+    let inv = inventory(&inf0, &full, models);
+    let mut placed = place(&base, jobs, &held, &inv, gang_options);
+
+    let full_placed = placed_by_model(&full);
+    let mins: BTreeMap<&str, u32> = models
+        .iter()
+        .map(|m| (m.name.as_str(), m.scaling.min_replicas))
+        .collect();
+    // Whether inference packed as `p` keeps what `full` placed, but for
+    // replicas above minReplicas of models less important than `rank_`.
+    let keeps = |p: &Plan, rank_: u8| {
+        let now = placed_by_model(p);
+        models.iter().all(|m| {
+            let before = full_placed.get(&m.name).copied().unwrap_or(0);
+            let after = now.get(&m.name).copied().unwrap_or(0);
+            let floor = before.min(mins.get(m.name.as_str()).copied().unwrap_or(0));
+            after >= before || (rank(m.priority) < rank_ && after >= floor)
+        })
+    };
+    // Gangs still waiting: would inference, packed again around them,
+    // make room? (Inference left alone may spread over every node; moving
+    // some replicas frees whole nodes.) At most MAX_TRIALS packs.
+    let mut cache: Option<(BTreeSet<GpuRef>, Plan)> = None;
+    let mut current = full.clone();
+    let waiting: Vec<String> = placed
+        .gangs
+        .iter()
+        .filter(|g| g.status == GangStatus::Pending)
+        .map(|g| g.name.clone())
+        .take(MAX_TRIALS)
+        .collect();
+    for name in waiting {
+        let Some(ji) = jobs.iter().position(|j| j.name == name) else {
+            continue;
+        };
+        let now_gpus = gang_gpus(&base, &placed.gangs);
+        let inf = for_inference(&base, &now_gpus);
+        let inv = inventory(&inf, &current, models);
+        let all: BTreeMap<usize, Vec<u32>> = inv
+            .inference
+            .iter()
+            .map(|(n, v)| (*n, v.iter().map(|x| x.0).collect()))
+            .collect();
+        let Some(mut choice) =
+            super::solve::best(&base, &jobs[ji], &inv.free, &all, &[], gang_options)
+        else {
+            continue;
+        };
+        let mut trial = now_gpus.clone();
+        trial.extend(choice.gpus.iter().copied());
+        let p = pack_from(&for_inference(&base, &trial), models, demand, options, None)?;
+        if !keeps(&p, rank(jobs[ji].spec.priority)) {
+            continue;
+        }
+        choice.why = format!(
+            "inference packed again to make room: {} replicas move",
+            p.moves
+        );
+        for &(n, i) in &choice.gpus {
+            if !inv.free.get(&n).is_some_and(|s| s.contains(&i)) {
+                placed.from_inference.insert((n, i));
+            }
+        }
+        let g = super::starting(&base, jobs, ji, &choice, "");
+        if let Some(slot) = placed.gangs.iter_mut().find(|x| x.name == name) {
+            *slot = g;
+        }
+        cache = Some((trial, p.clone()));
+        current = p;
+    }
+
+    let mut attempt = 0;
+    let (final_plan, lost) = loop {
+        let gang_gpus: BTreeSet<GpuRef> = gang_gpus(&base, &placed.gangs);
+        if gang_gpus == held_gpus {
+            break (full.clone(), BTreeMap::new());
+        }
+        let p = match &cache {
+            Some((set, p)) if *set == gang_gpus => p.clone(),
+            _ => {
+                let inf = for_inference(&base, &gang_gpus);
+                pack_from(&inf, models, demand, options, None)?
+            }
+        };
+        let now = placed_by_model(&p);
+        // The least important gang that took inference GPUs.
+        let takers: Vec<&GangPlan> = placed
+            .gangs
+            .iter()
+            .filter(|g| {
+                g.status == GangStatus::Starting
+                    && g.workers.iter().any(|w| {
+                        let n = node_index(&base, &w.node);
+                        w.gpus
+                            .iter()
+                            .any(|i| placed.from_inference.contains(&(n, *i)))
+                    })
+            })
+            .collect();
+        let taker_rank = takers.iter().map(|g| rank(g.priority)).max();
+        let mut lost: BTreeMap<String, u32> = BTreeMap::new();
+        let mut ok = true;
+        for m in models {
+            let before = full_placed.get(&m.name).copied().unwrap_or(0);
+            let after = now.get(&m.name).copied().unwrap_or(0);
+            if after >= before {
+                continue;
+            }
+            let floor = before.min(mins.get(m.name.as_str()).copied().unwrap_or(0));
+            let may_yield = taker_rank.is_some_and(|r| rank(m.priority) < r);
+            if after < floor || !may_yield {
+                ok = false;
+            }
+            lost.insert(m.name.clone(), before - after);
+        }
+        if ok {
+            break (p, lost);
+        }
+        attempt += 1;
+        let inference_nodes: BTreeSet<String> = full
+            .gpus
+            .iter()
+            .filter(|g| !g.replicas.is_empty())
+            .map(|g| g.node.clone())
+            .collect();
+        for g in &mut placed.gangs {
+            if g.status != GangStatus::Starting {
+                continue;
+            }
+            let took = g.workers.iter().any(|w| {
+                let n = node_index(&base, &w.node);
+                w.gpus
+                    .iter()
+                    .any(|i| placed.from_inference.contains(&(n, *i)))
+            });
+            let beside = g.workers.iter().any(|w| inference_nodes.contains(&w.node));
+            if (attempt == 1 && took) || (attempt == 2 && beside) || attempt >= 3 {
+                g.status = GangStatus::Pending;
+                g.workers.clear();
+                g.gpu_model = None;
+                g.topology_met = None;
+                g.domain = None;
+                g.preempts.clear();
+                g.reason = "waits: starting it would cost inference replicas that do not yield to it (minReplicas, or equal or higher priority)".to_string();
+            }
+        }
+        // Gangs preempted for a gang that now waits run on.
+        restore_preempted(&mut placed.gangs, &held, &base);
+    };
+
+    // Name the replicas lost in the gangs that took inference GPUs.
+    if !lost.is_empty() {
+        let taker = placed
+            .gangs
+            .iter_mut()
+            .filter(|g| {
+                g.status == GangStatus::Starting
+                    && g.workers.iter().any(|w| {
+                        let n = node_index(&base, &w.node);
+                        w.gpus
+                            .iter()
+                            .any(|i| placed.from_inference.contains(&(n, *i)))
+                    })
+            })
+            .max_by_key(|g| rank(g.priority));
+        if let Some(t) = taker {
+            for (model, n) in &lost {
+                let m = models.iter().find(|m| &m.name == model);
+                t.preempts.push(Preemption {
+                    kind: VictimKind::Replicas,
+                    name: model.clone(),
+                    count: *n,
+                    lost_gpu_hours: 0.0,
+                    reason: format!(
+                        "above minReplicas ({}), {} priority",
+                        m.map_or(0, |m| m.scaling.min_replicas),
+                        m.map_or("standard".to_string(), |m| format!("{:?}", m.priority)
+                            .to_lowercase())
+                    ),
+                });
+            }
+        }
+    }
+    let mut plan = final_plan;
+    for (model, n) in &lost {
+        let taker = placed
+            .gangs
+            .iter()
+            .find(|g| g.preempts.iter().any(|p| &p.name == model))
+            .map_or(String::new(), |g| g.name.clone());
+        let reason = format!("yield to training job `{taker}` (higher priority)");
+        match plan.unplaced.iter_mut().find(|u| &u.model == model) {
+            Some(u) => u.reason = reason,
+            None => plan.unplaced.push(Unplaced {
+                model: model.clone(),
+                replicas: *n,
+                reason,
+            }),
+        }
+    }
+    // The gangs' GPUs, whole, in the plan.
+    for g in placed.gangs.iter().filter(|g| g.holds()) {
+        for w in &g.workers {
+            let n = node_index(&base, &w.node);
+            for &i in &w.gpus {
+                plan.gpus.retain(|p| !(p.node == w.node && p.index == i));
+                plan.gpus.push(GpuPlan {
+                    node: w.node.clone(),
+                    index: i,
+                    gpu_model: base.nodes[n].gpu_model.clone(),
+                    mode: Mode::Whole,
+                    geometry: Vec::new(),
+                    timeslice_replicas: None,
+                    mps_replicas: None,
+                    replicas: Vec::new(),
+                    gang: Some(GangSlot {
+                        job: g.name.clone(),
+                        worker: w.worker,
+                    }),
+                });
+            }
+        }
+    }
+    plan.gpus.sort_by(|a, b| {
+        node_index(&base, &a.node)
+            .cmp(&node_index(&base, &b.node))
+            .then(a.index.cmp(&b.index))
+    });
+    let (_, names) = emit::mig_parted(&plan);
+    for n in &mut plan.nodes {
+        if let Some(name) = names.get(&n.name) {
+            n.mig_config = name.clone();
+        }
+    }
+    // What is left free for training.
+    let taken = gang_gpus(&base, &placed.gangs);
+    let inf = for_inference(&base, &taken);
+    let left = inventory(&inf, &plan, models);
+    plan.training = Some(summary(&base, &placed.gangs, &left.free));
+    plan.gangs = placed.gangs;
+    Ok(plan)
+}
+
+/// Most pending gangs per plan for which inference is packed again to
+/// make room (each costs one pack).
+pub const MAX_TRIALS: usize = 4;
+
+fn node_index(cluster: &Cluster, name: &str) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .position(|n| n.name == name)
+        .expect("gang workers name the cluster's nodes")
+}
+
+/// Every GPU gangs hold in a plan.
+pub fn gang_gpus(cluster: &Cluster, gangs: &[GangPlan]) -> BTreeSet<GpuRef> {
+    gangs
+        .iter()
+        .filter(|g| g.holds())
+        .flat_map(|g| {
+            g.workers.iter().flat_map(|w| {
+                let n = node_index(cluster, &w.node);
+                w.gpus.iter().map(move |&i| (n, i))
+            })
+        })
+        .collect()
+}
+
+/// The cluster with training jobs' workloads removed from its GPUs (they
+/// are accounted for as gangs, not as inference).
+fn without_job_workloads(cluster: &Cluster, jobs: &[TrainingJob]) -> Cluster {
+    let mut out = cluster.clone();
+    for node in &mut out.nodes {
+        for gpu in &mut node.gpus {
+            gpu.workloads
+                .retain(|w| !jobs.iter().any(|j| j.name == w.model));
+        }
+    }
+    out
+}
+
+/// Gangs preempted for gangs that no longer start run on.
+fn restore_preempted(
+    gangs: &mut [GangPlan],
+    held: &BTreeMap<String, super::Held>,
+    cluster: &Cluster,
+) {
+    let starting: BTreeSet<String> = gangs
+        .iter()
+        .filter(|g| g.status == GangStatus::Starting)
+        .flat_map(|g| g.preempts.iter())
+        .filter(|p| p.kind == VictimKind::Job)
+        .map(|p| p.name.clone())
+        .collect();
+    for g in gangs.iter_mut() {
+        if g.status == GangStatus::Preempted
+            && !starting.contains(&g.name)
+            && let Some(h) = held.get(&g.name)
+        {
+            g.status = GangStatus::Running;
+            g.workers = super::workers_of(cluster, &h.gpus, g.gpus_per_worker, 0);
+            let nodes: BTreeSet<usize> = h.gpus.iter().map(|&(n, _)| n).collect();
+            let (level, dom) = super::met(cluster, &nodes);
+            g.gpu_model = nodes.first().map(|&n| cluster.nodes[n].gpu_model.clone());
+            g.topology_met = Some(level);
+            g.domain = dom;
+            g.reason = "runs; keeps its GPUs".to_string();
+        }
+    }
+}

@@ -1,0 +1,794 @@
+//! Training gangs: all or nothing, topology, preemption, and training
+//! beside inference on one inventory.
+//!
+//! The expectations are the rules (Volcano's and coscheduling's
+//! all-or-nothing, Kueue's level-by-level relaxation, priority-ordered
+//! preemption at the least lost work), worked out by hand per case.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use gpuscale_packer::gang::{
+    self, GangOptions, GangPlan, GangStatus, Inventory, VictimKind, artefacts, joint,
+};
+use gpuscale_packer::{Mode, PackOptions};
+use gpuscale_policies::inventory::{ClusterSpec, GpuState, NodeSpec, Workload};
+use gpuscale_policies::training::{Topology, TopologyLevel, TopologyMode, TrainingJobSpec};
+use gpuscale_policies::{Catalog, Cluster, Priority, SharingMode, TrainingJob};
+use proptest::prelude::*;
+
+/// (name, GPU model, GPUs, rack, zone, NVLink domain, running: (GPU, job)).
+type NodeDef<'a> = (
+    &'a str,
+    &'a str,
+    u32,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Vec<(u32, &'a str)>,
+);
+
+fn topo_cluster(nodes: Vec<NodeDef<'_>>) -> Cluster {
+    let spec = ClusterSpec {
+        catalog: vec![],
+        nodes: nodes
+            .into_iter()
+            .map(|(name, gpu, count, rack, zone, nvl, running)| NodeSpec {
+                name: name.into(),
+                count: None,
+                zone: Some(zone.into()),
+                rack: Some(rack.into()),
+                nvlink_domain: nvl.map(str::to_string),
+                labels: BTreeMap::new(),
+                gpu_model: gpu.into(),
+                gpu_count: count,
+                timeslice_replicas: None,
+                mps_replicas: None,
+                mig_timeslice: None,
+                sharing: gpuscale_policies::inventory::node_sharing(),
+                gpus: running
+                    .into_iter()
+                    .map(|(index, job)| GpuState {
+                        index,
+                        health: Default::default(),
+                        mode: gpuscale_policies::GpuMode::Whole,
+                        geometry: vec![],
+                        workloads: vec![Workload {
+                            model: job.into(),
+                            slot: None,
+                        }],
+                        uuid: None,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    Cluster::from_spec("t", &spec, &Catalog::builtin()).expect("valid cluster")
+}
+
+struct J {
+    workers: u32,
+    gpw: u32,
+    level: TopologyLevel,
+    mode: TopologyMode,
+    priority: Priority,
+    preemptible: bool,
+    checkpoint: Option<u64>,
+}
+
+fn job(name: &str, j: J) -> TrainingJob {
+    let spec = TrainingJobSpec {
+        workers: j.workers,
+        gpus_per_worker: j.gpw,
+        gpu_models: vec!["H100-80GB".into()],
+        topology: Topology {
+            level: j.level,
+            mode: j.mode,
+        },
+        priority: j.priority,
+        preemptible: j.preemptible,
+        estimated_runtime: Some(Duration::from_secs(3600 * 10)),
+        checkpoint_interval: j.checkpoint.map(|h| Duration::from_secs(h * 3600)),
+    };
+    TrainingJob::from_spec(name, &spec, &Catalog::builtin()).expect("valid job")
+}
+
+fn simple(workers: u32, gpw: u32, level: TopologyLevel) -> J {
+    J {
+        workers,
+        gpw,
+        level,
+        mode: TopologyMode::Required,
+        priority: Priority::Standard,
+        preemptible: true,
+        checkpoint: Some(1),
+    }
+}
+
+/// Every healthy GPU that no job holds is free.
+fn all_free(c: &Cluster) -> Inventory {
+    let mut inv = Inventory::default();
+    for (n, node) in c.nodes.iter().enumerate() {
+        for g in &node.gpus {
+            if g.workloads.is_empty() {
+                inv.free.entry(n).or_default().insert(g.index);
+            }
+        }
+    }
+    inv
+}
+
+fn place(c: &Cluster, jobs: &[TrainingJob]) -> Vec<GangPlan> {
+    let held = gang::running(c, jobs);
+    gang::place(c, jobs, &held, &all_free(c), &GangOptions::default()).gangs
+}
+
+fn by_name<'a>(gangs: &'a [GangPlan], name: &str) -> &'a GangPlan {
+    gangs
+        .iter()
+        .find(|g| g.name == name)
+        .expect("every job has a plan")
+}
+
+fn gpus_of(g: &GangPlan) -> BTreeSet<(String, u32)> {
+    g.workers
+        .iter()
+        .flat_map(|w| w.gpus.iter().map(move |&i| (w.node.clone(), i)))
+        .collect()
+}
+
+#[test]
+fn two_interleaved_gangs_restart_as_one_whole_gang_and_one_that_waits() {
+    // The deadlock Volcano and coscheduling users report: 8 GPUs, two
+    // gangs of 2 × 4 that each fit alone, each holding half of its GPUs
+    // on both nodes. Neither can start as it is; all or nothing starts
+    // exactly one (the other holds nothing while it waits).
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            4,
+            "r0",
+            "z0",
+            None,
+            vec![(0, "a"), (1, "a"), (2, "b"), (3, "b")],
+        ),
+        (
+            "n1",
+            "H100-80GB",
+            4,
+            "r0",
+            "z0",
+            None,
+            vec![(0, "a"), (1, "a"), (2, "b"), (3, "b")],
+        ),
+    ]);
+    let jobs = vec![
+        job("a", simple(2, 4, TopologyLevel::Any)),
+        job("b", simple(2, 4, TopologyLevel::Any)),
+    ];
+    let held = gang::running(&c, &jobs);
+    assert!(held.values().all(|h| !h.intact), "{held:?}");
+    // Their GPUs are released: the inventory holds all eight.
+    let mut inv = Inventory::default();
+    for n in 0..2 {
+        inv.free.insert(n, (0..4).collect());
+    }
+    let gangs = gang::place(&c, &jobs, &held, &inv, &GangOptions::default()).gangs;
+    let starting: Vec<&GangPlan> = gangs
+        .iter()
+        .filter(|g| g.status == GangStatus::Starting)
+        .collect();
+    assert_eq!(starting.len(), 1, "{gangs:#?}");
+    assert_eq!(gpus_of(starting[0]).len(), 8);
+    let waiting = gangs
+        .iter()
+        .find(|g| g.status == GangStatus::Pending)
+        .expect("the other waits");
+    assert!(waiting.workers.is_empty());
+    assert!(
+        waiting.reason.contains("restarts as a whole gang"),
+        "{}",
+        waiting.reason
+    );
+}
+
+#[test]
+fn two_gangs_that_together_overfill_the_cluster_start_one_and_hold_nothing_for_the_other() {
+    let c = topo_cluster(vec![
+        ("n0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+    ]);
+    let jobs = vec![
+        job("a", simple(3, 4, TopologyLevel::Any)),
+        job("b", simple(3, 4, TopologyLevel::Any)),
+    ];
+    let gangs = place(&c, &jobs);
+    let s: Vec<_> = gangs.iter().filter(|g| g.holds()).collect();
+    assert_eq!(s.len(), 1);
+    assert_eq!(gpus_of(s[0]).len(), 12);
+    let p = gangs.iter().find(|g| !g.holds()).unwrap();
+    assert_eq!(p.status, GangStatus::Pending);
+    assert!(p.reason.starts_with("waits:"), "{}", p.reason);
+}
+
+#[test]
+fn a_required_rack_waits_when_no_rack_holds_it_and_a_preferred_one_spreads_a_level_wider() {
+    // One free node per rack: a 2 × 8 gang fits in the zone but no rack.
+    let c = topo_cluster(vec![
+        ("a0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("b0", "H100-80GB", 8, "r1", "z0", None, vec![]),
+    ]);
+    let required = job("req", simple(2, 8, TopologyLevel::Rack));
+    let gangs = place(&c, &[required]);
+    assert_eq!(gangs[0].status, GangStatus::Pending);
+    assert!(
+        gangs[0].reason.contains("any one rack"),
+        "{}",
+        gangs[0].reason
+    );
+
+    let preferred = job(
+        "pref",
+        J {
+            mode: TopologyMode::Preferred,
+            ..simple(2, 8, TopologyLevel::Rack)
+        },
+    );
+    let gangs = place(&c, &[preferred]);
+    assert_eq!(gangs[0].status, GangStatus::Starting);
+    // Relaxed to the next level that holds: the zone, not `any`.
+    assert_eq!(gangs[0].topology_met, Some(TopologyLevel::Zone));
+    assert_eq!(gangs[0].domain.as_deref(), Some("z0"));
+}
+
+#[test]
+fn a_gang_fills_a_partly_used_node_and_leaves_whole_nodes_free() {
+    // n0 has 4 GPUs free (4 run a job), n1 and n2 are whole and free: a
+    // 1 × 4 job goes on n0, so two whole nodes remain for large gangs.
+    let c = topo_cluster(vec![
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..4).map(|i| (i, "big")).collect(),
+        ),
+        ("n2", "H100-80GB", 8, "r0", "z0", None, vec![]),
+    ]);
+    let jobs = vec![
+        job("big", simple(1, 4, TopologyLevel::Node)),
+        job("small", simple(1, 4, TopologyLevel::Node)),
+    ];
+    let gangs = place(&c, &jobs);
+    let s = by_name(&gangs, "small");
+    assert_eq!(s.status, GangStatus::Starting);
+    assert_eq!(s.workers[0].node, "n0");
+    assert_eq!(s.workers[0].gpus, vec![4, 5, 6, 7]);
+    assert_eq!(by_name(&gangs, "big").status, GangStatus::Running);
+}
+
+#[test]
+fn a_gang_over_several_nodes_uses_the_fewest_and_keeps_an_nvlink_domain_whole() {
+    // Two NVLink domains of two 4-GPU nodes; domain d0 already runs a job
+    // on one GPU. A 2 × 3 gang fits in either; it takes d0's free GPUs
+    // and leaves d1 whole.
+    let c = topo_cluster(vec![
+        ("d1a", "H100-80GB", 4, "r0", "z0", Some("d1"), vec![]),
+        ("d1b", "H100-80GB", 4, "r0", "z0", Some("d1"), vec![]),
+        (
+            "d0a",
+            "H100-80GB",
+            4,
+            "r0",
+            "z0",
+            Some("d0"),
+            vec![(0, "x")],
+        ),
+        ("d0b", "H100-80GB", 4, "r0", "z0", Some("d0"), vec![]),
+    ]);
+    let jobs = vec![
+        job("x", simple(1, 1, TopologyLevel::Node)),
+        job("g", simple(2, 3, TopologyLevel::NvlinkDomain)),
+    ];
+    let gangs = place(&c, &jobs);
+    let g = by_name(&gangs, "g");
+    assert_eq!(g.status, GangStatus::Starting);
+    assert_eq!(g.domain.as_deref(), Some("d0"), "{g:#?}");
+    assert_eq!(g.workers.len(), 2);
+}
+
+#[test]
+fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
+    // A critical 1 × 8 job, all 16 GPUs busy with sheddable jobs:
+    //   n0: `one` on 8 GPUs, checkpoints hourly:      8 GPU-h lost;
+    //   n1: `two` (4 GPUs, every 10 h) + `three` (4 GPUs, hourly): 44.
+    // The cheapest victims that free a whole node are {one}.
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8).map(|i| (i, "one")).collect(),
+        ),
+        (
+            "n1",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8)
+                .map(|i| (i, if i < 4 { "two" } else { "three" }))
+                .collect(),
+        ),
+    ]);
+    let shed = |gpw, ckpt| J {
+        priority: Priority::Sheddable,
+        checkpoint: Some(ckpt),
+        ..simple(1, gpw, TopologyLevel::Node)
+    };
+    let jobs = vec![
+        job("one", shed(8, 1)),
+        job("two", shed(4, 10)),
+        job("three", shed(4, 1)),
+        job(
+            "urgent",
+            J {
+                priority: Priority::Critical,
+                ..simple(1, 8, TopologyLevel::Node)
+            },
+        ),
+    ];
+    let gangs = place(&c, &jobs);
+    let u = by_name(&gangs, "urgent");
+    assert_eq!(u.status, GangStatus::Starting, "{gangs:#?}");
+    assert_eq!(u.workers[0].node, "n0");
+    assert_eq!(u.preempts.len(), 1);
+    assert_eq!(u.preempts[0].name, "one");
+    assert_eq!(u.preempts[0].kind, VictimKind::Job);
+    assert!((u.preempts[0].lost_gpu_hours - 8.0).abs() < 1e-9);
+    assert_eq!(by_name(&gangs, "one").status, GangStatus::Preempted);
+    assert!(by_name(&gangs, "one").reason.contains("urgent"));
+    assert_eq!(by_name(&gangs, "two").status, GangStatus::Running);
+    assert_eq!(by_name(&gangs, "three").status, GangStatus::Running);
+
+    // Make `one` dearer (no checkpoints, 10 h estimate: 80 GPU-h): now
+    // {two, three} (44) is the cheaper way to free a node.
+    let mut jobs2 = jobs.clone();
+    jobs2[0] = job("one", shed(8, 0));
+    jobs2[0].spec.checkpoint_interval = None;
+    let gangs = place(&c, &jobs2);
+    let u = by_name(&gangs, "urgent");
+    assert_eq!(u.workers[0].node, "n1");
+    let names: Vec<&str> = u.preempts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, vec!["three", "two"]);
+}
+
+#[test]
+fn equal_priority_and_non_preemptible_work_is_never_preempted() {
+    let c = topo_cluster(vec![(
+        "n0",
+        "H100-80GB",
+        8,
+        "r0",
+        "z0",
+        None,
+        (0..8)
+            .map(|i| (i, if i < 4 { "same" } else { "kept" }))
+            .collect(),
+    )]);
+    let jobs = vec![
+        job("same", simple(1, 4, TopologyLevel::Node)),
+        job(
+            "kept",
+            J {
+                priority: Priority::Sheddable,
+                preemptible: false,
+                ..simple(1, 4, TopologyLevel::Node)
+            },
+        ),
+        job("new", simple(1, 8, TopologyLevel::Node)),
+    ];
+    let gangs = place(&c, &jobs);
+    assert_eq!(by_name(&gangs, "new").status, GangStatus::Pending);
+    assert_eq!(by_name(&gangs, "same").status, GangStatus::Running);
+    assert_eq!(by_name(&gangs, "kept").status, GangStatus::Running);
+}
+
+fn whole_model(name: &str, priority: Priority, min: u32) -> gpuscale_policies::Model {
+    let mut m = common::model(name, 60.0, 0.5, &[SharingMode::Whole], &[1], &["H100-80GB"]);
+    m.priority = priority;
+    m.scaling.min_replicas = min;
+    m
+}
+
+fn quick() -> PackOptions {
+    PackOptions {
+        time_limit: Duration::from_secs(10),
+        ..PackOptions::default()
+    }
+}
+
+fn assert_never_shared(plan: &gpuscale_packer::Plan) {
+    let mut seen = BTreeSet::new();
+    for g in &plan.gpus {
+        assert!(seen.insert((g.node.clone(), g.index)), "GPU listed twice");
+        if g.gang.is_some() {
+            assert!(g.replicas.is_empty(), "training and inference share {g:?}");
+            assert_eq!(g.mode, Mode::Whole);
+            let node = plan.nodes.iter().find(|n| n.name == g.node).unwrap();
+            assert!(
+                node.timeslice_replicas.is_none() && node.mps_replicas.is_none() && !node.hami,
+                "node {} shares GPUs beside a gang",
+                node.name
+            );
+        }
+    }
+}
+
+#[test]
+fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_never_does() {
+    // 16 whole GPUs; a sheddable model wants 12 replicas (minimum 2). A
+    // critical 1 × 8 gang takes a node: the model keeps 8, loses 4.
+    let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
+    let models = vec![whole_model("m", Priority::Sheddable, 2)];
+    let critical = job(
+        "train",
+        J {
+            priority: Priority::Critical,
+            ..simple(1, 8, TopologyLevel::Node)
+        },
+    );
+    let plan = joint::plan(
+        &c,
+        &models,
+        std::slice::from_ref(&critical),
+        &common::demand(&[("m", 12)]),
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_never_shared(&plan);
+    let g = by_name(&plan.gangs, "train");
+    assert_eq!(g.status, GangStatus::Starting);
+    assert_eq!(plan.models[0].placed, 8);
+    assert_eq!(g.preempts.len(), 1);
+    assert_eq!(g.preempts[0].kind, VictimKind::Replicas);
+    assert_eq!(g.preempts[0].count, 4);
+    assert!(
+        plan.unplaced[0].reason.contains("train"),
+        "{:?}",
+        plan.unplaced
+    );
+    assert_eq!(plan.training.as_ref().unwrap().gpus, 8);
+
+    // A gang of 16 would leave no GPU for the model's minimum of 2: it
+    // waits, and the model keeps all 12.
+    let huge = job(
+        "huge",
+        J {
+            priority: Priority::Critical,
+            ..simple(2, 8, TopologyLevel::Any)
+        },
+    );
+    let plan = joint::plan(
+        &c,
+        &models,
+        &[huge],
+        &common::demand(&[("m", 12)]),
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(plan.gangs[0].status, GangStatus::Pending);
+    assert_eq!(plan.models[0].placed, 12);
+    assert!(plan.gpus.iter().all(|g| g.gang.is_none()));
+}
+
+#[test]
+fn equal_priority_inference_keeps_its_replicas_and_a_gang_waits() {
+    let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
+    let models = vec![whole_model("m", Priority::Standard, 2)];
+    let plan = joint::plan(
+        &c,
+        &models,
+        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        &common::demand(&[("m", 12)]),
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(plan.gangs[0].status, GangStatus::Pending);
+    assert_eq!(plan.models[0].placed, 12);
+}
+
+#[test]
+fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
+    // 6 replicas on 16 GPUs: however inference alone spreads them, moving
+    // some frees a whole node for an equal-priority 1 × 8 gang, and no
+    // replica is lost.
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..3).map(|i| (i, "m")).collect(),
+        ),
+        (
+            "n1",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..3).map(|i| (i, "m")).collect(),
+        ),
+    ]);
+    let models = vec![whole_model("m", Priority::Standard, 1)];
+    let plan = joint::plan(
+        &c,
+        &models,
+        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        &common::demand(&[("m", 6)]),
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_never_shared(&plan);
+    assert_eq!(
+        plan.gangs[0].status,
+        GangStatus::Starting,
+        "{:#?}",
+        plan.gangs
+    );
+    assert_eq!(plan.models[0].placed, 6);
+    assert!(plan.gangs[0].preempts.is_empty());
+}
+
+#[test]
+fn a_running_gang_keeps_its_gpus_and_a_replan_from_the_plan_changes_nothing() {
+    let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
+    let models = vec![whole_model("m", Priority::Standard, 1)];
+    let jobs = vec![job("train", simple(1, 8, TopologyLevel::Node))];
+    let demand = common::demand(&[("m", 4)]);
+    let first = joint::plan(
+        &c,
+        &models,
+        &jobs,
+        &demand,
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(first.gangs[0].status, GangStatus::Starting);
+    let again = joint::plan(
+        &first.apply_to(&c),
+        &models,
+        &jobs,
+        &demand,
+        &quick(),
+        &GangOptions::default(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(again.gangs[0].status, GangStatus::Running);
+    assert_eq!(gpus_of(&again.gangs[0]), gpus_of(&first.gangs[0]));
+    assert_eq!(again.moves, 0);
+}
+
+#[test]
+fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
+    let c = topo_cluster(vec![
+        ("a0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("a1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+    ]);
+    let gangs = place(&c, &[job("g", simple(2, 8, TopologyLevel::Rack))]);
+    let docs = artefacts::kubernetes(&gangs[0], "ml", artefacts::GangScheduler::Coscheduling);
+    assert_eq!(docs[0]["kind"], "PodGroup");
+    assert_eq!(docs[0]["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+    assert_eq!(docs[0]["spec"]["minMember"], 2);
+    assert_eq!(docs.len(), 3);
+    let nodes: BTreeSet<&str> = docs[1..]
+        .iter()
+        .map(|d| {
+            d["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(nodes, BTreeSet::from(["a0", "a1"]));
+    assert_eq!(
+        docs[1]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
+        "gpuscale.io/rack"
+    );
+    assert_eq!(
+        docs[1]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"],
+        "g"
+    );
+    let volcano = artefacts::kubernetes(&gangs[0], "ml", artefacts::GangScheduler::Volcano);
+    assert_eq!(volcano[0]["apiVersion"], "scheduling.volcano.sh/v1beta1");
+    assert_eq!(volcano[1]["spec"]["schedulerName"], "volcano");
+    let s = artefacts::sbatch(&gangs[0]).unwrap();
+    for line in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks=2",
+        "#SBATCH --gres=gpu:8",
+        "#SBATCH --nodelist=a0,a1",
+        "#SBATCH --wait-all-nodes=1",
+        "#SBATCH --time=10:00:00",
+    ] {
+        assert!(s.contains(line), "{line} missing from\n{s}");
+    }
+}
+
+// Random clusters and jobs: what every placement must hold.
+fn arb_case() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>, Inventory)> {
+    let node = (
+        prop_oneof![Just(2u32), Just(4), Just(8)],
+        0..2usize,
+        0..2usize,
+        prop::collection::vec(any::<bool>(), 8),
+        any::<bool>(),
+    );
+    let jobdef = (
+        1..4u32,
+        prop_oneof![Just(1u32), Just(2), Just(4), Just(8)],
+        0..5usize,
+        any::<bool>(),
+        0..3usize,
+        any::<bool>(),
+    );
+    (
+        prop::collection::vec(node, 1..7),
+        prop::collection::vec(jobdef, 1..5),
+    )
+        .prop_map(|(nodes, jobdefs)| {
+            let racks = ["r0", "r1"];
+            let zones = ["z0", "z1"];
+            let names: Vec<String> = (0..nodes.len()).map(|i| format!("n{i}")).collect();
+            let defs: Vec<NodeDef<'_>> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (count, r, z, _, a100))| {
+                    (
+                        names[i].as_str(),
+                        if *a100 { "A100-40GB" } else { "H100-80GB" },
+                        *count,
+                        racks[*r],
+                        zones[*z],
+                        None,
+                        vec![],
+                    )
+                })
+                .collect();
+            let c = topo_cluster(defs);
+            let mut inv = Inventory::default();
+            for (i, (count, _, _, free, _)) in nodes.iter().enumerate() {
+                let set: BTreeSet<u32> = (0..*count).filter(|&g| free[g as usize]).collect();
+                inv.free.insert(i, set);
+            }
+            let levels = [
+                TopologyLevel::Node,
+                TopologyLevel::NvlinkDomain,
+                TopologyLevel::Rack,
+                TopologyLevel::Zone,
+                TopologyLevel::Any,
+            ];
+            let prios = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+            let jobs = jobdefs
+                .iter()
+                .enumerate()
+                .map(|(k, &(w, gpw, l, pref, p, any_model))| {
+                    let level = levels[l];
+                    let workers = if level == TopologyLevel::Node && !pref {
+                        1
+                    } else {
+                        w
+                    };
+                    let mut j = job(
+                        &format!("j{k}"),
+                        J {
+                            mode: if pref {
+                                TopologyMode::Preferred
+                            } else {
+                                TopologyMode::Required
+                            },
+                            priority: prios[p],
+                            ..simple(workers, gpw, level)
+                        },
+                    );
+                    if any_model {
+                        j.gpu_models = vec!["H100-80GB".into(), "A100-40GB".into()];
+                    }
+                    j
+                })
+                .collect();
+            (c, jobs, inv)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn gangs_are_all_or_nothing_within_their_topology_on_free_gpus_never_shared(
+        (c, jobs, inv) in arb_case()
+    ) {
+        let held = gang::running(&c, &jobs);
+        let gangs = gang::place(&c, &jobs, &held, &inv, &GangOptions::default()).gangs;
+        prop_assert_eq!(gangs.len(), jobs.len());
+        let mut used = BTreeSet::new();
+        for g in &gangs {
+            let j = jobs.iter().find(|j| j.name == g.name).unwrap();
+            if !g.holds() {
+                prop_assert!(g.workers.is_empty());
+                continue;
+            }
+            // All or nothing: every worker, each its GPUs on one node.
+            prop_assert_eq!(g.workers.len() as u32, j.spec.workers);
+            for w in &g.workers {
+                prop_assert_eq!(w.gpus.len() as u32, j.spec.gpus_per_worker);
+                let n = c.nodes.iter().position(|n| n.name == w.node).unwrap();
+                prop_assert!(j.gpu_models.contains(&c.nodes[n].gpu_model));
+                for &i in &w.gpus {
+                    prop_assert!(inv.free[&n].contains(&i), "GPU {}/{} was not free", w.node, i);
+                    prop_assert!(used.insert((n, i)), "GPU {}/{} given twice", w.node, i);
+                }
+            }
+            let models: BTreeSet<&str> = g
+                .workers
+                .iter()
+                .map(|w| c.nodes.iter().find(|n| n.name == w.node).unwrap().gpu_model.as_str())
+                .collect();
+            prop_assert_eq!(models.len(), 1);
+            // A required level holds.
+            if j.spec.topology.mode == TopologyMode::Required {
+                let nodes: BTreeSet<usize> = g
+                    .workers
+                    .iter()
+                    .map(|w| c.nodes.iter().position(|n| n.name == w.node).unwrap())
+                    .collect();
+                let (met, _) = gang::met(&c, &nodes);
+                prop_assert!(met <= j.spec.topology.level, "{:?} met {:?}", j.spec.topology.level, met);
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_gang_with_room_anywhere_is_placed((c, jobs, inv) in arb_case()) {
+        // One job, any topology: it starts exactly when the free GPUs of
+        // some GPU model it allows hold its workers whole.
+        let mut j = jobs[0].clone();
+        j.spec.topology = Topology { level: TopologyLevel::Any, mode: TopologyMode::Required };
+        let gpw = j.spec.gpus_per_worker;
+        let room = j.gpu_models.iter().any(|m| {
+            c.nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| &n.gpu_model == m)
+                .map(|(i, _)| inv.free.get(&i).map_or(0, |s| s.len() as u32) / gpw)
+                .sum::<u32>()
+                >= j.spec.workers
+        });
+        let gangs = gang::place(&c, std::slice::from_ref(&j), &BTreeMap::new(), &inv, &GangOptions::default()).gangs;
+        prop_assert_eq!(gangs[0].holds(), room, "{:?}", gangs[0]);
+    }
+}
