@@ -30,6 +30,9 @@ enum Command {
     /// Pack model replicas onto MIG slices, time-sliced shares and whole GPUs
     /// (ILP); print the plan, emit the NVIDIA configuration.
     Plan(Box<cmd::plan::Args>),
+    /// Show the training queue like `squeue --start`: running and pending
+    /// jobs by priority, reserved starts, and why each job waits.
+    Queue(cmd::queue::Args),
     /// Check cluster, model-policy, training-job and demand files; print every problem
     /// as `file:line:column: field: message`.
     Validate(cmd::validate::Args),
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
     logging::init(cli.log_format);
     let result = match cli.command {
         Command::Plan(args) => cmd::plan::run(&args),
+        Command::Queue(args) => cmd::queue::run(&args),
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Crd(args) => cmd::crd::run(&args),
         Command::Catalog(args) => cmd::catalog::run(&args),

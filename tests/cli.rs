@@ -584,7 +584,14 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
     let dir_text = dir.to_string_lossy().to_string();
     let mut args = PLAN_ARGS.to_vec();
     args.insert(5, "examples/training");
-    args.extend(["--format", "json", "--emit", dir_text.as_str()]);
+    args.extend([
+        "--format",
+        "json",
+        "--emit",
+        dir_text.as_str(),
+        "--now",
+        "2026-12-03T09:00:00Z",
+    ]);
     let out = gpuscale(&args);
     assert_eq!(
         out.status.code(),
@@ -594,14 +601,18 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
     );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let gangs = plan["gangs"].as_array().expect("`gangs` in the JSON");
-    assert_eq!(gangs.len(), 2);
-    let llama = gangs
-        .iter()
-        .find(|g| g["name"] == "llama-8b-finetune")
-        .unwrap();
-    assert_eq!(llama["status"], "starting", "{llama:#}");
-    assert_eq!(llama["topology_met"], "rack");
-    let workers = llama["workers"].as_array().unwrap();
+    assert_eq!(gangs.len(), 3);
+    let find = |name: &str| gangs.iter().find(|g| g["name"] == name).unwrap();
+    // vision's job goes first (nlp used more than its share), starts on a
+    // rack inference packed itself away from; nlp's waits for its GPUs.
+    let vit = find("vit-pretrain");
+    assert_eq!(vit["status"], "starting", "{vit:#}");
+    assert_eq!(vit["topology_met"], "rack");
+    let llama = find("llama-8b-finetune");
+    assert_eq!(llama["status"], "pending", "{llama:#}");
+    assert_eq!(llama["start_s"], vit["end_s"]);
+    assert_eq!(find("reranker-train")["status"], "starting");
+    let workers = vit["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 2);
     // Each worker's 8 GPUs are whole, the gang's, and nobody else's.
     for w in workers {
@@ -612,14 +623,14 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
                 .iter()
                 .find(|g| g["node"] == w["node"] && g["index"] == *i)
                 .unwrap();
-            assert_eq!(gpu["gang"]["job"], "llama-8b-finetune");
+            assert_eq!(gpu["gang"]["job"], "vit-pretrain");
             assert_eq!(gpu["mode"], "whole");
             assert_eq!(gpu["replicas"].as_array().unwrap().len(), 0);
         }
     }
-    let sbatch = std::fs::read_to_string(dir.join("gangs/llama-8b-finetune.sbatch")).unwrap();
+    let sbatch = std::fs::read_to_string(dir.join("gangs/vit-pretrain.sbatch")).unwrap();
     assert!(sbatch.contains("#SBATCH --nodes=2"), "{sbatch}");
-    let group = std::fs::read_to_string(dir.join("gangs/llama-8b-finetune.yaml")).unwrap();
+    let group = std::fs::read_to_string(dir.join("gangs/vit-pretrain.yaml")).unwrap();
     assert!(
         group.contains("kind: PodGroup") && group.contains("minMember: 2"),
         "{group}"
@@ -631,11 +642,89 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
     let earlier_text = earlier.to_string_lossy().to_string();
     let mut args = PLAN_ARGS.to_vec();
     args.insert(5, "examples/training");
-    args.extend(["--format", "json", "--current", earlier_text.as_str()]);
+    args.extend([
+        "--format",
+        "json",
+        "--current",
+        earlier_text.as_str(),
+        "--now",
+        "2026-12-03T09:05:00Z",
+    ]);
     let again: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
     for g in again["gangs"].as_array().unwrap() {
-        assert_eq!(g["status"], "running", "{g:#}");
+        let want = if g["name"] == "llama-8b-finetune" {
+            "pending"
+        } else {
+            "running"
+        };
+        assert_eq!(g["status"], want, "{g:#}");
     }
     assert_eq!(again["moves"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
+    let out = gpuscale(&[
+        "queue",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "examples/training",
+        "--demand",
+        "examples/demand.yaml",
+        "--now",
+        "2026-12-03T09:00:00Z",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("JOB") && lines[0].contains("REASON"),
+        "{text}"
+    );
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(
+        lines[1].starts_with("vit-pretrain") && lines[1].contains("starting"),
+        "{text}"
+    );
+    assert!(lines[3].starts_with("llama-8b-finetune"), "{text}");
+    assert!(
+        lines[3].contains("reserved to start 2026-12-04T09:00:00Z"),
+        "{text}"
+    );
+
+    // A job that names a partition the queue does not have: located.
+    let dir = std::env::temp_dir().join(format!("gpuscale-queue-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: lost}\nspec:\n  workers: 1\n  gpusPerWorker: 1\n  partition: nowhere\n",
+    )
+    .unwrap();
+    let bad_text = bad.to_string_lossy().to_string();
+    let out = gpuscale(&[
+        "queue",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/training",
+        bad_text.as_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("{bad_text}:7:"))
+            && text.contains("spec.partition")
+            && text.contains("no partition `nowhere`"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpuscale_packer::gang::{
-    self, GangOptions, GangPlan, GangStatus, Inventory, VictimKind, artefacts, joint,
+    self, GangOptions, GangPlan, GangStatus, Inventory, VictimKind, artefacts, joint, queue,
 };
 use gpuscale_packer::{Mode, PackOptions};
 use gpuscale_policies::inventory::{ClusterSpec, GpuState, NodeSpec, Workload};
@@ -91,6 +91,10 @@ fn job(name: &str, j: J) -> TrainingJob {
         preemptible: j.preemptible,
         estimated_runtime: Some(Duration::from_secs(3600 * 10)),
         checkpoint_interval: j.checkpoint.map(|h| Duration::from_secs(h * 3600)),
+        partition: None,
+        account: None,
+        submitted_at: None,
+        started_at: None,
     };
     TrainingJob::from_spec(name, &spec, &Catalog::builtin()).expect("valid job")
 }
@@ -120,9 +124,28 @@ fn all_free(c: &Cluster) -> Inventory {
     inv
 }
 
+/// The training side of a joint plan at [`q0`].
+fn training(jobs: &[TrainingJob]) -> joint::Training<'_> {
+    static OPTIONS: std::sync::OnceLock<GangOptions> = std::sync::OnceLock::new();
+    static QUEUE: std::sync::OnceLock<queue::Queue> = std::sync::OnceLock::new();
+    joint::Training {
+        jobs,
+        queue: QUEUE.get_or_init(q0),
+        options: OPTIONS.get_or_init(GangOptions::default),
+    }
+}
+
+/// The default queue at a fixed instant.
+fn q0() -> queue::Queue {
+    queue::Queue {
+        spec: Default::default(),
+        now: 1.8e9,
+    }
+}
+
 fn place(c: &Cluster, jobs: &[TrainingJob]) -> Vec<GangPlan> {
     let held = gang::running(c, jobs);
-    gang::place(c, jobs, &held, &all_free(c), &GangOptions::default()).gangs
+    gang::place(c, jobs, &held, &all_free(c), &q0(), &GangOptions::default()).gangs
 }
 
 fn by_name<'a>(gangs: &'a [GangPlan], name: &str) -> &'a GangPlan {
@@ -176,7 +199,7 @@ fn two_interleaved_gangs_restart_as_one_whole_gang_and_one_that_waits() {
     for n in 0..2 {
         inv.free.insert(n, (0..4).collect());
     }
-    let gangs = gang::place(&c, &jobs, &held, &inv, &GangOptions::default()).gangs;
+    let gangs = gang::place(&c, &jobs, &held, &inv, &q0(), &GangOptions::default()).gangs;
     let starting: Vec<&GangPlan> = gangs
         .iter()
         .filter(|g| g.status == GangStatus::Starting)
@@ -211,7 +234,15 @@ fn two_gangs_that_together_overfill_the_cluster_start_one_and_hold_nothing_for_t
     assert_eq!(gpus_of(s[0]).len(), 12);
     let p = gangs.iter().find(|g| !g.holds()).unwrap();
     assert_eq!(p.status, GangStatus::Pending);
-    assert!(p.reason.starts_with("waits:"), "{}", p.reason);
+    assert!(p.workers.is_empty());
+    // It holds nothing, but has a reservation: when the first ends (its
+    // 10 h estimate).
+    assert!(
+        p.reason.starts_with("waits for resources: reserved"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(p.start_s, Some(q0().now + 36_000.0));
 }
 
 #[test]
@@ -451,10 +482,9 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
     let plan = joint::plan(
         &c,
         &models,
-        std::slice::from_ref(&critical),
+        training(std::slice::from_ref(&critical)),
         &common::demand(&[("m", 12)]),
         &quick(),
-        &GangOptions::default(),
         None,
     )
     .unwrap();
@@ -484,10 +514,9 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
     let plan = joint::plan(
         &c,
         &models,
-        &[huge],
+        training(&[huge]),
         &common::demand(&[("m", 12)]),
         &quick(),
-        &GangOptions::default(),
         None,
     )
     .unwrap();
@@ -503,10 +532,9 @@ fn equal_priority_inference_keeps_its_replicas_and_a_gang_waits() {
     let plan = joint::plan(
         &c,
         &models,
-        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        training(&[job("train", simple(1, 8, TopologyLevel::Node))]),
         &common::demand(&[("m", 12)]),
         &quick(),
-        &GangOptions::default(),
         None,
     )
     .unwrap();
@@ -543,10 +571,9 @@ fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
     let plan = joint::plan(
         &c,
         &models,
-        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        training(&[job("train", simple(1, 8, TopologyLevel::Node))]),
         &common::demand(&[("m", 6)]),
         &quick(),
-        &GangOptions::default(),
         None,
     )
     .unwrap();
@@ -567,24 +594,14 @@ fn a_running_gang_keeps_its_gpus_and_a_replan_from_the_plan_changes_nothing() {
     let models = vec![whole_model("m", Priority::Standard, 1)];
     let jobs = vec![job("train", simple(1, 8, TopologyLevel::Node))];
     let demand = common::demand(&[("m", 4)]);
-    let first = joint::plan(
-        &c,
-        &models,
-        &jobs,
-        &demand,
-        &quick(),
-        &GangOptions::default(),
-        None,
-    )
-    .unwrap();
+    let first = joint::plan(&c, &models, training(&jobs), &demand, &quick(), None).unwrap();
     assert_eq!(first.gangs[0].status, GangStatus::Starting);
     let again = joint::plan(
         &first.apply_to(&c),
         &models,
-        &jobs,
+        training(&jobs),
         &demand,
         &quick(),
-        &GangOptions::default(),
         None,
     )
     .unwrap();
@@ -733,7 +750,7 @@ proptest! {
         (c, jobs, inv) in arb_case()
     ) {
         let held = gang::running(&c, &jobs);
-        let gangs = gang::place(&c, &jobs, &held, &inv, &GangOptions::default()).gangs;
+        let gangs = gang::place(&c, &jobs, &held, &inv, &q0(), &GangOptions::default()).gangs;
         prop_assert_eq!(gangs.len(), jobs.len());
         let mut used = BTreeSet::new();
         for g in &gangs {
@@ -788,7 +805,306 @@ proptest! {
                 .sum::<u32>()
                 >= j.spec.workers
         });
-        let gangs = gang::place(&c, std::slice::from_ref(&j), &BTreeMap::new(), &inv, &GangOptions::default()).gangs;
+        let gangs = gang::place(&c, std::slice::from_ref(&j), &BTreeMap::new(), &inv, &q0(), &GangOptions::default()).gangs;
         prop_assert_eq!(gangs[0].holds(), room, "{:?}", gangs[0]);
+    }
+}
+
+fn at(q: &queue::Queue, offset_s: f64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs_f64(q.now + offset_s)
+}
+
+#[test]
+fn backfill_starts_a_short_job_in_the_gap_and_never_delays_the_head_jobs_reservation() {
+    // n0 runs `r` until now + 2 h; n1 is free. The head job `head` needs
+    // both nodes for 5 h: reserved from now + 2 h. `short` (1 × 4, 1 h)
+    // ends before that: it backfills on n1 now. `long` (1 × 4, 4 h) would
+    // still hold n1 at now + 2 h: it waits, reserved after `head` ends
+    // (now + 7 h), not before.
+    let q = q0();
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8).map(|i| (i, "r")).collect(),
+        ),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+    ]);
+    let mut r = job("r", simple(1, 8, TopologyLevel::Node));
+    r.spec.estimated_runtime = Some(Duration::from_secs(3 * 3600));
+    r.spec.started_at = Some(at(&q, -3600.0));
+    let mut head = job("head", simple(2, 8, TopologyLevel::Any));
+    head.spec.estimated_runtime = Some(Duration::from_secs(5 * 3600));
+    head.spec.submitted_at = Some(at(&q, -2.0 * 86_400.0));
+    let mut short = job("short", simple(1, 4, TopologyLevel::Node));
+    short.spec.estimated_runtime = Some(Duration::from_secs(3600));
+    short.spec.submitted_at = Some(at(&q, -86_400.0));
+    let mut long = job("long", simple(1, 4, TopologyLevel::Node));
+    long.spec.estimated_runtime = Some(Duration::from_secs(4 * 3600));
+    long.spec.submitted_at = Some(at(&q, -43_200.0));
+    let jobs = vec![r, head, short, long];
+    let gangs = place(&c, &jobs);
+
+    let h = by_name(&gangs, "head");
+    assert_eq!(h.status, GangStatus::Pending);
+    assert_eq!(h.start_s, Some(q.now + 2.0 * 3600.0), "{}", h.reason);
+    let nodes: Vec<(&str, u32)> = h
+        .reserved
+        .iter()
+        .map(|r| (r.node.as_str(), r.gpus))
+        .collect();
+    assert_eq!(nodes, vec![("n0", 8), ("n1", 8)]);
+    let s = by_name(&gangs, "short");
+    assert_eq!(s.status, GangStatus::Starting, "{}", s.reason);
+    assert_eq!(s.workers[0].node, "n1");
+    assert!(s.reason.contains("backfilled"), "{}", s.reason);
+    assert!(s.end_s.unwrap() <= h.start_s.unwrap());
+    let l = by_name(&gangs, "long");
+    assert_eq!(l.status, GangStatus::Pending);
+    assert_eq!(l.start_s, Some(q.now + 7.0 * 3600.0), "{}", l.reason);
+    // Priority order: age decides among equals here.
+    assert!(h.priority_score > s.priority_score && s.priority_score > l.priority_score);
+}
+
+#[test]
+fn a_partition_at_its_gpu_limit_makes_its_next_job_wait_and_keeps_to_its_nodes() {
+    use gpuscale_policies::training::{Partition, TrainingQueueSpec};
+    let c = topo_cluster(vec![
+        ("n0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("n2", "H100-80GB", 8, "r0", "z0", None, vec![]),
+    ]);
+    let spec = TrainingQueueSpec {
+        partitions: vec![Partition {
+            name: "dev".into(),
+            max_gpus: Some(8),
+            max_runtime: Some(Duration::from_secs(4 * 3600)),
+            gpu_models: vec![],
+            nodes: vec!["n2".into(), "n1".into()],
+            priority_tier: 0,
+            default: true,
+        }],
+        ..Default::default()
+    };
+    let q = queue::Queue { spec, now: 1.8e9 };
+    let jobs = vec![
+        job("a", simple(1, 8, TopologyLevel::Node)),
+        job("b", simple(1, 8, TopologyLevel::Node)),
+    ];
+    let held = gang::running(&c, &jobs);
+    let gangs = gang::place(&c, &jobs, &held, &all_free(&c), &q, &GangOptions::default()).gangs;
+    let started: Vec<&GangPlan> = gangs.iter().filter(|g| g.holds()).collect();
+    assert_eq!(started.len(), 1);
+    assert_ne!(
+        started[0].workers[0].node, "n0",
+        "n0 is not in the partition"
+    );
+    // Its runtime is capped by the partition's limit (10 h asked, 4 h
+    // allowed; the loader rejects such a job file, see the policies tests).
+    assert_eq!(started[0].end_s, Some(q.now + 4.0 * 3600.0));
+    let w = gangs.iter().find(|g| !g.holds()).unwrap();
+    assert!(
+        w.reason.contains("partition `dev` GPU limit"),
+        "{}",
+        w.reason
+    );
+    assert_eq!(w.partition, "dev");
+}
+
+#[test]
+fn fair_share_is_slurms_two_to_the_minus_usage_over_shares() {
+    use gpuscale_policies::training::{Account, FairShare, TrainingQueueSpec};
+    let spec = TrainingQueueSpec {
+        fair_share: FairShare {
+            accounts: vec![
+                Account {
+                    name: "nlp".into(),
+                    shares: 1.0,
+                    usage_gpu_hours: 300.0,
+                },
+                Account {
+                    name: "vision".into(),
+                    shares: 1.0,
+                    usage_gpu_hours: 100.0,
+                },
+            ],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // nlp: U = 0.75, S = 0.5 → 2^-1.5; vision: U = 0.25 → 2^-0.5; a team
+    // not listed has no usage → 1.
+    let f = |a| queue::fair_share(&spec, Some(a));
+    assert!((f("nlp") - 2f64.powf(-1.5)).abs() < 1e-12);
+    assert!((f("vision") - 2f64.powf(-0.5)).abs() < 1e-12);
+    assert!((f("new-team") - 1.0).abs() < 1e-12);
+
+    // With room for one of two equal jobs, vision's goes first.
+    let q = queue::Queue { spec, now: 1.8e9 };
+    let c = topo_cluster(vec![("n0", "H100-80GB", 8, "r0", "z0", None, vec![])]);
+    let mut a = job("a-nlp", simple(1, 8, TopologyLevel::Node));
+    a.spec.account = Some("nlp".into());
+    let mut b = job("b-vision", simple(1, 8, TopologyLevel::Node));
+    b.spec.account = Some("vision".into());
+    let jobs = vec![a, b];
+    let gangs = gang::place(
+        &c,
+        &jobs,
+        &BTreeMap::new(),
+        &all_free(&c),
+        &q,
+        &GangOptions::default(),
+    )
+    .gangs;
+    assert_eq!(by_name(&gangs, "b-vision").status, GangStatus::Starting);
+    assert_eq!(by_name(&gangs, "a-nlp").status, GangStatus::Pending);
+}
+
+fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {
+    // Nodes of 8 GPUs; running 1-node jobs filling some of them; pending
+    // jobs of any shape, runtimes 1–10 h, submitted at random.
+    let running = prop::collection::vec(
+        (
+            0..5usize,
+            prop_oneof![Just(2u32), Just(4), Just(8)],
+            1..10u64,
+            0..5u64,
+        ),
+        0..6,
+    );
+    let pending = prop::collection::vec(
+        (
+            1..4u32,
+            prop_oneof![Just(1u32), Just(2), Just(4), Just(8)],
+            any::<bool>(),
+            1..10u64,
+            0..100u64,
+        ),
+        1..6,
+    );
+    (2..6usize, running, pending).prop_map(|(nodes, running, pending)| {
+        let q = q0();
+        let mut free: Vec<u32> = vec![8; nodes];
+        let mut placed: Vec<(usize, u32, u64, u64)> = Vec::new();
+        for (n, k, est, ago) in running {
+            let n = n % nodes;
+            if free[n] >= k {
+                placed.push((n, k, est, ago));
+                free[n] -= k;
+            }
+        }
+        let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+        let run_names: Vec<String> = (0..placed.len()).map(|i| format!("run{i}")).collect();
+        let mut next = vec![0u32; nodes];
+        let mut on_node: Vec<Vec<(u32, &str)>> = vec![Vec::new(); nodes];
+        for (i, &(n, k, _, _)) in placed.iter().enumerate() {
+            for _ in 0..k {
+                on_node[n].push((next[n], run_names[i].as_str()));
+                next[n] += 1;
+            }
+        }
+        let defs: Vec<NodeDef<'_>> = (0..nodes)
+            .map(|i| {
+                (
+                    names[i].as_str(),
+                    "H100-80GB",
+                    8,
+                    "r0",
+                    "z0",
+                    None,
+                    on_node[i].clone(),
+                )
+            })
+            .collect();
+        let c = topo_cluster(defs);
+        let mut jobs = Vec::new();
+        for (i, &(_, k, est, ago)) in placed.iter().enumerate() {
+            let mut j = job(&run_names[i], simple(1, k, TopologyLevel::Node));
+            j.spec.estimated_runtime = Some(Duration::from_secs(est * 3600));
+            j.spec.started_at = Some(at(&q, -((ago * 1800) as f64)));
+            jobs.push(j);
+        }
+        for (i, &(w, gpw, node_level, est, age)) in pending.iter().enumerate() {
+            let mut j = job(
+                &format!("p{i}"),
+                simple(
+                    if node_level { 1 } else { w },
+                    gpw,
+                    if node_level {
+                        TopologyLevel::Node
+                    } else {
+                        TopologyLevel::Any
+                    },
+                ),
+            );
+            j.spec.estimated_runtime = Some(Duration::from_secs(est * 3600));
+            j.spec.submitted_at = Some(at(&q, -((age * 3600) as f64)));
+            jobs.push(j);
+        }
+        (c, jobs)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn backfill_never_overcommits_a_node_at_any_time_and_never_delays_the_head_job((c, jobs) in arb_queue()) {
+        let q = q0();
+        let gangs = place(&c, &jobs);
+        // Every commitment on a node over time: running jobs until their
+        // end, starting ones from now, reservations from their start.
+        let mut events: BTreeMap<String, Vec<(f64, i64)>> = BTreeMap::new();
+        for g in &gangs {
+            let (from, to) = match g.status {
+                GangStatus::Running => (q.now, g.end_s.unwrap()),
+                GangStatus::Starting => (g.start_s.unwrap(), g.end_s.unwrap()),
+                _ => match (g.start_s, g.end_s) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => continue,
+                },
+            };
+            let per: Vec<(String, i64)> = if g.holds() {
+                g.workers.iter().map(|w| (w.node.clone(), w.gpus.len() as i64)).collect()
+            } else {
+                g.reserved.iter().map(|r| (r.node.clone(), i64::from(r.gpus))).collect()
+            };
+            for (n, k) in per {
+                let e = events.entry(n).or_default();
+                e.push((from, k));
+                e.push((to, -k));
+            }
+        }
+        for (node, mut e) in events {
+            // Releases before takes at the same instant.
+            e.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let mut used = 0;
+            for (t, k) in e {
+                used += k;
+                prop_assert!(used <= 8, "node {} holds {} GPUs at {}", node, used, t - q.now);
+            }
+        }
+        // The head of the queue (the most important job that waits) gets
+        // the same reservation with or without the jobs below it.
+        let head = gangs
+            .iter()
+            .filter(|g| g.status == GangStatus::Pending)
+            .max_by(|a, b| a.priority_score.total_cmp(&b.priority_score));
+        if let Some(h) = head {
+            let above: Vec<TrainingJob> = jobs
+                .iter()
+                .filter(|j| {
+                    j.spec.started_at.is_some()
+                        || gangs.iter().any(|g| g.name == j.name && g.priority_score >= h.priority_score)
+                })
+                .cloned()
+                .collect();
+            let alone = place(&c, &above);
+            prop_assert_eq!(by_name(&alone, &h.name).start_s, h.start_s);
+        }
     }
 }

@@ -36,7 +36,7 @@ pub use inventory::{Cluster, ClusterSpec, Gpu, GpuMode, Health, MigTimeslice, No
 pub use load::{Bundle, Problems, load_paths, load_sources};
 pub use mig::{Geometry, Placement};
 pub use model::{Model, ModelPolicy, ModelPolicySpec, Priority, SharingMode};
-pub use training::{TrainingJob, TrainingJobSpec};
+pub use training::{TrainingJob, TrainingJobSpec, TrainingQueueSpec};
 
 /// A validation problem at a field path of a document, before it is located
 /// in a file (the loader adds file, line and column).

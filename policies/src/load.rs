@@ -22,7 +22,9 @@ use crate::catalog::Catalog;
 use crate::document::{self, Document, Problem};
 use crate::inventory::{Cluster, ClusterSpec};
 use crate::model::{Model, ModelPolicy, ModelPolicySpec, PlacementOption};
-use crate::training::{TopologyLevel, TopologyMode, TrainingJob, TrainingJobSpec};
+use crate::training::{
+    TopologyLevel, TopologyMode, TrainingJob, TrainingJobSpec, TrainingQueueSpec,
+};
 
 /// The API version of every gpuscale document.
 pub const API_VERSION: &str = "gpuscale.io/v1alpha1";
@@ -71,6 +73,9 @@ pub struct Bundle {
     pub models: Vec<Model>,
     /// The validated training jobs.
     pub jobs: Vec<TrainingJob>,
+    /// The training queue (partitions, fair share), if a `TrainingQueue`
+    /// document was given.
+    pub queue: Option<TrainingQueueSpec>,
     /// Wanted replicas per model policy name, if a `Demand` document was given.
     pub demand: Option<BTreeMap<String, u32>>,
     /// Files holding a `kind: Gateway` document: read and checked by the
@@ -199,6 +204,7 @@ enum Parsed {
     Job(String, TrainingJobSpec),
     Cluster(String, ClusterSpec),
     Demand(DemandSpec),
+    Queue(TrainingQueueSpec),
     /// A kind another command reads (`Gateway`, `Autoscaler`,
     /// `Scenario`): its file is listed in the bundle for that command's own
     /// validation.
@@ -260,18 +266,23 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             named(&env.metadata)?;
             Ok(Parsed::Demand(env.spec))
         }
+        Some("TrainingQueue") => {
+            let env: Envelope<TrainingQueueSpec> = typed(doc)?;
+            named(&env.metadata)?;
+            Ok(Parsed::Queue(env.spec))
+        }
         Some("Gateway") => Ok(Parsed::Gateway),
         Some("Autoscaler") => Ok(Parsed::Autoscaler),
         Some("Scenario") => Ok(Parsed::Scenario),
         Some(other) => Err(doc.problem(
             "kind",
             format!(
-                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, Cluster, Demand, Gateway, Autoscaler or Scenario"
+                "unknown kind `{other}`; expected ModelPolicy, TrainingJob, TrainingQueue, Cluster, Demand, Gateway, Autoscaler or Scenario"
             ),
         )),
         None => Err(doc.problem(
             "kind",
-            "missing field `kind` (ModelPolicy, TrainingJob, Cluster, Demand, Gateway, Autoscaler or Scenario)",
+            "missing field `kind` (ModelPolicy, TrainingJob, TrainingQueue, Cluster, Demand, Gateway, Autoscaler or Scenario)",
         )),
     }
 }
@@ -362,6 +373,22 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         .map(|(_, c)| c.catalog.clone())
         .unwrap_or(builtin);
 
+    // The training queue: at most one.
+    let mut queue: Option<TrainingQueueSpec> = None;
+    for (doc, p) in &parsed {
+        let Parsed::Queue(spec) = p else { continue };
+        if queue.is_some() {
+            problems.push(doc.problem("kind", "a second TrainingQueue document; give one"));
+            continue;
+        }
+        let errors = spec.validate(&catalog);
+        if errors.is_empty() {
+            queue = Some(spec.clone());
+        } else {
+            problems.extend(located(doc, errors));
+        }
+    }
+
     let mut policies = Vec::new();
     let mut models = Vec::new();
     let mut jobs = Vec::new();
@@ -372,6 +399,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             Parsed::Job(n, _) => n.clone(),
             Parsed::Cluster(..)
             | Parsed::Demand(..)
+            | Parsed::Queue(..)
             | Parsed::Gateway
             | Parsed::Autoscaler
             | Parsed::Scenario => {
@@ -403,17 +431,28 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Job(name, spec) => match TrainingJob::from_spec(name, spec, &catalog) {
-                Ok(j) => {
-                    if let Some((_, c)) = &cluster {
-                        problems.extend(check_job_fits_cluster(doc, &j, c));
+            Parsed::Job(name, spec) => {
+                match TrainingJob::from_spec(name, spec, &catalog) {
+                    Ok(j) => {
+                        if let Some((_, c)) = &cluster {
+                            problems.extend(check_job_fits_cluster(doc, &j, c));
+                        }
+                        if let Some(q) = &queue {
+                            problems.extend(located(doc, q.check_job(&j)));
+                        } else if let Some(name) = &j.spec.partition {
+                            problems.push(doc.problem(
+                            "spec.partition",
+                            format!("partition `{name}` named, but no TrainingQueue document was given"),
+                        ));
+                        }
+                        jobs.push(j);
                     }
-                    jobs.push(j);
+                    Err(errors) => problems.extend(located(doc, errors)),
                 }
-                Err(errors) => problems.extend(located(doc, errors)),
-            },
+            }
             Parsed::Cluster(..)
             | Parsed::Demand(..)
+            | Parsed::Queue(..)
             | Parsed::Gateway
             | Parsed::Autoscaler
             | Parsed::Scenario => {}
@@ -473,6 +512,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             policies,
             models,
             jobs,
+            queue,
             demand,
             gateways,
             autoscalers,

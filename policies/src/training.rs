@@ -2,7 +2,7 @@
 //! packer places all or nothing, topology-aware.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -102,6 +102,355 @@ pub struct TrainingJobSpec {
     )]
     #[schemars(with = "Option<String>")]
     pub checkpoint_interval: Option<Duration>,
+    /// The partition it runs in (default: the queue's default partition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// The team (fair-share account) it is charged to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// When it was submitted (RFC 3339; in Kubernetes, the object's
+    /// `creationTimestamp`): its age raises its priority.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub submitted_at: Option<SystemTime>,
+    /// When its workers started, if it runs (RFC 3339): with its runtime,
+    /// when its GPUs free up.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub started_at: Option<SystemTime>,
+}
+
+/// A partition of the training queue, as Slurm's: which GPUs its jobs may
+/// use, how many at once, for how long, and its priority tier.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Partition {
+    /// Partition name (`spec.partition` of a job).
+    pub name: String,
+    /// Most GPUs its jobs hold at once (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u32>,
+    /// Longest runtime a job may ask for; a job without an estimate gets
+    /// it as its time limit.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub max_runtime: Option<Duration>,
+    /// GPU models its jobs may use (default: any).
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    /// Nodes its jobs may use (default: every node). Nodes left out of
+    /// every training partition are reserved for inference.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Slurm's `PriorityTier`: a higher tier's jobs go first.
+    #[serde(default)]
+    pub priority_tier: u32,
+    /// Jobs that name no partition run here (at most one).
+    #[serde(default)]
+    pub default: bool,
+}
+
+/// A team's fair share.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Account {
+    /// Account (team) name.
+    pub name: String,
+    /// Its shares of the cluster (default 1).
+    #[serde(default = "one")]
+    pub shares: f64,
+    /// Its recent GPU-hours, decayed with the half-life (as Slurm's
+    /// `RawUsage`).
+    #[serde(default)]
+    pub usage_gpu_hours: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn week() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+
+fn day() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+/// Fair share across teams (Slurm's classic fair-share factor
+/// `2^(-usage/shares)`, both normalised).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FairShare {
+    /// Half-life of recorded usage (Slurm's `PriorityDecayHalfLife`,
+    /// default 7 days).
+    #[serde(default = "week", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub half_life: Duration,
+    /// The teams; one not listed has 1 share and no usage.
+    #[serde(default)]
+    pub accounts: Vec<Account>,
+}
+
+impl Default for FairShare {
+    fn default() -> Self {
+        FairShare {
+            half_life: week(),
+            accounts: Vec::new(),
+        }
+    }
+}
+
+/// Weights of the multifactor priority (Slurm's `PriorityWeight*`); each
+/// factor is in [0, 1].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriorityWeights {
+    /// The job's priority class (QOS): critical 1, standard 0.5,
+    /// sheddable 0.
+    #[serde(default = "w_qos")]
+    pub qos: f64,
+    /// Its partition's tier over the highest tier.
+    #[serde(default = "w_partition")]
+    pub partition: f64,
+    /// Its account's fair-share factor.
+    #[serde(default = "w_fair")]
+    pub fair_share: f64,
+    /// Its age over `maxAge` (capped at 1).
+    #[serde(default = "w_age")]
+    pub age: f64,
+    /// Age at which the age factor reaches 1 (Slurm's `PriorityMaxAge`,
+    /// default 7 days).
+    #[serde(default = "week", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub max_age: Duration,
+}
+
+fn w_qos() -> f64 {
+    100_000.0
+}
+fn w_partition() -> f64 {
+    10_000.0
+}
+fn w_fair() -> f64 {
+    5_000.0
+}
+fn w_age() -> f64 {
+    1_000.0
+}
+
+impl Default for PriorityWeights {
+    fn default() -> Self {
+        PriorityWeights {
+            qos: w_qos(),
+            partition: w_partition(),
+            fair_share: w_fair(),
+            age: w_age(),
+            max_age: week(),
+        }
+    }
+}
+
+/// `kind: TrainingQueue`: partitions, fair share and priority weights.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingQueueSpec {
+    /// Partitions (default: one, `default`, with no limits).
+    #[serde(default)]
+    pub partitions: Vec<Partition>,
+    /// Fair share across teams.
+    #[serde(default)]
+    pub fair_share: FairShare,
+    /// Multifactor priority weights.
+    #[serde(default)]
+    pub weights: PriorityWeights,
+    /// Runtime assumed for a job with no estimate and no partition limit
+    /// (default 24 h).
+    #[serde(default = "day", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub default_runtime: Duration,
+}
+
+impl Default for TrainingQueueSpec {
+    fn default() -> Self {
+        TrainingQueueSpec {
+            partitions: Vec::new(),
+            fair_share: FairShare::default(),
+            weights: PriorityWeights::default(),
+            default_runtime: day(),
+        }
+    }
+}
+
+impl TrainingQueueSpec {
+    /// Checks the queue on its own: unique partition names, at most one
+    /// default, known GPU models, positive shares and weights.
+    pub fn validate(&self, catalog: &Catalog) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let mut names = std::collections::BTreeSet::new();
+        let mut defaults = 0;
+        for (i, p) in self.partitions.iter().enumerate() {
+            if !names.insert(p.name.as_str()) {
+                errors.push(FieldError::new(
+                    format!("spec.partitions[{i}].name"),
+                    format!("partition `{}` is defined twice", p.name),
+                ));
+            }
+            if p.default {
+                defaults += 1;
+                if defaults > 1 {
+                    errors.push(FieldError::new(
+                        format!("spec.partitions[{i}].default"),
+                        "only one partition may be the default",
+                    ));
+                }
+            }
+            for (k, g) in p.gpu_models.iter().enumerate() {
+                if catalog.get(g).is_none() {
+                    errors.push(FieldError::new(
+                        format!("spec.partitions[{i}].gpuModels[{k}]"),
+                        format!(
+                            "unknown GPU model `{g}`; the catalogue has: {}",
+                            catalog.names().join(", ")
+                        ),
+                    ));
+                }
+            }
+            if p.max_gpus == Some(0) {
+                errors.push(FieldError::new(
+                    format!("spec.partitions[{i}].maxGpus"),
+                    "must be at least 1 (leave it out for no limit)",
+                ));
+            }
+        }
+        for (i, a) in self.fair_share.accounts.iter().enumerate() {
+            if !(a.shares.is_finite() && a.shares > 0.0) {
+                errors.push(FieldError::new(
+                    format!("spec.fairShare.accounts[{i}].shares"),
+                    format!("must be a positive number, got {}", a.shares),
+                ));
+            }
+            if !(a.usage_gpu_hours.is_finite() && a.usage_gpu_hours >= 0.0) {
+                errors.push(FieldError::new(
+                    format!("spec.fairShare.accounts[{i}].usageGpuHours"),
+                    format!("must be zero or more, got {}", a.usage_gpu_hours),
+                ));
+            }
+        }
+        if self.fair_share.half_life.is_zero() {
+            errors.push(FieldError::new(
+                "spec.fairShare.halfLife",
+                "must be longer than zero",
+            ));
+        }
+        let w = &self.weights;
+        for (field, v) in [
+            ("qos", w.qos),
+            ("partition", w.partition),
+            ("fairShare", w.fair_share),
+            ("age", w.age),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                errors.push(FieldError::new(
+                    format!("spec.weights.{field}"),
+                    format!("must be zero or more, got {v}"),
+                ));
+            }
+        }
+        errors
+    }
+
+    /// The partition a job runs in: the one it names, else the default.
+    pub fn partition_of(&self, job: &TrainingJob) -> Option<&Partition> {
+        match &job.spec.partition {
+            Some(name) => self.partitions.iter().find(|p| &p.name == name),
+            None => self.partitions.iter().find(|p| p.default),
+        }
+    }
+
+    /// A job's runtime for scheduling: its estimate, else its partition's
+    /// limit, else `defaultRuntime`; never above the partition's limit.
+    pub fn runtime_of(&self, job: &TrainingJob) -> Duration {
+        let limit = self.partition_of(job).and_then(|p| p.max_runtime);
+        let r = job
+            .spec
+            .estimated_runtime
+            .or(limit)
+            .unwrap_or(self.default_runtime);
+        limit.map_or(r, |l| r.min(l))
+    }
+
+    /// Checks a job against its partition: the partition exists, its
+    /// estimate is within the limit, and it shares a GPU model.
+    pub fn check_job(&self, job: &TrainingJob) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let Some(p) = self.partition_of(job) else {
+            if let Some(name) = &job.spec.partition {
+                let known: Vec<&str> = self.partitions.iter().map(|p| p.name.as_str()).collect();
+                errors.push(FieldError::new(
+                    "spec.partition",
+                    format!(
+                        "no partition `{name}` in the TrainingQueue; it has: {}",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            }
+            return errors;
+        };
+        if let (Some(est), Some(max)) = (job.spec.estimated_runtime, p.max_runtime)
+            && est > max
+        {
+            errors.push(FieldError::new(
+                "spec.estimatedRuntime",
+                format!(
+                    "{} is over partition `{}`'s maxRuntime of {}",
+                    humantime::format_duration(est),
+                    p.name,
+                    humantime::format_duration(max)
+                ),
+            ));
+        }
+        if !p.gpu_models.is_empty() && !job.gpu_models.iter().any(|g| p.gpu_models.contains(g)) {
+            errors.push(FieldError::new(
+                "spec.gpuModels",
+                format!(
+                    "none of [{}] is allowed in partition `{}` ([{}])",
+                    job.gpu_models.join(", "),
+                    p.name,
+                    p.gpu_models.join(", ")
+                ),
+            ));
+        }
+        if let Some(max) = p.max_gpus
+            && job.total_gpus() > max
+        {
+            errors.push(FieldError::new(
+                "spec.workers",
+                format!(
+                    "{} GPUs is over partition `{}`'s maxGpus of {max}",
+                    job.total_gpus(),
+                    p.name
+                ),
+            ));
+        }
+        errors
+    }
 }
 
 /// A validated training job.

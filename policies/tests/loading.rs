@@ -26,7 +26,8 @@ fn the_examples_are_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let bundle = load_paths(&[root]).unwrap_or_else(|p| panic!("{p}"));
     assert!(bundle.models.len() >= 10);
-    assert_eq!(bundle.jobs.len(), 2);
+    assert_eq!(bundle.jobs.len(), 3);
+    assert_eq!(bundle.queue.as_ref().unwrap().partitions.len(), 2);
     let cluster = bundle.cluster.unwrap();
     assert_eq!(cluster.gpu_count(), 4 * 8 + 2 * 8 + 8 + 2 * 4);
     assert_eq!(
@@ -224,4 +225,78 @@ spec:
     let b = load_sources(&[(Path::new("cluster.yaml"), fixed.as_str())]).unwrap();
     let t = b.cluster.unwrap().nodes[0].mig_timeslice.clone().unwrap();
     assert_eq!((t.profile.as_str(), t.replicas), ("1g.5gb", 3));
+}
+
+#[test]
+fn training_queue_problems_are_located() {
+    let queue = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: TrainingQueue
+metadata: {name: q}
+spec:
+  partitions:
+    - {name: dev, default: true, maxRuntime: 4h, gpuModels: [H100-80GB]}
+    - {name: dev, default: true, gpuModels: [Z9000]}
+  fairShare:
+    accounts:
+      - {name: nlp, shares: 0}
+";
+    let p = load_sources(&[(Path::new("q.yaml"), queue)]).unwrap_err().0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    for want in [
+        "spec.partitions[1].name: partition `dev` is defined twice",
+        "spec.partitions[1].default: only one partition may be the default",
+        "spec.partitions[1].gpuModels[0]: unknown GPU model `Z9000`",
+        "spec.fairShare.accounts[0].shares: must be a positive number",
+    ] {
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("q.yaml:") && t.contains(want)),
+            "{want} not in {text:#?}"
+        );
+    }
+
+    // A job over its partition's limits, checked against a valid queue.
+    let good = queue
+        .replace(
+            "- {name: dev, default: true, gpuModels: [Z9000]}",
+            "- {name: prod}",
+        )
+        .replace("shares: 0", "shares: 1");
+    let job = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: TrainingJob
+metadata: {name: j}
+spec:
+  workers: 1
+  gpusPerWorker: 2
+  gpuModels: [A100-40GB]
+  estimatedRuntime: 10h
+  submittedAt: 2026-12-01T08:00:00Z
+";
+    let p = load_sources(&[
+        (Path::new("q.yaml"), good.as_str()),
+        (Path::new("j.yaml"), job),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("j.yaml:8:") && t.contains("over partition `dev`'s maxRuntime")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter().any(|t| t.starts_with("j.yaml:7:")
+            && t.contains("not allowed in partition `dev`")
+            || t.starts_with("j.yaml:7:") && t.contains("none of [A100-40GB]")),
+        "{text:#?}"
+    );
+    // A bad timestamp is a located parse error.
+    let bad_time = job.replace("2026-12-01T08:00:00Z", "yesterday");
+    let p = load_sources(&[(Path::new("j.yaml"), bad_time.as_str())])
+        .unwrap_err()
+        .0;
+    assert!(p[0].to_string().starts_with("j.yaml:9:"), "{p:?}");
+    assert!(p[0].path.contains("submittedAt"), "{p:?}");
 }

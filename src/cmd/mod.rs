@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod crd;
 pub mod gateway;
 pub mod plan;
+pub mod queue;
 pub mod sim_server;
 pub mod simulate;
 pub mod validate;

@@ -70,6 +70,11 @@ pub struct Args {
     /// Namespace of the training jobs' PodGroups and worker pods.
     #[arg(long, default_value = "default")]
     pub training_namespace: String,
+    /// The time the training queue is planned at (RFC 3339, e.g.
+    /// `2026-12-03T09:00:00Z`; default: now): running jobs free their GPUs
+    /// at their start + runtime, and reservations are given from it.
+    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    pub now: Option<std::time::SystemTime>,
     /// Which gang scheduler's PodGroup `--emit` writes for training jobs.
     #[arg(long, value_enum, default_value_t = GangSchedulerArg::Coscheduling)]
     pub gang_scheduler: GangSchedulerArg,
@@ -84,8 +89,44 @@ pub enum GangSchedulerArg {
     Volcano,
 }
 
+impl Args {
+    /// The arguments `gpuscale queue` plans with: these inputs, every
+    /// other setting at its default.
+    pub fn for_inputs(
+        cluster: PathBuf,
+        policies: Vec<PathBuf>,
+        demand: Option<PathBuf>,
+        current: Option<PathBuf>,
+        now: Option<std::time::SystemTime>,
+    ) -> Args {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: Args,
+        }
+        let mut args = Wrap::parse_from(["plan", "--cluster", "-", "--policies", "-"]).args;
+        args.cluster = cluster;
+        args.policies = policies;
+        args.demand = demand;
+        args.current = current;
+        args.now = now;
+        args
+    }
+}
+
 /// Runs the command.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let mut plan = match make(args)? {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    finish(args, &mut plan)
+}
+
+/// Loads the inputs and plans inference and training; `Err(code)` when
+/// the inputs had problems (printed).
+pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     if !(0.0..1.0).contains(&args.timeslice_headroom) {
         bail!("--timeslice-headroom must be in [0, 1)");
     }
@@ -100,7 +141,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         Err(problems) => {
             super::emit(&format!("{problems}\n"))?;
             eprintln!("{} problem(s) found", problems.0.len());
-            return Ok(ExitCode::from(1));
+            return Ok(Err(ExitCode::from(1)));
         }
     };
     let Some(mut cluster) = bundle.cluster else {
@@ -137,13 +178,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         "packing"
     );
     tracing::info!(jobs = bundle.jobs.len(), "training jobs");
+    let queue = gang::queue::Queue::new(
+        bundle.queue.clone().unwrap_or_default(),
+        args.now.unwrap_or_else(std::time::SystemTime::now),
+    );
     let mut plan = gang::joint::plan(
         &cluster,
         &bundle.models,
-        &bundle.jobs,
+        gang::joint::Training {
+            jobs: &bundle.jobs,
+            queue: &queue,
+            options: &gang::GangOptions::default(),
+        },
         &demand,
         &options,
-        &gang::GangOptions::default(),
         basis.as_ref(),
     )?;
     if args.compare {
@@ -152,12 +200,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             ffd: baseline::ffd(&cluster, &bundle.models, &demand, &options),
         });
     }
+    Ok(Ok(plan))
+}
+
+/// Emits the artefacts and prints the plan.
+fn finish(args: &Args, plan: &mut Plan) -> anyhow::Result<ExitCode> {
+    let plan = &*plan;
     if let Some(dir) = &args.emit {
         let scheduler = match args.gang_scheduler {
             GangSchedulerArg::Coscheduling => gang::artefacts::GangScheduler::Coscheduling,
             GangSchedulerArg::Volcano => gang::artefacts::GangScheduler::Volcano,
         };
-        let mut files = emit::files(&plan, &args.namespace)?;
+        let mut files = emit::files(plan, &args.namespace)?;
         files.extend(gang::artefacts::files(
             &plan.gangs,
             &args.training_namespace,
@@ -174,8 +228,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         tracing::info!(dir = %dir.display(), "emitted NVIDIA configuration");
     }
     match args.format {
-        super::Format::Table => super::emit(&table(&plan))?,
-        other => super::print_data(&plan, other)?,
+        super::Format::Table => super::emit(&table(plan))?,
+        other => super::print_data(plan, other)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -363,10 +417,16 @@ fn gangs_table(plan: &Plan) -> String {
         }
         out.push_str(&format!("    {}\n", g.reason));
         for p in &g.preempts {
-            out.push_str(&format!(
-                "    preempts {:?} `{}` ({}, {:.1} GPU-hours lost): {}\n",
-                p.kind, p.name, p.count, p.lost_gpu_hours, p.reason
-            ));
+            let what = match p.kind {
+                gang::VictimKind::Job => format!(
+                    "job `{}` ({} GPUs, {:.1} GPU-hours lost)",
+                    p.name, p.count, p.lost_gpu_hours
+                ),
+                gang::VictimKind::Replicas => {
+                    format!("{} replicas of `{}`", p.count, p.name)
+                }
+            };
+            out.push_str(&format!("    preempts {what}: {}\n", p.reason));
         }
     }
     if let Some(t) = &plan.training {

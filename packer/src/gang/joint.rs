@@ -132,17 +132,32 @@ fn placed_by_model(plan: &Plan) -> BTreeMap<String, u32> {
         .collect()
 }
 
+/// The training side of a joint plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Training<'a> {
+    /// The training jobs (running ones are read from the cluster).
+    pub jobs: &'a [TrainingJob],
+    /// The queue and the time of the plan.
+    pub queue: &'a super::queue::Queue,
+    /// Gang solver options.
+    pub options: &'a GangOptions,
+}
+
 /// Packs inference and places training jobs together (see the module
 /// docs). Without jobs it is [`pack_from`].
 pub fn plan(
     cluster: &Cluster,
     models: &[Model],
-    jobs: &[TrainingJob],
+    training: Training<'_>,
     demand: &BTreeMap<String, u32>,
     options: &PackOptions,
-    gang_options: &GangOptions,
     basis: Option<&Basis>,
 ) -> Result<Plan, PackError> {
+    let Training {
+        jobs,
+        queue: q,
+        options: gang_options,
+    } = training;
     if jobs.is_empty() {
         return pack_from(cluster, models, demand, options, basis);
     }
@@ -158,7 +173,7 @@ pub fn plan(
     let inf0 = for_inference(&base, &held_gpus);
     let full = pack_from(&inf0, models, demand, options, basis)?;
     let inv = inventory(&inf0, &full, models);
-    let mut placed = place(&base, jobs, &held, &inv, gang_options);
+    let mut placed = place(&base, jobs, &held, &inv, q, gang_options);
 
     let full_placed = placed_by_model(&full);
     let mins: BTreeMap<&str, u32> = models
@@ -178,9 +193,12 @@ pub fn plan(
     };
     // Gangs still waiting: would inference, packed again around them,
     // make room? (Inference left alone may spread over every node; moving
-    // some replicas frees whole nodes.) At most MAX_TRIALS packs.
+    // some replicas frees whole nodes.) At most MAX_TRIALS packs, from the
+    // head of the queue, stopping at the first that does not start (a job
+    // further down must not start before one above it this way).
     let mut cache: Option<(BTreeSet<GpuRef>, Plan)> = None;
     let mut current = full.clone();
+    let mut tried: Vec<String> = Vec::new();
     let waiting: Vec<String> = placed
         .gangs
         .iter()
@@ -220,12 +238,65 @@ pub fn plan(
                 placed.from_inference.insert((n, i));
             }
         }
-        let g = super::starting(&base, jobs, ji, &choice, "");
+        let mut g = super::starting(&base, jobs, ji, &choice, "");
+        super::decorate(&mut g, q, &jobs[ji], super::queue::priority(q, &jobs[ji]));
+        g.start_s = Some(q.now);
+        g.end_s = Some(q.now + q.runtime_s(&jobs[ji]));
         if let Some(slot) = placed.gangs.iter_mut().find(|x| x.name == name) {
             *slot = g;
         }
+        tried.push(name.clone());
         cache = Some((trial, p.clone()));
         current = p;
+    }
+
+    // Jobs that started by packing inference again hold GPUs now: the
+    // queue below them is planned again around them (their reservations).
+    if !tried.is_empty() {
+        // Every gang that starts now holds its GPUs in the second pass.
+        let starting: Vec<String> = placed
+            .gangs
+            .iter()
+            .filter(|g| g.status == GangStatus::Starting)
+            .map(|g| g.name.clone())
+            .collect();
+        let mut held2 = held.clone();
+        for name in &starting {
+            if let Some(g) = placed.gangs.iter().find(|g| &g.name == name) {
+                let gpus: Vec<GpuRef> = g
+                    .workers
+                    .iter()
+                    .flat_map(|w| {
+                        let n = node_index(&base, &w.node);
+                        w.gpus.iter().map(move |&i| (n, i))
+                    })
+                    .collect();
+                held2.insert(
+                    name.clone(),
+                    super::Held {
+                        gpus,
+                        intact: true,
+                        broken: None,
+                    },
+                );
+            }
+        }
+        let inf = for_inference(&base, &gang_gpus(&base, &placed.gangs));
+        let inv2 = inventory(&inf, &current, models);
+        let mut again = place(&base, jobs, &held2, &inv2, q, gang_options);
+        for g in &mut again.gangs {
+            if let Some(t) = placed
+                .gangs
+                .iter()
+                .find(|x| starting.contains(&x.name) && x.name == g.name)
+            {
+                *g = t.clone();
+            }
+        }
+        again
+            .from_inference
+            .extend(placed.from_inference.iter().copied());
+        placed = again;
     }
 
     let mut attempt = 0;

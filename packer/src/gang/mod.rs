@@ -25,6 +25,7 @@
 
 pub mod artefacts;
 pub mod joint;
+pub mod queue;
 pub mod solve;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,7 +37,7 @@ use gpuscale_policies::{Cluster, Health};
 use serde::{Deserialize, Serialize};
 
 /// Where a gang stands in the plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum GangStatus {
     /// Runs now and keeps its GPUs.
@@ -44,6 +45,7 @@ pub enum GangStatus {
     /// Placed by this plan: its workers start together.
     Starting,
     /// Waits (the reason says for what).
+    #[default]
     Pending,
     /// Ran, and yields its GPUs to higher-priority work in this plan.
     Preempted,
@@ -70,6 +72,15 @@ pub enum VictimKind {
     Replicas,
 }
 
+/// GPUs reserved on one node for a pending job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    /// Node name.
+    pub node: String,
+    /// GPUs.
+    pub gpus: u32,
+}
+
 /// Work a gang stops to start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Preemption {
@@ -86,7 +97,7 @@ pub struct Preemption {
 }
 
 /// One training job in the plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct GangPlan {
     /// `metadata.name`.
     pub name: String,
@@ -122,6 +133,26 @@ pub struct GangPlan {
     /// Expected runtime (for Slurm's `--time`), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_runtime_s: Option<u64>,
+    /// Partition.
+    #[serde(default)]
+    pub partition: String,
+    /// Fair-share account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Multifactor priority (higher goes first).
+    #[serde(default)]
+    pub priority_score: f64,
+    /// Start: when it started (running), starts (starting), or its
+    /// reserved start (pending), seconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_s: Option<f64>,
+    /// When it is expected to free its GPUs (start + runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_s: Option<f64>,
+    /// A pending job's reservation: GPUs per node from `start_s` to
+    /// `end_s`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<Reserved>,
 }
 
 impl GangPlan {
@@ -356,24 +387,39 @@ pub struct Placed {
 
 /// Places gangs. `held` are the gangs that run now (from [`running`]);
 /// intact ones keep their GPUs unless a higher-priority gang preempts
-/// them, broken ones release theirs and are placed again whole.
+/// them, broken ones release theirs and are placed again whole. Pending
+/// jobs go in the queue's priority order with conservative backfill
+/// ([`queue`]): a job starts now only on GPUs no job above it has
+/// reserved for the span of its runtime; one that cannot start gets a
+/// reservation.
 pub fn place(
     cluster: &Cluster,
     jobs: &[TrainingJob],
     held: &BTreeMap<String, Held>,
     inventory: &Inventory,
+    q: &queue::Queue,
     options: &GangOptions,
 ) -> Placed {
-    let mut free = inventory.free.clone();
+    let now = q.now;
+    let free = inventory.free.clone();
     let mut inference = inventory.inference.clone();
-    let mut out: Vec<GangPlan> = Vec::new();
-    // Running gangs: (job index, GPUs).
+    let mut timeline = queue::Timeline::new(&free);
+    let mut free = free;
+    // Running gangs: (job index, GPUs), and when each frees them.
     let mut runs: BTreeMap<usize, Vec<GpuRef>> = BTreeMap::new();
     let mut pending: Vec<(usize, String)> = Vec::new();
     for (ji, job) in jobs.iter().enumerate() {
         match held.get(&job.name) {
             Some(h) if h.intact => {
                 runs.insert(ji, h.gpus.clone());
+                let end = q.end_s(job);
+                let mut per: BTreeMap<usize, i64> = BTreeMap::new();
+                for &(n, _) in &h.gpus {
+                    *per.entry(n).or_default() += 1;
+                }
+                for (n, c) in per {
+                    timeline.add(n, end, f64::INFINITY, c);
+                }
             }
             Some(h) => {
                 // A broken gang restarts whole; its healthy GPUs are in the
@@ -389,19 +435,69 @@ pub fn place(
             None => pending.push((ji, String::new())),
         }
     }
+    let score: Vec<f64> = jobs.iter().map(|j| queue::priority(q, j)).collect();
     pending.sort_by(|(a, _), (b, _)| {
-        let (ja, jb) = (&jobs[*a], &jobs[*b]);
-        rank(jb.spec.priority)
-            .cmp(&rank(ja.spec.priority))
-            .then(jb.total_gpus().cmp(&ja.total_gpus()))
-            .then(ja.name.cmp(&jb.name))
+        score[*b]
+            .total_cmp(&score[*a])
+            .then(jobs[*b].total_gpus().cmp(&jobs[*a].total_gpus()))
+            .then(jobs[*a].name.cmp(&jobs[*b].name))
     });
+    // GPUs each partition's jobs hold.
+    let mut in_partition: BTreeMap<String, u32> = BTreeMap::new();
+    for (ji, gpus) in &runs {
+        *in_partition
+            .entry(q.partition_name(&jobs[*ji]))
+            .or_default() += gpus.len() as u32;
+    }
     let mut preempted: BTreeMap<usize, String> = BTreeMap::new();
     let mut from_inference = BTreeSet::new();
     let mut started: Vec<GangPlan> = Vec::new();
+    let mut waiting: Vec<GangPlan> = Vec::new();
+    // Jobs above the current one that hold a reservation.
+    let mut reserved_above: Vec<(String, f64)> = Vec::new();
     for (ji, note) in pending {
-        let job = &jobs[ji];
+        let mut job = jobs[ji].clone();
+        let allowed = q.allowed_nodes(cluster, &job);
+        if let Some(p) = q.spec.partition_of(&job)
+            && !p.gpu_models.is_empty()
+        {
+            job.gpu_models.retain(|g| p.gpu_models.contains(g));
+        }
         let r = rank(job.spec.priority);
+        let d = q.runtime_s(&job);
+        let partition = q.partition_name(&job);
+        let mut plan_note = note.clone();
+        if let Some(limit) = q.partition_limit(&job) {
+            let used = in_partition.get(&partition).copied().unwrap_or(0);
+            if used + job.total_gpus() > limit {
+                let mut p = pending_plan(
+                    &job,
+                    with_note(
+                        &note,
+                        format!(
+                            "waits: partition `{partition}` GPU limit ({used} of {limit} held, needs {})",
+                            job.total_gpus()
+                        ),
+                    ),
+                );
+                decorate(&mut p, q, &job, score[ji]);
+                waiting.push(p);
+                continue;
+            }
+        }
+        // What it may use now: free GPUs that stay free for its runtime
+        // (reservations of jobs above it are in the timeline).
+        let usable: BTreeMap<usize, BTreeSet<u32>> = free
+            .iter()
+            .filter(|(n, _)| allowed.contains(n))
+            .map(|(n, set)| {
+                let k = timeline
+                    .min_free(*n, now, now + d)
+                    .clamp(0, set.len() as i64) as usize;
+                (*n, set.iter().take(k).copied().collect::<BTreeSet<u32>>())
+            })
+            .filter(|(_, s)| !s.is_empty())
+            .collect();
         // Victims: running, preemptible, strictly less important.
         let victims: Vec<solve::Victim> = runs
             .iter()
@@ -411,12 +507,18 @@ pub fn place(
             })
             .map(|(vi, gpus)| solve::Victim {
                 job: *vi,
-                gpus: gpus.clone(),
+                gpus: gpus
+                    .iter()
+                    .filter(|g| allowed.contains(&g.0))
+                    .copied()
+                    .collect(),
                 lost_gpu_hours: jobs[*vi].preemption_cost_gpu_hours(),
             })
+            .filter(|v| !v.gpus.is_empty())
             .collect();
         let takeable: BTreeMap<usize, Vec<u32>> = inference
             .iter()
+            .filter(|(n, _)| allowed.contains(n))
             .map(|(n, gs)| {
                 (
                     *n,
@@ -428,14 +530,21 @@ pub fn place(
             })
             .filter(|(_, v)| !v.is_empty())
             .collect();
-        let found = solve::best(cluster, job, &free, &takeable, &victims, options);
-        match found {
+        match solve::best(cluster, &job, &usable, &takeable, &victims, options) {
             Some(choice) => {
-                // Take the GPUs.
                 for v in &choice.victims {
                     let gpus = runs.remove(&v.job).unwrap_or_default();
-                    for (n, i) in gpus {
+                    let end = q.end_s(&jobs[v.job]);
+                    let mut per: BTreeMap<usize, i64> = BTreeMap::new();
+                    for &(n, i) in &gpus {
                         free.entry(n).or_default().insert(i);
+                        *per.entry(n).or_default() += 1;
+                    }
+                    for (n, c) in per {
+                        timeline.add(n, now, end, c);
+                    }
+                    if let Some(u) = in_partition.get_mut(&q.partition_name(&jobs[v.job])) {
+                        *u = u.saturating_sub(gpus.len() as u32);
                     }
                     preempted.insert(
                         v.job,
@@ -447,25 +556,75 @@ pub fn place(
                         ),
                     );
                 }
+                let mut per: BTreeMap<usize, i64> = BTreeMap::new();
                 for &(n, i) in &choice.gpus {
                     let taken_free = free.get_mut(&n).is_some_and(|s| s.remove(&i));
-                    if !taken_free {
+                    if taken_free {
+                        *per.entry(n).or_default() += 1;
+                    } else {
                         if let Some(gs) = inference.get_mut(&n) {
                             gs.retain(|(g, _)| *g != i);
                         }
                         from_inference.insert((n, i));
                     }
                 }
-                started.push(starting(cluster, jobs, ji, &choice, &note));
+                for (n, c) in per {
+                    timeline.add(n, now, now + d, -c);
+                }
+                *in_partition.entry(partition.clone()).or_default() += job.total_gpus();
+                if let Some((above, at)) = reserved_above.first() {
+                    plan_note = with_note(
+                        &plan_note,
+                        format!(
+                            "backfilled: leaves the GPUs reserved for `{above}` (from {}) alone",
+                            queue::rfc3339(*at)
+                        ),
+                    );
+                }
+                let mut g = starting(cluster, jobs, ji, &choice, &plan_note);
+                decorate(&mut g, q, &job, score[ji]);
+                g.start_s = Some(now);
+                g.end_s = Some(now + d);
+                started.push(g);
             }
             None => {
-                let why = solve::why_waiting(cluster, job, &free, &takeable, &victims);
-                let reason = if note.is_empty() {
-                    why
-                } else {
-                    format!("{note}; {why}")
-                };
-                out.push(pending_plan(job, reason));
+                let why = solve::why_waiting(cluster, &job, &usable, &takeable, &victims);
+                let mut p = pending_plan(&job, with_note(&note, why));
+                decorate(&mut p, q, &job, score[ji]);
+                // The earliest start the profile allows: a reservation.
+                for t in timeline.times_after(now) {
+                    let counts: BTreeMap<usize, u32> = allowed
+                        .iter()
+                        .map(|&n| (n, timeline.min_free(n, t, t + d).max(0) as u32))
+                        .filter(|(_, c)| *c > 0)
+                        .collect();
+                    if let Some((_, per)) = queue::fit_counts(cluster, &job, &counts) {
+                        for (&n, &c) in &per {
+                            timeline.add(n, t, t + d, -i64::from(c));
+                        }
+                        p.start_s = Some(t);
+                        p.end_s = Some(t + d);
+                        p.reserved = per
+                            .iter()
+                            .map(|(&n, &g)| Reserved {
+                                node: cluster.nodes[n].name.clone(),
+                                gpus: g,
+                            })
+                            .collect();
+                        let names: Vec<&str> = p.reserved.iter().map(|r| r.node.as_str()).collect();
+                        p.reason = with_note(
+                            &note,
+                            format!(
+                                "waits for resources: reserved to start {} on {}",
+                                queue::rfc3339(t),
+                                names.join(", ")
+                            ),
+                        );
+                        reserved_above.push((job.name.clone(), t));
+                        break;
+                    }
+                }
+                waiting.push(p);
             }
         }
     }
@@ -476,7 +635,7 @@ pub fn place(
         let nodes: BTreeSet<usize> = gpus.iter().map(|&(n, _)| n).collect();
         let (level, dom) = met(cluster, &nodes);
         let holds_level = level <= job.spec.topology.level;
-        gangs.push(GangPlan {
+        let mut g = GangPlan {
             name: job.name.clone(),
             priority: job.spec.priority,
             status: GangStatus::Running,
@@ -498,19 +657,39 @@ pub fn place(
                 )
             },
             estimated_runtime_s: job.spec.estimated_runtime.map(|d| d.as_secs()),
-        });
+            ..GangPlan::default()
+        };
+        decorate(&mut g, q, job, score[*ji]);
+        g.start_s = job.spec.started_at.map(queue::epoch);
+        g.end_s = Some(q.end_s(job));
+        gangs.push(g);
     }
     for (ji, why) in preempted {
         let mut p = pending_plan(&jobs[ji], why);
         p.status = GangStatus::Preempted;
+        decorate(&mut p, q, &jobs[ji], score[ji]);
         gangs.push(p);
     }
     gangs.extend(started);
-    gangs.extend(out);
+    gangs.extend(waiting);
     Placed {
         gangs,
         from_inference,
     }
+}
+
+fn with_note(note: &str, text: String) -> String {
+    if note.is_empty() {
+        text
+    } else {
+        format!("{note}; {text}")
+    }
+}
+
+pub(crate) fn decorate(g: &mut GangPlan, q: &queue::Queue, job: &TrainingJob, score: f64) {
+    g.partition = q.partition_name(job);
+    g.account = job.spec.account.clone();
+    g.priority_score = score;
 }
 
 /// The plan of a gang that starts on `choice`.
@@ -541,8 +720,13 @@ pub fn starting(
         .collect();
     preempts.sort_by(|a, b| a.name.cmp(&b.name));
     let mut reason = format!(
-        "{} workers × {} {} in one {} ({})",
-        job.spec.workers, job.spec.gpus_per_worker, choice.gpu_model, choice.level, choice.why
+        "{} worker{} × {} {} in one {} ({})",
+        job.spec.workers,
+        if job.spec.workers == 1 { "" } else { "s" },
+        job.spec.gpus_per_worker,
+        choice.gpu_model,
+        choice.level,
+        choice.why
     );
     if !note.is_empty() {
         reason = format!("{note}; {reason}");
@@ -564,6 +748,7 @@ pub fn starting(
         preempts,
         reason,
         estimated_runtime_s: job.spec.estimated_runtime.map(|d| d.as_secs()),
+        ..GangPlan::default()
     }
 }
 
@@ -583,6 +768,7 @@ fn pending_plan(job: &TrainingJob, reason: String) -> GangPlan {
         preempts: Vec::new(),
         reason,
         estimated_runtime_s: job.spec.estimated_runtime.map(|d| d.as_secs()),
+        ..GangPlan::default()
     }
 }
 

@@ -382,8 +382,9 @@ pub fn why_waiting(
         l => format!("any one {l}"),
     };
     let mut s = format!(
-        "waits: needs {} workers × {} GPUs of [{}]; {scope} has room for {best_free} free",
+        "waits: needs {} worker{} × {} GPUs of [{}]; {scope} has room for {best_free} free",
         job.spec.workers,
+        if job.spec.workers == 1 { "" } else { "s" },
         gpw,
         job.gpu_models.join(", ")
     );
