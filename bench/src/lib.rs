@@ -11,7 +11,10 @@
 //!   marketplace), checked in under `bench/scenarios/`;
 //! - [`packer_report`]: gpuscale against first-fit decreasing, one replica
 //!   per whole GPU and the LP bound, in the same run, plus the incremental
-//!   case.
+//!   case;
+//! - [`training`]: a stream of training jobs on a 256-GPU cluster shared
+//!   with inference, under FIFO without gangs, FIFO with gangs, EASY
+//!   backfill and gpuscale's gang placement and queue (`training-report`).
 //!
 //! What it does not do: run in the test suite's timing (unit tests never
 //! time anything), or reach beyond loopback.
@@ -19,3 +22,4 @@
 pub mod packer_report;
 pub mod scenario;
 pub mod sim_scenarios;
+pub mod training;

@@ -1108,3 +1108,46 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn training_and_inference_never_share_a_gpu_and_minimums_hold(
+        nodes in 1..4usize,
+        wanted in 0..20u32,
+        min in 0..4u32,
+        prio in 0..3usize,
+        jobs in prop::collection::vec((1..3u32, prop_oneof![Just(1u32), Just(4), Just(8)], 0..3usize), 1..4),
+    ) {
+        let prios = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+        let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+        let defs: Vec<(&str, &str, u32)> = names.iter().map(|n| (n.as_str(), "H100-80GB", 8)).collect();
+        let c = common::cluster(&defs);
+        let models = vec![whole_model("m", prios[prio], min)];
+        let jobs: Vec<TrainingJob> = jobs
+            .iter()
+            .enumerate()
+            .map(|(k, &(w, gpw, p))| {
+                job(&format!("j{k}"), J { priority: prios[p], ..simple(w, gpw, TopologyLevel::Any) })
+            })
+            .collect();
+        let demand = common::demand(&[("m", wanted.max(min))]);
+        let alone = gpuscale_packer::pack(&c, &models, &demand, &quick()).unwrap();
+        let plan = joint::plan(&c, &models, training(&jobs), &demand, &quick(), None).unwrap();
+        assert_never_shared(&plan);
+        // Inference keeps its minimum (as far as it fit alone), and loses
+        // replicas only to a gang more important than the model.
+        let before = alone.models[0].placed;
+        let after = plan.models[0].placed;
+        prop_assert!(after >= before.min(min), "{} < min({}, {})", after, before, min);
+        if after < before {
+            prop_assert!(plan.gangs.iter().any(|g| g.holds()
+                && gang::rank(g.priority) > gang::rank(prios[prio])));
+        }
+        // Gangs hold whole workers only.
+        for g in plan.gangs.iter().filter(|g| g.holds()) {
+            prop_assert_eq!(g.gpus_held(), g.workers_wanted * g.gpus_per_worker);
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! Training queue evidence: a discrete-event simulation of a stream of
+//! training jobs on a shared cluster, under four schedulers, reusing the
+//! packer's gang placement ([`gpuscale_packer::gang`]) for gpuscale and its
+//! reservation fit for the baselines.
+//!
+//! - **fifo-no-gang**: what pods scheduled one by one do (the default
+//!   scheduler without coscheduling): pods in kube-scheduler's order (not
+//!   yet failed first, then by creation second, so the pods of jobs
+//!   created in the same second interleave), each worker placed first-fit
+//!   as soon as a node holds it, and held while the job's other workers
+//!   wait. A job runs when all its workers are placed. When nothing runs
+//!   and no job can complete its workers, the cluster is deadlocked; the
+//!   simulation counts it and releases the youngest partial job's holds
+//!   (what an operator or a scheduling timeout does), then goes on.
+//! - **fifo-gang**: all or nothing, strictly in arrival order: the head job
+//!   starts when it fits; nothing behind it starts before it.
+//! - **easy-backfill**: all or nothing, arrival order; the head job gets a
+//!   reservation (the earliest time running jobs' estimates free enough
+//!   GPUs), and a later job starts now if it fits and either ends (by its
+//!   estimate) before that time or leaves the head's GPUs free (EASY:
+//!   Lifka 1995; Slurm's `sched/backfill` with one reservation).
+//! - **gpuscale**: [`gang::place`] — all or nothing, topology levels,
+//!   multifactor priority with fair share, conservative backfill (a
+//!   reservation for every waiting job).
+//!
+//! Every scheduler sees estimates only; jobs end at their actual runtime,
+//! which users overestimate (estimate = actual × U(1.5, 4), rounded up to
+//! 15 minutes and capped at the partition's 24 h). Inference holds its
+//! `minReplicas` GPUs (whole nodes) throughout; no scheduler may take them,
+//! and the report checks that none did.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use gpuscale_packer::gang::{self, GangOptions, GangStatus, Inventory, queue};
+use gpuscale_policies::inventory::{ClusterSpec, NodeSpec};
+use gpuscale_policies::training::{
+    Account, FairShare, Partition, Topology, TopologyLevel, TopologyMode, TrainingJobSpec,
+    TrainingQueueSpec,
+};
+use gpuscale_policies::{Catalog, Cluster, Priority, TrainingJob};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+
+/// The scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    /// Seed of the job stream.
+    pub seed: u64,
+    /// Nodes of 8 GPUs.
+    pub nodes: u32,
+    /// Nodes per rack.
+    pub nodes_per_rack: u32,
+    /// Nodes inference holds (its `minReplicas`), never preempted.
+    pub inference_nodes: u32,
+    /// Jobs in the stream.
+    pub jobs: usize,
+    /// Mean time between submissions, seconds (Poisson).
+    pub mean_gap_s: f64,
+    /// Share of submissions that are sweeps: four identical jobs in one
+    /// second (hyper-parameter searches).
+    pub sweep_share: f64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            seed: 15,
+            nodes: 32,
+            nodes_per_rack: 8,
+            inference_nodes: 4,
+            jobs: 400,
+            mean_gap_s: 900.0,
+            sweep_share: 0.1,
+        }
+    }
+}
+
+/// One job of the stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDef {
+    /// Name.
+    pub name: String,
+    /// Arrival, seconds from the start.
+    pub arrival_s: f64,
+    /// Workers.
+    pub workers: u32,
+    /// GPUs per worker.
+    pub gpus_per_worker: u32,
+    /// Actual runtime, seconds.
+    pub runtime_s: f64,
+    /// The user's estimate, seconds.
+    pub estimate_s: f64,
+    /// Team.
+    pub account: String,
+}
+
+impl JobDef {
+    /// GPUs.
+    pub fn gpus(&self) -> u32 {
+        self.workers * self.gpus_per_worker
+    }
+}
+
+/// The seeded stream: sizes 1–64 GPUs, heavy-tailed (most jobs small, a
+/// few whole racks, as in published cluster traces: Philly, Helios);
+/// runtimes log-uniform from 10 minutes to 12 hours; one submission in
+/// ten (`sweep_share`) a sweep of four copies in the same second.
+pub fn stream(s: &Scenario) -> Vec<JobDef> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(s.seed);
+    let sizes = [1u32, 2, 4, 8, 16, 32, 64];
+    let weights = [0.30, 0.18, 0.15, 0.15, 0.11, 0.07, 0.04];
+    let teams = ["nlp", "vision", "speech", "search"];
+    let mut t = 0.0;
+    let mut out = Vec::new();
+    while out.len() < s.jobs {
+        let u: f64 = rng.random::<f64>();
+        t += -u.max(1e-12).ln() * s.mean_gap_s;
+        let mut pick: f64 = rng.random::<f64>();
+        let mut size = sizes[0];
+        for (k, w) in sizes.iter().zip(weights) {
+            if pick < w {
+                size = *k;
+                break;
+            }
+            pick -= w;
+            size = *k;
+        }
+        let (workers, gpw) = if size <= 8 { (1, size) } else { (size / 8, 8) };
+        let lo = (600f64).ln();
+        let hi = (12.0 * 3600f64).ln();
+        let runtime = (lo + rng.random::<f64>() * (hi - lo)).exp();
+        let factor = 1.5 + rng.random::<f64>() * 2.5;
+        let estimate = ((runtime * factor) / 900.0).ceil() * 900.0;
+        let estimate = estimate.min(24.0 * 3600.0).max(runtime);
+        let account = teams[rng.random_range(0..teams.len())].to_string();
+        // One submission in ten is a sweep: four copies in one second.
+        let copies = if rng.random::<f64>() < s.sweep_share {
+            4
+        } else {
+            1
+        };
+        for c in 0..copies {
+            if out.len() == s.jobs {
+                break;
+            }
+            out.push(JobDef {
+                name: format!("job-{:04}", out.len()),
+                arrival_s: t + f64::from(c) * 0.01,
+                workers,
+                gpus_per_worker: gpw,
+                runtime_s: runtime,
+                estimate_s: estimate,
+                account: account.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The cluster: `nodes` × 8 H100, racks of `nodes_per_rack`, one NVLink
+/// domain per node.
+pub fn cluster(s: &Scenario) -> Cluster {
+    let spec = ClusterSpec {
+        catalog: vec![],
+        nodes: (0..s.nodes)
+            .map(|i| NodeSpec {
+                name: format!("n{i:03}"),
+                count: None,
+                zone: Some("z0".into()),
+                rack: Some(format!("r{}", i / s.nodes_per_rack.max(1))),
+                nvlink_domain: Some(format!("n{i:03}")),
+                labels: BTreeMap::new(),
+                gpu_model: "H100-80GB".into(),
+                gpu_count: 8,
+                timeslice_replicas: None,
+                mps_replicas: None,
+                mig_timeslice: None,
+                sharing: gpuscale_policies::inventory::node_sharing(),
+                gpus: vec![],
+            })
+            .collect(),
+    };
+    Cluster::from_spec("training-sim", &spec, &Catalog::builtin()).expect("a valid cluster")
+}
+
+/// The schedulers compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheduler {
+    /// Pods one by one, partial holds.
+    FifoNoGang,
+    /// All or nothing, strict arrival order.
+    FifoGang,
+    /// All or nothing, EASY backfill.
+    EasyBackfill,
+    /// gpuscale's gang placement and queue.
+    Gpuscale,
+    /// gpuscale with arrival order for priority (no fair share): the
+    /// control for "backfill never delays the head job".
+    GpuscaleFifo,
+}
+
+impl Scheduler {
+    /// All four, in report order.
+    pub const ALL: [Scheduler; 5] = [
+        Scheduler::FifoNoGang,
+        Scheduler::FifoGang,
+        Scheduler::EasyBackfill,
+        Scheduler::Gpuscale,
+        Scheduler::GpuscaleFifo,
+    ];
+
+    /// Report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheduler::FifoNoGang => "FIFO, no gangs (partial holds)",
+            Scheduler::FifoGang => "FIFO, gangs, no backfill",
+            Scheduler::EasyBackfill => "EASY backfill (gangs)",
+            Scheduler::Gpuscale => "gpuscale (gangs, conservative backfill, fair share)",
+            Scheduler::GpuscaleFifo => "gpuscale, arrival order (no fair share)",
+        }
+    }
+}
+
+/// What one scheduler achieved.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// Scheduler.
+    pub scheduler: Scheduler,
+    /// The jobs' GPU-hours over the GPU-hours training may use from the
+    /// first arrival to the last completion (the same work for every
+    /// scheduler, so this is makespan's inverse, in utilisation's units).
+    pub utilization: f64,
+    /// GPU-hours running over GPU-hours available while jobs arrive (first
+    /// arrival to last): what a dashboard shows during the stream; a
+    /// scheduler that pushes work past the stream's end looks better on it.
+    pub window_utilization: f64,
+    /// Mean wait (arrival to start), hours.
+    pub mean_wait_h: f64,
+    /// 95th percentile wait, hours.
+    pub p95_wait_h: f64,
+    /// Mean wait of jobs of 32 GPUs or more, hours.
+    pub large_wait_h: f64,
+    /// Last completion, hours from the first arrival.
+    pub makespan_h: f64,
+    /// Deadlocks (nothing runs, partial holds block every job).
+    pub deadlocks: u32,
+    /// GPU-hours held by partial gangs that were not running.
+    pub held_idle_gpu_hours: f64,
+    /// Jobs that started later than the reservation they held when they
+    /// became the head of the queue (gpuscale and EASY).
+    pub heads_delayed: u32,
+    /// Inference GPUs any training job took (must be 0).
+    pub inference_gpus_taken: u32,
+    /// Jobs that ran.
+    pub completed: usize,
+    /// Wall-clock of the simulation, seconds.
+    pub wall_s: f64,
+}
+
+struct Running {
+    job: usize,
+    gpus: Vec<(usize, u32)>,
+    end: f64,
+}
+
+/// Runs one scheduler over the stream.
+pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
+    let wall = std::time::Instant::now();
+    let c = cluster(s);
+    let n = c.nodes.len();
+    let inference: BTreeSet<usize> = (0..s.inference_nodes as usize).collect();
+    // Free GPUs per node for training.
+    let mut free: Vec<BTreeSet<u32>> = (0..n)
+        .map(|i| {
+            if inference.contains(&i) {
+                BTreeSet::new()
+            } else {
+                (0..8).collect()
+            }
+        })
+        .collect();
+    let training_gpus = ((n - inference.len()) * 8) as f64;
+    let mut running: Vec<Running> = Vec::new();
+    let mut pending: Vec<usize> = Vec::new();
+    // Partial holds (fifo-no-gang): job → GPUs held.
+    let mut partial: BTreeMap<usize, Vec<(usize, u32)>> = BTreeMap::new();
+    let mut backoff: BTreeSet<usize> = BTreeSet::new();
+    let mut recreated: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut start: Vec<Option<f64>> = vec![None; jobs.len()];
+    let mut head_reservation: BTreeMap<usize, f64> = BTreeMap::new();
+    let mut next_arrival = 0usize;
+    let mut now = jobs.first().map_or(0.0, |j| j.arrival_s);
+    let t0 = now;
+    let horizon = jobs.last().map_or(0.0, |j| j.arrival_s);
+    let mut busy_in_window = 0.0;
+    let mut held_idle = 0.0;
+    let mut deadlocks = 0;
+    let mut taken_inference = 0;
+    let mut usage: BTreeMap<String, f64> = BTreeMap::new();
+    let mut last = now;
+    let epoch0 = 1.8e9;
+    loop {
+        // Account the interval [last, now).
+        let dt = now - last;
+        if dt > 0.0 {
+            let busy: f64 = running.iter().map(|r| r.gpus.len() as f64).sum();
+            let lo = last.max(t0);
+            let hi = now.min(horizon);
+            if hi > lo {
+                busy_in_window += busy * (hi - lo);
+            }
+            held_idle += partial.values().map(|g| g.len() as f64).sum::<f64>() * dt / 3600.0;
+            for r in &running {
+                *usage.entry(jobs[r.job].account.clone()).or_default() +=
+                    r.gpus.len() as f64 * dt / 3600.0;
+            }
+            // Fair-share usage decays with a 7-day half-life.
+            let decay = 0.5f64.powf(dt / (7.0 * 86_400.0));
+            for u in usage.values_mut() {
+                *u *= decay;
+            }
+        }
+        last = now;
+        // Completions and arrivals at `now`.
+        running.retain(|r| {
+            if r.end <= now + 1e-9 {
+                for &(node, i) in &r.gpus {
+                    free[node].insert(i);
+                }
+                false
+            } else {
+                true
+            }
+        });
+        while next_arrival < jobs.len() && jobs[next_arrival].arrival_s <= now + 1e-9 {
+            pending.push(next_arrival);
+            next_arrival += 1;
+        }
+        // Schedule.
+        let started: Vec<(usize, Vec<(usize, u32)>)> = match sched {
+            Scheduler::FifoNoGang => {
+                // kube-scheduler's active queue, pod by pod: pods that have
+                // not failed before first (those in backoff after), then by
+                // creation second — pods of jobs created in the same second
+                // interleave — then by name (worker index, job).
+                let mut pods: Vec<(bool, u64, u32, usize)> = Vec::new();
+                for &j in &pending {
+                    let job = &jobs[j];
+                    let held = partial.get(&j).map_or(0, |g| g.len() as u32) / job.gpus_per_worker;
+                    for k in held..job.workers {
+                        let created = recreated.get(&j).copied().unwrap_or(job.arrival_s as u64);
+                        pods.push((backoff.contains(&j), created, k, j));
+                    }
+                }
+                pods.sort();
+                let mut failed: BTreeSet<usize> = BTreeSet::new();
+                for (_, _, _, j) in pods {
+                    if failed.contains(&j) {
+                        continue;
+                    }
+                    let gpw = jobs[j].gpus_per_worker;
+                    let Some(node) = (0..n).find(|&k| free[k].len() as u32 >= gpw) else {
+                        failed.insert(j);
+                        continue;
+                    };
+                    let pick: Vec<u32> = free[node].iter().take(gpw as usize).copied().collect();
+                    let held = partial.entry(j).or_default();
+                    for i in pick {
+                        free[node].remove(&i);
+                        held.push((node, i));
+                    }
+                }
+                let mut out = Vec::new();
+                for &j in &pending {
+                    let job = &jobs[j];
+                    let held = partial.get(&j).map_or(0, |g| g.len() as u32) / job.gpus_per_worker;
+                    if held == job.workers {
+                        backoff.remove(&j);
+                        out.push((j, partial.remove(&j).unwrap_or_default()));
+                    } else if failed.contains(&j) {
+                        backoff.insert(j);
+                    }
+                }
+                partial.retain(|_, g| !g.is_empty());
+                out
+            }
+            Scheduler::FifoGang | Scheduler::EasyBackfill => {
+                let mut out = Vec::new();
+                // Head first, in arrival order.
+                let mut shadow: Option<(f64, BTreeMap<usize, u32>)> = None;
+                for &j in &pending {
+                    let job = &jobs[j];
+                    let tj = to_job(job, epoch0 + now);
+                    let counts: BTreeMap<usize, u32> = (0..n)
+                        .map(|k| (k, free[k].len() as u32))
+                        .filter(|(_, c)| *c > 0)
+                        .collect();
+                    let fits = queue::fit_counts(&c, &tj, &counts);
+                    match (&shadow, fits) {
+                        (None, Some((_, per))) => {
+                            out.push((j, take(&mut free, &per)));
+                        }
+                        (None, None) => {
+                            if sched == Scheduler::FifoGang {
+                                break;
+                            }
+                            // The head's reservation: replay estimated ends.
+                            let mut avail: Vec<u32> = free.iter().map(|f| f.len() as u32).collect();
+                            let mut ends: Vec<(f64, &Running)> = running
+                                .iter()
+                                .map(|r| {
+                                    let est = start[r.job].unwrap_or(now) + jobs[r.job].estimate_s;
+                                    (est.max(now), r)
+                                })
+                                .collect();
+                            ends.sort_by(|a, b| a.0.total_cmp(&b.0));
+                            for (t, r) in ends {
+                                for &(node, _) in &r.gpus {
+                                    avail[node] += 1;
+                                }
+                                let counts: BTreeMap<usize, u32> = avail
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(k, c)| (k, *c))
+                                    .filter(|(_, c)| *c > 0)
+                                    .collect();
+                                if let Some((_, per)) = queue::fit_counts(&c, &tj, &counts) {
+                                    head_reservation.entry(j).or_insert(t);
+                                    // GPUs the head needs at t beyond what
+                                    // would be free anyway stay reserved.
+                                    shadow = Some((t, per));
+                                    break;
+                                }
+                            }
+                            if shadow.is_none() {
+                                break;
+                            }
+                        }
+                        (Some((t, per)), Some((_, mine))) => {
+                            // EASY: start if it ends before the shadow time,
+                            // or if it uses no GPU of a node the head needs.
+                            let ends_before = now + job.estimate_s <= *t;
+                            let disjoint = mine.keys().all(|k| !per.contains_key(k));
+                            if ends_before || disjoint {
+                                out.push((j, take(&mut free, &mine)));
+                            }
+                        }
+                        (Some(_), None) => {}
+                    }
+                }
+                out
+            }
+            Scheduler::Gpuscale | Scheduler::GpuscaleFifo => {
+                let mut jobs_now: Vec<TrainingJob> = Vec::new();
+                let mut held: BTreeMap<String, gang::Held> = BTreeMap::new();
+                for r in &running {
+                    let mut tj = to_job(&jobs[r.job], epoch0 + jobs[r.job].arrival_s);
+                    tj.spec.started_at = Some(at(epoch0 + start[r.job].unwrap_or(now)));
+                    held.insert(
+                        tj.name.clone(),
+                        gang::Held {
+                            gpus: r.gpus.clone(),
+                            intact: true,
+                            broken: None,
+                        },
+                    );
+                    jobs_now.push(tj);
+                }
+                for &j in &pending {
+                    jobs_now.push(to_job(&jobs[j], epoch0 + jobs[j].arrival_s));
+                }
+                let mut inv = Inventory::default();
+                for (k, f) in free.iter().enumerate() {
+                    if !f.is_empty() {
+                        inv.free.insert(k, f.clone());
+                    }
+                }
+                let mut spec = queue_spec(&usage);
+                if sched == Scheduler::GpuscaleFifo {
+                    spec.weights.fair_share = 0.0;
+                    spec.weights.max_age = Duration::from_secs(365 * 86_400);
+                }
+                let q = queue::Queue {
+                    spec,
+                    now: epoch0 + now,
+                };
+                let placed = gang::place(&c, &jobs_now, &held, &inv, &q, &GangOptions::default());
+                let mut out = Vec::new();
+                for g in &placed.gangs {
+                    let Some(j) = pending.iter().copied().find(|&j| jobs[j].name == g.name) else {
+                        continue;
+                    };
+                    match g.status {
+                        GangStatus::Starting => {
+                            let mut gpus = Vec::new();
+                            for w in &g.workers {
+                                let node =
+                                    c.nodes.iter().position(|x| x.name == w.node).unwrap_or(0);
+                                for &i in &w.gpus {
+                                    free[node].remove(&i);
+                                    gpus.push((node, i));
+                                }
+                            }
+                            out.push((j, gpus));
+                        }
+                        GangStatus::Pending => {
+                            if let Some(t) = g.start_s {
+                                let best = placed
+                                    .gangs
+                                    .iter()
+                                    .filter(|x| x.status == GangStatus::Pending)
+                                    .map(|x| x.priority_score)
+                                    .fold(f64::MIN, f64::max);
+                                if g.priority_score >= best {
+                                    head_reservation.entry(j).or_insert(t - epoch0);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                out
+            }
+        };
+        for (j, gpus) in started {
+            taken_inference += gpus.iter().filter(|(k, _)| inference.contains(k)).count() as u32;
+            start[j] = Some(now);
+            pending.retain(|&p| p != j);
+            running.push(Running {
+                job: j,
+                gpus,
+                end: now + jobs[j].runtime_s,
+            });
+        }
+        // Deadlock: nothing runs, nothing can finish its workers, partial
+        // holds block it all.
+        if sched == Scheduler::FifoNoGang && running.is_empty() && !partial.is_empty() {
+            let can_progress = pending.iter().any(|&j| {
+                let job = &jobs[j];
+                let held = partial.get(&j).map_or(0, |g| g.len() as u32) / job.gpus_per_worker;
+                let room: u32 = free
+                    .iter()
+                    .map(|f| f.len() as u32 / job.gpus_per_worker)
+                    .sum();
+                held + room >= job.workers
+            });
+            if !can_progress {
+                deadlocks += 1;
+                if let Some((&youngest, _)) = partial.iter().next_back() {
+                    for (node, i) in partial.remove(&youngest).unwrap_or_default() {
+                        free[node].insert(i);
+                    }
+                    // Its pods are deleted and created again: they queue
+                    // behind everything created before now.
+                    recreated.insert(youngest, now as u64 + 1);
+                }
+                continue; // schedule again at the same instant
+            }
+        }
+        // Next event.
+        let next_end = running.iter().map(|r| r.end).fold(f64::INFINITY, f64::min);
+        let next_arr = jobs
+            .get(next_arrival)
+            .map_or(f64::INFINITY, |j| j.arrival_s);
+        let next = next_end.min(next_arr);
+        if !next.is_finite() {
+            break;
+        }
+        now = next;
+    }
+    let waits: Vec<f64> = (0..jobs.len())
+        .filter_map(|j| start[j].map(|s| (s - jobs[j].arrival_s) / 3600.0))
+        .collect();
+    let mut sorted = waits.clone();
+    sorted.sort_by(f64::total_cmp);
+    let large: Vec<f64> = (0..jobs.len())
+        .filter(|&j| jobs[j].gpus() >= 32)
+        .filter_map(|j| start[j].map(|s| (s - jobs[j].arrival_s) / 3600.0))
+        .collect();
+    let makespan = (0..jobs.len())
+        .filter_map(|j| start[j].map(|s| s + jobs[j].runtime_s))
+        .fold(t0, f64::max);
+    let heads_delayed = head_reservation
+        .iter()
+        .filter(|(j, r)| start[**j].is_some_and(|s| s > **r + 1e-6))
+        .count() as u32;
+    let work: f64 = (0..jobs.len())
+        .filter(|&j| start[j].is_some())
+        .map(|j| f64::from(jobs[j].gpus()) * jobs[j].runtime_s)
+        .sum();
+    Outcome {
+        scheduler: sched,
+        utilization: work / (training_gpus * (makespan - t0).max(1.0)),
+        window_utilization: busy_in_window / (training_gpus * (horizon - t0).max(1.0)),
+        mean_wait_h: mean(&waits),
+        p95_wait_h: sorted
+            .get(((sorted.len() as f64 * 0.95).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(0.0),
+        large_wait_h: mean(&large),
+        makespan_h: (makespan - t0) / 3600.0,
+        deadlocks,
+        held_idle_gpu_hours: held_idle,
+        heads_delayed,
+        inference_gpus_taken: taken_inference,
+        completed: waits.len(),
+        wall_s: wall.elapsed().as_secs_f64(),
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn at(epoch_s: f64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs_f64(epoch_s)
+}
+
+fn take(free: &mut [BTreeSet<u32>], per: &BTreeMap<usize, u32>) -> Vec<(usize, u32)> {
+    let mut out = Vec::new();
+    for (&node, &k) in per {
+        let pick: Vec<u32> = free[node].iter().take(k as usize).copied().collect();
+        for i in pick {
+            free[node].remove(&i);
+            out.push((node, i));
+        }
+    }
+    out
+}
+
+/// The job as gpuscale sees it: rack preferred for multi-node gangs,
+/// node required for one worker; the estimate as its runtime.
+pub fn to_job(j: &JobDef, submitted_epoch_s: f64) -> TrainingJob {
+    let level = if j.workers == 1 {
+        TopologyLevel::Node
+    } else {
+        TopologyLevel::Rack
+    };
+    let mode = if j.workers == 1 {
+        TopologyMode::Required
+    } else {
+        TopologyMode::Preferred
+    };
+    let spec = TrainingJobSpec {
+        workers: j.workers,
+        gpus_per_worker: j.gpus_per_worker,
+        gpu_models: vec!["H100-80GB".into()],
+        topology: Topology { level, mode },
+        priority: Priority::Standard,
+        preemptible: false,
+        estimated_runtime: Some(Duration::from_secs_f64(j.estimate_s)),
+        checkpoint_interval: None,
+        partition: None,
+        account: Some(j.account.clone()),
+        submitted_at: Some(at(submitted_epoch_s)),
+        started_at: None,
+    };
+    TrainingJob::from_spec(&j.name, &spec, &Catalog::builtin()).expect("a valid generated job")
+}
+
+fn queue_spec(usage: &BTreeMap<String, f64>) -> TrainingQueueSpec {
+    TrainingQueueSpec {
+        partitions: vec![Partition {
+            name: "training".into(),
+            max_gpus: None,
+            max_runtime: Some(Duration::from_secs(24 * 3600)),
+            gpu_models: vec![],
+            nodes: vec![],
+            priority_tier: 0,
+            default: true,
+        }],
+        fair_share: FairShare {
+            half_life: Duration::from_secs(7 * 86_400),
+            accounts: usage
+                .iter()
+                .map(|(a, u)| Account {
+                    name: a.clone(),
+                    shares: 1.0,
+                    usage_gpu_hours: *u,
+                })
+                .collect(),
+        },
+        ..Default::default()
+    }
+}
+
+/// The report table (Markdown).
+pub fn table(s: &Scenario, jobs: &[JobDef], outcomes: &[Outcome]) -> String {
+    let gpu_hours: f64 = jobs
+        .iter()
+        .map(|j| f64::from(j.gpus()) * j.runtime_s / 3600.0)
+        .sum();
+    let mut out = format!(
+        "{} jobs (seed {}), {} GPUs ({} nodes × 8 H100, racks of {}), {} held by inference; {:.0} training GPU-hours offered\n\n",
+        jobs.len(),
+        s.seed,
+        s.nodes * 8,
+        s.nodes,
+        s.nodes_per_rack,
+        s.inference_nodes * 8,
+        gpu_hours
+    );
+    out.push_str("| scheduler | utilisation | vs FIFO no gangs | utilisation while jobs arrive | mean wait h | p95 wait h | wait of ≥ 32-GPU jobs h | makespan h | deadlocks | GPU-h held idle by partial gangs | heads delayed | inference GPUs taken | wall s |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    let base = outcomes
+        .iter()
+        .find(|o| o.scheduler == Scheduler::FifoNoGang)
+        .map_or(1.0, |o| o.utilization);
+    for o in outcomes {
+        out.push_str(&format!(
+            "| {} | {:.1} % | {:+.1} % | {:.1} % | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.0} | {} | {} | {:.1} |\n",
+            o.scheduler.name(),
+            o.utilization * 100.0,
+            (o.utilization / base - 1.0) * 100.0,
+            o.window_utilization * 100.0,
+            o.mean_wait_h,
+            o.p95_wait_h,
+            o.large_wait_h,
+            o.makespan_h,
+            o.deadlocks,
+            o.held_idle_gpu_hours,
+            o.heads_delayed,
+            o.inference_gpus_taken,
+            o.wall_s
+        ));
+    }
+    out
+}
