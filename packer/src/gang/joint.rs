@@ -313,21 +313,15 @@ pub fn plan(
             }
         };
         let now = placed_by_model(&p);
-        // The least important gang that took inference GPUs.
-        let takers: Vec<&GangPlan> = placed
+        // The most important gang that took inference GPUs: models below
+        // it may yield.
+        let taker_rank = placed
             .gangs
             .iter()
-            .filter(|g| {
-                g.status == GangStatus::Starting
-                    && g.workers.iter().any(|w| {
-                        let n = node_index(&base, &w.node);
-                        w.gpus
-                            .iter()
-                            .any(|i| placed.from_inference.contains(&(n, *i)))
-                    })
-            })
-            .collect();
-        let taker_rank = takers.iter().map(|g| rank(g.priority)).max();
+            .filter(|g| g.status == GangStatus::Starting)
+            .filter(|g| took_inference(&base, g, &placed.from_inference))
+            .map(|g| rank(g.priority))
+            .max();
         let mut lost: BTreeMap<String, u32> = BTreeMap::new();
         let mut ok = true;
         for m in models {
@@ -357,12 +351,7 @@ pub fn plan(
             if g.status != GangStatus::Starting {
                 continue;
             }
-            let took = g.workers.iter().any(|w| {
-                let n = node_index(&base, &w.node);
-                w.gpus
-                    .iter()
-                    .any(|i| placed.from_inference.contains(&(n, *i)))
-            });
+            let took = took_inference(&base, g, &placed.from_inference);
             let beside = g.workers.iter().any(|w| inference_nodes.contains(&w.node));
             if (attempt == 1 && took) || (attempt == 2 && beside) || attempt >= 3 {
                 g.status = GangStatus::Pending;
@@ -380,18 +369,12 @@ pub fn plan(
 
     // Name the replicas lost in the gangs that took inference GPUs.
     if !lost.is_empty() {
+        let from_inference = placed.from_inference.clone();
         let taker = placed
             .gangs
             .iter_mut()
-            .filter(|g| {
-                g.status == GangStatus::Starting
-                    && g.workers.iter().any(|w| {
-                        let n = node_index(&base, &w.node);
-                        w.gpus
-                            .iter()
-                            .any(|i| placed.from_inference.contains(&(n, *i)))
-                    })
-            })
+            .filter(|g| g.status == GangStatus::Starting)
+            .filter(|g| took_inference(&base, g, &from_inference))
             .max_by_key(|g| rank(g.priority));
         if let Some(t) = taker {
             for (model, n) in &lost {
@@ -474,6 +457,14 @@ pub fn plan(
 /// Most pending gangs per plan for which inference is packed again to
 /// make room (each costs one pack).
 pub const MAX_TRIALS: usize = 4;
+
+/// Whether a gang holds any GPU it took from inference.
+fn took_inference(cluster: &Cluster, g: &GangPlan, from_inference: &BTreeSet<GpuRef>) -> bool {
+    g.workers.iter().any(|w| {
+        let n = node_index(cluster, &w.node);
+        w.gpus.iter().any(|i| from_inference.contains(&(n, *i)))
+    })
+}
 
 fn node_index(cluster: &Cluster, name: &str) -> usize {
     cluster
