@@ -195,6 +195,26 @@ pub fn pack_from(
         plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
         return Ok(plan);
     }
+    if models.is_empty() {
+        // Nothing to pack (a cluster with training jobs only): every GPU
+        // idle, as it is.
+        let solved = ilp::Solved {
+            counts: ilp::Counts {
+                patterns: classes.iter().map(|c| vec![0; c.patterns.len()]).collect(),
+                ..ilp::Counts::default()
+            },
+            optimal: true,
+            lp_cost: 0.0,
+            lp_gpus: 0.0,
+            lp_class_gpus: vec![0.0; classes.len()],
+            solve_ms: 0.0,
+        };
+        let decoded = decode::decode(cluster, models, &classes, &solved.counts);
+        let mut plan = figures(cluster, models, &wanted, &solved, decoded);
+        plan.pools = pools(&classes, &solved, &plan.gpus);
+        plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
+        return Ok(plan);
+    }
     let bounds = ilp::columns::generate(&mut classes, models, &wanted, options, start)?;
     let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds)?;
     let mut decoded = decode::decode(cluster, models, &classes, &solved.counts);

@@ -395,8 +395,13 @@ fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
     // Make `one` dearer (no checkpoints, 10 h estimate: 80 GPU-h): now
     // {two, three} (44) is the cheaper way to free a node.
     let mut jobs2 = jobs.clone();
-    jobs2[0] = job("one", shed(8, 0));
-    jobs2[0].spec.checkpoint_interval = None;
+    jobs2[0] = job(
+        "one",
+        J {
+            checkpoint: None,
+            ..shed(8, 1)
+        },
+    );
     let gangs = place(&c, &jobs2);
     let u = by_name(&gangs, "urgent");
     assert_eq!(u.workers[0].node, "n1");
@@ -1150,4 +1155,63 @@ proptest! {
             prop_assert_eq!(g.gpus_held(), g.workers_wanted * g.gpus_per_worker);
         }
     }
+}
+
+#[test]
+fn replicas_a_gang_displaces_are_counted_as_moves_and_a_cluster_without_models_plans() {
+    // `m` runs 4 + 4 replicas on two nodes; a critical 1 × 8 gang takes a
+    // node, and its 4 replicas move to the other's free GPUs.
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..4).map(|i| (i, "m")).collect(),
+        ),
+        (
+            "n1",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..4).map(|i| (i, "m")).collect(),
+        ),
+    ]);
+    let models = vec![whole_model("m", Priority::Standard, 1)];
+    let urgent = job(
+        "urgent",
+        J {
+            priority: Priority::Critical,
+            ..simple(1, 8, TopologyLevel::Node)
+        },
+    );
+    let plan = joint::plan(
+        &c,
+        &models,
+        training(std::slice::from_ref(&urgent)),
+        &common::demand(&[("m", 8)]),
+        &quick(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(plan.gangs[0].status, GangStatus::Starting);
+    assert_eq!(plan.models[0].placed, 8);
+    assert_eq!(plan.moves, 4, "{:?}", plan.gangs[0].reason);
+
+    // Training jobs alone: no model policy at all.
+    let plan = joint::plan(
+        &c,
+        &[],
+        training(std::slice::from_ref(&urgent)),
+        &BTreeMap::new(),
+        &quick(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(plan.gangs[0].status, GangStatus::Starting);
+    assert_eq!(plan.gpus_used, 0);
 }

@@ -381,7 +381,19 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             problems.push(doc.problem("kind", "a second TrainingQueue document; give one"));
             continue;
         }
-        let errors = spec.validate(&catalog);
+        let mut errors = spec.validate(&catalog);
+        if let Some((_, c)) = &cluster {
+            for (i, part) in spec.partitions.iter().enumerate() {
+                for (k, node) in part.nodes.iter().enumerate() {
+                    if !c.nodes.iter().any(|n| &n.name == node) {
+                        errors.push(FieldError::new(
+                            format!("spec.partitions[{i}].nodes[{k}]"),
+                            format!("cluster `{}` has no node `{node}`", c.name),
+                        ));
+                    }
+                }
+            }
+        }
         if errors.is_empty() {
             queue = Some(spec.clone());
         } else {

@@ -335,7 +335,39 @@ impl TrainingQueueSpec {
                 ));
             }
         }
+        for (i, p) in self.partitions.iter().enumerate() {
+            if p.name.is_empty() {
+                errors.push(FieldError::new(
+                    format!("spec.partitions[{i}].name"),
+                    "must not be empty",
+                ));
+            }
+            if p.max_runtime.is_some_and(|d| d.is_zero()) {
+                errors.push(FieldError::new(
+                    format!("spec.partitions[{i}].maxRuntime"),
+                    "must be longer than zero (leave it out for no limit)",
+                ));
+            }
+        }
+        if self.default_runtime.is_zero() {
+            errors.push(FieldError::new(
+                "spec.defaultRuntime",
+                "must be longer than zero",
+            ));
+        }
+        let mut accounts = std::collections::BTreeSet::new();
         for (i, a) in self.fair_share.accounts.iter().enumerate() {
+            if a.name.is_empty() {
+                errors.push(FieldError::new(
+                    format!("spec.fairShare.accounts[{i}].name"),
+                    "must not be empty",
+                ));
+            } else if !accounts.insert(a.name.as_str()) {
+                errors.push(FieldError::new(
+                    format!("spec.fairShare.accounts[{i}].name"),
+                    format!("account `{}` is listed twice", a.name),
+                ));
+            }
             if !(a.shares.is_finite() && a.shares > 0.0) {
                 errors.push(FieldError::new(
                     format!("spec.fairShare.accounts[{i}].shares"),
@@ -516,6 +548,17 @@ impl TrainingJob {
         }
         if spec.gpu_models.is_empty() {
             gpu_models = catalog.names().into_iter().map(str::to_string).collect();
+        }
+        for (field, d) in [
+            ("spec.estimatedRuntime", spec.estimated_runtime),
+            ("spec.checkpointInterval", spec.checkpoint_interval),
+        ] {
+            if d.is_some_and(|d| d.is_zero()) {
+                errors.push(FieldError::new(field, "must be longer than zero"));
+            }
+        }
+        if spec.account.as_deref() == Some("") {
+            errors.push(FieldError::new("spec.account", "must not be empty"));
         }
         if spec.topology.level == TopologyLevel::Node
             && spec.topology.mode == TopologyMode::Required

@@ -292,6 +292,22 @@ spec:
             || t.starts_with("j.yaml:7:") && t.contains("none of [A100-40GB]")),
         "{text:#?}"
     );
+    // Zero durations and empty names are errors, not silent zeros.
+    let zero = job.replace(
+        "estimatedRuntime: 10h",
+        "estimatedRuntime: 0s\n  checkpointInterval: 0s\n  account: \"\"",
+    );
+    let p = load_sources(&[(Path::new("j.yaml"), zero.as_str())])
+        .unwrap_err()
+        .0;
+    let paths: Vec<&str> = p.iter().map(|p| p.path.as_str()).collect();
+    for want in [
+        "spec.estimatedRuntime",
+        "spec.checkpointInterval",
+        "spec.account",
+    ] {
+        assert!(paths.contains(&want), "{want} not in {paths:?}");
+    }
     // A bad timestamp is a located parse error.
     let bad_time = job.replace("2026-12-01T08:00:00Z", "yesterday");
     let p = load_sources(&[(Path::new("j.yaml"), bad_time.as_str())])

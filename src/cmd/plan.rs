@@ -133,10 +133,24 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     if !(0.0..1.0).contains(&args.isolated_headroom) {
         bail!("--isolated-headroom must be in [0, 1)");
     }
+    // A Kubernetes namespace: a DNS-1123 label.
+    let ns = &args.training_namespace;
+    if ns.is_empty()
+        || ns.len() > 63
+        || !ns
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || ns.starts_with('-')
+        || ns.ends_with('-')
+    {
+        bail!(
+            "--training-namespace `{ns}` is not a Kubernetes namespace (lowercase letters, digits and '-', at most 63)"
+        );
+    }
     let mut paths = vec![args.cluster.clone()];
     paths.extend(args.policies.iter().cloned());
     paths.extend(args.demand.iter().cloned());
-    let bundle = match load_paths(&paths) {
+    let mut bundle = match load_paths(&paths) {
         Ok(b) => b,
         Err(problems) => {
             super::emit(&format!("{problems}\n"))?;
@@ -154,6 +168,19 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         let earlier: Plan = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a plan in JSON", path.display()))?;
         cluster = earlier.apply_to(&cluster);
+        // Gangs that ran (or started) in the earlier plan started then.
+        for job in &mut bundle.jobs {
+            if job.spec.started_at.is_none()
+                && let Some(g) = earlier
+                    .gangs
+                    .iter()
+                    .find(|g| g.name == job.name && g.holds())
+                && let Some(t) = g.start_s
+                && let Ok(d) = std::time::Duration::try_from_secs_f64(t)
+            {
+                job.spec.started_at = std::time::SystemTime::UNIX_EPOCH.checked_add(d);
+            }
+        }
         basis = earlier.basis;
     }
     let mut demand: BTreeMap<String, u32> = min_replicas(&bundle.models);
@@ -408,7 +435,7 @@ fn gangs_table(plan: &Plan) -> String {
             format!("{:?}", g.priority).to_lowercase(),
             g.workers_wanted,
             g.gpus_per_worker,
-            g.gpu_model.as_deref().unwrap_or("-"),
+            g.gpu_model.as_deref().unwrap_or("GPUs"),
             g.topology,
             format!("{:?}", g.topology_mode).to_lowercase(),
         ));

@@ -7,8 +7,13 @@
 //!   (`scheduling.volcano.sh/v1beta1`, pods annotated
 //!   `scheduling.k8s.io/group-name`, `schedulerName: volcano`), both with
 //!   `minMember` = workers.
-//! - Per worker, a pod snippet: `nvidia.com/gpu` limits and a required
-//!   node affinity on `kubernetes.io/hostname` to the planned node.
+//! - Per worker, a pod template fragment (`metadata` and `spec`, the shape
+//!   of a `PodTemplateSpec`, to merge into the job's own template: it has
+//!   no image): `nvidia.com/gpu` limits, a required node affinity on
+//!   `kubernetes.io/hostname` to the planned node, the gang scheduler's
+//!   `schedulerName` (`scheduler-plugins-scheduler`, the name
+//!   scheduler-plugins installs its second scheduler under, or `volcano`),
+//!   and the planned GPU indices as the annotation `gpuscale.io/gpus`.
 //! - Kueue's topology-aware scheduling annotations on the pod template:
 //!   `kueue.x-k8s.io/podset-required-topology` (or `-preferred-`) with the
 //!   node label of the level ([`level_label`]).
@@ -84,16 +89,16 @@ pub fn kubernetes(
     }
     let mut labels = serde_json::Map::new();
     labels.insert("gpuscale.io/training-job".into(), json!(g.name));
-    let mut scheduler_name = None;
-    match scheduler {
+    let scheduler_name = match scheduler {
         GangScheduler::Coscheduling => {
             labels.insert("scheduling.x-k8s.io/pod-group".into(), json!(g.name));
+            "scheduler-plugins-scheduler"
         }
         GangScheduler::Volcano => {
             annotations.insert("scheduling.k8s.io/group-name".into(), json!(g.name));
-            scheduler_name = Some("volcano");
+            "volcano"
         }
-    }
+    };
     for w in &g.workers {
         labels.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
         let mut spec = json!({
@@ -109,13 +114,11 @@ pub fn kubernetes(
                 "resources": {"limits": {"nvidia.com/gpu": w.gpus.len()}},
             }],
         });
-        if let Some(s) = scheduler_name {
-            spec["schedulerName"] = json!(s);
-        }
+        spec["schedulerName"] = json!(scheduler_name);
+        let mut annotations = annotations.clone();
+        let gpus: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
+        annotations.insert("gpuscale.io/gpus".into(), json!(gpus.join(",")));
         out.push(json!({
-            "worker": w.worker,
-            "node": w.node,
-            "gpuIndices": w.gpus,
             "metadata": {
                 "name": format!("{}-worker-{}", g.name, w.worker),
                 "namespace": namespace,

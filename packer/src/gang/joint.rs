@@ -193,110 +193,47 @@ pub fn plan(
     };
     // Gangs still waiting: would inference, packed again around them,
     // make room? (Inference left alone may spread over every node; moving
-    // some replicas frees whole nodes.) At most MAX_TRIALS packs, from the
-    // head of the queue, stopping at the first that does not start (a job
-    // further down must not start before one above it this way).
+    // some replicas frees whole nodes.) The queue is placed once more with
+    // every inference GPU movable — the same priority order, partitions
+    // and backfill reservations — and inference is packed around what the
+    // gangs then take; that plan stands if no replica is lost that may not
+    // yield (one pack).
     let mut cache: Option<(BTreeSet<GpuRef>, Plan)> = None;
-    let mut current = full.clone();
-    let mut tried: Vec<String> = Vec::new();
-    let waiting: Vec<String> = placed
-        .gangs
-        .iter()
-        .filter(|g| g.status == GangStatus::Pending)
-        .map(|g| g.name.clone())
-        .take(MAX_TRIALS)
-        .collect();
-    for name in waiting {
-        let Some(ji) = jobs.iter().position(|j| j.name == name) else {
-            continue;
+    let waiting = placed.gangs.iter().any(|g| g.status == GangStatus::Pending);
+    if waiting && !inv.inference.is_empty() {
+        let movable = Inventory {
+            free: inv.free.clone(),
+            inference: inv.inference.clone(),
+            inference_movable: true,
         };
-        let now_gpus = gang_gpus(&base, &placed.gangs);
-        let inf = for_inference(&base, &now_gpus);
-        let inv = inventory(&inf, &current, models);
-        let all: BTreeMap<usize, Vec<u32>> = inv
-            .inference
-            .iter()
-            .map(|(n, v)| (*n, v.iter().map(|x| x.0).collect()))
-            .collect();
-        let Some(mut choice) =
-            super::solve::best(&base, &jobs[ji], &inv.free, &all, &[], gang_options)
-        else {
-            continue;
-        };
-        let mut trial = now_gpus.clone();
-        trial.extend(choice.gpus.iter().copied());
-        let p = pack_from(&for_inference(&base, &trial), models, demand, options, None)?;
-        if !keeps(&p, rank(jobs[ji].spec.priority)) {
-            continue;
-        }
-        choice.why = format!(
-            "inference packed again to make room: {} replicas move",
-            p.moves
-        );
-        for &(n, i) in &choice.gpus {
-            if !inv.free.get(&n).is_some_and(|s| s.contains(&i)) {
-                placed.from_inference.insert((n, i));
-            }
-        }
-        let mut g = super::starting(&base, jobs, ji, &choice, "");
-        super::decorate(&mut g, q, &jobs[ji], super::queue::priority(q, &jobs[ji]));
-        g.start_s = Some(q.now);
-        g.end_s = Some(q.now + q.runtime_s(&jobs[ji]));
-        if let Some(slot) = placed.gangs.iter_mut().find(|x| x.name == name) {
-            *slot = g;
-        }
-        tried.push(name.clone());
-        cache = Some((trial, p.clone()));
-        current = p;
-    }
-
-    // Jobs that started by packing inference again hold GPUs now: the
-    // queue below them is planned again around them (their reservations).
-    if !tried.is_empty() {
-        // Every gang that starts now holds its GPUs in the second pass.
-        let starting: Vec<String> = placed
-            .gangs
-            .iter()
-            .filter(|g| g.status == GangStatus::Starting)
-            .map(|g| g.name.clone())
-            .collect();
-        let mut held2 = held.clone();
-        for name in &starting {
-            if let Some(g) = placed.gangs.iter().find(|g| &g.name == name) {
-                let gpus: Vec<GpuRef> = g
-                    .workers
-                    .iter()
-                    .flat_map(|w| {
-                        let n = node_index(&base, &w.node);
-                        w.gpus.iter().map(move |&i| (n, i))
-                    })
-                    .collect();
-                held2.insert(
-                    name.clone(),
-                    super::Held {
-                        gpus,
-                        intact: true,
-                        broken: None,
-                    },
-                );
-            }
-        }
-        let inf = for_inference(&base, &gang_gpus(&base, &placed.gangs));
-        let inv2 = inventory(&inf, &current, models);
-        let mut again = place(&base, jobs, &held2, &inv2, q, gang_options);
-        for g in &mut again.gangs {
-            if let Some(t) = placed
+        let trial = place(&base, jobs, &held, &movable, q, gang_options);
+        if !trial.from_inference.is_empty() {
+            let gpus = gang_gpus(&base, &trial.gangs);
+            let p = pack_from(&for_inference(&base, &gpus), models, demand, options, None)?;
+            let taker_rank = trial
                 .gangs
                 .iter()
-                .find(|x| starting.contains(&x.name) && x.name == g.name)
-            {
-                *g = t.clone();
+                .filter(|g| g.status == GangStatus::Starting)
+                .filter(|g| took_inference(&base, g, &trial.from_inference))
+                .map(|g| rank(g.priority))
+                .max()
+                .unwrap_or(0);
+            if keeps(&p, taker_rank) {
+                placed = trial;
+                let moves = p.moves + displaced(&base, &starting_gpus(&base, &placed.gangs)).0;
+                for g in &mut placed.gangs {
+                    if g.status == GangStatus::Starting
+                        && took_inference(&base, g, &placed.from_inference)
+                    {
+                        g.reason = format!(
+                            "{}; inference packed again around it ({moves} replicas move)",
+                            g.reason
+                        );
+                    }
+                }
+                cache = Some((gpus, p));
             }
         }
-        again
-            .from_inference
-            .extend(placed.from_inference.iter().copied());
-        placed = again;
     }
 
     let mut attempt = 0;
@@ -360,6 +297,8 @@ pub fn plan(
                 g.topology_met = None;
                 g.domain = None;
                 g.preempts.clear();
+                g.start_s = None;
+                g.end_s = None;
                 g.reason = "waits: starting it would cost inference replicas that do not yield to it (minReplicas, or equal or higher priority)".to_string();
             }
         }
@@ -395,6 +334,12 @@ pub fn plan(
         }
     }
     let mut plan = final_plan;
+    // Replicas and configurations the gangs displace (the packer saw
+    // their GPUs as out of use, so it did not count them).
+    let (replicas, reconfigured) = displaced(&base, &starting_gpus(&base, &placed.gangs));
+    let lost_replicas: u32 = lost.values().sum();
+    plan.moves += replicas.saturating_sub(lost_replicas);
+    plan.reconfigured_gpus += reconfigured;
     for (model, n) in &lost {
         let taker = placed
             .gangs
@@ -454,9 +399,38 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Most pending gangs per plan for which inference is packed again to
-/// make room (each costs one pack).
-pub const MAX_TRIALS: usize = 4;
+/// What gangs starting on `gpus` displace in the current state: inference
+/// replicas running there (they move, or stop where they yield), and GPUs
+/// whose configuration changes to whole (MIG, shared).
+fn displaced(cluster: &Cluster, gpus: &BTreeSet<GpuRef>) -> (u32, u32) {
+    use gpuscale_policies::GpuMode;
+    let mut replicas = 0;
+    let mut reconfigured = 0;
+    for &(n, i) in gpus {
+        let Some(g) = cluster.nodes[n].gpus.iter().find(|g| g.index == i) else {
+            continue;
+        };
+        replicas += g.workloads.len() as u32;
+        if !matches!(g.mode, GpuMode::Free | GpuMode::Whole) || !g.geometry.is_empty() {
+            reconfigured += 1;
+        }
+    }
+    (replicas, reconfigured)
+}
+
+/// GPUs of gangs that start in this plan.
+fn starting_gpus(cluster: &Cluster, gangs: &[GangPlan]) -> BTreeSet<GpuRef> {
+    gangs
+        .iter()
+        .filter(|g| g.status == GangStatus::Starting)
+        .flat_map(|g| {
+            g.workers.iter().flat_map(|w| {
+                let n = node_index(cluster, &w.node);
+                w.gpus.iter().map(move |&i| (n, i))
+            })
+        })
+        .collect()
+}
 
 /// Whether a gang holds any GPU it took from inference.
 fn took_inference(cluster: &Cluster, g: &GangPlan, from_inference: &BTreeSet<GpuRef>) -> bool {

@@ -243,6 +243,16 @@ pub fn domain(cluster: &Cluster, node: usize, level: TopologyLevel) -> String {
     }
 }
 
+/// "on one node", "in one rack", … "anywhere".
+pub fn within(level: TopologyLevel) -> String {
+    match level {
+        TopologyLevel::Node => "on one node".to_string(),
+        TopologyLevel::NvlinkDomain => "in one NVLink domain".to_string(),
+        TopologyLevel::Any => "anywhere".to_string(),
+        l => format!("in one {l}"),
+    }
+}
+
 /// The narrowest level (and its domain) that every node in `nodes` shares.
 pub fn met(cluster: &Cluster, nodes: &BTreeSet<usize>) -> (TopologyLevel, Option<String>) {
     for level in [
@@ -374,6 +384,11 @@ pub struct Inventory {
     /// the most important replica on it). Empty when gangs may not take
     /// inference GPUs.
     pub inference: BTreeMap<usize, Vec<(u32, u8)>>,
+    /// Whether any job may take inference GPUs whatever their priority
+    /// (their replicas move; the caller packs inference again and checks
+    /// that none is lost that may not yield). Otherwise only GPUs whose
+    /// replicas are all less important than the job.
+    pub inference_movable: bool,
 }
 
 /// The outcome of [`place`].
@@ -523,7 +538,7 @@ pub fn place(
                 (
                     *n,
                     gs.iter()
-                        .filter(|(_, pr)| *pr < r)
+                        .filter(|(_, pr)| inventory.inference_movable || *pr < r)
                         .map(|(i, _)| *i)
                         .collect::<Vec<u32>>(),
                 )
@@ -557,6 +572,7 @@ pub fn place(
                     );
                 }
                 let mut per: BTreeMap<usize, i64> = BTreeMap::new();
+                let mut from_inf: BTreeMap<usize, i64> = BTreeMap::new();
                 for &(n, i) in &choice.gpus {
                     let taken_free = free.get_mut(&n).is_some_and(|s| s.remove(&i));
                     if taken_free {
@@ -566,10 +582,15 @@ pub fn place(
                             gs.retain(|(g, _)| *g != i);
                         }
                         from_inference.insert((n, i));
+                        *from_inf.entry(n).or_default() += 1;
                     }
                 }
                 for (n, c) in per {
                     timeline.add(n, now, now + d, -c);
+                }
+                // GPUs it took from inference are training's when it ends.
+                for (n, c) in from_inf {
+                    timeline.add(n, now + d, f64::INFINITY, c);
                 }
                 *in_partition.entry(partition.clone()).or_default() += job.total_gpus();
                 if let Some((above, at)) = reserved_above.first() {
@@ -720,12 +741,12 @@ pub fn starting(
         .collect();
     preempts.sort_by(|a, b| a.name.cmp(&b.name));
     let mut reason = format!(
-        "{} worker{} × {} {} in one {} ({})",
+        "{} worker{} × {} {} {} ({})",
         job.spec.workers,
         if job.spec.workers == 1 { "" } else { "s" },
         job.spec.gpus_per_worker,
         choice.gpu_model,
-        choice.level,
+        within(level),
         choice.why
     );
     if !note.is_empty() {

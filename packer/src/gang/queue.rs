@@ -56,10 +56,12 @@ impl Queue {
     }
 
     /// When a running job frees its GPUs: its start (or now, when not
-    /// known) plus its runtime; never before now.
+    /// known) plus its runtime. One past its estimate is expected to end
+    /// any moment: a minute from now (so what waits for it gets a
+    /// reservation).
     pub fn end_s(&self, job: &TrainingJob) -> f64 {
         let start = job.spec.started_at.map_or(self.now, epoch);
-        (start + self.runtime_s(job)).max(self.now)
+        (start + self.runtime_s(job)).max(self.now + OVERDUE_S)
     }
 
     /// The nodes a job may use (its partition's), by index.
@@ -93,6 +95,9 @@ impl Queue {
     }
 }
 
+/// How soon a running job past its estimated end is expected to end.
+pub const OVERDUE_S: f64 = 60.0;
+
 /// Seconds since the Unix epoch.
 pub fn epoch(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -100,8 +105,14 @@ pub fn epoch(t: SystemTime) -> f64 {
         .as_secs_f64()
 }
 
-/// RFC 3339 (seconds) of epoch seconds.
+/// RFC 3339 (seconds) of epoch seconds; `after 9999` past what RFC 3339
+/// can write.
 pub fn rfc3339(t: f64) -> String {
+    // 9999-12-31T23:59:59Z.
+    const LAST: f64 = 253_402_300_799.0;
+    if !(t <= LAST) {
+        return "after 9999".to_string();
+    }
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t.max(0.0));
     humantime::format_rfc3339_seconds(t).to_string()
 }

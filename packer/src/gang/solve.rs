@@ -116,10 +116,10 @@ pub fn best(
                 c.why = match stage {
                     Stage::Free => "free GPUs".to_string(),
                     Stage::Inference => {
-                        format!("takes {taken_inf} GPUs from lower-priority inference")
+                        format!("takes {taken_inf} GPUs inference used")
                     }
                     Stage::Preempt if taken_inf > 0 => format!(
-                        "preempts {} lower-priority gang(s), takes {taken_inf} GPUs from lower-priority inference",
+                        "preempts {} lower-priority gang(s), takes {taken_inf} GPUs inference used",
                         c.victims.len()
                     ),
                     Stage::Preempt => {
