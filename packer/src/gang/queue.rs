@@ -110,7 +110,7 @@ pub fn epoch(t: SystemTime) -> f64 {
 pub fn rfc3339(t: f64) -> String {
     // 9999-12-31T23:59:59Z.
     const LAST: f64 = 253_402_300_799.0;
-    if !(t <= LAST) {
+    if t.is_nan() || t > LAST {
         return "after 9999".to_string();
     }
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t.max(0.0));
