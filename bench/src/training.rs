@@ -26,8 +26,9 @@
 //! Every scheduler sees estimates only; jobs end at their actual runtime,
 //! which users overestimate (estimate = actual × U(1.5, 4), rounded up to
 //! 15 minutes and capped at the partition's 24 h). Inference holds its
-//! `minReplicas` GPUs (whole nodes) throughout; no scheduler may take them,
-//! and the report checks that none did.
+//! `minReplicas` GPUs (whole nodes) throughout and grows to its daily peak
+//! on free GPUs every quarter hour; no scheduler may take its GPUs, it
+//! takes none a job holds, and the report gives what it could not get.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -43,6 +44,9 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
+/// Inference's autoscaler acts every quarter hour.
+const TICK_S: f64 = 900.0;
+
 /// The scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct Scenario {
@@ -52,8 +56,12 @@ pub struct Scenario {
     pub nodes: u32,
     /// Nodes per rack.
     pub nodes_per_rack: u32,
-    /// Nodes inference holds (its `minReplicas`), never preempted.
+    /// Nodes inference always holds (its `minReplicas`, never preempted).
     pub inference_nodes: u32,
+    /// GPUs inference wants at its daily peak (it scales between the
+    /// nodes above and this, sinusoidally over 24 h, on free GPUs; equal
+    /// in priority to training, it takes no GPU a job holds).
+    pub inference_peak_gpus: u32,
     /// Jobs in the stream.
     pub jobs: usize,
     /// Mean time between submissions, seconds (Poisson).
@@ -70,6 +78,7 @@ impl Default for Scenario {
             nodes: 32,
             nodes_per_rack: 8,
             inference_nodes: 4,
+            inference_peak_gpus: 64,
             jobs: 400,
             mean_gap_s: 900.0,
             sweep_share: 0.1,
@@ -254,6 +263,9 @@ pub struct Outcome {
     pub heads_delayed: u32,
     /// Inference GPUs any training job took (must be 0).
     pub inference_gpus_taken: u32,
+    /// GPU-hours inference wanted above its `minReplicas` and could not
+    /// get (training held them; equal priority, nothing is preempted).
+    pub inference_unmet_gpu_hours: f64,
     /// Jobs that ran.
     pub completed: usize,
     /// Wall-clock of the simulation, seconds.
@@ -282,7 +294,18 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
             }
         })
         .collect();
-    let training_gpus = ((n - inference.len()) * 8) as f64;
+    let all_gpus = (n * 8) as f64;
+    let base_inference = (inference.len() * 8) as u32;
+    // Inference GPUs beyond its own nodes, and what it wanted but could not
+    // get (GPU-seconds).
+    let mut inf_extra: Vec<(usize, u32)> = Vec::new();
+    let mut inf_held_s = 0.0;
+    let mut inf_unmet_s = 0.0;
+    let want_extra = |t: f64| -> u32 {
+        let peak = s.inference_peak_gpus.max(base_inference);
+        let phase = 0.5 - 0.5 * (2.0 * std::f64::consts::PI * t / 86_400.0).cos();
+        (f64::from(peak - base_inference) * phase).round() as u32
+    };
     let mut running: Vec<Running> = Vec::new();
     let mut pending: Vec<usize> = Vec::new();
     // Partial holds (fifo-no-gang): job → GPUs held.
@@ -306,7 +329,10 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
         // Account the interval [last, now).
         let dt = now - last;
         if dt > 0.0 {
-            let busy: f64 = running.iter().map(|r| r.gpus.len() as f64).sum();
+            let held = f64::from(base_inference) + inf_extra.len() as f64;
+            inf_held_s += held * dt;
+            inf_unmet_s += (f64::from(want_extra(last)) - inf_extra.len() as f64).max(0.0) * dt;
+            let busy: f64 = running.iter().map(|r| r.gpus.len() as f64).sum::<f64>() + held;
             let lo = last.max(t0);
             let hi = now.min(horizon);
             if hi > lo {
@@ -338,6 +364,26 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
         while next_arrival < jobs.len() && jobs[next_arrival].arrival_s <= now + 1e-9 {
             pending.push(next_arrival);
             next_arrival += 1;
+        }
+        // Inference scales first (its autoscaler acts on the tick): it gives
+        // back GPUs above what it wants, and takes free ones — on the nodes
+        // with the fewest free first, to leave whole nodes to gangs.
+        let want = want_extra(now) as usize;
+        while inf_extra.len() > want {
+            if let Some((node, i)) = inf_extra.pop() {
+                free[node].insert(i);
+            }
+        }
+        while inf_extra.len() < want {
+            let Some(node) = (0..n)
+                .filter(|&k| !free[k].is_empty())
+                .min_by_key(|&k| (free[k].len(), k))
+            else {
+                break;
+            };
+            if let Some(i) = free[node].pop_first() {
+                inf_extra.push((node, i));
+            }
         }
         // Schedule.
         let started: Vec<(usize, Vec<(usize, u32)>)> = match sched {
@@ -560,16 +606,19 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
                 continue; // schedule again at the same instant
             }
         }
-        // Next event.
+        // Next event: a completion, an arrival, or inference's next
+        // quarter-hour tick while any job is left.
         let next_end = running.iter().map(|r| r.end).fold(f64::INFINITY, f64::min);
         let next_arr = jobs
             .get(next_arrival)
             .map_or(f64::INFINITY, |j| j.arrival_s);
         let next = next_end.min(next_arr);
-        if !next.is_finite() {
+        // (A job that never fits would wait for ever: stop 30 days on.)
+        if (!next.is_finite() && pending.is_empty()) || now > horizon + 30.0 * 86_400.0 {
             break;
         }
-        now = next;
+        let tick = (now / TICK_S).floor() * TICK_S + TICK_S;
+        now = next.min(tick);
     }
     let waits: Vec<f64> = (0..jobs.len())
         .filter_map(|j| start[j].map(|s| (s - jobs[j].arrival_s) / 3600.0))
@@ -591,10 +640,15 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
         .filter(|&j| start[j].is_some())
         .map(|j| f64::from(jobs[j].gpus()) * jobs[j].runtime_s)
         .sum();
+    // Inference's GPU-seconds up to the last completion (the loop may run
+    // a tick past it).
+    let span = (makespan - t0).max(1.0);
+    let inference_s = inf_held_s.min(all_gpus * span);
     Outcome {
         scheduler: sched,
-        utilization: work / (training_gpus * (makespan - t0).max(1.0)),
-        window_utilization: busy_in_window / (training_gpus * (horizon - t0).max(1.0)),
+        utilization: (work + inference_s) / (all_gpus * span),
+        window_utilization: busy_in_window / (all_gpus * (horizon - t0).max(1.0)),
+        inference_unmet_gpu_hours: inf_unmet_s / 3600.0,
         mean_wait_h: mean(&waits),
         p95_wait_h: sorted
             .get(((sorted.len() as f64 * 0.95).ceil() as usize).saturating_sub(1))
@@ -698,24 +752,25 @@ pub fn table(s: &Scenario, jobs: &[JobDef], outcomes: &[Outcome]) -> String {
         .map(|j| f64::from(j.gpus()) * j.runtime_s / 3600.0)
         .sum();
     let mut out = format!(
-        "{} jobs (seed {}), {} GPUs ({} nodes × 8 H100, racks of {}), {} held by inference; {:.0} training GPU-hours offered\n\n",
+        "{} jobs (seed {}), {} GPUs ({} nodes × 8 H100, racks of {}), inference on {} to {} (daily); {:.0} training GPU-hours offered\n\n",
         jobs.len(),
         s.seed,
         s.nodes * 8,
         s.nodes,
         s.nodes_per_rack,
         s.inference_nodes * 8,
+        s.inference_peak_gpus,
         gpu_hours
     );
-    out.push_str("| scheduler | utilisation | vs FIFO no gangs | utilisation while jobs arrive | mean wait h | p95 wait h | wait of ≥ 32-GPU jobs h | makespan h | deadlocks | GPU-h held idle by partial gangs | heads delayed | inference GPUs taken | wall s |\n");
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| scheduler | utilisation | vs FIFO no gangs | utilisation while jobs arrive | mean wait h | p95 wait h | wait of ≥ 32-GPU jobs h | makespan h | deadlocks | GPU-h held idle by partial gangs | heads delayed | inference GPUs taken | inference GPU-h unmet | wall s |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let base = outcomes
         .iter()
         .find(|o| o.scheduler == Scheduler::FifoNoGang)
         .map_or(1.0, |o| o.utilization);
     for o in outcomes {
         out.push_str(&format!(
-            "| {} | {:.1} % | {:+.1} % | {:.1} % | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.0} | {} | {} | {:.1} |\n",
+            "| {} | {:.1} % | {:+.1} % | {:.1} % | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.0} | {} | {} | {:.0} | {:.1} |\n",
             o.scheduler.name(),
             o.utilization * 100.0,
             (o.utilization / base - 1.0) * 100.0,
@@ -728,6 +783,7 @@ pub fn table(s: &Scenario, jobs: &[JobDef], outcomes: &[Outcome]) -> String {
             o.held_idle_gpu_hours,
             o.heads_delayed,
             o.inference_gpus_taken,
+            o.inference_unmet_gpu_hours,
             o.wall_s
         ));
     }

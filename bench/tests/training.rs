@@ -26,6 +26,7 @@ fn two_gangs_created_in_the_same_second_deadlock_without_gang_scheduling_only() 
         nodes: 2,
         nodes_per_rack: 2,
         inference_nodes: 0,
+        inference_peak_gpus: 0,
         jobs: 2,
         ..Scenario::default()
     };
