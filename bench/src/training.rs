@@ -4,9 +4,10 @@
 //! reservation fit for the baselines.
 //!
 //! - **fifo-no-gang**: what pods scheduled one by one do (the default
-//!   scheduler without coscheduling): pods in kube-scheduler's order (not
-//!   yet failed first, then by creation second, so the pods of jobs
-//!   created in the same second interleave), each worker placed first-fit
+//!   scheduler without coscheduling): pods in an order modelled on
+//!   kube-scheduler's (not yet failed first, then by creation second, then
+//!   by worker index, so the pods of jobs created in the same second
+//!   interleave worker by worker: a worst case for partial holds), each worker placed first-fit
 //!   as soon as a node holds it, and held while the job's other workers
 //!   wait. A job runs when all its workers are placed. When nothing runs
 //!   and no job can complete its workers, the cluster is deadlocked; the
@@ -455,16 +456,21 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
                             }
                             // The head's reservation: replay estimated ends.
                             let mut avail: Vec<u32> = free.iter().map(|f| f.len() as u32).collect();
-                            let mut ends: Vec<(f64, &Running)> = running
+                            // Running jobs and those started earlier in
+                            // this pass free their GPUs at their estimates.
+                            let mut ends: Vec<(f64, &[(usize, u32)])> = running
                                 .iter()
                                 .map(|r| {
                                     let est = start[r.job].unwrap_or(now) + jobs[r.job].estimate_s;
-                                    (est.max(now), r)
+                                    (est.max(now), r.gpus.as_slice())
                                 })
+                                .chain(out.iter().map(|(k, g): &(usize, Vec<(usize, u32)>)| {
+                                    (now + jobs[*k].estimate_s, g.as_slice())
+                                }))
                                 .collect();
                             ends.sort_by(|a, b| a.0.total_cmp(&b.0));
-                            for (t, r) in ends {
-                                for &(node, _) in &r.gpus {
+                            for (t, gpus) in ends {
+                                for &(node, _) in gpus {
                                     avail[node] += 1;
                                 }
                                 let counts: BTreeMap<usize, u32> = avail

@@ -455,6 +455,12 @@ fn quick() -> PackOptions {
 }
 
 fn assert_never_shared(plan: &gpuscale_packer::Plan) {
+    let mut held = BTreeSet::new();
+    for g in plan.gangs.iter().filter(|g| g.holds()) {
+        for gpu in gpus_of(g) {
+            assert!(held.insert(gpu.clone()), "{gpu:?} held by two gangs");
+        }
+    }
     let mut seen = BTreeSet::new();
     for g in &plan.gpus {
         assert!(seen.insert((g.node.clone(), g.index)), "GPU listed twice");
@@ -988,6 +994,7 @@ fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {
             any::<bool>(),
             1..10u64,
             0..100u64,
+            any::<bool>(),
         ),
         1..6,
     );
@@ -1033,18 +1040,24 @@ fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {
             j.spec.started_at = Some(at(&q, -((ago * 1800) as f64)));
             jobs.push(j);
         }
-        for (i, &(w, gpw, node_level, est, age)) in pending.iter().enumerate() {
+        for (i, &(w, gpw, node_level, est, age, critical)) in pending.iter().enumerate() {
+            // Critical jobs may preempt the running (standard,
+            // preemptible) ones.
+            let level = if node_level {
+                TopologyLevel::Node
+            } else {
+                TopologyLevel::Any
+            };
             let mut j = job(
                 &format!("p{i}"),
-                simple(
-                    if node_level { 1 } else { w },
-                    gpw,
-                    if node_level {
-                        TopologyLevel::Node
+                J {
+                    priority: if critical {
+                        Priority::Critical
                     } else {
-                        TopologyLevel::Any
+                        Priority::Standard
                     },
-                ),
+                    ..simple(if node_level { 1 } else { w }, gpw, level)
+                },
             );
             j.spec.estimated_runtime = Some(Duration::from_secs(est * 3600));
             j.spec.submitted_at = Some(at(&q, -((age * 3600) as f64)));
@@ -1214,4 +1227,159 @@ fn replicas_a_gang_displaces_are_counted_as_moves_and_a_cluster_without_models_p
     .unwrap();
     assert_eq!(plan.gangs[0].status, GangStatus::Starting);
     assert_eq!(plan.gpus_used, 0);
+}
+
+#[test]
+fn a_job_below_a_reservation_never_preempts_its_way_onto_the_reserved_gpus() {
+    // Node a runs `v` (standard, preemptible), node b runs `w` (not
+    // preemptible); both end in an hour. `head` (critical, 2 × 8) cannot
+    // start — it could preempt `v` but not `w` — so it is reserved a and b
+    // from now + 1 h. `low` (critical too, younger, 10 h) could preempt `v`
+    // and hold node a for 10 h, over `head`'s reservation: it must not.
+    let q = q0();
+    let c = topo_cluster(vec![
+        (
+            "a",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8).map(|i| (i, "v")).collect(),
+        ),
+        (
+            "b",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8).map(|i| (i, "w")).collect(),
+        ),
+    ]);
+    let mut v = job("v", simple(1, 8, TopologyLevel::Node));
+    v.spec.estimated_runtime = Some(Duration::from_secs(3600));
+    v.spec.started_at = Some(at(&q, 0.0));
+    let mut w = job(
+        "w",
+        J {
+            preemptible: false,
+            ..simple(1, 8, TopologyLevel::Node)
+        },
+    );
+    w.spec.estimated_runtime = Some(Duration::from_secs(3600));
+    w.spec.started_at = Some(at(&q, 0.0));
+    let mut head = job(
+        "head",
+        J {
+            priority: Priority::Critical,
+            ..simple(2, 8, TopologyLevel::Any)
+        },
+    );
+    head.spec.submitted_at = Some(at(&q, -86_400.0));
+    let mut low = job(
+        "low",
+        J {
+            priority: Priority::Critical,
+            ..simple(1, 8, TopologyLevel::Node)
+        },
+    );
+    low.spec.submitted_at = Some(at(&q, -3600.0));
+    let gangs = place(&c, &[v, w, head, low]);
+    assert_eq!(by_name(&gangs, "head").start_s, Some(q.now + 3600.0));
+    assert_eq!(
+        by_name(&gangs, "v").status,
+        GangStatus::Running,
+        "{gangs:#?}"
+    );
+    assert_eq!(by_name(&gangs, "low").status, GangStatus::Pending);
+}
+
+#[test]
+fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() {
+    // `p` (critical, 1 × 8) could preempt `v` (2 × 4 on a and b) and take
+    // node a's 4 sheddable inference GPUs — but the model's minReplicas
+    // are all it has, so the guard sends `p` back to wait. `v` runs on,
+    // and nothing else may have been given `v`'s GPUs meanwhile.
+    let q = q0();
+    let run = |i: u32, j: &'static str| (i, j);
+    let c = topo_cluster(vec![
+        (
+            "a",
+            "H100-80GB",
+            8,
+            "r1",
+            "z1",
+            None,
+            (0..4).map(|i| run(i, "v")).collect(),
+        ),
+        (
+            "b",
+            "H100-80GB",
+            8,
+            "r1",
+            "z1",
+            None,
+            (0..8)
+                .map(|i| run(i, if i < 4 { "v" } else { "w" }))
+                .collect(),
+        ),
+        (
+            "c",
+            "H100-80GB",
+            8,
+            "r1",
+            "z1",
+            None,
+            (0..8).map(|i| run(i, "w2")).collect(),
+        ),
+    ]);
+    let started = |mut j: TrainingJob| {
+        j.spec.started_at = Some(at(&q, -3600.0));
+        j
+    };
+    let jobs = vec![
+        started(job("v", simple(2, 4, TopologyLevel::Rack))),
+        started(job(
+            "w",
+            J {
+                preemptible: false,
+                ..simple(1, 4, TopologyLevel::Node)
+            },
+        )),
+        started(job(
+            "w2",
+            J {
+                preemptible: false,
+                ..simple(1, 8, TopologyLevel::Node)
+            },
+        )),
+        job(
+            "p",
+            J {
+                priority: Priority::Critical,
+                ..simple(1, 8, TopologyLevel::Node)
+            },
+        ),
+        job("l", simple(1, 4, TopologyLevel::Node)),
+    ];
+    let models = vec![whole_model("inf", Priority::Sheddable, 4)];
+    let plan = joint::plan(
+        &c,
+        &models,
+        training(&jobs),
+        &common::demand(&[("inf", 4)]),
+        &quick(),
+        None,
+    )
+    .unwrap();
+    assert_never_shared(&plan);
+    assert_eq!(plan.models[0].placed, 4);
+    assert_eq!(
+        by_name(&plan.gangs, "v").status,
+        GangStatus::Running,
+        "{:#?}",
+        plan.gangs
+    );
+    assert_eq!(by_name(&plan.gangs, "p").status, GangStatus::Pending);
 }

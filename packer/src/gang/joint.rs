@@ -277,33 +277,38 @@ pub fn plan(
         if ok {
             break (p, lost);
         }
+        // Place the queue again, with less to take: no inference GPU;
+        // then only nodes inference does not use (a worker beside it
+        // changes its node's sharing); then no free GPU at all (the
+        // running gangs alone, the rest reserved).
         attempt += 1;
-        let inference_nodes: BTreeSet<String> = full
+        let inference_nodes: BTreeSet<usize> = full
             .gpus
             .iter()
             .filter(|g| !g.replicas.is_empty())
-            .map(|g| g.node.clone())
+            .map(|g| node_index(&base, &g.node))
             .collect();
-        for g in &mut placed.gangs {
-            if g.status != GangStatus::Starting {
-                continue;
-            }
-            let took = took_inference(&base, g, &placed.from_inference);
-            let beside = g.workers.iter().any(|w| inference_nodes.contains(&w.node));
-            if (attempt == 1 && took) || (attempt == 2 && beside) || attempt >= 3 {
-                g.status = GangStatus::Pending;
-                g.workers.clear();
-                g.gpu_model = None;
-                g.topology_met = None;
-                g.domain = None;
-                g.preempts.clear();
-                g.start_s = None;
-                g.end_s = None;
-                g.reason = "waits: starting it would cost inference replicas that do not yield to it (minReplicas, or equal or higher priority)".to_string();
-            }
+        let narrower = Inventory {
+            free: match attempt {
+                1 => inv.free.clone(),
+                2 => inv
+                    .free
+                    .iter()
+                    .filter(|(n, _)| !inference_nodes.contains(n))
+                    .map(|(n, s)| (*n, s.clone()))
+                    .collect(),
+                _ => BTreeMap::new(),
+            },
+            inference: BTreeMap::new(),
+            inference_movable: false,
+        };
+        placed = place(&base, jobs, &held, &narrower, q, gang_options);
+        cache = None;
+        if attempt > 3 {
+            // Only running gangs and preemptions among them are left; they
+            // never change inference's GPUs.
+            break (full.clone(), BTreeMap::new());
         }
-        // Gangs preempted for a gang that now waits run on.
-        restore_preempted(&mut placed.gangs, &held, &base);
     };
 
     // Name the replicas lost in the gangs that took inference GPUs.
@@ -473,34 +478,4 @@ fn without_job_workloads(cluster: &Cluster, jobs: &[TrainingJob]) -> Cluster {
         }
     }
     out
-}
-
-/// Gangs preempted for gangs that no longer start run on.
-fn restore_preempted(
-    gangs: &mut [GangPlan],
-    held: &BTreeMap<String, super::Held>,
-    cluster: &Cluster,
-) {
-    let starting: BTreeSet<String> = gangs
-        .iter()
-        .filter(|g| g.status == GangStatus::Starting)
-        .flat_map(|g| g.preempts.iter())
-        .filter(|p| p.kind == VictimKind::Job)
-        .map(|p| p.name.clone())
-        .collect();
-    for g in gangs.iter_mut() {
-        if g.status == GangStatus::Preempted
-            && !starting.contains(&g.name)
-            && let Some(h) = held.get(&g.name)
-        {
-            g.status = GangStatus::Running;
-            g.workers = super::workers_of(cluster, &h.gpus, g.gpus_per_worker, 0);
-            let nodes: BTreeSet<usize> = h.gpus.iter().map(|&(n, _)| n).collect();
-            let (level, dom) = super::met(cluster, &nodes);
-            g.gpu_model = nodes.first().map(|&n| cluster.nodes[n].gpu_model.clone());
-            g.topology_met = Some(level);
-            g.domain = dom;
-            g.reason = "runs; keeps its GPUs".to_string();
-        }
-    }
 }

@@ -3,8 +3,9 @@
 //!
 //! - [`running`] reads which gangs run now from the cluster's GPU states
 //!   (a GPU whose workload names a training job is held by it).
-//! - [`place`] is the pure placement: pending jobs in priority order
-//!   (critical first, then larger gangs, then by name), each by a small
+//! - [`place`] is the pure placement: pending jobs in queue order (the
+//!   partition's tier, then the multifactor priority of [`queue`], then
+//!   larger gangs, then by name), each by a small
 //!   ILP over the nodes of one GPU model ([`solve`]): all workers or
 //!   none, one domain of the topology level, the fewest nodes, whole
 //!   nodes and NVLink domains kept free where it can, and, only when free
@@ -451,9 +452,13 @@ pub fn place(
         }
     }
     let score: Vec<f64> = jobs.iter().map(|j| queue::priority(q, j)).collect();
+    // Slurm's PriorityTier is strict: a higher tier's jobs go first, then
+    // the multifactor score.
+    let tier = |j: &TrainingJob| q.spec.partition_of(j).map_or(0, |p| p.priority_tier);
     pending.sort_by(|(a, _), (b, _)| {
-        score[*b]
-            .total_cmp(&score[*a])
+        tier(&jobs[*b])
+            .cmp(&tier(&jobs[*a]))
+            .then(score[*b].total_cmp(&score[*a]))
             .then(jobs[*b].total_gpus().cmp(&jobs[*a].total_gpus()))
             .then(jobs[*a].name.cmp(&jobs[*b].name))
     });
@@ -513,12 +518,16 @@ pub fn place(
             })
             .filter(|(_, s)| !s.is_empty())
             .collect();
-        // Victims: running, preemptible, strictly less important.
+        // Victims: running, preemptible, strictly less important — and
+        // only while no job above this one holds a reservation (the GPUs
+        // a victim frees are not checked against reservations, so
+        // preempting past one could delay it).
+        let may_preempt = reserved_above.is_empty();
         let victims: Vec<solve::Victim> = runs
             .iter()
             .filter(|(vi, _)| {
                 let v = &jobs[**vi];
-                v.spec.preemptible && rank(v.spec.priority) < r
+                may_preempt && v.spec.preemptible && rank(v.spec.priority) < r
             })
             .map(|(vi, gpus)| solve::Victim {
                 job: *vi,
