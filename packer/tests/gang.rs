@@ -124,6 +124,25 @@ fn all_free(c: &Cluster) -> Inventory {
     inv
 }
 
+/// `joint::plan` at [`q0`] with [`quick`] options, from the cluster's
+/// state.
+fn joint_plan(
+    c: &Cluster,
+    models: &[gpuscale_policies::Model],
+    jobs: &[TrainingJob],
+    demand: &[(&str, u32)],
+) -> gpuscale_packer::Plan {
+    joint::plan(
+        c,
+        models,
+        training(jobs),
+        &common::demand(demand),
+        &quick(),
+        None,
+    )
+    .unwrap()
+}
+
 /// The training side of a joint plan at [`q0`].
 fn training(jobs: &[TrainingJob]) -> joint::Training<'_> {
     static OPTIONS: std::sync::OnceLock<GangOptions> = std::sync::OnceLock::new();
@@ -490,15 +509,7 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
             ..simple(1, 8, TopologyLevel::Node)
         },
     );
-    let plan = joint::plan(
-        &c,
-        &models,
-        training(std::slice::from_ref(&critical)),
-        &common::demand(&[("m", 12)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+    let plan = joint_plan(&c, &models, std::slice::from_ref(&critical), &[("m", 12)]);
     assert_never_shared(&plan);
     let g = by_name(&plan.gangs, "train");
     assert_eq!(g.status, GangStatus::Starting);
@@ -522,15 +533,7 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
             ..simple(2, 8, TopologyLevel::Any)
         },
     );
-    let plan = joint::plan(
-        &c,
-        &models,
-        training(&[huge]),
-        &common::demand(&[("m", 12)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+    let plan = joint_plan(&c, &models, &[huge], &[("m", 12)]);
     assert_eq!(plan.gangs[0].status, GangStatus::Pending);
     assert_eq!(plan.models[0].placed, 12);
     assert!(plan.gpus.iter().all(|g| g.gang.is_none()));
@@ -540,15 +543,12 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
 fn equal_priority_inference_keeps_its_replicas_and_a_gang_waits() {
     let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
     let models = vec![whole_model("m", Priority::Standard, 2)];
-    let plan = joint::plan(
+    let plan = joint_plan(
         &c,
         &models,
-        training(&[job("train", simple(1, 8, TopologyLevel::Node))]),
-        &common::demand(&[("m", 12)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        &[("m", 12)],
+    );
     assert_eq!(plan.gangs[0].status, GangStatus::Pending);
     assert_eq!(plan.models[0].placed, 12);
 }
@@ -579,15 +579,12 @@ fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
         ),
     ]);
     let models = vec![whole_model("m", Priority::Standard, 1)];
-    let plan = joint::plan(
+    let plan = joint_plan(
         &c,
         &models,
-        training(&[job("train", simple(1, 8, TopologyLevel::Node))]),
-        &common::demand(&[("m", 6)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+        &[job("train", simple(1, 8, TopologyLevel::Node))],
+        &[("m", 6)],
+    );
     assert_never_shared(&plan);
     assert_eq!(
         plan.gangs[0].status,
@@ -1202,15 +1199,7 @@ fn replicas_a_gang_displaces_are_counted_as_moves_and_a_cluster_without_models_p
             ..simple(1, 8, TopologyLevel::Node)
         },
     );
-    let plan = joint::plan(
-        &c,
-        &models,
-        training(std::slice::from_ref(&urgent)),
-        &common::demand(&[("m", 8)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+    let plan = joint_plan(&c, &models, std::slice::from_ref(&urgent), &[("m", 8)]);
     assert_eq!(plan.gangs[0].status, GangStatus::Starting);
     assert_eq!(plan.models[0].placed, 8);
     assert_eq!(plan.moves, 4, "{:?}", plan.gangs[0].reason);
@@ -1364,15 +1353,7 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
         job("l", simple(1, 4, TopologyLevel::Node)),
     ];
     let models = vec![whole_model("inf", Priority::Sheddable, 4)];
-    let plan = joint::plan(
-        &c,
-        &models,
-        training(&jobs),
-        &common::demand(&[("inf", 4)]),
-        &quick(),
-        None,
-    )
-    .unwrap();
+    let plan = joint_plan(&c, &models, &jobs, &[("inf", 4)]);
     assert_never_shared(&plan);
     assert_eq!(plan.models[0].placed, 4);
     assert_eq!(
