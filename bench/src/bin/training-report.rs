@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use gpuscale_bench::training::{Scenario, Scheduler, simulate, stream, table};
+use gpuscale_bench::training::{Outcome, Scenario, Scheduler, simulate, stream, summary, table};
 
 /// Simulates a stream of training jobs under FIFO without gangs, FIFO with
 /// gangs, EASY backfill and gpuscale.
@@ -22,6 +22,14 @@ struct Args {
     /// Share of submissions that are sweeps of four jobs in one second.
     #[arg(long, default_value_t = 0.1)]
     sweep_share: f64,
+    /// Run this many consecutive seeds from `--seed` and print, after each
+    /// seed's table, a summary across them (medians and ranges).
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// GPUs inference wants at its daily peak (its `minReplicas` hold 32;
+    /// 32 keeps it flat).
+    #[arg(long, default_value_t = 64)]
+    inference_peak_gpus: u32,
     /// Also write the outcomes as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -29,35 +37,51 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let s = Scenario {
-        seed: args.seed,
-        jobs: args.jobs,
-        mean_gap_s: args.mean_gap,
-        sweep_share: args.sweep_share,
-        ..Scenario::default()
-    };
-    let jobs = stream(&s);
-    let outcomes: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = Scheduler::ALL
-            .iter()
-            .map(|&k| {
-                let (s, jobs) = (&s, &jobs);
-                scope.spawn(move || simulate(s, jobs, k))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a simulation thread"))
-            .collect()
-    });
-    print!("{}", table(&s, &jobs, &outcomes));
+    anyhow::ensure!(args.seeds >= 1, "--seeds: at least 1");
+    let mut runs: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
+    for seed in args.seed..args.seed + args.seeds {
+        let s = Scenario {
+            seed,
+            jobs: args.jobs,
+            mean_gap_s: args.mean_gap,
+            sweep_share: args.sweep_share,
+            inference_peak_gpus: args.inference_peak_gpus,
+            ..Scenario::default()
+        };
+        let jobs = stream(&s);
+        let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+            let handles: Vec<_> = Scheduler::ALL
+                .iter()
+                .map(|&k| {
+                    let (s, jobs) = (&s, &jobs);
+                    scope.spawn(move || simulate(s, jobs, k))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a simulation thread"))
+                .collect()
+        });
+        print!("{}", table(&s, &jobs, &outcomes));
+        println!();
+        runs.push((s, outcomes));
+    }
+    if runs.len() > 1 {
+        let per_seed: Vec<Vec<Outcome>> = runs.iter().map(|(_, o)| o.clone()).collect();
+        print!("{}", summary(&per_seed));
+    }
     if let Some(path) = args.json {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(
-                &serde_json::json!({"scenario": s, "outcomes": outcomes}),
-            )?,
-        )?;
+        let all: Vec<_> = runs
+            .iter()
+            .map(|(s, o)| serde_json::json!({"scenario": s, "outcomes": o}))
+            .collect();
+        let value = if all.len() == 1 {
+            all.into_iter().next().unwrap_or_default()
+        } else {
+            serde_json::Value::Array(all)
+        };
+        std::fs::write(&path, serde_json::to_string_pretty(&value)?)
+            .map_err(|e| anyhow::anyhow!("--json {}: {e}", path.display()))?;
     }
     Ok(())
 }
