@@ -2,6 +2,7 @@
 //! parses the command line, sets up logging, and calls one command module.
 
 mod cmd;
+mod load;
 mod logging;
 
 use std::process::ExitCode;
@@ -27,6 +28,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The whole loop in one process on the embedded default: gateway,
+    /// autoscaler, packer, simulated model servers and the dashboard
+    /// (`examples/up/`; `--load burst` for built-in traffic).
+    Up(Box<cmd::up::Args>),
     /// Pack model replicas onto MIG slices, time-sliced shares and whole GPUs
     /// (ILP); print the plan, emit the NVIDIA configuration.
     Plan(Box<cmd::plan::Args>),
@@ -59,6 +64,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
     let result = match cli.command {
+        Command::Up(args) => cmd::up::run(&args),
         Command::Plan(args) => cmd::plan::run(&args),
         Command::Queue(args) => cmd::queue::run(&args),
         Command::Validate(args) => cmd::validate::run(&args),

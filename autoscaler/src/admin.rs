@@ -1,9 +1,11 @@
 //! The autoscaler's admin listener: `/metrics` (OpenMetrics), `/healthz`
 //! (503 once the control loop has stopped or stalled), `/readyz` (503
 //! while metric reads keep failing, at or past the fallback threshold),
-//! and `/v1/decisions` (the last decision per model, with its sentence,
-//! and the recent changes). Read-only; at most [`MAX_CONNECTIONS`] open
-//! connections (one more is closed at once).
+//! `/v1/decisions` (the last decision per model, with its sentence, and
+//! the recent changes), and the dashboard: the page at `/`, its data at
+//! `/v1/dashboard`, and the same pushed every [`DASHBOARD_EVERY`] as
+//! server-sent events at `/v1/dashboard/events`. Read-only; at most
+//! [`MAX_CONNECTIONS`] open connections (one more is closed at once).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -11,7 +13,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -26,6 +29,47 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// Most connections open at once; another is closed as soon as it is
 /// accepted.
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// How often `/v1/dashboard/events` pushes the view.
+pub const DASHBOARD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn respond(status: StatusCode, kind: &'static str, body: String) -> Response<AdminBody> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
+    r
+}
+
+/// The dashboard's view as server-sent events, one `data:` line of JSON
+/// every [`DASHBOARD_EVERY`], until the client goes away or the listener
+/// stops.
+fn dashboard_events(report: Report, mut shutdown: watch::Receiver<bool>) -> Response<AdminBody> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(2);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(DASHBOARD_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let json = serde_json::to_string(&report.dashboard()).unwrap_or_default();
+            let event = Bytes::from(format!("data: {json}\n\n"));
+            if tx.send(Ok(Frame::data(event))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    r
+}
 
 /// Pause after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
@@ -69,31 +113,37 @@ pub async fn serve_with(
                         continue;
                     };
                     let report = report.clone();
+                    let stopping = shutdown.clone();
                     tokio::spawn(async move {
                         let _slot = slot;
                         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                             let report = report.clone();
+                            let stopping = stopping.clone();
                             async move {
-                                let (status, kind, body) = match req.uri().path() {
-                                    "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
+                                let r = match req.uri().path() {
+                                    "/metrics" => respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
                                     "/healthz" => match report.live() {
-                                        Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-                                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+                                        Ok(()) => respond(StatusCode::OK, "text/plain", "ok\n".to_string()),
+                                        Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
                                     },
                                     "/readyz" => match report.ready() {
-                                        Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
-                                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+                                        Ok(()) => respond(StatusCode::OK, "text/plain", "ready\n".to_string()),
+                                        Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
                                     },
-                                    "/v1/decisions" => (
+                                    "/v1/decisions" => respond(
                                         StatusCode::OK,
                                         "application/json",
                                         serde_json::to_string(&report.decisions()).unwrap_or_default(),
                                     ),
-                                    _ => (StatusCode::NOT_FOUND, "text/plain", "admin endpoints: /metrics, /healthz, /readyz, /v1/decisions\n".to_string()),
+                                    "/" | "/dashboard" => respond(StatusCode::OK, "text/html; charset=utf-8", crate::dashboard::PAGE.to_string()),
+                                    "/v1/dashboard" => respond(
+                                        StatusCode::OK,
+                                        "application/json",
+                                        serde_json::to_string(&report.dashboard()).unwrap_or_default(),
+                                    ),
+                                    "/v1/dashboard/events" => dashboard_events(report, stopping),
+                                    _ => respond(StatusCode::NOT_FOUND, "text/plain", "admin endpoints: / (dashboard), /v1/dashboard, /v1/dashboard/events, /metrics, /healthz, /readyz, /v1/decisions\n".to_string()),
                                 };
-                                let mut r = Response::new(Full::new(Bytes::from(body)));
-                                *r.status_mut() = status;
-                                r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
                                 Ok::<_, Infallible>(r)
                             }
                         });

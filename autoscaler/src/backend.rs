@@ -399,6 +399,15 @@ impl Backend {
         }
     }
 
+    /// Takes the speeds of the plan's replicas (per model, in replica
+    /// order): the local backend starts its simulated servers at them;
+    /// Kubernetes runs real servers and ignores them.
+    pub fn placed(&mut self, speeds: &BTreeMap<String, Vec<f64>>) {
+        if let Backend::Local(l) = self {
+            l.set_speeds(speeds.clone());
+        }
+    }
+
     /// The most replicas the backend runs per model, if it has a limit
     /// of its own (the local backend's `maxReplicasPerModel`).
     pub fn cap(&self) -> Option<u32> {

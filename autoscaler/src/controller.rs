@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpuscale_packer::{PackOptions, Plan, pack_from};
-use gpuscale_policies::Model;
+use gpuscale_policies::{Cluster, Model};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use gpuscale_policies::model::ScalingMemory;
 
 use crate::backend::{Backend, Change, Observed};
+use crate::dashboard::{self, Live};
 use crate::config::Settings;
 use crate::observe::{Event, GatewayClient, observations};
 use crate::recommend::{Mode, State};
@@ -163,6 +164,9 @@ pub struct Report {
     registry: Arc<Registry>,
     decisions: Arc<Mutex<BTreeMap<String, ModelDecisions>>>,
     health: Arc<Health>,
+    live: Arc<Mutex<Live>>,
+    models: Arc<Vec<Model>>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Default for Report {
@@ -179,6 +183,9 @@ impl Default for Report {
                 failures: AtomicU32::new(0),
                 failure_threshold: u32::MAX,
             }),
+            live: Arc::default(),
+            models: Arc::default(),
+            cluster: None,
         }
     }
 }
@@ -232,6 +239,43 @@ impl Report {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+
+    /// The dashboard's view now (`/v1/dashboard`).
+    pub fn dashboard(&self) -> dashboard::View {
+        let decisions = self.decisions();
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        dashboard::view(
+            unix_now().as_secs_f64(),
+            &self.models,
+            self.cluster.as_deref(),
+            &live,
+            &decisions,
+        )
+    }
+
+    fn set_plan(&self, plan: &Plan) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).plan = Some(Arc::new(plan.clone()));
+    }
+
+    fn set_queues(&self, queues: &serde_json::Value) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).queues = Some(queues.clone());
+    }
+
+    /// Adds a sample to the dashboard's time series (at most one per
+    /// [`dashboard::SAMPLE_EVERY`]).
+    fn sample(&self) {
+        let decisions = self.decisions();
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let s = dashboard::sample(
+            unix_now().as_secs_f64(),
+            &self.models,
+            self.cluster.as_deref(),
+            live.plan.as_deref(),
+            live.queues.as_ref(),
+            &decisions,
+        );
+        live.push(s);
+    }
 }
 
 /// The controller.
@@ -247,6 +291,28 @@ pub struct Controller {
     last_decision: Option<Instant>,
     /// When a re-plan last could move running replicas.
     last_consolidation: Option<Instant>,
+    /// Whether a round has placed yet.
+    placed_once: bool,
+}
+
+/// Per model, the speed of each placed replica in replica order, as a
+/// share of what its policy asks for: the compute it gets (H100 units,
+/// summed over its GPUs) over the policy's `compute` (the compute that
+/// reaches its target throughput), at most 1. What the local backend
+/// slows its simulated servers to: a replica squeezed onto a smaller share
+/// than its policy asks for (a worst-case time-sliced one) runs slower.
+pub fn speeds(plan: &Plan, cluster: &Cluster, models: &[Model]) -> BTreeMap<String, Vec<f64>> {
+    let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for ((model, _), parts) in plan.replica_parts(cluster, models) {
+        let asks = models
+            .iter()
+            .find(|m| m.name == model)
+            .map_or(1.0, |m| m.compute)
+            .max(f64::MIN_POSITIVE);
+        let gets: f64 = parts.iter().map(|p| p.speed).sum();
+        out.entry(model).or_default().push((gets / asks).min(1.0));
+    }
+    out
 }
 
 /// How long a round of the control loop may take before `/healthz`
@@ -296,6 +362,8 @@ impl Controller {
                 .set(i64::from(start));
         }
         let stall = stall_limit(settings.spec.interval);
+        let report_models = Arc::new(settings.models.clone());
+        let report_cluster = settings.cluster.clone().map(Arc::new);
         let failure_threshold = settings.spec.tuning.fallback_after.max(1);
         Controller {
             prometheus: settings
@@ -319,9 +387,13 @@ impl Controller {
                     failures: AtomicU32::new(0),
                     failure_threshold,
                 }),
+                live: Arc::default(),
+                models: report_models,
+                cluster: report_cluster,
             },
             last_decision: None,
             last_consolidation: None,
+            placed_once: false,
         }
     }
 
@@ -338,6 +410,7 @@ impl Controller {
         self.adopt(&observed);
         let obs = self.observe().await;
         self.decide(obs, None).await;
+        self.report.sample();
         let memory: BTreeMap<String, ScalingMemory> = self
             .states
             .iter()
@@ -405,6 +478,7 @@ impl Controller {
                     let received = Instant::now();
                     match event {
                         Some(Event::Queues(v)) => {
+                            self.report.set_queues(&v);
                             let since = self.last_decision.map(|t| t.elapsed());
                             if since.is_none_or(|s| s >= MIN_EVENT_GAP) {
                                 deferred = None;
@@ -451,7 +525,10 @@ impl Controller {
     async fn observe(&self) -> Option<BTreeMap<String, crate::recommend::Observation>> {
         let read = match &self.prometheus {
             Some(p) => p.observations().await,
-            None => self.gateway.queues().await.map(|v| observations(&v)),
+            None => self.gateway.queues().await.map(|v| {
+                self.report.set_queues(&v);
+                observations(&v)
+            }),
         };
         let failures = &self.report.health.failures;
         match read {
@@ -492,7 +569,12 @@ impl Controller {
             .iter()
             .any(|m| before.get(&m.name).copied().unwrap_or(0) != desired[&m.name]);
         let mut before_plan = None;
-        if changed && let Some(cluster) = &self.settings.cluster {
+        // The first round places what runs from the start (minReplicas),
+        // so the plan (and the dashboard's GPU map) exists before any
+        // change.
+        let first = !self.placed_once;
+        if (changed || first) && let Some(cluster) = &self.settings.cluster {
+            self.placed_once = true;
             before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs).await);
         }
         let ready = self.backend.ready(&self.settings.models);
@@ -628,6 +710,11 @@ impl Controller {
                     ms = plan.solve_ms,
                     "placement"
                 );
+                self.report.set_plan(&plan);
+                if let Some(cluster) = &self.settings.cluster {
+                    self.backend
+                        .placed(&speeds(&plan, cluster, &self.settings.models));
+                }
                 self.plan = Some(plan);
             }
             Err(e) => tracing::error!("packing failed, counts applied unplaced: {e}"),

@@ -29,6 +29,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod dashboard;
 pub mod decide;
 pub mod keda;
 pub mod kubernetes;

@@ -65,6 +65,8 @@ pub struct LocalBackend {
     gateway: GatewayClient,
     spec: LocalSpec,
     pools: BTreeMap<String, Pool>,
+    /// Per model, the plan's speed of each replica (H100 units).
+    speeds: BTreeMap<String, Vec<f64>>,
 }
 
 impl LocalBackend {
@@ -76,7 +78,17 @@ impl LocalBackend {
             gateway,
             spec,
             pools: BTreeMap::new(),
+            speeds: BTreeMap::new(),
         }
+    }
+
+    /// The speeds of the packer's replicas, per model in replica order
+    /// ([`crate::controller::speeds`]): a replica started from now on as
+    /// the `k`-th of its model runs its simulated server at the `k`-th
+    /// speed (`sim-server --speed`; 1 is the profile's own). Replicas
+    /// already running keep theirs.
+    pub fn set_speeds(&mut self, speeds: BTreeMap<String, Vec<f64>>) {
+        self.speeds = speeds;
     }
 
     /// The most replicas this backend runs per model
@@ -124,11 +136,17 @@ impl LocalBackend {
         while pool.replicas.len() < replicas as usize {
             let (stop, stopped) = oneshot::channel();
             let link = Arc::new(Link::default());
+            let speed = self
+                .speeds
+                .get(&model.name)
+                .and_then(|v| v.get(pool.replicas.len()))
+                .copied();
             let task = tokio::spawn(run_replica(
                 self.exe.clone(),
                 self.gateway.clone(),
                 self.spec.clone(),
                 model.clone(),
+                speed,
                 link.clone(),
                 stopped,
             ));
@@ -224,12 +242,17 @@ async fn run_replica(
     gateway: GatewayClient,
     spec: LocalSpec,
     model: Model,
+    speed: Option<f64>,
     link: Arc<Link>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let started = tokio::time::Instant::now();
-    let mut child = match Command::new(&exe)
-        .args(["sim-server", "--port", "0", "--profile", &spec.profile])
+    let mut command = Command::new(&exe);
+    command.args(["sim-server", "--port", "0", "--profile", &spec.profile]);
+    if let Some(s) = speed.filter(|s| s.is_finite() && *s > 0.0) {
+        command.args(["--speed", &format!("{:.4}", s.clamp(0.01, 1.0))]);
+    }
+    let mut child = match command
         .args(["--model", &model.served_name])
         .args(["--max-concurrency", &model.max_concurrency.to_string()])
         // The pipe is the lifeline: if this process dies, however it dies,

@@ -342,3 +342,116 @@ impl Plan {
         out
     }
 }
+
+/// A replica's part on one GPU of a plan: what it holds there and the
+/// compute it runs with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaPart {
+    /// Node name.
+    pub node: String,
+    /// GPU index on the node.
+    pub index: u32,
+    /// What it holds, stable across re-plans while the replica stays:
+    /// `mig[<geometry>]-<profile>@<start>`, `timeslice`, `mps`,
+    /// `hami-<gpucores>` or `whole` (a GPU reconfigured to another MIG
+    /// geometry is wiped, so the geometry is part of it).
+    pub what: String,
+    /// Compute it runs with, in H100-80GB units: a 3g MIG slice of an
+    /// H100 3/7 of it; a GPU time-sliced or split by MPS `N` ways `1/N`
+    /// (the worst case, every share busy); a MIG instance time-sliced `N`
+    /// ways `1/N` of the instance; a HAMi share its `gpucores` percentage.
+    pub speed: f64,
+    /// GPU memory it takes here, GiB.
+    pub memory_gib: f64,
+}
+
+impl Plan {
+    /// Every placed replica's parts, by (model policy name, replica
+    /// number), each replica's parts in (node, index) order. The one
+    /// place that says how fast a replica runs on its share: the
+    /// simulator's replicas and the local backend's simulated servers
+    /// both run at this speed.
+    pub fn replica_parts(
+        &self,
+        cluster: &Cluster,
+        models: &[gpuscale_policies::Model],
+    ) -> BTreeMap<(String, u32), Vec<ReplicaPart>> {
+        let mut parts: BTreeMap<(String, u32), Vec<ReplicaPart>> = BTreeMap::new();
+        // Nodes that time-slice a MIG profile: (profile, shares).
+        let shared: BTreeMap<&str, (&str, u8)> = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let t = n.mig_timeslice.as_ref()?;
+                Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
+            })
+            .collect();
+        for g in &self.gpus {
+            let Some(gm) = cluster.catalog.get(&g.gpu_model) else {
+                continue;
+            };
+            for r in &g.replicas {
+                let Some(model) = models.iter().find(|m| m.name == r.model) else {
+                    continue;
+                };
+                let k = r.group_size.unwrap_or(1).max(1);
+                let (what, speed) = match g.mode {
+                    Mode::Mig => {
+                        let profile = r.profile.clone().unwrap_or_default();
+                        let slices = gm
+                            .mig
+                            .as_ref()
+                            .and_then(|m| {
+                                Some((m.profile(&profile)?.compute_slices, m.compute_slices))
+                            })
+                            .map_or(1.0, |(p, all)| f64::from(p) / f64::from(all));
+                        let n = match shared.get(g.node.as_str()) {
+                            Some(&(p, n)) if p == profile => n.max(1),
+                            _ => 1,
+                        };
+                        let geometry: Vec<String> = g
+                            .geometry
+                            .iter()
+                            .map(|p| format!("{}@{}", p.profile, p.start))
+                            .collect();
+                        (
+                            format!(
+                                "mig[{}]-{profile}@{}",
+                                geometry.join(","),
+                                r.start.unwrap_or(0)
+                            ),
+                            gm.compute * slices / f64::from(n),
+                        )
+                    }
+                    Mode::Timeslice => {
+                        let n = g.timeslice_replicas.unwrap_or(1).max(1);
+                        ("timeslice".to_string(), gm.compute / f64::from(n))
+                    }
+                    Mode::Mps => {
+                        let n = g.mps_replicas.unwrap_or(1).max(1);
+                        ("mps".to_string(), gm.compute / f64::from(n))
+                    }
+                    Mode::Fractional => {
+                        let (_, pct) = crate::classes::fractional_need(model, gm.compute, k);
+                        (format!("hami-{pct}"), gm.compute * f64::from(pct) / 100.0)
+                    }
+                    Mode::Whole | Mode::Idle => ("whole".to_string(), gm.compute),
+                };
+                parts
+                    .entry((r.model.clone(), r.replica))
+                    .or_default()
+                    .push(ReplicaPart {
+                        node: g.node.clone(),
+                        index: g.index,
+                        what,
+                        speed,
+                        memory_gib: model.memory_gib / f64::from(k),
+                    });
+            }
+        }
+        for on in parts.values_mut() {
+            on.sort_by(|a, b| (&a.node, a.index).cmp(&(&b.node, b.index)));
+        }
+        parts
+    }
+}

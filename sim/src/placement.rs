@@ -9,8 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuscale_packer::classes::fractional_need;
-use gpuscale_packer::plan::{Mode, Plan};
+use gpuscale_packer::plan::Plan;
 use gpuscale_packer::{PackOptions, pack_from};
 use gpuscale_policies::inventory::Health;
 use gpuscale_policies::{Cluster, Model};
@@ -71,15 +70,6 @@ fn keyed(raw: Vec<(String, Slot)>) -> BTreeMap<String, Vec<Slot>> {
     out
 }
 
-/// A replica's part on one GPU of a plan.
-struct Part {
-    node: String,
-    index: u32,
-    what: String,
-    speed: f64,
-    memory: f64,
-}
-
 /// A way to run a model on whole GPUs.
 #[derive(Debug, Clone)]
 struct Shape {
@@ -132,88 +122,10 @@ impl PackerPlacer {
     }
 
     fn slots(&self, plan: &Plan) -> BTreeMap<String, Vec<Slot>> {
-        // (model, replica) → its GPUs and what it has on each.
-        let mut parts: BTreeMap<(&str, u32), Vec<Part>> = BTreeMap::new();
-        // Nodes that time-slice a MIG profile: (profile, shares).
-        let shared: BTreeMap<&str, (&str, u8)> = plan
-            .nodes
-            .iter()
-            .filter_map(|n| {
-                let t = n.mig_timeslice.as_ref()?;
-                Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
-            })
-            .collect();
-        for g in &plan.gpus {
-            let Some(gm) = self.cluster.catalog.get(&g.gpu_model) else {
-                continue;
-            };
-            for r in &g.replicas {
-                let Some(model) = self.models.iter().find(|m| m.name == r.model) else {
-                    continue;
-                };
-                let k = r.group_size.unwrap_or(1).max(1);
-                let (what, speed) = match g.mode {
-                    Mode::Mig => {
-                        let profile = r.profile.clone().unwrap_or_default();
-                        let slices = gm
-                            .mig
-                            .as_ref()
-                            .and_then(|m| {
-                                Some((m.profile(&profile)?.compute_slices, m.compute_slices))
-                            })
-                            .map_or(1.0, |(p, all)| f64::from(p) / f64::from(all));
-                        // On a node that time-slices this profile, each
-                        // replica is one of `n` shares of its instance.
-                        let n = match shared.get(g.node.as_str()) {
-                            Some(&(p, n)) if p == profile => n.max(1),
-                            _ => 1,
-                        };
-                        // The key holds the GPU's whole geometry: a GPU
-                        // reconfigured is wiped, its replicas restart.
-                        let geometry: Vec<String> = g
-                            .geometry
-                            .iter()
-                            .map(|p| format!("{}@{}", p.profile, p.start))
-                            .collect();
-                        (
-                            format!(
-                                "mig[{}]-{profile}@{}",
-                                geometry.join(","),
-                                r.start.unwrap_or(0)
-                            ),
-                            gm.compute * slices / f64::from(n),
-                        )
-                    }
-                    Mode::Timeslice => {
-                        let n = g.timeslice_replicas.unwrap_or(1).max(1);
-                        ("timeslice".to_string(), gm.compute / f64::from(n))
-                    }
-                    Mode::Mps => {
-                        let n = g.mps_replicas.unwrap_or(1).max(1);
-                        ("mps".to_string(), gm.compute / f64::from(n))
-                    }
-                    Mode::Fractional => {
-                        let (_, pct) = fractional_need(model, gm.compute, k);
-                        (format!("hami-{pct}"), gm.compute * f64::from(pct) / 100.0)
-                    }
-                    Mode::Whole | Mode::Idle => ("whole".to_string(), gm.compute),
-                };
-                parts
-                    .entry((r.model.as_str(), r.replica))
-                    .or_default()
-                    .push(Part {
-                        node: g.node.clone(),
-                        index: g.index,
-                        what,
-                        speed,
-                        memory: model.memory_gib / f64::from(k),
-                    });
-            }
-        }
-        let raw = parts
+        let raw = plan
+            .replica_parts(&self.cluster, &self.models)
             .into_iter()
-            .map(|((model, _), mut on)| {
-                on.sort_by(|a, b| (&a.node, a.index).cmp(&(&b.node, b.index)));
+            .map(|((model, _), on)| {
                 let key = format!(
                     "{model}@{}",
                     on.iter()
@@ -225,9 +137,9 @@ impl PackerPlacer {
                     key,
                     gpus: on.iter().map(|p| (p.node.clone(), p.index)).collect(),
                     speed: on.iter().map(|p| p.speed).sum(),
-                    memory_per_gpu: on.first().map_or(0.0, |p| p.memory),
+                    memory_per_gpu: on.first().map_or(0.0, |p| p.memory_gib),
                 };
-                (model.to_string(), slot)
+                (model, slot)
             })
             .collect();
         keyed(raw)

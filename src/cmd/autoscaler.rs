@@ -67,6 +67,188 @@ fn print_problems(problems: &gpuscale_policies::load::Problems) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The token for the gateway's admin API: the flag (or its variable), the
+/// file's, the embedded gateway's own; an embedded gateway with none gets
+/// one made up for this run, so its replica list is never open. `Err`
+/// holds the message for a token file that cannot be read.
+pub(crate) fn admin_secret(
+    flag: Option<&std::path::Path>,
+    settings: &gpuscale_autoscaler::config::Settings,
+    gateway_settings: &mut Option<gpuscale_gateway::Settings>,
+) -> anyhow::Result<Result<Option<String>, String>> {
+    let token_file = flag
+        .map(std::path::Path::to_path_buf)
+        .or_else(|| settings.spec.gateway.admin_token_file.clone())
+        .or_else(|| {
+            gateway_settings
+                .as_ref()
+                .and_then(|g| g.spec.admin_token_file.clone())
+        });
+    let mut secret = match &token_file {
+        Some(f) => {
+            let token = match AdminToken::from_file(f) {
+                Ok(t) => t,
+                Err(e) => return Ok(Err(format!("admin token: {e}"))),
+            };
+            if let Some(g) = gateway_settings.as_mut() {
+                g.admin_token = Some(token);
+            }
+            Some(std::fs::read_to_string(f)?.trim().to_string())
+        }
+        None => None,
+    };
+    if let (Some(g), None) = (gateway_settings.as_mut(), &secret) {
+        let (token, s) = AdminToken::generate().map_err(anyhow::Error::msg)?;
+        g.admin_token = Some(token);
+        secret = Some(s);
+    }
+    Ok(Ok(secret))
+}
+
+/// The loop running: the embedded gateway (if any), the controller, its
+/// admin listener (with the dashboard) and KEDA's scaler.
+pub(crate) struct Loop {
+    /// The embedded gateway.
+    pub gateway: Option<gpuscale_gateway::Running>,
+    /// Where the autoscaler's admin listener (and the dashboard) is.
+    pub admin: SocketAddr,
+    /// Where KEDA's external scaler is.
+    pub keda: Option<SocketAddr>,
+    /// What the admin listener shows.
+    pub report: gpuscale_autoscaler::controller::Report,
+    stop: tokio::sync::watch::Sender<bool>,
+    run: tokio::task::JoinHandle<()>,
+    admin_task: tokio::task::JoinHandle<()>,
+    keda_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Loop {
+    /// Starts the gateway (when embedded), the backend, the controller and
+    /// the listeners.
+    pub(crate) async fn start(
+        mut settings: gpuscale_autoscaler::config::Settings,
+        gateway_settings: Option<gpuscale_gateway::Settings>,
+        secret: Option<String>,
+        kind: Backend,
+        dry_run: bool,
+    ) -> anyhow::Result<Loop> {
+        let exe = std::env::current_exe().context("locating the gpuscale binary")?;
+        let gateway = match gateway_settings {
+            Some(g) => Some(gpuscale_gateway::start(g).await.context("starting the gateway")?),
+            None => None,
+        };
+        let base = match (&gateway, &settings.spec.gateway.admin) {
+            (Some(g), _) => format!("http://{}", g.admin),
+            (None, Some(url)) => url.clone(),
+            (None, None) => unreachable!("the loader requires one of config and admin"),
+        };
+        let client = match &secret {
+            Some(s) => GatewayClient::new(&base).with_token(s)?,
+            None => GatewayClient::new(&base),
+        };
+        let backend = match kind {
+            Backend::Local => {
+                anyhow::ensure!(
+                    !settings.models.is_empty(),
+                    "the local backend needs spec.policies"
+                );
+                backend::Backend::Local(LocalBackend::new(
+                    exe,
+                    client.clone(),
+                    settings.spec.local.clone(),
+                ))
+            }
+            Backend::Kube => {
+                let kube_client = kube::Client::try_default()
+                    .await
+                    .context("connecting to Kubernetes (kubeconfig or in-cluster)")?;
+                let identity = std::env::var("POD_NAME")
+                    .unwrap_or_else(|_| format!("gpuscale-{}", std::process::id()));
+                let k = Kube::new(
+                    kube_client,
+                    settings.spec.kubernetes.clone(),
+                    identity,
+                    dry_run,
+                );
+                if settings.models.is_empty() {
+                    let catalog = gpuscale_policies::Catalog::builtin();
+                    for p in k.policies().await? {
+                        match gpuscale_policies::Model::from_policy(&p, &catalog) {
+                            Ok(m) => settings.models.push(m),
+                            Err(errors) => {
+                                for e in errors {
+                                    eprintln!(
+                                        "ModelPolicy {}: {}: {}",
+                                        p.metadata.name.clone().unwrap_or_default(),
+                                        e.path,
+                                        e.message
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    anyhow::ensure!(
+                        !settings.models.is_empty(),
+                        "no valid ModelPolicy in namespace {}",
+                        settings.spec.kubernetes.namespace
+                    );
+                }
+                backend::Backend::Kube(backend::KubeBackend::new(k, client.clone()))
+            }
+        };
+        anyhow::ensure!(
+            kind == Backend::Kube || !dry_run,
+            "--dry-run applies to --backend kube"
+        );
+        let admin_addr = settings.spec.admin;
+        let settings_keda = settings.spec.keda;
+        let keda_models = settings.models.clone();
+        let client_for_keda = client.clone();
+        let controller = Controller::new(settings, client, backend);
+        let report = controller.report();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (admin, admin_task) =
+            gpuscale_autoscaler::admin::serve(admin_addr, report.clone(), stopped.clone())
+                .await
+                .with_context(|| format!("binding {admin_addr}"))?;
+        let (keda, keda_task) = match settings_keda {
+            Some(addr) => {
+                let keda = gpuscale_autoscaler::keda::Keda::new(client_for_keda, keda_models);
+                let (bound, task) = gpuscale_autoscaler::keda::serve(addr, keda, stopped.clone())
+                    .await
+                    .with_context(|| format!("binding {addr}"))?;
+                (Some(bound), Some(task))
+            }
+            None => (None, None),
+        };
+        let run = tokio::spawn(controller.run(stopped));
+        Ok(Loop {
+            gateway,
+            admin,
+            keda,
+            report,
+            stop,
+            run,
+            admin_task,
+            keda_task,
+        })
+    }
+
+    /// Stops every replica (deregistered, drained), the listeners and the
+    /// gateway.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.run.await;
+        let _ = self.admin_task.await;
+        if let Some(t) = self.keda_task {
+            let _ = t.await;
+        }
+        if let Some(g) = self.gateway {
+            g.shutdown().await;
+        }
+    }
+}
+
 /// Runs until SIGINT/SIGTERM; stops every replica on the way out.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut settings = match gpuscale_autoscaler::config::load(&args.config) {
@@ -103,159 +285,51 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         None => {}
     }
-    // The admin token: the flag (or its variable), the file's, the
-    // embedded gateway's own; an embedded gateway with none gets one made
-    // up for this run, so its replica list is never open.
-    let token_file = args
-        .admin_token_file
-        .clone()
-        .or_else(|| settings.spec.gateway.admin_token_file.clone())
-        .or_else(|| {
-            gateway_settings
-                .as_ref()
-                .and_then(|g| g.spec.admin_token_file.clone())
-        });
-    let mut secret = match &token_file {
-        Some(f) => {
-            let token = match AdminToken::from_file(f) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("admin token: {e}");
-                    return Ok(ExitCode::from(1));
-                }
-            };
-            if let Some(g) = gateway_settings.as_mut() {
-                g.admin_token = Some(token);
-            }
-            Some(std::fs::read_to_string(f)?.trim().to_string())
+    let secret = match admin_secret(
+        args.admin_token_file.as_deref(),
+        &settings,
+        &mut gateway_settings,
+    )? {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("{message}");
+            return Ok(ExitCode::from(1));
         }
-        None => None,
     };
-    if let (Some(g), None) = (gateway_settings.as_mut(), &secret) {
-        let (token, s) = AdminToken::generate().map_err(anyhow::Error::msg)?;
-        g.admin_token = Some(token);
-        secret = Some(s);
-    }
-    let exe = std::env::current_exe().context("locating the gpuscale binary")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let gateway = match gateway_settings {
-            Some(g) => Some(gpuscale_gateway::start(g).await.context("starting the gateway")?),
-            None => None,
-        };
-        let base = match (&gateway, &settings.spec.gateway.admin) {
-            (Some(g), _) => format!("http://{}", g.admin),
-            (None, Some(url)) => url.clone(),
-            (None, None) => unreachable!("the loader requires one of config and admin"),
-        };
-        if let Some(g) = &gateway {
+        let models = settings.models.len();
+        let running = Loop::start(
+            settings,
+            gateway_settings,
+            secret,
+            args.backend,
+            args.dry_run,
+        )
+        .await?;
+        if let Some(g) = &running.gateway {
             println!(
                 "gateway: traffic on http://{}, admin on http://{}",
                 g.traffic, g.admin
             );
         }
-        let client = match &secret {
-            Some(s) => GatewayClient::new(&base).with_token(s)?,
-            None => GatewayClient::new(&base),
-        };
-        let backend = match args.backend {
-            Backend::Local => {
-                anyhow::ensure!(
-                    !settings.models.is_empty(),
-                    "the local backend needs spec.policies"
-                );
-                backend::Backend::Local(LocalBackend::new(
-                    exe,
-                    client.clone(),
-                    settings.spec.local.clone(),
-                ))
-            }
-            Backend::Kube => {
-                let kube_client = kube::Client::try_default()
-                    .await
-                    .context("connecting to Kubernetes (kubeconfig or in-cluster)")?;
-                let identity = std::env::var("POD_NAME")
-                    .unwrap_or_else(|_| format!("gpuscale-{}", std::process::id()));
-                let k = Kube::new(
-                    kube_client,
-                    settings.spec.kubernetes.clone(),
-                    identity,
-                    args.dry_run,
-                );
-                if settings.models.is_empty() {
-                    let catalog = gpuscale_policies::Catalog::builtin();
-                    for p in k.policies().await? {
-                        match gpuscale_policies::Model::from_policy(&p, &catalog) {
-                            Ok(m) => settings.models.push(m),
-                            Err(errors) => {
-                                for e in errors {
-                                    eprintln!(
-                                        "ModelPolicy {}: {}: {}",
-                                        p.metadata.name.clone().unwrap_or_default(),
-                                        e.path,
-                                        e.message
-                                    );
-                                }
-                            }
-                        }
-                    }
-                    anyhow::ensure!(
-                        !settings.models.is_empty(),
-                        "no valid ModelPolicy in namespace {}",
-                        settings.spec.kubernetes.namespace
-                    );
-                }
-                backend::Backend::Kube(backend::KubeBackend::new(k, client.clone()))
-            }
-        };
-        let admin_addr = settings.spec.admin;
-        let models = settings.models.len();
-        let settings_keda = settings.spec.keda;
-        let keda_models = settings.models.clone();
-        let client_for_keda = client.clone();
-        anyhow::ensure!(
-            args.backend == Backend::Kube || !args.dry_run,
-            "--dry-run applies to --backend kube"
-        );
-        let controller = Controller::new(settings, client, backend);
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let (admin, admin_task) =
-            gpuscale_autoscaler::admin::serve(admin_addr, controller.report(), stopped.clone())
-                .await
-                .with_context(|| format!("binding {admin_addr}"))?;
         println!(
-            "autoscaler: {models} models, {} backend, admin on http://{admin} (/v1/decisions, /metrics)",
+            "autoscaler: {models} models, {} backend, admin on http://{} (dashboard at /, /v1/decisions, /metrics)",
             match args.backend {
                 Backend::Local => "local",
                 Backend::Kube if args.dry_run => "kube (dry run)",
                 Backend::Kube => "kube",
-            }
+            },
+            running.admin
         );
-        let keda_task = match settings_keda {
-            Some(addr) => {
-                let keda = gpuscale_autoscaler::keda::Keda::new(client_for_keda, keda_models);
-                let (bound, task) = gpuscale_autoscaler::keda::serve(addr, keda, stopped.clone())
-                    .await
-                    .with_context(|| format!("binding {addr}"))?;
-                println!("autoscaler: KEDA external scaler (gRPC) on {bound}");
-                Some(task)
-            }
-            None => None,
-        };
-        let run = tokio::spawn(controller.run(stopped));
+        if let Some(k) = running.keda {
+            println!("autoscaler: KEDA external scaler (gRPC) on {k}");
+        }
         super::shutdown_signal().await;
         eprintln!("autoscaler: stopping replicas");
-        let _ = stop.send(true);
-        let _ = run.await;
-        let _ = admin_task.await;
-        if let Some(t) = keda_task {
-            let _ = t.await;
-        }
-        if let Some(g) = gateway {
-            g.shutdown().await;
-        }
+        running.stop().await;
         Ok(ExitCode::SUCCESS)
     })
 }

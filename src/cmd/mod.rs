@@ -8,6 +8,7 @@ pub mod plan;
 pub mod queue;
 pub mod sim_server;
 pub mod simulate;
+pub mod up;
 pub mod validate;
 
 /// Output formats shared by the commands that print data.

@@ -1,0 +1,300 @@
+//! `gpuscale up`: the whole loop in one process, on the embedded default.
+//!
+//! From `examples/up/autoscaler.yaml` (the example cluster and policies):
+//! the gateway (traffic port), the autoscaler on the local backend with the
+//! packer placing every change, one simulated model server per replica
+//! slowed to its share of a GPU, and the autoscaler's admin port serving
+//! the dashboard. `--load` adds built-in traffic ([`crate::load`]); a
+//! compact summary goes to the terminal; `--duration` ends a scripted run,
+//! Ctrl-C drains and exits.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuscale_autoscaler::dashboard::View;
+use gpuscale_policies::Model;
+
+use super::autoscaler::{Backend, Loop, admin_secret};
+use crate::load::{self, Arrivals, Pattern, Totals};
+
+/// Arguments of `up`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The `kind: Autoscaler` file: cluster, policies, embedded gateway.
+    #[arg(long, default_value = "examples/up/autoscaler.yaml")]
+    pub config: PathBuf,
+    /// Built-in traffic: steady, diurnal (a ten-minute day), burst (30 s
+    /// of every two minutes) or trace:FILE (an Azure-format trace in real
+    /// time). Without it the gateway waits for your own requests.
+    #[arg(long)]
+    pub load: Option<Pattern>,
+    /// Peak requests per second of the built-in load, over all models.
+    #[arg(long, default_value_t = 40.0)]
+    pub rate: f64,
+    /// Seed of the built-in load.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop after this long (`90s`, `10m`); without it, run until Ctrl-C.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Divide the policies' time constants (start-up times, scale-down
+    /// windows, scale-to-zero delays, rate-limit periods) by this, so that
+    /// minutes of behaviour show in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Address every listener binds (loopback unless you choose).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+    /// Traffic port (the OpenAI-compatible API).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Admin port: the dashboard, `/v1/dashboard`, `/v1/decisions`,
+    /// `/metrics`.
+    #[arg(long, default_value_t = 9091)]
+    pub admin_port: u16,
+    /// The gateway's admin port (replica registration, with a token made
+    /// up for the run; `/v1/queues`, the gateway's `/metrics`).
+    #[arg(long, default_value_t = 9090)]
+    pub gateway_admin_port: u16,
+    /// Time between terminal summaries (`0s`: none).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub summary_every: Duration,
+}
+
+/// Divides a model's time constants by `k` (at least 1).
+fn speed_up(m: &mut Model, k: f64) {
+    let k = k.max(1.0);
+    let div = |d: &mut Duration| *d = d.div_f64(k);
+    div(&mut m.scaling.startup_time);
+    div(&mut m.scaling.scale_to_zero_after);
+    for rules in [&mut m.scale_up, &mut m.scale_down] {
+        div(&mut rules.stabilization_window);
+        for p in &mut rules.policies {
+            p.period = p.period.div_f64(k).max(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Refuses a port that is taken, naming it and its flag.
+fn check_free(addr: SocketAddr, what: &str, flag: &str) -> Result<(), String> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "gpuscale up: cannot listen on {addr} ({what}): {e}; choose another with {flag}"
+        )),
+    }
+}
+
+fn ms(x: Option<f64>) -> String {
+    match x {
+        None => "–".into(),
+        Some(v) if v >= 1000.0 => format!("{:.1}s", v / 1000.0),
+        Some(v) => format!("{v:.0}ms"),
+    }
+}
+
+/// The terminal summary: the cluster line, then one line per model.
+pub fn summary(v: &View, elapsed: Duration) -> String {
+    let mut out = format!(
+        "[{:>5.0}s] GPUs {}/{} · memory {:.0} % · compute {:.0} % · ${:.2}/h · {:.1} req/s\n",
+        elapsed.as_secs_f64(),
+        v.summary.gpus_used,
+        v.summary.gpus,
+        100.0 * v.summary.memory,
+        100.0 * v.summary.compute,
+        v.summary.cost_per_hour,
+        v.models.iter().map(|m| m.rate).sum::<f64>(),
+    );
+    out.push_str(&format!(
+        "  {:<20} {:>9} {:>6} {:>7}  {:>17}  {:>17}\n",
+        "model", "replicas", "queue", "req/s", "p95 latency / SLO", "p95 TTFT / SLO"
+    ));
+    for m in &v.models {
+        let flag = match m.within_slo {
+            Some(false) => " over SLO",
+            _ => "",
+        };
+        out.push_str(&format!(
+            "  {:<20} {:>9} {:>6.0} {:>7.1}  {:>17}  {:>17}{flag}\n",
+            m.name,
+            format!("{}/{}", m.ready, m.desired),
+            m.waiting,
+            m.rate,
+            format!("{} / {}", ms(m.latency_p95_ms), ms(m.slo.latency_p95_ms)),
+            format!("{} / {}", ms(m.ttft_p95_ms), ms(m.slo.ttft_p95_ms)),
+        ));
+    }
+    out
+}
+
+/// Runs until `--duration` or SIGINT/SIGTERM, then stops the load, waits
+/// for its answers, drains every replica and exits.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let mut settings = match gpuscale_autoscaler::config::load(&args.config) {
+        Ok(s) => s,
+        Err(p) => {
+            for p in &p.0 {
+                eprintln!("{p}");
+            }
+            if !args.config.exists() {
+                eprintln!(
+                    "gpuscale up reads {} by default: run it from the repository root, or pass --config",
+                    args.config.display()
+                );
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let Some(gateway_file) = settings.spec.gateway.config.clone() else {
+        eprintln!(
+            "{}: spec.gateway.config: gpuscale up runs the gateway itself; give its config file",
+            args.config.display()
+        );
+        return Ok(ExitCode::from(1));
+    };
+    if !(args.speedup.is_finite() && args.speedup >= 1.0) {
+        eprintln!("--speedup must be at least 1, got {}", args.speedup);
+        return Ok(ExitCode::from(1));
+    }
+    if !(args.rate.is_finite() && args.rate > 0.0) {
+        eprintln!("--rate must be above 0, got {}", args.rate);
+        return Ok(ExitCode::from(1));
+    }
+    let mut gateway_settings = match gpuscale_gateway::config::load(&gateway_file) {
+        Ok(s) => s,
+        Err(p) => {
+            for p in &p.0 {
+                eprintln!("{p}");
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let traffic = SocketAddr::new(args.bind, args.port);
+    let admin = SocketAddr::new(args.bind, args.admin_port);
+    let gateway_admin = SocketAddr::new(args.bind, args.gateway_admin_port);
+    for (addr, what, flag) in [
+        (traffic, "the traffic port", "--port"),
+        (admin, "the admin port and dashboard", "--admin-port"),
+        (gateway_admin, "the gateway's admin port", "--gateway-admin-port"),
+    ] {
+        if let Err(message) = check_free(addr, what, flag) {
+            eprintln!("{message}");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    gateway_settings.spec.listen = traffic;
+    gateway_settings.spec.admin = gateway_admin;
+    settings.spec.admin = admin;
+    settings.spec.keda = None;
+    for m in &mut settings.models {
+        speed_up(m, args.speedup);
+    }
+    let decode_tps = gpuscale_gateway::sim::SimProfile::named(&settings.spec.local.profile, "")
+        .map_or(0.0, |p| p.decode_tps);
+    let arrivals = match &args.load {
+        Some(p) => match Arrivals::new(
+            p.clone(),
+            args.rate,
+            load::targets(&settings.models, decode_tps),
+            args.seed,
+        ) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                eprintln!("--load: {e}");
+                return Ok(ExitCode::from(1));
+            }
+        },
+        None => None,
+    };
+    let mut gateway_settings = Some(gateway_settings);
+    let secret = match admin_secret(None, &settings, &mut gateway_settings)? {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("{message}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let cluster = settings.cluster.as_ref().map_or_else(
+        || "no cluster (replicas unplaced)".to_string(),
+        |c| {
+            let gpus: usize = c.nodes.iter().map(|n| n.gpus.len()).sum();
+            format!("{} ({} nodes, {gpus} GPUs)", c.name, c.nodes.len())
+        },
+    );
+    let models = settings.models.len();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let running = Loop::start(settings, gateway_settings, secret, Backend::Local, false).await?;
+        let traffic = running.gateway.as_ref().map_or(traffic, |g| g.traffic);
+        println!("gpuscale up: {models} models on {cluster}");
+        println!("  dashboard  http://{}/", running.admin);
+        println!("  traffic    http://{traffic}/v1/chat/completions (OpenAI API)");
+        match &args.load {
+            Some(p) => println!("  load       {}, peak {} req/s", p.name(), args.rate),
+            None => println!(
+                "  load       none: send your own, e.g.\n             curl -s {traffic}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+            ),
+        }
+        println!(
+            "  stop       {}",
+            match args.duration {
+                Some(d) => format!("after {}, or Ctrl-C", humantime::format_duration(d)),
+                None => "Ctrl-C (drains, then exits)".into(),
+            }
+        );
+        let started = tokio::time::Instant::now();
+        let totals = Arc::new(Mutex::new(Totals::default()));
+        let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
+        let load_task = arrivals.map(|a| {
+            tokio::spawn(load::drive(
+                traffic,
+                a,
+                load_stopped,
+                load::GRACE,
+                totals.clone(),
+            ))
+        });
+        let report = running.report.clone();
+        let every = args.summary_every;
+        let summaries = tokio::spawn(async move {
+            if every.is_zero() {
+                return;
+            }
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                print!("{}", summary(&report.dashboard(), started.elapsed()));
+            }
+        });
+        let until = async {
+            match args.duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = until => {}
+            () = super::shutdown_signal() => eprintln!("gpuscale up: stopping"),
+        }
+        summaries.abort();
+        let _ = stop_load.send(true);
+        if let Some(t) = load_task {
+            let _ = t.await;
+            let t = totals.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            println!("{}", t.line());
+        }
+        print!("{}", summary(&running.report.dashboard(), started.elapsed()));
+        eprintln!("gpuscale up: draining replicas");
+        running.stop().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
