@@ -149,7 +149,11 @@ pub fn targets(models: &[Model], decode_tps: f64) -> Vec<Target> {
             )
         })
         .collect();
-    let total: f64 = raw.iter().map(|(_, w, _)| w).sum::<f64>().max(f64::MIN_POSITIVE);
+    let total: f64 = raw
+        .iter()
+        .map(|(_, w, _)| w)
+        .sum::<f64>()
+        .max(f64::MIN_POSITIVE);
     raw.into_iter()
         .map(|(model, w, max_tokens)| Target {
             model,
@@ -379,7 +383,8 @@ pub async fn drive(
             }
         });
     }
-    let waited = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    let waited =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
     if waited.is_err() {
         let left = tasks.len() as u64;
         tasks.abort_all();
@@ -399,7 +404,12 @@ mod tests {
             Ok(Pattern::Trace(PathBuf::from("t.csv")))
         );
         assert!("trace:".parse::<Pattern>().is_err());
-        assert!("spiky".parse::<Pattern>().unwrap_err().contains("steady, diurnal, burst"));
+        assert!(
+            "spiky"
+                .parse::<Pattern>()
+                .unwrap_err()
+                .contains("steady, diurnal, burst")
+        );
         // Burst: quiet, then the peak from second 10 to 40 of each two
         // minutes.
         assert_eq!(Pattern::Burst.multiplier(5.0), 0.15);

@@ -728,3 +728,58 @@ fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
+    // A port already taken: named, with the flag that moves it; nothing
+    // starts.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = gpuscale(&["up", "--port", &port, "--duration", "1s"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("--port"),
+        "{err}"
+    );
+    // An unknown load pattern: the choices, exit 2 (clap's usage error).
+    let out = gpuscale(&["up", "--load", "spiky"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("steady, diurnal, burst or trace:FILE"));
+    // A trace that is not one: its file and line.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(
+        &trace,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n0,12,oops\n",
+    )
+    .unwrap();
+    let load = format!("trace:{}", trace.display());
+    let out = gpuscale(&[
+        "up",
+        "--load",
+        &load,
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--gateway-admin-port",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("t.csv:2:"),
+        "{out:?}"
+    );
+    // No config where it is looked for: the hint to run from the root.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["up", "--duration", "1s"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("run it from the repository root"),
+        "{out:?}"
+    );
+}

@@ -66,8 +66,14 @@ fn dashboard_events(report: Report, mut shutdown: watch::Receiver<bool>) -> Resp
     let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
     let mut r = Response::new(body);
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
     r
 }
 

@@ -25,8 +25,8 @@ use tokio::sync::watch;
 use gpuscale_policies::model::ScalingMemory;
 
 use crate::backend::{Backend, Change, Observed};
-use crate::dashboard::{self, Live};
 use crate::config::Settings;
+use crate::dashboard::{self, Live};
 use crate::observe::{Event, GatewayClient, observations};
 use crate::recommend::{Mode, State};
 
@@ -48,14 +48,29 @@ struct ModeLabels {
     mode: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    gpu_model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: String,
+}
+
 /// The autoscaler's metrics (prefix `gpuscale_autoscaler_`).
 #[derive(Clone)]
 struct Metrics {
     desired: Family<ModelLabel, Gauge>,
     ready: Family<ModelLabel, Gauge>,
+    min: Family<ModelLabel, Gauge>,
+    max: Family<ModelLabel, Gauge>,
     decisions: Family<ModeLabels, Counter>,
     panic: Family<ModelLabel, Gauge>,
     signal_to_decision: Histogram,
+    pool_gpus: Family<PoolLabel, Gauge>,
+    pool_used: Family<PoolLabel, Gauge>,
+    utilization: Family<ResourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Metrics {
@@ -63,9 +78,14 @@ impl Metrics {
         let m = Metrics {
             desired: Family::default(),
             ready: Family::default(),
+            min: Family::default(),
+            max: Family::default(),
             decisions: Family::default(),
             panic: Family::default(),
             signal_to_decision: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            pool_gpus: Family::default(),
+            pool_used: Family::default(),
+            utilization: Family::default(),
         };
         let mut r = Registry::with_prefix("gpuscale_autoscaler");
         r.register(
@@ -77,6 +97,23 @@ impl Metrics {
             "ready_replicas",
             "Replicas registered and serving",
             m.ready.clone(),
+        );
+        r.register("min_replicas", "The policy's minReplicas", m.min.clone());
+        r.register("max_replicas", "The policy's maxReplicas", m.max.clone());
+        r.register(
+            "pool_gpus",
+            "Healthy GPUs of each GPU model (the packer's pools)",
+            m.pool_gpus.clone(),
+        );
+        r.register(
+            "pool_gpus_used",
+            "GPUs of each GPU model holding a replica in the last plan",
+            m.pool_used.clone(),
+        );
+        r.register(
+            "plan_utilization",
+            "Memory, compute and dominant-resource utilisation of the GPUs in use, in the last plan (0-1)",
+            m.utilization.clone(),
         );
         r.register(
             "decisions",
@@ -95,6 +132,47 @@ impl Metrics {
         );
         (m, r)
     }
+}
+
+/// Every family the autoscaler exports, one placeholder series each
+/// (`model="example"`), as OpenMetrics text: what dashboards and rules are
+/// checked against. The destructuring has no `..`: a family added to the
+/// metrics does not compile until it is listed here.
+pub fn exposition() -> String {
+    let (m, registry) = Metrics::new();
+    let Metrics {
+        desired,
+        ready,
+        min,
+        max,
+        decisions,
+        panic,
+        signal_to_decision: _,
+        pool_gpus,
+        pool_used,
+        utilization,
+    } = &m;
+    let model = ModelLabel {
+        model: "example".into(),
+    };
+    for g in [desired, ready, min, max, panic] {
+        let _ = g.get_or_create(&model);
+    }
+    let _ = decisions.get_or_create(&ModeLabels {
+        model: "example".into(),
+        mode: "normal".into(),
+    });
+    let pool = PoolLabel {
+        gpu_model: "H100-80GB".into(),
+    };
+    let _ = pool_gpus.get_or_create(&pool);
+    let _ = pool_used.get_or_create(&pool);
+    let _ = utilization.get_or_create(&ResourceLabel {
+        resource: "memory".into(),
+    });
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
 }
 
 /// One model's last decision, for `/v1/decisions`.
@@ -354,6 +432,17 @@ impl Controller {
                 local.scale(m, start);
             }
             states.insert(m.name.clone(), State::new(start));
+            let label = ModelLabel {
+                model: m.name.clone(),
+            };
+            metrics
+                .min
+                .get_or_create(&label)
+                .set(i64::from(m.scaling.min_replicas));
+            metrics
+                .max
+                .get_or_create(&label)
+                .set(i64::from(m.scaling.max_replicas));
             metrics
                 .desired
                 .get_or_create(&ModelLabel {
@@ -573,7 +662,9 @@ impl Controller {
         // so the plan (and the dashboard's GPU map) exists before any
         // change.
         let first = !self.placed_once;
-        if (changed || first) && let Some(cluster) = &self.settings.cluster {
+        if (changed || first)
+            && let Some(cluster) = &self.settings.cluster
+        {
             self.placed_once = true;
             before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs).await);
         }
@@ -711,6 +802,31 @@ impl Controller {
                     "placement"
                 );
                 self.report.set_plan(&plan);
+                for pool in &plan.pools {
+                    let label = PoolLabel {
+                        gpu_model: pool.gpu_model.clone(),
+                    };
+                    self.metrics
+                        .pool_gpus
+                        .get_or_create(&label)
+                        .set(i64::from(pool.gpus));
+                    self.metrics
+                        .pool_used
+                        .get_or_create(&label)
+                        .set(i64::from(pool.gpus_used));
+                }
+                for (resource, v) in [
+                    ("memory", plan.utilization.memory),
+                    ("compute", plan.utilization.compute),
+                    ("dominant", plan.utilization.dominant),
+                ] {
+                    self.metrics
+                        .utilization
+                        .get_or_create(&ResourceLabel {
+                            resource: resource.into(),
+                        })
+                        .set(v);
+                }
                 if let Some(cluster) = &self.settings.cluster {
                     self.backend
                         .placed(&speeds(&plan, cluster, &self.settings.models));

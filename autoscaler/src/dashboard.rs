@@ -373,19 +373,9 @@ fn nodes(cluster: &Cluster, models: &[Model], plan: Option<&Plan>) -> Vec<NodeVi
                 .collect()
         })
         .unwrap_or_default();
-    let parts = plan
+    let replica_parts = plan
         .map(|p| p.replica_parts(cluster, models))
         .unwrap_or_default();
-    // (node, index) → (model, replica, memory, speed) of each replica there.
-    let mut on_gpu: BTreeMap<(&str, u32), Vec<(&str, u32, f64, f64)>> = BTreeMap::new();
-    for ((model, replica), ps) in &parts {
-        for p in ps {
-            on_gpu
-                .entry((p.node.as_str(), p.index))
-                .or_default()
-                .push((model.as_str(), *replica, p.memory_gib, p.speed));
-        }
-    }
     cluster
         .nodes
         .iter()
@@ -400,16 +390,18 @@ fn nodes(cluster: &Cluster, models: &[Model], plan: Option<&Plan>) -> Vec<NodeVi
                 .map(|g| {
                     let key = (n.name.as_str(), g.index);
                     let gp = planned.get(&key);
-                    let here = on_gpu.get(&key).cloned().unwrap_or_default();
                     let parts: Vec<PartView> = gp
                         .map(|gp| {
                             gp.replicas
                                 .iter()
                                 .map(|r| {
-                                    let (memory, speed) = here
-                                        .iter()
-                                        .find(|(m, k, _, _)| *m == r.model && *k == r.replica)
-                                        .map_or((0.0, 0.0), |(_, _, mem, sp)| (*mem, *sp));
+                                    let (memory, speed) = replica_parts
+                                        .get(&(r.model.clone(), r.replica))
+                                        .and_then(|ps| {
+                                            ps.iter()
+                                                .find(|p| p.node == n.name && p.index == g.index)
+                                        })
+                                        .map_or((0.0, 0.0), |p| (p.memory_gib, p.speed));
                                     PartView {
                                         model: r.model.clone(),
                                         replica: r.replica,

@@ -385,6 +385,32 @@ pub struct ModelSettings {
     pub replicas: Vec<Endpoint>,
     /// Model-server metrics format.
     pub metrics: MetricsFormat,
+    /// The policy's SLO targets: each request is counted as meeting or
+    /// missing them (`gpuscale_slo_requests_total`).
+    pub slo: SloSeconds,
+}
+
+/// A model's SLO targets, seconds (from its policy's `slo`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SloSeconds {
+    /// p95 queue wait.
+    pub queue_wait: Option<f64>,
+    /// p95 latency (leaving the queue to the last byte).
+    pub latency: Option<f64>,
+    /// p95 time to first token (streams).
+    pub ttft: Option<f64>,
+}
+
+impl SloSeconds {
+    /// The targets of a policy.
+    pub fn of(slo: &gpuscale_policies::model::SloTargets) -> Self {
+        let s = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+        SloSeconds {
+            queue_wait: s(slo.queue_wait_p95),
+            latency: s(slo.latency_p95),
+            ttft: s(slo.ttft_p95),
+        }
+    }
 }
 
 impl ModelSettings {
@@ -398,6 +424,7 @@ impl ModelSettings {
             priority: Priority::Standard,
             replicas: Vec::new(),
             metrics: MetricsFormat::None,
+            slo: SloSeconds::default(),
         }
     }
 }
@@ -570,6 +597,7 @@ impl Settings {
                     priority: p.priority,
                     replicas: Vec::new(),
                     metrics: MetricsFormat::None,
+                    slo: SloSeconds::of(&p.slo),
                 },
             );
         }
@@ -600,6 +628,7 @@ impl Settings {
                     priority: m.priority.unwrap_or(base.priority),
                     replicas,
                     metrics: m.metrics,
+                    slo: base.slo,
                 },
             );
         }

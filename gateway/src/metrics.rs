@@ -25,6 +25,17 @@ pub struct CodeLabels {
     pub code: u16,
 }
 
+/// `{model, slo, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SloLabels {
+    /// Served model name.
+    pub model: String,
+    /// `queue_wait`, `latency` or `ttft`.
+    pub slo: String,
+    /// `met` or `missed`.
+    pub result: String,
+}
+
 /// `{model, reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -65,6 +76,68 @@ pub fn classic_text(openmetrics: &str) -> String {
     out
 }
 
+/// The metric families in an OpenMetrics exposition (from its `# TYPE`
+/// lines), e.g. `gpuscale_queue_depth`. Dashboards and alert rules are
+/// checked against the names the registries really export.
+pub fn families(openmetrics: &str) -> Vec<(String, String)> {
+    openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .map(|(name, kind)| (name.to_string(), kind.trim().to_string()))
+        .collect()
+}
+
+/// Every family the gateway exports, one placeholder series each
+/// (`model="example"`), as OpenMetrics text: what dashboards and rules
+/// are checked against. The destructuring has no `..`: a family added to
+/// [`Metrics`] does not compile until it is listed here.
+pub fn exposition() -> String {
+    let (m, registry) = Metrics::new();
+    let Metrics {
+        requests,
+        queue_depth,
+        in_flight,
+        replicas,
+        queue_wait,
+        latency,
+        ttft,
+        rejections,
+        upstream_errors,
+        scale_signals,
+        queue_limit,
+        slo,
+    } = &m;
+    let model = ModelLabel {
+        model: "example".into(),
+    };
+    let _ = requests.get_or_create(&CodeLabels {
+        model: "example".into(),
+        code: 200,
+    });
+    for g in [queue_depth, in_flight, replicas, queue_limit] {
+        let _ = g.get_or_create(&model);
+    }
+    for h in [queue_wait, latency, ttft] {
+        let _ = h.get_or_create(&model);
+    }
+    for c in [upstream_errors, scale_signals] {
+        let _ = c.get_or_create(&model);
+    }
+    let _ = rejections.get_or_create(&ReasonLabels {
+        model: "example".into(),
+        reason: "queue_full".into(),
+    });
+    let _ = slo.get_or_create(&SloLabels {
+        model: "example".into(),
+        slo: "latency".into(),
+        result: "met".into(),
+    });
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
 type Hist = Family<ModelLabel, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
@@ -96,6 +169,11 @@ pub struct Metrics {
     pub upstream_errors: Family<ModelLabel, Counter>,
     /// `gpuscale_scale_from_zero_signals_total{model}`.
     pub scale_signals: Family<ModelLabel, Counter>,
+    /// `gpuscale_queue_limit{model}`: the admission queue's bound.
+    pub queue_limit: Family<ModelLabel, Gauge>,
+    /// `gpuscale_slo_requests_total{model,slo,result}`: requests against
+    /// the policy's targets (the good and bad events of an SLO).
+    pub slo: Family<SloLabels, Counter>,
 }
 
 impl Metrics {
@@ -112,6 +190,8 @@ impl Metrics {
             rejections: Family::default(),
             upstream_errors: Family::default(),
             scale_signals: Family::default(),
+            queue_limit: Family::default(),
+            slo: Family::default(),
         };
         let mut r = Registry::with_prefix("gpuscale");
         r.register(
@@ -158,6 +238,16 @@ impl Metrics {
             "upstream_errors",
             "Transport failures talking to replicas",
             m.upstream_errors.clone(),
+        );
+        r.register(
+            "queue_limit",
+            "Requests the admission queue holds at most",
+            m.queue_limit.clone(),
+        );
+        r.register(
+            "slo_requests",
+            "Requests measured against the model's SLO targets (slo: queue_wait, latency, ttft; result: met, missed)",
+            m.slo.clone(),
         );
         r.register(
             "scale_from_zero_signals",

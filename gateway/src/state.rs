@@ -97,11 +97,58 @@ struct Handles {
     ok: Counter,
     upstream_errors: Counter,
     scale_signals: Counter,
+    /// Per SLO the model declares: its target (seconds) and the met and
+    /// missed counters.
+    slo_queue_wait: Option<SloCounter>,
+    slo_latency: Option<SloCounter>,
+    slo_ttft: Option<SloCounter>,
+}
+
+/// One SLO target and its two counters.
+struct SloCounter {
+    target: f64,
+    met: Counter,
+    missed: Counter,
+}
+
+impl SloCounter {
+    fn new(m: &Metrics, model: &str, slo: &str, target: Option<f64>) -> Option<Self> {
+        let counter = |result: &str| {
+            m.slo
+                .get_or_create(&crate::metrics::SloLabels {
+                    model: model.to_string(),
+                    slo: slo.to_string(),
+                    result: result.to_string(),
+                })
+                .clone()
+        };
+        target.map(|target| SloCounter {
+            target,
+            met: counter("met"),
+            missed: counter("missed"),
+        })
+    }
+
+    fn count(this: &Option<Self>, seconds: f64) {
+        if let Some(c) = this {
+            if seconds <= c.target {
+                c.met.inc();
+            } else {
+                c.missed.inc();
+            }
+        }
+    }
 }
 
 impl Handles {
-    fn new(m: &Metrics, l: &ModelLabel) -> Self {
+    fn new(m: &Metrics, l: &ModelLabel, settings: &crate::config::ModelSettings) -> Self {
+        m.queue_limit
+            .get_or_create(l)
+            .set(i64::try_from(settings.max_queue).unwrap_or(i64::MAX));
         Handles {
+            slo_queue_wait: SloCounter::new(m, &l.model, "queue_wait", settings.slo.queue_wait),
+            slo_latency: SloCounter::new(m, &l.model, "latency", settings.slo.latency),
+            slo_ttft: SloCounter::new(m, &l.model, "ttft", settings.slo.ttft),
             queue_depth: m.queue_depth.get_or_create(l).clone(),
             in_flight: m.in_flight.get_or_create(l).clone(),
             replicas: m.replicas.get_or_create(l).clone(),
@@ -185,6 +232,7 @@ impl ModelState {
         stats.queue_wait.record(now, wait);
         drop(stats);
         self.handles.queue_wait.observe(wait);
+        SloCounter::count(&self.handles.slo_queue_wait, wait);
         Permit {
             model: self.clone(),
             replica,
@@ -271,6 +319,7 @@ impl Shared {
                         &ModelLabel {
                             model: m.name.clone(),
                         },
+                        m,
                     ),
                     version: version.clone(),
                 });
@@ -560,12 +609,14 @@ impl Permit {
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
         lock(&self.model.stats).latency.record(now, seconds);
         self.model.handles.latency.observe(seconds);
+        SloCounter::count(&self.model.handles.slo_latency, seconds);
     }
 
     /// Records a stream's time to first token.
     pub fn record_ttft(&self, seconds: f64) {
         lock(&self.model.stats).ttft.record(Instant::now(), seconds);
         self.model.handles.ttft.observe(seconds);
+        SloCounter::count(&self.model.handles.slo_ttft, seconds);
     }
 }
 

@@ -134,7 +134,11 @@ impl Loop {
     ) -> anyhow::Result<Loop> {
         let exe = std::env::current_exe().context("locating the gpuscale binary")?;
         let gateway = match gateway_settings {
-            Some(g) => Some(gpuscale_gateway::start(g).await.context("starting the gateway")?),
+            Some(g) => Some(
+                gpuscale_gateway::start(g)
+                    .await
+                    .context("starting the gateway")?,
+            ),
             None => None,
         };
         let base = match (&gateway, &settings.spec.gateway.admin) {

@@ -181,7 +181,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for (addr, what, flag) in [
         (traffic, "the traffic port", "--port"),
         (admin, "the admin port and dashboard", "--admin-port"),
-        (gateway_admin, "the gateway's admin port", "--gateway-admin-port"),
+        (
+            gateway_admin,
+            "the gateway's admin port",
+            "--gateway-admin-port",
+        ),
     ] {
         if let Err(message) = check_free(addr, what, flag) {
             eprintln!("{message}");
