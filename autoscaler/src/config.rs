@@ -119,6 +119,10 @@ pub struct LocalSpec {
     pub drain_time: Duration,
     /// Most replicas of one model the local machine runs.
     pub max_replicas_per_model: u32,
+    /// The replicas the backend starts with (each model's `minReplicas`)
+    /// skip their start-up delay, as on a cluster that was already
+    /// serving; replicas added later pay it. Off by default.
+    pub warm_start: bool,
 }
 
 impl Default for LocalSpec {
@@ -128,6 +132,7 @@ impl Default for LocalSpec {
             startup_time: None,
             drain_time: Duration::from_secs(5),
             max_replicas_per_model: 16,
+            warm_start: false,
         }
     }
 }

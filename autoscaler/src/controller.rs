@@ -429,7 +429,7 @@ impl Controller {
                 None => m.scaling.min_replicas,
             };
             if let Backend::Local(local) = &mut backend {
-                local.scale(m, start);
+                local.scale_initial(m, start);
             }
             states.insert(m.name.clone(), State::new(start));
             let label = ModelLabel {

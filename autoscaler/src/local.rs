@@ -120,9 +120,19 @@ impl LocalBackend {
             .collect()
     }
 
+    /// The replicas the backend starts with: as [`LocalBackend::scale`],
+    /// without the start-up delay when `local.warmStart` is set.
+    pub fn scale_initial(&mut self, model: &Model, replicas: u32) {
+        self.scale_with(model, replicas, self.spec.warm_start);
+    }
+
     /// Brings a model to `replicas` (capped at `maxReplicasPerModel`):
     /// starts new ones (they register when started), or stops the newest.
     pub fn scale(&mut self, model: &Model, replicas: u32) {
+        self.scale_with(model, replicas, false);
+    }
+
+    fn scale_with(&mut self, model: &Model, replicas: u32, warm: bool) {
         let replicas = replicas.min(self.spec.max_replicas_per_model);
         let pool = self.pools.entry(model.name.clone()).or_default();
         pool.wanted = replicas;
@@ -147,6 +157,7 @@ impl LocalBackend {
                 self.spec.clone(),
                 model.clone(),
                 speed,
+                warm,
                 link.clone(),
                 stopped,
             ));
@@ -243,6 +254,7 @@ async fn run_replica(
     spec: LocalSpec,
     model: Model,
     speed: Option<f64>,
+    warm: bool,
     link: Arc<Link>,
     mut stopped: oneshot::Receiver<()>,
 ) {
@@ -290,7 +302,11 @@ async fn run_replica(
         return;
     };
     *link.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = Some(endpoint.clone());
-    let startup = spec.startup_time.unwrap_or(model.scaling.startup_time);
+    let startup = if warm {
+        Duration::ZERO
+    } else {
+        spec.startup_time.unwrap_or(model.scaling.startup_time)
+    };
     tokio::select! {
         _ = tokio::time::sleep_until(started + startup) => {}
         _ = &mut stopped => {
