@@ -156,8 +156,7 @@ impl LocalBackend {
                 self.gateway.clone(),
                 self.spec.clone(),
                 model.clone(),
-                speed,
-                warm,
+                Start { speed, warm },
                 link.clone(),
                 stopped,
             ));
@@ -244,6 +243,14 @@ impl LocalBackend {
     }
 }
 
+/// How a replica starts.
+struct Start {
+    /// `sim-server --speed` (none: the profile's own).
+    speed: Option<f64>,
+    /// Without the start-up delay.
+    warm: bool,
+}
+
 /// One replica's life: start the process, wait out the start-up delay,
 /// register (again after every failure, with backoff, and whenever the
 /// reconciler finds the gateway has lost it), serve until stopped or the
@@ -253,15 +260,14 @@ async fn run_replica(
     gateway: GatewayClient,
     spec: LocalSpec,
     model: Model,
-    speed: Option<f64>,
-    warm: bool,
+    start: Start,
     link: Arc<Link>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let started = tokio::time::Instant::now();
     let mut command = Command::new(&exe);
     command.args(["sim-server", "--port", "0", "--profile", &spec.profile]);
-    if let Some(s) = speed.filter(|s| s.is_finite() && *s > 0.0) {
+    if let Some(s) = start.speed.filter(|s| s.is_finite() && *s > 0.0) {
         command.args(["--speed", &format!("{:.4}", s.clamp(0.01, 1.0))]);
     }
     let mut child = match command
@@ -302,7 +308,7 @@ async fn run_replica(
         return;
     };
     *link.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = Some(endpoint.clone());
-    let startup = if warm {
+    let startup = if start.warm {
         Duration::ZERO
     } else {
         spec.startup_time.unwrap_or(model.scaling.startup_time)
