@@ -87,11 +87,12 @@ class DevTools:
     def eval(self, expression):
         r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         if "exceptionDetails" in r:
-            raise SystemExit(f"page script failed: {r['exceptionDetails']}")
+            raise RuntimeError(f"page script failed: {r['exceptionDetails']}")
         return r["result"].get("value")
 
 
 PAGE_STATE = """(() => {
+  if (!document.body) return { updated: null };
   const gpus = [...document.querySelectorAll('.gpu')];
   const rows = [...document.querySelectorAll('#models tbody tr')];
   return {
