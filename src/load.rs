@@ -246,7 +246,8 @@ impl Iterator for Arrivals {
                 at: row.at,
                 model: target.model,
                 prompt_tokens: row.prompt.min(2048),
-                max_tokens: row.output.clamp(1, 1024),
+                // The trace's size, within what the model's SLO allows.
+                max_tokens: row.output.clamp(1, target.max_tokens),
                 stream: self.rng.random::<bool>(),
             });
         }

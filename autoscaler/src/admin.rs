@@ -33,6 +33,11 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// How often `/v1/dashboard/events` pushes the view.
 pub const DASHBOARD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Most `/v1/dashboard/events` streams open at once (each holds a
+/// connection): the rest of the port, `/healthz` included, always keeps
+/// [`MAX_CONNECTIONS`] minus these. One more is answered 503.
+pub const MAX_EVENT_STREAMS: usize = 32;
+
 type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 fn respond(status: StatusCode, kind: &'static str, body: String) -> Response<AdminBody> {
@@ -45,18 +50,41 @@ fn respond(status: StatusCode, kind: &'static str, body: String) -> Response<Adm
 
 /// The dashboard's view as server-sent events, one `data:` line of JSON
 /// every [`DASHBOARD_EVERY`], until the client goes away or the listener
-/// stops.
-fn dashboard_events(report: Report, mut shutdown: watch::Receiver<bool>) -> Response<AdminBody> {
+/// stops. The first event carries the whole time series; each later one
+/// only the samples taken since (the page appends them).
+fn dashboard_events(
+    report: Report,
+    mut shutdown: watch::Receiver<bool>,
+    streams: &Arc<tokio::sync::Semaphore>,
+) -> Response<AdminBody> {
+    let Ok(slot) = streams.clone().try_acquire_owned() else {
+        return respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!(
+                "{MAX_EVENT_STREAMS} dashboard streams are open already; GET /v1/dashboard instead\n"
+            ),
+        );
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(2);
     tokio::spawn(async move {
+        let _slot = slot;
         let mut every = tokio::time::interval(DASHBOARD_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sent_up_to: Option<f64> = None;
         loop {
             tokio::select! {
                 _ = every.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            let json = serde_json::to_string(&report.dashboard()).unwrap_or_default();
+            let mut view = report.dashboard();
+            if let Some(t) = sent_up_to {
+                view.history.retain(|s| s.t > t);
+            }
+            if let Some(last) = view.history.last() {
+                sent_up_to = Some(last.t);
+            }
+            let json = serde_json::to_string(&view).unwrap_or_default();
             let event = Bytes::from(format!("data: {json}\n\n"));
             if tx.send(Ok(Frame::data(event))).await.is_err() {
                 return;
@@ -100,6 +128,7 @@ pub async fn serve_with(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let streams = Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS));
     let task = tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -120,11 +149,13 @@ pub async fn serve_with(
                     };
                     let report = report.clone();
                     let stopping = shutdown.clone();
+                    let streams = streams.clone();
                     tokio::spawn(async move {
                         let _slot = slot;
                         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                             let report = report.clone();
                             let stopping = stopping.clone();
+                            let streams = streams.clone();
                             async move {
                                 let r = match req.uri().path() {
                                     "/metrics" => respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
@@ -147,7 +178,7 @@ pub async fn serve_with(
                                         "application/json",
                                         serde_json::to_string(&report.dashboard()).unwrap_or_default(),
                                     ),
-                                    "/v1/dashboard/events" => dashboard_events(report, stopping),
+                                    "/v1/dashboard/events" => dashboard_events(report, stopping, &streams),
                                     _ => respond(StatusCode::NOT_FOUND, "text/plain", "admin endpoints: / (dashboard), /v1/dashboard, /v1/dashboard/events, /metrics, /healthz, /readyz, /v1/decisions\n".to_string()),
                                 };
                                 Ok::<_, Infallible>(r)

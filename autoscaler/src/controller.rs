@@ -565,6 +565,21 @@ impl Controller {
                 }
                 event = stream.recv() => {
                     let received = Instant::now();
+                    // Only the newest document counts: the stream sends on
+                    // every change, and under load the events pile up
+                    // faster than decisions (each may pack); deciding on
+                    // each in turn would decide on the past. A
+                    // scale-from-zero signal is kept over later documents
+                    // (its path reads a fresh one).
+                    let mut event = event;
+                    while let Ok(next) = stream.try_recv() {
+                        event = Some(match (event, next) {
+                            (Some(Event::ScaleFromZero { model }), Event::Queues(_)) => {
+                                Event::ScaleFromZero { model }
+                            }
+                            (_, next) => next,
+                        });
+                    }
                     match event {
                         Some(Event::Queues(v)) => {
                             self.report.set_queues(&v);

@@ -190,10 +190,24 @@ impl LocalBackend {
                 self.scale(m, wanted);
             }
         }
+        // Which replicas were registered *before* the list is read: one
+        // that registers while the list is in flight is not on it, and is
+        // not lost.
+        let registered_before: Vec<Vec<bool>> = models
+            .iter()
+            .map(|m| {
+                self.pools.get(&m.name).map_or_else(Vec::new, |p| {
+                    p.replicas
+                        .iter()
+                        .map(|r| r.link.registered.load(Ordering::Relaxed))
+                        .collect()
+                })
+            })
+            .collect();
         let Ok(listed) = self.gateway.replica_list().await else {
             return repairs;
         };
-        for m in models {
+        for (m, before) in models.iter().zip(&registered_before) {
             let Some(pool) = self.pools.get(&m.name) else {
                 continue;
             };
@@ -202,7 +216,7 @@ impl LocalBackend {
                 .map(|v| v.iter().map(String::as_str).collect())
                 .unwrap_or_default();
             let mut lost = 0;
-            for r in &pool.replicas {
+            for (k, r) in pool.replicas.iter().enumerate() {
                 let endpoint = r
                     .link
                     .endpoint
@@ -210,6 +224,7 @@ impl LocalBackend {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
                 if let Some(e) = endpoint
+                    && before.get(k).copied().unwrap_or(false)
                     && r.link.registered.load(Ordering::Relaxed)
                     && !known.contains(e.as_str())
                 {

@@ -242,7 +242,7 @@ impl GatewayClient {
     /// Follows `/v1/queues/stream`, reconnecting after a second when it
     /// drops; events arrive on the returned channel until it is dropped.
     pub fn stream(&self) -> mpsc::Receiver<Event> {
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(4);
         let this = self.clone();
         tokio::spawn(async move {
             loop {
@@ -273,10 +273,24 @@ impl GatewayClient {
         }
         let mut body = resp.into_body();
         let mut buf = String::new();
+        // The newest document not yet handed over: a newer one replaces
+        // it, so a busy controller gets the present, not a backlog.
+        // Scale-from-zero signals are never dropped.
+        let mut pending: Option<serde_json::Value> = None;
         loop {
             // The gateway sends at least once a second: silence for longer
             // is a dead connection, not a quiet gateway.
-            let frame = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+            let frame = tokio::select! {
+                permit = tx.reserve(), if pending.is_some() => {
+                    let permit = permit.map_err(|_| ())?;
+                    if let Some(v) = pending.take() {
+                        permit.send(Event::Queues(v));
+                    }
+                    continue;
+                }
+                frame = tokio::time::timeout(STREAM_IDLE, body.frame()) => frame,
+            };
+            let frame = match frame {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(_) => return Err(()),
@@ -292,12 +306,15 @@ impl GatewayClient {
             }
             while let Some(end) = buf.find("\n\n") {
                 let event: String = buf.drain(..end + 2).collect();
-                if let Some(e) = parse_event(&event)
-                    && tx.send(e).await.is_err()
-                {
-                    return Err(());
+                match parse_event(&event) {
+                    Some(Event::Queues(v)) => pending = Some(v),
+                    Some(e) => tx.send(e).await.map_err(|_| ())?,
+                    None => {}
                 }
             }
+        }
+        if let Some(v) = pending {
+            let _ = tx.send(Event::Queues(v)).await;
         }
         Ok(())
     }

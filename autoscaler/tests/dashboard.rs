@@ -238,3 +238,44 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
     .unwrap_or_else(|_| panic!("no two events in 5 s: {got}"));
     assert!(got.contains("content-type: text/event-stream"), "{got}");
 }
+
+#[tokio::test]
+async fn dashboard_streams_are_capped_so_health_checks_always_get_through() {
+    use gpuscale_autoscaler::admin::MAX_EVENT_STREAMS;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let (addr, _task) = gpuscale_autoscaler::admin::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        Report::default(),
+        stopped,
+    )
+    .await
+    .unwrap();
+    let open = |n: usize| async move {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.unwrap();
+            held.push((s, String::from_utf8_lossy(&buf[..n]).to_string()));
+        }
+        held
+    };
+    let held = open(MAX_EVENT_STREAMS).await;
+    assert!(
+        held.iter()
+            .all(|(_, head)| head.starts_with("HTTP/1.1 200"))
+    );
+    let more = open(1).await;
+    assert!(more[0].1.starts_with("HTTP/1.1 503"), "{}", more[0].1);
+    let (status, _) = common::admin_get(addr, "/healthz").await;
+    assert_eq!(status, 200);
+    // Closed streams give their places back.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = open(1).await;
+    assert!(again[0].1.starts_with("HTTP/1.1 200"), "{}", again[0].1);
+}

@@ -246,7 +246,7 @@ impl Metrics {
         );
         r.register(
             "slo_requests",
-            "Requests measured against the model's SLO targets (slo: queue_wait, latency, ttft; result: met, missed)",
+            "Requests measured against the model's SLO targets from their arrival at the gateway, queue wait included; a refused request misses every target (slo: queue_wait, latency, ttft; result: met, missed)",
             m.slo.clone(),
         );
         r.register(

@@ -238,6 +238,7 @@ impl ModelState {
             replica,
             endpoint,
             admitted: now,
+            arrived,
             succeeded: false,
         }
     }
@@ -430,6 +431,14 @@ impl Shared {
     }
 
     fn rejected(&self, model: &ModelState, r: Reject) -> Reject {
+        // A refused request misses every target its model declares.
+        let h = &model.handles;
+        for c in [&h.slo_queue_wait, &h.slo_latency, &h.slo_ttft]
+            .into_iter()
+            .flatten()
+        {
+            c.missed.inc();
+        }
         self.metrics
             .rejections
             .get_or_create(&ReasonLabels {
@@ -495,7 +504,7 @@ impl Shared {
         tried: &[ReplicaId],
     ) -> Option<Permit> {
         let model = failed.model.clone();
-        let admitted = failed.admitted;
+        let (admitted, arrived) = (failed.admitted, failed.arrived);
         drop(failed);
         let mut inner = lock(&model.inner);
         let (replica, endpoint) = inner.pool.acquire_other(Instant::now(), tried)?;
@@ -506,6 +515,7 @@ impl Shared {
             replica,
             endpoint,
             admitted,
+            arrived,
             succeeded: false,
         })
     }
@@ -587,6 +597,8 @@ pub struct Permit {
     pub endpoint: Endpoint,
     /// When the request left the queue.
     pub admitted: Instant,
+    /// When it reached the gateway (its SLOs count from here).
+    arrived: Instant,
     /// The replica answered (its failure count resets when the slot is
     /// freed: one lock, not two).
     succeeded: bool,
@@ -609,14 +621,17 @@ impl Permit {
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
         lock(&self.model.stats).latency.record(now, seconds);
         self.model.handles.latency.observe(seconds);
-        SloCounter::count(&self.model.handles.slo_latency, seconds);
+        // The SLO is end to end: from arrival, the queue wait included.
+        let total = now.saturating_duration_since(self.arrived).as_secs_f64();
+        SloCounter::count(&self.model.handles.slo_latency, total);
     }
 
     /// Records a stream's time to first token.
     pub fn record_ttft(&self, seconds: f64) {
         lock(&self.model.stats).ttft.record(Instant::now(), seconds);
         self.model.handles.ttft.observe(seconds);
-        SloCounter::count(&self.model.handles.slo_ttft, seconds);
+        let waited = self.admitted.saturating_duration_since(self.arrived);
+        SloCounter::count(&self.model.handles.slo_ttft, seconds + waited.as_secs_f64());
     }
 }
 

@@ -20,11 +20,14 @@ use gpuscale_policies::Model;
 use super::autoscaler::{Backend, Loop, admin_secret};
 use crate::load::{self, Arrivals, Pattern, Totals};
 
+/// What `up` reads with no `--config`.
+pub const DEFAULT_CONFIG: &str = "examples/up/autoscaler.yaml";
+
 /// Arguments of `up`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The `kind: Autoscaler` file: cluster, policies, embedded gateway.
-    #[arg(long, default_value = "examples/up/autoscaler.yaml")]
+    #[arg(long, default_value = DEFAULT_CONFIG)]
     pub config: PathBuf,
     /// Built-in traffic: steady, diurnal (a ten-minute day), burst (30 s
     /// of every two minutes) or trace:FILE (an Azure-format trace in real
@@ -142,7 +145,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             for p in &p.0 {
                 eprintln!("{p}");
             }
-            if !args.config.exists() {
+            if !args.config.exists() && args.config == std::path::Path::new(DEFAULT_CONFIG) {
                 eprintln!(
                     "gpuscale up reads {} by default: run it from the repository root, or pass --config",
                     args.config.display()
@@ -228,7 +231,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         || "no cluster (replicas unplaced)".to_string(),
         |c| {
             let gpus: usize = c.nodes.iter().map(|n| n.gpus.len()).sum();
-            format!("{} ({} nodes, {gpus} GPUs)", c.name, c.nodes.len())
+            let healthy = c
+                .nodes
+                .iter()
+                .flat_map(|n| &n.gpus)
+                .filter(|g| g.health == gpuscale_policies::Health::Healthy)
+                .count();
+            if healthy == gpus {
+                format!("{} ({} nodes, {gpus} GPUs)", c.name, c.nodes.len())
+            } else {
+                format!(
+                    "{} ({} nodes, {gpus} GPUs, {healthy} healthy)",
+                    c.name,
+                    c.nodes.len()
+                )
+            }
         },
     );
     let models = settings.models.len();
@@ -242,10 +259,19 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         println!("  dashboard  http://{}/", running.admin);
         println!("  traffic    http://{traffic}/v1/chat/completions (OpenAI API)");
         match &args.load {
+            Some(p @ Pattern::Trace(_)) => {
+                println!("  load       {} (its own arrivals in real time; --rate does not apply)", p.name());
+            }
             Some(p) => println!("  load       {}, peak {} req/s", p.name(), args.rate),
             None => println!(
                 "  load       none: send your own, e.g.\n             curl -s {traffic}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
             ),
+        }
+        if !args.bind.is_loopback() {
+            println!(
+                "  warning    listening on {}: the traffic port and the read-only dashboard answer anyone who can reach this address (the gateway's admin port takes its token)",
+                args.bind
+            );
         }
         println!(
             "  stop       {}",
