@@ -196,10 +196,10 @@ fn the_time_series_keeps_a_sample_every_two_seconds_for_fifteen_minutes() {
     );
 }
 
-#[tokio::test]
-async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
+/// An admin listener over an empty report; it serves while the returned
+/// sender lives.
+async fn admin() -> (std::net::SocketAddr, tokio::sync::watch::Sender<bool>) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let (addr, _task) = gpuscale_autoscaler::admin::serve(
         "127.0.0.1:0".parse().unwrap(),
         Report::default(),
@@ -207,6 +207,13 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
     )
     .await
     .unwrap();
+    (addr, stop)
+}
+
+#[tokio::test]
+async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _stop) = admin().await;
     let (status, page) = common::admin_get(addr, "/").await;
     assert_eq!(status, 200);
     assert!(page.contains("<script type=\"module\">") && page.contains("/v1/dashboard/events"));
@@ -243,14 +250,7 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
 async fn dashboard_streams_are_capped_so_health_checks_always_get_through() {
     use gpuscale_autoscaler::admin::MAX_EVENT_STREAMS;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let (addr, _task) = gpuscale_autoscaler::admin::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        Report::default(),
-        stopped,
-    )
-    .await
-    .unwrap();
+    let (addr, _stop) = admin().await;
     let open = |n: usize| async move {
         let mut held = Vec::new();
         for _ in 0..n {

@@ -16,20 +16,25 @@ fn job(name: &str, arrival_s: f64, workers: u32, gpw: u32, hours: f64) -> JobDef
     }
 }
 
-#[test]
-fn two_gangs_created_in_the_same_second_deadlock_without_gang_scheduling_only() {
-    // Two nodes, both busy with `x` for an hour; two 2 × 8 jobs created in
-    // the same second wait. When `x` ends, pod by pod, their first workers
-    // take a node each and their second workers wait for ever: nothing
-    // runs. Gangs start one, then the other.
-    let s = Scenario {
+/// Two nodes of 8 GPUs, no inference.
+fn two_nodes() -> Scenario {
+    Scenario {
         nodes: 2,
         nodes_per_rack: 2,
         inference_nodes: 0,
         inference_peak_gpus: 0,
         jobs: 2,
         ..Scenario::default()
-    };
+    }
+}
+
+#[test]
+fn two_gangs_created_in_the_same_second_deadlock_without_gang_scheduling_only() {
+    // Two nodes, both busy with `x` for an hour; two 2 × 8 jobs created in
+    // the same second wait. When `x` ends, pod by pod, their first workers
+    // take a node each and their second workers wait for ever: nothing
+    // runs. Gangs start one, then the other.
+    let s = two_nodes();
     let jobs = vec![
         job("x", 0.0, 2, 8, 1.0),
         job("a", 100.0, 2, 8, 1.0),
@@ -61,14 +66,7 @@ fn pods_queue_by_refreshed_timestamp_so_a_later_job_waits_behind_an_earlier_one(
     // first, so (timestamps refreshed on failure, in the order tried) they
     // stay ahead of `b`'s, take both nodes when `x` ends, and nothing
     // deadlocks.
-    let s = Scenario {
-        nodes: 2,
-        nodes_per_rack: 2,
-        inference_nodes: 0,
-        inference_peak_gpus: 0,
-        jobs: 2,
-        ..Scenario::default()
-    };
+    let s = two_nodes();
     let jobs = vec![
         job("x", 0.0, 2, 8, 1.0),
         job("a", 100.0, 2, 8, 1.0),
