@@ -157,6 +157,12 @@ pub async fn serve_with(
                             let stopping = stopping.clone();
                             let streams = streams.clone();
                             async move {
+                                // Read-only: anything but GET and HEAD is refused.
+                                if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
+                                    let mut r = respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "the admin port is read-only: GET only\n".to_string());
+                                    r.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+                                    return Ok::<_, Infallible>(r);
+                                }
                                 let r = match req.uri().path() {
                                     "/metrics" => respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
                                     "/healthz" => match report.live() {

@@ -813,7 +813,7 @@ impl Controller {
                     gpus = plan.gpus_used,
                     moves = plan.moves,
                     reconfigured = plan.reconfigured_gpus,
-                    ms = plan.solve_ms,
+                    ms = (plan.solve_ms * 10.0).round() / 10.0,
                     "placement"
                 );
                 self.report.set_plan(&plan);

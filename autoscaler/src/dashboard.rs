@@ -205,6 +205,9 @@ pub struct ModelView {
     pub desired: u32,
     /// Replicas serving.
     pub ready: u32,
+    /// Replicas the last plan could not place (the decision's count is
+    /// what was placed).
+    pub unplaced: u32,
     /// Requests waiting (gateway and servers).
     pub waiting: f64,
     /// Requests on replicas.
@@ -480,6 +483,13 @@ pub fn view(
                 max: m.scaling.max_replicas,
                 desired: latest.map_or(0, |d| d.desired),
                 ready: latest.map_or(0, |d| d.ready),
+                unplaced: plan.map_or(0, |p| {
+                    p.unplaced
+                        .iter()
+                        .filter(|u| u.model == m.name)
+                        .map(|u| u.replicas)
+                        .sum()
+                }),
                 waiting: num(q, "waiting").unwrap_or(0.0) + num(q, "server_waiting").unwrap_or(0.0),
                 in_flight: num(q, "in_flight").unwrap_or(0.0),
                 rate: rate(q),

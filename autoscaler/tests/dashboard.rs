@@ -227,6 +227,23 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(v["nodes"].is_array() && v["models"].is_array() && v["history"].is_array());
+    // Read-only: a write is refused whatever the path.
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("{method} /v1/dashboard HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 405"), "{method}: {text}");
+        assert!(
+            text.to_ascii_lowercase().contains("allow: get, head"),
+            "{text}"
+        );
+    }
     // Two events in a row on one connection.
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -278,4 +295,29 @@ async fn dashboard_streams_are_capped_so_health_checks_always_get_through() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let again = open(1).await;
     assert!(again[0].1.starts_with("HTTP/1.1 200"), "{}", again[0].1);
+}
+
+#[test]
+fn replicas_that_found_no_gpu_are_shown_with_their_model() {
+    // Two H100s hold at most four 40 GB slices (two each: NVIDIA's H100
+    // table has 8 memory slots, a 40 GB slice takes 4): the fifth
+    // replica finds no GPU.
+    let (cluster, models) = bundle();
+    let plan = pack_from(
+        &cluster,
+        &models,
+        &BTreeMap::from([("mid".to_string(), 5)]),
+        &PackOptions::default(),
+        None,
+    )
+    .unwrap();
+    let live = Live {
+        plan: Some(Arc::new(plan)),
+        ..Live::default()
+    };
+    let v = dashboard::view(0.0, &models, Some(&cluster), &live, &decided(4, 4));
+    assert_eq!(v.models[0].unplaced, 1, "{:?}", v.models[0]);
+    assert_eq!(v.summary.unplaced, 1);
+    let placed: usize = v.nodes[0].gpus.iter().map(|g| g.parts.len()).sum();
+    assert_eq!(placed, 4);
 }

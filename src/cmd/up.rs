@@ -116,13 +116,16 @@ pub fn summary(v: &View, elapsed: Duration) -> String {
     );
     out.push_str(&format!(
         "  {:<20} {:>9} {:>6} {:>7}  {:>17}  {:>17}\n",
-        "model", "replicas", "queue", "req/s", "p95 latency / SLO", "p95 TTFT / SLO"
+        "model", "ready/want", "queue", "req/s", "p95 latency / SLO", "p95 TTFT / SLO"
     ));
     for m in &v.models {
-        let flag = match m.within_slo {
-            Some(false) => " over SLO",
-            _ => "",
+        let mut flag = match m.within_slo {
+            Some(false) => " over SLO".to_string(),
+            _ => String::new(),
         };
+        if m.unplaced > 0 {
+            flag.push_str(&format!(" ({} more found no GPU)", m.unplaced));
+        }
         out.push_str(&format!(
             "  {:<20} {:>9} {:>6.0} {:>7.1}  {:>17}  {:>17}{flag}\n",
             m.name,
