@@ -50,13 +50,13 @@ fn decided(desired: u32, ready: u32) -> BTreeMap<String, ModelDecisions> {
     BTreeMap::from([("mid".to_string(), d)])
 }
 
-#[test]
-fn the_gpu_map_draws_mig_instances_at_their_slots_with_their_replicas() {
+/// The view of [`bundle`] with `replicas` of its model packed.
+fn planned(replicas: u32, decisions: BTreeMap<String, ModelDecisions>) -> dashboard::View {
     let (cluster, models) = bundle();
     let plan = pack_from(
         &cluster,
         &models,
-        &BTreeMap::from([("mid".to_string(), 3)]),
+        &BTreeMap::from([("mid".to_string(), replicas)]),
         &PackOptions::default(),
         None,
     )
@@ -65,7 +65,12 @@ fn the_gpu_map_draws_mig_instances_at_their_slots_with_their_replicas() {
         plan: Some(Arc::new(plan)),
         ..Live::default()
     };
-    let v = dashboard::view(0.0, &models, Some(&cluster), &live, &decided(3, 3));
+    dashboard::view(0.0, &models, Some(&cluster), &live, &decisions)
+}
+
+#[test]
+fn the_gpu_map_draws_mig_instances_at_their_slots_with_their_replicas() {
+    let v = planned(3, decided(3, 3));
     assert_eq!(v.nodes.len(), 1);
     assert_eq!(v.nodes[0].gpus.len(), 2);
     let parts: Vec<_> = v.nodes[0].gpus.iter().flat_map(|g| &g.parts).collect();
@@ -302,20 +307,7 @@ fn replicas_that_found_no_gpu_are_shown_with_their_model() {
     // Two H100s hold at most four 40 GB slices (two each: NVIDIA's H100
     // table has 8 memory slots, a 40 GB slice takes 4): the fifth
     // replica finds no GPU.
-    let (cluster, models) = bundle();
-    let plan = pack_from(
-        &cluster,
-        &models,
-        &BTreeMap::from([("mid".to_string(), 5)]),
-        &PackOptions::default(),
-        None,
-    )
-    .unwrap();
-    let live = Live {
-        plan: Some(Arc::new(plan)),
-        ..Live::default()
-    };
-    let v = dashboard::view(0.0, &models, Some(&cluster), &live, &decided(4, 4));
+    let v = planned(5, decided(4, 4));
     assert_eq!(v.models[0].unplaced, 1, "{:?}", v.models[0]);
     assert_eq!(v.summary.unplaced, 1);
     let placed: usize = v.nodes[0].gpus.iter().map(|g| g.parts.len()).sum();
