@@ -173,6 +173,16 @@ fn crd_is_generated_from_the_policy_types() {
     assert_eq!(docs, crd);
 }
 
+#[test]
+fn the_checked_in_crd_is_what_the_binary_generates() {
+    let generated = stdout(&gpuscale(&["crd"]));
+    let file = std::fs::read_to_string(root().join("deploy/base/crd-modelpolicies.yaml")).unwrap();
+    assert!(
+        file == generated,
+        "deploy/base/crd-modelpolicies.yaml is stale: regenerate it with `gpuscale crd > deploy/base/crd-modelpolicies.yaml`"
+    );
+}
+
 fn gpuscale_yaml(bytes: &[u8]) -> serde_json::Value {
     serde_yaml_ng::from_slice(bytes).unwrap()
 }
