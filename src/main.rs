@@ -1,6 +1,7 @@
 //! `gpuscale`: the one binary. A thin shell over the library crates: it
 //! parses the command line, sets up logging, and calls one command module.
 
+mod agent;
 mod cmd;
 mod load;
 mod logging;
@@ -54,6 +55,11 @@ enum Command {
     /// Run a simulated OpenAI-compatible model server (for trying the
     /// gateway, tests and benchmarks).
     SimServer(cmd::sim_server::Args),
+    /// The node agent: this node's GPUs through NVML (model, memory, MIG
+    /// instances and placements, utilisation, temperature, power, ECC) as
+    /// JSON (`/v1/gpus`) and Prometheus metrics with DCGM's names
+    /// (`/metrics`); `--fake FILE` serves a declared reading.
+    Agent(cmd::agent::Args),
     /// Replay a scenario (a trace or generated load) through gpuscale, HPA,
     /// KEDA, Knative and static provisioning in simulated time; write
     /// report.json and report.md.
@@ -74,6 +80,7 @@ fn main() -> ExitCode {
         Command::SimServer(args) => cmd::sim_server::run(&args),
         Command::Autoscaler(args) => cmd::autoscaler::run(&args),
         Command::Simulate(args) => cmd::simulate::run(&args),
+        Command::Agent(args) => cmd::agent::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -7,10 +7,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpuscale_packer::{Mode, Plan, Variant};
+use gpuscale_policies::devices::NodeGpus;
 use gpuscale_policies::model::ScalingMemory;
 use gpuscale_policies::{Cluster, GpuMode, Model};
 
-use crate::kubernetes::{Kube, KubeError, may_reconfigure};
+use tokio::time::Instant;
+
+use crate::election::{Elector, Step, Timing};
+use crate::kubernetes::{
+    EventBudget, Evicted, HANDOFF_CONFIG, HANDOFF_LABEL, Handoff, Kube, KubeError,
+    MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, event_about,
+    handoff_configure_patch, handoff_done_patch, handoff_failed_patch, handoff_of,
+    handoff_start_patch, may_reconfigure, merged_mig_parted, mig_state, owned_by_us,
+    ownership_patch,
+};
 use crate::local::LocalBackend;
 use crate::observe::GatewayClient;
 use crate::recommend::Recommendation;
@@ -42,45 +52,216 @@ pub struct Observed {
     /// This tick is the first this instance acts in (it has just become
     /// the leader).
     pub took_over: bool,
+    /// The policies changed (Kubernetes, watching ModelPolicies): the
+    /// models to run from now on.
+    pub policies: Option<Vec<Model>>,
+    /// The inventory, rebuilt from the nodes (Kubernetes, without a
+    /// cluster file; every [`INVENTORY_EVERY`]).
+    pub cluster: Option<Cluster>,
 }
+
+/// How often the leader rebuilds the inventory from the nodes and the
+/// node agents.
+pub const INVENTORY_EVERY: Duration = Duration::from_secs(30);
+
+/// The Service whose EndpointSlices list the node agents (`gpuscale
+/// agent`, a DaemonSet), and the path of their readings.
+pub const AGENT_SERVICE: &str = "gpuscale-agent";
 
 /// How often the leader writes the recommender's memory into the
 /// ModelPolicy status besides each decision (HPA's default sync period).
 pub const REMEMBER_EVERY: Duration = Duration::from_secs(15);
 
-/// The Kubernetes backend's memory.
+/// The Kubernetes backend: the election, what it read from the cluster
+/// last, and what it registered with the gateway.
 pub struct KubeBackend {
     kube: Kube,
     gateway: GatewayClient,
+    elector: Elector,
     desired: BTreeMap<String, u32>,
-    /// Variant Deployments applied per model.
+    /// Variant Deployments per model, as read from the cluster each tick
+    /// and applied since.
     variants: BTreeMap<String, BTreeSet<String>>,
+    /// Deployment names known to be gpuscale's (read with its label, or
+    /// created by it).
+    owned: BTreeSet<String>,
+    /// Per model, Deployments the plan names that are not gpuscale's.
+    refused: BTreeMap<String, BTreeSet<String>>,
+    /// Models whose Service is applied.
+    services: BTreeSet<String>,
     /// Endpoints registered with the gateway, per served name.
     registered: BTreeMap<String, BTreeSet<String>>,
-    /// MIG config last set per node.
+    /// MIG config last handed to per node.
     mig: BTreeMap<String, String>,
-    /// Nodes cordoned and drained for a MIG change, with the config (and
-    /// the plan whose ConfigMap holds it) to apply once they are empty.
-    draining: BTreeMap<String, (String, Plan)>,
+    events: EventBudget,
     leading: bool,
     /// When the memory was last written into the policies' status.
     remembered_at: Option<Duration>,
+    /// The watched ModelPolicies (when the policies come from the
+    /// cluster), and their resourceVersions as last handed on.
+    watch: Option<PolicyWatch>,
+    versions: BTreeMap<String, String>,
+    /// The inventory comes from the nodes (no cluster file), rebuilt at
+    /// this period's start last.
+    from_nodes: bool,
+    inventory_at: Option<Duration>,
+    /// The notes of the last inventory, logged when they change.
+    inventory_notes: Vec<(String, String)>,
 }
 
 impl KubeBackend {
     /// A backend over `kube`, feeding discovered endpoints to `gateway`.
     pub fn new(kube: Kube, gateway: GatewayClient) -> Self {
+        let spec = kube.spec();
+        let elector = Elector::new(
+            &spec.lease_name,
+            &spec.namespace,
+            kube.identity(),
+            Timing {
+                lease_duration: spec.lease_duration,
+                renew_deadline: spec.renew_deadline,
+                retry_period: spec.retry_period,
+            },
+        );
         KubeBackend {
             kube,
             gateway,
+            elector,
             desired: BTreeMap::new(),
             variants: BTreeMap::new(),
+            owned: BTreeSet::new(),
+            refused: BTreeMap::new(),
+            services: BTreeSet::new(),
             registered: BTreeMap::new(),
             mig: BTreeMap::new(),
-            draining: BTreeMap::new(),
+            events: EventBudget::default(),
             leading: false,
             remembered_at: None,
+            watch: None,
+            versions: BTreeMap::new(),
+            from_nodes: false,
+            inventory_at: None,
+            inventory_notes: Vec::new(),
         }
+    }
+
+    /// Builds the packer's inventory from the nodes' labels and the node
+    /// agents' readings, instead of from a cluster file.
+    pub fn inventory_from_nodes(mut self) -> Self {
+        self.from_nodes = true;
+        self
+    }
+
+    /// As the leader, every [`INVENTORY_EVERY`]: the GPU nodes
+    /// (`nvidia.com/gpu.present=true`) and the readings of the agents
+    /// that answer, into a validated cluster. `None` between rebuilds,
+    /// and when the nodes cannot be read (the last inventory stands).
+    async fn inventory(&mut self, now: Duration) -> Option<Cluster> {
+        if !self.from_nodes
+            || !self.leading
+            || self
+                .inventory_at
+                .is_some_and(|t| now.saturating_sub(t) < INVENTORY_EVERY)
+        {
+            return None;
+        }
+        self.inventory_at = Some(now);
+        let nodes = match self.kube.nodes("nvidia.com/gpu.present=true").await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("reading the GPU nodes: {e}");
+                return None;
+            }
+        };
+        let mut readings = BTreeMap::new();
+        match self.kube.service_endpoints(AGENT_SERVICE).await {
+            Ok(agents) => {
+                for a in agents {
+                    match GatewayClient::new(&a).get_json("/v1/gpus").await {
+                        Ok(v) => match serde_json::from_value::<NodeGpus>(v) {
+                            Ok(r) => {
+                                readings.insert(r.node.clone(), r);
+                            }
+                            Err(e) => tracing::warn!(agent = %a, "not a reading: {e}"),
+                        },
+                        Err(e) => tracing::warn!(agent = %a, "{e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("finding the node agents: {e}"),
+        }
+        let builtin = gpuscale_policies::Catalog::builtin();
+        let inv = crate::inventory::from_nodes(&nodes, &readings, &builtin);
+        if inv.notes != self.inventory_notes {
+            for (node, why) in &inv.notes {
+                tracing::warn!(%node, "inventory: {why}");
+            }
+            self.inventory_notes = inv.notes.clone();
+        }
+        match Cluster::from_spec("kubernetes", &inv.spec, &builtin) {
+            Ok(c) => Some(c),
+            Err(errors) => {
+                for e in errors {
+                    tracing::error!("inventory from the nodes: {}: {}", e.path, e.message);
+                }
+                None
+            }
+        }
+    }
+
+    /// Takes the models from the namespace's ModelPolicies as they change
+    /// (a watch), instead of from the policies it was started with.
+    pub fn watching_policies(mut self) -> Self {
+        self.watch = Some(self.kube.watch_policies());
+        self
+    }
+
+    /// The models, when the watched policies changed since last asked:
+    /// each policy decoded and validated on its own; one that fails is
+    /// reported (log and, as the leader, a Warning Event) and left out.
+    async fn changed_policies(&mut self, now: Duration) -> Option<Vec<Model>> {
+        let current = self.watch.as_ref()?.current()?;
+        let versions: BTreeMap<String, String> = current
+            .iter()
+            .map(|(n, (rv, _))| (n.clone(), rv.clone()))
+            .collect();
+        if versions == self.versions {
+            return None;
+        }
+        self.versions = versions;
+        let catalog = gpuscale_policies::Catalog::builtin();
+        let mut models = Vec::new();
+        for (name, (_, listed)) in current {
+            let why = match listed {
+                Ok(p) => match Model::from_policy(&p, &catalog) {
+                    Ok(m) => {
+                        models.push(m);
+                        continue;
+                    }
+                    Err(errors) => errors
+                        .iter()
+                        .map(|e| format!("{}: {}", e.path, e.message))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                },
+                Err((_, e)) => e,
+            };
+            tracing::error!(policy = %name, "invalid ModelPolicy, left out: {why}");
+            if self.leading {
+                self.tell(
+                    &Regarding::policy(&name, &self.kube.spec().namespace),
+                    Said {
+                        action: "Validate".into(),
+                        reason: "InvalidPolicy".into(),
+                        note: format!("left out until fixed: {why}"),
+                        warning: true,
+                    },
+                    now,
+                )
+                .await;
+            }
+        }
+        Some(models)
     }
 
     /// The variants a model runs as: the plan's, or one whole-GPU variant
@@ -115,50 +296,263 @@ impl KubeBackend {
         }]
     }
 
+    /// Still the leader now (the renew deadline has not passed since the
+    /// last renewal): checked before every write, so that a loop stalled
+    /// on slow calls stops writing before another leader can start.
+    fn still_leading(&self) -> bool {
+        self.kube.dry_run() || self.elector.leading(Instant::now())
+    }
+
+    /// Notes a successful write of the lease at `at`: leading, and the
+    /// client's writes fenced at the renew deadline.
+    fn won(&mut self, written: k8s_openapi::api::coordination::v1::Lease, at: Instant) {
+        self.elector.won(written, at);
+        self.kube.fence(Some(at + self.kube.spec().renew_deadline));
+    }
+
+    /// One round of the election (every retry period; between rounds the
+    /// last renewal stands): `true` while this process leads.
+    async fn elect(&mut self, wall: Duration) -> bool {
+        if self.kube.dry_run() {
+            return true;
+        }
+        let now = Instant::now();
+        if !self.elector.due(now) {
+            return self.elector.leading(now);
+        }
+        self.elector.tried(now);
+        // The leader renews without reading first.
+        if let Some(lease) = self.elector.renewal(wall, now) {
+            match self.kube.update_lease(&lease).await {
+                Ok(written) => {
+                    self.won(written, now);
+                    return true;
+                }
+                Err(e) => {
+                    if e.code() == Some(409) {
+                        self.elector.conflicted();
+                    }
+                    tracing::warn!("renewing the lease: {e}; reading it");
+                }
+            }
+        }
+        let read = match self.kube.lease().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("reading the lease: {e}");
+                return self.elector.leading(Instant::now());
+            }
+        };
+        let written = match self.elector.step(read.as_ref(), wall, now) {
+            Step::Follow { holder } => {
+                tracing::debug!(%holder, "following");
+                self.kube.fence(Some(now));
+                return false;
+            }
+            Step::Create(lease) => self.kube.create_lease(&lease).await,
+            Step::Update(lease) => self.kube.update_lease(&lease).await,
+        };
+        match written {
+            Ok(w) => {
+                self.won(w, now);
+                true
+            }
+            Err(e) => {
+                if e.code() == Some(409) {
+                    // Someone wrote it between our read and write.
+                    self.elector.conflicted();
+                } else {
+                    tracing::warn!("writing the lease: {e}");
+                }
+                self.elector.leading(Instant::now())
+            }
+        }
+    }
+
+    /// Releases the lease (on shutdown), so that a successor leads at once.
+    async fn release(&mut self) {
+        if self.kube.dry_run() {
+            return;
+        }
+        if let Some(lease) = self.elector.release(wall_now(), Instant::now()) {
+            match self.kube.update_lease(&lease).await {
+                Ok(_) => tracing::info!("released the lease"),
+                Err(e) => tracing::warn!("releasing the lease: {e}"),
+            }
+            self.elector.step_down();
+            self.kube.fence(Some(Instant::now()));
+        }
+    }
+
+    /// Creates an Event, within the per-object budget; a failure is
+    /// logged.
+    async fn tell(&mut self, regarding: &Regarding, said: Said, now: Duration) {
+        let key = format!("{}/{}", regarding.kind, regarding.name);
+        if !self.events.take(&key, now) {
+            tracing::info!(object = %key, reason = %said.reason, "event dropped (over the per-object budget): {}", said.note);
+            return;
+        }
+        let ev = event_about(
+            regarding,
+            &said,
+            self.kube.spec(),
+            self.kube.identity(),
+            now,
+        );
+        if let Err(e) = self.kube.emit(&ev).await {
+            tracing::warn!(object = %key, "recording an event: {e}");
+        }
+    }
+
+    /// Applies one model's change: its Service, its variants'
+    /// Deployments and counts, and zero for variants the plan dropped.
+    /// Deployments that exist and are not gpuscale's are left alone and
+    /// reported.
+    async fn scale_model(
+        &mut self,
+        c: &Change,
+        plan: Option<&Plan>,
+        now: Duration,
+    ) -> Result<(), KubeError> {
+        let model = &c.model;
+        if !self.services.contains(&model.name) {
+            self.kube.apply_service(model).await?;
+            self.services.insert(model.name.clone());
+        }
+        let variants = Self::variants_of(model, c.rec.replicas, plan);
+        let before = self.variants.get(&model.name).cloned().unwrap_or_default();
+        let mut applied = BTreeSet::new();
+        let mut refused = BTreeSet::new();
+        for v in &variants {
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            if !self.owned.contains(&v.name) {
+                match self.kube.deployment(&v.name).await? {
+                    Some(d) if !owned_by_us(&d.metadata) => {
+                        refused.insert(v.name.clone());
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            self.kube.apply_deployment(model, v).await?;
+            self.owned.insert(v.name.clone());
+            self.kube.scale(&v.name, v.replicas).await?;
+            applied.insert(v.name.clone());
+        }
+        // Variants the plan no longer uses go to zero.
+        for gone in before.difference(&applied) {
+            if refused.contains(gone) || !self.owned.contains(gone) {
+                continue;
+            }
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            self.kube.scale(gone, 0).await?;
+        }
+        self.variants.insert(model.name.clone(), applied);
+        let was = self.refused.get(&model.name).cloned().unwrap_or_default();
+        if refused != was {
+            let names: Vec<String> = refused.iter().cloned().collect();
+            if !refused.is_empty() {
+                tracing::warn!(model = %model.name, deployments = ?names, "not adopting Deployments gpuscale did not create");
+                self.tell(
+                    &Regarding::policy(&model.name, &self.kube.spec().namespace),
+                    Said {
+                        action: "Adopt".into(),
+                        reason: "NameInUse".into(),
+                        note: format!(
+                            "Deployment(s) {} exist and were not created by gpuscale; they are \
+                             left alone and their planned replicas do not run",
+                            names.join(", ")
+                        ),
+                        warning: true,
+                    },
+                    now,
+                )
+                .await;
+            }
+            if let Err(e) = self
+                .kube
+                .patch_status_value(&model.name, ownership_patch(&names, now))
+                .await
+            {
+                tracing::warn!(model = %model.name, "recording ownership in the status: {e}");
+            }
+            self.refused.insert(model.name.clone(), refused);
+        }
+        Ok(())
+    }
+
     async fn apply(
         &mut self,
         changes: &[Change],
         plan: Option<&Plan>,
         before: Option<&Cluster>,
         now: Duration,
-    ) -> Result<(), KubeError> {
+    ) {
         if !self.leading {
             tracing::info!(
                 "not the leader: {} change(s) left to the leader",
                 changes.len()
             );
-            return Ok(());
+            return;
         }
         for c in changes {
-            let variants = Self::variants_of(&c.model, c.rec.replicas, plan);
-            let before = self.variants.remove(&c.model.name).unwrap_or_default();
-            let mut now_applied = BTreeSet::new();
-            for v in &variants {
-                self.kube.apply_deployment(&c.model, v).await?;
-                self.kube.scale(&v.name, v.replicas).await?;
-                now_applied.insert(v.name.clone());
+            if !self.still_leading() {
+                tracing::warn!("the lease was not renewed in time: stopping before the next write");
+                self.leading = false;
+                return;
             }
-            // Variants the plan no longer uses go to zero.
-            for gone in before.difference(&now_applied) {
-                self.kube.scale(gone, 0).await?;
+            // Scaling first; a failure stops this model, not the others.
+            if let Err(e) = self.scale_model(c, plan, now).await {
+                tracing::error!(model = %c.model.name, "scaling: {e}");
+                continue;
             }
-            self.variants.insert(c.model.name.clone(), now_applied);
-            self.kube
-                .record(&c.model.name, None, c.from, &c.rec, now, c.memory.as_ref())
-                .await?;
             self.desired.insert(c.model.name.clone(), c.rec.replicas);
+            // Then the record (Event, status): bookkeeping, whose failure
+            // (a policy given as a file has no object) is logged only.
+            self.tell(
+                &Regarding::policy(&c.model.name, &self.kube.spec().namespace),
+                Said {
+                    action: "Scale".into(),
+                    reason: format!("{:?}", c.rec.mode),
+                    note: c.rec.reason.clone(),
+                    warning: false,
+                },
+                now,
+            )
+            .await;
+            if let Err(e) = self
+                .kube
+                .status(&c.model.name, c.from, &c.rec, now, c.memory.as_ref())
+                .await
+            {
+                tracing::warn!(model = %c.model.name, "recording the decision in the status: {e}");
+            }
         }
-        if let (Some(plan), Some(before)) = (plan, before) {
-            self.reconfigure(plan, before).await?;
+        if let (Some(plan), Some(before)) = (plan, before)
+            && let Err(e) = self.reconfigure(plan, before, now).await
+        {
+            tracing::error!("MIG reconfiguration: {e}");
         }
-        Ok(())
     }
 
-    /// Sets `nvidia.com/mig.config` on nodes whose MIG geometry changes,
-    /// only when none of the GPUs that change has a replica now (`before`:
-    /// the cluster as it was when the plan was made).
-    async fn reconfigure(&mut self, plan: &Plan, before: &Cluster) -> Result<(), KubeError> {
-        let mut configmap_applied = false;
+    /// Starts a MIG hand-off on each node whose geometry the plan changes
+    /// (`before`: the cluster as it was when the plan was made): the
+    /// mig-parted ConfigMap first (the plan's configs, and those other
+    /// nodes still name), then per node a cordon with the hand-off
+    /// recorded on it. Nodes whose changing GPUs are idle get their
+    /// config at once; the others are drained first
+    /// ([`Self::advance_handoffs`]).
+    async fn reconfigure(
+        &mut self,
+        plan: &Plan,
+        before: &Cluster,
+        now: Duration,
+    ) -> Result<(), KubeError> {
+        let mut starts = Vec::new();
         for node in &plan.nodes {
             if self.mig.get(&node.name) == Some(&node.mig_config) {
                 continue;
@@ -188,88 +582,236 @@ impl KubeBackend {
                 .filter(|g| !g.workloads.is_empty())
                 .map(|g| g.index)
                 .collect();
-            if may_reconfigure(&busy, &changing) {
-                // The config the label names must exist first.
-                if !configmap_applied {
-                    self.kube.apply_mig_configmap(plan).await?;
-                    configmap_applied = true;
-                }
-                self.kube.label_node(&node.name, &node.mig_config).await?;
-                self.mig.insert(node.name.clone(), node.mig_config.clone());
-            } else {
-                // Drain: no new pods on the node, gpuscale's MIG pods
-                // evicted (their Deployments recreate them where the plan
-                // put them); the label follows once they are gone.
-                tracing::info!(node = %node.name, "draining for a MIG change");
-                self.kube.cordon(&node.name, true).await?;
-                for pod in self.kube.mig_pods_on(&node.name).await? {
-                    self.kube.evict(&pod).await?;
-                }
-                self.draining
-                    .insert(node.name.clone(), (node.mig_config.clone(), plan.clone()));
+            let mut drain = !may_reconfigure(&busy, &changing);
+            if !drain && self.from_nodes {
+                // The inventory from the nodes does not say which GPU a
+                // pod runs on: any gpuscale pod holding a MIG device on
+                // the node means a drain.
+                drain = !self.kube.mig_pods_on(&node.name).await?.is_empty();
             }
+            starts.push((node.name.clone(), node.mig_config.clone(), drain));
+        }
+        if starts.is_empty() {
+            return Ok(());
+        }
+        // Nodes in a hand-off already finish it first.
+        let in_handoff: BTreeSet<String> = self
+            .kube
+            .nodes(HANDOFF_LABEL)
+            .await?
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        starts.retain(|(n, _, _)| !in_handoff.contains(n));
+        if starts.is_empty() {
+            return Ok(());
+        }
+        // The config every label will name must exist first, and configs
+        // other nodes still name must stay.
+        let mut named: BTreeSet<String> = BTreeSet::new();
+        for n in self.kube.nodes(MIG_CONFIG_LABEL).await? {
+            if let Some(c) = n
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MIG_CONFIG_LABEL))
+            {
+                named.insert(c.clone());
+            }
+            if let Some(c) = n
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HANDOFF_CONFIG))
+            {
+                named.insert(c.clone());
+            }
+        }
+        let existing = self.kube.mig_configmap_text().await?;
+        let config = merged_mig_parted(plan, existing.as_deref(), &named);
+        if !self.still_leading() {
+            return Err(lost());
+        }
+        self.kube.apply_mig_configmap(&config).await?;
+        for (node, cfg, drain) in starts {
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            tracing::info!(%node, config = %cfg, drain, "MIG hand-off: cordoning");
+            self.kube
+                .patch_node(&node, handoff_start_patch(&cfg, drain))
+                .await?;
+            self.mig.insert(node.clone(), cfg);
+            self.tell(
+                &Regarding::node(&node),
+                Said {
+                    action: "ReconfigureMIG".into(),
+                    reason: if drain { "Draining" } else { "Configuring" }.into(),
+                    note: format!(
+                        "cordoned to change the MIG geometry{}",
+                        if drain {
+                            "; evicting gpuscale's MIG pods first"
+                        } else {
+                            ""
+                        }
+                    ),
+                    warning: false,
+                },
+                now,
+            )
+            .await;
         }
         Ok(())
     }
 
-    /// Finishes MIG changes whose nodes have drained: ConfigMap, label,
-    /// uncordon.
-    async fn finish_drains(&mut self) -> Result<(), KubeError> {
-        let nodes: Vec<String> = self.draining.keys().cloned().collect();
-        for node in nodes {
-            if !self.kube.mig_pods_on(&node).await?.is_empty() {
-                continue;
-            }
-            let Some((config, plan)) = self.draining.remove(&node) else {
+    /// Moves every recorded MIG hand-off on (read from the nodes, so a
+    /// restart or a new leader carries on where the last one stopped):
+    /// - draining: evict gpuscale's MIG pods (a pod gone is done; one a
+    ///   PodDisruptionBudget holds waits for a later tick); once none is
+    ///   left, set the config;
+    /// - configuring: wait for the MIG manager; `success` uncordons,
+    ///   `failed` keeps the node cordoned with a Warning and the reason.
+    async fn advance_handoffs(&mut self, now: Duration) -> Result<(), KubeError> {
+        for node in self.kube.nodes(HANDOFF_LABEL).await? {
+            let Some(name) = node.metadata.name.clone() else {
                 continue;
             };
-            self.kube.apply_mig_configmap(&plan).await?;
-            self.kube.label_node(&node, &config).await?;
-            self.kube.cordon(&node, false).await?;
-            self.mig.insert(node, config);
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            match handoff_of(&node) {
+                Some(Handoff::Draining { config }) => {
+                    let pods = self.kube.mig_pods_on(&name).await?;
+                    if pods.is_empty() {
+                        self.kube
+                            .patch_node(&name, handoff_configure_patch(&config))
+                            .await?;
+                        self.mig.insert(name.clone(), config);
+                        continue;
+                    }
+                    for pod in pods {
+                        match self.kube.evict(&pod).await {
+                            Ok(Evicted::Blocked) => tracing::info!(
+                                node = %name, %pod,
+                                "a PodDisruptionBudget holds the eviction; retrying next tick"
+                            ),
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(node = %name, %pod, "evicting: {e}"),
+                        }
+                    }
+                }
+                Some(Handoff::Configuring { config }) => {
+                    let names_it = node
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(MIG_CONFIG_LABEL))
+                        .is_some_and(|c| *c == config);
+                    match mig_state(&node) {
+                        Some("success") if names_it => {
+                            self.kube.patch_node(&name, handoff_done_patch()).await?;
+                            self.mig.insert(name.clone(), config.clone());
+                            self.tell(
+                                &Regarding::node(&name),
+                                Said {
+                                    action: "ReconfigureMIG".into(),
+                                    reason: "Reconfigured".into(),
+                                    note: format!("the MIG manager applied {config}; uncordoned"),
+                                    warning: false,
+                                },
+                                now,
+                            )
+                            .await;
+                        }
+                        Some("failed") => {
+                            tracing::error!(node = %name, %config, "the MIG manager failed; the node stays cordoned");
+                            self.kube
+                                .patch_node(&name, handoff_failed_patch(&config))
+                                .await?;
+                            self.tell(
+                                &Regarding::node(&name),
+                                Said {
+                                    action: "ReconfigureMIG".into(),
+                                    reason: "MIGConfigFailed".into(),
+                                    note: format!(
+                                        "the MIG manager failed to apply {config} \
+                                         ({MIG_STATE_LABEL}=failed); the node stays cordoned \
+                                         until an operator uncordons it and removes the label \
+                                         {HANDOFF_LABEL}"
+                                    ),
+                                    warning: true,
+                                },
+                                now,
+                            )
+                            .await;
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Handoff::Failed { .. }) | None => {}
+            }
         }
         Ok(())
     }
 
-    /// Every tick: leader election; as the leader, the live counts (and,
-    /// on taking over, the memory the last leader left); MIG drains to
-    /// finish; EndpointSlice discovery into the gateway.
+    /// Every tick: the election; as the leader, the live counts from the
+    /// Deployments gpuscale owns (and, on taking over, the memory the last
+    /// leader left) and the MIG hand-offs; EndpointSlice discovery into
+    /// the gateway.
     async fn tick(&mut self, models: &[Model], now: Duration) -> Result<Observed, KubeError> {
-        let r = self.reconcile(models, now).await;
-        if r.is_err() {
+        let was_leading = self.leading;
+        self.leading = self.elect(now).await;
+        let mut observed = Observed::default();
+        if self.leading
+            && let Err(e) = self
+                .read_cluster(models, was_leading, now, &mut observed)
+                .await
+        {
             // Not acting on a half-read cluster: the next tick that reads
             // it all takes over afresh.
             self.leading = false;
+            return Err(e);
         }
-        r
+        observed.policies = self.changed_policies(now).await;
+        observed.cluster = self.inventory(now).await;
+        self.discover(models).await?;
+        Ok(observed)
     }
 
-    async fn reconcile(&mut self, models: &[Model], now: Duration) -> Result<Observed, KubeError> {
-        let was_leading = self.leading;
-        self.leading = self.kube.lead(now).await?;
-        let mut observed = Observed::default();
-        if self.leading {
-            for m in models {
-                let declared = self.kube.deployments_of(&m.name).await?;
-                let n = declared.iter().map(|(_, n)| n).sum();
-                // Variants that run now are the ones a later change
-                // scales to zero when the plan moves off them.
-                self.variants
-                    .entry(m.name.clone())
-                    .or_default()
-                    .extend(declared.into_iter().map(|(v, _)| v));
-                self.desired.insert(m.name.clone(), n);
-                observed.replicas.insert(m.name.clone(), n);
-                if !was_leading && let Some(mem) = self.kube.remembered(&m.name).await? {
-                    observed.memory.insert(m.name.clone(), mem);
-                }
+    async fn read_cluster(
+        &mut self,
+        models: &[Model],
+        was_leading: bool,
+        now: Duration,
+        observed: &mut Observed,
+    ) -> Result<(), KubeError> {
+        let owned = self.kube.owned().await?;
+        self.owned = owned.iter().map(|o| o.name.clone()).collect();
+        for m in models {
+            let mine: Vec<&Owned> = owned.iter().filter(|o| o.model == m.name).collect();
+            let n = mine.iter().map(|o| o.replicas).sum();
+            // Variants that run now are the ones a later change scales to
+            // zero when the plan moves off them.
+            self.variants.insert(
+                m.name.clone(),
+                mine.iter().map(|o| o.name.clone()).collect(),
+            );
+            self.desired.insert(m.name.clone(), n);
+            observed.replicas.insert(m.name.clone(), n);
+            if !was_leading && let Some(mem) = self.kube.remembered(&m.name).await? {
+                observed.memory.insert(m.name.clone(), mem);
             }
-            if !was_leading {
-                self.remembered_at = Some(now);
-                observed.took_over = true;
-            }
-            self.finish_drains().await?;
         }
+        if !was_leading {
+            self.remembered_at = Some(now);
+            observed.took_over = true;
+        }
+        self.advance_handoffs(now).await
+    }
+
+    /// The ready endpoints of each model's Service, registered with the
+    /// gateway (and those gone, removed).
+    async fn discover(&mut self, models: &[Model]) -> Result<(), KubeError> {
         // What the gateway lists now: an endpoint registered before that
         // it no longer lists (it restarted, someone removed it) is
         // registered again below. Unreadable: trust what was registered.
@@ -314,7 +856,7 @@ impl KubeBackend {
             }
             *known = now_known;
         }
-        Ok(observed)
+        Ok(())
     }
 
     /// As the leader, writes each model's memory into its status every
@@ -333,10 +875,24 @@ impl KubeBackend {
         }
         self.remembered_at = Some(now);
         for (policy, m) in memory {
+            if !self.still_leading() {
+                return Err(lost());
+            }
             self.kube.remember(policy, m).await?;
         }
         Ok(())
     }
+}
+
+/// The error when the lease was not renewed in time mid-write.
+fn lost() -> KubeError {
+    KubeError::LostLease
+}
+
+fn wall_now() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// The backend the controller acts through (one per process, so the
@@ -391,11 +947,7 @@ impl Backend {
                     l.scale(&c.model, c.rec.replicas);
                 }
             }
-            Backend::Kube(k) => {
-                if let Err(e) = k.apply(changes, plan, before, now).await {
-                    tracing::error!("{e}");
-                }
-            }
+            Backend::Kube(k) => k.apply(changes, plan, before, now).await,
         }
     }
 
@@ -449,10 +1001,11 @@ impl Backend {
     }
 
     /// Stops what this process runs (local replicas); Kubernetes objects
-    /// stay.
+    /// stay, and the lease is released for the next leader.
     pub async fn shutdown(self) {
-        if let Backend::Local(l) = self {
-            l.shutdown().await;
+        match self {
+            Backend::Local(l) => l.shutdown().await,
+            Backend::Kube(mut k) => k.release().await,
         }
     }
 }

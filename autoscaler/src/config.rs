@@ -268,8 +268,27 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if !(t.slo_max_step.is_finite() && t.slo_max_step >= 1.0) {
         bad("spec.tuning.sloMaxStep", "must be at least 1");
     }
-    if spec.kubernetes.lease_duration < Duration::from_secs(2) {
+    let k = &spec.kubernetes;
+    if k.lease_duration < Duration::from_secs(2) {
         bad("spec.kubernetes.leaseDuration", "must be at least 2s");
+    }
+    // client-go's rules: the leader stops acting (renewDeadline) before
+    // a candidate may take over (leaseDuration), with room for one call
+    // in flight; it tries more than once per deadline.
+    if k.renew_deadline + k.request_timeout > k.lease_duration {
+        bad(
+            "spec.kubernetes.renewDeadline",
+            "renewDeadline + requestTimeout must not exceed leaseDuration",
+        );
+    }
+    if k.retry_period.is_zero() || k.retry_period * 2 > k.renew_deadline {
+        bad(
+            "spec.kubernetes.retryPeriod",
+            "must be above 0s and at most half of renewDeadline",
+        );
+    }
+    if k.request_timeout.is_zero() {
+        bad("spec.kubernetes.requestTimeout", "must be longer than 0s");
     }
     if let Some(url) = &spec.gateway.admin
         && !(url.starts_with("http://") || url.starts_with("https://"))

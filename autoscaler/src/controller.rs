@@ -6,7 +6,7 @@
 //! Its decisions are
 //! exported as metrics and at `/v1/decisions` on its admin port.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -243,8 +243,8 @@ pub struct Report {
     decisions: Arc<Mutex<BTreeMap<String, ModelDecisions>>>,
     health: Arc<Health>,
     live: Arc<Mutex<Live>>,
-    models: Arc<Vec<Model>>,
-    cluster: Option<Arc<Cluster>>,
+    models: Arc<std::sync::RwLock<Vec<Model>>>,
+    cluster: Arc<std::sync::RwLock<Option<Arc<Cluster>>>>,
 }
 
 impl Default for Report {
@@ -263,7 +263,7 @@ impl Default for Report {
             }),
             live: Arc::default(),
             models: Arc::default(),
-            cluster: None,
+            cluster: Arc::default(),
         }
     }
 }
@@ -324,8 +324,11 @@ impl Report {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         dashboard::view(
             unix_now().as_secs_f64(),
-            &self.models,
-            self.cluster.as_deref(),
+            &self.models.read().unwrap_or_else(|e| e.into_inner()),
+            self.cluster
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_deref(),
             &live,
             &decisions,
         )
@@ -346,8 +349,11 @@ impl Report {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         let s = dashboard::sample(
             unix_now().as_secs_f64(),
-            &self.models,
-            self.cluster.as_deref(),
+            &self.models.read().unwrap_or_else(|e| e.into_inner()),
+            self.cluster
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_deref(),
             live.plan.as_deref(),
             live.queues.as_ref(),
             &decisions,
@@ -451,8 +457,10 @@ impl Controller {
                 .set(i64::from(start));
         }
         let stall = stall_limit(settings.spec.interval);
-        let report_models = Arc::new(settings.models.clone());
-        let report_cluster = settings.cluster.clone().map(Arc::new);
+        let report_models = Arc::new(std::sync::RwLock::new(settings.models.clone()));
+        let report_cluster = Arc::new(std::sync::RwLock::new(
+            settings.cluster.clone().map(Arc::new),
+        ));
         let failure_threshold = settings.spec.tuning.fallback_after.max(1);
         Controller {
             prometheus: settings
@@ -515,6 +523,17 @@ impl Controller {
     /// write that did not land) replaces it, as HPA reads `/scale`
     /// every cycle.
     fn adopt(&mut self, observed: &Observed) {
+        if let Some(models) = &observed.policies {
+            self.set_models(models.clone());
+        }
+        if let Some(cluster) = &observed.cluster {
+            *self
+                .report
+                .cluster
+                .write()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(cluster.clone()));
+            self.settings.cluster = Some(cluster.clone());
+        }
         for (name, &n) in &observed.replicas {
             let state = self.states.entry(name.clone()).or_default();
             if observed.took_over {
@@ -528,6 +547,47 @@ impl Controller {
                 state.current = n;
             }
         }
+    }
+
+    /// Runs these models from now on (the watched ModelPolicies changed):
+    /// a new model starts from its `minReplicas` until the cluster's
+    /// live count is read; a removed one is forgotten (its Deployments
+    /// stay as they are).
+    fn set_models(&mut self, models: Vec<Model>) {
+        let names: BTreeSet<&str> = models.iter().map(|m| m.name.as_str()).collect();
+        for gone in self
+            .settings
+            .models
+            .iter()
+            .filter(|m| !names.contains(m.name.as_str()))
+        {
+            tracing::warn!(model = %gone.name, "ModelPolicy removed: no longer scaled (its Deployments are left as they are)");
+            self.states.remove(&gone.name);
+        }
+        for m in &models {
+            if !self.states.contains_key(&m.name) {
+                tracing::info!(model = %m.name, "ModelPolicy added");
+                self.states
+                    .insert(m.name.clone(), State::new(m.scaling.min_replicas));
+            }
+            let label = ModelLabel {
+                model: m.name.clone(),
+            };
+            self.metrics
+                .min
+                .get_or_create(&label)
+                .set(i64::from(m.scaling.min_replicas));
+            self.metrics
+                .max
+                .get_or_create(&label)
+                .set(i64::from(m.scaling.max_replicas));
+        }
+        *self
+            .report
+            .models
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = models.clone();
+        self.settings.models = models;
     }
 
     /// Runs until `shutdown` turns true, then stops every replica.

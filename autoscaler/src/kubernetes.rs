@@ -4,36 +4,46 @@
 //! - per model × placement variant a Deployment (server-side apply, field
 //!   manager `gpuscale`) whose pod requests the variant's device resource
 //!   (`nvidia.com/mig-3g.40gb: 1`, `nvidia.com/gpu.shared: 1`, …) on nodes
-//!   of its GPU model; replica counts through the `/scale` subresource;
-//! - MIG reconfiguration by setting `nvidia.com/mig.config` on a node, only
-//!   when nothing runs on the GPUs whose geometry changes;
+//!   of its GPU model; replica counts through the `/scale` subresource; an
+//!   object of the same name that gpuscale did not create is never
+//!   adopted ([`owned_by_us`]);
+//! - per model a headless Service whose EndpointSlices list the ready
+//!   replicas, for the gateway's pools ([`service`], [`ready_endpoints`]);
+//! - MIG reconfiguration as a hand-off recorded on the node ([`Handoff`]):
+//!   cordon with the reason in annotations, evict gpuscale's MIG pods,
+//!   set `nvidia.com/mig.config`, wait for the MIG manager's
+//!   `nvidia.com/mig.config.state`, uncordon;
 //! - the `ModelPolicy` status subresource (current/desired replicas, the
 //!   last decision and its sentence) and an `events.k8s.io/v1` Event per
-//!   decision;
-//! - leader election through a `coordination.k8s.io/v1` Lease;
-//! - EndpointSlice discovery of ready replicas, for the gateway's pools;
+//!   decision, rate-limited per object ([`EventBudget`]);
+//! - leader election through a `coordination.k8s.io/v1` Lease (the rules
+//!   are in [`crate::election`]);
 //! - dry-run: every write is logged (method, path, body) instead of sent.
 //!
-//! The request bodies are built by pure functions ([`scale_patch`],
-//! [`deployment`], [`mig_label_patch`], [`event`], [`status_patch`],
-//! [`lease_step`]); [`Kube`] only sends them. Tested over a `tower_test`
-//! mock API server that checks each request's method, path and body (no
-//! API server can run where the tests run).
+//! Every call has a deadline (`spec.kubernetes.requestTimeout`), so that
+//! a call the client retries (429, 5xx) cannot stall the loop past the
+//! lease. The request bodies are built by pure functions; [`Kube`] only
+//! sends them. Tested over a `tower_test` mock API server that checks
+//! each request's method, path and body (no API server can run where the
+//! tests run).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::time::Duration;
 
 use gpuscale_packer::{Plan, Variant};
 use gpuscale_policies::Model;
-use gpuscale_policies::model::{Decision, ModelPolicy, ModelPolicyStatus, ScalingMemory};
+use gpuscale_policies::model::{
+    Decision, ModelPolicy, ModelPolicyStatus, PolicyCondition, ScalingMemory,
+};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 use crate::recommend::{Recommendation, clock};
@@ -62,6 +72,17 @@ pub struct KubeSpec {
     /// How long a lease lasts without renewal.
     #[serde(with = "humantime_serde")]
     pub lease_duration: Duration,
+    /// How long the leader goes on acting after its last renewal of the
+    /// lease (shorter than `leaseDuration`, client-go's `RenewDeadline`).
+    #[serde(with = "humantime_serde")]
+    pub renew_deadline: Duration,
+    /// How often the lease is renewed or tried (client-go's
+    /// `RetryPeriod`).
+    #[serde(with = "humantime_serde")]
+    pub retry_period: Duration,
+    /// The deadline of every API call, retries included.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
     /// Namespace of the GPU Operator, where its MIG manager reads the
     /// mig-parted ConfigMap (`gpuscale-mig-parted-config`; point the
     /// ClusterPolicy's `migManager.config.name` at it).
@@ -76,6 +97,9 @@ impl Default for KubeSpec {
             port: 8000,
             lease_name: "gpuscale-autoscaler".into(),
             lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(4),
             gpu_operator_namespace: "gpu-operator".into(),
         }
     }
@@ -90,6 +114,28 @@ pub enum KubeError {
     /// A body could not be built.
     #[error("kubernetes: {0}")]
     Body(#[from] serde_json::Error),
+    /// The lease was not renewed within the renew deadline: this process
+    /// stopped writing, as another may lead by now.
+    #[error("kubernetes: the lease was not renewed in time; no longer the leader")]
+    LostLease,
+    /// The call did not finish within `spec.kubernetes.requestTimeout`.
+    #[error("kubernetes: {what}: no answer within {after:?}")]
+    Timeout {
+        /// The call.
+        what: String,
+        /// The deadline.
+        after: Duration,
+    },
+}
+
+impl KubeError {
+    /// The API server's status code, when it answered with one.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            KubeError::Api(kube::Error::Api(e)) => Some(e.code),
+            _ => None,
+        }
+    }
 }
 
 fn micro(now: Duration) -> MicroTime {
@@ -152,10 +198,12 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
 /// The name of the mig-parted ConfigMap gpuscale maintains.
 pub const MIG_CONFIGMAP: &str = "gpuscale-mig-parted-config";
 
-/// The mig-parted ConfigMap for a plan: every node's config under
-/// `config.yaml`, as the GPU Operator's MIG manager reads it.
-pub fn mig_configmap(plan: &Plan, namespace: &str) -> Result<ConfigMap, serde_json::Error> {
-    let (config, _) = gpuscale_packer::emit::mig_parted(plan);
+/// The mig-parted ConfigMap: every config under `config.yaml`, as the GPU
+/// Operator's MIG manager reads it.
+pub fn mig_configmap(
+    config: &gpuscale_packer::emit::MigPartedConfig,
+    namespace: &str,
+) -> Result<ConfigMap, serde_json::Error> {
     let text = serde_yaml_ng::to_string(&config).map_err(serde::ser::Error::custom)?;
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
@@ -169,11 +217,6 @@ pub fn mig_configmap(plan: &Plan, namespace: &str) -> Result<ConfigMap, serde_js
     }))
 }
 
-/// The node label patch that asks mig-manager for a mig-parted config.
-pub fn mig_label_patch(config: &str) -> serde_json::Value {
-    serde_json::json!({"metadata": {"labels": {MIG_CONFIG_LABEL: config}}})
-}
-
 /// A node's MIG config may change now: none of its GPUs whose geometry
 /// changes has a replica running (`busy`: GPU indices with replicas now;
 /// `changing`: GPU indices the plan reconfigures).
@@ -181,37 +224,149 @@ pub fn may_reconfigure(busy: &[u32], changing: &[u32]) -> bool {
     changing.iter().all(|g| !busy.contains(g))
 }
 
-/// The Event recording a decision about a policy.
-pub fn event(
-    policy: &str,
-    uid: Option<&str>,
-    rec: &Recommendation,
+/// An Event's note: at most 1,024 bytes (the API's limit is in bytes;
+/// reasons hold `→` and `×`), cut at a character boundary.
+pub fn note(text: &str) -> String {
+    let mut end = text.len().min(1024);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// What an Event is about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Regarding {
+    /// `apiVersion` of the object.
+    pub api_version: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Its namespace (`None`: cluster-scoped, such as a Node).
+    pub namespace: Option<String>,
+}
+
+impl Regarding {
+    /// A ModelPolicy in `namespace`.
+    pub fn policy(name: &str, namespace: &str) -> Self {
+        Regarding {
+            api_version: "gpuscale.io/v1alpha1".into(),
+            kind: "ModelPolicy".into(),
+            name: name.into(),
+            namespace: Some(namespace.into()),
+        }
+    }
+
+    /// A Node.
+    pub fn node(name: &str) -> Self {
+        Regarding {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: name.into(),
+            namespace: None,
+        }
+    }
+}
+
+/// What an Event says: its action, reason and note, and whether it
+/// reports a failure (`Warning`) or not (`Normal`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Said {
+    /// What was done or tried (`Scale`, `Adopt`, `ReconfigureMIG`).
+    pub action: String,
+    /// Why, in one word.
+    pub reason: String,
+    /// In words (cut to 1,024 bytes).
+    pub note: String,
+    /// A failure.
+    pub warning: bool,
+}
+
+/// An Event about `regarding`, reported by `identity`.
+pub fn event_about(
+    regarding: &Regarding,
+    said: &Said,
     spec: &KubeSpec,
     identity: &str,
     now: Duration,
 ) -> Event {
     Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{policy}.")),
+            generate_name: Some(format!("{}.", regarding.name)),
             namespace: Some(spec.namespace.clone()),
             ..ObjectMeta::default()
         },
         event_time: Some(micro(now)),
-        action: Some("Scale".into()),
-        reason: Some(format!("{:?}", rec.mode)),
-        note: Some(rec.reason.chars().take(1024).collect()),
-        type_: Some("Normal".into()),
+        action: Some(said.action.clone()),
+        reason: Some(said.reason.clone()),
+        note: Some(note(&said.note)),
+        type_: Some(if said.warning { "Warning" } else { "Normal" }.into()),
         reporting_controller: Some(format!("gpuscale.io/{MANAGER}")),
         reporting_instance: Some(identity.to_string()),
         regarding: Some(ObjectReference {
-            api_version: Some("gpuscale.io/v1alpha1".into()),
-            kind: Some("ModelPolicy".into()),
-            name: Some(policy.to_string()),
-            namespace: Some(spec.namespace.clone()),
-            uid: uid.map(str::to_string),
+            api_version: Some(regarding.api_version.clone()),
+            kind: Some(regarding.kind.clone()),
+            name: Some(regarding.name.clone()),
+            namespace: regarding.namespace.clone(),
             ..ObjectReference::default()
         }),
         ..Event::default()
+    }
+}
+
+/// The Event recording a decision about a policy.
+pub fn event(
+    policy: &str,
+    rec: &Recommendation,
+    spec: &KubeSpec,
+    identity: &str,
+    now: Duration,
+) -> Event {
+    event_about(
+        &Regarding::policy(policy, &spec.namespace),
+        &Said {
+            action: "Scale".into(),
+            reason: format!("{:?}", rec.mode),
+            note: rec.reason.clone(),
+            warning: false,
+        },
+        spec,
+        identity,
+        now,
+    )
+}
+
+/// Events per object, as client-go's recorder limits them
+/// (`EventSourceObjectSpamFilter`): a bucket of 25 that refills one
+/// Event every 5 minutes.
+#[derive(Debug, Default, Clone)]
+pub struct EventBudget {
+    buckets: BTreeMap<String, (f64, Duration)>,
+}
+
+impl EventBudget {
+    /// The burst per object.
+    pub const BURST: f64 = 25.0;
+    /// One token back per this long.
+    pub const REFILL: Duration = Duration::from_secs(300);
+
+    /// Takes a token for `object` at `now`: `false` when its bucket is
+    /// empty (the Event is dropped, and logged instead).
+    pub fn take(&mut self, object: &str, now: Duration) -> bool {
+        let (tokens, at) = self
+            .buckets
+            .entry(object.to_string())
+            .or_insert((Self::BURST, now));
+        let refilled = now.saturating_sub(*at).as_secs_f64() / Self::REFILL.as_secs_f64();
+        *tokens = (*tokens + refilled).min(Self::BURST);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -235,8 +390,42 @@ pub fn status_patch(
         }),
         observed_generation: None,
         scaling_memory: memory.cloned(),
+        conditions: Vec::new(),
     };
     serde_json::json!({"status": status})
+}
+
+/// The status merge patch of the `DeploymentsOwned` condition: `refused`
+/// names the Deployments the plan wants that exist and are not
+/// gpuscale's (empty: the condition is `True`).
+pub fn ownership_patch(refused: &[String], now: Duration) -> serde_json::Value {
+    let time = Timestamp::from_second(now.as_secs() as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| clock(now));
+    let condition = if refused.is_empty() {
+        PolicyCondition {
+            type_: "DeploymentsOwned".into(),
+            status: "True".into(),
+            reason: "Owned".into(),
+            message: "every Deployment of the plan is gpuscale's".into(),
+            last_transition_time: time,
+        }
+    } else {
+        PolicyCondition {
+            type_: "DeploymentsOwned".into(),
+            status: "False".into(),
+            reason: "NameInUse".into(),
+            message: format!(
+                "Deployment(s) {} exist and were not created by gpuscale (no \
+                 app.kubernetes.io/managed-by=gpuscale label, no ModelPolicy owner): gpuscale \
+                 leaves them alone and runs none of their replicas; rename the policy or remove \
+                 them",
+                refused.join(", ")
+            ),
+            last_transition_time: time,
+        }
+    };
+    serde_json::json!({"status": {"conditions": [condition]}})
 }
 
 /// The status merge patch that persists the recommender's memory alone.
@@ -244,104 +433,122 @@ pub fn memory_patch(memory: &ScalingMemory) -> serde_json::Value {
     serde_json::json!({"status": {"scalingMemory": memory}})
 }
 
-/// A model's replica count as its Deployments declare it: per variant
-/// Deployment, its name and `spec.replicas` (what its `/scale`
-/// subresource serves as `spec.replicas`; absent means 1, the API
-/// server's default).
-pub fn declared_replicas(deployments: &[Deployment]) -> Vec<(String, u32)> {
-    let mut out: Vec<(String, u32)> = deployments
+/// One Deployment gpuscale runs for a model, as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owned {
+    /// Its name (the variant's).
+    pub name: String,
+    /// The model (policy name) it serves, from its label.
+    pub model: String,
+    /// `spec.replicas` (what `/scale` serves; absent means 1, the API
+    /// server's default).
+    pub replicas: u32,
+}
+
+/// An object gpuscale created: it carries `app.kubernetes.io/managed-by:
+/// gpuscale` (every object gpuscale applies does), or an owner reference
+/// to a ModelPolicy. Anything else of the same name is a user's, and is
+/// never adopted.
+pub fn owned_by_us(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+        .is_some_and(|v| v == MANAGER)
+        || meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "ModelPolicy" && o.api_version.starts_with("gpuscale.io/"))
+}
+
+/// The Deployments of a list that gpuscale owns, with their model and
+/// declared replicas, by name.
+pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
+    let mut out: Vec<Owned> = deployments
         .iter()
+        .filter(|d| owned_by_us(&d.metadata))
         .filter_map(|d| {
-            let name = d.metadata.name.clone()?;
-            let n = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            Some((name, n.max(0) as u32))
+            Some(Owned {
+                name: d.metadata.name.clone()?,
+                model: d.metadata.labels.as_ref()?.get(MODEL_LABEL)?.clone(),
+                replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32,
+            })
         })
         .collect();
-    out.sort();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
-/// What to do with the Lease.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LeaseStep {
-    /// No lease yet: create this one (we lead).
-    Create(Lease),
-    /// Ours, or expired: replace with this one (we lead).
-    Replace(Lease),
-    /// Someone else holds it and it has not expired.
-    Follow {
-        /// The holder.
-        holder: String,
-    },
-}
-
-/// Leader election, pure: given the lease as read (if any), who we are
-/// and the time, what to write.
-pub fn lease_step(
-    existing: Option<&Lease>,
-    identity: &str,
-    spec: &KubeSpec,
-    now: Duration,
-) -> LeaseStep {
-    let ours = |transitions: i32, acquired: MicroTime| Lease {
-        metadata: ObjectMeta {
-            name: Some(spec.lease_name.clone()),
-            namespace: Some(spec.namespace.clone()),
-            resource_version: existing.and_then(|l| l.metadata.resource_version.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(identity.to_string()),
-            lease_duration_seconds: Some(spec.lease_duration.as_secs() as i32),
-            acquire_time: Some(acquired),
-            renew_time: Some(micro(now)),
-            lease_transitions: Some(transitions),
-            ..LeaseSpec::default()
-        }),
-    };
-    let Some(lease) = existing else {
-        return LeaseStep::Create(ours(0, micro(now)));
-    };
-    let s = lease.spec.clone().unwrap_or_default();
-    let transitions = s.lease_transitions.unwrap_or(0);
-    match s.holder_identity.as_deref() {
-        Some(h) if h == identity => LeaseStep::Replace(ours(
-            transitions,
-            s.acquire_time.unwrap_or_else(|| micro(now)),
-        )),
-        Some(h) => {
-            let renewed = s
-                .renew_time
-                .map(|t| Duration::from_nanos(t.0.as_nanosecond().max(0) as u64))
-                .unwrap_or_default();
-            let ttl = Duration::from_secs(s.lease_duration_seconds.unwrap_or(0).max(0) as u64);
-            if now < renewed + ttl {
-                LeaseStep::Follow {
-                    holder: h.to_string(),
-                }
+/// The name of a model's headless Service (a DNS-1035 label: `gpuscale-`
+/// and the policy name, other characters as `-`, at most 63).
+pub fn service_name(model: &str) -> String {
+    let mut s: String = format!("gpuscale-{model}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
             } else {
-                LeaseStep::Replace(ours(transitions + 1, micro(now)))
+                '-'
             }
-        }
-        None => LeaseStep::Replace(ours(transitions + 1, micro(now))),
+        })
+        .take(63)
+        .collect();
+    while s.ends_with('-') {
+        s.pop();
     }
+    s
 }
 
-/// Ready `http://ip:port` endpoints of a model, from its EndpointSlices.
+/// A model's headless Service: its EndpointSlices list the model's pods
+/// (every variant) with their readiness, which is what the gateway's
+/// pool is built from.
+pub fn service(model: &Model, spec: &KubeSpec) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(&model.name),
+            "namespace": spec.namespace,
+            "labels": {
+                "app.kubernetes.io/name": model.name,
+                "app.kubernetes.io/managed-by": MANAGER,
+                MODEL_LABEL: model.name,
+            },
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {MODEL_LABEL: model.name},
+            "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}],
+        },
+    }))
+    .expect("a well-formed Service")
+}
+
+/// Ready `http://ip:port` endpoints from a Service's EndpointSlices.
+/// - the port named `http` (else the first);
+/// - an endpoint with no `ready` condition counts as ready, as the API
+///   documents ("consumers should interpret this unknown state as
+///   ready");
+/// - IPv6 addresses are bracketed.
 pub fn ready_endpoints(slices: &[EndpointSlice]) -> Vec<String> {
     let mut out = Vec::new();
     for s in slices {
-        let port = s
-            .ports
-            .as_ref()
-            .and_then(|p| p.first())
-            .and_then(|p| p.port)
-            .unwrap_or(80);
+        let ports = s.ports.as_deref().unwrap_or_default();
+        let port = ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some("http"))
+            .or_else(|| ports.first())
+            .and_then(|p| p.port);
+        let Some(port) = port else { continue };
         for e in &s.endpoints {
-            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
+            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
             if ready {
                 for a in &e.addresses {
-                    out.push(format!("http://{a}:{port}"));
+                    if a.contains(':') {
+                        out.push(format!("http://[{a}]:{port}"));
+                    } else {
+                        out.push(format!("http://{a}:{port}"));
+                    }
                 }
             }
         }
@@ -349,6 +556,158 @@ pub fn ready_endpoints(slices: &[EndpointSlice]) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The node label the GPU Operator's MIG manager sets when it has applied
+/// (`success`) or failed to apply (`failed`) the config the node names.
+pub const MIG_STATE_LABEL: &str = "nvidia.com/mig.config.state";
+/// The node label recording gpuscale's MIG hand-off in progress on a node
+/// (`draining`, `configuring` or `failed`), so that a restarted or new
+/// leader finds it.
+pub const HANDOFF_LABEL: &str = "gpuscale.io/mig-handoff";
+/// The node annotation holding the mig-parted config being handed to.
+pub const HANDOFF_CONFIG: &str = "gpuscale.io/mig-handoff-config";
+/// The node annotation saying, in words, why gpuscale cordoned the node.
+pub const HANDOFF_REASON: &str = "gpuscale.io/mig-handoff-reason";
+
+/// A MIG hand-off in progress on a node, as recorded on it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handoff {
+    /// Cordoned; gpuscale's MIG pods are being evicted.
+    Draining {
+        /// The config to hand to.
+        config: String,
+    },
+    /// `nvidia.com/mig.config` set; waiting for the MIG manager.
+    Configuring {
+        /// The config.
+        config: String,
+    },
+    /// The MIG manager reported `failed`: the node stays cordoned until
+    /// an operator looks (the reason annotation says so).
+    Failed {
+        /// The config it failed to apply.
+        config: String,
+    },
+}
+
+/// The hand-off a node records, if any.
+pub fn handoff_of(node: &Node) -> Option<Handoff> {
+    let m = &node.metadata;
+    let state = m.labels.as_ref()?.get(HANDOFF_LABEL)?;
+    let config = m
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HANDOFF_CONFIG))
+        .cloned()
+        .or_else(|| m.labels.as_ref()?.get(MIG_CONFIG_LABEL).cloned())
+        .unwrap_or_default();
+    match state.as_str() {
+        "draining" => Some(Handoff::Draining { config }),
+        "configuring" => Some(Handoff::Configuring { config }),
+        "failed" => Some(Handoff::Failed { config }),
+        _ => None,
+    }
+}
+
+/// The MIG manager's state label on a node (`success`, `failed`,
+/// `pending`, `rebooting`), if set.
+pub fn mig_state(node: &Node) -> Option<&str> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(MIG_STATE_LABEL)
+        .map(String::as_str)
+}
+
+/// The node patch that starts a hand-off to `config`: cordon, with the
+/// hand-off and its reason recorded on the node in the same write (so a
+/// node is never cordoned by gpuscale without a recorded reason). `drain`:
+/// replicas run on GPUs that change, so gpuscale's MIG pods are evicted
+/// first; otherwise the config is set at once.
+pub fn handoff_start_patch(config: &str, drain: bool) -> serde_json::Value {
+    let reason = format!(
+        "cordoned by gpuscale to change the MIG geometry to {config}; uncordoned when \
+         {MIG_STATE_LABEL}=success"
+    );
+    let mut labels =
+        serde_json::json!({HANDOFF_LABEL: if drain { "draining" } else { "configuring" }});
+    if !drain {
+        labels[MIG_CONFIG_LABEL] = config.into();
+    }
+    serde_json::json!({
+        "metadata": {
+            "labels": labels,
+            "annotations": {HANDOFF_CONFIG: config, HANDOFF_REASON: reason},
+        },
+        "spec": {"unschedulable": true},
+    })
+}
+
+/// The node patch once drained: the config set for the MIG manager.
+pub fn handoff_configure_patch(config: &str) -> serde_json::Value {
+    serde_json::json!({"metadata": {"labels": {MIG_CONFIG_LABEL: config, HANDOFF_LABEL: "configuring"}}})
+}
+
+/// The node patch once the MIG manager succeeded: uncordoned, the record
+/// removed.
+pub fn handoff_done_patch() -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "labels": {HANDOFF_LABEL: null},
+            "annotations": {HANDOFF_CONFIG: null, HANDOFF_REASON: null},
+        },
+        "spec": {"unschedulable": false},
+    })
+}
+
+/// The node patch when the MIG manager failed: still cordoned, the
+/// reason says what to do.
+pub fn handoff_failed_patch(config: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "labels": {HANDOFF_LABEL: "failed"},
+            "annotations": {HANDOFF_REASON: format!(
+                "the MIG manager failed to apply {config} ({MIG_STATE_LABEL}=failed); gpuscale keeps \
+                 the node cordoned: fix it, then uncordon it and remove the label {HANDOFF_LABEL}"
+            )},
+        },
+    })
+}
+
+/// The mig-parted document to apply: the plan's configs, and every config
+/// of the one in the cluster (`existing`) that a node still names
+/// (`named`: the nodes' `nvidia.com/mig.config` labels and hand-offs), so
+/// that a node the plan did not touch never names a config that is gone.
+/// Config names are hashes of their content, so a name means the same
+/// layout in both.
+pub fn merged_mig_parted(
+    plan: &Plan,
+    existing: Option<&str>,
+    named: &BTreeSet<String>,
+) -> gpuscale_packer::emit::MigPartedConfig {
+    let (mut config, _) = gpuscale_packer::emit::mig_parted(plan);
+    let old: Option<gpuscale_packer::emit::MigPartedConfig> =
+        existing.and_then(|t| serde_yaml_ng::from_str(t).ok());
+    if let Some(old) = old {
+        for (name, entries) in old.mig_configs {
+            if named.contains(&name) {
+                config.mig_configs.entry(name).or_insert(entries);
+            }
+        }
+    }
+    config
+}
+
+/// What an eviction came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Evicted {
+    /// Accepted (the pod terminates).
+    Yes,
+    /// The pod was gone already (404): done.
+    Gone,
+    /// A PodDisruptionBudget holds it (429): retried on a later tick.
+    Blocked,
 }
 
 /// A write the backend makes (what dry-run logs).
@@ -362,13 +721,70 @@ pub struct Write {
     pub body: serde_json::Value,
 }
 
-/// The client side: sends what the builders make, or in dry-run mode logs
-/// it and returns the writes it would have made.
+/// A ModelPolicy as listed: decoded, or why it could not be (each
+/// object is decoded on its own, so one bad object does not fail the
+/// others).
+pub type Listed = Result<ModelPolicy, (String, String)>;
+
+/// Decodes one listed or watched ModelPolicy on its own.
+fn decode(o: &DynamicObject) -> Listed {
+    let name = o.metadata.name.clone().unwrap_or_default();
+    serde_json::to_value(o)
+        .and_then(serde_json::from_value::<ModelPolicy>)
+        .map_err(|e| (name, e.to_string()))
+}
+
+/// The namespace's ModelPolicies as a kube-runtime reflector keeps them
+/// (a list, then a watch, re-listed after a gap, with kube's default
+/// backoff). Stops when dropped.
+pub struct PolicyWatch {
+    store: kube::runtime::reflector::Store<DynamicObject>,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PolicyWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PolicyWatch {
+    /// The policies now, each with its `resourceVersion` and decoded on
+    /// its own, by name; `None` until the first list has arrived (an
+    /// empty store then is no policy, not a deleted one).
+    pub fn current(&self) -> Option<BTreeMap<String, (String, Listed)>> {
+        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.store
+                .state()
+                .iter()
+                .map(|o| {
+                    (
+                        o.metadata.name.clone().unwrap_or_default(),
+                        (
+                            o.metadata.resource_version.clone().unwrap_or_default(),
+                            decode(o),
+                        ),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The client side: sends what the builders make, each call within the
+/// request deadline, or in dry-run mode logs the writes and returns them.
 pub struct Kube {
     client: kube::Client,
     spec: KubeSpec,
     identity: String,
     dry_run: bool,
+    /// Writes (other than the Lease's) are refused from this instant on:
+    /// the end of the leader's renew deadline. `None`: unfenced.
+    fence: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Kube {
@@ -379,11 +795,57 @@ impl Kube {
             spec,
             identity,
             dry_run,
+            fence: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Refuses every write but the Lease's from `until` on (the leader's
+    /// renew deadline; the backend moves it on with each renewal).
+    pub fn fence(&self, until: Option<tokio::time::Instant>) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// A write may go out now.
+    fn fenced(&self) -> Result<(), KubeError> {
+        let until = *self.fence.lock().unwrap_or_else(|e| e.into_inner());
+        match until {
+            Some(t) if tokio::time::Instant::now() >= t => Err(KubeError::LostLease),
+            _ => Ok(()),
+        }
+    }
+
+    /// The settings.
+    pub fn spec(&self) -> &KubeSpec {
+        &self.spec
+    }
+
+    /// Who this process is (the Lease holder and Events' reporter).
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Writes are logged, not sent.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
     }
 
     fn ns(&self) -> &str {
         &self.spec.namespace
+    }
+
+    /// Runs one call within the request deadline.
+    async fn call<T, E: Into<KubeError>>(
+        &self,
+        what: impl FnOnce() -> String,
+        fut: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, KubeError> {
+        match tokio::time::timeout(self.spec.request_timeout, fut).await {
+            Ok(r) => r.map_err(Into::into),
+            Err(_) => Err(KubeError::Timeout {
+                what: what(),
+                after: self.spec.request_timeout,
+            }),
+        }
     }
 
     fn dry(&self, w: Write) -> Option<Write> {
@@ -395,41 +857,89 @@ impl Kube {
         }
     }
 
-    /// The ModelPolicies in the namespace.
-    pub async fn policies(&self) -> Result<Vec<ModelPolicy>, KubeError> {
-        let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
-        Ok(api.list(&ListParams::default()).await?.items)
+    /// The ModelPolicies in the namespace, each decoded on its own.
+    pub async fn policies(&self) -> Result<Vec<Listed>, KubeError> {
+        let ar = ApiResource::erase::<ModelPolicy>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &ar);
+        let list = self
+            .call(
+                || "list modelpolicies".into(),
+                api.list(&ListParams::default()),
+            )
+            .await?;
+        Ok(list.items.iter().map(decode).collect())
     }
 
-    /// A model's variant Deployments and their declared replica counts
-    /// (one list call, by the model label): the live count the controller
-    /// starts from and compares with every tick.
-    pub async fn deployments_of(&self, model: &str) -> Result<Vec<(String, u32)>, KubeError> {
+    /// Starts watching the namespace's ModelPolicies.
+    pub fn watch_policies(&self) -> PolicyWatch {
+        use kube::runtime::{WatchStreamExt, reflector, watcher};
+        let ar = ApiResource::erase::<ModelPolicy>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &ar);
+        let writer = reflector::store::Writer::new(ar);
+        let store = writer.as_reader();
+        let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ready.clone();
+        let task = tokio::spawn(async move {
+            use tokio_stream::StreamExt;
+            let stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        flag.store(true, std::sync::atomic::Ordering::Release);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("watching ModelPolicies: {e}"),
+                }
+            }
+        });
+        PolicyWatch { store, ready, task }
+    }
+
+    /// The Deployments gpuscale owns in the namespace (one list call, by
+    /// the `managed-by` label; each checked again by [`owned_by_us`]):
+    /// the live counts the controller starts from and compares with
+    /// every tick.
+    pub async fn owned(&self) -> Result<Vec<Owned>, KubeError> {
         let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
-        let list = api
-            .list(&ListParams::default().labels(&format!("{MODEL_LABEL}={model}")))
+        let list = self
+            .call(
+                || "list deployments".into(),
+                api.list(
+                    &ListParams::default()
+                        .labels(&format!("app.kubernetes.io/managed-by={MANAGER}")),
+                ),
+            )
             .await?;
-        Ok(declared_replicas(&list.items))
+        Ok(owned_deployments(&list.items))
+    }
+
+    /// A Deployment by name, if there is one.
+    pub async fn deployment(&self, name: &str) -> Result<Option<Deployment>, KubeError> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(|| format!("get deployment {name}"), api.get_opt(name))
+            .await
     }
 
     /// The recommender's memory a previous controller left in a policy's
     /// status (`None`: no policy object, or nothing remembered).
     pub async fn remembered(&self, policy: &str) -> Result<Option<ScalingMemory>, KubeError> {
         let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
-        Ok(api
-            .get_opt(policy)
+        Ok(self
+            .call(|| format!("get modelpolicy {policy}"), api.get_opt(policy))
             .await?
             .and_then(|p| p.status)
             .and_then(|s| s.scaling_memory))
     }
 
-    /// Writes the recommender's memory into a policy's status.
-    pub async fn remember(
+    /// A merge patch of a policy's status.
+    pub async fn patch_status_value(
         &self,
         policy: &str,
-        memory: &ScalingMemory,
+        body: serde_json::Value,
     ) -> Result<Option<Write>, KubeError> {
-        let body = memory_patch(memory);
         if let Some(w) = self.dry(Write {
             method: "PATCH",
             path: format!(
@@ -440,9 +950,54 @@ impl Kube {
         }) {
             return Ok(Some(w));
         }
+        self.fenced()?;
         let api: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
-        api.patch_status(policy, &PatchParams::default(), &Patch::Merge(&body))
-            .await?;
+        self.call(
+            || format!("patch modelpolicy {policy} status"),
+            api.patch_status(policy, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await?;
+        Ok(None)
+    }
+
+    /// Writes the recommender's memory into a policy's status.
+    pub async fn remember(
+        &self,
+        policy: &str,
+        memory: &ScalingMemory,
+    ) -> Result<Option<Write>, KubeError> {
+        self.patch_status_value(policy, memory_patch(memory)).await
+    }
+
+    /// Writes a decision into a policy's status.
+    pub async fn status(
+        &self,
+        policy: &str,
+        current: u32,
+        rec: &Recommendation,
+        now: Duration,
+        memory: Option<&ScalingMemory>,
+    ) -> Result<Option<Write>, KubeError> {
+        self.patch_status_value(policy, status_patch(current, rec, now, memory))
+            .await
+    }
+
+    /// Creates an Event.
+    pub async fn emit(&self, ev: &Event) -> Result<Option<Write>, KubeError> {
+        if let Some(w) = self.dry(Write {
+            method: "POST",
+            path: format!("/apis/events.k8s.io/v1/namespaces/{}/events", self.ns()),
+            body: serde_json::to_value(ev)?,
+        }) {
+            return Ok(Some(w));
+        }
+        self.fenced()?;
+        let api: Api<Event> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(
+            || "create event".into(),
+            api.create(&PostParams::default(), ev),
+        )
+        .await?;
         Ok(None)
     }
 
@@ -459,9 +1014,13 @@ impl Kube {
         }) {
             return Ok(Some(w));
         }
+        self.fenced()?;
         let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
-        api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&body))
-            .await?;
+        self.call(
+            || format!("scale deployment {name}"),
+            api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await?;
         Ok(None)
     }
 
@@ -483,20 +1042,69 @@ impl Kube {
         }) {
             return Ok(Some(w));
         }
+        self.fenced()?;
         let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
-        api.patch(
-            &variant.name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&d),
+        self.call(
+            || format!("apply deployment {}", variant.name),
+            api.patch(
+                &variant.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&d),
+            ),
         )
         .await?;
         Ok(None)
     }
 
-    /// Applies the mig-parted ConfigMap of a plan (server-side apply).
-    pub async fn apply_mig_configmap(&self, plan: &Plan) -> Result<Option<Write>, KubeError> {
+    /// Applies a model's headless Service (server-side apply).
+    pub async fn apply_service(&self, model: &Model) -> Result<Option<Write>, KubeError> {
+        let s = service(model, &self.spec);
+        let name = service_name(&model.name);
+        if let Some(w) = self.dry(Write {
+            method: "PATCH",
+            path: format!(
+                "/api/v1/namespaces/{}/services/{name}?fieldManager={MANAGER}&force=true",
+                self.ns()
+            ),
+            body: serde_json::to_value(&s)?,
+        }) {
+            return Ok(Some(w));
+        }
+        self.fenced()?;
+        let api: Api<Service> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(
+            || format!("apply service {name}"),
+            api.patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&s),
+            ),
+        )
+        .await?;
+        Ok(None)
+    }
+
+    /// The mig-parted document in the GPU Operator's ConfigMap now.
+    pub async fn mig_configmap_text(&self) -> Result<Option<String>, KubeError> {
         let ns = &self.spec.gpu_operator_namespace;
-        let cm = mig_configmap(plan, ns)?;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        Ok(self
+            .call(
+                || format!("get configmap {ns}/{MIG_CONFIGMAP}"),
+                api.get_opt(MIG_CONFIGMAP),
+            )
+            .await?
+            .and_then(|c| c.data)
+            .and_then(|mut d| d.remove("config.yaml")))
+    }
+
+    /// Applies the mig-parted ConfigMap (server-side apply).
+    pub async fn apply_mig_configmap(
+        &self,
+        config: &gpuscale_packer::emit::MigPartedConfig,
+    ) -> Result<Option<Write>, KubeError> {
+        let ns = &self.spec.gpu_operator_namespace;
+        let cm = mig_configmap(config, ns)?;
         if let Some(w) = self.dry(Write {
             method: "PATCH",
             path: format!(
@@ -506,18 +1114,34 @@ impl Kube {
         }) {
             return Ok(Some(w));
         }
+        self.fenced()?;
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-        api.patch(
-            MIG_CONFIGMAP,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&cm),
+        self.call(
+            || format!("apply configmap {ns}/{MIG_CONFIGMAP}"),
+            api.patch(
+                MIG_CONFIGMAP,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&cm),
+            ),
         )
         .await?;
         Ok(None)
     }
 
+    /// Nodes matching a label selector.
+    pub async fn nodes(&self, selector: &str) -> Result<Vec<Node>, KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        Ok(self
+            .call(
+                || format!("list nodes {selector}"),
+                api.list(&ListParams::default().labels(selector)),
+            )
+            .await?
+            .items)
+    }
+
     /// A merge patch of a node (or, in dry-run mode, the write it would be).
-    async fn patch_node(
+    pub async fn patch_node(
         &self,
         node: &str,
         body: serde_json::Value,
@@ -529,26 +1153,27 @@ impl Kube {
         }) {
             return Ok(Some(w));
         }
+        self.fenced()?;
         let api: Api<Node> = Api::all(self.client.clone());
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
-            .await?;
+        self.call(
+            || format!("patch node {node}"),
+            api.patch(node, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await?;
         Ok(None)
-    }
-
-    /// Marks a node unschedulable (`cordon = true`) or schedulable again.
-    pub async fn cordon(&self, node: &str, cordon: bool) -> Result<Option<Write>, KubeError> {
-        self.patch_node(node, serde_json::json!({"spec": {"unschedulable": cordon}}))
-            .await
     }
 
     /// gpuscale's pods on a node that hold MIG devices.
     pub async fn mig_pods_on(&self, node: &str) -> Result<Vec<String>, KubeError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
-        let pods = api
-            .list(
-                &ListParams::default()
-                    .labels(&format!("app.kubernetes.io/managed-by={MANAGER}"))
-                    .fields(&format!("spec.nodeName={node}")),
+        let pods = self
+            .call(
+                || format!("list pods on {node}"),
+                api.list(
+                    &ListParams::default()
+                        .labels(&format!("app.kubernetes.io/managed-by={MANAGER}"))
+                        .fields(&format!("spec.nodeName={node}")),
+                ),
             )
             .await?;
         Ok(pods
@@ -568,109 +1193,80 @@ impl Kube {
             .collect())
     }
 
-    /// Evicts a pod (the Eviction API: PodDisruptionBudgets hold).
-    pub async fn evict(&self, pod: &str) -> Result<Option<Write>, KubeError> {
-        if let Some(w) = self.dry(Write {
-            method: "POST",
-            path: format!("/api/v1/namespaces/{}/pods/{pod}/eviction", self.ns()),
-            body: serde_json::json!({"metadata": {"name": pod}}),
-        }) {
-            return Ok(Some(w));
-        }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
-        api.evict(pod, &kube::api::EvictParams::default()).await?;
-        Ok(None)
-    }
-
-    /// Asks mig-manager for a node's new MIG config.
-    pub async fn label_node(&self, node: &str, config: &str) -> Result<Option<Write>, KubeError> {
-        self.patch_node(node, mig_label_patch(config)).await
-    }
-
-    /// Records a decision: an Event and the policy's status.
-    pub async fn record(
-        &self,
-        policy: &str,
-        uid: Option<&str>,
-        current: u32,
-        rec: &Recommendation,
-        now: Duration,
-        memory: Option<&ScalingMemory>,
-    ) -> Result<Vec<Write>, KubeError> {
-        let ev = event(policy, uid, rec, &self.spec, &self.identity, now);
-        let status = status_patch(current, rec, now, memory);
-        let writes = vec![
-            Write {
+    /// Evicts a pod (the Eviction API: PodDisruptionBudgets hold). A pod
+    /// already gone is done; one a budget holds is for a later tick.
+    pub async fn evict(&self, pod: &str) -> Result<Evicted, KubeError> {
+        if self
+            .dry(Write {
                 method: "POST",
-                path: format!("/apis/events.k8s.io/v1/namespaces/{}/events", self.ns()),
-                body: serde_json::to_value(&ev)?,
-            },
-            Write {
-                method: "PATCH",
-                path: format!(
-                    "/apis/gpuscale.io/v1alpha1/namespaces/{}/modelpolicies/{policy}/status",
-                    self.ns()
-                ),
-                body: status.clone(),
-            },
-        ];
-        if self.dry_run {
-            for w in &writes {
-                tracing::info!(method = w.method, path = %w.path, body = %w.body, "dry run: not sent");
-            }
-            return Ok(writes);
+                path: format!("/api/v1/namespaces/{}/pods/{pod}/eviction", self.ns()),
+                body: serde_json::json!({"metadata": {"name": pod}}),
+            })
+            .is_some()
+        {
+            return Ok(Evicted::Yes);
         }
-        let events: Api<Event> = Api::namespaced(self.client.clone(), self.ns());
-        events.create(&PostParams::default(), &ev).await?;
-        let policies: Api<ModelPolicy> = Api::namespaced(self.client.clone(), self.ns());
-        policies
-            .patch_status(policy, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-        Ok(Vec::new())
+        self.fenced()?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        match self
+            .call(
+                || format!("evict pod {pod}"),
+                api.evict(pod, &kube::api::EvictParams::default()),
+            )
+            .await
+        {
+            Ok(_) => Ok(Evicted::Yes),
+            Err(e) if e.code() == Some(404) => Ok(Evicted::Gone),
+            Err(e) if e.code() == Some(429) => Ok(Evicted::Blocked),
+            Err(e) => Err(e),
+        }
     }
 
-    /// One leader-election round: `true` when this instance leads.
-    pub async fn lead(&self, now: Duration) -> Result<bool, KubeError> {
+    /// The Lease, if there is one.
+    pub async fn lease(&self) -> Result<Option<Lease>, KubeError> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), self.ns());
-        let existing = api.get_opt(&self.spec.lease_name).await?;
-        match lease_step(existing.as_ref(), &self.identity, &self.spec, now) {
-            LeaseStep::Follow { holder } => {
-                tracing::debug!(%holder, "following");
-                Ok(false)
-            }
-            LeaseStep::Create(lease) => {
-                if self.dry_run {
-                    return Ok(true);
-                }
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
-                    // Someone created it first.
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            LeaseStep::Replace(lease) => {
-                if self.dry_run {
-                    return Ok(true);
-                }
-                match api
-                    .replace(&self.spec.lease_name, &PostParams::default(), &lease)
-                    .await
-                {
-                    Ok(_) => Ok(true),
-                    // Someone renewed or took it between our read and write.
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                    Err(e) => Err(e.into()),
-                }
-            }
-        }
+        self.call(|| "get lease".into(), api.get_opt(&self.spec.lease_name))
+            .await
     }
 
-    /// Ready endpoints of a model's pods.
+    /// Creates the Lease; the API server's answer.
+    pub async fn create_lease(&self, lease: &Lease) -> Result<Lease, KubeError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(
+            || "create lease".into(),
+            api.create(&PostParams::default(), lease),
+        )
+        .await
+    }
+
+    /// Replaces the Lease (its `resourceVersion` makes a concurrent write
+    /// fail with 409); the API server's answer.
+    pub async fn update_lease(&self, lease: &Lease) -> Result<Lease, KubeError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(
+            || "update lease".into(),
+            api.replace(&self.spec.lease_name, &PostParams::default(), lease),
+        )
+        .await
+    }
+
+    /// Ready endpoints of a model's pods, from its Service's
+    /// EndpointSlices.
     pub async fn endpoints(&self, model: &str) -> Result<Vec<String>, KubeError> {
+        self.service_endpoints(&service_name(model)).await
+    }
+
+    /// Ready endpoints of a Service in the namespace, from its
+    /// EndpointSlices (selected by `kubernetes.io/service-name`).
+    pub async fn service_endpoints(&self, service: &str) -> Result<Vec<String>, KubeError> {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), self.ns());
-        let slices = api
-            .list(&ListParams::default().labels(&format!("{MODEL_LABEL}={model}")))
+        let slices = self
+            .call(
+                || format!("list endpointslices of {service}"),
+                api.list(
+                    &ListParams::default().labels(&format!("kubernetes.io/service-name={service}")),
+                ),
+            )
             .await?;
         Ok(ready_endpoints(&slices.items))
     }

@@ -17,7 +17,10 @@
 //! - where decisions take effect, [`backend`]: [`local`] (simulated model
 //!   servers as child processes) or [`kubernetes`] (Deployments per
 //!   placement variant, `/scale`, MIG labels with drains, status, Events,
-//!   Lease, EndpointSlices);
+//!   Lease, EndpointSlices), with the leader election's rules in
+//!   [`election`];
+//! - the packer's inventory from the nodes' labels and the node agent's
+//!   NVML readings, [`inventory`];
 //! - KEDA's external scaler over gRPC, [`keda`];
 //! - the `kind: Autoscaler` file, [`config`].
 //!
@@ -31,6 +34,8 @@ pub mod config;
 pub mod controller;
 pub mod dashboard;
 pub mod decide;
+pub mod election;
+pub mod inventory;
 pub mod keda;
 pub mod kubernetes;
 pub mod local;

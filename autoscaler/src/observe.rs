@@ -168,6 +168,19 @@ impl GatewayClient {
         Ok((status, bytes))
     }
 
+    /// `GET path` as JSON (a 200 answer only).
+    pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, ObserveError> {
+        let (status, body) = self.call(Method::GET, path, None).await?;
+        let err = |message: String| ObserveError::Gateway {
+            url: format!("{}{path}", self.base),
+            message,
+        };
+        if status != StatusCode::OK {
+            return Err(err(format!("status {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| err(e.to_string()))
+    }
+
     /// `GET /v1/queues`.
     pub async fn queues(&self) -> Result<serde_json::Value, ObserveError> {
         let (status, body) = self.call(Method::GET, "/v1/queues", None).await?;

@@ -3,23 +3,33 @@
 //! body) the actuator must send and answers them as an API server would.
 //! No API server can run where these tests run; this is the contract with
 //! one.
+//!
+//! Every request the scenarios make is recorded, and the last test
+//! derives from them the (API group, resource, verb) set the controller
+//! needs, which must equal what `deploy/base/rbac.yaml` grants: no more,
+//! no less.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use gpuscale_autoscaler::kubernetes::{Kube, KubeSpec, LeaseStep, lease_step, ready_endpoints};
+use gpuscale_autoscaler::backend::{Backend, Change, KubeBackend};
+use gpuscale_autoscaler::kubernetes::{Kube, KubeSpec, ready_endpoints};
 use gpuscale_autoscaler::{Mode, Recommendation};
 use gpuscale_packer::Variant;
 use gpuscale_policies::Model;
 use gpuscale_policies::model::{RememberedScaleEvent, ScalingMemory, TimedReplicas};
 use http::{Method, Request, Response};
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::client::Body;
 use serde_json::{Value, json};
 
 mod common;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// Every request a scenario sent: (method, path with query, content type).
+static SENT: Mutex<Vec<(String, String, String)>> = Mutex::new(Vec::new());
 
 fn spec() -> KubeSpec {
     KubeSpec {
@@ -29,12 +39,28 @@ fn spec() -> KubeSpec {
 }
 
 fn kube(dry_run: bool) -> (Kube, Handle) {
+    kube_with(spec(), "gpuscale-0", dry_run)
+}
+
+fn kube_with(spec: KubeSpec, identity: &str, dry_run: bool) -> (Kube, Handle) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(mock, "inference");
-    (
-        Kube::new(client, spec(), "gpuscale-0".into(), dry_run),
-        handle,
-    )
+    (Kube::new(client, spec, identity.into(), dry_run), handle)
+}
+
+/// A Kubernetes backend over the mock, in front of a stand-in gateway.
+async fn backend_with(spec: KubeSpec, identity: &str) -> (Backend, Handle, common::StandIn) {
+    let (k, handle) = kube_with(spec, identity, false);
+    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
+    let backend = Backend::Kube(KubeBackend::new(
+        k,
+        gpuscale_autoscaler::observe::GatewayClient::new(&gw),
+    ));
+    (backend, handle, gw_state)
+}
+
+fn status_reply(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
 }
 
 /// Takes the next request, checks method and path (with query), returns
@@ -45,6 +71,18 @@ async fn expect(
     path: &str,
     status: u16,
     reply: Value,
+) -> Value {
+    expect_after(handle, method, path, status, reply, Duration::ZERO).await
+}
+
+/// As [`expect`], answering after `delay` (a slow API server).
+async fn expect_after(
+    handle: &mut Handle,
+    method: Method,
+    path: &str,
+    status: u16,
+    reply: Value,
+    delay: Duration,
 ) -> Value {
     let (req, send) = handle.next_request().await.expect("a request");
     assert_eq!(req.method(), method, "{}", req.uri());
@@ -57,6 +95,11 @@ async fn expect(
         .headers()
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_string());
+    SENT.lock().unwrap().push((
+        method.to_string(),
+        path.to_string(),
+        content_type.clone().unwrap_or_default(),
+    ));
     let bytes = req.into_body().collect_bytes().await.unwrap();
     let body = if bytes.is_empty() {
         Value::Null
@@ -67,6 +110,9 @@ async fn expect(
         }
         v
     };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     send.send_response(
         Response::builder()
             .status(status)
@@ -77,22 +123,24 @@ async fn expect(
     body
 }
 
-/// The next request is a patch of node `h100-0`; answers with the node and
-/// returns the patch body.
-async fn expect_node_patch(handle: &mut Handle) -> Value {
-    expect(
-        handle,
-        Method::PATCH,
-        "/api/v1/nodes/h100-0?",
-        200,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}}),
-    )
-    .await
+/// No request reaches the mock within `ms`.
+async fn silent(handle: &mut Handle, ms: u64, why: &str) {
+    if let Ok(Some((req, _))) =
+        tokio::time::timeout(Duration::from_millis(ms), handle.next_request()).await
+    {
+        panic!("{why}: {} {}", req.method(), req.uri());
+    }
 }
 
 fn model() -> Model {
-    let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  servedName: meta-llama/Llama-3.1-8B-Instruct\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n";
-    gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text)])
+    model_named("llama", "meta-llama/Llama-3.1-8B-Instruct")
+}
+
+fn model_named(name: &str, served: &str) -> Model {
+    let text = format!(
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {name}\nspec:\n  servedName: {served}\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n"
+    );
+    gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text.as_str())])
         .unwrap()
         .models
         .remove(0)
@@ -107,50 +155,96 @@ fn rec() -> Recommendation {
     }
 }
 
-/// A tick of the leader that holds `lease` already: the lease read and
-/// renewed, the live count read (`replicas` in the Deployment `llama`),
-/// the EndpointSlices answered with `slices`.
-async fn leader_tick(handle: &mut Handle, lease: &Value, replicas: u32, slices: Value) {
-    expect(
-        handle,
-        Method::GET,
-        "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-        200,
-        lease.clone(),
-    )
-    .await;
-    expect(
-        handle,
-        Method::PUT,
-        "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
-        200,
-        lease.clone(),
-    )
-    .await;
-    expect(
-        handle,
-        Method::GET,
-        "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama",
-        200,
-        deployments(&[("llama", replicas)]),
-    )
-    .await;
-    expect(handle, Method::GET,
-        "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-        slices).await;
+fn change(m: &Model, from: u32) -> Change {
+    Change {
+        model: m.clone(),
+        from,
+        rec: rec(),
+        memory: None,
+    }
 }
 
-/// A DeploymentList of (name, spec.replicas).
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases?";
+const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
+const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-llama";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/inference/events?";
+const STATUS: &str = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?";
+const SERVICE: &str =
+    "/api/v1/namespaces/inference/services/gpuscale-llama?&force=true&fieldManager=gpuscale";
+
+fn lease(holder: &str, renewed: &str, rv: &str) -> Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+           "metadata": {"name": "gpuscale-autoscaler", "namespace": "inference", "resourceVersion": rv},
+           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                    "acquireTime": renewed, "renewTime": renewed, "leaseTransitions": 2}})
+}
+
+/// No lease yet: read (404), then created, naming `identity`.
+async fn lease_created(handle: &mut Handle, identity: &str) -> Value {
+    expect(
+        handle,
+        Method::GET,
+        LEASE,
+        404,
+        status_reply(404, "NotFound"),
+    )
+    .await;
+    let body = expect(
+        handle,
+        Method::POST,
+        LEASES,
+        201,
+        lease(identity, "2026-11-29T18:20:01.000000Z", "1"),
+    )
+    .await;
+    assert_eq!(body["spec"]["holderIdentity"], identity);
+    body
+}
+
+/// A DeploymentList of (name, spec.replicas) for model `llama`, made by
+/// gpuscale.
 fn deployments(items: &[(&str, u32)]) -> Value {
     let items: Vec<Value> = items
         .iter()
         .map(|(name, n)| {
-            json!({"metadata": {"name": name, "labels": {"gpuscale.io/model": "llama"}},
+            json!({"metadata": {"name": name, "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"}},
                    "spec": {"replicas": n, "selector": {"matchLabels": {"gpuscale.io/variant": name}},
                             "template": {"metadata": {}}}})
         })
         .collect();
     json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
+}
+
+fn no_nodes() -> Value {
+    json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": []})
+}
+
+fn slices(addresses: &[&str]) -> Value {
+    let endpoints: Vec<Value> = addresses
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+           "items": [{"metadata": {"name": "gpuscale-llama-abc"}, "addressType": "IPv4",
+                      "ports": [{"name": "http", "port": 8000}], "endpoints": endpoints}]})
+}
+
+/// The reads of a leader's tick after the election: the Deployments it
+/// owns (`replicas` in `llama`), the MIG hand-offs (none), the
+/// EndpointSlices (`addresses`).
+async fn leader_reads(handle: &mut Handle, replicas: u32, addresses: &[&str]) {
+    expect(
+        handle,
+        Method::GET,
+        OWNED,
+        200,
+        deployments(&[("llama", replicas)]),
+    )
+    .await;
+    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+    expect(handle, Method::GET, SLICES, 200, slices(addresses)).await;
 }
 
 fn scale_reply(replicas: u32) -> Value {
@@ -159,7 +253,16 @@ fn scale_reply(replicas: u32) -> Value {
            "spec": {"replicas": replicas}, "status": {"replicas": 1}})
 }
 
-#[tokio::test]
+fn policy_reply() -> Value {
+    json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
+           "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})
+}
+
+fn event_reply() -> Value {
+    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llama.1"},
+           "eventTime": "2026-11-29T18:20:01.000000Z"})
+}
+
 async fn scale_is_a_merge_patch_of_the_scale_subresource() {
     let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {
@@ -180,7 +283,6 @@ async fn scale_is_a_merge_patch_of_the_scale_subresource() {
     server.await.unwrap();
 }
 
-#[tokio::test]
 async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
     let (k, mut handle) = kube(false);
     let variant = Variant {
@@ -238,7 +340,6 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
 /// Deployment asking for a share of that profile
 /// (`nvidia.com/mig-1g.10gb.shared`) on nodes whose device-plugin config
 /// time-slices it that many ways, and nowhere else.
-#[tokio::test]
 async fn a_time_sliced_mig_variant_asks_for_a_share_on_nodes_sliced_that_way() {
     let text = "\
 apiVersion: gpuscale.io/v1alpha1
@@ -302,7 +403,6 @@ spec:
     server.await.unwrap();
 }
 
-#[tokio::test]
 async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotations() {
     let (k, mut handle) = kube(false);
     let variant = Variant {
@@ -361,63 +461,34 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
     assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
     server.await.unwrap();
 }
-
-#[tokio::test]
-async fn a_mig_change_is_a_node_label_patch() {
-    let (k, mut handle) = kube(false);
-    let server = tokio::spawn(async move {
-        let body = expect_node_patch(&mut handle).await;
-        assert_eq!(
-            body,
-            json!({"metadata": {"labels": {"nvidia.com/mig.config": "gpuscale-h100-0"}},
-                   "__content_type": "application/merge-patch+json"})
-        );
-    });
-    k.label_node("h100-0", "gpuscale-h100-0").await.unwrap();
-    server.await.unwrap();
-    assert!(gpuscale_autoscaler::kubernetes::may_reconfigure(
-        &[0, 1],
-        &[2, 3]
-    ));
-    assert!(!gpuscale_autoscaler::kubernetes::may_reconfigure(
-        &[0, 1],
-        &[1, 2]
-    ));
-}
-
-#[tokio::test]
-async fn a_decision_creates_an_event_and_patches_the_status() {
+async fn a_decision_event_and_the_status_patch() {
     let (k, mut handle) = kube(false);
     let now = Duration::from_secs(1_795_976_401);
+    let memory = ScalingMemory {
+        recommendations: vec![TimedReplicas {
+            time: "2026-11-29T18:20:01.000Z".into(),
+            replicas: 5,
+        }],
+        scale_up_events: vec![RememberedScaleEvent {
+            time: "2026-11-29T18:20:01.000Z".into(),
+            change: 5,
+            outdated: false,
+        }],
+        scale_down_events: vec![],
+    };
     let server = tokio::spawn(async move {
-        let ev = expect(
-            &mut handle,
-            Method::POST,
-            "/apis/events.k8s.io/v1/namespaces/inference/events?",
-            201,
-            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llama.1"},
-                   "eventTime": "2026-11-29T18:20:01.000000Z"}),
-        )
-        .await;
+        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
         assert_eq!(ev["metadata"]["generateName"], "llama.");
         assert_eq!(ev["regarding"]["kind"], "ModelPolicy");
         assert_eq!(ev["regarding"]["name"], "llama");
-        assert_eq!(ev["regarding"]["uid"], "u-1");
         assert_eq!(ev["reason"], "Activating");
         assert_eq!(ev["action"], "Scale");
+        assert_eq!(ev["type"], "Normal");
         assert_eq!(ev["reportingController"], "gpuscale.io/gpuscale");
         assert_eq!(ev["reportingInstance"], "gpuscale-0");
         assert_eq!(ev["eventTime"], "2026-11-29T18:20:01.000000Z");
         assert!(ev["note"].as_str().unwrap().contains("→ 5 replicas"));
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?",
-            200,
-            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
-                   "metadata": {"name": "llama"}, "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}}),
-        )
-        .await;
+        let status = expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
         assert_eq!(status["status"]["currentReplicas"], 0);
         assert_eq!(status["status"]["desiredReplicas"], 5);
         assert_eq!(status["status"]["lastDecision"]["replicas"], 5);
@@ -436,27 +507,44 @@ async fn a_decision_creates_an_event_and_patches_the_status() {
             json!([{"time": "2026-11-29T18:20:01.000Z", "change": 5, "outdated": false}])
         );
     });
-    let memory = ScalingMemory {
-        recommendations: vec![TimedReplicas {
-            time: "2026-11-29T18:20:01.000Z".into(),
-            replicas: 5,
-        }],
-        scale_up_events: vec![RememberedScaleEvent {
-            time: "2026-11-29T18:20:01.000Z".into(),
-            change: 5,
-            outdated: false,
-        }],
-        scale_down_events: vec![],
-    };
-    let sent = k
-        .record("llama", Some("u-1"), 0, &rec(), now, Some(&memory))
-        .await
-        .unwrap();
-    assert!(sent.is_empty(), "sent, not dry-run");
+    let ev = gpuscale_autoscaler::kubernetes::event("llama", &rec(), &spec(), "gpuscale-0", now);
+    assert_eq!(k.emit(&ev).await.unwrap(), None);
+    assert_eq!(
+        k.status("llama", 0, &rec(), now, Some(&memory))
+            .await
+            .unwrap(),
+        None
+    );
     server.await.unwrap();
 }
 
-#[tokio::test]
+/// The API limits a note to 1,024 bytes; reasons hold `→` (3 bytes) and
+/// `×` (2 bytes), so a cut by characters overflows.
+#[test]
+fn an_event_note_is_cut_at_1024_bytes_on_a_character_boundary() {
+    use gpuscale_autoscaler::kubernetes::note;
+    let long = "a → b × ".repeat(200);
+    let n = note(&long);
+    assert!(n.len() <= 1024, "{} bytes", n.len());
+    assert!(n.len() >= 1021);
+    assert!(long.starts_with(&n));
+    assert_eq!(note("short → ok"), "short → ok");
+}
+
+/// Events per object are rate-limited as client-go's recorder does it:
+/// 25 at once, then one per 5 minutes.
+#[test]
+fn events_per_object_are_rate_limited_like_client_go() {
+    use gpuscale_autoscaler::kubernetes::EventBudget;
+    let mut b = EventBudget::default();
+    let t = Duration::from_secs(1_000);
+    let sent = (0..40).filter(|_| b.take("ModelPolicy/llama", t)).count();
+    assert_eq!(sent, 25);
+    assert!(b.take("ModelPolicy/other", t), "each object has its own");
+    assert!(!b.take("ModelPolicy/llama", t + Duration::from_secs(299)));
+    assert!(b.take("ModelPolicy/llama", t + Duration::from_secs(600)));
+}
+
 async fn dry_run_sends_no_write() {
     let (k, mut handle) = kube(true);
     let w = k
@@ -470,214 +558,128 @@ async fn dry_run_sends_no_write() {
         "/apis/apps/v1/namespaces/inference/deployments/d/scale"
     );
     assert_eq!(w.body, json!({"spec": {"replicas": 3}}));
-    let writes = k
-        .record("llama", None, 1, &rec(), Duration::from_secs(0), None)
-        .await
-        .unwrap();
-    assert_eq!(writes.len(), 2);
-    assert!(k.label_node("n", "c").await.unwrap().is_some());
+    assert!(
+        k.status("llama", 1, &rec(), Duration::ZERO, None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        k.patch_node("n", json!({"spec": {"unschedulable": true}}))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(k.apply_service(&model()).await.unwrap().is_some());
     // Nothing reached the API server.
     drop(k);
     assert!(handle.next_request().await.is_none());
 }
 
-fn lease(holder: &str, renewed: &str, rv: &str) -> Value {
-    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-           "metadata": {"name": "gpuscale-autoscaler", "namespace": "inference", "resourceVersion": rv},
-           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                    "acquireTime": renewed, "renewTime": renewed, "leaseTransitions": 2}})
-}
-
-#[tokio::test]
-async fn the_lease_is_created_when_absent() {
-    let (k, mut handle) = kube(false);
-    let now = Duration::from_secs(1_795_976_401);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-        )
-        .await;
-        let body = expect(
-            &mut handle,
-            Method::POST,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
-            201,
-            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"),
-        )
-        .await;
-        assert_eq!(body["spec"]["holderIdentity"], "gpuscale-0");
-        assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
-        assert_eq!(body["spec"]["leaseTransitions"], 0);
-        assert_eq!(body["spec"]["renewTime"], "2026-11-29T18:20:01.000000Z");
-    });
-    assert!(k.lead(now).await.unwrap());
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn a_live_lease_held_by_another_is_followed_and_an_expired_one_taken() {
-    let now = Duration::from_secs(1_795_976_401); // 18:20:01
-    // Renewed 5 s ago by another: follow, write nothing.
-    let (k, mut handle) = kube(false);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            200,
-            lease("gpuscale-1", "2026-11-29T18:19:56.000000Z", "7"),
-        )
-        .await;
-        handle
-    });
-    assert!(!k.lead(now).await.unwrap());
-    let mut handle = server.await.unwrap();
-    drop(k);
-    assert!(
-        handle.next_request().await.is_none(),
-        "no write while following"
-    );
-
-    // Renewed 20 s ago (15 s lease): take it over with a PUT carrying the
-    // resourceVersion read, one more transition.
-    let (k, mut handle) = kube(false);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            200,
-            lease("gpuscale-1", "2026-11-29T18:19:41.000000Z", "7"),
-        )
-        .await;
-        let body = expect(
-            &mut handle,
-            Method::PUT,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
-            200,
-            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "8"),
-        )
-        .await;
-        assert_eq!(body["metadata"]["resourceVersion"], "7");
-        assert_eq!(body["spec"]["holderIdentity"], "gpuscale-0");
-        assert_eq!(body["spec"]["leaseTransitions"], 3);
-    });
-    assert!(k.lead(now).await.unwrap());
-    server.await.unwrap();
-
-    // A conflict on the PUT (someone renewed in between): not leading.
-    let (k, mut handle) = kube(false);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler",
-            200,
-            lease("gpuscale-1", "2026-11-29T18:19:41.000000Z", "7"),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::PUT,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler?",
-            409,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
-        )
-        .await;
-    });
-    assert!(!k.lead(now).await.unwrap());
-    server.await.unwrap();
-}
-
-#[test]
-fn our_own_lease_is_renewed_keeping_its_acquire_time() {
-    let l: Lease =
-        serde_json::from_value(lease("gpuscale-0", "2026-11-29T18:19:58.000000Z", "3")).unwrap();
-    let now = Duration::from_secs(1_795_976_401);
-    match lease_step(Some(&l), "gpuscale-0", &spec(), now) {
-        LeaseStep::Replace(n) => {
-            let s = n.spec.unwrap();
-            assert_eq!(s.lease_transitions, Some(2));
-            assert_eq!(s.acquire_time, l.spec.unwrap().acquire_time);
-            assert_eq!(s.renew_time.unwrap().0.as_second(), 1_795_976_401);
-        }
-        other => panic!("{other:?}"),
-    }
-}
-
-#[tokio::test]
+/// The EndpointSlices of the model's Service (selected by
+/// `kubernetes.io/service-name`, as the API documents): the `http` port
+/// whatever its position, an endpoint without a `ready` condition counted
+/// ready (the API says to read unknown as ready), IPv6 bracketed.
 async fn endpoint_slices_give_the_ready_replicas() {
     let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {
         expect(
             &mut handle,
             Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama",
+            SLICES,
             200,
             json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
-                              "ports": [{"name": "http", "port": 8000}],
+                   "items": [{"metadata": {"name": "a"}, "addressType": "IPv4",
+                              "ports": [{"name": "metrics", "port": 9400}, {"name": "http", "port": 8000}],
                               "endpoints": [
                                   {"addresses": ["10.0.0.7"], "conditions": {"ready": true}},
                                   {"addresses": ["10.0.0.8"], "conditions": {"ready": false}},
-                                  {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}]}]}),
+                                  {"addresses": ["10.0.0.9"]},
+                                  {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}]},
+                             {"metadata": {"name": "b"}, "addressType": "IPv6",
+                              "ports": [{"name": "http", "port": 8000}],
+                              "endpoints": [{"addresses": ["fd00::7"], "conditions": {"ready": true}}]}]}),
         )
         .await;
     });
     assert_eq!(
         k.endpoints("llama").await.unwrap(),
-        ["http://10.0.0.5:8000", "http://10.0.0.7:8000"]
+        [
+            "http://10.0.0.5:8000",
+            "http://10.0.0.7:8000",
+            "http://10.0.0.9:8000",
+            "http://[fd00::7]:8000"
+        ]
     );
     server.await.unwrap();
     assert!(ready_endpoints(&[]).is_empty());
 }
 
-#[tokio::test]
+/// Policies are decoded one by one: one that does not decode is reported
+/// by name, and the others are still read.
+async fn a_policy_that_does_not_decode_does_not_fail_the_list() {
+    let (k, mut handle) = kube(false);
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?",
+            200,
+            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicyList", "metadata": {},
+                   "items": [
+                       {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "good"},
+                        "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}},
+                       {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "bad"},
+                        "spec": {"resources": {"memoryGiB": "lots"}}}]}),
+        )
+        .await;
+    });
+    let listed = k.policies().await.unwrap();
+    server.await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        listed[0].as_ref().unwrap().metadata.name.as_deref(),
+        Some("good")
+    );
+    let (name, why) = listed[1].as_ref().unwrap_err();
+    assert_eq!(name, "bad");
+    assert!(
+        why.contains("memoryGiB") || why.contains("invalid type"),
+        "{why}"
+    );
+}
+
+/// A tick: take the lease, read the live count, discover the ready pod
+/// and hand it to the gateway; the gateway restarts and the next tick
+/// registers the pod again; a decision applies the model's Service and
+/// Deployment, scales it, and records it.
 async fn the_backend_leads_discovers_and_applies_a_decision() {
-    use gpuscale_autoscaler::backend::{Backend, Change, KubeBackend};
-    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(mock, "inference");
-    let k = Kube::new(client, spec(), "gpuscale-0".into(), false);
-    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
-    let mut backend = Backend::Kube(KubeBackend::new(
-        k,
-        gpuscale_autoscaler::observe::GatewayClient::new(&gw),
-    ));
+    let (mut backend, mut handle, gw_state) = backend_with(spec(), "gpuscale-0").await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
 
-    // A tick: take the lease, discover the ready pod, hand it to the gateway.
     let server = tokio::spawn(async move {
-        expect(&mut handle, Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
-        expect(
-            &mut handle,
-            Method::POST,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
-            201,
-            lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"),
-        )
-        .await;
+        lease_created(&mut handle, "gpuscale-0").await;
         // Leading: first the live count, then what the last leader
         // remembered (nothing: no status yet).
-        expect(&mut handle, Method::GET,
-            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            deployments(&[("llama", 1)])).await;
-        expect(&mut handle, Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama", 200,
-            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
-                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
-        expect(&mut handle, Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
-                              "ports": [{"port": 8000}],
-                              "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+            200,
+            policy_reply(),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
         handle
     });
     let observed = backend.tick(std::slice::from_ref(&m), now).await;
@@ -693,15 +695,12 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     );
     assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 1);
 
-    // The gateway restarts and forgets the replica: the next tick sees it
-    // missing from the gateway's list and registers it again.
+    // The gateway restarts and forgets the replica: the next tick (within
+    // the retry period: no lease call) sees it missing from the gateway's
+    // list and registers it again.
     gw_state.replicas.lock().unwrap().clear();
     let server = tokio::spawn(async move {
-        let ours = lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1");
-        leader_tick(&mut handle, &ours, 1, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "llama-abc"}, "addressType": "IPv4",
-                              "ports": [{"port": 8000}],
-                              "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]}]})).await;
+        leader_reads(&mut handle, 1, &["10.0.0.7"]).await;
         handle
     });
     let observed = backend
@@ -715,8 +714,25 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
         1
     );
 
-    // A decision: the model's Deployment applied, scaled, recorded.
+    // A decision: the model's Service and Deployment applied (the
+    // Deployment was listed as gpuscale's: not read again), scaled, then
+    // recorded.
     let server = tokio::spawn(async move {
+        let svc = expect(
+            &mut handle,
+            Method::PATCH,
+            SERVICE,
+            200,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
+        )
+        .await;
+        assert_eq!(svc["spec"]["clusterIP"], "None");
+        assert_eq!(
+            svc["spec"]["selector"],
+            json!({"gpuscale.io/model": "llama"})
+        );
+        assert_eq!(svc["spec"]["ports"][0]["name"], "http");
+        assert_eq!(svc["__content_type"], "application/apply-patch+yaml");
         let d = expect(&mut handle, Method::PATCH,
             "/apis/apps/v1/namespaces/inference/deployments/llama?&force=true&fieldManager=gpuscale", 200,
             json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}})).await;
@@ -733,30 +749,13 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
         )
         .await;
         assert_eq!(s["spec"]["replicas"], 5);
-        expect(&mut handle, Method::POST, "/apis/events.k8s.io/v1/namespaces/inference/events?", 201,
-            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llama.1"},
-                   "eventTime": "2026-11-29T18:20:01.000000Z"})).await;
-        let st = expect(&mut handle, Method::PATCH,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?", 200,
-            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
-                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        let st = expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
         assert_eq!(st["status"]["desiredReplicas"], 5);
         assert_eq!(st["status"]["currentReplicas"], 1);
         handle
     });
-    backend
-        .apply(
-            &[Change {
-                model: m.clone(),
-                from: 1,
-                rec: rec(),
-                memory: None,
-            }],
-            None,
-            None,
-            now,
-        )
-        .await;
+    backend.apply(&[change(&m, 1)], None, None, now).await;
     let mut handle = server.await.unwrap();
     assert_eq!(backend.desired()["llama"], 5);
 
@@ -769,21 +768,18 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
         }],
         ..ScalingMemory::default()
     };
-    let memories = std::collections::BTreeMap::from([("llama".to_string(), memory)]);
+    let memories = BTreeMap::from([("llama".to_string(), memory)]);
     backend
         .remember(&memories, now + Duration::from_secs(10))
         .await;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), handle.next_request())
-            .await
-            .is_err(),
-        "the memory written before 15 s had passed"
-    );
+    silent(
+        &mut handle,
+        100,
+        "the memory written before 15 s had passed",
+    )
+    .await;
     let server = tokio::spawn(async move {
-        let st = expect(&mut handle, Method::PATCH,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?", 200,
-            json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
-                   "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})).await;
+        let st = expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
         assert_eq!(
             st["status"]["scalingMemory"]["recommendations"],
             json!([{"time": "2026-11-29T18:20:10.000Z", "replicas": 5}])
@@ -796,9 +792,675 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     server.await.unwrap();
 }
 
-#[tokio::test]
-async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
-    let (k, mut handle) = kube(false);
+/// With policies given as files there is no ModelPolicy object: every
+/// status write is a 404. Scaling does not depend on it: both models are
+/// scaled, each after its own failed record.
+async fn a_failed_status_write_stops_no_scaling() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let a = model();
+    let b = model_named("mistral", "mistralai/Mistral-7B-Instruct-v0.3");
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        for p in ["llama", "mistral"] {
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/{p}"),
+                404,
+                status_reply(404, "NotFound"),
+            )
+            .await;
+        }
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        for s in ["gpuscale-llama", "gpuscale-mistral"] {
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3D{s}"),
+                200,
+                slices(&[]),
+            )
+            .await;
+        }
+        for p in ["llama", "mistral"] {
+            expect(
+                &mut handle,
+                Method::PATCH,
+                &format!("/api/v1/namespaces/inference/services/gpuscale-{p}?&force=true&fieldManager=gpuscale"),
+                200,
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("gpuscale-{p}")}}),
+            )
+            .await;
+            // Not listed as gpuscale's: read first (absent).
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("/apis/apps/v1/namespaces/inference/deployments/{p}"),
+                404,
+                status_reply(404, "NotFound"),
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::PATCH,
+                &format!("/apis/apps/v1/namespaces/inference/deployments/{p}?&force=true&fieldManager=gpuscale"),
+                201,
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": p}}),
+            )
+            .await;
+            let s = expect(
+                &mut handle,
+                Method::PATCH,
+                &format!("/apis/apps/v1/namespaces/inference/deployments/{p}/scale?"),
+                200,
+                scale_reply(5),
+            )
+            .await;
+            assert_eq!(s["spec"]["replicas"], 5);
+            expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+            expect(
+                &mut handle,
+                Method::PATCH,
+                &format!(
+                    "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/{p}/status?"
+                ),
+                404,
+                status_reply(404, "NotFound"),
+            )
+            .await;
+        }
+    });
+    let models = [a.clone(), b.clone()];
+    backend.tick(&models, now).await;
+    backend
+        .apply(&[change(&a, 0), change(&b, 0)], None, None, now)
+        .await;
+    server.await.unwrap();
+    assert_eq!(backend.desired()["llama"], 5);
+    assert_eq!(backend.desired()["mistral"], 5);
+}
+
+/// A Deployment of the variant's name that gpuscale did not create (no
+/// `managed-by: gpuscale` label, no ModelPolicy owner) is never applied
+/// to or scaled: a Warning Event and a `DeploymentsOwned=False` condition
+/// say why.
+async fn a_deployment_gpuscale_did_not_create_is_not_adopted() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+            200,
+            policy_reply(),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        expect(
+            &mut handle,
+            Method::PATCH,
+            SERVICE,
+            200,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments/llama",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "llama", "labels": {"app": "llama", "team": "search"}},
+                   "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"metadata": {}}}}),
+        )
+        .await;
+        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        assert_eq!(ev["type"], "Warning");
+        assert_eq!(ev["reason"], "NameInUse");
+        assert!(ev["note"].as_str().unwrap().contains("llama"));
+        let st = expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        let c = &st["status"]["conditions"][0];
+        assert_eq!(c["type"], "DeploymentsOwned");
+        assert_eq!(c["status"], "False");
+        assert_eq!(c["reason"], "NameInUse");
+        // The decision itself is still recorded.
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    backend.apply(&[change(&m, 0)], None, None, now).await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "a write to the user's Deployment").await;
+}
+
+/// A candidate beside a live leader reads the lease and writes nothing;
+/// it acts on nothing; a failed read of the lease is no leadership.
+async fn a_follower_writes_nothing() {
+    let (mut backend, mut handle, gw) = backend_with(spec(), "gpuscale-1").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        // The holder's renewTime looks an hour old by our clock (its
+        // clock is behind ours): still live, judged by what we observe.
+        expect(
+            &mut handle,
+            Method::GET,
+            LEASE,
+            200,
+            lease("gpuscale-0", "2026-11-29T17:20:01.000000Z", "7"),
+        )
+        .await;
+        // Followers feed the gateway too (any replica may be asked).
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
+        handle
+    });
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    assert!(!observed.took_over);
+    assert!(observed.replicas.is_empty());
+    backend.apply(&[change(&m, 0)], None, None, now).await;
+    silent(&mut handle, 100, "a follower wrote").await;
+    assert_eq!(gw.seen.lock().unwrap().len(), 1);
+}
+
+fn fast() -> KubeSpec {
+    KubeSpec {
+        namespace: "inference".into(),
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_millis(600),
+        retry_period: Duration::from_millis(200),
+        request_timeout: Duration::from_millis(400),
+        ..KubeSpec::default()
+    }
+}
+
+/// The leader renews every retry period (not every tick) without
+/// reading first; when the API server is slow and no renewal lands
+/// within the renew deadline, it stops writing, before any candidate
+/// could take over.
+async fn a_leader_that_cannot_renew_in_time_stops_writing() {
+    let (mut backend, mut handle, _gw) = backend_with(fast(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease(&mut handle).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    // A tick at once: no lease call.
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    // After the retry period: the renewal is an update of the lease as
+    // last written, no read first.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let server = tokio::spawn(async move {
+        let renewed = expect(
+            &mut handle,
+            Method::PUT,
+            &format!("{LEASE}?"),
+            200,
+            lease("gpuscale-0", "2026-11-29T18:20:02.000000Z", "2"),
+        )
+        .await;
+        assert_eq!(renewed["metadata"]["resourceVersion"], "1");
+        assert_eq!(renewed["spec"]["holderIdentity"], "gpuscale-0");
+        leader_after_lease(&mut handle).await;
+        // A decision against a slow API server: each call answered after
+        // 350 ms. The Service and the Deployment go out within the 600 ms
+        // renew deadline; the scale would not, and is not sent.
+        expect_after(
+            &mut handle,
+            Method::PATCH,
+            SERVICE,
+            200,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
+            Duration::from_millis(350),
+        )
+        .await;
+        expect_after(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}}),
+            Duration::from_millis(350),
+        )
+        .await;
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
+        .await;
+    backend
+        .apply(&[change(&m, 1), change(&m, 1)], None, None, now)
+        .await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 300, "a write after the renew deadline").await;
+}
+
+/// The reads of a leader's tick that has just written the lease (not a
+/// takeover memory read: the test's policy has no object).
+async fn leader_after_lease(handle: &mut Handle) {
+    leader_after_lease_with(handle, true).await;
+}
+
+/// As [`leader_after_lease`]; `slices`: with the EndpointSlices read that
+/// ends a tick.
+async fn leader_after_lease_with(handle: &mut Handle, with_slices: bool) {
+    expect(
+        handle,
+        Method::GET,
+        OWNED,
+        200,
+        deployments(&[("llama", 1)]),
+    )
+    .await;
+    // Taking over (first time only) reads the memory; answered "none".
+    let (req, send) = handle.next_request().await.expect("a request");
+    let path = req.uri().path_and_query().unwrap().to_string();
+    SENT.lock()
+        .unwrap()
+        .push((req.method().to_string(), path.clone(), String::new()));
+    let reply = if path == "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama" {
+        send.send_response(
+            Response::builder()
+                .status(404)
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    serde_json::to_vec(&status_reply(404, "NotFound")).unwrap(),
+                ))
+                .unwrap(),
+        );
+        None
+    } else {
+        assert_eq!(path, HANDOFFS);
+        Some(send)
+    };
+    match reply {
+        None => {
+            expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        }
+        Some(send) => send.send_response(
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&no_nodes()).unwrap()))
+                .unwrap(),
+        ),
+    }
+    if with_slices {
+        expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
+    }
+}
+
+/// On shutdown the leader releases the lease: no holder, 1 s, so the
+/// next leader takes over at once instead of after 15 s.
+async fn the_leader_releases_the_lease_on_shutdown() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease(&mut handle).await;
+        let released = expect(
+            &mut handle,
+            Method::PUT,
+            &format!("{LEASE}?"),
+            200,
+            lease("", "2026-11-29T18:20:02.000000Z", "2"),
+        )
+        .await;
+        assert_eq!(released["spec"]["holderIdentity"], "");
+        assert_eq!(released["spec"]["leaseDurationSeconds"], 1);
+        assert_eq!(released["metadata"]["resourceVersion"], "1");
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    backend.shutdown().await;
+    server.await.unwrap();
+}
+
+fn node(name: &str, labels: Value, annotations: Value) -> Value {
+    json!({"metadata": {"name": name, "labels": labels, "annotations": annotations},
+           "spec": {"unschedulable": true}})
+}
+
+fn nodes(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items})
+}
+
+const PODS_ON: &str = "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-0&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
+
+fn mig_pods(names: &[&str]) -> Value {
+    let items: Vec<Value> = names
+        .iter()
+        .map(|n| {
+            json!({"metadata": {"name": n}, "spec": {"containers": [{"name": "m",
+                "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+}
+
+/// A MIG hand-off is recorded on the node and carried on from there,
+/// tick by tick (so a restarted leader carries on too): evictions that a
+/// PodDisruptionBudget refuses (429) are retried, a pod already gone
+/// (404) is done; once drained the config is set, and only the MIG
+/// manager's `success` uncordons the node; `failed` keeps it cordoned
+/// with a Warning.
+async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let draining = node(
+        "h100-0",
+        json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
+        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new", "gpuscale.io/mig-handoff-reason": "…"}),
+    );
+    let configuring = |state: &str| {
+        node(
+            "h100-0",
+            json!({"gpuscale.io/mig-handoff": "configuring", "nvidia.com/mig.config": "gpuscale-new",
+                   "nvidia.com/mig.config.state": state}),
+            json!({"gpuscale.io/mig-handoff-config": "gpuscale-new"}),
+        )
+    };
+    let node_reply = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}});
+    let server = tokio::spawn(async move {
+        // Tick 1: two pods to evict; a budget holds one, one is gone.
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+            200,
+            policy_reply(),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![draining.clone()]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            PODS_ON,
+            200,
+            mig_pods(&["a", "b"]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::POST,
+            "/api/v1/namespaces/inference/pods/a/eviction?",
+            429,
+            status_reply(429, "TooManyRequests"),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::POST,
+            "/api/v1/namespaces/inference/pods/b/eviction?",
+            404,
+            status_reply(404, "NotFound"),
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Tick 2: the held pod again, now let go.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![draining.clone()]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&["a"])).await;
+        let ev = expect(
+            &mut handle,
+            Method::POST,
+            "/api/v1/namespaces/inference/pods/a/eviction?",
+            201,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+        )
+        .await;
+        assert_eq!(ev["metadata"]["name"], "a");
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Tick 3: drained: the config is set, still cordoned.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![draining.clone()]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&[])).await;
+        let p = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            node_reply.clone(),
+        )
+        .await;
+        assert_eq!(
+            p["metadata"]["labels"]["nvidia.com/mig.config"],
+            "gpuscale-new"
+        );
+        assert_eq!(
+            p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+            "configuring"
+        );
+        assert!(p.get("spec").is_none(), "not uncordoned yet: {p}");
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Tick 4: the MIG manager is at work (pending): nothing written.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![configuring("pending")]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Tick 5: success: uncordoned, the record removed, an Event.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![configuring("success")]),
+        )
+        .await;
+        let p = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            node_reply.clone(),
+        )
+        .await;
+        assert_eq!(p["spec"]["unschedulable"], false);
+        assert_eq!(
+            p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+            Value::Null
+        );
+        assert!(
+            p["metadata"]["annotations"]
+                .as_object()
+                .unwrap()
+                .contains_key("gpuscale.io/mig-handoff-reason")
+        );
+        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        assert_eq!(ev["regarding"]["kind"], "Node");
+        assert_eq!(ev["type"], "Normal");
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Tick 6 (another node's story): failed: kept cordoned, a Warning.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![configuring("failed")]),
+        )
+        .await;
+        let p = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            node_reply.clone(),
+        )
+        .await;
+        assert_eq!(p["metadata"]["labels"]["gpuscale.io/mig-handoff"], "failed");
+        assert!(p.get("spec").is_none(), "a failed node stays cordoned: {p}");
+        assert!(
+            p["metadata"]["annotations"]["gpuscale.io/mig-handoff-reason"]
+                .as_str()
+                .unwrap()
+                .contains("failed")
+        );
+        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        assert_eq!(ev["type"], "Warning");
+        assert_eq!(ev["reason"], "MIGConfigFailed");
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+    });
+    for i in 0..6 {
+        backend
+            .tick(
+                std::slice::from_ref(&m),
+                now + Duration::from_millis(i * 10),
+            )
+            .await;
+    }
+    server.await.unwrap();
+}
+
+/// The patch that starts a hand-off cordons and records why in the same
+/// write; without a drain it names the config at once.
+#[test]
+fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
+    use gpuscale_autoscaler::kubernetes::handoff_start_patch;
+    let p = handoff_start_patch("gpuscale-00ab", true);
+    assert_eq!(p["spec"]["unschedulable"], true);
+    assert_eq!(
+        p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+        "draining"
+    );
+    assert!(
+        p["metadata"]["labels"]
+            .get("nvidia.com/mig.config")
+            .is_none()
+    );
+    assert_eq!(
+        p["metadata"]["annotations"]["gpuscale.io/mig-handoff-config"],
+        "gpuscale-00ab"
+    );
+    assert!(
+        p["metadata"]["annotations"]["gpuscale.io/mig-handoff-reason"]
+            .as_str()
+            .unwrap()
+            .contains("cordoned by gpuscale")
+    );
+    let p = handoff_start_patch("gpuscale-00ab", false);
+    assert_eq!(
+        p["metadata"]["labels"]["nvidia.com/mig.config"],
+        "gpuscale-00ab"
+    );
+    assert_eq!(
+        p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+        "configuring"
+    );
+    assert!(gpuscale_autoscaler::kubernetes::may_reconfigure(
+        &[0, 1],
+        &[2, 3]
+    ));
+    assert!(!gpuscale_autoscaler::kubernetes::may_reconfigure(
+        &[0, 1],
+        &[1, 2]
+    ));
+}
+
+/// The mig-parted ConfigMap keeps the configs that nodes still name,
+/// read from the one in the cluster, beside the plan's: a node the plan
+/// does not touch never points at a config that is gone.
+async fn the_mig_parted_configmap_keeps_configs_other_nodes_name() {
+    use gpuscale_autoscaler::kubernetes::merged_mig_parted;
     let b = {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
         gpuscale_policies::load_paths(&[
@@ -815,6 +1477,23 @@ async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
         &gpuscale_packer::PackOptions::default(),
     )
     .unwrap();
+    let existing = "version: v1\nmig-configs:\n  gpuscale-00000000aa:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"7g.80gb\": 1}\n  gpuscale-00000000bb:\n    - devices: all\n      mig-enabled: false\n";
+    let named = BTreeSet::from(["gpuscale-00000000aa".to_string()]);
+    let config = merged_mig_parted(&plan, Some(existing), &named);
+    let (planned, _) = gpuscale_packer::emit::mig_parted(&plan);
+    for name in planned.mig_configs.keys() {
+        assert!(config.mig_configs.contains_key(name), "{name}");
+    }
+    assert!(
+        config.mig_configs.contains_key("gpuscale-00000000aa"),
+        "still named"
+    );
+    assert!(
+        !config.mig_configs.contains_key("gpuscale-00000000bb"),
+        "named by no node"
+    );
+
+    let (k, mut handle) = kube(false);
     let server = tokio::spawn(async move {
         let body = expect(
             &mut handle,
@@ -827,45 +1506,22 @@ async fn the_mig_parted_config_is_applied_as_the_gpu_operators_configmap() {
         assert_eq!(body["__content_type"], "application/apply-patch+yaml");
         let text = body["data"]["config.yaml"].as_str().unwrap();
         assert!(text.starts_with("version: v1\nmig-configs:\n"), "{text}");
-        assert!(text.contains("mig-enabled: true"));
-    });
-    assert_eq!(k.apply_mig_configmap(&plan).await.unwrap(), None);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
-    let (k, mut handle) = kube(false);
-    let server = tokio::spawn(async move {
-        let body = expect_node_patch(&mut handle).await;
-        assert_eq!(body["spec"]["unschedulable"], true);
-        expect(&mut handle, Method::GET,
-            "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-0&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale",
-            200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
-                {"metadata": {"name": "llama-mig-1"}, "spec": {"containers": [{"name": "m",
-                    "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}},
-                {"metadata": {"name": "whole-1"}, "spec": {"containers": [{"name": "m",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}]})).await;
-        let ev = expect(
+        assert!(text.contains("gpuscale-00000000aa"));
+        expect(
             &mut handle,
-            Method::POST,
-            "/api/v1/namespaces/inference/pods/llama-mig-1/eviction?",
-            201,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+            Method::GET,
+            "/api/v1/namespaces/gpu-operator/configmaps/gpuscale-mig-parted-config",
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpuscale-mig-parted-config"},
+                   "data": {"config.yaml": "version: v1\n"}}),
         )
         .await;
-        assert_eq!(ev["metadata"]["name"], "llama-mig-1");
-        let body = expect_node_patch(&mut handle).await;
-        assert_eq!(body["spec"]["unschedulable"], false);
     });
-    k.cordon("h100-0", true).await.unwrap();
-    let pods = k.mig_pods_on("h100-0").await.unwrap();
-    assert_eq!(pods, ["llama-mig-1"], "only pods holding MIG devices");
-    for p in pods {
-        k.evict(&p).await.unwrap();
-    }
-    k.cordon("h100-0", false).await.unwrap();
+    assert_eq!(k.apply_mig_configmap(&config).await.unwrap(), None);
+    assert_eq!(
+        k.mig_configmap_text().await.unwrap().as_deref(),
+        Some("version: v1\n")
+    );
     server.await.unwrap();
 }
 
@@ -874,9 +1530,7 @@ async fn draining_a_node_for_a_mig_change_cordons_and_evicts_its_mig_pods() {
 /// last leader left; at 6 replicas in a quiet spell it holds 6 (the
 /// scale-down window), where one that started from `minReplicas` would
 /// have scaled to 1 at once.
-#[tokio::test]
 async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
-    use gpuscale_autoscaler::backend::{Backend, KubeBackend};
     use gpuscale_autoscaler::controller::Controller;
     let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
     let settings = common::settings(
@@ -884,9 +1538,7 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
         "  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
         "  kubernetes: {namespace: inference}\n",
     );
-    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(mock, "inference");
-    let k = Kube::new(client, spec(), "gpuscale-1".into(), false);
+    let (k, mut handle) = kube_with(spec(), "gpuscale-1", false);
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
     let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
     let mut controller = Controller::new(settings, gateway, backend);
@@ -897,30 +1549,24 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
             .to_string();
 
     let server = tokio::spawn(async move {
-        expect(&mut handle, Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler", 404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+        lease_created(&mut handle, "gpuscale-1").await;
+        // The first thing done as leader: read the live count.
         expect(
             &mut handle,
-            Method::POST,
-            "/apis/coordination.k8s.io/v1/namespaces/inference/leases?",
-            201,
-            lease("gpuscale-1", "2026-11-29T18:20:01.000000Z", "1"),
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 6)]),
         )
         .await;
-        // The first thing done as leader: read the live count.
-        expect(&mut handle, Method::GET,
-            "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            deployments(&[("llama", 6)])).await;
         expect(&mut handle, Method::GET,
             "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama", 200,
             json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
                    "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}},
                    "status": {"currentReplicas": 6, "desiredReplicas": 6,
                               "scalingMemory": {"recommendations": [{"time": a_minute_ago, "replicas": 6}]}}})).await;
-        expect(&mut handle, Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=gpuscale.io%2Fmodel%3Dllama", 200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         handle
     });
     controller.tick().await;
@@ -935,30 +1581,376 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
     );
     // Holding is no change: nothing written to the cluster, nothing told
     // to the gateway.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), handle.next_request())
-            .await
-            .is_err(),
-        "a write while holding"
-    );
+    silent(&mut handle, 200, "a write while holding").await;
     assert!(gw_state.seen.lock().unwrap().is_empty());
 
     // Someone scales the Deployment to 3 by hand: the next tick works
     // from 3 (as HPA reads `/scale` every cycle), and 3 is no change to
     // write back.
     let server = tokio::spawn(async move {
-        let renewed = lease("gpuscale-1", "2026-11-29T18:20:01.000000Z", "1");
-        leader_tick(&mut handle, &renewed, 3, json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": []})).await;
+        leader_reads(&mut handle, 3, &[]).await;
         handle
     });
     controller.tick().await;
     let mut handle = server.await.unwrap();
     let d = report.decisions();
     assert_eq!(d["llama"].latest.as_ref().unwrap().desired, 3);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), handle.next_request())
-            .await
-            .is_err(),
-        "a write after adopting the live count"
+    silent(&mut handle, 200, "a write after adopting the live count").await;
+}
+
+/// Policies from the cluster are watched (a kube-runtime reflector: a
+/// list, then a watch): the backend hands the controller the models once
+/// the first list is in, and again only when a policy changes. A policy
+/// that does not decode is left out and reported on its own (a Warning
+/// Event), and the others run.
+async fn watched_policies_reach_the_controller_each_on_its_own() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .watching_policies(),
     );
+    let policies = json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicyList",
+        "metadata": {"resourceVersion": "10"},
+        "items": [
+            {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+             "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "8"},
+             "spec": {"servedName": "meta-llama/Llama-3.1-8B-Instruct",
+                      "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}},
+            {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+             "metadata": {"name": "broken", "namespace": "inference", "resourceVersion": "9"},
+             "spec": {"resources": {"memoryGiB": "lots"}}}]});
+    let warnings = std::sync::Arc::new(Mutex::new(Vec::<Value>::new()));
+    let seen_warnings = warnings.clone();
+    // The watch runs beside the ticks: answered by path, not in order.
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path_and_query().unwrap().to_string();
+            let method = req.method().to_string();
+            let ct = req
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            SENT.lock()
+                .unwrap()
+                .push((method.clone(), path.clone(), ct));
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let (status, reply) = if path
+                .starts_with("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?")
+            {
+                if path.contains("watch=true") {
+                    // An open watch with nothing to say yet.
+                    held.push(send);
+                    continue;
+                }
+                (200, policies.clone())
+            } else if path == LEASE {
+                (404, status_reply(404, "NotFound"))
+            } else if path == LEASES {
+                (201, lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"))
+            } else if path == OWNED {
+                (200, deployments(&[]))
+            } else if path == HANDOFFS {
+                (200, no_nodes())
+            } else if path.starts_with("/apis/discovery.k8s.io/") {
+                (200, slices(&[]))
+            } else if path == EVENTS {
+                seen_warnings
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap());
+                (201, event_reply())
+            } else if path
+                .starts_with("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/")
+            {
+                (404, status_reply(404, "NotFound"))
+            } else {
+                panic!("unexpected {method} {path}");
+            };
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let now = Duration::from_secs(1_795_976_401);
+    let mut models = vec![model()];
+    let mut handed = None;
+    for _ in 0..50 {
+        let observed = backend.tick(&models, now).await;
+        if let Some(p) = observed.policies {
+            handed = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handed = handed.expect("the watched policies, once listed");
+    let names: Vec<&str> = handed.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["llama"]);
+    models = handed.clone();
+    let w = warnings.lock().unwrap().clone();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0]["type"], "Warning");
+    assert_eq!(w[0]["reason"], "InvalidPolicy");
+    assert_eq!(w[0]["regarding"]["name"], "broken");
+    // Nothing changed since: nothing handed again.
+    assert!(backend.tick(&models, now).await.policies.is_none());
+    drop(backend);
+    server.abort();
+}
+
+/// A tiny stand-in node agent serving `reading` at `/v1/gpus`; its port.
+async fn stand_in_agent(reading: Value) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let reading = reading.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let body = if req.uri().path() == "/v1/gpus" {
+                        reading.to_string()
+                    } else {
+                        "{}".to_string()
+                    };
+                    async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(body),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// Without a cluster file the leader builds the packer's inventory from
+/// the GPU nodes' labels and the node agents' readings (found through the
+/// `gpuscale-agent` Service's EndpointSlices), every 30 s.
+async fn the_inventory_comes_from_the_nodes_and_the_agents() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .inventory_from_nodes(),
+    );
+    let port = stand_in_agent(json!({"node": "gpu-a", "gpus": [
+        {"index": 0, "uuid": "GPU-a0", "name": "NVIDIA H100 80GB HBM3", "memoryTotalMib": 81559,
+         "memoryUsedMib": 0, "migEnabled": true,
+         "instances": [{"profile": "7g.80gb", "start": 0}]},
+        {"index": 1, "uuid": "GPU-a1", "name": "NVIDIA H100 80GB HBM3", "memoryTotalMib": 81559,
+         "memoryUsedMib": 0, "migEnabled": false, "eccUncorrectedVolatile": 3}]}))
+    .await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease_with(&mut handle, false).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue",
+            200,
+            nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
+                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/mig.config": "gpuscale-0000000001"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                              "ports": [{"name": "http", "port": port}],
+                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // The next tick, within 30 s: no rebuild.
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+    });
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    let cluster = observed.cluster.expect("an inventory from the nodes");
+    assert_eq!(cluster.nodes.len(), 1);
+    let n = &cluster.nodes[0];
+    assert_eq!(n.gpu_model, "H100-80GB");
+    assert_eq!(n.gpus.len(), 2);
+    assert_eq!(n.gpus[0].mode, gpuscale_policies::GpuMode::Mig);
+    assert_eq!(n.gpus[0].uuid.as_deref(), Some("GPU-a0"));
+    assert_eq!(n.gpus[1].health, gpuscale_policies::Health::Unhealthy);
+    let observed = backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
+        .await;
+    assert!(observed.cluster.is_none());
+    server.await.unwrap();
+}
+
+/// Runs each scenario as its own test, and all of them in one test that
+/// then derives the RBAC rules the requests need.
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod scenario {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name().await
+                }
+            )*
+        }
+
+        /// Every scenario, then: the (group, resource, verb) set their
+        /// requests need is exactly what `deploy/base/rbac.yaml` grants.
+        #[tokio::test]
+        async fn the_roles_grant_exactly_what_the_requests_need() {
+            $( $name().await; )*
+            rbac::check();
+        }
+    };
+}
+
+scenarios!(
+    scale_is_a_merge_patch_of_the_scale_subresource,
+    a_variant_is_a_server_side_applied_deployment_requesting_its_device,
+    a_time_sliced_mig_variant_asks_for_a_share_on_nodes_sliced_that_way,
+    a_fractional_variant_requests_hamis_resources_and_carries_its_annotations,
+    a_decision_event_and_the_status_patch,
+    dry_run_sends_no_write,
+    endpoint_slices_give_the_ready_replicas,
+    a_policy_that_does_not_decode_does_not_fail_the_list,
+    the_backend_leads_discovers_and_applies_a_decision,
+    a_failed_status_write_stops_no_scaling,
+    a_deployment_gpuscale_did_not_create_is_not_adopted,
+    a_follower_writes_nothing,
+    a_leader_that_cannot_renew_in_time_stops_writing,
+    the_leader_releases_the_lease_on_shutdown,
+    a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons,
+    the_mig_parted_configmap_keeps_configs_other_nodes_name,
+    a_controller_taking_over_reads_the_live_count_first_and_holds_it,
+    watched_policies_reach_the_controller_each_on_its_own,
+    the_inventory_comes_from_the_nodes_and_the_agents,
+);
+
+/// RBAC from the recorded requests, as the API server authorises them
+/// (`k8s.io/apiserver` request info): the verb from the method (GET of a
+/// name: `get`; of a collection: `list`, or `watch` with `watch=true`;
+/// POST: `create`; PUT: `update`; PATCH: `patch`, and a server-side apply
+/// that may create the object also needs `create`), the resource with its
+/// subresource, and where: the controller's namespace (`inference` in the
+/// scenarios), the GPU Operator's, or cluster-wide.
+mod rbac {
+    use super::*;
+
+    /// (scope, apiGroup, resource, verb); scope is `namespace`,
+    /// `gpu-operator` or `cluster`.
+    pub type Rule = (String, String, String, String);
+
+    pub fn needed() -> BTreeSet<Rule> {
+        let sent = super::SENT.lock().unwrap().clone();
+        let mut out = BTreeSet::new();
+        for (method, path, content_type) in sent {
+            let (path, query) = path.split_once('?').unwrap_or((&path, ""));
+            let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+            let (group, rest) = match parts[0] {
+                "api" => (String::new(), &parts[2..]),
+                "apis" => (parts[1].to_string(), &parts[3..]),
+                other => panic!("not an API path: {other}"),
+            };
+            let (scope, rest) = if rest[0] == "namespaces" && rest.len() > 2 {
+                let scope = if rest[1] == "gpu-operator" {
+                    "gpu-operator"
+                } else {
+                    assert_eq!(rest[1], "inference", "{path}");
+                    "namespace"
+                };
+                (scope, &rest[2..])
+            } else {
+                ("cluster", rest)
+            };
+            let resource = match rest {
+                [r] | [r, _] => r.to_string(),
+                [r, _, sub] => format!("{r}/{sub}"),
+                _ => panic!("{path}"),
+            };
+            let named = rest.len() >= 2;
+            let mut verbs = vec![];
+            match method.as_str() {
+                "GET" if named => verbs.push("get"),
+                "GET" if query.split('&').any(|q| q == "watch=true") => verbs.push("watch"),
+                "GET" => verbs.push("list"),
+                "POST" => verbs.push("create"),
+                "PUT" => verbs.push("update"),
+                "PATCH" => {
+                    verbs.push("patch");
+                    if content_type == "application/apply-patch+yaml" {
+                        verbs.push("create");
+                    }
+                }
+                "DELETE" => verbs.push("delete"),
+                m => panic!("{m}"),
+            }
+            for v in verbs {
+                out.insert((scope.into(), group.clone(), resource.clone(), v.into()));
+            }
+        }
+        out
+    }
+
+    pub fn granted() -> BTreeSet<Rule> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
+        let text = std::fs::read_to_string(&path).expect("deploy/base/rbac.yaml");
+        let mut out = BTreeSet::new();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let kind = v["kind"].as_str().unwrap_or_default();
+            let scope = match kind {
+                "ClusterRole" => "cluster".to_string(),
+                "Role" if v["metadata"]["namespace"] == "gpu-operator" => "gpu-operator".into(),
+                "Role" => "namespace".into(),
+                _ => continue,
+            };
+            for rule in v["rules"].as_array().unwrap() {
+                for g in rule["apiGroups"].as_array().unwrap() {
+                    for r in rule["resources"].as_array().unwrap() {
+                        for verb in rule["verbs"].as_array().unwrap() {
+                            out.insert((
+                                scope.clone(),
+                                g.as_str().unwrap().into(),
+                                r.as_str().unwrap().into(),
+                                verb.as_str().unwrap().into(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn check() {
+        let needed = needed();
+        let granted = granted();
+        let missing: Vec<&Rule> = needed.difference(&granted).collect();
+        let extra: Vec<&Rule> = granted.difference(&needed).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "deploy/base/rbac.yaml differs from what the controller's requests need\n\
+             missing (scope, group, resource, verb): {missing:#?}\n\
+             granted but never used: {extra:#?}"
+        );
+    }
 }

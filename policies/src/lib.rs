@@ -13,6 +13,7 @@
 //! - [`training`]: training job specs for gang placement;
 //! - [`inventory`]: the cluster inventory (nodes, topology labels, GPUs and
 //!   their current state);
+//! - [`devices`]: what the node agent reads of a node's GPUs through NVML;
 //! - [`document`] and [`load`]: reading YAML and JSON into validated types,
 //!   with every problem reported at its file, line, column and field path.
 //!
@@ -22,6 +23,7 @@
 //! `gpuscale-autoscaler`).
 
 pub mod catalog;
+pub mod devices;
 pub mod document;
 pub mod inventory;
 pub mod load;

@@ -474,6 +474,30 @@ pub struct ModelPolicyStatus {
     /// from where the last one stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling_memory: Option<ScalingMemory>,
+    /// Conditions, as Kubernetes writes them (`DeploymentsOwned`: `False`
+    /// when a Deployment the plan names exists and gpuscale did not
+    /// create it, so gpuscale leaves it alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<PolicyCondition>,
+}
+
+/// One condition of a policy's status (the fields of Kubernetes'
+/// `metav1.Condition` that gpuscale writes).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyCondition {
+    /// The condition's type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Why, in one CamelCase word.
+    pub reason: String,
+    /// Why, in words.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    pub last_transition_time: String,
 }
 
 /// The autoscaler's memory of one model (HPA keeps the same in its

@@ -67,6 +67,33 @@ fn print_problems(problems: &gpuscale_policies::load::Problems) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// Who this process is in the leader election: the pod's name from the
+/// downward API (`POD_NAME`), else the host name with a random suffix
+/// (a process id is 1 in every container, so it names no one).
+fn identity() -> String {
+    // std seeds each RandomState from the operating system's randomness.
+    use std::hash::{BuildHasher, Hasher};
+    let suffix = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    match std::env::var("POD_NAME") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            let host = std::env::var("HOSTNAME")
+                .ok()
+                .filter(|h| !h.is_empty())
+                .or_else(|| {
+                    std::fs::read_to_string("/etc/hostname")
+                        .ok()
+                        .map(|h| h.trim().to_string())
+                })
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "gpuscale".into());
+            format!("{host}-{:08x}", suffix as u32)
+        }
+    }
+}
+
 /// The token for the gateway's admin API: the flag (or its variable), the
 /// file's, the embedded gateway's own; an embedded gateway with none gets
 /// one made up for this run, so its replica list is never open. `Err`
@@ -166,17 +193,27 @@ impl Loop {
                 let kube_client = kube::Client::try_default()
                     .await
                     .context("connecting to Kubernetes (kubeconfig or in-cluster)")?;
-                let identity = std::env::var("POD_NAME")
-                    .unwrap_or_else(|_| format!("gpuscale-{}", std::process::id()));
+                let identity = identity();
+                tracing::info!(%identity, "leader election identity");
                 let k = Kube::new(
                     kube_client,
                     settings.spec.kubernetes.clone(),
                     identity,
                     dry_run,
                 );
-                if settings.models.is_empty() {
+                let from_cluster = settings.models.is_empty();
+                if from_cluster {
                     let catalog = gpuscale_policies::Catalog::builtin();
-                    for p in k.policies().await? {
+                    // Each object on its own: one that does not decode or
+                    // validate is reported and the others go on.
+                    for listed in k.policies().await? {
+                        let p = match listed {
+                            Ok(p) => p,
+                            Err((name, e)) => {
+                                eprintln!("ModelPolicy {name}: {e}");
+                                continue;
+                            }
+                        };
                         match gpuscale_policies::Model::from_policy(&p, &catalog) {
                             Ok(m) => settings.models.push(m),
                             Err(errors) => {
@@ -197,7 +234,20 @@ impl Loop {
                         settings.spec.kubernetes.namespace
                     );
                 }
-                backend::Backend::Kube(backend::KubeBackend::new(k, client.clone()))
+                let mut kube_backend = backend::KubeBackend::new(k, client.clone());
+                // Without a cluster file the inventory comes from the
+                // nodes (GPU Feature Discovery's labels, the node agents'
+                // readings); a cluster file overrides it.
+                if settings.cluster.is_none() {
+                    kube_backend = kube_backend.inventory_from_nodes();
+                }
+                // Policies from the cluster are watched: added, changed
+                // and removed ones are taken up without a restart.
+                backend::Backend::Kube(if from_cluster {
+                    kube_backend.watching_policies()
+                } else {
+                    kube_backend
+                })
             }
         };
         anyhow::ensure!(

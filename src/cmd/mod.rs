@@ -1,5 +1,6 @@
 //! One module per subcommand; each exposes `Args` (clap) and `run`.
 
+pub mod agent;
 pub mod autoscaler;
 pub mod catalog;
 pub mod crd;

@@ -1,0 +1,245 @@
+//! The packer's inventory in Kubernetes, from the nodes themselves
+//! (pure): GPU Feature Discovery's labels say what each node has, the
+//! node agent's NVML readings ([`gpuscale_policies::devices`]) say how its
+//! GPUs are set up now, and the node's conditions say whether it is up.
+//!
+//! | source | gives |
+//! |---|---|
+//! | `nvidia.com/gpu.product` (GFD; `-MIG-…` and `-SHARED` suffixes dropped) | the catalogue model, by its `product` |
+//! | `nvidia.com/gpu.count` | GPUs on the node |
+//! | `nvidia.com/gpu.memory` (MiB) | checked against the catalogue model |
+//! | `nvidia.com/mig.config`, `nvidia.com/mig.config.state` | whether MIG geometries are set (and settled) |
+//! | `topology.kubernetes.io/zone`, `gpuscale.io/rack`, `nvidia.com/gpu.clique` | zone, rack, NVLink domain |
+//! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for |
+//! | condition `Ready` | a node not ready has no usable GPU |
+//! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors |
+//!
+//! A GPU whose set-up cannot be known (MIG configured and no reading of
+//! its instances' placements) is marked unhealthy, so the packer never
+//! places on it, and the node is listed with the reason.
+
+use std::collections::BTreeMap;
+
+use gpuscale_policies::devices::NodeGpus;
+use gpuscale_policies::inventory::{GpuState, NodeSpec};
+use gpuscale_policies::mig::Placement;
+use gpuscale_policies::{Catalog, ClusterSpec, GpuMode, Health, SharingMode};
+use k8s_openapi::api::core::v1::Node;
+
+/// GFD's product label.
+pub const PRODUCT: &str = "nvidia.com/gpu.product";
+/// GFD's GPU count label.
+pub const COUNT: &str = "nvidia.com/gpu.count";
+/// GFD's memory label (MiB).
+pub const MEMORY: &str = "nvidia.com/gpu.memory";
+/// GFD's NVLink clique label (multi-node NVLink domains).
+pub const CLIQUE: &str = "nvidia.com/gpu.clique";
+/// The standard zone label.
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+/// The rack label gpuscale reads (there is no standard one).
+pub const RACK: &str = "gpuscale.io/rack";
+/// The annotation listing the sharing a node may be set up for.
+pub const SHARING: &str = "gpuscale.io/sharing";
+
+/// The inventory built from the nodes, and the nodes left out or
+/// degraded, with why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FromNodes {
+    /// The cluster spec, to validate with `Cluster::from_spec`.
+    pub spec: ClusterSpec,
+    /// (node, why) for each node left out or with GPUs not placed on.
+    pub notes: Vec<(String, String)>,
+}
+
+/// The catalogue model whose product label is `product` (GFD's, with the
+/// suffixes it adds under MIG's single strategy and under sharing
+/// removed).
+pub fn model_of_product<'c>(catalog: &'c Catalog, product: &str) -> Option<&'c str> {
+    let mut p = product;
+    if let Some((base, _)) = p.split_once("-MIG-") {
+        p = base;
+    }
+    p = p.strip_suffix("-SHARED").unwrap_or(p);
+    catalog
+        .models()
+        .find(|g| g.product == p)
+        .map(|g| g.name.as_str())
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+/// The inventory of the GPU nodes among `nodes` (those with
+/// `nvidia.com/gpu.count`), with the agent's readings by node name.
+pub fn from_nodes(
+    nodes: &[Node],
+    readings: &BTreeMap<String, NodeGpus>,
+    catalog: &Catalog,
+) -> FromNodes {
+    let mut out = FromNodes::default();
+    for node in nodes {
+        let Some(name) = node.metadata.name.clone() else {
+            continue;
+        };
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let Some(count) = labels.get(COUNT) else {
+            continue;
+        };
+        let mut note = |why: String| out.notes.push((name.clone(), why));
+        let Ok(count) = count.parse::<u32>() else {
+            note(format!("{COUNT}={count} is not a number; left out"));
+            continue;
+        };
+        let product = labels.get(PRODUCT).cloned().unwrap_or_default();
+        let Some(gpu_model) = model_of_product(catalog, &product) else {
+            note(format!(
+                "{PRODUCT}={product} is no catalogue model's product; left out (add it to the \
+                 catalogue in a cluster file)"
+            ));
+            continue;
+        };
+        let gpu = catalog.get(gpu_model).expect("found by product");
+        if let Some(mib) = labels.get(MEMORY).and_then(|m| m.parse::<f64>().ok()) {
+            let gib = mib / 1024.0;
+            if (gib - gpu.memory_gib).abs() > gpu.memory_gib * 0.1 {
+                note(format!(
+                    "{MEMORY}={mib} MiB differs from the catalogue's {} GiB for {gpu_model}",
+                    gpu.memory_gib
+                ));
+            }
+        }
+        let sharing = match node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SHARING))
+        {
+            None => gpuscale_policies::inventory::node_sharing(),
+            Some(list) => {
+                let parsed: Result<Vec<SharingMode>, String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        serde_json::from_value(serde_json::Value::String(s.into()))
+                            .map_err(|_| s.to_string())
+                    })
+                    .collect();
+                match parsed {
+                    Ok(v) => v,
+                    Err(bad) => {
+                        note(format!(
+                            "annotation {SHARING}: `{bad}` is not a sharing mode (mig, \
+                             timeslice, whole, mps, fractional, mig-timeslice); left out"
+                        ));
+                        continue;
+                    }
+                }
+            }
+        };
+        let up = ready(node);
+        if !up {
+            note("not Ready: its GPUs are not placed on".into());
+        }
+        let mig_config = labels
+            .get(crate::kubernetes::MIG_CONFIG_LABEL)
+            .map(String::as_str);
+        let mig_set = mig_config.is_some_and(|c| c != "all-disabled");
+        let reading = readings.get(&name);
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let r = reading.and_then(|r| r.gpus.iter().find(|g| g.index == index));
+            let mut state = GpuState {
+                index,
+                health: if up {
+                    Health::Healthy
+                } else {
+                    Health::Unhealthy
+                },
+                mode: GpuMode::Free,
+                geometry: Vec::new(),
+                workloads: Vec::new(),
+                uuid: r.map(|g| g.uuid.clone()).filter(|u| !u.is_empty()),
+            };
+            match r {
+                Some(g) => {
+                    if g.unhealthy() {
+                        state.health = Health::Unhealthy;
+                        note(format!(
+                            "GPU {index}: {} uncorrectable ECC error(s): not placed on",
+                            g.ecc_uncorrected_volatile.unwrap_or(0)
+                        ));
+                    }
+                    if g.mig_enabled == Some(true) && !g.instances.is_empty() {
+                        if g.instances.iter().all(|i| i.start.is_some()) {
+                            state.mode = GpuMode::Mig;
+                            state.geometry = g
+                                .instances
+                                .iter()
+                                .map(|i| {
+                                    Placement::new(
+                                        i.profile.split('+').next().unwrap_or_default(),
+                                        i.start.unwrap_or(0),
+                                    )
+                                })
+                                .collect();
+                            state.geometry.sort_by_key(|p| p.start);
+                        } else {
+                            state.health = Health::Unhealthy;
+                            note(format!(
+                                "GPU {index}: MIG instances without known placements: not \
+                                 placed on"
+                            ));
+                        }
+                    }
+                }
+                None if mig_set => {
+                    state.health = Health::Unhealthy;
+                    note(format!(
+                        "GPU {index}: MIG config {} and no agent reading of its instances: not \
+                         placed on",
+                        mig_config.unwrap_or_default()
+                    ));
+                }
+                None => {}
+            }
+            let default = GpuState {
+                index,
+                health: Health::Healthy,
+                mode: GpuMode::Free,
+                geometry: Vec::new(),
+                workloads: Vec::new(),
+                uuid: None,
+            };
+            if state != default {
+                gpus.push(state);
+            }
+        }
+        out.spec.nodes.push(NodeSpec {
+            name: name.clone(),
+            count: None,
+            zone: labels.get(ZONE).cloned(),
+            rack: labels.get(RACK).cloned(),
+            nvlink_domain: labels.get(CLIQUE).cloned(),
+            labels: labels
+                .iter()
+                .filter(|(k, _)| !k.starts_with("nvidia.com/") && !k.starts_with("feature.node"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<BTreeMap<_, _>>(),
+            gpu_model: gpu_model.to_string(),
+            gpu_count: count,
+            timeslice_replicas: None,
+            mps_replicas: None,
+            mig_timeslice: None,
+            sharing,
+            gpus,
+        });
+    }
+    out.spec.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}

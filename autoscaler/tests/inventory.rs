@@ -1,0 +1,274 @@
+//! The packer's inventory from node objects as GPU Feature Discovery
+//! labels them (the label names and values as NVIDIA's GFD documents
+//! them: `nvidia.com/gpu.product` with spaces as dashes, `-MIG-<profile>`
+//! under the single strategy, `-SHARED` under sharing) and from the node
+//! agent's readings; the result is validated as a cluster file would be.
+
+use std::collections::BTreeMap;
+
+use gpuscale_autoscaler::inventory::{from_nodes, model_of_product};
+use gpuscale_policies::devices::{GpuReading, InstanceReading, NodeGpus};
+use gpuscale_policies::{Catalog, Cluster, GpuMode, Health, SharingMode};
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+
+fn node(name: &str, labels: serde_json::Value, ready: bool) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "capacity": {"nvidia.com/gpu": "8"},
+        }
+    }))
+    .unwrap()
+}
+
+fn h100(name: &str, extra: serde_json::Value) -> Node {
+    let mut labels = json!({
+        "kubernetes.io/hostname": name,
+        "topology.kubernetes.io/zone": "eu-west-1a",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "success",
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        labels[k] = v.clone();
+    }
+    node(name, labels, true)
+}
+
+fn cluster(spec: &gpuscale_policies::ClusterSpec) -> Cluster {
+    Cluster::from_spec("from-nodes", spec, &Catalog::builtin()).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+#[test]
+fn gfd_labels_give_the_node_its_gpus_model_and_topology() {
+    let nodes = [
+        h100(
+            "gpu-a",
+            json!({"nvidia.com/gpu.clique": "7b2c.1", "gpuscale.io/rack": "r12"}),
+        ),
+        // Not a GPU node: left out without a word.
+        node("cpu-0", json!({"kubernetes.io/hostname": "cpu-0"}), true),
+    ];
+    let inv = from_nodes(&nodes, &BTreeMap::new(), &Catalog::builtin());
+    assert!(inv.notes.is_empty(), "{:?}", inv.notes);
+    assert_eq!(inv.spec.nodes.len(), 1);
+    let n = &inv.spec.nodes[0];
+    assert_eq!(n.gpu_model, "H100-80GB");
+    assert_eq!(n.gpu_count, 8);
+    assert_eq!(n.zone.as_deref(), Some("eu-west-1a"));
+    assert_eq!(n.rack.as_deref(), Some("r12"));
+    assert_eq!(n.nvlink_domain.as_deref(), Some("7b2c.1"));
+    assert!(n.gpus.is_empty(), "all free and healthy: {:?}", n.gpus);
+    let c = cluster(&inv.spec);
+    assert_eq!(c.gpu_count(), 8);
+    assert!(
+        c.nodes[0]
+            .gpus
+            .iter()
+            .all(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
+    );
+}
+
+#[test]
+fn product_suffixes_of_the_single_strategy_and_of_sharing_are_dropped() {
+    let c = Catalog::builtin();
+    assert_eq!(
+        model_of_product(&c, "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"),
+        Some("H100-80GB")
+    );
+    assert_eq!(
+        model_of_product(&c, "NVIDIA-A100-SXM4-80GB-SHARED"),
+        Some("A100-80GB")
+    );
+    assert_eq!(model_of_product(&c, "NVIDIA-L4"), Some("L4"));
+    assert_eq!(model_of_product(&c, "NVIDIA-RTX-9000"), None);
+}
+
+#[test]
+fn mig_instances_from_the_agent_become_the_gpus_geometry() {
+    let nodes = [h100(
+        "gpu-b",
+        json!({"nvidia.com/mig.config": "gpuscale-00a1b2c3d4"}),
+    )];
+    let instance = |profile: &str, start: u8| InstanceReading {
+        profile: profile.into(),
+        start: Some(start),
+        gpu_instance_id: None,
+        uuid: String::new(),
+        memory_total_mib: 0,
+        memory_used_mib: 0,
+    };
+    let readings = BTreeMap::from([(
+        "gpu-b".to_string(),
+        NodeGpus {
+            node: "gpu-b".into(),
+            driver_version: Some("570.124.06".into()),
+            gpus: (0..8)
+                .map(|i| GpuReading {
+                    index: i,
+                    uuid: format!("GPU-0000000{i}"),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    memory_total_mib: 81559,
+                    memory_used_mib: 0,
+                    mig_enabled: Some(i == 0),
+                    instances: if i == 0 {
+                        vec![
+                            instance("3g.40gb", 4),
+                            instance("1g.10gb", 0),
+                            instance("2g.20gb", 2),
+                        ]
+                    } else {
+                        vec![]
+                    },
+                    ecc_uncorrected_volatile: Some(if i == 7 { 2 } else { 0 }),
+                    ..GpuReading::default()
+                })
+                .collect(),
+        },
+    )]);
+    let inv = from_nodes(&nodes, &readings, &Catalog::builtin());
+    let n = &inv.spec.nodes[0];
+    let g0 = n.gpus.iter().find(|g| g.index == 0).unwrap();
+    assert_eq!(g0.mode, GpuMode::Mig);
+    let slots: Vec<(String, u8)> = g0
+        .geometry
+        .iter()
+        .map(|p| (p.profile.clone(), p.start))
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            ("1g.10gb".to_string(), 0),
+            ("2g.20gb".to_string(), 2),
+            ("3g.40gb".to_string(), 4)
+        ]
+    );
+    assert_eq!(g0.uuid.as_deref(), Some("GPU-00000000"));
+    // Uncorrectable ECC errors: not placed on, and said.
+    let g7 = n.gpus.iter().find(|g| g.index == 7).unwrap();
+    assert_eq!(g7.health, Health::Unhealthy);
+    assert!(
+        inv.notes.iter().any(|(_, w)| w.contains("ECC")),
+        "{:?}",
+        inv.notes
+    );
+    // The geometry is one NVIDIA allows: the cluster validates.
+    let c = cluster(&inv.spec);
+    assert_eq!(c.nodes[0].gpus[0].geometry.placements().len(), 3);
+}
+
+#[test]
+fn a_gpu_whose_set_up_cannot_be_known_is_not_placed_on() {
+    // MIG configured, no agent reading.
+    let nodes = [h100(
+        "gpu-c",
+        json!({"nvidia.com/mig.config": "all-1g.10gb"}),
+    )];
+    let inv = from_nodes(&nodes, &BTreeMap::new(), &Catalog::builtin());
+    let n = &inv.spec.nodes[0];
+    assert_eq!(n.gpus.len(), 8);
+    assert!(n.gpus.iter().all(|g| g.health == Health::Unhealthy));
+    assert!(inv.notes.iter().all(|(node, _)| node == "gpu-c"));
+    assert!(
+        inv.notes[0].1.contains("no agent reading"),
+        "{:?}",
+        inv.notes
+    );
+    cluster(&inv.spec);
+}
+
+#[test]
+fn a_node_not_ready_has_no_usable_gpu() {
+    let mut n = h100("gpu-d", json!({}));
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[1].status = "Unknown".into();
+    let inv = from_nodes(&[n], &BTreeMap::new(), &Catalog::builtin());
+    assert!(
+        inv.spec.nodes[0]
+            .gpus
+            .iter()
+            .all(|g| g.health == Health::Unhealthy)
+    );
+    assert_eq!(inv.spec.nodes[0].gpus.len(), 8);
+    assert!(inv.notes[0].1.contains("not Ready"));
+}
+
+#[test]
+fn unknown_products_and_bad_annotations_leave_the_node_out_with_the_reason() {
+    let mut shared = h100("gpu-e", json!({}));
+    shared.metadata.annotations = Some(
+        [(
+            "gpuscale.io/sharing".to_string(),
+            "mig, mig-timeslice, whole".to_string(),
+        )]
+        .into(),
+    );
+    let mut bad = h100("gpu-f", json!({}));
+    bad.metadata.annotations =
+        Some([("gpuscale.io/sharing".to_string(), "mig, magic".to_string())].into());
+    let odd = h100(
+        "gpu-g",
+        json!({"nvidia.com/gpu.product": "NVIDIA-RTX-9000"}),
+    );
+    let inv = from_nodes(&[shared, bad, odd], &BTreeMap::new(), &Catalog::builtin());
+    let names: Vec<&str> = inv.spec.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["gpu-e"]);
+    assert_eq!(
+        inv.spec.nodes[0].sharing,
+        [
+            SharingMode::Mig,
+            SharingMode::MigTimeslice,
+            SharingMode::Whole
+        ]
+    );
+    let notes: BTreeMap<&str, &str> = inv
+        .notes
+        .iter()
+        .map(|(n, w)| (n.as_str(), w.as_str()))
+        .collect();
+    assert!(notes["gpu-f"].contains("`magic`"), "{notes:?}");
+    assert!(notes["gpu-g"].contains("NVIDIA-RTX-9000"), "{notes:?}");
+    cluster(&inv.spec);
+}
+
+/// The reading `gpuscale agent --fake` serves in the repository's
+/// example (`tests/data/agent-h100-node.yaml`) beside its node: GPU 0's
+/// three MIG instances are its geometry, GPU 7's ECC errors keep the
+/// packer off it.
+#[test]
+fn the_example_agent_reading_maps_onto_its_node() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/agent-h100-node.yaml");
+    let reading: NodeGpus =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let nodes = [h100(
+        "gpu-a",
+        json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00"}),
+    )];
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    let gpus = &c.nodes[0].gpus;
+    assert_eq!(gpus[0].mode, GpuMode::Mig);
+    assert_eq!(gpus[0].geometry.placements().len(), 3);
+    assert_eq!(gpus[7].health, Health::Unhealthy);
+    assert!(gpus[1..7].iter().all(|g| g.health == Health::Healthy));
+    assert_eq!(
+        gpus[3].uuid.as_deref(),
+        Some("GPU-5fd4bd05-0000-4d5b-9c5e-000000000003")
+    );
+}

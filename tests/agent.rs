@@ -1,0 +1,114 @@
+//! `gpuscale agent` as a DaemonSet runs it: without NVML it exits with a
+//! clear message; with `--fake` it serves the declared reading as JSON
+//! and as DCGM-named metrics, which the controller's inventory reads.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn nvml_present() -> bool {
+    ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+        .iter()
+        .any(|d| PathBuf::from(d).join("libnvidia-ml.so.1").exists())
+}
+
+#[test]
+fn without_nvml_the_agent_says_what_is_missing_and_exits_3() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["agent", "--once"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if nvml_present() {
+        // A GPU machine: the reading is real.
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(!r["gpus"].as_array().unwrap().is_empty(), "{r}");
+    } else {
+        assert_eq!(out.status.code(), Some(3), "{stderr}");
+        assert!(stderr.contains("libnvidia-ml.so.1"), "{stderr}");
+        assert!(stderr.contains("--fake FILE"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_bad_fake_reading_is_named_by_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.yaml");
+    std::fs::write(&f, "node: x\ngpus:\n  - {index: zero}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["agent", "--once", "--fake"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("{}:3:", f.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("gpus[0].index: invalid type"), "{stderr}");
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, text.split_once("\r\n\r\n").unwrap().1.to_string())
+}
+
+#[test]
+fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--fake",
+            "tests/data/agent-h100-node.yaml",
+        ])
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{line}"));
+    let (status, body) = get(port, "/v1/gpus");
+    assert_eq!(status, 200, "{body}");
+    let r: gpuscale_policies::devices::NodeGpus = serde_json::from_str(&body).unwrap();
+    assert_eq!(r.node, "gpu-a");
+    assert_eq!(r.gpus.len(), 8);
+    assert_eq!(r.gpus[0].instances.len(), 3);
+    let (status, metrics) = get(port, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu=\"7\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("GPU_I_PROFILE=\"3g.40gb\""), "{metrics}");
+    assert_eq!(get(port, "/healthz").0, 200);
+    assert_eq!(get(port, "/readyz").0, 200);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
