@@ -107,6 +107,10 @@ pub struct KubeBackend {
     inventory_at: Option<Duration>,
     /// The notes of the last inventory, logged when they change.
     inventory_notes: Vec<(String, String)>,
+    /// The gateway instances from a Service: (service, admin port name),
+    /// and whether pods are registered with them.
+    gateways: Option<(String, String)>,
+    registers: bool,
 }
 
 impl KubeBackend {
@@ -142,6 +146,38 @@ impl KubeBackend {
             from_nodes: false,
             inventory_at: None,
             inventory_notes: Vec::new(),
+            gateways: None,
+            registers: true,
+        }
+    }
+
+    /// Finds the gateway's instances each tick from the ready endpoints of
+    /// `service` on its port `port`; `register`: whether the model
+    /// servers' pods are registered with them (not with sidecars).
+    pub fn discovering_gateways(mut self, service: &str, port: &str, register: bool) -> Self {
+        self.gateways = Some((service.to_string(), port.to_string()));
+        self.registers = register;
+        self
+    }
+
+    /// The gateway instances now, from their Service; when the set
+    /// changes, every replica is registered again (each instance's share
+    /// of its limit changes with the set).
+    async fn find_gateways(&mut self) {
+        let Some((service, port)) = self.gateways.clone() else {
+            return;
+        };
+        match self.kube.service_port_endpoints(&service, &port).await {
+            Ok(found) if found.is_empty() => {
+                tracing::warn!(%service, "no ready gateway instance; keeping the last known");
+            }
+            Ok(found) => {
+                if self.gateway.set_bases(found.clone()) {
+                    tracing::info!(instances = ?found, "gateway instances changed: registering every replica again");
+                    self.registered.clear();
+                }
+            }
+            Err(e) => tracing::warn!(%service, "finding the gateway instances: {e}"),
         }
     }
 
@@ -812,6 +848,17 @@ impl KubeBackend {
     /// The ready endpoints of each model's Service, registered with the
     /// gateway (and those gone, removed).
     async fn discover(&mut self, models: &[Model]) -> Result<(), KubeError> {
+        self.find_gateways().await;
+        if !self.registers {
+            // Sidecar gateways: each fronts its own pod's model server;
+            // the ready endpoints are counted, not registered.
+            for m in models {
+                let found: BTreeSet<String> =
+                    self.kube.endpoints(&m.name).await?.into_iter().collect();
+                self.registered.insert(m.served_name.clone(), found);
+            }
+            return Ok(());
+        }
         // What the gateway lists now: an endpoint registered before that
         // it no longer lists (it restarted, someone removed it) is
         // registered again below. Unreadable: trust what was registered.

@@ -103,6 +103,40 @@ pub struct GatewayRef {
     /// made up at start when it has none.
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
+    /// The admin URLs of further instances of the same gateway (2 or more
+    /// replicas for availability): queues are summed over every instance,
+    /// and each replica is registered with each, with an equal share of
+    /// its `maxConcurrency`.
+    #[serde(default)]
+    pub instances: Vec<String>,
+    /// Kubernetes: find the instances from a Service's EndpointSlices
+    /// instead (each tick; the shares follow membership).
+    #[serde(default)]
+    pub discover: Option<GatewayDiscovery>,
+}
+
+/// The gateway instances as a Kubernetes Service's ready endpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayDiscovery {
+    /// The Service (in `spec.kubernetes.namespace`).
+    pub service: String,
+    /// The name of its admin port.
+    #[serde(default = "admin_port_name")]
+    pub port: String,
+    /// Whether the controller registers the model servers' pods with the
+    /// instances (central gateways). Sidecar gateways front their own
+    /// pod's server: `false`, and the instances are only read.
+    #[serde(default = "yes")]
+    pub register: bool,
+}
+
+fn admin_port_name() -> String {
+    "admin".into()
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How the local backend runs replicas.
@@ -294,6 +328,20 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
         && !(url.starts_with("http://") || url.starts_with("https://"))
     {
         bad("spec.gateway.admin", "expected an http:// URL");
+    }
+    for (i, url) in spec.gateway.instances.iter().enumerate() {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bad(
+                &format!("spec.gateway.instances[{i}]"),
+                "expected an http:// URL",
+            );
+        }
+    }
+    if !spec.gateway.instances.is_empty() && spec.gateway.config.is_some() {
+        bad(
+            "spec.gateway.instances",
+            "the embedded gateway (spec.gateway.config) is one instance; list instances of a gateway running elsewhere (spec.gateway.admin)",
+        );
     }
     if let Some(p) = &spec.prometheus
         && !(p.url.starts_with("http://") || p.url.starts_with("https://"))

@@ -531,15 +531,24 @@ pub fn service(model: &Model, spec: &KubeSpec) -> Service {
 ///   ready");
 /// - IPv6 addresses are bracketed.
 pub fn ready_endpoints(slices: &[EndpointSlice]) -> Vec<String> {
+    ready_endpoints_on(slices, "http", true)
+}
+
+/// As [`ready_endpoints`], on the port named `port` (else, with
+/// `or_first`, the slice's first port; without, the slice is skipped).
+pub fn ready_endpoints_on(slices: &[EndpointSlice], port: &str, or_first: bool) -> Vec<String> {
     let mut out = Vec::new();
     for s in slices {
         let ports = s.ports.as_deref().unwrap_or_default();
-        let port = ports
-            .iter()
-            .find(|p| p.name.as_deref() == Some("http"))
-            .or_else(|| ports.first())
-            .and_then(|p| p.port);
-        let Some(port) = port else { continue };
+        let named = ports.iter().find(|p| p.name.as_deref() == Some(port));
+        let chosen = if or_first {
+            named.or_else(|| ports.first())
+        } else {
+            named
+        };
+        let Some(port) = chosen.and_then(|p| p.port) else {
+            continue;
+        };
         for e in &s.endpoints {
             let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
             if ready {
@@ -1259,6 +1268,23 @@ impl Kube {
     /// Ready endpoints of a Service in the namespace, from its
     /// EndpointSlices (selected by `kubernetes.io/service-name`).
     pub async fn service_endpoints(&self, service: &str) -> Result<Vec<String>, KubeError> {
+        Ok(ready_endpoints(&self.slices_of(service).await?))
+    }
+
+    /// Ready endpoints of a Service on its port named `port`.
+    pub async fn service_port_endpoints(
+        &self,
+        service: &str,
+        port: &str,
+    ) -> Result<Vec<String>, KubeError> {
+        Ok(ready_endpoints_on(
+            &self.slices_of(service).await?,
+            port,
+            false,
+        ))
+    }
+
+    async fn slices_of(&self, service: &str) -> Result<Vec<EndpointSlice>, KubeError> {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), self.ns());
         let slices = self
             .call(
@@ -1268,6 +1294,6 @@ impl Kube {
                 ),
             )
             .await?;
-        Ok(ready_endpoints(&slices.items))
+        Ok(slices.items)
     }
 }

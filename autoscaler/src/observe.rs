@@ -1,10 +1,23 @@
 //! Signals from the gateway, over its admin API: `GET /v1/queues` (pull),
 //! `GET /v1/queues/stream` (push: every change and every scale-from-zero
-//! signal, for sub-second reaction), and the discovery calls the local
-//! backend makes (`POST` / `DELETE /v1/replicas`). [`observations`] turns a
+//! signal, for sub-second reaction), and the discovery calls the backends
+//! make (`POST` / `DELETE /v1/replicas`). [`observations`] turns a
 //! `/v1/queues` document into the recommender's [`Observation`]s (pure).
+//!
+//! One [`GatewayClient`] speaks to every instance of the gateway (2 or
+//! more central replicas for availability; in Kubernetes their addresses
+//! come from the gateway Service's EndpointSlices):
+//! - the queue documents of all instances are summed per model
+//!   ([`merge_queues`]); an instance that cannot be read fails the read,
+//!   it does not count as an empty queue;
+//! - a replica is registered with every instance, each taking an equal
+//!   share of its `maxConcurrency` (`max(1, limit / instances)`), so the
+//!   replica never has more than its limit in flight however the
+//!   instances' traffic is spread; the shares follow membership changes
+//!   (the backends register again when the set of instances changes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -94,10 +107,10 @@ pub const STREAM_IDLE: Duration = Duration::from_secs(5);
 /// dropped.
 pub const MAX_EVENT_BYTES: usize = 4 << 20;
 
-/// A client of one gateway's admin API.
+/// A client of the gateway's admin API, on every instance of it.
 #[derive(Clone)]
 pub struct GatewayClient {
-    base: String,
+    bases: Arc<RwLock<Arc<Vec<String>>>>,
     client: Client<HttpConnector, Full<Bytes>>,
     // `Bearer <token>`, marked sensitive (kept out of debug output).
     authorization: Option<http::HeaderValue>,
@@ -106,13 +119,40 @@ pub struct GatewayClient {
 impl GatewayClient {
     /// A client for the admin API at `base` (`http://host:port`).
     pub fn new(base: &str) -> Self {
+        Self::new_many(vec![base.to_string()])
+    }
+
+    /// A client for the admin APIs of several instances of the gateway.
+    pub fn new_many(bases: Vec<String>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
         GatewayClient {
-            base: base.trim_end_matches('/').to_string(),
+            bases: Arc::new(RwLock::new(Arc::new(normalise(bases)))),
             client: Client::builder(TokioExecutor::new()).build(connector),
             authorization: None,
         }
+    }
+
+    /// The instances now.
+    pub fn bases(&self) -> Arc<Vec<String>> {
+        self.bases.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets the instances (discovered anew); `true` when the set changed
+    /// (the shares of every replica's limit change with it).
+    pub fn set_bases(&self, bases: Vec<String>) -> bool {
+        let bases = normalise(bases);
+        let mut now = self.bases.write().unwrap_or_else(|e| e.into_inner());
+        if **now == bases {
+            return false;
+        }
+        *now = Arc::new(bases);
+        true
+    }
+
+    /// The first instance (the one address of a single gateway).
+    pub fn base(&self) -> String {
+        self.bases().first().cloned().unwrap_or_default()
     }
 
     /// Sends `token` as the admin API's bearer token on every call.
@@ -120,7 +160,7 @@ impl GatewayClient {
         let mut value =
             http::HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
                 ObserveError::Gateway {
-                    url: self.base.clone(),
+                    url: self.base(),
                     message: "the admin token is not a valid header value".into(),
                 }
             })?;
@@ -139,11 +179,12 @@ impl GatewayClient {
 
     async fn call(
         &self,
+        base: &str,
         method: Method,
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(StatusCode, Bytes), ObserveError> {
-        let url = format!("{}{path}", self.base);
+        let url = format!("{base}{path}");
         let err = |message: String| ObserveError::Gateway {
             url: url.clone(),
             message,
@@ -170,9 +211,10 @@ impl GatewayClient {
 
     /// `GET path` as JSON (a 200 answer only).
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, ObserveError> {
-        let (status, body) = self.call(Method::GET, path, None).await?;
+        let base = self.base();
+        let (status, body) = self.call(&base, Method::GET, path, None).await?;
         let err = |message: String| ObserveError::Gateway {
-            url: format!("{}{path}", self.base),
+            url: format!("{base}{path}"),
             message,
         };
         if status != StatusCode::OK {
@@ -181,22 +223,49 @@ impl GatewayClient {
         serde_json::from_slice(&body).map_err(|e| err(e.to_string()))
     }
 
-    /// `GET /v1/queues`.
-    pub async fn queues(&self) -> Result<serde_json::Value, ObserveError> {
-        let (status, body) = self.call(Method::GET, "/v1/queues", None).await?;
+    /// `GET /v1/queues` of one instance.
+    async fn queues_at(&self, base: &str) -> Result<serde_json::Value, ObserveError> {
+        let (status, body) = self.call(base, Method::GET, "/v1/queues", None).await?;
         if status != StatusCode::OK {
             return Err(ObserveError::Gateway {
-                url: format!("{}/v1/queues", self.base),
+                url: format!("{base}/v1/queues"),
                 message: format!("status {status}"),
             });
         }
         serde_json::from_slice(&body).map_err(|e| ObserveError::Gateway {
-            url: format!("{}/v1/queues", self.base),
+            url: format!("{base}/v1/queues"),
             message: e.to_string(),
         })
     }
 
-    /// Registers (`true`) or deregisters a replica.
+    /// `GET /v1/queues` of every instance, summed per model
+    /// ([`merge_queues`]); one instance that cannot be read fails it.
+    pub async fn queues(&self) -> Result<serde_json::Value, ObserveError> {
+        let bases = self.bases();
+        if bases.len() == 1 {
+            return self.queues_at(&bases[0]).await;
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (i, b) in bases.iter().enumerate() {
+            let (this, b) = (self.clone(), b.clone());
+            set.spawn(async move { (i, this.queues_at(&b).await) });
+        }
+        let mut docs = vec![serde_json::Value::Null; bases.len()];
+        while let Some(done) = set.join_next().await {
+            let (i, doc) = done.map_err(|e| ObserveError::Gateway {
+                url: bases.join(", "),
+                message: e.to_string(),
+            })?;
+            docs[i] = doc?;
+        }
+        Ok(merge_queues(&docs))
+    }
+
+    /// Registers (`true`) or deregisters a replica with every instance:
+    /// each takes `max(1, max_concurrency / instances)` of its limit.
+    /// Every instance is tried; the first failure is returned (the caller
+    /// tries again later). Deregistering a replica an instance does not
+    /// know is no failure.
     pub async fn replica(
         &self,
         register: bool,
@@ -204,8 +273,10 @@ impl GatewayClient {
         endpoint: &str,
         max_concurrency: Option<u32>,
     ) -> Result<(), ObserveError> {
+        let bases = self.bases();
+        let share = max_concurrency.map(|c| share_of(c, bases.len()));
         let mut body = serde_json::json!({"model": model, "endpoint": endpoint});
-        if let Some(c) = max_concurrency {
+        if let Some(c) = share {
             body["maxConcurrency"] = c.into();
         }
         let method = if register {
@@ -213,22 +284,45 @@ impl GatewayClient {
         } else {
             Method::DELETE
         };
-        let (status, text) = self.call(method, "/v1/replicas", Some(body)).await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(ObserveError::Gateway {
-                url: format!("{}/v1/replicas", self.base),
-                message: format!("status {status}: {}", String::from_utf8_lossy(&text)),
-            })
+        let mut first_error = None;
+        for base in bases.iter() {
+            let result = self
+                .call(base, method.clone(), "/v1/replicas", Some(body.clone()))
+                .await;
+            let failure = match result {
+                Ok((status, _)) if status.is_success() => None,
+                Ok((StatusCode::NOT_FOUND, text)) if !register => {
+                    // Not a replica there: gone already. (An unknown
+                    // model is a 404 too, and a failure.)
+                    let t = String::from_utf8_lossy(&text);
+                    t.contains("is not configured")
+                        .then(|| ObserveError::Gateway {
+                            url: format!("{base}/v1/replicas"),
+                            message: format!("status 404: {t}"),
+                        })
+                }
+                Ok((status, text)) => Some(ObserveError::Gateway {
+                    url: format!("{base}/v1/replicas"),
+                    message: format!("status {status}: {}", String::from_utf8_lossy(&text)),
+                }),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = failure
+                && first_error.is_none()
+            {
+                first_error = Some(e);
+            }
         }
+        first_error.map_or(Ok(()), Err)
     }
 
-    /// `GET /v1/replicas`: the endpoints the gateway lists, per served
-    /// model name.
-    pub async fn replica_list(&self) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
-        let url = format!("{}/v1/replicas", self.base);
-        let (status, body) = self.call(Method::GET, "/v1/replicas", None).await?;
+    /// `GET /v1/replicas` of one instance.
+    async fn replica_list_at(
+        &self,
+        base: &str,
+    ) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
+        let url = format!("{base}/v1/replicas");
+        let (status, body) = self.call(base, Method::GET, "/v1/replicas", None).await?;
         if status != StatusCode::OK {
             return Err(ObserveError::Gateway {
                 url,
@@ -252,14 +346,104 @@ impl GatewayClient {
             .collect())
     }
 
-    /// Follows `/v1/queues/stream`, reconnecting after a second when it
-    /// drops; events arrive on the returned channel until it is dropped.
+    /// `GET /v1/replicas`: the endpoints every instance lists, per served
+    /// model name (one an instance lacks is not listed: it is registered
+    /// again, with every instance).
+    pub async fn replica_list(&self) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
+        let bases = self.bases();
+        let mut lists = Vec::new();
+        for b in bases.iter() {
+            lists.push(self.replica_list_at(b).await?);
+        }
+        let Some(first) = lists.first() else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(first
+            .iter()
+            .map(|(model, endpoints)| {
+                let kept = endpoints
+                    .iter()
+                    .filter(|e| {
+                        lists[1..]
+                            .iter()
+                            .all(|l| l.get(model).is_some_and(|x| x.contains(e)))
+                    })
+                    .cloned()
+                    .collect();
+                (model.clone(), kept)
+            })
+            .collect())
+    }
+
+    /// Follows `/v1/queues/stream` of every instance, reconnecting after
+    /// a second when one drops; events arrive on the returned channel
+    /// until it is dropped. With several instances a queue document is
+    /// the sum of each instance's newest ([`merge_queues`]), sent once
+    /// every instance has sent one; scale-from-zero signals pass at once.
+    /// The channel closes when the set of instances changes (the caller
+    /// opens a new stream).
     pub fn stream(&self) -> mpsc::Receiver<Event> {
         let (tx, rx) = mpsc::channel(4);
+        let bases = self.bases();
+        if bases.len() == 1 {
+            self.follow_into(bases[0].clone(), tx);
+            return rx;
+        }
+        let (itx, mut irx) = mpsc::channel::<(usize, Event)>(16);
+        for (i, b) in bases.iter().enumerate() {
+            let (ftx, mut frx) = mpsc::channel(4);
+            self.follow_into(b.clone(), ftx);
+            let itx = itx.clone();
+            tokio::spawn(async move {
+                while let Some(e) = frx.recv().await {
+                    if itx.send((i, e)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(itx);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut newest: Vec<Option<serde_json::Value>> = vec![None; bases.len()];
+            let mut check = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let got = tokio::select! {
+                    got = irx.recv() => got,
+                    _ = check.tick() => {
+                        if this.bases() != bases || tx.is_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let Some((i, e)) = got else { return };
+                let out = match e {
+                    Event::Queues(v) => {
+                        newest[i] = Some(v);
+                        if newest.iter().any(Option::is_none) {
+                            continue;
+                        }
+                        let docs: Vec<serde_json::Value> =
+                            newest.iter().flatten().cloned().collect();
+                        Event::Queues(merge_queues(&docs))
+                    }
+                    other => other,
+                };
+                if tx.send(out).await.is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    /// Follows one instance's stream into `tx` until `tx` closes.
+    fn follow_into(&self, base: String, tx: mpsc::Sender<Event>) {
         let this = self.clone();
         tokio::spawn(async move {
             loop {
-                if this.follow(&tx).await.is_err() && tx.is_closed() {
+                if this.follow(&base, &tx).await.is_err() && tx.is_closed() {
                     return;
                 }
                 if tx.is_closed() {
@@ -268,12 +452,11 @@ impl GatewayClient {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
-        rx
     }
 
-    async fn follow(&self, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
+    async fn follow(&self, base: &str, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
         let req = self
-            .request(Method::GET, &format!("{}/v1/queues/stream", self.base))
+            .request(Method::GET, &format!("{base}/v1/queues/stream"))
             .body(Full::new(Bytes::new()))
             .map_err(|_| ())?;
         let resp = tokio::time::timeout(STREAM_IDLE, self.client.request(req))
@@ -331,6 +514,116 @@ impl GatewayClient {
         }
         Ok(())
     }
+}
+
+fn normalise(bases: Vec<String>) -> Vec<String> {
+    let set: BTreeSet<String> = bases
+        .into_iter()
+        .map(|b| b.trim_end_matches('/').to_string())
+        .filter(|b| !b.is_empty())
+        .collect();
+    set.into_iter().collect()
+}
+
+/// Each instance's share of a replica's concurrency limit: the limit
+/// split evenly, at least 1 (with more instances than the limit, the
+/// replica may get one request per instance: a warning says so).
+pub fn share_of(limit: u32, instances: usize) -> u32 {
+    let n = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
+    if limit < n {
+        tracing::warn!(
+            limit,
+            instances,
+            "a replica's maxConcurrency is below the number of gateways: each takes 1"
+        );
+    }
+    (limit / n).max(1)
+}
+
+/// The queue documents of several gateway instances as one (pure): per
+/// model, the counts and rates summed (`waiting`, `in_flight`,
+/// `server_waiting`, `arrival_rate` per window); `replicas` the most any
+/// instance has (each has the same replicas registered); the latency
+/// percentiles the worst; the p50 service time weighted by each
+/// instance's 10 s arrival rate.
+pub fn merge_queues(docs: &[serde_json::Value]) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    let mut models: BTreeMap<String, Vec<&Map<String, Value>>> = BTreeMap::new();
+    for d in docs {
+        if let Some(m) = d.get("models").and_then(Value::as_object) {
+            for (name, q) in m {
+                if let Some(q) = q.as_object() {
+                    models.entry(name.clone()).or_default().push(q);
+                }
+            }
+        }
+    }
+    let num = |q: &Map<String, Value>, k: &str| q.get(k).and_then(Value::as_f64);
+    let mut out = Map::new();
+    for (name, qs) in models {
+        let mut merged = qs[0].clone();
+        for k in ["waiting", "in_flight", "server_waiting"] {
+            if qs.iter().any(|q| q.contains_key(k)) {
+                let sum: f64 = qs.iter().filter_map(|q| num(q, k)).sum();
+                merged.insert(k.into(), serde_json::json!(sum));
+            }
+        }
+        if let Some(r) = qs
+            .iter()
+            .filter_map(|q| num(q, "replicas"))
+            .reduce(f64::max)
+        {
+            merged.insert("replicas".into(), serde_json::json!(r));
+        }
+        let mut rates = Map::new();
+        for q in &qs {
+            if let Some(a) = q.get("arrival_rate").and_then(Value::as_object) {
+                for (w, v) in a {
+                    let prev = rates.get(w).and_then(Value::as_f64).unwrap_or(0.0);
+                    rates.insert(
+                        w.clone(),
+                        serde_json::json!(prev + v.as_f64().unwrap_or(0.0)),
+                    );
+                }
+            }
+        }
+        if !rates.is_empty() {
+            merged.insert("arrival_rate".into(), Value::Object(rates));
+        }
+        for (k, v) in qs[0] {
+            if k.ends_with("_ms") && k.contains("p95") {
+                if let Some(m) = qs.iter().filter_map(|q| num(q, k)).reduce(f64::max) {
+                    merged.insert(k.clone(), serde_json::json!(m));
+                }
+            } else if k.ends_with("_ms") && k.contains("p50") && v.is_number() {
+                let weight = |q: &Map<String, Value>| {
+                    q.get("arrival_rate")
+                        .and_then(|a| a.get("10s"))
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.0)
+                };
+                let (sum, w) = qs
+                    .iter()
+                    .filter_map(|q| num(q, k).map(|x| (x, weight(q))))
+                    .fold((0.0, 0.0), |(s, w), (x, wi)| (s + x * wi, w + wi));
+                let mean = if w > 0.0 {
+                    sum / w
+                } else {
+                    let xs: Vec<f64> = qs.iter().filter_map(|q| num(q, k)).collect();
+                    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+                };
+                merged.insert(k.clone(), serde_json::json!(mean));
+            }
+        }
+        out.insert(name, Value::Object(merged));
+    }
+    let mut doc = docs
+        .first()
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    doc["models"] = Value::Object(out);
+    doc["gateways"] = serde_json::json!(docs.len());
+    doc
 }
 
 /// Per-model queue depth from a Prometheus server's HTTP API, as KEDA's
@@ -523,5 +816,35 @@ mod tests {
             Some(Event::Queues(_))
         ));
         assert_eq!(parse_event("event: queues\ndata: not json\n\n"), None);
+    }
+
+    #[test]
+    fn queue_documents_of_several_gateways_add_up() {
+        let a = serde_json::json!({"models": {"m": {"waiting": 3, "in_flight": 4, "replicas": 2,
+            "arrival_rate": {"1s": 1.0, "10s": 2.0}, "latency_p95_ms": 800.0, "latency_p50_10s_ms": 100.0}}});
+        let b = serde_json::json!({"models": {"m": {"waiting": 5, "in_flight": 1, "replicas": 2,
+            "arrival_rate": {"1s": 3.0, "10s": 6.0}, "latency_p95_ms": 1200.0, "latency_p50_10s_ms": 300.0},
+            "n": {"waiting": 1}}});
+        let m = merge_queues(&[a, b]);
+        let q = &m["models"]["m"];
+        assert_eq!(q["waiting"], 8.0);
+        assert_eq!(q["in_flight"], 5.0);
+        assert_eq!(q["replicas"], 2.0);
+        assert_eq!(q["arrival_rate"]["10s"], 8.0);
+        assert_eq!(q["latency_p95_ms"], 1200.0, "the worst p95");
+        // Weighted by arrivals: (100×2 + 300×6) / 8.
+        assert_eq!(q["latency_p50_10s_ms"], 250.0);
+        assert_eq!(m["models"]["n"]["waiting"], 1.0);
+        assert_eq!(m["gateways"], 2);
+        let o = observations(&m);
+        assert_eq!(o["m"].waiting, 8.0);
+    }
+
+    #[test]
+    fn each_gateway_takes_an_equal_share_of_a_limit() {
+        assert_eq!(share_of(32, 1), 32);
+        assert_eq!(share_of(32, 3), 10);
+        assert_eq!(share_of(2, 3), 1);
+        assert_eq!(share_of(5, 0), 5);
     }
 }

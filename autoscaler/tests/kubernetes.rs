@@ -1800,6 +1800,99 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
     server.await.unwrap();
 }
 
+/// The gateway's instances come from its Service's EndpointSlices (the
+/// port named `admin`): each replica is registered with every instance,
+/// each taking half of the replica's limit of 32.
+async fn replicas_are_registered_with_every_gateway_instance_found() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw_a, seen_a) = common::stand_in_gateway(common::quiet()).await;
+    let (gw_b, seen_b) = common::stand_in_gateway(common::quiet()).await;
+    let port = |u: &str| u.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let (pa, pb) = (port(&gw_a), port(&gw_b));
+    let mut backend = Backend::Kube(
+        KubeBackend::new(
+            k,
+            gpuscale_autoscaler::observe::GatewayClient::new("http://127.0.0.1:9"),
+        )
+        .discovering_gateways("gpuscale-gateway", "admin", true),
+    );
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let gateway_slices = |port: u16| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+               "items": [{"metadata": {"name": format!("gpuscale-gateway-{port}")}, "addressType": "IPv4",
+                          "ports": [{"name": "http", "port": 8080}, {"name": "admin", "port": port}],
+                          "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]}]})
+    };
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease_with(&mut handle, false).await;
+        let both = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+            "items": [gateway_slices(pa)["items"][0].clone(), gateway_slices(pb)["items"][0].clone()]});
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-gateway",
+            200,
+            both,
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    server.await.unwrap();
+    for seen in [&seen_a, &seen_b] {
+        assert_eq!(
+            seen.seen.lock().unwrap().as_slice(),
+            [
+                r#"POST {"endpoint":"http://10.0.0.7:8000","maxConcurrency":16,"model":"meta-llama/Llama-3.1-8B-Instruct"}"#
+            ]
+        );
+    }
+}
+
+/// Sidecar gateways front their own pod's server: the controller finds
+/// them and reads them, and registers nothing with them.
+async fn sidecar_gateways_are_read_not_registered_with() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, seen) = common::stand_in_gateway(common::quiet()).await;
+    let port: u16 = gw.rsplit(':').next().unwrap().parse().unwrap();
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .discovering_gateways("qwen-gateway", "gateway-admin", false),
+    );
+    let m = model();
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease_with(&mut handle, false).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dqwen-gateway",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "q"}, "addressType": "IPv4",
+                              "ports": [{"name": "gateway", "port": 8080}, {"name": "gateway-admin", "port": port}],
+                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            SLICES,
+            200,
+            slices(&["10.0.0.7", "10.0.0.8"]),
+        )
+        .await;
+    });
+    backend
+        .tick(std::slice::from_ref(&m), Duration::from_secs(1_795_976_401))
+        .await;
+    server.await.unwrap();
+    assert!(seen.seen.lock().unwrap().is_empty(), "nothing registered");
+    assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 2);
+}
+
 /// Runs each scenario as its own test, and all of them in one test that
 /// then derives the RBAC rules the requests need.
 macro_rules! scenarios {
@@ -1843,6 +1936,8 @@ scenarios!(
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
     watched_policies_reach_the_controller_each_on_its_own,
     the_inventory_comes_from_the_nodes_and_the_agents,
+    replicas_are_registered_with_every_gateway_instance_found,
+    sidecar_gateways_are_read_not_registered_with,
 );
 
 /// RBAC from the recorded requests, as the API server authorises them

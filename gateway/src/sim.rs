@@ -56,6 +56,9 @@ pub struct SimCounters {
     pub waiting: AtomicU64,
     /// Running.
     pub running: AtomicU64,
+    /// The most requests it has held at once, waiting or running (what a
+    /// test checks against the concurrency limit the gateways promise).
+    pub peak_in_flight: AtomicU64,
 }
 
 struct Sim {
@@ -311,6 +314,11 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     };
     let permit = {
         let _waiting = Gauge::up(&sim.counters.waiting);
+        let held = sim.counters.waiting.load(Ordering::Relaxed)
+            + sim.counters.running.load(Ordering::Relaxed);
+        sim.counters
+            .peak_in_flight
+            .fetch_max(held, Ordering::Relaxed);
         match sim.slots.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => {

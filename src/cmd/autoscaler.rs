@@ -173,9 +173,11 @@ impl Loop {
             (None, Some(url)) => url.clone(),
             (None, None) => unreachable!("the loader requires one of config and admin"),
         };
+        let mut bases = vec![base];
+        bases.extend(settings.spec.gateway.instances.iter().cloned());
         let client = match &secret {
-            Some(s) => GatewayClient::new(&base).with_token(s)?,
-            None => GatewayClient::new(&base),
+            Some(s) => GatewayClient::new_many(bases).with_token(s)?,
+            None => GatewayClient::new_many(bases),
         };
         let backend = match kind {
             Backend::Local => {
@@ -240,6 +242,10 @@ impl Loop {
                 // readings); a cluster file overrides it.
                 if settings.cluster.is_none() {
                     kube_backend = kube_backend.inventory_from_nodes();
+                }
+                if let Some(d) = &settings.spec.gateway.discover {
+                    kube_backend =
+                        kube_backend.discovering_gateways(&d.service, &d.port, d.register);
                 }
                 // Policies from the cluster are watched: added, changed
                 // and removed ones are taken up without a restart.
