@@ -226,8 +226,16 @@ impl KubeBackend {
             }
             Err(e) => tracing::warn!("finding the node agents: {e}"),
         }
+        let pods = match self.kube.pods().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("reading gpuscale's pods: {e}");
+                return None;
+            }
+        };
+        let held = crate::inventory::holdings(&pods);
         let builtin = gpuscale_policies::Catalog::builtin();
-        let inv = crate::inventory::from_nodes(&nodes, &readings, &builtin);
+        let inv = crate::inventory::from_nodes(&nodes, &readings, &held, &builtin);
         if inv.notes != self.inventory_notes {
             for (node, why) in &inv.notes {
                 tracing::warn!(%node, "inventory: {why}");

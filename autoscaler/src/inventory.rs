@@ -13,6 +13,7 @@
 //! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for |
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors |
+//! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits) | what runs where: a pod asking for `nvidia.com/mig-<profile>` takes an instance of that profile on its node, one asking for `nvidia.com/gpu: N` takes N whole GPUs |
 //!
 //! A GPU whose set-up cannot be known (MIG configured and no reading of
 //! its instances' placements) is marked unhealthy, so the packer never
@@ -21,10 +22,10 @@
 use std::collections::BTreeMap;
 
 use gpuscale_policies::devices::NodeGpus;
-use gpuscale_policies::inventory::{GpuState, NodeSpec};
+use gpuscale_policies::inventory::{GpuState, NodeSpec, Workload};
 use gpuscale_policies::mig::Placement;
 use gpuscale_policies::{Catalog, ClusterSpec, GpuMode, Health, SharingMode};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 /// GFD's product label.
 pub const PRODUCT: &str = "nvidia.com/gpu.product";
@@ -74,11 +75,141 @@ fn ready(node: &Node) -> bool {
         .is_some_and(|c| c.status == "True")
 }
 
+/// What a running pod holds: its model and device requests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holding {
+    /// The node it is bound to.
+    pub node: String,
+    /// The model (policy name).
+    pub model: String,
+    /// MIG profile of the instance it holds, if any.
+    pub mig: Option<String>,
+    /// Whole GPUs it holds.
+    pub gpus: u32,
+}
+
+/// What gpuscale's pods hold (those bound to a node and not finished).
+pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
+    let mut out = Vec::new();
+    for p in pods {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let Some(spec) = &p.spec else { continue };
+        let Some(node) = spec.node_name.clone() else {
+            continue;
+        };
+        let Some(model) = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::kubernetes::MODEL_LABEL))
+            .cloned()
+        else {
+            continue;
+        };
+        let mut h = Holding {
+            node,
+            model,
+            mig: None,
+            gpus: 0,
+        };
+        for c in &spec.containers {
+            for (k, v) in c.resources.iter().flat_map(|r| r.limits.iter().flatten()) {
+                if let Some(profile) = k.strip_prefix("nvidia.com/mig-") {
+                    h.mig = Some(profile.trim_end_matches(".shared").to_string());
+                } else if k == "nvidia.com/gpu" {
+                    h.gpus += v.0.parse::<u32>().unwrap_or(0);
+                }
+            }
+        }
+        out.push(h);
+    }
+    out
+}
+
+/// Puts what the pods hold on their nodes' GPUs: a MIG instance of the
+/// profile not yet taken, or free healthy whole GPUs; what does not fit
+/// the node as read is noted.
+fn place_holdings(node: &mut NodeSpec, held: &[&Holding], notes: &mut Vec<(String, String)>) {
+    let state = |index: u32, gpus: &mut Vec<GpuState>| -> usize {
+        if let Some(i) = gpus.iter().position(|g| g.index == index) {
+            return i;
+        }
+        gpus.push(GpuState {
+            index,
+            health: Health::Healthy,
+            mode: GpuMode::Free,
+            geometry: Vec::new(),
+            workloads: Vec::new(),
+            uuid: None,
+        });
+        gpus.len() - 1
+    };
+    for h in held {
+        if let Some(profile) = &h.mig {
+            let slot = node.gpus.iter_mut().find_map(|g| {
+                let start = g
+                    .geometry
+                    .iter()
+                    .find(|p| {
+                        p.profile == *profile
+                            && !g.workloads.iter().any(|w| w.slot == Some(p.start))
+                    })?
+                    .start;
+                g.workloads.push(Workload {
+                    model: h.model.clone(),
+                    slot: Some(start),
+                });
+                Some(start)
+            });
+            if slot.is_none() {
+                notes.push((
+                    node.name.clone(),
+                    format!(
+                        "a pod of {} holds a {profile} instance the node's reading does not show",
+                        h.model
+                    ),
+                ));
+            }
+        }
+        for _ in 0..h.gpus {
+            let free = (0..node.gpu_count).find(|&i| {
+                node.gpus
+                    .iter()
+                    .find(|g| g.index == i)
+                    .is_none_or(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
+            });
+            match free {
+                Some(i) => {
+                    let k = state(i, &mut node.gpus);
+                    node.gpus[k].mode = GpuMode::Whole;
+                    node.gpus[k].workloads.push(Workload {
+                        model: h.model.clone(),
+                        slot: None,
+                    });
+                }
+                None => notes.push((
+                    node.name.clone(),
+                    format!(
+                        "a pod of {} holds a whole GPU the node has no room for",
+                        h.model
+                    ),
+                )),
+            }
+        }
+    }
+    node.gpus.sort_by_key(|g| g.index);
+}
+
 /// The inventory of the GPU nodes among `nodes` (those with
-/// `nvidia.com/gpu.count`), with the agent's readings by node name.
+/// `nvidia.com/gpu.count`), with the agent's readings by node name and
+/// what gpuscale's pods hold ([`holdings`]).
 pub fn from_nodes(
     nodes: &[Node],
     readings: &BTreeMap<String, NodeGpus>,
+    held: &[Holding],
     catalog: &Catalog,
 ) -> FromNodes {
     let mut out = FromNodes::default();
@@ -220,7 +351,7 @@ pub fn from_nodes(
                 gpus.push(state);
             }
         }
-        out.spec.nodes.push(NodeSpec {
+        let mut spec = NodeSpec {
             name: name.clone(),
             count: None,
             zone: labels.get(ZONE).cloned(),
@@ -238,7 +369,10 @@ pub fn from_nodes(
             mig_timeslice: None,
             sharing,
             gpus,
-        });
+        };
+        let here: Vec<&Holding> = held.iter().filter(|h| h.node == name).collect();
+        place_holdings(&mut spec, &here, &mut out.notes);
+        out.spec.nodes.push(spec);
     }
     out.spec.nodes.sort_by(|a, b| a.name.cmp(&b.name));
     out

@@ -1172,6 +1172,22 @@ impl Kube {
         Ok(None)
     }
 
+    /// gpuscale's pods in the namespace (one list, by the `managed-by`
+    /// label).
+    pub async fn pods(&self) -> Result<Vec<Pod>, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        Ok(self
+            .call(
+                || "list gpuscale's pods".into(),
+                api.list(
+                    &ListParams::default()
+                        .labels(&format!("app.kubernetes.io/managed-by={MANAGER}")),
+                ),
+            )
+            .await?
+            .items)
+    }
+
     /// gpuscale's pods on a node that hold MIG devices.
     pub async fn mig_pods_on(&self, node: &str) -> Result<Vec<String>, KubeError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());

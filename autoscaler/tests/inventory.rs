@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use gpuscale_autoscaler::inventory::{from_nodes, model_of_product};
+use gpuscale_autoscaler::inventory::{from_nodes, holdings, model_of_product};
 use gpuscale_policies::devices::{GpuReading, InstanceReading, NodeGpus};
 use gpuscale_policies::{Catalog, Cluster, GpuMode, Health, SharingMode};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
 fn node(name: &str, labels: serde_json::Value, ready: bool) -> Node {
@@ -61,7 +61,7 @@ fn gfd_labels_give_the_node_its_gpus_model_and_topology() {
         // Not a GPU node: left out without a word.
         node("cpu-0", json!({"kubernetes.io/hostname": "cpu-0"}), true),
     ];
-    let inv = from_nodes(&nodes, &BTreeMap::new(), &Catalog::builtin());
+    let inv = from_nodes(&nodes, &BTreeMap::new(), &[], &Catalog::builtin());
     assert!(inv.notes.is_empty(), "{:?}", inv.notes);
     assert_eq!(inv.spec.nodes.len(), 1);
     let n = &inv.spec.nodes[0];
@@ -138,7 +138,7 @@ fn mig_instances_from_the_agent_become_the_gpus_geometry() {
                 .collect(),
         },
     )]);
-    let inv = from_nodes(&nodes, &readings, &Catalog::builtin());
+    let inv = from_nodes(&nodes, &readings, &[], &Catalog::builtin());
     let n = &inv.spec.nodes[0];
     let g0 = n.gpus.iter().find(|g| g.index == 0).unwrap();
     assert_eq!(g0.mode, GpuMode::Mig);
@@ -176,7 +176,7 @@ fn a_gpu_whose_set_up_cannot_be_known_is_not_placed_on() {
         "gpu-c",
         json!({"nvidia.com/mig.config": "all-1g.10gb"}),
     )];
-    let inv = from_nodes(&nodes, &BTreeMap::new(), &Catalog::builtin());
+    let inv = from_nodes(&nodes, &BTreeMap::new(), &[], &Catalog::builtin());
     let n = &inv.spec.nodes[0];
     assert_eq!(n.gpus.len(), 8);
     assert!(n.gpus.iter().all(|g| g.health == Health::Unhealthy));
@@ -193,7 +193,7 @@ fn a_gpu_whose_set_up_cannot_be_known_is_not_placed_on() {
 fn a_node_not_ready_has_no_usable_gpu() {
     let mut n = h100("gpu-d", json!({}));
     n.status.as_mut().unwrap().conditions.as_mut().unwrap()[1].status = "Unknown".into();
-    let inv = from_nodes(&[n], &BTreeMap::new(), &Catalog::builtin());
+    let inv = from_nodes(&[n], &BTreeMap::new(), &[], &Catalog::builtin());
     assert!(
         inv.spec.nodes[0]
             .gpus
@@ -221,7 +221,12 @@ fn unknown_products_and_bad_annotations_leave_the_node_out_with_the_reason() {
         "gpu-g",
         json!({"nvidia.com/gpu.product": "NVIDIA-RTX-9000"}),
     );
-    let inv = from_nodes(&[shared, bad, odd], &BTreeMap::new(), &Catalog::builtin());
+    let inv = from_nodes(
+        &[shared, bad, odd],
+        &BTreeMap::new(),
+        &[],
+        &Catalog::builtin(),
+    );
     let names: Vec<&str> = inv.spec.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["gpu-e"]);
     assert_eq!(
@@ -258,7 +263,8 @@ fn the_example_agent_reading_maps_onto_its_node() {
     )];
     let inv = from_nodes(
         &nodes,
-        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &BTreeMap::from([("gpu-a".to_string(), reading.clone())]),
+        &[],
         &Catalog::builtin(),
     );
     let c = cluster(&inv.spec);
@@ -271,4 +277,82 @@ fn the_example_agent_reading_maps_onto_its_node() {
         gpus[3].uuid.as_deref(),
         Some("GPU-5fd4bd05-0000-4d5b-9c5e-000000000003")
     );
+}
+
+fn pod(name: &str, model: &str, node: &str, limits: serde_json::Value, phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"gpuscale.io/model": model,
+                                               "app.kubernetes.io/managed-by": "gpuscale"}},
+        "spec": {"nodeName": node, "containers": [{"name": "model-server",
+                 "resources": {"limits": limits}}]},
+        "status": {"phase": phase}
+    }))
+    .unwrap()
+}
+
+/// gpuscale's pods say what runs where: one holding a `3g.40gb` instance
+/// runs on GPU 0's instance at slot 4; one holding two whole GPUs takes
+/// two free ones; a finished pod holds nothing.
+#[test]
+fn running_pods_are_the_gpus_workloads() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/agent-h100-node.yaml");
+    let reading: NodeGpus =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let nodes = [h100(
+        "gpu-a",
+        json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00"}),
+    )];
+    let pods = [
+        pod(
+            "a",
+            "llama-8b",
+            "gpu-a",
+            json!({"nvidia.com/mig-3g.40gb": "1"}),
+            "Running",
+        ),
+        pod(
+            "b",
+            "llama-70b",
+            "gpu-a",
+            json!({"nvidia.com/gpu": "2"}),
+            "Running",
+        ),
+        pod(
+            "c",
+            "old",
+            "gpu-a",
+            json!({"nvidia.com/gpu": "1"}),
+            "Succeeded",
+        ),
+        pod(
+            "d",
+            "elsewhere",
+            "gpu-z",
+            json!({"nvidia.com/gpu": "1"}),
+            "Running",
+        ),
+    ];
+    let held = holdings(&pods);
+    assert_eq!(held.len(), 3, "the finished pod holds nothing");
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &held,
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    let gpus = &c.nodes[0].gpus;
+    assert_eq!(gpus[0].workloads.len(), 1);
+    assert_eq!(gpus[0].workloads[0].model, "llama-8b");
+    assert_eq!(gpus[0].workloads[0].slot, Some(4));
+    // GPU 1 is the first free healthy one; GPU 7 (ECC errors) is never
+    // taken.
+    let whole: Vec<u32> = gpus
+        .iter()
+        .filter(|g| g.mode == GpuMode::Whole)
+        .map(|g| g.index)
+        .collect();
+    assert_eq!(whole, [1, 2]);
+    assert!(gpus[1].workloads.iter().all(|w| w.model == "llama-70b"));
 }

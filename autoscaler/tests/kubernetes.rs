@@ -1778,6 +1778,19 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
                               "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
+        // What gpuscale's pods hold: the MIG instance on GPU 0.
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/namespaces/inference/pods?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale",
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
+                {"metadata": {"name": "llama-x", "labels": {"gpuscale.io/model": "llama"}},
+                 "spec": {"nodeName": "gpu-a", "containers": [{"name": "model-server",
+                     "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]},
+                 "status": {"phase": "Running"}}]}),
+        )
+        .await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // The next tick, within 30 s: no rebuild.
         expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
@@ -1792,6 +1805,8 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
     assert_eq!(n.gpus.len(), 2);
     assert_eq!(n.gpus[0].mode, gpuscale_policies::GpuMode::Mig);
     assert_eq!(n.gpus[0].uuid.as_deref(), Some("GPU-a0"));
+    assert_eq!(n.gpus[0].workloads[0].model, "llama");
+    assert_eq!(n.gpus[0].workloads[0].slot, Some(0));
     assert_eq!(n.gpus[1].health, gpuscale_policies::Health::Unhealthy);
     let observed = backend
         .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
