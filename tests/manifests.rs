@@ -1255,34 +1255,13 @@ fn the_rbac_has_one_rule_per_resource_with_sorted_verbs() {
     }
 }
 
-/// The fields the controller applies to its Deployment for `model` with no
-/// cluster file (one whole-GPU variant named after the policy, as
-/// `backend::KubeBackend` builds it).
+/// The fields the controller applies to its Deployment for `model` before
+/// any plan (`kubernetes::whole_gpu_variant`).
 fn controller_deployment(
     model: &gpuscale_policies::Model,
     kube: &gpuscale_autoscaler::kubernetes::KubeSpec,
 ) -> Value {
-    let gpu_model = model.gpu_models.first().cloned().unwrap_or_default();
-    let node_selector = gpuscale_policies::Catalog::builtin()
-        .get(&gpu_model)
-        .map(|g| {
-            BTreeMap::from([(
-                gpuscale_packer::emit::PRODUCT_LABEL.to_string(),
-                g.product.clone(),
-            )])
-        })
-        .unwrap_or_default();
-    let variant = gpuscale_packer::Variant {
-        name: model.name.clone(),
-        gpu_model,
-        resources: BTreeMap::from([(
-            "nvidia.com/gpu".to_string(),
-            model.tensor_parallel.first().copied().unwrap_or(1),
-        )]),
-        node_selector,
-        annotations: BTreeMap::new(),
-        replicas: 1,
-    };
+    let variant = gpuscale_autoscaler::kubernetes::whole_gpu_variant(model, 1);
     serde_json::to_value(gpuscale_autoscaler::kubernetes::deployment(
         model, &variant, kube,
     ))

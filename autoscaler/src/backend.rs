@@ -314,30 +314,7 @@ impl KubeBackend {
         if let Some(mp) = plan.and_then(|p| p.models.iter().find(|m| m.name == model.name)) {
             return mp.variants.clone();
         }
-        // No plan means no cluster file, so the built-in catalogue is the
-        // one in effect.
-        let gpu_model = model.gpu_models.first().cloned().unwrap_or_default();
-        let node_selector = gpuscale_policies::Catalog::builtin()
-            .get(&gpu_model)
-            .map(|g| {
-                BTreeMap::from([(
-                    gpuscale_packer::emit::PRODUCT_LABEL.to_string(),
-                    g.product.clone(),
-                )])
-            })
-            .unwrap_or_default();
-        vec![Variant {
-            name: model.name.clone(),
-            gpu_model,
-            resources: [(
-                "nvidia.com/gpu".to_string(),
-                model.tensor_parallel.first().copied().unwrap_or(1),
-            )]
-            .into(),
-            node_selector,
-            annotations: BTreeMap::new(),
-            replicas,
-        }]
+        vec![crate::kubernetes::whole_gpu_variant(model, replicas)]
     }
 
     /// Still the leader now (the renew deadline has not passed since the

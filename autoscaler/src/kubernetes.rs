@@ -195,6 +195,35 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
     serde_json::from_value(value).expect("a well-formed Deployment")
 }
 
+/// The variant a model runs as before any plan: whole GPUs (its first
+/// tensor-parallel size) of the first GPU model it allows, on nodes of
+/// that product, named after the model. Without a plan there is no
+/// cluster file, so the built-in catalogue is the one in effect.
+pub fn whole_gpu_variant(model: &Model, replicas: u32) -> Variant {
+    let gpu_model = model.gpu_models.first().cloned().unwrap_or_default();
+    let node_selector = gpuscale_policies::Catalog::builtin()
+        .get(&gpu_model)
+        .map(|g| {
+            BTreeMap::from([(
+                gpuscale_packer::emit::PRODUCT_LABEL.to_string(),
+                g.product.clone(),
+            )])
+        })
+        .unwrap_or_default();
+    Variant {
+        name: model.name.clone(),
+        gpu_model,
+        resources: [(
+            "nvidia.com/gpu".to_string(),
+            model.tensor_parallel.first().copied().unwrap_or(1),
+        )]
+        .into(),
+        node_selector,
+        annotations: BTreeMap::new(),
+        replicas,
+    }
+}
+
 /// The name of the mig-parted ConfigMap gpuscale maintains.
 pub const MIG_CONFIGMAP: &str = "gpuscale-mig-parted-config";
 

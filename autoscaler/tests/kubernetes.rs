@@ -1164,6 +1164,21 @@ fn mig_pods(names: &[&str]) -> Value {
     json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
 }
 
+/// The reads that open a leader's tick within the retry period: the
+/// Deployments it owns (`llama` at 1), then the nodes with a MIG
+/// hand-off (`handoffs`).
+async fn next_tick(handle: &mut Handle, handoffs: Value) {
+    expect(
+        handle,
+        Method::GET,
+        OWNED,
+        200,
+        deployments(&[("llama", 1)]),
+    )
+    .await;
+    expect(handle, Method::GET, HANDOFFS, 200, handoffs).await;
+}
+
 /// A MIG hand-off is recorded on the node and carried on from there,
 /// tick by tick (so a restarted leader carries on too): evictions that a
 /// PodDisruptionBudget refuses (429) are retried, a pod already gone
@@ -1241,22 +1256,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
         .await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // Tick 2: the held pod again, now let go.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            HANDOFFS,
-            200,
-            nodes(vec![draining.clone()]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![draining.clone()])).await;
         expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&["a"])).await;
         let ev = expect(
             &mut handle,
@@ -1269,22 +1269,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
         assert_eq!(ev["metadata"]["name"], "a");
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // Tick 3: drained: the config is set, still cordoned.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            HANDOFFS,
-            200,
-            nodes(vec![draining.clone()]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![draining.clone()])).await;
         expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&[])).await;
         let p = expect(
             &mut handle,
@@ -1305,40 +1290,10 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
         assert!(p.get("spec").is_none(), "not uncordoned yet: {p}");
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // Tick 4: the MIG manager is at work (pending): nothing written.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            HANDOFFS,
-            200,
-            nodes(vec![configuring("pending")]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![configuring("pending")])).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // Tick 5: success: uncordoned, the record removed, an Event.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            HANDOFFS,
-            200,
-            nodes(vec![configuring("success")]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![configuring("success")])).await;
         let p = expect(
             &mut handle,
             Method::PATCH,
@@ -1363,22 +1318,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
         assert_eq!(ev["type"], "Normal");
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // Tick 6 (another node's story): failed: kept cordoned, a Warning.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            HANDOFFS,
-            200,
-            nodes(vec![configuring("failed")]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![configuring("failed")])).await;
         let p = expect(
             &mut handle,
             Method::PATCH,
