@@ -7,8 +7,9 @@
 #
 # No container engine runs on gpuscale's development and CI machines, so
 # this file is never built there: it is kept correct by reading it against
-# .ci/run, which builds the same binary the same way (the same Debian
-# packages for HiGHS, the same cargo profile). Change both together.
+# .ci/run, which builds the same code with the same Debian packages for
+# HiGHS and checks Cargo.lock is current (clippy --locked). CI builds the
+# test profile, not this release one (fat LTO). Change both together.
 
 # The toolchain .ci/run's machines build with; Debian 12, like the runtime
 # image, so the binary's glibc and libstdc++ are the runtime's.

@@ -413,6 +413,14 @@ fn every_namespaced_object_names_its_namespace() {
             let ns = o["metadata"]["namespace"].as_str();
             if cluster_scoped.contains(&kind(o)) {
                 assert_eq!(ns, None, "deploy/{target}: {}", describe(o));
+            } else if ns == Some("default") {
+                // Only the right to record Events about Nodes, which the
+                // API server takes only in `default`.
+                assert!(
+                    matches!(kind(o), "Role" | "RoleBinding") && name(o) == "gpuscale-node-events",
+                    "deploy/{target}: {} is in namespace default",
+                    describe(o)
+                );
             } else {
                 assert!(
                     matches!(ns, Some("gpuscale" | "gpu-operator")),
@@ -1192,10 +1200,15 @@ fn the_controller_runs_two_replicas_with_its_pod_name_as_identity() {
             })
             .map(|b| b["roleRef"]["name"].as_str().unwrap_or("").to_string())
             .collect();
-        let expected: BTreeSet<String> = ["gpuscale-controller", "gpuscale-mig", "gpuscale-nodes"]
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let expected: BTreeSet<String> = [
+            "gpuscale-controller",
+            "gpuscale-mig",
+            "gpuscale-node-events",
+            "gpuscale-nodes",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
         assert_eq!(bound, expected, "deploy/{target}");
     }
 }
@@ -1379,15 +1392,28 @@ fn the_sidecar_gateway_is_a_native_sidecar_fronting_the_model_server() {
             .unwrap();
         contains(live, &controller_deployment(&policy, &kube), "")
             .unwrap_or_else(|e| panic!("Deployment {}: {e}", dname(&d)));
-        // Nothing registers sidecar pods with a gateway: no model Service
-        // (label gpuscale.io/model) selects them.
+        // The model Service is the controller's (it counts the ready
+        // pods through its EndpointSlices); the controller registers
+        // nothing with the sidecars and packs nothing, so the Deployment
+        // above is the one it scales.
         for s in of_kind(objects, "Service") {
-            assert!(
-                s["metadata"]["labels"]["gpuscale.io/model"].is_null(),
-                "{}: a model Service in sidecar mode",
-                describe(s)
-            );
+            if s["metadata"]["labels"]["gpuscale.io/model"].is_null() {
+                continue;
+            }
+            let want =
+                serde_json::to_value(gpuscale_autoscaler::kubernetes::service(&policy, &kube))
+                    .unwrap();
+            assert_eq!(name(s), want["metadata"]["name"], "{}", describe(s));
+            assert_eq!(s["spec"]["selector"], want["spec"]["selector"]);
+            assert_eq!(s["spec"]["ports"], want["spec"]["ports"]);
         }
+        let config: Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(root().join("deploy/overlays/sidecar/autoscaler.yaml"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["spec"]["gateway"]["discover"]["register"], false);
+        assert_eq!(config["spec"]["kubernetes"]["pack"], false);
     }
     assert_eq!(sidecars, 1, "the sidecar example");
 }

@@ -413,13 +413,7 @@ impl KubeBackend {
             tracing::info!(object = %key, reason = %said.reason, "event dropped (over the per-object budget): {}", said.note);
             return;
         }
-        let ev = event_about(
-            regarding,
-            &said,
-            self.kube.spec(),
-            self.kube.identity(),
-            now,
-        );
+        let ev = event_about(regarding, &said, self.kube.identity(), now);
         if let Err(e) = self.kube.emit(&ev).await {
             tracing::warn!(object = %key, "recording an event: {e}");
         }

@@ -321,6 +321,12 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
             "must be above 0s and at most half of renewDeadline",
         );
     }
+    if !k.pack && spec.cluster.is_some() {
+        bad(
+            "spec.kubernetes.pack",
+            "false runs one Deployment per model and packs nothing: remove spec.cluster, or pack",
+        );
+    }
     if k.request_timeout.is_zero() {
         bad("spec.kubernetes.requestTimeout", "must be longer than 0s");
     }

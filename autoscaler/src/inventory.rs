@@ -10,7 +10,7 @@
 //! | `nvidia.com/gpu.memory` (MiB) | checked against the catalogue model |
 //! | `nvidia.com/mig.config`, `nvidia.com/mig.config.state` | whether MIG geometries are set (and settled) |
 //! | `topology.kubernetes.io/zone`, `gpuscale.io/rack`, `nvidia.com/gpu.clique` | zone, rack, NVLink domain |
-//! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for |
+//! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for (default `mig, whole`: what the controller sets up itself) |
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors |
 //! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits) | what runs where: a pod asking for `nvidia.com/mig-<profile>` takes an instance of that profile on its node, one asking for `nvidia.com/gpu: N` takes N whole GPUs |
@@ -250,7 +250,10 @@ pub fn from_nodes(
             .as_ref()
             .and_then(|a| a.get(SHARING))
         {
-            None => gpuscale_policies::inventory::node_sharing(),
+            // MIG and whole GPUs: what the controller sets up itself
+            // (time-slicing and MPS need the node's device-plugin config
+            // label, which it does not set).
+            None => vec![SharingMode::Mig, SharingMode::Whole],
             Some(list) => {
                 let parsed: Result<Vec<SharingMode>, String> = list
                     .split(',')
@@ -321,11 +324,38 @@ pub fn from_nodes(
                                 .collect();
                             state.geometry.sort_by_key(|p| p.start);
                         } else {
-                            state.health = Health::Unhealthy;
-                            note(format!(
-                                "GPU {index}: MIG instances without known placements: not \
-                                 placed on"
-                            ));
+                            // No start slots (the agent lacks the MIG
+                            // monitor capability): the first valid layout
+                            // of the same instances stands for them.
+                            let mut want: BTreeMap<String, u32> = BTreeMap::new();
+                            for i in &g.instances {
+                                *want
+                                    .entry(i.profile.split('+').next().unwrap_or_default().into())
+                                    .or_default() += 1;
+                            }
+                            let layout = gpu.mig.as_ref().and_then(|mig| {
+                                gpuscale_policies::mig::all_geometries(mig)
+                                    .into_iter()
+                                    .find(|geo| geo.counts() == want)
+                            });
+                            match layout {
+                                Some(geo) => {
+                                    state.mode = GpuMode::Mig;
+                                    state.geometry = geo.placements().to_vec();
+                                    note(format!(
+                                        "GPU {index}: MIG placements not read (no MIG monitor \
+                                         capability): taken as the first valid layout of its \
+                                         instances"
+                                    ));
+                                }
+                                None => {
+                                    state.health = Health::Unhealthy;
+                                    note(format!(
+                                        "GPU {index}: MIG instances without known placements \
+                                         and no valid layout of them: not placed on"
+                                    ));
+                                }
+                            }
                         }
                     }
                 }

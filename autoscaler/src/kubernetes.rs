@@ -87,6 +87,11 @@ pub struct KubeSpec {
     /// mig-parted ConfigMap (`gpuscale-mig-parted-config`; point the
     /// ClusterPolicy's `migManager.config.name` at it).
     pub gpu_operator_namespace: String,
+    /// Pack replicas with the packer (one Deployment per placement
+    /// variant, MIG geometries set on nodes). `false`: one Deployment per
+    /// model, named after its policy, scaled through `/scale` and nothing
+    /// else (sidecar mode: the Deployment you write, with its sidecar).
+    pub pack: bool,
 }
 
 impl Default for KubeSpec {
@@ -101,6 +106,7 @@ impl Default for KubeSpec {
             retry_period: Duration::from_secs(2),
             request_timeout: Duration::from_secs(4),
             gpu_operator_namespace: "gpu-operator".into(),
+            pack: true,
         }
     }
 }
@@ -313,17 +319,18 @@ pub struct Said {
 }
 
 /// An Event about `regarding`, reported by `identity`.
-pub fn event_about(
-    regarding: &Regarding,
-    said: &Said,
-    spec: &KubeSpec,
-    identity: &str,
-    now: Duration,
-) -> Event {
+pub fn event_about(regarding: &Regarding, said: &Said, identity: &str, now: Duration) -> Event {
     Event {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}.", regarding.name)),
-            namespace: Some(spec.namespace.clone()),
+            // The API server takes Events about cluster-scoped objects
+            // (Nodes) only in `default`.
+            namespace: Some(
+                regarding
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+            ),
             ..ObjectMeta::default()
         },
         event_time: Some(micro(now)),
@@ -360,7 +367,6 @@ pub fn event(
             note: rec.reason.clone(),
             warning: false,
         },
-        spec,
         identity,
         now,
     )
@@ -1022,15 +1028,20 @@ impl Kube {
 
     /// Creates an Event.
     pub async fn emit(&self, ev: &Event) -> Result<Option<Write>, KubeError> {
+        let ns = ev
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| self.ns().to_string());
         if let Some(w) = self.dry(Write {
             method: "POST",
-            path: format!("/apis/events.k8s.io/v1/namespaces/{}/events", self.ns()),
+            path: format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
             body: serde_json::to_value(ev)?,
         }) {
             return Ok(Some(w));
         }
         self.fenced()?;
-        let api: Api<Event> = Api::namespaced(self.client.clone(), self.ns());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
         self.call(
             || "create event".into(),
             api.create(&PostParams::default(), ev),

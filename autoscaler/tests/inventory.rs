@@ -356,3 +356,60 @@ fn running_pods_are_the_gpus_workloads() {
     assert_eq!(whole, [1, 2]);
     assert!(gpus[1].workloads.iter().all(|w| w.model == "llama-70b"));
 }
+
+/// An agent without the MIG monitor capability reads the instances but
+/// not their start slots: the first valid layout of the same instances
+/// stands for them, and the note says so.
+#[test]
+fn mig_instances_without_start_slots_take_the_first_valid_layout() {
+    let nodes = [h100(
+        "gpu-h",
+        json!({"nvidia.com/mig.config": "gpuscale-00a1b2c3d4"}),
+    )];
+    let instance = |profile: &str| InstanceReading {
+        profile: profile.into(),
+        start: None,
+        gpu_instance_id: None,
+        uuid: String::new(),
+        memory_total_mib: 0,
+        memory_used_mib: 0,
+    };
+    let reading = NodeGpus {
+        node: "gpu-h".into(),
+        driver_version: None,
+        gpus: vec![GpuReading {
+            index: 0,
+            uuid: "GPU-h0".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_total_mib: 81559,
+            memory_used_mib: 0,
+            mig_enabled: Some(true),
+            instances: vec![instance("3g.40gb"), instance("3g.40gb")],
+            ..GpuReading::default()
+        }],
+    };
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-h".to_string(), reading)]),
+        &[],
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    let g0 = &c.nodes[0].gpus[0];
+    assert_eq!(g0.mode, GpuMode::Mig);
+    assert_eq!(g0.health, Health::Healthy);
+    assert_eq!(g0.geometry.counts()["3g.40gb"], 2);
+    assert!(
+        inv.notes
+            .iter()
+            .any(|(_, w)| w.contains("first valid layout")),
+        "{:?}",
+        inv.notes
+    );
+    // The node's sharing, without an annotation: what the controller sets
+    // up itself.
+    assert_eq!(
+        inv.spec.nodes[0].sharing,
+        [SharingMode::Mig, SharingMode::Whole]
+    );
+}

@@ -170,6 +170,8 @@ const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelect
 const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-llama";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/inference/events?";
+/// Events about Nodes: the API server takes them only in `default`.
+const NODE_EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
 const STATUS: &str = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama/status?";
 const SERVICE: &str =
     "/api/v1/namespaces/inference/services/gpuscale-llama?&force=true&fieldManager=gpuscale";
@@ -1313,7 +1315,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
                 .unwrap()
                 .contains_key("gpuscale.io/mig-handoff-reason")
         );
-        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        let ev = expect(&mut handle, Method::POST, NODE_EVENTS, 201, event_reply()).await;
         assert_eq!(ev["regarding"]["kind"], "Node");
         assert_eq!(ev["type"], "Normal");
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
@@ -1335,7 +1337,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
                 .unwrap()
                 .contains("failed")
         );
-        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        let ev = expect(&mut handle, Method::POST, NODE_EVENTS, 201, event_reply()).await;
         assert_eq!(ev["type"], "Warning");
         assert_eq!(ev["reason"], "MIGConfigFailed");
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
@@ -1901,11 +1903,12 @@ scenarios!(
 /// POST: `create`; PUT: `update`; PATCH: `patch`, and a server-side apply
 /// that may create the object also needs `create`), the resource with its
 /// subresource, and where: the controller's namespace (`inference` in the
-/// scenarios), the GPU Operator's, or cluster-wide.
+/// scenarios), the GPU Operator's, `default` (Events about Nodes), or
+/// cluster-wide.
 mod rbac {
     use super::*;
 
-    /// (scope, apiGroup, resource, verb); scope is `namespace`,
+    /// (scope, apiGroup, resource, verb); scope is `namespace`, `default`,
     /// `gpu-operator` or `cluster`.
     pub type Rule = (String, String, String, String);
 
@@ -1921,11 +1924,13 @@ mod rbac {
                 other => panic!("not an API path: {other}"),
             };
             let (scope, rest) = if rest[0] == "namespaces" && rest.len() > 2 {
-                let scope = if rest[1] == "gpu-operator" {
-                    "gpu-operator"
-                } else {
-                    assert_eq!(rest[1], "inference", "{path}");
-                    "namespace"
+                let scope = match rest[1] {
+                    "gpu-operator" => "gpu-operator",
+                    "default" => "default",
+                    other => {
+                        assert_eq!(other, "inference", "{path}");
+                        "namespace"
+                    }
                 };
                 (scope, &rest[2..])
             } else {
@@ -1970,6 +1975,7 @@ mod rbac {
             let scope = match kind {
                 "ClusterRole" => "cluster".to_string(),
                 "Role" if v["metadata"]["namespace"] == "gpu-operator" => "gpu-operator".into(),
+                "Role" if v["metadata"]["namespace"] == "default" => "default".into(),
                 "Role" => "namespace".into(),
                 _ => continue,
             };

@@ -240,7 +240,7 @@ impl Loop {
                 // Without a cluster file the inventory comes from the
                 // nodes (GPU Feature Discovery's labels, the node agents'
                 // readings); a cluster file overrides it.
-                if settings.cluster.is_none() {
+                if settings.cluster.is_none() && settings.spec.kubernetes.pack {
                     kube_backend = kube_backend.inventory_from_nodes();
                 }
                 if let Some(d) = &settings.spec.gateway.discover {
