@@ -75,6 +75,19 @@ fn ready(node: &Node) -> bool {
         .is_some_and(|c| c.status == "True")
 }
 
+/// A free, healthy GPU with nothing known about it: what a node spec's
+/// missing `gpus` entry stands for.
+fn free_gpu(index: u32) -> GpuState {
+    GpuState {
+        index,
+        health: Health::Healthy,
+        mode: GpuMode::Free,
+        geometry: Vec::new(),
+        workloads: Vec::new(),
+        uuid: None,
+    }
+}
+
 /// What a running pod holds: its model and device requests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Holding {
@@ -137,14 +150,7 @@ fn place_holdings(node: &mut NodeSpec, held: &[&Holding], notes: &mut Vec<(Strin
         if let Some(i) = gpus.iter().position(|g| g.index == index) {
             return i;
         }
-        gpus.push(GpuState {
-            index,
-            health: Health::Healthy,
-            mode: GpuMode::Free,
-            geometry: Vec::new(),
-            workloads: Vec::new(),
-            uuid: None,
-        });
+        gpus.push(free_gpu(index));
         gpus.len() - 1
     };
     for h in held {
@@ -369,15 +375,7 @@ pub fn from_nodes(
                 }
                 None => {}
             }
-            let default = GpuState {
-                index,
-                health: Health::Healthy,
-                mode: GpuMode::Free,
-                geometry: Vec::new(),
-                workloads: Vec::new(),
-                uuid: None,
-            };
-            if state != default {
+            if state != free_gpu(index) {
                 gpus.push(state);
             }
         }

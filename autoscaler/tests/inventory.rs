@@ -247,12 +247,9 @@ fn unknown_products_and_bad_annotations_leave_the_node_out_with_the_reason() {
     cluster(&inv.spec);
 }
 
-/// The reading `gpuscale agent --fake` serves in the repository's
-/// example (`tests/data/agent-h100-node.yaml`) beside its node: GPU 0's
-/// three MIG instances are its geometry, GPU 7's ECC errors keep the
-/// packer off it.
-#[test]
-fn the_example_agent_reading_maps_onto_its_node() {
+/// The example reading (`tests/data/agent-h100-node.yaml`, what
+/// `gpuscale agent --fake` serves) and its node, MIG-configured.
+fn example() -> ([Node; 1], NodeGpus) {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/agent-h100-node.yaml");
     let reading: NodeGpus =
@@ -261,6 +258,16 @@ fn the_example_agent_reading_maps_onto_its_node() {
         "gpu-a",
         json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00"}),
     )];
+    (nodes, reading)
+}
+
+/// The reading `gpuscale agent --fake` serves in the repository's
+/// example (`tests/data/agent-h100-node.yaml`) beside its node: GPU 0's
+/// three MIG instances are its geometry, GPU 7's ECC errors keep the
+/// packer off it.
+#[test]
+fn the_example_agent_reading_maps_onto_its_node() {
+    let (nodes, reading) = example();
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading.clone())]),
@@ -295,14 +302,7 @@ fn pod(name: &str, model: &str, node: &str, limits: serde_json::Value, phase: &s
 /// two free ones; a finished pod holds nothing.
 #[test]
 fn running_pods_are_the_gpus_workloads() {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/agent-h100-node.yaml");
-    let reading: NodeGpus =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let nodes = [h100(
-        "gpu-a",
-        json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00"}),
-    )];
+    let (nodes, reading) = example();
     let pods = [
         pod(
             "a",
