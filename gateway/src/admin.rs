@@ -29,6 +29,10 @@ struct ReplicaRequest {
     endpoint: String,
     #[serde(default)]
     max_concurrency: Option<u32>,
+    /// LoRA adapters the replica has loaded (names from the model's
+    /// `adapters`): requests for them prefer it.
+    #[serde(default)]
+    adapters: Option<Vec<String>>,
 }
 
 fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
@@ -175,7 +179,9 @@ pub async fn handle(
                     return error_response(
                         StatusCode::BAD_REQUEST,
                         "invalid_request_error",
-                        &format!("expected {{\"model\", \"endpoint\", \"maxConcurrency\"?}}: {e}"),
+                        &format!(
+                            "expected {{\"model\", \"endpoint\", \"maxConcurrency\"?, \"adapters\"?}}: {e}"
+                        ),
                     );
                 }
             };
@@ -203,9 +209,23 @@ pub async fn handle(
                     &format!("The model `{}` is not configured", r.model),
                 )
             };
+            if let (Some(adapters), Some(m)) = (&r.adapters, shared.models.get(&r.model))
+                && let Some(bad) = adapters.iter().find(|a| m.adapter_id(a).is_none())
+            {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("adapters: `{bad}` is not an adapter of `{}`", r.model),
+                );
+            }
             if register {
-                match shared.register(&r.model, endpoint, r.max_concurrency) {
-                    Ok(_) => json(StatusCode::OK, &shared.replicas(&r.model)),
+                match shared.register(&r.model, endpoint.clone(), r.max_concurrency) {
+                    Ok(_) => {
+                        if let Some(adapters) = &r.adapters {
+                            let _ = shared.set_replica_adapters(&r.model, &endpoint, adapters);
+                        }
+                        json(StatusCode::OK, &shared.replicas(&r.model))
+                    }
                     Err(RegisterError::UnknownModel) => unknown(),
                     Err(e @ RegisterError::TooMany(_)) => error_response(
                         StatusCode::CONFLICT,

@@ -1,6 +1,7 @@
 //! Admission and balancing for one model, as a pure state machine: which
-//! replica a request goes to (least outstanding among replicas with free
-//! capacity and not ejected), who waits (a FIFO per priority class, bounded),
+//! replica a request goes to (among replicas with free capacity and not
+//! ejected, by [`crate::affinity::choose`]: the owner of its prefix within
+//! bounded loads, else the least outstanding), who waits (a FIFO per priority class, bounded),
 //! who is handed the slot a finished request frees (critical first, then
 //! standard, then sheddable, each first in first out), and which replicas
 //! are ejected after repeated failures.
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpuscale_policies::model::Priority;
 
+use crate::affinity::{self, Balance, Candidate, Hint, Reason};
 use crate::config::Endpoint;
 
 /// A replica's identity for the lifetime of the gateway (indices shift when
@@ -40,12 +42,38 @@ pub struct Replica {
     pub draining: bool,
     /// Requests waiting inside the model server, from its own metrics.
     pub server_waiting: u32,
+    /// Its [`affinity::tag`] (the same in every gateway).
+    pub tag: u64,
+    /// KV-cache utilisation from its metrics, 0–1 (0 when unknown).
+    pub kv: f64,
+    /// Adapters it has: configured or registered (no expiry), or seen in
+    /// its metrics (until the instant given).
+    pub adapters: Vec<(u16, Option<Instant>)>,
 }
 
 impl Replica {
     fn available(&self, now: Instant) -> bool {
         !self.draining && self.in_flight < self.limit && self.ejected_until.is_none_or(|t| t <= now)
     }
+
+    fn has_adapter(&self, adapter: Option<u16>, now: Instant) -> bool {
+        adapter.is_some_and(|a| {
+            self.adapters
+                .iter()
+                .any(|&(x, until)| x == a && until.is_none_or(|t| t > now))
+        })
+    }
+}
+
+/// A slot taken on a replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slot {
+    /// The replica.
+    pub replica: ReplicaId,
+    /// Its address.
+    pub endpoint: Endpoint,
+    /// Why it was chosen.
+    pub reason: Reason,
 }
 
 /// Replicas in one state, summed.
@@ -97,7 +125,8 @@ pub enum Enqueued<W> {
 #[derive(Debug)]
 pub struct Pool<W> {
     replicas: Vec<Replica>,
-    queues: [VecDeque<(u64, W)>; 3],
+    queues: [VecDeque<(u64, Hint, W)>; 3],
+    balance: Balance,
     max_queue: usize,
     default_limit: u32,
     next_id: u64,
@@ -112,11 +141,17 @@ impl<W> Pool<W> {
         Pool {
             replicas: Vec::new(),
             queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            balance: Balance::default(),
             max_queue,
             default_limit: default_limit.max(1),
             next_id: 0,
             cursor: 0,
         }
+    }
+
+    /// Sets how requests are spread over the replicas.
+    pub fn set_balance(&mut self, balance: Balance) {
+        self.balance = balance;
     }
 
     /// The replicas (draining ones included).
@@ -190,13 +225,16 @@ impl<W> Pool<W> {
         self.next_id += 1;
         self.replicas.push(Replica {
             id,
-            endpoint,
             in_flight: 0,
             limit,
             failures: 0,
             ejected_until: None,
             draining: false,
             server_waiting: 0,
+            tag: affinity::tag(endpoint.authority()),
+            kv: 0.0,
+            adapters: Vec::new(),
+            endpoint,
         });
         id
     }
@@ -215,62 +253,71 @@ impl<W> Pool<W> {
         true
     }
 
-    /// Takes a slot on the least loaded available replica, if any and if
-    /// nobody is waiting (waiters go first).
-    pub fn acquire(&mut self, now: Instant) -> Option<(ReplicaId, Endpoint)> {
+    /// Takes a slot on the replica the balance chooses for `hint`, if one
+    /// is available and nobody is waiting (waiters go first).
+    pub fn acquire(&mut self, now: Instant, hint: Hint) -> Option<Slot> {
         if self.waiting() > 0 {
             return None;
         }
-        self.take_slot(now, &[])
+        self.take_slot(now, &[], hint)
     }
 
     /// Like [`Pool::acquire`], avoiding some replicas (a retry after a
     /// failed connect), and ignoring waiters (the request already left the
     /// queue).
-    pub fn acquire_other(
-        &mut self,
-        now: Instant,
-        avoid: &[ReplicaId],
-    ) -> Option<(ReplicaId, Endpoint)> {
-        self.take_slot(now, avoid)
+    pub fn acquire_other(&mut self, now: Instant, avoid: &[ReplicaId], hint: Hint) -> Option<Slot> {
+        self.take_slot(now, avoid, hint)
     }
 
-    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId]) -> Option<(ReplicaId, Endpoint)> {
-        let n = self.replicas.len();
-        let mut best: Option<usize> = None;
-        for k in 0..n {
-            let i = (self.cursor + k) % n;
-            if self.replicas[i].ejected_until.is_some_and(|t| t <= now) {
-                self.replicas[i].ejected_until = None;
+    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId], hint: Hint) -> Option<Slot> {
+        let mut index = Vec::with_capacity(self.replicas.len());
+        let mut cands = Vec::with_capacity(self.replicas.len());
+        for (i, r) in self.replicas.iter_mut().enumerate() {
+            if r.ejected_until.is_some_and(|t| t <= now) {
+                r.ejected_until = None;
             }
-            let r = &self.replicas[i];
-            if !r.available(now) || avoid.contains(&r.id) {
+            if r.draining || r.ejected_until.is_some() {
                 continue;
             }
-            let load = |r: &Replica| u64::from(r.in_flight) + u64::from(r.server_waiting);
-            if best.is_none_or(|b| load(r) < load(&self.replicas[b])) {
-                best = Some(i);
-            }
+            index.push(i);
+            cands.push(Candidate {
+                tag: r.tag,
+                load: u64::from(r.in_flight) + u64::from(r.server_waiting),
+                limit: r.limit,
+                kv: r.kv,
+                available: r.available(now) && !avoid.contains(&r.id),
+                has_adapter: r.has_adapter(hint.adapter, now),
+            });
         }
-        let i = best?;
-        self.cursor = (i + 1) % n.max(1);
-        let r = &mut self.replicas[i];
+        let start = if cands.is_empty() {
+            0
+        } else {
+            self.cursor % cands.len()
+        };
+        let choice = affinity::choose(&self.balance, &cands, hint, start)?;
+        self.cursor = choice.index + 1;
+        let r = &mut self.replicas[index[choice.index]];
         r.in_flight += 1;
-        Some((r.id, r.endpoint.clone()))
+        Some(Slot {
+            replica: r.id,
+            endpoint: r.endpoint.clone(),
+            reason: choice.reason,
+        })
     }
 
     /// Queues a waiter with an id the caller chose (to find it again on
     /// timeout).
-    pub fn enqueue(&mut self, id: u64, priority: Priority, waiter: W) -> Enqueued<W> {
+    /// `hint` is kept for the choice of its replica when a slot frees.
+    pub fn enqueue(&mut self, id: u64, priority: Priority, hint: Hint, waiter: W) -> Enqueued<W> {
         let class = class_index(priority);
         if self.waiting() < self.max_queue {
-            self.queues[class].push_back((id, waiter));
+            self.queues[class].push_back((id, hint, waiter));
             return Enqueued::Waiting;
         }
         // Full: a lower class gives up its newest waiter.
         for lower in (class + 1..3).rev() {
-            if let Some((_, out)) = self.queues[lower].pop_back() {
-                self.queues[class].push_back((id, waiter));
+            if let Some((_, _, out)) = self.queues[lower].pop_back() {
+                self.queues[class].push_back((id, hint, waiter));
                 return Enqueued::Displaced(out);
             }
         }
@@ -281,8 +328,8 @@ impl<W> Pool<W> {
     /// queued (it was granted a slot or displaced).
     pub fn remove_waiter(&mut self, id: u64) -> Option<W> {
         for q in &mut self.queues {
-            if let Some(i) = q.iter().position(|(w, _)| *w == id) {
-                return q.remove(i).map(|(_, w)| w);
+            if let Some(i) = q.iter().position(|(w, _, _)| *w == id) {
+                return q.remove(i).map(|(_, _, w)| w);
             }
         }
         None
@@ -303,19 +350,15 @@ impl<W> Pool<W> {
     /// Hands free slots to waiters, most important class first, each class
     /// in arrival order. The caller delivers each grant; a waiter that is
     /// gone hands its slot back through [`Pool::release`].
-    pub fn dispatch(&mut self, now: Instant) -> Vec<(W, ReplicaId, Endpoint)> {
+    pub fn dispatch(&mut self, now: Instant) -> Vec<(W, Slot)> {
         let mut out = Vec::new();
-        while self.waiting() > 0 {
-            let Some((id, endpoint)) = self.take_slot(now, &[]) else {
+        while let Some(class) = self.queues.iter().position(|q| !q.is_empty()) {
+            let hint = self.queues[class].front().expect("non-empty").1;
+            let Some(slot) = self.take_slot(now, &[], hint) else {
                 break;
             };
-            let q = self
-                .queues
-                .iter_mut()
-                .find(|q| !q.is_empty())
-                .expect("waiting() > 0");
-            let (_, w) = q.pop_front().expect("non-empty");
-            out.push((w, id, endpoint));
+            let (_, _, w) = self.queues[class].pop_front().expect("non-empty");
+            out.push((w, slot));
         }
         out
     }
@@ -357,10 +400,41 @@ impl<W> Pool<W> {
             .count()
     }
 
-    /// Sets what a replica's own metrics say waits inside it.
-    pub fn set_server_waiting(&mut self, endpoint: &Endpoint, waiting: u32) {
+    /// Sets what a replica's own metrics say: requests waiting inside it,
+    /// its KV-cache utilisation (when reported) and the adapters they show
+    /// (each counted as loaded until `seen_until`).
+    pub fn set_server_state(
+        &mut self,
+        endpoint: &Endpoint,
+        waiting: u32,
+        kv: Option<f64>,
+        adapters: &[u16],
+        seen_until: Instant,
+    ) {
         if let Some(r) = self.replicas.iter_mut().find(|r| &r.endpoint == endpoint) {
             r.server_waiting = waiting;
+            if let Some(kv) = kv {
+                r.kv = kv.clamp(0.0, 1.0);
+            }
+            for &a in adapters {
+                match r.adapters.iter_mut().find(|(x, _)| *x == a) {
+                    Some((_, None)) => {}
+                    Some((_, until)) => *until = Some(seen_until),
+                    None => r.adapters.push((a, Some(seen_until))),
+                }
+            }
+        }
+    }
+
+    /// Sets the adapters a replica has for sure (configured, or given when
+    /// it registered); those seen only in its metrics stay.
+    pub fn set_adapters(&mut self, endpoint: &Endpoint, adapters: &[u16]) {
+        if let Some(r) = self.replicas.iter_mut().find(|r| &r.endpoint == endpoint) {
+            r.adapters.retain(|(_, until)| until.is_some());
+            for &a in adapters {
+                r.adapters.retain(|(x, _)| *x != a);
+                r.adapters.push((a, None));
+            }
         }
     }
 }
@@ -379,16 +453,20 @@ mod tests {
         let mut p: Pool<u32> = Pool::new(10, 2);
         let a = p.add_replica(ep(1), None);
         let b = p.add_replica(ep(2), None);
-        let first = p.acquire(now).unwrap().0;
-        let second = p.acquire(now).unwrap().0;
+        let first = p.acquire(now, Hint::default()).unwrap().replica;
+        let second = p.acquire(now, Hint::default()).unwrap().replica;
         assert_ne!(first, second, "the idle replica goes second");
-        let third = p.acquire(now).unwrap().0;
-        let fourth = p.acquire(now).unwrap().0;
+        let third = p.acquire(now, Hint::default()).unwrap().replica;
+        let fourth = p.acquire(now, Hint::default()).unwrap().replica;
         assert_ne!(third, fourth);
-        assert_eq!(p.acquire(now), None, "both at their limit of 2");
+        assert_eq!(
+            p.acquire(now, Hint::default()),
+            None,
+            "both at their limit of 2"
+        );
         assert_eq!(p.in_flight(), 4);
         p.release(a);
-        assert_eq!(p.acquire(now).unwrap().0, a);
+        assert_eq!(p.acquire(now, Hint::default()).unwrap().replica, a);
         let _ = b;
     }
 
@@ -397,12 +475,24 @@ mod tests {
         let now = Instant::now();
         let mut p: Pool<&str> = Pool::new(10, 1);
         let a = p.add_replica(ep(1), None);
-        p.acquire(now).unwrap();
-        assert_eq!(p.enqueue(1, Priority::Sheddable, "s1"), Enqueued::Waiting);
-        assert_eq!(p.enqueue(2, Priority::Standard, "n1"), Enqueued::Waiting);
-        assert_eq!(p.enqueue(3, Priority::Critical, "c1"), Enqueued::Waiting);
-        assert_eq!(p.enqueue(4, Priority::Standard, "n2"), Enqueued::Waiting);
-        assert_eq!(p.acquire(now), None, "waiters go first");
+        p.acquire(now, Hint::default()).unwrap();
+        assert_eq!(
+            p.enqueue(1, Priority::Sheddable, Hint::default(), "s1"),
+            Enqueued::Waiting
+        );
+        assert_eq!(
+            p.enqueue(2, Priority::Standard, Hint::default(), "n1"),
+            Enqueued::Waiting
+        );
+        assert_eq!(
+            p.enqueue(3, Priority::Critical, Hint::default(), "c1"),
+            Enqueued::Waiting
+        );
+        assert_eq!(
+            p.enqueue(4, Priority::Standard, Hint::default(), "n2"),
+            Enqueued::Waiting
+        );
+        assert_eq!(p.acquire(now, Hint::default()), None, "waiters go first");
         let mut order = Vec::new();
         for _ in 0..4 {
             p.release(a);
@@ -416,15 +506,27 @@ mod tests {
     #[test]
     fn a_full_queue_rejects_or_displaces_a_lower_class() {
         let mut p: Pool<u32> = Pool::new(2, 1);
-        assert_eq!(p.enqueue(1, Priority::Sheddable, 1), Enqueued::Waiting);
-        assert_eq!(p.enqueue(2, Priority::Standard, 2), Enqueued::Waiting);
         assert_eq!(
-            p.enqueue(3, Priority::Standard, 3),
+            p.enqueue(1, Priority::Sheddable, Hint::default(), 1),
+            Enqueued::Waiting
+        );
+        assert_eq!(
+            p.enqueue(2, Priority::Standard, Hint::default(), 2),
+            Enqueued::Waiting
+        );
+        assert_eq!(
+            p.enqueue(3, Priority::Standard, Hint::default(), 3),
             Enqueued::Displaced(1),
             "the sheddable one makes room"
         );
-        assert_eq!(p.enqueue(4, Priority::Standard, 4), Enqueued::Rejected(4));
-        assert_eq!(p.enqueue(5, Priority::Sheddable, 5), Enqueued::Rejected(5));
+        assert_eq!(
+            p.enqueue(4, Priority::Standard, Hint::default(), 4),
+            Enqueued::Rejected(4)
+        );
+        assert_eq!(
+            p.enqueue(5, Priority::Sheddable, Hint::default(), 5),
+            Enqueued::Rejected(5)
+        );
         assert_eq!(p.waiting(), 2);
         assert_eq!(p.remove_waiter(2), Some(2));
         assert_eq!(p.remove_waiter(2), None);
@@ -441,11 +543,19 @@ mod tests {
         assert!(p.record_failure(a, now, 2, Duration::from_secs(5)));
         assert_eq!(p.ejected(now), 1);
         for _ in 0..4 {
-            assert_eq!(p.acquire(now).unwrap().0, b);
+            assert_eq!(p.acquire(now, Hint::default()).unwrap().replica, b);
         }
-        assert_eq!(p.acquire(now), None, "a is ejected, b is full");
+        assert_eq!(
+            p.acquire(now, Hint::default()),
+            None,
+            "a is ejected, b is full"
+        );
         let later = now + Duration::from_secs(6);
-        assert_eq!(p.acquire(later).unwrap().0, a, "back after the cool-off");
+        assert_eq!(
+            p.acquire(later, Hint::default()).unwrap().replica,
+            a,
+            "back after the cool-off"
+        );
     }
 
     #[test]
@@ -453,12 +563,12 @@ mod tests {
         let now = Instant::now();
         let mut p: Pool<u32> = Pool::new(10, 4);
         let a = p.add_replica(ep(1), None);
-        p.acquire(now).unwrap();
+        p.acquire(now, Hint::default()).unwrap();
         assert!(p.remove_replica(&ep(1)));
         assert_eq!(p.ready_replicas(), 0);
         assert_eq!(p.replicas().len(), 1, "draining");
         assert_eq!(
-            p.acquire(now),
+            p.acquire(now, Hint::default()),
             None,
             "no new requests to a draining replica"
         );
@@ -472,7 +582,7 @@ mod tests {
         let mut p: Pool<u32> = Pool::new(10, 2);
         for i in 0..3 {
             assert_eq!(
-                p.enqueue(i, Priority::Standard, i as u32),
+                p.enqueue(i, Priority::Standard, Hint::default(), i as u32),
                 Enqueued::Waiting
             );
         }
@@ -490,9 +600,9 @@ mod tests {
         let a = p.add_replica(ep(1), Some(8));
         let b = p.add_replica(ep(2), Some(8));
         p.add_replica(ep(3), Some(4));
-        p.acquire(now).unwrap();
-        p.acquire(now).unwrap();
-        p.acquire(now).unwrap();
+        p.acquire(now, Hint::default()).unwrap();
+        p.acquire(now, Hint::default()).unwrap();
+        p.acquire(now, Hint::default()).unwrap();
         assert!(p.record_failure(b, now, 1, Duration::from_secs(10)));
         p.remove_replica(&ep(1));
         let c = p.census(now);

@@ -74,6 +74,9 @@ pub struct GatewaySpec {
     /// Upstream behaviour: retries, ejection, metrics scraping.
     #[serde(default)]
     pub upstream: UpstreamSpec,
+    /// How requests are spread over a model's replicas.
+    #[serde(default)]
+    pub routing: RoutingSpec,
     /// Queue defaults for every model.
     #[serde(default)]
     pub queue: QueueSpec,
@@ -286,6 +289,76 @@ impl Default for UpstreamSpec {
     }
 }
 
+/// How requests are spread over a model's replicas
+/// ([`crate::affinity`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RoutingSpec {
+    /// `prefix` (prefix affinity with bounded loads, least-outstanding
+    /// without a prefix), `least-outstanding` or `round-robin`.
+    pub policy: crate::affinity::Policy,
+    /// Bytes per block of the prompt.
+    pub block_bytes: usize,
+    /// Leading blocks the affinity key covers.
+    pub affinity_blocks: usize,
+    /// `1 + ε` of bounded loads: a replica takes a request while its load
+    /// stays within this many times its share of the model's load.
+    pub load_factor: f64,
+    /// The load bound is never below this many requests.
+    pub spill_floor: u32,
+    /// KV-cache utilisation (0–1, from the replica's metrics) at which a
+    /// replica is passed over like one at its bound.
+    pub kv_spill: f64,
+    /// Adds `x-gpuscale-route: <reason>; replica=<tag>` to responses.
+    pub explain: bool,
+    /// How long an adapter seen in a replica's metrics counts as loaded
+    /// there.
+    #[serde(with = "humantime_serde")]
+    pub adapter_memory: Duration,
+}
+
+impl Default for RoutingSpec {
+    fn default() -> Self {
+        let b = crate::affinity::Balance::default();
+        RoutingSpec {
+            policy: b.policy,
+            block_bytes: b.block_bytes,
+            affinity_blocks: b.affinity_blocks,
+            load_factor: b.load_factor,
+            spill_floor: b.spill_floor,
+            kv_spill: b.kv_spill,
+            explain: false,
+            adapter_memory: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RoutingSpec {
+    /// The balance these settings give, or the first field out of range.
+    pub fn balance(&self) -> Result<crate::affinity::Balance, String> {
+        if !(16..=1 << 20).contains(&self.block_bytes) {
+            return Err("spec.routing.blockBytes: must be between 16 and 1048576".into());
+        }
+        if !(1..=4096).contains(&self.affinity_blocks) {
+            return Err("spec.routing.affinityBlocks: must be between 1 and 4096".into());
+        }
+        if !(self.load_factor >= 1.0 && self.load_factor <= 100.0) {
+            return Err("spec.routing.loadFactor: must be between 1 and 100".into());
+        }
+        if !(self.kv_spill > 0.0 && self.kv_spill <= 1.0) {
+            return Err("spec.routing.kvSpill: must be above 0 and at most 1".into());
+        }
+        Ok(crate::affinity::Balance {
+            policy: self.policy,
+            block_bytes: self.block_bytes,
+            affinity_blocks: self.affinity_blocks,
+            load_factor: self.load_factor,
+            spill_floor: self.spill_floor,
+            kv_spill: self.kv_spill,
+        })
+    }
+}
+
 /// Queue bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -351,6 +424,11 @@ pub struct ModelSpec {
     /// Model-server metrics to scrape from each replica.
     #[serde(default)]
     pub metrics: MetricsFormat,
+    /// LoRA adapters served by this model's replicas: a request naming one
+    /// as its `model` goes to this model's pool, preferring replicas that
+    /// have it loaded.
+    #[serde(default)]
+    pub adapters: Vec<String>,
 }
 
 /// Sidecar mode.
@@ -385,6 +463,8 @@ pub struct ModelSettings {
     pub replicas: Vec<Endpoint>,
     /// Model-server metrics format.
     pub metrics: MetricsFormat,
+    /// LoRA adapters its replicas serve.
+    pub adapters: Vec<String>,
     /// The policy's SLO targets: each request is counted as meeting or
     /// missing them (`gpuscale_slo_requests_total`).
     pub slo: SloSeconds,
@@ -424,6 +504,7 @@ impl ModelSettings {
             priority: Priority::Standard,
             replicas: Vec::new(),
             metrics: MetricsFormat::None,
+            adapters: Vec::new(),
             slo: SloSeconds::default(),
         }
     }
@@ -549,6 +630,8 @@ pub struct Settings {
     pub registration: registration::Rules,
     /// Where priority classes come from.
     pub priorities: priority::Rules,
+    /// How requests are spread over replicas.
+    pub balance: crate::affinity::Balance,
 }
 
 fn hex_digest(s: &str) -> Option<[u8; 32]> {
@@ -597,6 +680,7 @@ impl Settings {
                     priority: p.priority,
                     replicas: Vec::new(),
                     metrics: MetricsFormat::None,
+                    adapters: p.adapters.clone(),
                     slo: SloSeconds::of(&p.slo),
                 },
             );
@@ -628,6 +712,11 @@ impl Settings {
                     priority: m.priority.unwrap_or(base.priority),
                     replicas,
                     metrics: m.metrics,
+                    adapters: if m.adapters.is_empty() {
+                        base.adapters
+                    } else {
+                        m.adapters.clone()
+                    },
                     slo: base.slo,
                 },
             );
@@ -651,6 +740,27 @@ impl Settings {
                 ));
             }
         }
+        let mut names: BTreeMap<&str, String> = models
+            .keys()
+            .map(|k| (k.as_str(), format!("the model `{k}`")))
+            .collect();
+        for m in models.values() {
+            for a in &m.adapters {
+                if a.trim().is_empty() {
+                    return Err(format!("adapters of `{}`: a name is empty", m.name));
+                }
+                if let Some(other) = names.insert(a, format!("an adapter of `{}`", m.name)) {
+                    return Err(format!(
+                        "adapters of `{}`: `{a}` is already {other}",
+                        m.name
+                    ));
+                }
+            }
+            if m.adapters.len() > usize::from(u16::MAX) {
+                return Err(format!("adapters of `{}`: at most 65535", m.name));
+            }
+        }
+        let balance = spec.routing.balance()?;
         if spec.workers == Some(0) {
             return Err("spec.workers: must be at least 1".into());
         }
@@ -725,6 +835,7 @@ impl Settings {
             admin_token,
             registration,
             priorities,
+            balance,
         })
     }
 }

@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod affinity;
 pub mod auth;
 pub mod client_io;
 pub mod config;

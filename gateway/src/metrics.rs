@@ -41,7 +41,9 @@ pub struct SloLabels {
 pub struct ReasonLabels {
     /// Served model name.
     pub model: String,
-    /// `queue_full`, `queue_timeout`, `displaced`, `shutting_down`.
+    /// Rejections: `queue_full`, `queue_timeout`, `displaced`,
+    /// `shutting_down`; route decisions: `affinity`, `spill`,
+    /// `least-loaded`, `adapter`, `round-robin`.
     pub reason: String,
 }
 
@@ -107,6 +109,7 @@ pub fn exposition() -> String {
         scale_signals,
         queue_limit,
         slo,
+        route_decisions,
     } = &m;
     let model = ModelLabel {
         model: "example".into(),
@@ -127,6 +130,10 @@ pub fn exposition() -> String {
     let _ = rejections.get_or_create(&ReasonLabels {
         model: "example".into(),
         reason: "queue_full".into(),
+    });
+    let _ = route_decisions.get_or_create(&ReasonLabels {
+        model: "example".into(),
+        reason: "affinity".into(),
     });
     let _ = slo.get_or_create(&SloLabels {
         model: "example".into(),
@@ -174,6 +181,9 @@ pub struct Metrics {
     /// `gpuscale_slo_requests_total{model,slo,result}`: requests against
     /// the policy's targets (the good and bad events of an SLO).
     pub slo: Family<SloLabels, Counter>,
+    /// `gpuscale_route_decisions_total{model,reason}`: why each request's
+    /// replica was chosen.
+    pub route_decisions: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -192,6 +202,7 @@ impl Metrics {
             scale_signals: Family::default(),
             queue_limit: Family::default(),
             slo: Family::default(),
+            route_decisions: Family::default(),
         };
         let mut r = Registry::with_prefix("gpuscale");
         r.register(
@@ -248,6 +259,11 @@ impl Metrics {
             "slo_requests",
             "Requests measured against the model's SLO targets from their arrival at the gateway, queue wait included; a refused request misses every target (slo: queue_wait, latency, ttft; result: met, missed)",
             m.slo.clone(),
+        );
+        r.register(
+            "route_decisions",
+            "Requests sent to a replica, by why it was chosen (reason: affinity, the owner of the prompt's prefix; spill, the next in the prefix's order when the owner was at its load bound; least-loaded; adapter, the least loaded replica holding the request's LoRA adapter; round-robin)",
+            m.route_decisions.clone(),
         );
         r.register(
             "scale_from_zero_signals",

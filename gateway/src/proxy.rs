@@ -11,13 +11,14 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
+use crate::affinity::{self, Hint, Policy};
 use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
@@ -107,6 +108,19 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
+}
+
+/// The response header that says why the replica was chosen
+/// (`routing.explain`).
+pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-gpuscale-route");
+
+/// `<reason>; replica=<tag>`: the reason, and the replica as the first 32
+/// bits of its [`affinity::tag`] in hex (the same in every gateway, and
+/// not its address).
+fn explain(permit: &Permit) -> HeaderValue {
+    let tag = affinity::tag(permit.endpoint.authority()) >> 32;
+    HeaderValue::try_from(format!("{}; replica={tag:08x}", permit.reason.label()))
+        .unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 /// Handles one request on the traffic listener. Never fails: every
@@ -210,7 +224,7 @@ async fn handle_inner(
         .get(&shared.model_header)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let route = match route::route(
+    let routed = match route::route_request(
         &parts.method,
         parts.uri.path(),
         header_model.as_deref(),
@@ -231,7 +245,8 @@ async fn handle_inner(
             return (error_response(status, kind, &e.to_string()), None);
         }
     };
-    let name = match route {
+    let prompt = routed.prompt;
+    let name = match routed.route {
         Route::ListModels => {
             let data: Vec<serde_json::Value> = shared
                 .models
@@ -248,7 +263,7 @@ async fn handle_inner(
         }
         Route::Model(name) => name,
     };
-    let Some(model) = shared.models.get(&name).cloned() else {
+    let Some((model, adapter)) = shared.model_for(&name).map(|(m, a)| (m.clone(), a)) else {
         return (
             error_response(
                 StatusCode::NOT_FOUND,
@@ -282,7 +297,16 @@ async fn handle_inner(
             )
             .0
     };
-    let mut permit = match shared.admit(&model, priority).await {
+    let balance = &shared.settings.balance;
+    let hint = Hint {
+        key: if balance.policy == Policy::Prefix && !prompt.is_empty() {
+            affinity::key(&prompt, balance.block_bytes, balance.affinity_blocks)
+        } else {
+            None
+        },
+        adapter,
+    };
+    let mut permit = match shared.admit(&model, priority, hint).await {
         Ok(p) => p,
         Err(r) => {
             return (
@@ -311,10 +335,12 @@ async fn handle_inner(
         match sent {
             Some(Ok(resp)) => {
                 permit.succeeded();
-                return (
-                    respond(resp, permit, spec.limits.stream_idle_timeout),
-                    Some(model.clone()),
-                );
+                let explain = spec.routing.explain.then(|| explain(&permit));
+                let mut resp = respond(resp, permit, spec.limits.stream_idle_timeout);
+                if let Some(v) = explain {
+                    resp.headers_mut().insert(ROUTE_HEADER, v);
+                }
+                return (resp, Some(model.clone()));
             }
             Some(Err(e)) if e.is_connect() => {
                 shared.failed(&model, permit.replica);

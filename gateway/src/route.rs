@@ -5,6 +5,8 @@
 use http::Method;
 use serde::Deserialize;
 
+use crate::affinity::Prompt;
+
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -38,6 +40,21 @@ struct ModelField<'a> {
     // Borrowed from the body unless the JSON string has escapes.
     #[serde(default, borrow)]
     model: Option<std::borrow::Cow<'a, str>>,
+    // The prompt, kept as raw JSON for prefix affinity (validated, not
+    // parsed further here).
+    #[serde(default, borrow)]
+    messages: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A route and the request's prompt fields.
+#[derive(Debug, Clone)]
+pub struct Routed<'a> {
+    /// Where it goes.
+    pub route: Route,
+    /// Its prompt (empty for KServe and embeddings).
+    pub prompt: Prompt<'a>,
 }
 
 /// Routes a request. `header_model` is the model header's value, if any;
@@ -51,10 +68,25 @@ pub fn route(
     body: &[u8],
     known: impl Fn(&str) -> bool,
 ) -> Result<Route, RouteError> {
+    route_request(method, path, header_model, body, known).map(|r| r.route)
+}
+
+/// [`route`], with the prompt fields of the body.
+pub fn route_request<'a>(
+    method: &Method,
+    path: &str,
+    header_model: Option<&str>,
+    body: &'a [u8],
+    known: impl Fn(&str) -> bool,
+) -> Result<Routed<'a>, RouteError> {
+    let plain = |route| Routed {
+        route,
+        prompt: Prompt::default(),
+    };
     match path {
         "/v1/models" => {
             if method == Method::GET {
-                Ok(Route::ListModels)
+                Ok(plain(Route::ListModels))
             } else {
                 Err(RouteError::MethodNotAllowed)
             }
@@ -63,20 +95,41 @@ pub fn route(
             if method != Method::POST {
                 return Err(RouteError::MethodNotAllowed);
             }
-            if let Some(m) = header_model.map(str::trim).filter(|m| !m.is_empty()) {
-                return Ok(Route::Model(m.to_string()));
-            }
+            let header = header_model.map(str::trim).filter(|m| !m.is_empty());
             // A JSON array (or anything but an object) names no model,
             // even though serde would read a struct from a sequence.
             if body.trim_ascii_start().first() != Some(&b'{') {
-                return Err(RouteError::BadBody("expected a JSON object".into()));
+                return match header {
+                    // The header names the model; the body is the model
+                    // server's business.
+                    Some(m) => Ok(plain(Route::Model(m.to_string()))),
+                    None => Err(RouteError::BadBody("expected a JSON object".into())),
+                };
             }
-            let field: ModelField =
-                serde_json::from_slice(body).map_err(|e| RouteError::BadBody(e.to_string()))?;
-            match field.model {
-                Some(m) if !m.is_empty() => Ok(Route::Model(m.into_owned())),
-                _ => Err(RouteError::NoModel),
-            }
+            let field: ModelField = match serde_json::from_slice(body) {
+                Ok(f) => f,
+                Err(_) if header.is_some() => {
+                    return Ok(plain(Route::Model(header.unwrap_or_default().to_string())));
+                }
+                Err(e) => return Err(RouteError::BadBody(e.to_string())),
+            };
+            let prompt = if path == "/v1/embeddings" {
+                Prompt::default()
+            } else {
+                Prompt {
+                    messages: field.messages,
+                    prompt: field.prompt,
+                }
+            };
+            let model = match (header, field.model) {
+                (Some(m), _) => m.to_string(),
+                (None, Some(m)) if !m.is_empty() => m.into_owned(),
+                _ => return Err(RouteError::NoModel),
+            };
+            Ok(Routed {
+                route: Route::Model(model),
+                prompt,
+            })
         }
         _ => {
             let rest = path
@@ -86,12 +139,12 @@ pub fn route(
             if method != Method::POST {
                 return Err(RouteError::MethodNotAllowed);
             }
-            Ok(Route::Model(
+            Ok(plain(Route::Model(
                 header_model
                     .map(str::trim)
                     .filter(|m| !m.is_empty())
                     .map_or(name, str::to_string),
-            ))
+            )))
         }
     }
 }

@@ -2,7 +2,9 @@
 //! the embedded default: `/v1/chat/completions`, `/v1/completions` (both
 //! with SSE streaming), `/v1/embeddings`, `/v1/models`, `/health`, and
 //! vLLM-style `/metrics` (`vllm:num_requests_waiting`,
-//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`).
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`,
+//! `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
+//! `vllm:lora_requests_info`).
 //!
 //! Latency model: [`SimProfile`], which is
 //! [`gpuscale_policies::serving::ServiceProfile`] — the one the trace-driven
@@ -10,6 +12,20 @@
 //! simulated server run at the same speed. At most `max_concurrency`
 //! requests run at once (the rest wait inside, as in vLLM). Prompt tokens
 //! are estimated as characters ÷ 4.
+//!
+//! Prefix cache ([`PrefixCache`]), when the profile gives it room
+//! (`prefix_cache_tokens`): the prompt, read as the gateway reads it
+//! ([`crate::affinity::canonical`]), is cut into blocks of 16 tokens (64
+//! bytes at 4 bytes a token, vLLM's default block size) hashed chained, so
+//! a block's hash stands for the whole prefix up to it. The leading blocks
+//! found in the cache are hits; prefill then takes only the uncached
+//! tokens, at least one (vLLM recomputes the last token). Every block of
+//! the prompt then enters the cache, last block first, so that under
+//! pressure a sequence's tail is evicted before its head, as vLLM's
+//! free-block queue does; the least recently used blocks go first. Hits
+//! and queries are counted in tokens, as vLLM counts them. Simplification:
+//! the blocks of running requests count in the same LRU rather than being
+//! pinned apart from it, and decoded tokens are not cached.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -59,6 +75,63 @@ pub struct SimCounters {
     /// The most requests it has held at once, waiting or running (what a
     /// test checks against the concurrency limit the gateways promise).
     pub peak_in_flight: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries: AtomicU64,
+    /// Prompt tokens found there.
+    pub prefix_hits: AtomicU64,
+    /// KV tokens of running requests (prompt and output).
+    pub running_tokens: AtomicU64,
+}
+
+/// A replica's prefix cache: an LRU of chained block hashes
+/// ([`crate::affinity::block_hashes`]).
+#[derive(Debug)]
+pub struct PrefixCache {
+    blocks: lru::LruCache<u64, ()>,
+}
+
+impl PrefixCache {
+    /// A cache of `capacity` blocks (at least one).
+    pub fn new(capacity: usize) -> Self {
+        PrefixCache {
+            blocks: lru::LruCache::new(
+                std::num::NonZeroUsize::new(capacity.max(1)).expect("at least one"),
+            ),
+        }
+    }
+
+    /// Looks a prompt's blocks up and caches them: returns how many
+    /// leading blocks were cached already.
+    pub fn lookup(&mut self, blocks: &[u64]) -> usize {
+        let hit = blocks
+            .iter()
+            .take_while(|b| self.blocks.contains(b))
+            .count();
+        for b in blocks.iter().rev() {
+            self.blocks.put(*b, ());
+        }
+        hit
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+/// Bytes per prefix-cache block: 16 tokens at 4 bytes a token.
+pub const BLOCK_BYTES: usize = gpuscale_policies::serving::BLOCK_TOKENS as usize * 4;
+
+/// Prompt tokens served from the cache out of `prompt_tokens` when
+/// `hit_blocks` leading blocks were cached: at most all but one.
+pub fn cached_tokens(hit_blocks: usize, prompt_tokens: u32) -> u32 {
+    let cached = (hit_blocks as u64) * u64::from(gpuscale_policies::serving::BLOCK_TOKENS);
+    (cached.min(u64::from(prompt_tokens.saturating_sub(1)))) as u32
 }
 
 struct Sim {
@@ -66,6 +139,9 @@ struct Sim {
     slots: Arc<Semaphore>,
     counters: Arc<SimCounters>,
     next_id: AtomicU64,
+    cache: Option<std::sync::Mutex<PrefixCache>>,
+    /// LoRA adapters it serves, and how many requests for each run now.
+    adapters: std::sync::Mutex<Vec<(String, u32)>>,
 }
 
 /// A running simulated server.
@@ -89,11 +165,24 @@ impl SimServer {
 
 /// Binds `addr` and serves.
 pub async fn start(profile: SimProfile, addr: SocketAddr) -> std::io::Result<SimServer> {
+    start_with_adapters(profile, addr, &[]).await
+}
+
+/// Binds `addr` and serves, with LoRA adapters: a request whose `model`
+/// names one runs as that adapter and shows in `vllm:lora_requests_info`.
+pub async fn start_with_adapters(
+    profile: SimProfile,
+    addr: SocketAddr,
+    adapters: &[String],
+) -> std::io::Result<SimServer> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let counters = Arc::new(SimCounters::default());
+    let blocks = profile.prefix_cache_tokens / u64::from(gpuscale_policies::serving::BLOCK_TOKENS);
     let sim = Arc::new(Sim {
         slots: Arc::new(Semaphore::new(profile.max_concurrency.max(1) as usize)),
+        cache: (blocks > 0).then(|| std::sync::Mutex::new(PrefixCache::new(blocks as usize))),
+        adapters: std::sync::Mutex::new(adapters.iter().map(|a| (a.clone(), 0)).collect()),
         profile,
         counters: counters.clone(),
         next_id: AtomicU64::new(0),
@@ -140,6 +229,14 @@ pub async fn start(profile: SimProfile, addr: SocketAddr) -> std::io::Result<Sim
 struct Message {
     #[serde(default)]
     content: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct PromptFields<'a> {
+    #[serde(default, borrow)]
+    messages: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a serde_json::value::RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +289,32 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
         (Method::GET, "/metrics") => {
             let c = &sim.counters;
             let running = c.running.load(Ordering::Relaxed);
+            let kv = if sim.profile.prefix_cache_tokens > 0 {
+                (c.running_tokens.load(Ordering::Relaxed) as f64
+                    / sim.profile.prefix_cache_tokens as f64)
+                    .min(1.0)
+            } else {
+                running as f64 / f64::from(sim.profile.max_concurrency.max(1))
+            };
+            let lora = {
+                let adapters = crate::lock(&sim.adapters);
+                if adapters.is_empty() {
+                    String::new()
+                } else {
+                    let running: Vec<&str> = adapters
+                        .iter()
+                        .filter(|(_, n)| *n > 0)
+                        .map(|(a, _)| a.as_str())
+                        .collect();
+                    format!(
+                        "# TYPE vllm:lora_requests_info gauge\n\
+                         vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"\"}} {}\n",
+                        adapters.len(),
+                        running.join(","),
+                        now_unix()
+                    )
+                }
+            };
             let text = format!(
                 "# TYPE vllm:num_requests_waiting gauge\n\
                  vllm:num_requests_waiting{{model_name=\"{m}\"}} {}\n\
@@ -199,12 +322,19 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
                  vllm:num_requests_running{{model_name=\"{m}\"}} {running}\n\
                  # TYPE vllm:kv_cache_usage_perc gauge\n\
                  vllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {}\n\
+                 # TYPE vllm:prefix_cache_queries counter\n\
+                 vllm:prefix_cache_queries_total{{model_name=\"{m}\"}} {}\n\
+                 # TYPE vllm:prefix_cache_hits counter\n\
+                 vllm:prefix_cache_hits_total{{model_name=\"{m}\"}} {}\n\
+                 {lora}\
                  # TYPE sim_requests_total counter\n\
                  sim_requests_total {}\n\
                  # TYPE sim_cancelled_total counter\n\
                  sim_cancelled_total {}\n",
                 c.waiting.load(Ordering::Relaxed),
-                running as f64 / f64::from(sim.profile.max_concurrency.max(1)),
+                kv,
+                c.prefix_queries.load(Ordering::Relaxed),
+                c.prefix_hits.load(Ordering::Relaxed),
                 c.requests.load(Ordering::Relaxed),
                 c.cancelled.load(Ordering::Relaxed),
                 m = sim.profile.model,
@@ -255,6 +385,48 @@ impl Drop for CancelGuard {
     }
 }
 
+/// What a running request holds: its KV tokens, and a count on its
+/// adapter; given back when dropped.
+struct Running {
+    sim: Arc<Sim>,
+    tokens: u64,
+    adapter: Option<String>,
+}
+
+impl Running {
+    fn start(sim: &Arc<Sim>, tokens: u64, model: &str) -> Running {
+        sim.counters
+            .running_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        let mut adapters = crate::lock(&sim.adapters);
+        let adapter = adapters.iter_mut().find(|(a, _)| a == model).map(|(a, n)| {
+            *n += 1;
+            a.clone()
+        });
+        Running {
+            sim: sim.clone(),
+            tokens,
+            adapter,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.sim
+            .counters
+            .running_tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
+        if let Some(a) = &self.adapter
+            && let Some((_, n)) = crate::lock(&self.sim.adapters)
+                .iter_mut()
+                .find(|(x, _)| x == a)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 /// Decrements a gauge when dropped.
 struct Gauge<'a>(&'a AtomicU64);
 
@@ -300,6 +472,32 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         chars(&r.prompt)
     };
     let prompt_tokens = (prompt_chars as u32).div_ceil(4).max(1);
+    // The prefix cache (not for embeddings: no KV cache to reuse).
+    let cached = match (&sim.cache, embeddings) {
+        (Some(cache), false) => {
+            let fields: PromptFields = serde_json::from_slice(&body).unwrap_or(PromptFields {
+                messages: None,
+                prompt: None,
+            });
+            let canonical = crate::affinity::canonical(&crate::affinity::Prompt {
+                messages: fields.messages.filter(|_| chat),
+                prompt: fields.prompt.filter(|_| !chat),
+            });
+            let blocks = canonical
+                .map(|c| crate::affinity::block_hashes(&c.bytes, BLOCK_BYTES))
+                .unwrap_or_default();
+            let hit = crate::lock(cache).lookup(&blocks);
+            let cached = cached_tokens(hit, prompt_tokens);
+            let c = &sim.counters;
+            c.prefix_queries
+                .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
+            c.prefix_hits
+                .fetch_add(u64::from(cached), Ordering::Relaxed);
+            cached
+        }
+        _ => 0,
+    };
+    let prefill = sim.profile.prefill(prompt_tokens - cached);
     let max_tokens = if embeddings {
         0
     } else {
@@ -327,6 +525,11 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
             }
         }
     };
+    let running = Running::start(
+        &sim,
+        u64::from(prompt_tokens) + u64::from(max_tokens),
+        &model,
+    );
     let id = sim.next_id.fetch_add(1, Ordering::Relaxed);
     let created = now_unix();
     let usage = serde_json::json!({
@@ -336,8 +539,8 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     });
     if embeddings {
         let _running = Gauge::up(&sim.counters.running);
-        pause(sim.profile.prefill(prompt_tokens)).await;
-        drop(permit);
+        pause(prefill).await;
+        drop((permit, running));
         guard.armed = false;
         sim.counters.completed.fetch_add(1, Ordering::Relaxed);
         let inputs = match &r.input {
@@ -363,14 +566,14 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     let rid = format!("{}-sim-{id}", if chat { "chatcmpl" } else { "cmpl" });
     if !r.stream {
         let _running = Gauge::up(&sim.counters.running);
-        pause(sim.profile.prefill(prompt_tokens)).await;
+        pause(prefill).await;
         let mut text = String::new();
         for i in 0..max_tokens {
             let running = sim.counters.running.load(Ordering::Relaxed) as u32;
             pause(sim.profile.per_token(running)).await;
             text.push_str(&token(i));
         }
-        drop(permit);
+        drop((permit, running));
         guard.armed = false;
         sim.counters.completed.fetch_add(1, Ordering::Relaxed);
         let choice = if chat {
@@ -390,6 +593,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     let counters = sim.counters.clone();
     tokio::spawn(async move {
         let _permit = permit;
+        let _running = running;
         let _running = Gauge::up(&counters.running);
         let chunk_object = if chat {
             "chat.completion.chunk"
@@ -397,7 +601,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
             "text_completion"
         };
         let send = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
-        pause(sim.profile.prefill(prompt_tokens)).await;
+        pause(prefill).await;
         for i in 0..max_tokens {
             if i > 0 {
                 let running = counters.running.load(Ordering::Relaxed) as u32;
@@ -448,6 +652,25 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefix_cache_counts_leading_hits_and_evicts_tails_first() {
+        let mut c = PrefixCache::new(4);
+        assert_eq!(c.lookup(&[1, 2, 3]), 0, "cold");
+        assert_eq!(c.lookup(&[1, 2, 3, 4]), 3, "a longer turn hits its history");
+        assert_eq!(c.lookup(&[1, 9, 3]), 1, "only the leading run counts");
+        // Full: block 9 evicted block 4, the tail of the longest
+        // sequence, inserted first and so least recently used.
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.lookup(&[1, 2]), 2, "the head survived");
+        assert_eq!(c.lookup(&[5, 6, 7, 8]), 0);
+        assert_eq!(c.lookup(&[5, 6]), 2);
+        assert_eq!(c.lookup(&[1]), 0, "evicted by the newer sequence");
+        // Tokens: 16 per block, never the whole prompt.
+        assert_eq!(cached_tokens(2, 100), 32);
+        assert_eq!(cached_tokens(2, 32), 31, "the last token is recomputed");
+        assert_eq!(cached_tokens(0, 1), 0);
+    }
 
     #[test]
     fn smaller_shares_and_bigger_batches_are_slower() {

@@ -14,7 +14,8 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot, watch};
 
-use crate::admission::{Enqueued, Group, Pool, ReplicaId};
+use crate::admission::{Enqueued, Group, Pool, ReplicaId, Slot};
+use crate::affinity::{Hint, Reason};
 use crate::config::{Endpoint, ModelSettings, Settings};
 use crate::lock;
 use crate::metrics::{CodeLabels, Metrics, ModelLabel, ReasonLabels};
@@ -59,14 +60,7 @@ pub enum RegisterError {
     TooMany(usize),
 }
 
-/// A slot on a replica, handed to a waiter.
-#[derive(Debug)]
-struct Grant {
-    replica: ReplicaId,
-    endpoint: Endpoint,
-}
-
-type Waiter = oneshot::Sender<Result<Grant, Reject>>;
+type Waiter = oneshot::Sender<Result<Slot, Reject>>;
 
 struct Inner {
     pool: Pool<Waiter>,
@@ -97,6 +91,8 @@ struct Handles {
     ok: Counter,
     upstream_errors: Counter,
     scale_signals: Counter,
+    /// `route_decisions_total` by [`Reason::index`].
+    routes: [Counter; 5],
     /// Per SLO the model declares: its target (seconds) and the met and
     /// missed counters.
     slo_queue_wait: Option<SloCounter>,
@@ -159,6 +155,14 @@ impl Handles {
             // before the first event.
             upstream_errors: m.upstream_errors.get_or_create(l).clone(),
             scale_signals: m.scale_signals.get_or_create(l).clone(),
+            routes: Reason::ALL.map(|r| {
+                m.route_decisions
+                    .get_or_create(&ReasonLabels {
+                        model: l.model.clone(),
+                        reason: r.label().into(),
+                    })
+                    .clone()
+            }),
             ok: m
                 .requests
                 .get_or_create(&CodeLabels {
@@ -171,6 +175,15 @@ impl Handles {
 }
 
 impl ModelState {
+    /// The index of one of the model's adapters.
+    pub fn adapter_id(&self, name: &str) -> Option<u16> {
+        self.settings
+            .adapters
+            .iter()
+            .position(|a| a == name)
+            .and_then(|i| u16::try_from(i).ok())
+    }
+
     /// Updates a model's gauges and wakes watchers.
     fn changed(&self, pool: &Pool<Waiter>) {
         // A store only on change: both workers write these, and an
@@ -204,8 +217,9 @@ impl ModelState {
             if grants.is_empty() {
                 break;
             }
-            for (w, replica, endpoint) in grants {
-                if w.send(Ok(Grant { replica, endpoint })).is_err() {
+            for (w, slot) in grants {
+                let replica = slot.replica;
+                if w.send(Ok(slot)).is_err() {
                     inner.pool.release(replica);
                 }
             }
@@ -216,13 +230,7 @@ impl ModelState {
     /// A slot on `replica` for a request that arrived at `arrived`: records
     /// its queue wait, and its arrival too when it never queued (`now` is
     /// then `arrived`: one lock, one clock read).
-    fn permit(
-        self: &Arc<Self>,
-        replica: ReplicaId,
-        endpoint: Endpoint,
-        arrived: Instant,
-        queued: bool,
-    ) -> Permit {
+    fn permit(self: &Arc<Self>, slot: Slot, hint: Hint, arrived: Instant, queued: bool) -> Permit {
         let now = if queued { Instant::now() } else { arrived };
         let wait = now.duration_since(arrived).as_secs_f64();
         let mut stats = lock(&self.stats);
@@ -233,10 +241,13 @@ impl ModelState {
         drop(stats);
         self.handles.queue_wait.observe(wait);
         SloCounter::count(&self.handles.slo_queue_wait, wait);
+        self.handles.routes[slot.reason.index()].inc();
         Permit {
             model: self.clone(),
-            replica,
-            endpoint,
+            replica: slot.replica,
+            endpoint: slot.endpoint,
+            reason: slot.reason,
+            hint,
             admitted: now,
             arrived,
             succeeded: false,
@@ -290,6 +301,9 @@ pub struct Shared {
     pub model_header: http::HeaderName,
     /// The header that sets the priority class (parsed once).
     pub priority_header: http::HeaderName,
+    /// Adapter names → the served model whose replicas serve them, and the
+    /// adapter's index in that model's list.
+    pub adapters: BTreeMap<String, (String, u16)>,
     next_waiter: AtomicU64,
     origin: Instant,
 }
@@ -305,6 +319,7 @@ impl Shared {
             .values()
             .map(|m| {
                 let mut pool = Pool::new(m.max_queue, m.max_concurrency);
+                pool.set_balance(settings.balance);
                 for r in &m.replicas {
                     pool.add_replica(r.clone(), None);
                 }
@@ -333,7 +348,18 @@ impl Shared {
         };
         let model_header = header(&settings.spec.model_header, "x-gpuscale-model");
         let priority_header = header(&settings.spec.priority_header, "x-gpuscale-priority");
+        let adapters = settings
+            .models
+            .values()
+            .flat_map(|m| {
+                m.adapters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (a.clone(), (m.name.clone(), i as u16)))
+            })
+            .collect();
         let shared = Arc::new(Shared {
+            adapters,
             model_header,
             priority_header,
             settings,
@@ -359,6 +385,7 @@ impl Shared {
         self: &Arc<Self>,
         model: &Arc<ModelState>,
         priority: Priority,
+        hint: Hint,
     ) -> Result<Permit, Reject> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(self.rejected(model, Reject::ShuttingDown));
@@ -366,15 +393,15 @@ impl Shared {
         let arrived = Instant::now();
         let (id, mut rx) = {
             let mut inner = lock(&model.inner);
-            if let Some((replica, endpoint)) = inner.pool.acquire(arrived) {
+            if let Some(slot) = inner.pool.acquire(arrived, hint) {
                 model.changed(&inner.pool);
                 drop(inner);
-                return Ok(model.permit(replica, endpoint, arrived, false));
+                return Ok(model.permit(slot, hint, arrived, false));
             }
             lock(&model.stats).arrivals.record(arrived);
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
-            match inner.pool.enqueue(id, priority, tx) {
+            match inner.pool.enqueue(id, priority, hint, tx) {
                 Enqueued::Waiting => {}
                 Enqueued::Rejected(_) => {
                     drop(inner);
@@ -425,7 +452,7 @@ impl Shared {
         };
         guard.armed = false;
         match outcome {
-            Ok(g) => Ok(model.permit(g.replica, g.endpoint, arrived, true)),
+            Ok(slot) => Ok(model.permit(slot, hint, arrived, true)),
             Err(r) => Err(self.rejected(model, r)),
         }
     }
@@ -470,6 +497,27 @@ impl Shared {
         Ok(id)
     }
 
+    /// Records the adapters a registered replica has loaded; `Err` names
+    /// the first that the model does not serve.
+    pub fn set_replica_adapters(
+        &self,
+        model: &str,
+        endpoint: &Endpoint,
+        adapters: &[String],
+    ) -> Result<(), String> {
+        let Some(m) = self.models.get(model) else {
+            return Err(model.to_string());
+        };
+        let ids = adapters
+            .iter()
+            .map(|a| m.adapter_id(a).ok_or_else(|| a.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut inner = lock(&m.inner);
+        inner.pool.set_adapters(endpoint, &ids);
+        m.dispatch(&mut inner);
+        Ok(())
+    }
+
     /// Deregisters a replica: no new requests; those in flight finish.
     /// `None` when the model is not configured, `Some(false)` when the
     /// replica was not registered.
@@ -504,27 +552,53 @@ impl Shared {
         tried: &[ReplicaId],
     ) -> Option<Permit> {
         let model = failed.model.clone();
-        let (admitted, arrived) = (failed.admitted, failed.arrived);
+        let (admitted, arrived, hint) = (failed.admitted, failed.arrived, failed.hint);
         drop(failed);
         let mut inner = lock(&model.inner);
-        let (replica, endpoint) = inner.pool.acquire_other(Instant::now(), tried)?;
+        let slot = inner.pool.acquire_other(Instant::now(), tried, hint)?;
         model.changed(&inner.pool);
         drop(inner);
+        model.handles.routes[slot.reason.index()].inc();
         Some(Permit {
             model,
-            replica,
-            endpoint,
+            replica: slot.replica,
+            endpoint: slot.endpoint,
+            reason: slot.reason,
+            hint,
             admitted,
             arrived,
             succeeded: false,
         })
     }
 
-    /// Sets what a replica's own metrics report waiting inside it.
-    pub fn set_server_waiting(&self, model: &str, endpoint: &Endpoint, waiting: u32) {
+    /// Sets what a replica's own metrics report: requests waiting inside
+    /// it, its KV-cache utilisation, and the adapters they show (names the
+    /// model does not serve are ignored).
+    pub fn set_server_state(
+        &self,
+        model: &str,
+        endpoint: &Endpoint,
+        waiting: u32,
+        kv: Option<f64>,
+        adapters: &[&str],
+    ) {
         if let Some(m) = self.models.get(model) {
-            lock(&m.inner).pool.set_server_waiting(endpoint, waiting);
+            let ids: Vec<u16> = adapters.iter().filter_map(|a| m.adapter_id(a)).collect();
+            let until = Instant::now() + self.settings.spec.routing.adapter_memory;
+            lock(&m.inner)
+                .pool
+                .set_server_state(endpoint, waiting, kv, &ids, until);
         }
+    }
+
+    /// The model a served name or adapter name routes to, and the
+    /// adapter's index for an adapter.
+    pub fn model_for(&self, name: &str) -> Option<(&Arc<ModelState>, Option<u16>)> {
+        if let Some(m) = self.models.get(name) {
+            return Some((m, None));
+        }
+        let (base, id) = self.adapters.get(name)?;
+        Some((self.models.get(base)?, Some(*id)))
     }
 
     /// Replica endpoints of a model (for scraping and listing).
@@ -595,6 +669,10 @@ pub struct Permit {
     pub replica: ReplicaId,
     /// Its address.
     pub endpoint: Endpoint,
+    /// Why it was chosen.
+    pub reason: Reason,
+    /// What the request asked of the choice (kept for a retry).
+    hint: Hint,
     /// When the request left the queue.
     pub admitted: Instant,
     /// When it reached the gateway (its SLOs count from here).

@@ -74,6 +74,12 @@ pub struct ModelPolicySpec {
     /// Who wins when GPUs are short.
     #[serde(default)]
     pub priority: Priority,
+    /// LoRA adapters this model's replicas serve (vLLM `--lora-modules`,
+    /// or loaded on demand): a request whose `model` names one goes to
+    /// this model's replicas, preferring those that have it loaded, and
+    /// counts in this model's queue.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
 }
 
 /// Labels that select the serving workload's pods.
@@ -624,6 +630,8 @@ pub struct Model {
     pub scale_down: ResolvedRules,
     /// Priority.
     pub priority: Priority,
+    /// LoRA adapters served by its replicas.
+    pub adapters: Vec<String>,
 }
 
 /// One way a replica could be placed, statically.
@@ -891,6 +899,21 @@ impl Model {
             }
         }
 
+        let served = spec.served_name.as_deref().unwrap_or(&name);
+        for (i, a) in spec.adapters.iter().enumerate() {
+            let problem = if a.trim().is_empty() {
+                Some("must not be empty".to_string())
+            } else if spec.adapters[..i].contains(a) {
+                Some(format!("`{a}` is listed twice"))
+            } else if a == served {
+                Some(format!("`{a}` is the model's own served name"))
+            } else {
+                None
+            };
+            if let Some(message) = problem {
+                err(&format!("spec.adapters[{i}]"), message);
+            }
+        }
         let memory_gib = r.memory_gib().unwrap_or(0.0);
         let mut model = Model {
             served_name: spec.served_name.clone().unwrap_or_else(|| name.clone()),
@@ -907,6 +930,7 @@ impl Model {
             scale_up: s.behavior.scale_up.resolve(true),
             scale_down: s.behavior.scale_down.resolve(false),
             priority: spec.priority,
+            adapters: spec.adapters.clone(),
         };
         model.sharing.sort_unstable();
         model.sharing.dedup();
@@ -1048,6 +1072,7 @@ mod tests {
                 slo: SloTargets::default(),
                 scaling: ScalingPolicy::default(),
                 priority: Priority::Standard,
+                adapters: Vec::new(),
             },
         );
         p.metadata.namespace = Some("ns".into());

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use gpuscale_autoscaler::Observation;
 use gpuscale_autoscaler::observe::observations;
-use gpuscale_gateway::admission::{Enqueued, Pool, ReplicaId};
+use gpuscale_gateway::admission::{self, Enqueued, Pool, ReplicaId};
+use gpuscale_gateway::affinity::Hint;
 use gpuscale_gateway::config::Endpoint;
 use gpuscale_gateway::state::QueueView;
 use gpuscale_gateway::stats::ModelStats;
@@ -389,8 +390,20 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
             .dispatch(base + Duration::from_secs_f64(now.max(0.0)));
         grants
             .into_iter()
-            .filter_map(|(req, rid, _)| {
-                start(setup, reps, rt, pending, g, out, now, base, m, req, rid)
+            .filter_map(|(req, slot)| {
+                start(
+                    setup,
+                    reps,
+                    rt,
+                    pending,
+                    g,
+                    out,
+                    now,
+                    base,
+                    m,
+                    req,
+                    slot.replica,
+                )
             })
             .collect()
     }
@@ -441,8 +454,10 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     Event::Decide,
                 );
             }
-            match rt[m].pool.acquire(at(now)) {
-                Some((rid, _)) => {
+            // The trace has token counts, not prompts: no prefix key, so
+            // the gateway's choice is least-outstanding.
+            match rt[m].pool.acquire(at(now), Hint::default()) {
+                Some(admission::Slot { replica: rid, .. }) => {
                     if let Some((t, e)) = start(
                         setup,
                         &mut reps,
@@ -459,7 +474,10 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         push(&mut heap, t, e);
                     }
                 }
-                None => match rt[m].pool.enqueue(id, setup.priorities[w], id) {
+                None => match rt[m]
+                    .pool
+                    .enqueue(id, setup.priorities[w], Hint::default(), id)
+                {
                     Enqueued::Waiting => push(
                         &mut heap,
                         now + setup.queue_timeout,

@@ -570,6 +570,8 @@ impl Scenario {
                 batch_slowdown: w.service.batch_slowdown,
                 speed: 1.0,
                 default_max_tokens: 16,
+                // The trace has token counts, not prompts.
+                prefix_cache_tokens: 0,
             });
             priorities.push(w.priority.unwrap_or(model.priority));
             workload_models.push(m);

@@ -33,6 +33,14 @@ pub struct Args {
     /// Prompt tokens per second.
     #[arg(long)]
     pub prefill_tps: Option<f64>,
+    /// Tokens of KV cache for the prefix cache (0: none; `small` holds
+    /// 442,368, an 8B model on an H100).
+    #[arg(long)]
+    pub prefix_cache_tokens: Option<u64>,
+    /// A LoRA adapter it serves (repeat for more): requests naming it run
+    /// as it and show in `vllm:lora_requests_info`.
+    #[arg(long = "lora")]
+    pub lora: Vec<String>,
     /// Exit when standard input closes: a parent that starts the server
     /// with a pipe takes it down when it exits, however it exits.
     #[arg(long)]
@@ -56,11 +64,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(d) = args.prefill_tps {
         p.prefill_tps = d.max(0.0);
     }
+    if let Some(t) = args.prefix_cache_tokens {
+        p.prefix_cache_tokens = t;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let server = sim::start(p, SocketAddr::new(args.host, args.port))
+        let server = sim::start_with_adapters(p, SocketAddr::new(args.host, args.port), &args.lora)
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         println!("sim-server: listening on http://{}", server.addr);

@@ -50,6 +50,7 @@ pub fn model(name: &str, replicas: &[SocketAddr], max_concurrency: u32) -> Model
         priority: None,
         replicas: replicas.iter().map(|a| format!("http://{a}")).collect(),
         metrics: Default::default(),
+        adapters: Vec::new(),
     }
 }
 

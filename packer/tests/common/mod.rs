@@ -90,6 +90,7 @@ pub fn try_model(
             slo: SloTargets::default(),
             scaling: ScalingPolicy::default(),
             priority: Priority::Standard,
+            adapters: Vec::new(),
         },
     );
     Model::from_policy(&policy, &Catalog::builtin()).ok()
