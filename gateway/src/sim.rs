@@ -10,8 +10,9 @@
 //! [`gpuscale_policies::serving::ServiceProfile`] — the one the trace-driven
 //! simulator (`gpuscale simulate`) uses too, so a simulated replica and a
 //! simulated server run at the same speed. At most `max_concurrency`
-//! requests run at once (the rest wait inside, as in vLLM). Prompt tokens
-//! are estimated as characters ÷ 4.
+//! requests run at once (the rest wait inside, as in vLLM), and their
+//! prefills run one at a time, in the order they start. Prompt tokens are
+//! estimated as characters ÷ 4.
 //!
 //! Prefix cache ([`PrefixCache`]), when the profile gives it room
 //! (`prefix_cache_tokens`): the prompt, read as the gateway reads it
@@ -46,6 +47,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::proxy::{Body, ChannelBody, error_response, full};
 
+use gpuscale_policies::serving::PrefillLane;
 /// The latency model of a simulated server (one place for it: the
 /// simulator uses the same).
 pub use gpuscale_policies::serving::ServiceProfile as SimProfile;
@@ -140,6 +142,10 @@ struct Sim {
     counters: Arc<SimCounters>,
     next_id: AtomicU64,
     cache: Option<std::sync::Mutex<PrefixCache>>,
+    /// Prefills, one at a time ([`PrefillLane`]), in seconds since
+    /// `origin`.
+    lane: std::sync::Mutex<PrefillLane>,
+    origin: std::time::Instant,
     /// LoRA adapters it serves, and how many requests for each run now.
     adapters: std::sync::Mutex<Vec<(String, u32)>>,
 }
@@ -183,6 +189,8 @@ pub async fn start_with_adapters(
         slots: Arc::new(Semaphore::new(profile.max_concurrency.max(1) as usize)),
         cache: (blocks > 0).then(|| std::sync::Mutex::new(PrefixCache::new(blocks as usize))),
         adapters: std::sync::Mutex::new(adapters.iter().map(|a| (a.clone(), 0)).collect()),
+        lane: std::sync::Mutex::new(PrefillLane::default()),
+        origin: std::time::Instant::now(),
         profile,
         counters: counters.clone(),
         next_id: AtomicU64::new(0),
@@ -524,6 +532,12 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
                 return error_response(StatusCode::SERVICE_UNAVAILABLE, "server_error", "closed");
             }
         }
+    };
+    // The prefill queues behind those already booked on this replica.
+    let prefill = {
+        let now = sim.origin.elapsed().as_secs_f64();
+        let end = crate::lock(&sim.lane).book(now, prefill.as_secs_f64());
+        Duration::from_secs_f64((end - now).max(0.0))
     };
     let running = Running::start(
         &sim,

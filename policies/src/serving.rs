@@ -8,7 +8,11 @@
 //! slice, 1/N of a GPU time-sliced N ways). Each token slows by
 //! `batch_slowdown` per other request in the batch: throughput grows with
 //! the batch, per-request speed falls (as in vLLM's continuous batching).
-//! Pure: no clock, no I/O.
+//! Prefill is compute-bound: one replica prefills one prompt at a time, in
+//! the order its requests start ([`PrefillLane`]), so concurrent prompts
+//! share one prefill rate (vLLM's scheduler gives prefill chunks one token
+//! budget per step) and a long prompt delays the first token of the
+//! requests behind it. Pure: no clock, no I/O.
 
 use std::time::Duration;
 
@@ -36,6 +40,24 @@ pub struct ServiceProfile {
     /// 2 × 32 layers × 8 KV heads × 128 dims × 2 bytes = 128 KiB per token
     /// that is 442,368 tokens.
     pub prefix_cache_tokens: u64,
+}
+
+/// A replica's prefill, one prompt at a time: times are seconds from any
+/// origin the caller keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrefillLane {
+    free_at: f64,
+}
+
+impl PrefillLane {
+    /// Books a prefill taking `seconds` for a request that starts at
+    /// `now`: it begins when the prefills booked before it end. Returns
+    /// when it ends.
+    pub fn book(&mut self, now: f64, seconds: f64) -> f64 {
+        let begin = self.free_at.max(now);
+        self.free_at = begin + seconds.max(0.0);
+        self.free_at
+    }
 }
 
 /// Tokens per KV-cache block (vLLM's default block size).
@@ -98,7 +120,7 @@ impl ServiceProfile {
         Duration::from_secs_f64(slow / (self.decode_tps * self.speed))
     }
 
-    /// Service time of one request: prefill of `prompt_tokens`, then
+    /// Service time of one request once its prefill ran: prefill of `prompt_tokens`, then
     /// `output_tokens` at the per-token pace of a batch of `running`
     /// (itself included), and the time to its first token (prefill plus
     /// one token).
@@ -116,5 +138,23 @@ impl ServiceProfile {
             prefill + per
         };
         (prefill + per * output_tokens, first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefills_queue_one_at_a_time_in_start_order() {
+        let mut lane = PrefillLane::default();
+        // Two prompts of 0.5 s start together: the second waits for the
+        // first (first come, first served, one server).
+        assert_eq!(lane.book(10.0, 0.5), 10.5);
+        assert_eq!(lane.book(10.0, 0.5), 11.0);
+        // One that starts after the lane emptied does not wait.
+        assert_eq!(lane.book(12.0, 0.25), 12.25);
+        // One that starts while busy waits only for the rest.
+        assert_eq!(lane.book(12.1, 0.1), 12.35);
     }
 }

@@ -27,7 +27,7 @@ use gpuscale_gateway::affinity::Hint;
 use gpuscale_gateway::config::Endpoint;
 use gpuscale_gateway::state::QueueView;
 use gpuscale_gateway::stats::ModelStats;
-use gpuscale_policies::serving::ServiceProfile;
+use gpuscale_policies::serving::{PrefillLane, ServiceProfile};
 use gpuscale_policies::{Model, Priority};
 
 use crate::arrivals::Arrival;
@@ -173,6 +173,8 @@ struct Rep {
     running: u32,
     id: Option<ReplicaId>,
     endpoint: Endpoint,
+    /// Its prefills, one at a time.
+    lane: PrefillLane,
 }
 
 struct Pending {
@@ -361,15 +363,19 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         let mut profile = setup.services[p.workload].clone();
         profile.speed = rep.slot.speed.max(1e-6);
         let (service, first) = profile.service(p.prompt, p.output, rep.running);
+        // The prefill waits for those booked before it on this replica.
+        let prefill = profile.prefill(p.prompt).as_secs_f64();
+        let behind = rep.lane.book(now, prefill) - now - prefill;
+        let service = service.as_secs_f64() + behind;
         p.started = now;
-        p.first = first.as_secs_f64();
+        p.first = first.as_secs_f64() + behind;
         let wait = now - p.arrival;
         let stamp = base + Duration::from_secs_f64(now);
         rt[m].stats.queue_wait.record(stamp, wait);
         out.queue_wait.record(wait);
         p.busy = rep.slot.speed / f64::from(setup.models[m].max_concurrency.max(1));
         g.busy += p.busy;
-        Some((now + service.as_secs_f64(), Event::Complete { rep: r, req }))
+        Some((now + service, Event::Complete { rep: r, req }))
     }
 
     // Hands a model's free slots to its waiters and starts them.
@@ -832,6 +838,7 @@ fn apply(
             running: 0,
             id: None,
             endpoint,
+            lane: PrefillLane::default(),
         });
         g.occupy(s, placer, 1.0);
         rt[m].live.insert(s.key.clone(), r);
