@@ -14,12 +14,17 @@
 //!   case;
 //! - [`training`]: a stream of training jobs on a 256-GPU cluster shared
 //!   with inference, under FIFO without gangs, FIFO with gangs, EASY
-//!   backfill and gpuscale's gang placement and queue (`training-report`).
+//!   backfill and gpuscale's gang placement and queue (`training-report`);
+//! - [`routing`]: the routing benchmark's workloads (prefix-heavy chat
+//!   sessions and no shared prefix, sizes from the Azure trace) for
+//!   `routing-bench`, which runs round robin, least-outstanding and
+//!   prefix affinity behind 1 and 3 gateways (`bench/routing.sh`).
 //!
 //! What it does not do: run in the test suite's timing (unit tests never
 //! time anything), or reach beyond loopback.
 
 pub mod packer_report;
+pub mod routing;
 pub mod scenario;
 pub mod sim_scenarios;
 pub mod training;

@@ -132,7 +132,13 @@ pub struct Pool<W> {
     next_id: u64,
     /// Rotates the starting point among equally loaded replicas.
     cursor: usize,
+    /// Prefix keys routed recently, direct-mapped by the key's low bits:
+    /// a key found here counts as shared.
+    seen: Box<[u64]>,
 }
+
+/// Slots of [`Pool`]'s table of recent prefix keys.
+pub const SEEN_SLOTS: usize = 4096;
 
 impl<W> Pool<W> {
     /// An empty pool: at most `max_queue` waiters; replicas serve
@@ -146,6 +152,7 @@ impl<W> Pool<W> {
             default_limit: default_limit.max(1),
             next_id: 0,
             cursor: 0,
+            seen: vec![0; SEEN_SLOTS].into_boxed_slice(),
         }
     }
 
@@ -269,7 +276,12 @@ impl<W> Pool<W> {
         self.take_slot(now, avoid, hint)
     }
 
-    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId], hint: Hint) -> Option<Slot> {
+    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId], mut hint: Hint) -> Option<Slot> {
+        if let Some(key) = hint.key {
+            let slot = &mut self.seen[(key as usize) % SEEN_SLOTS];
+            hint.shared |= *slot == key;
+            *slot = key;
+        }
         let mut index = Vec::with_capacity(self.replicas.len());
         let mut cands = Vec::with_capacity(self.replicas.len());
         for (i, r) in self.replicas.iter_mut().enumerate() {

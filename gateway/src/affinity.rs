@@ -71,13 +71,18 @@ pub struct Balance {
     /// `c = 1 + ε` of bounded loads: a replica takes a request only while
     /// its load stays within `c` × its share of the total (≥ 1).
     pub load_factor: f64,
-    /// The bound is never below this many requests: continuous batching
-    /// makes a few requests more on the owner nearly free, and a spill
-    /// costs a cache miss.
-    pub spill_floor: u32,
+    /// The bound is never below this share (0–1) of the replica's
+    /// concurrency limit: a replica that far from saturation takes its own
+    /// prefixes whatever the others hold, since continuous batching makes
+    /// a few requests more nearly free while a spill costs a cache miss.
+    pub spill_floor: f64,
     /// A replica whose KV cache is at least this full (0–1, from its
     /// metrics) is passed over, as one at its bound is.
     pub kv_spill: f64,
+    /// A prefix not known to be shared ([`Hint::shared`]) goes to its
+    /// owner only when the owner holds at most this many requests more
+    /// than the least loaded replica.
+    pub fresh_slack: u32,
 }
 
 impl Default for Balance {
@@ -86,9 +91,10 @@ impl Default for Balance {
             policy: Policy::Prefix,
             block_bytes: 256,
             affinity_blocks: 16,
-            load_factor: 1.25,
-            spill_floor: 4,
+            load_factor: 1.5,
+            spill_floor: 0.75,
             kv_spill: 0.9,
+            fresh_slack: 1,
         }
     }
 }
@@ -158,8 +164,26 @@ impl Prompt<'_> {
 pub struct Hint {
     /// The affinity key ([`key`]).
     pub key: Option<u64>,
+    /// Whether the prefix was seen before: the request continues a
+    /// conversation (it carries an earlier answer), or this gateway routed
+    /// the key recently. A prefix not known to be shared goes to its owner
+    /// only when the owner is about as free as the least loaded replica,
+    /// so traffic without shared prefixes is balanced as least-outstanding
+    /// balances it.
+    pub shared: bool,
     /// The LoRA adapter (an index into the model's adapter list).
     pub adapter: Option<u16>,
+}
+
+/// A request's affinity key, and whether the request continues a
+/// conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// The key.
+    pub hash: u64,
+    /// A chat request that carries an earlier answer (an `assistant` or
+    /// `tool` message after a user message).
+    pub continued: bool,
 }
 
 /// A prompt as bytes ([`canonical`]).
@@ -171,6 +195,9 @@ pub struct Canonical {
     /// Where the conversation's root ends: after the first user message
     /// (chat), else the end.
     pub root_end: usize,
+    /// Whether a chat carries an earlier answer (an `assistant` or `tool`
+    /// message after the first user message).
+    pub continued: bool,
 }
 
 #[derive(Deserialize)]
@@ -213,7 +240,11 @@ pub fn canonical(p: &Prompt) -> Option<Canonical> {
         let messages: Vec<Message> = serde_json::from_str(messages.get()).ok()?;
         let mut bytes = Vec::with_capacity(messages.len() * 64);
         let mut root_end = None;
+        let mut continued = false;
         for m in &messages {
+            if root_end.is_some() && matches!(m.role.as_deref(), Some("assistant" | "tool")) {
+                continued = true;
+            }
             if let Some(role) = &m.role {
                 bytes.extend_from_slice(role.as_bytes());
             }
@@ -227,7 +258,11 @@ pub fn canonical(p: &Prompt) -> Option<Canonical> {
             }
         }
         let root_end = root_end.unwrap_or(bytes.len());
-        return Some(Canonical { bytes, root_end });
+        return Some(Canonical {
+            bytes,
+            root_end,
+            continued,
+        });
     }
     let prompt = p.prompt?;
     let text = prompt.get();
@@ -245,15 +280,22 @@ pub fn canonical(p: &Prompt) -> Option<Canonical> {
         return None;
     };
     let root_end = bytes.len();
-    Some(Canonical { bytes, root_end })
+    Some(Canonical {
+        bytes,
+        root_end,
+        continued: false,
+    })
 }
 
 /// The affinity key of a prompt: XXH3 of its leading bytes up to the end
 /// of the conversation's root and at most `affinity_blocks` ×
 /// `block_bytes`. `None` when the whole prompt is shorter than one block.
-pub fn key(p: &Prompt, block_bytes: usize, affinity_blocks: usize) -> Option<u64> {
+pub fn key(p: &Prompt, block_bytes: usize, affinity_blocks: usize) -> Option<Key> {
     let c = canonical(p)?;
-    key_of(&c, block_bytes, affinity_blocks)
+    Some(Key {
+        hash: key_of(&c, block_bytes, affinity_blocks)?,
+        continued: c.continued,
+    })
 }
 
 /// [`key`] of a prompt already in canonical form.
@@ -326,11 +368,13 @@ pub struct Choice {
 
 /// The load bound of a replica with `limit` when the replicas in scope
 /// hold `total` (this request not counted) and their limits sum to
-/// `limits`: `⌈c · (total + 1) · limit / limits⌉`, at least the floor.
+/// `limits`: `⌈c · (total + 1) · limit / limits⌉`, at least
+/// `⌈floor · limit⌉`.
 pub fn bound(b: &Balance, total: u64, limit: u32, limits: u64) -> u64 {
     let share = f64::from(limit.max(1)) / limits.max(1) as f64;
     let mirrokni = (b.load_factor.max(1.0) * (total + 1) as f64 * share).ceil() as u64;
-    mirrokni.max(u64::from(b.spill_floor))
+    let floor = (b.spill_floor.clamp(0.0, 1.0) * f64::from(limit)).ceil() as u64;
+    mirrokni.max(floor)
 }
 
 /// Chooses a replica. `start` rotates the starting point among equally
@@ -366,9 +410,15 @@ pub fn choose(b: &Balance, cands: &[Candidate], hint: Hint, start: usize) -> Opt
     };
     if b.policy == Policy::Prefix
         && let Some(key) = hint.key
-        && let Some(c) = by_affinity(b, cands, key, scope)
     {
-        return Some(c);
+        let chosen = if hint.shared {
+            by_affinity(b, cands, key, scope)
+        } else {
+            fresh(b, cands, key, scope)
+        };
+        if let Some(c) = chosen {
+            return Some(c);
+        }
     }
     least_loaded(cands, scope, start).map(|index| Choice {
         index,
@@ -416,6 +466,32 @@ fn by_affinity(
             } else {
                 Reason::Spill
             },
+        })
+}
+
+/// A prefix not known to be shared: its owner if the owner is within
+/// `fresh_slack` of the least loaded replica, else nothing (the caller
+/// takes the least loaded).
+fn fresh(
+    b: &Balance,
+    cands: &[Candidate],
+    key: u64,
+    scope: &dyn Fn(&Candidate) -> bool,
+) -> Option<Choice> {
+    let min = cands
+        .iter()
+        .filter(|c| c.available && scope(c))
+        .map(|c| c.load)
+        .min()?;
+    let (index, owner) = cands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| scope(c))
+        .max_by_key(|(i, c)| (score(key, c.tag), std::cmp::Reverse(*i)))?;
+    (owner.available && owner.load <= min + u64::from(b.fresh_slack) && owner.kv < b.kv_spill)
+        .then_some(Choice {
+            index,
+            reason: Reason::Affinity,
         })
 }
 
@@ -539,12 +615,14 @@ mod tests {
     #[test]
     fn the_owner_is_the_highest_weight_and_spills_at_its_bound() {
         let b = Balance {
-            spill_floor: 0,
+            load_factor: 1.25,
+            spill_floor: 0.0,
             ..Balance::default()
         };
         let mut cands: Vec<Candidate> = (0..4).map(|t| cand(t, 10)).collect();
         let hint = Hint {
             key: Some(42),
+            shared: true,
             adapter: None,
         };
         let owner = (0..4).max_by_key(|&t| score(42, t)).unwrap() as usize;
@@ -575,6 +653,54 @@ mod tests {
     }
 
     #[test]
+    fn a_fresh_prefix_goes_to_its_owner_only_when_it_is_about_as_free() {
+        let b = Balance::default();
+        let mut cands = fleet();
+        let key = 99;
+        let owner = (0..8).max_by_key(|&i| score(key, cands[i].tag)).unwrap();
+        for c in &mut cands {
+            c.load = 5;
+        }
+        let fresh = Hint {
+            key: Some(key),
+            shared: false,
+            adapter: None,
+        };
+        let shared = Hint {
+            shared: true,
+            ..fresh
+        };
+        assert_eq!(choose(&b, &cands, fresh, 0).unwrap().index, owner);
+        // One more than the least loaded: still within the slack of 1.
+        cands[owner].load = 6;
+        assert_eq!(
+            choose(&b, &cands, fresh, 0).unwrap().reason,
+            Reason::Affinity
+        );
+        // Two more: a fresh prefix goes to the least loaded, a shared one
+        // stays (far within its bound).
+        cands[owner].load = 7;
+        let c = choose(&b, &cands, fresh, 0).unwrap();
+        assert_eq!(c.reason, Reason::LeastLoaded);
+        assert_ne!(c.index, owner);
+        assert_eq!(
+            choose(&b, &cands, shared, 0),
+            Some(Choice {
+                index: owner,
+                reason: Reason::Affinity
+            })
+        );
+    }
+
+    #[test]
+    fn a_chat_that_carries_an_answer_continues_a_conversation() {
+        let first = r#"[{"role":"system","content":"s"},{"role":"user","content":"q"}]"#;
+        let second = r#"[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"user","content":"q2"}]"#;
+        assert!(!chat(first).continued);
+        assert!(chat(second).continued);
+    }
+
+    #[test]
     fn no_key_is_least_outstanding_and_round_robin_turns() {
         let b = Balance::default();
         let cands = [cand(1, 5), cand(2, 3), cand(3, 3)];
@@ -595,6 +721,7 @@ mod tests {
         };
         let keyed = Hint {
             key: Some(7),
+            shared: true,
             adapter: None,
         };
         assert_eq!(
@@ -630,7 +757,11 @@ mod tests {
                     b.block_bytes,
                     b.affinity_blocks,
                 );
-                let hint = Hint { key, adapter: None };
+                let hint = Hint {
+                    key: key.map(|k| k.hash),
+                    shared: true,
+                    adapter: None,
+                };
                 let c = choose(&b, &cands, hint, 0).unwrap();
                 assert_eq!(c.reason, Reason::Affinity);
                 c.index
@@ -646,7 +777,7 @@ mod tests {
     #[test]
     fn bounded_loads_hold_for_a_hot_prefix() {
         let b = Balance {
-            spill_floor: 0,
+            spill_floor: 0.0,
             ..Balance::default()
         };
         let mut cands = fleet();
@@ -657,6 +788,7 @@ mod tests {
             let key = if m % 2 == 0 { 7 } else { m % 97 };
             let hint = Hint {
                 key: Some(key),
+                shared: true,
                 adapter: None,
             };
             let c = choose(&b, &cands, hint, 0).unwrap();
@@ -665,7 +797,8 @@ mod tests {
             let limit = (b.load_factor * m as f64 / n).ceil() as u64;
             assert!(
                 max <= limit,
-                "after {m} requests a replica holds {max} > ⌈1.25 · {m} / 8⌉ = {limit}"
+                "after {m} requests a replica holds {max} > ⌈{} · {m} / 8⌉ = {limit}",
+                b.load_factor
             );
         }
     }
@@ -679,6 +812,7 @@ mod tests {
                 cands,
                 Hint {
                     key: Some(key),
+                    shared: true,
                     adapter: None,
                 },
                 0,
@@ -708,13 +842,18 @@ mod tests {
 
     #[test]
     fn an_adapter_narrows_the_choice_while_its_replicas_have_room() {
-        let b = Balance::default();
+        let b = Balance {
+            load_factor: 1.25,
+            spill_floor: 0.1,
+            ..Balance::default()
+        };
         // Σ load 15 over three limits of 32: each bound is
-        // max(⌈1.25 · 16 / 3⌉, 4) = 7.
+        // max(⌈1.25 · 16 / 3⌉, ⌈0.1 · 32⌉) = 7.
         let mut cands = [cand(1, 4), cand(2, 6), cand(3, 5)];
         cands[2].has_adapter = true;
         let hint = Hint {
             key: None,
+            shared: false,
             adapter: Some(0),
         };
         assert_eq!(

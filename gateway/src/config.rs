@@ -304,11 +304,17 @@ pub struct RoutingSpec {
     /// `1 + ε` of bounded loads: a replica takes a request while its load
     /// stays within this many times its share of the model's load.
     pub load_factor: f64,
-    /// The load bound is never below this many requests.
-    pub spill_floor: u32,
+    /// The load bound is never below this share (0–1) of the replica's
+    /// concurrency limit.
+    pub spill_floor: f64,
     /// KV-cache utilisation (0–1, from the replica's metrics) at which a
     /// replica is passed over like one at its bound.
     pub kv_spill: f64,
+    /// A prefix not known to be shared (a first turn, a prompt this
+    /// gateway has not routed lately) goes to its owner only when the
+    /// owner holds at most this many requests more than the least loaded
+    /// replica.
+    pub fresh_slack: u32,
     /// Adds `x-gpuscale-route: <reason>; replica=<tag>` to responses.
     pub explain: bool,
     /// How long an adapter seen in a replica's metrics counts as loaded
@@ -327,6 +333,7 @@ impl Default for RoutingSpec {
             load_factor: b.load_factor,
             spill_floor: b.spill_floor,
             kv_spill: b.kv_spill,
+            fresh_slack: b.fresh_slack,
             explain: false,
             adapter_memory: Duration::from_secs(60),
         }
@@ -345,6 +352,9 @@ impl RoutingSpec {
         if !(self.load_factor >= 1.0 && self.load_factor <= 100.0) {
             return Err("spec.routing.loadFactor: must be between 1 and 100".into());
         }
+        if !(0.0..=1.0).contains(&self.spill_floor) {
+            return Err("spec.routing.spillFloor: must be between 0 and 1".into());
+        }
         if !(self.kv_spill > 0.0 && self.kv_spill <= 1.0) {
             return Err("spec.routing.kvSpill: must be above 0 and at most 1".into());
         }
@@ -355,6 +365,7 @@ impl RoutingSpec {
             load_factor: self.load_factor,
             spill_floor: self.spill_floor,
             kv_spill: self.kv_spill,
+            fresh_slack: self.fresh_slack,
         })
     }
 }

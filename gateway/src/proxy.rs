@@ -298,12 +298,14 @@ async fn handle_inner(
             .0
     };
     let balance = &shared.settings.balance;
+    let key = if balance.policy == Policy::Prefix && !prompt.is_empty() {
+        affinity::key(&prompt, balance.block_bytes, balance.affinity_blocks)
+    } else {
+        None
+    };
     let hint = Hint {
-        key: if balance.policy == Policy::Prefix && !prompt.is_empty() {
-            affinity::key(&prompt, balance.block_bytes, balance.affinity_blocks)
-        } else {
-            None
-        },
+        key: key.map(|k| k.hash),
+        shared: key.is_some_and(|k| k.continued),
         adapter,
     };
     let mut permit = match shared.admit(&model, priority, hint).await {

@@ -143,8 +143,9 @@ struct Sim {
     next_id: AtomicU64,
     cache: Option<std::sync::Mutex<PrefixCache>>,
     /// Prefills, one at a time ([`PrefillLane`]), in seconds since
-    /// `origin`.
-    lane: std::sync::Mutex<PrefillLane>,
+    /// `origin`, and when each booked prefill that has not begun begins
+    /// (they wait, as in vLLM's waiting queue).
+    lane: std::sync::Mutex<(PrefillLane, std::collections::VecDeque<f64>)>,
     origin: std::time::Instant,
     /// LoRA adapters it serves, and how many requests for each run now.
     adapters: std::sync::Mutex<Vec<(String, u32)>>,
@@ -189,7 +190,7 @@ pub async fn start_with_adapters(
         slots: Arc::new(Semaphore::new(profile.max_concurrency.max(1) as usize)),
         cache: (blocks > 0).then(|| std::sync::Mutex::new(PrefixCache::new(blocks as usize))),
         adapters: std::sync::Mutex::new(adapters.iter().map(|a| (a.clone(), 0)).collect()),
-        lane: std::sync::Mutex::new(PrefillLane::default()),
+        lane: std::sync::Mutex::new((PrefillLane::default(), Default::default())),
         origin: std::time::Instant::now(),
         profile,
         counters: counters.clone(),
@@ -296,7 +297,20 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
         (Method::GET, "/health") => Response::new(full("ok\n")),
         (Method::GET, "/metrics") => {
             let c = &sim.counters;
-            let running = c.running.load(Ordering::Relaxed);
+            // Waiting: for a slot, or (holding one) for the prefills
+            // booked before theirs.
+            let prefill_waiting = {
+                let now = sim.origin.elapsed().as_secs_f64();
+                let mut lane = crate::lock(&sim.lane);
+                while lane.1.front().is_some_and(|&b| b <= now) {
+                    lane.1.pop_front();
+                }
+                lane.1.len() as u64
+            };
+            let running = c
+                .running
+                .load(Ordering::Relaxed)
+                .saturating_sub(prefill_waiting);
             let kv = if sim.profile.prefix_cache_tokens > 0 {
                 (c.running_tokens.load(Ordering::Relaxed) as f64
                     / sim.profile.prefix_cache_tokens as f64)
@@ -339,7 +353,7 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
                  sim_requests_total {}\n\
                  # TYPE sim_cancelled_total counter\n\
                  sim_cancelled_total {}\n",
-                c.waiting.load(Ordering::Relaxed),
+                c.waiting.load(Ordering::Relaxed) + prefill_waiting,
                 kv,
                 c.prefix_queries.load(Ordering::Relaxed),
                 c.prefix_hits.load(Ordering::Relaxed),
@@ -536,7 +550,12 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     // The prefill queues behind those already booked on this replica.
     let prefill = {
         let now = sim.origin.elapsed().as_secs_f64();
-        let end = crate::lock(&sim.lane).book(now, prefill.as_secs_f64());
+        let mut lane = crate::lock(&sim.lane);
+        let end = lane.0.book(now, prefill.as_secs_f64());
+        let begin = end - prefill.as_secs_f64();
+        if begin > now {
+            lane.1.push_back(begin);
+        }
         Duration::from_secs_f64((end - now).max(0.0))
     };
     let running = Running::start(
