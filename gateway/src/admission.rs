@@ -295,6 +295,7 @@ impl<W> Pool<W> {
             cands.push(Candidate {
                 tag: r.tag,
                 load: u64::from(r.in_flight) + u64::from(r.server_waiting),
+                waiting: u64::from(r.server_waiting),
                 limit: r.limit,
                 kv: r.kv,
                 available: r.available(now) && !avoid.contains(&r.id),
@@ -603,6 +604,65 @@ mod tests {
         let granted: Vec<u32> = p.dispatch(now).into_iter().map(|g| g.0).collect();
         assert_eq!(granted, [0, 1], "two slots, first two waiters");
         assert_eq!(p.waiting(), 1);
+    }
+
+    #[test]
+    fn adapters_seen_in_metrics_count_until_they_expire() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(10, 8);
+        let a = p.add_replica(ep(1), None);
+        let b = p.add_replica(ep(2), None);
+        let hint = Hint {
+            key: None,
+            shared: false,
+            adapter: Some(3),
+        };
+        p.set_server_state(&ep(2), 0, Some(0.2), &[3], now + Duration::from_secs(60));
+        for _ in 0..3 {
+            let s = p.acquire(now, hint).unwrap();
+            assert_eq!((s.replica, s.reason), (b, Reason::Adapter));
+        }
+        // Past its memory, the adapter no longer counts: least loaded.
+        let later = now + Duration::from_secs(61);
+        let s = p.acquire(later, hint).unwrap();
+        assert_eq!((s.replica, s.reason), (a, Reason::LeastLoaded));
+        // A registered adapter does not expire.
+        p.set_adapters(&ep(1), &[3]);
+        let s = p.acquire(later + Duration::from_secs(3600), hint).unwrap();
+        assert_eq!((s.replica, s.reason), (a, Reason::Adapter));
+    }
+
+    #[test]
+    fn a_waiter_keeps_its_prefix_for_the_slot_it_gets() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        p.set_balance(Balance {
+            spill_floor: 1.0,
+            ..Balance::default()
+        });
+        let ids: Vec<ReplicaId> = (1..=4).map(|i| p.add_replica(ep(i), None)).collect();
+        let hint = Hint {
+            key: Some(12345),
+            shared: true,
+            adapter: None,
+        };
+        let owner = p.acquire(now, hint).unwrap().replica;
+        // Every replica busy; the keyed waiter queues.
+        for _ in 0..3 {
+            p.acquire(now, Hint::default()).unwrap();
+        }
+        assert_eq!(
+            p.enqueue(1, Priority::Standard, hint, "keyed"),
+            Enqueued::Waiting
+        );
+        // Another replica frees first: the waiter takes it (a spill)
+        // rather than wait for its owner.
+        let other = *ids.iter().find(|&&r| r != owner).unwrap();
+        p.release(other);
+        let granted = p.dispatch(now);
+        assert_eq!(granted.len(), 1);
+        assert_eq!(granted[0].1.replica, other);
+        assert_eq!(granted[0].1.reason, Reason::Spill);
     }
 
     #[test]

@@ -80,8 +80,9 @@ pub struct Balance {
     /// metrics) is passed over, as one at its bound is.
     pub kv_spill: f64,
     /// A prefix not known to be shared ([`Hint::shared`]) goes to its
-    /// owner only when the owner holds at most this many requests more
-    /// than the least loaded replica.
+    /// owner only when the owner holds no more than the least loaded
+    /// replica, or at most this many requests more with nothing waiting
+    /// inside it.
     pub fresh_slack: u32,
 }
 
@@ -94,7 +95,7 @@ impl Default for Balance {
             load_factor: 1.5,
             spill_floor: 0.75,
             kv_spill: 0.9,
-            fresh_slack: 1,
+            fresh_slack: 0,
         }
     }
 }
@@ -347,6 +348,8 @@ pub struct Candidate {
     /// Requests outstanding: in flight from this gateway plus waiting
     /// inside the server.
     pub load: u64,
+    /// Of those, waiting inside the server (from its metrics).
+    pub waiting: u64,
     /// Its concurrency limit (its weight in the load shares).
     pub limit: u32,
     /// KV-cache utilisation, 0–1, from its metrics (0 when unknown).
@@ -469,9 +472,9 @@ fn by_affinity(
         })
 }
 
-/// A prefix not known to be shared: its owner if the owner is within
-/// `fresh_slack` of the least loaded replica, else nothing (the caller
-/// takes the least loaded).
+/// A prefix not known to be shared: its owner if the owner is as free as
+/// the least loaded replica, or within `fresh_slack` of it with nothing
+/// waiting inside, else nothing (the caller takes the least loaded).
 fn fresh(
     b: &Balance,
     cands: &[Candidate],
@@ -488,11 +491,14 @@ fn fresh(
         .enumerate()
         .filter(|(_, c)| scope(c))
         .max_by_key(|(i, c)| (score(key, c.tag), std::cmp::Reverse(*i)))?;
-    (owner.available && owner.load <= min + u64::from(b.fresh_slack) && owner.kv < b.kv_spill)
-        .then_some(Choice {
-            index,
-            reason: Reason::Affinity,
-        })
+    // As free as the least loaded, or within the slack of it with
+    // nothing waiting inside.
+    let free =
+        owner.load <= min || (owner.waiting == 0 && owner.load <= min + u64::from(b.fresh_slack));
+    (owner.available && free && owner.kv < b.kv_spill).then_some(Choice {
+        index,
+        reason: Reason::Affinity,
+    })
 }
 
 fn least_loaded(
@@ -605,6 +611,7 @@ mod tests {
         Candidate {
             tag,
             load,
+            waiting: 0,
             limit: 32,
             kv: 0.0,
             available: true,
@@ -654,7 +661,10 @@ mod tests {
 
     #[test]
     fn a_fresh_prefix_goes_to_its_owner_only_when_it_is_about_as_free() {
-        let b = Balance::default();
+        let b = Balance {
+            fresh_slack: 1,
+            ..Balance::default()
+        };
         let mut cands = fleet();
         let key = 99;
         let owner = (0..8).max_by_key(|&i| score(key, cands[i].tag)).unwrap();
@@ -677,6 +687,13 @@ mod tests {
             choose(&b, &cands, fresh, 0).unwrap().reason,
             Reason::Affinity
         );
+        // Not with a request waiting inside it.
+        cands[owner].waiting = 1;
+        assert_eq!(
+            choose(&b, &cands, fresh, 0).unwrap().reason,
+            Reason::LeastLoaded
+        );
+        cands[owner].waiting = 0;
         // Two more: a fresh prefix goes to the least loaded, a shared one
         // stays (far within its bound).
         cands[owner].load = 7;

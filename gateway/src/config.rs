@@ -312,8 +312,8 @@ pub struct RoutingSpec {
     pub kv_spill: f64,
     /// A prefix not known to be shared (a first turn, a prompt this
     /// gateway has not routed lately) goes to its owner only when the
-    /// owner holds at most this many requests more than the least loaded
-    /// replica.
+    /// owner holds no more than the least loaded replica, or at most this
+    /// many requests more with nothing waiting inside it.
     pub fresh_slack: u32,
     /// Adds `x-gpuscale-route: <reason>; replica=<tag>` to responses.
     pub explain: bool,

@@ -221,3 +221,42 @@ async fn an_adapter_request_prefers_the_replica_that_has_it() {
     assert_eq!(listed.status, 200);
     g.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_server_counts_prefix_cache_hits_in_tokens() {
+    use gpuscale_gateway::sim::{self, SimProfile};
+    let profile = SimProfile {
+        prefix_cache_tokens: 16 * 1024,
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let system = "abcd".repeat(160); // 640 bytes, 160 tokens
+    let user = "efgh".repeat(16); // 64 bytes, 16 tokens
+    let turn1 = serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user}]});
+    let turn2 = serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user},
+        {"role": "assistant", "content": "ijkl".repeat(4)}, {"role": "user", "content": "mnop".repeat(4)}]});
+    for body in [&turn1, &turn2] {
+        let a = chat(server.addr, body.to_string()).await;
+        assert_eq!(a.status, 200);
+    }
+    let text = send(server.addr, "GET", "/metrics", &[], Bytes::new()).await;
+    let text = String::from_utf8(text.body.to_vec()).unwrap();
+    // Turn 1 as the server reads it: "system", 0x1f, 640 bytes, 0x1e,
+    // "user", 0x1f, 64 bytes, 0x1e = 718 bytes, 11 full blocks of 64
+    // bytes. Turn 2 starts with the same bytes: its first 11 blocks hit,
+    // 11 × 16 = 176 tokens. Queries are both prompts' tokens: 176, and
+    // 176 + 4 + 4 = 184.
+    assert_eq!(
+        sample(&text, r#"vllm:prefix_cache_hits_total{model_name="m"}"#),
+        Some(176.0)
+    );
+    assert_eq!(
+        sample(&text, r#"vllm:prefix_cache_queries_total{model_name="m"}"#),
+        Some(176.0 + 184.0)
+    );
+    server.stop().await;
+}

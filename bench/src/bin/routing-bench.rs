@@ -66,7 +66,7 @@ struct Args {
     #[arg(long, default_value_t = 0.75)]
     spill_floor: f64,
     /// The prefix policy's `routing.freshSlack`.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 0)]
     fresh_slack: u32,
     /// Only configurations whose name contains this.
     #[arg(long)]
