@@ -157,6 +157,25 @@ async fn without_a_prompt_requests_go_to_the_least_outstanding_replica() {
     g.shutdown().await;
 }
 
+/// Registers `replica` as a replica of `base` with one adapter loaded.
+async fn register_with_adapter(
+    admin: std::net::SocketAddr,
+    replica: std::net::SocketAddr,
+    adapter: &str,
+) -> Answer {
+    let body = serde_json::json!({
+        "model": "base", "endpoint": format!("http://{replica}"), "adapters": [adapter]
+    });
+    send(
+        admin,
+        "POST",
+        "/v1/replicas",
+        &[AUTH, ("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adapter_request_prefers_the_replica_that_has_it() {
     let (a, b) = (gated("a", true).await, gated("b", true).await);
@@ -170,17 +189,7 @@ async fn an_adapter_request_prefers_the_replica_that_has_it() {
     assert_eq!(before.status, 200);
     assert!(route_header(&before).starts_with("least-loaded; "));
     // b registers again, with the adapter loaded.
-    let register = serde_json::json!({
-        "model": "base", "endpoint": format!("http://{}", b.addr), "adapters": ["sql-lora"]
-    });
-    let r = send(
-        g.admin,
-        "POST",
-        "/v1/replicas",
-        &[AUTH, ("content-type", "application/json")],
-        register.to_string(),
-    )
-    .await;
+    let r = register_with_adapter(g.admin, b.addr, "sql-lora").await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     for _ in 0..6 {
         let answer = post_model(g.traffic, "/v1/chat/completions", "sql-lora").await;
@@ -191,17 +200,7 @@ async fn an_adapter_request_prefers_the_replica_that_has_it() {
     // queue, and an adapter the model does not serve is refused.
     let base = post_model(g.traffic, "/v1/chat/completions", "base").await;
     assert!(route_header(&base).starts_with("least-loaded; "));
-    let unknown = serde_json::json!({
-        "model": "base", "endpoint": format!("http://{}", a.addr), "adapters": ["nope"]
-    });
-    let r = send(
-        g.admin,
-        "POST",
-        "/v1/replicas",
-        &[AUTH, ("content-type", "application/json")],
-        unknown.to_string(),
-    )
-    .await;
+    let r = register_with_adapter(g.admin, a.addr, "nope").await;
     assert_eq!(r.status, 400);
     assert!(String::from_utf8_lossy(&r.body).contains("`nope` is not an adapter of `base`"));
     let text = metrics(g.admin).await;
