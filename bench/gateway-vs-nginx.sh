@@ -4,13 +4,17 @@
 # model server, profile `instant`), in the same run, alternating rounds.
 # Reports requests/s and p50/p99 latency per round, medians, and ratios.
 #
-# Usage: bench/gateway-vs-nginx.sh [ROUNDS=3] [SECONDS=10] [CONNECTIONS=64]
+# Usage: bench/gateway-vs-nginx.sh [ROUNDS=3] [SECONDS=10] [CONNECTIONS=64] [PROMPT_BYTES=0]
+# PROMPT_BYTES 0 sends the prompt "hello" (shorter than one routing block:
+# no prefix key); 1024, say, sends a prompt that long, which the gateway's
+# default routing (prefix) reads and hashes on every request.
 # Needs: wrk, nginx (Debian packages), a release build (built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 secs=${2:-10}
 conns=${3:-64}
+prompt_bytes=${4:-0}
 
 for tool in wrk nginx python3; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install wrk nginx-light)"; exit 1; }
@@ -26,7 +30,12 @@ nginx_conf "$nginx_port" "$up_port" >"$work/nginx.conf"
 spawn nginx -c "$work/nginx.conf"
 nginx_pid=$spawned
 
-post_lua '{"model":"m","prompt":"hello","max_tokens":1}'
+if [ "$prompt_bytes" -gt 0 ]; then
+  prompt=$(python3 -c 'import sys; n=int(sys.argv[1]); print(("the quick brown fox jumps over the lazy dog " * (n // 44 + 1))[:n])' "$prompt_bytes")
+else
+  prompt=hello
+fi
+post_lua "{\"model\":\"m\",\"prompt\":\"$prompt\",\"max_tokens\":1}"
 ready "http://127.0.0.1:$gw_port/v1/completions"
 ready "http://127.0.0.1:$nginx_port/v1/completions"
 
@@ -73,10 +82,10 @@ EOF
   done
 done
 
-python3 - "$results" "$rounds" "$secs" "$conns" <<'EOF'
+python3 - "$results" "$rounds" "$secs" "$conns" "${#prompt} bytes" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-print(f"wrk -t2 -c{sys.argv[4]} -d{sys.argv[3]}s, POST /v1/completions, {sys.argv[2]} alternating rounds\n")
+print(f"wrk -t2 -c{sys.argv[4]} -d{sys.argv[3]}s, POST /v1/completions, prompt of {sys.argv[5]}, {sys.argv[2]} alternating rounds\n")
 print("| round | proxy | requests/s | p50 ms | p99 ms | proxy CPU µs/request | non-2xx | socket errors |")
 print("|---:|---|---:|---:|---:|---:|---:|---|")
 for t, r, rps, p50, p99, cpu, bad, sock in rows:

@@ -49,6 +49,8 @@ pub struct Replica {
     /// Adapters it has: configured or registered (no expiry), or seen in
     /// its metrics (until the instant given).
     pub adapters: Vec<(u16, Option<Instant>)>,
+    /// The pool's pick count when it was last chosen.
+    pub last_pick: Option<u64>,
 }
 
 impl Replica {
@@ -132,6 +134,8 @@ pub struct Pool<W> {
     next_id: u64,
     /// Rotates the starting point among equally loaded replicas.
     cursor: usize,
+    /// Requests routed so far.
+    picks: u64,
     /// Prefix keys routed recently, direct-mapped by the key's low bits:
     /// a key found here counts as shared.
     seen: Box<[u64]>,
@@ -152,6 +156,7 @@ impl<W> Pool<W> {
             default_limit: default_limit.max(1),
             next_id: 0,
             cursor: 0,
+            picks: 0,
             seen: vec![0; SEEN_SLOTS].into_boxed_slice(),
         }
     }
@@ -241,6 +246,7 @@ impl<W> Pool<W> {
             tag: affinity::tag(endpoint.authority()),
             kv: 0.0,
             adapters: Vec::new(),
+            last_pick: None,
             endpoint,
         });
         id
@@ -300,6 +306,7 @@ impl<W> Pool<W> {
                 kv: r.kv,
                 available: r.available(now) && !avoid.contains(&r.id),
                 has_adapter: r.has_adapter(hint.adapter, now),
+                since: r.last_pick.map_or(u64::MAX, |p| self.picks - p),
             });
         }
         let start = if cands.is_empty() {
@@ -309,8 +316,10 @@ impl<W> Pool<W> {
         };
         let choice = affinity::choose(&self.balance, &cands, hint, start)?;
         self.cursor = choice.index + 1;
+        self.picks += 1;
         let r = &mut self.replicas[index[choice.index]];
         r.in_flight += 1;
+        r.last_pick = Some(self.picks);
         Some(Slot {
             replica: r.id,
             endpoint: r.endpoint.clone(),

@@ -358,6 +358,10 @@ pub struct Candidate {
     pub available: bool,
     /// Whether it has the request's adapter loaded.
     pub has_adapter: bool,
+    /// Requests this gateway routed to the pool since it last chose this
+    /// replica (`u64::MAX` if never): a replica chosen a moment ago may
+    /// still be prefilling that prompt, which its load does not show.
+    pub since: u64,
 }
 
 /// The choice: an index into the candidates and why.
@@ -474,7 +478,15 @@ fn by_affinity(
 
 /// A prefix not known to be shared: its owner if the owner is as free as
 /// the least loaded replica, or within `fresh_slack` of it with nothing
-/// waiting inside, else nothing (the caller takes the least loaded).
+/// waiting inside, and this gateway has not chosen it among its last
+/// ⌊n/2⌋ requests to the pool; else nothing (the caller takes the least
+/// loaded, rotating among ties).
+///
+/// The last condition is what keeps a workload with no shared prefix as
+/// fast as least-outstanding: in-flight counts tie often, and among tied
+/// replicas least-outstanding's rotation picks one not chosen lately,
+/// whose last prompt has likely finished prefilling; the owner, a random
+/// one among them, may have taken a prompt a moment ago.
 fn fresh(
     b: &Balance,
     cands: &[Candidate],
@@ -495,7 +507,8 @@ fn fresh(
     // nothing waiting inside.
     let free =
         owner.load <= min || (owner.waiting == 0 && owner.load <= min + u64::from(b.fresh_slack));
-    (owner.available && free && owner.kv < b.kv_spill).then_some(Choice {
+    let settled = owner.since >= (cands.len() / 2) as u64;
+    (owner.available && free && settled && owner.kv < b.kv_spill).then_some(Choice {
         index,
         reason: Reason::Affinity,
     })
@@ -616,6 +629,7 @@ mod tests {
             kv: 0.0,
             available: true,
             has_adapter: false,
+            since: u64::MAX,
         }
     }
 
@@ -657,6 +671,49 @@ mod tests {
         cands[owner].load = 10;
         cands[owner].kv = 0.95;
         assert_eq!(choose(&b, &cands, hint, 0).unwrap().reason, Reason::Spill);
+    }
+
+    #[test]
+    fn a_fresh_prefix_skips_an_owner_chosen_among_the_last_half_of_picks() {
+        let b = Balance::default();
+        let mut cands = fleet();
+        let key = 7;
+        let owner = (0..8).max_by_key(|&i| score(key, cands[i].tag)).unwrap();
+        let fresh = Hint {
+            key: Some(key),
+            shared: false,
+            adapter: None,
+        };
+        // All tied: the owner, unless this gateway chose it among its
+        // last 4 requests (8 replicas).
+        for since in [0, 3] {
+            cands[owner].since = since;
+            let next = (owner + 1) % 8;
+            let c = choose(&b, &cands, fresh, next).unwrap();
+            assert_eq!(
+                c,
+                Choice {
+                    index: next,
+                    reason: Reason::LeastLoaded
+                },
+                "since {since}"
+            );
+        }
+        cands[owner].since = 4;
+        assert_eq!(
+            choose(&b, &cands, fresh, 0).unwrap(),
+            Choice {
+                index: owner,
+                reason: Reason::Affinity
+            }
+        );
+        // A shared prefix stays with its owner however lately it was chosen.
+        cands[owner].since = 0;
+        let shared = Hint {
+            shared: true,
+            ..fresh
+        };
+        assert_eq!(choose(&b, &cands, shared, 0).unwrap().index, owner);
     }
 
     #[test]

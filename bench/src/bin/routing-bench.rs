@@ -68,9 +68,14 @@ struct Args {
     /// The prefix policy's `routing.freshSlack`.
     #[arg(long, default_value_t = 0)]
     fresh_slack: u32,
-    /// Only configurations whose name contains this.
+    /// Only configurations whose name contains one of these (repeatable).
     #[arg(long)]
-    only: Option<String>,
+    only: Vec<String>,
+    /// Runs of each configuration, with seeds `seed`, `seed + 1`, …; the
+    /// table gives each figure's median over the runs (the kill run runs
+    /// once).
+    #[arg(long, default_value_t = 1)]
+    repeat: u64,
     /// Write every configuration's figures here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -88,7 +93,21 @@ impl Drop for Procs {
     }
 }
 
+/// A loopback port free now, below Linux's default ephemeral range
+/// (32768–60999): the thousands of client connections a run opens take
+/// their ports from that range, and one of them could take a port between
+/// this check and the child process's bind.
 fn free_port() -> anyhow::Result<u16> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(nanos ^ u64::from(std::process::id()));
+    for _ in 0..1000 {
+        let port = rng.random_range(20_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -227,6 +246,32 @@ struct KillFigures {
     owners_changed: usize,
 }
 
+/// Each figure's median over runs of one configuration (the upper median
+/// for an even count), the most failed requests of any run, and the kill
+/// figures of the first run.
+fn median_figures(runs: &[Figures]) -> Figures {
+    fn med(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> f64 {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    let first = &runs[0];
+    Figures {
+        workload: first.workload.clone(),
+        policy: first.policy.clone(),
+        gateways: first.gateways,
+        requests: med(runs, |f| f.requests as f64) as usize,
+        failed: runs.iter().map(|f| f.failed).max().unwrap_or(0),
+        ttft_p50_ms: med(runs, |f| f.ttft_p50_ms),
+        ttft_p99_ms: med(runs, |f| f.ttft_p99_ms),
+        e2e_p99_ms: med(runs, |f| f.e2e_p99_ms),
+        hit_rate: med(runs, |f| f.hit_rate),
+        per_replica_max_over_mean: med(runs, |f| f.per_replica_max_over_mean),
+        throughput_rps: med(runs, |f| f.throughput_rps),
+        kill: first.kill.clone(),
+    }
+}
+
 struct Config {
     workload: Workload,
     policy: &'static str,
@@ -267,6 +312,7 @@ async fn run(
     dir: &std::path::Path,
     cfg: &Config,
     sessions: Arc<Vec<Session>>,
+    seed: u64,
 ) -> anyhow::Result<Figures> {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(512)
@@ -345,7 +391,6 @@ async fn run(
             alive.clone(),
             gateways.clone(),
         );
-        let seed = args.seed;
         tasks.push(tokio::spawn(async move {
             let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ (s.id as u64) << 16);
             tokio::time::sleep_until((origin + Duration::from_secs_f64(s.start)).into()).await;
@@ -499,36 +544,52 @@ fn main() -> anyhow::Result<ExitCode> {
         gateways: 3,
         kill: true,
     });
-    let mut results = Vec::new();
-    for cfg in &configs {
-        if args
-            .only
-            .as_ref()
-            .is_some_and(|o| !cfg.name().contains(o.as_str()))
-        {
-            continue;
+    configs.retain(|cfg| {
+        args.only.is_empty() || args.only.iter().any(|o| cfg.name().contains(o.as_str()))
+    });
+    let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); configs.len()];
+    for r in 0..args.repeat.max(1) {
+        for (cfg, out) in configs.iter().zip(runs.iter_mut()) {
+            if cfg.kill && r > 0 {
+                continue;
+            }
+            let p = Params {
+                rate: match cfg.workload {
+                    Workload::PrefixHeavy => args.rate_a,
+                    Workload::NoPrefix => args.rate_b,
+                },
+                seed: args.seed + r,
+                ..params
+            };
+            let sessions = Arc::new(routing::sessions(cfg.workload, &rows, &p));
+            eprintln!("running {} (seed {})", cfg.name(), p.seed);
+            // A process that could not start (its port taken after all)
+            // gets the configuration run again, twice at most.
+            let mut attempt = 1;
+            let f = loop {
+                match runtime.block_on(run(&args, &dir, cfg, sessions.clone(), p.seed)) {
+                    Ok(f) => break f,
+                    Err(e) if attempt < 3 => {
+                        eprintln!("  attempt {attempt} failed ({e}); again");
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            eprintln!("  {f:?}");
+            out.push(f);
         }
-        let p = Params {
-            rate: match cfg.workload {
-                Workload::PrefixHeavy => args.rate_a,
-                Workload::NoPrefix => args.rate_b,
-            },
-            ..params
-        };
-        let sessions = Arc::new(routing::sessions(cfg.workload, &rows, &p));
-        eprintln!("running {}", cfg.name());
-        let f = runtime.block_on(run(&args, &dir, cfg, sessions))?;
-        eprintln!("  {f:?}");
-        results.push(f);
     }
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&runs)?)?;
     }
+    let results: Vec<Figures> = runs.iter().map(|r| median_figures(r)).collect();
     println!(
         "{} simulated replicas (profile small: 8,000 prompt tokens/s one prompt at a time, 60 tokens/s decode, \
          {} requests at once, prefix cache of 442,368 tokens); sessions start for {} s at {} requests/s (A) and \
-         {} requests/s (B); outputs capped at {} tokens; prefix policy: loadFactor {}, spillFloor {}, freshSlack {}\n",
+         {} requests/s (B); outputs capped at {} tokens; prefix policy: loadFactor {}, spillFloor {}, freshSlack {}; \
+         {} run(s) per configuration, each figure the median over runs\n",
         args.replicas,
         args.concurrency,
         args.seconds,
@@ -537,7 +598,8 @@ fn main() -> anyhow::Result<ExitCode> {
         args.max_tokens,
         args.load_factor,
         args.spill_floor,
-        args.fresh_slack
+        args.fresh_slack,
+        args.repeat.max(1)
     );
     println!(
         "| workload | policy | gateways | requests | failed | TTFT p50 ms | TTFT p99 ms | end-to-end p99 ms | cache hit rate | requests per replica, max/mean | throughput req/s |"
