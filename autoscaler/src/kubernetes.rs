@@ -92,6 +92,25 @@ pub struct KubeSpec {
     /// model, named after its policy, scaled through `/scale` and nothing
     /// else (sidecar mode: the Deployment you write, with its sidecar).
     pub pack: bool,
+    /// A Secret whose key `token` holds a Hugging Face token, for gated
+    /// models: mounted read-only as a file and named by `HF_TOKEN_PATH`
+    /// (never an environment literal).
+    pub hf_token_secret: Option<String>,
+    /// A PersistentVolumeClaim (ReadWriteMany, to be shared) for the
+    /// model servers' Hugging Face cache, so a new replica loads weights
+    /// another has downloaded instead of downloading them again.
+    pub model_cache_claim: Option<String>,
+    /// Size of the memory-backed `/dev/shm` (tensor-parallel workers talk
+    /// through it; a container's default is 64 MiB).
+    pub shm_size: String,
+    /// How long a model server may take to download and load before
+    /// Kubernetes restarts it (its startup probe: `/health` every 10 s).
+    #[serde(with = "humantime_serde")]
+    pub startup_timeout: Duration,
+    /// The model server's user and group (non-root; vLLM runs as any
+    /// user given a writable `HOME`, which the pod gives it under
+    /// `/cache`).
+    pub run_as_user: i64,
 }
 
 impl Default for KubeSpec {
@@ -107,6 +126,11 @@ impl Default for KubeSpec {
             request_timeout: Duration::from_secs(4),
             gpu_operator_namespace: "gpu-operator".into(),
             pack: true,
+            hf_token_secret: None,
+            model_cache_claim: None,
+            shm_size: "2Gi".into(),
+            startup_timeout: Duration::from_secs(15 * 60),
+            run_as_user: 65532,
         }
     }
 }
@@ -184,21 +208,140 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             "selector": {"matchLabels": {VARIANT_LABEL: variant.name}},
             "template": {
                 "metadata": template_metadata,
-                "spec": {
-                    "nodeSelector": variant.node_selector,
-                    "containers": [{
-                        "name": "model-server",
-                        "image": spec.image,
-                        "args": ["--model", model.served_name, "--port", spec.port.to_string()],
-                        "ports": [{"name": "http", "containerPort": spec.port}],
-                        "resources": {"limits": limits},
-                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
-                    }],
-                },
+                "spec": pod_spec(model, variant, spec, limits),
             },
         },
     });
     serde_json::from_value(value).expect("a well-formed Deployment")
+}
+
+/// Where the Hugging Face token file is mounted.
+pub const HF_TOKEN_DIR: &str = "/var/run/secrets/huggingface";
+/// The model server's writable home: every cache (Hugging Face, vLLM,
+/// Triton, torch) under it, on a read-only root filesystem.
+pub const CACHE_DIR: &str = "/cache";
+/// Where the Hugging Face cache lives (`HF_HOME`), and where
+/// `modelCacheClaim` is mounted.
+pub const HF_HOME: &str = "/cache/huggingface";
+/// The startup probe's period.
+const STARTUP_PERIOD_S: u64 = 10;
+
+/// The model server's arguments: the model and port, and what the plan
+/// says of its device ([`Variant::tensor_parallel`],
+/// [`Variant::memory_fraction`]) in vLLM's flags.
+pub fn server_args(model: &Model, variant: &Variant, spec: &KubeSpec) -> Vec<String> {
+    let mut args = vec![
+        "--model".to_string(),
+        model.served_name.clone(),
+        "--port".to_string(),
+        spec.port.to_string(),
+    ];
+    if variant.tensor_parallel > 1 {
+        args.push("--tensor-parallel-size".into());
+        args.push(variant.tensor_parallel.to_string());
+    }
+    if let Some(f) = variant.memory_fraction {
+        args.push("--gpu-memory-utilization".into());
+        args.push(format!("{f:.3}"));
+    }
+    args
+}
+
+/// The model server's pod, as `deploy/overlays` writes one by hand:
+/// non-root (`runAsUser`) on a read-only root filesystem with its caches
+/// under `/cache` and scratch in `/tmp`, no privilege escalation, every
+/// capability dropped, the runtime's seccomp profile, no service-account
+/// token and no service links; a memory-backed `/dev/shm` (`shmSize`);
+/// probes on `/health` (a startup probe allowing `startupTimeout` to
+/// download and load, then liveness and readiness); a 20 s `preStop` so
+/// endpoints are removed before the server stops; the Hugging Face token
+/// as a file (`hfTokenSecret`) and a shared cache (`modelCacheClaim`)
+/// when configured.
+fn pod_spec(
+    model: &Model,
+    variant: &Variant,
+    spec: &KubeSpec,
+    limits: BTreeMap<&String, String>,
+) -> serde_json::Value {
+    let uid = spec.run_as_user;
+    let startup_failures = spec
+        .startup_timeout
+        .as_secs()
+        .div_ceil(STARTUP_PERIOD_S)
+        .max(1);
+    let health = serde_json::json!({"path": "/health", "port": "http"});
+    let mut volumes = vec![
+        serde_json::json!({"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}}),
+        serde_json::json!({"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}),
+        serde_json::json!({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}),
+    ];
+    let mut mounts = vec![
+        serde_json::json!({"name": "cache", "mountPath": CACHE_DIR}),
+        serde_json::json!({"name": "tmp", "mountPath": "/tmp"}),
+        serde_json::json!({"name": "shm", "mountPath": "/dev/shm"}),
+    ];
+    let mut env = vec![
+        serde_json::json!({"name": "HOME", "value": CACHE_DIR}),
+        serde_json::json!({"name": "USER", "value": "vllm"}),
+        serde_json::json!({"name": "HF_HOME", "value": HF_HOME}),
+        serde_json::json!({"name": "VLLM_NO_USAGE_STATS", "value": "1"}),
+    ];
+    if let Some(secret) = &spec.hf_token_secret {
+        volumes.push(serde_json::json!({
+            "name": "hf-token",
+            "secret": {"secretName": secret, "items": [{"key": "token", "path": "token"}]},
+        }));
+        mounts.push(
+            serde_json::json!({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": true}),
+        );
+        env.push(
+            serde_json::json!({"name": "HF_TOKEN_PATH", "value": format!("{HF_TOKEN_DIR}/token")}),
+        );
+    }
+    if let Some(claim) = &spec.model_cache_claim {
+        volumes.push(serde_json::json!({
+            "name": "model-cache",
+            "persistentVolumeClaim": {"claimName": claim},
+        }));
+        mounts.push(serde_json::json!({"name": "model-cache", "mountPath": HF_HOME}));
+    }
+    serde_json::json!({
+        "nodeSelector": variant.node_selector,
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": 90,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": "model-server",
+            "image": spec.image,
+            "imagePullPolicy": "IfNotPresent",
+            "args": server_args(model, variant, spec),
+            "env": env,
+            "ports": [{"name": "http", "containerPort": spec.port}],
+            "startupProbe": {"httpGet": health, "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": startup_failures},
+            "livenessProbe": {"httpGet": health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+            "readinessProbe": {"httpGet": health},
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
+            "resources": {"limits": limits},
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": uid,
+                "runAsGroup": uid,
+                "readOnlyRootFilesystem": true,
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumeMounts": mounts,
+        }],
+        "volumes": volumes,
+    })
 }
 
 /// The variant a model runs as before any plan: whole GPUs (its first
@@ -227,6 +370,8 @@ pub fn whole_gpu_variant(model: &Model, replicas: u32) -> Variant {
         node_selector,
         annotations: BTreeMap::new(),
         replicas,
+        tensor_parallel: model.tensor_parallel.first().copied().unwrap_or(1),
+        memory_fraction: None,
     }
 }
 

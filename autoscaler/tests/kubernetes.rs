@@ -298,6 +298,8 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
         .into(),
         annotations: Default::default(),
         replicas: 3,
+        tensor_parallel: 1,
+        memory_fraction: None,
     };
     let server = tokio::spawn(async move {
         let body = expect(
@@ -333,6 +335,132 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
             body["spec"].get("replicas").is_none(),
             "replicas are /scale's"
         );
+        // The Pod Security Standards' restricted profile: non-root, no
+        // escalation, no capabilities, the runtime's seccomp profile; and
+        // a read-only root filesystem, no API token, no service links.
+        let c = &pod["containers"][0];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(pod["enableServiceLinks"], false);
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+        // Writable caches and scratch, and a memory-backed /dev/shm for the
+        // workers' shared memory.
+        assert_eq!(
+            pod["volumes"],
+            json!([
+                {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+            ])
+        );
+        assert_eq!(
+            c["volumeMounts"],
+            json!([
+                {"name": "cache", "mountPath": "/cache"},
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "shm", "mountPath": "/dev/shm"},
+            ])
+        );
+        assert_eq!(c["env"][0], json!({"name": "HOME", "value": "/cache"}));
+        assert_eq!(
+            c["env"][2],
+            json!({"name": "HF_HOME", "value": "/cache/huggingface"})
+        );
+        assert_eq!(c["env"].as_array().unwrap().len(), 4, "no token configured");
+        // 15 minutes to download and load (90 × 10 s), then live and
+        // ready on /health.
+        assert_eq!(
+            c["startupProbe"],
+            json!({"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 90})
+        );
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/health");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health");
+        assert_eq!(
+            c["lifecycle"]["preStop"]["exec"]["command"],
+            json!(["sleep", "20"])
+        );
+    });
+    assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
+    server.await.unwrap();
+}
+
+/// A tensor-parallel replica on whole GPUs is told its GPU count; the
+/// Hugging Face token is a file from its Secret, the cache a shared
+/// claim, and the user the configured one.
+async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_files() {
+    let spec = KubeSpec {
+        hf_token_secret: Some("hf-token".into()),
+        model_cache_claim: Some("hf-cache".into()),
+        run_as_user: 1000,
+        startup_timeout: Duration::from_secs(45 * 60),
+        ..spec()
+    };
+    let (k, mut handle) = kube_with(spec, "gpuscale-0", false);
+    let variant = Variant {
+        name: "llama-h100-80gb-tp2".into(),
+        gpu_model: "H100-80GB".into(),
+        resources: [("nvidia.com/gpu".to_string(), 2)].into(),
+        node_selector: Default::default(),
+        annotations: Default::default(),
+        replicas: 1,
+        tensor_parallel: 2,
+        memory_fraction: None,
+    };
+    let server = tokio::spawn(async move {
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-tp2?&force=true&fieldManager=gpuscale",
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-tp2"}}),
+        )
+        .await;
+        let pod = &body["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert_eq!(
+            c["args"],
+            json!([
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--port",
+                "8000",
+                "--tensor-parallel-size",
+                "2"
+            ])
+        );
+        assert_eq!(c["resources"]["limits"], json!({"nvidia.com/gpu": "2"}));
+        let volumes = pod["volumes"].as_array().unwrap();
+        assert_eq!(
+            volumes[3..],
+            [
+                json!({"name": "hf-token", "secret": {"secretName": "hf-token", "items": [{"key": "token", "path": "token"}]}}),
+                json!({"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}),
+            ]
+        );
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        assert_eq!(
+            mounts[3..],
+            [
+                json!({"name": "hf-token", "mountPath": "/var/run/secrets/huggingface", "readOnly": true}),
+                json!({"name": "model-cache", "mountPath": "/cache/huggingface"}),
+            ]
+        );
+        // The token is a file the Hugging Face client reads, never a value
+        // in the manifest.
+        assert_eq!(
+            c["env"][4],
+            json!({"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/huggingface/token"})
+        );
+        assert_eq!(pod["securityContext"]["runAsUser"], 1000);
+        assert_eq!(c["securityContext"]["runAsUser"], 1000);
+        assert_eq!(c["startupProbe"]["failureThreshold"], 270);
     });
     assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
     server.await.unwrap();
@@ -395,6 +523,20 @@ spec:
                 "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-3",
             })
         );
+        // Time-slicing isolates no memory, and vLLM would take 90 % of
+        // the slice: each of the 3 takes (1 − 0.1 headroom) / 3 of it
+        // (vLLM's `--gpu-memory-utilization` is per instance).
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!([
+                "--model",
+                "embed",
+                "--port",
+                "8000",
+                "--gpu-memory-utilization",
+                "0.300"
+            ])
+        );
     });
     assert_eq!(
         k.apply_deployment(&bundle.models[0], &variant)
@@ -436,6 +578,8 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
         ]
         .into(),
         replicas: 2,
+        tensor_parallel: 1,
+        memory_fraction: None,
     };
     let server = tokio::spawn(async move {
         let body = expect(
@@ -1877,6 +2021,7 @@ scenarios!(
     scale_is_a_merge_patch_of_the_scale_subresource,
     a_variant_is_a_server_side_applied_deployment_requesting_its_device,
     a_time_sliced_mig_variant_asks_for_a_share_on_nodes_sliced_that_way,
+    a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_files,
     a_fractional_variant_requests_hamis_resources_and_carries_its_annotations,
     a_decision_event_and_the_status_patch,
     dry_run_sends_no_write,

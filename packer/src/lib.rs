@@ -210,7 +210,7 @@ pub fn pack_from(
             solve_ms: 0.0,
         };
         let decoded = decode::decode(cluster, models, &classes, &solved.counts);
-        let mut plan = figures(cluster, models, &wanted, &solved, decoded);
+        let mut plan = figures(cluster, models, &wanted, &solved, decoded, options);
         plan.pools = pools(&classes, &solved, &plan.gpus);
         plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
         return Ok(plan);
@@ -237,7 +237,7 @@ pub fn pack_from(
             solved.counts = counts;
         }
     }
-    let mut plan = figures(cluster, models, &wanted, &solved, decoded);
+    let mut plan = figures(cluster, models, &wanted, &solved, decoded, options);
     plan.pools = pools(&classes, &solved, &plan.gpus);
     if plan.unplaced.is_empty() {
         plan.basis = Some(basis::Basis::new(
@@ -305,7 +305,7 @@ fn on_top(
         lp_class_gpus,
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
     };
-    let mut plan = figures(cluster, models, wanted, &solved, decoded);
+    let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
     plan.pools = pools(classes, &solved, &plan.gpus);
     plan.basis = Some(prior.clone());
     Some(plan)
@@ -350,7 +350,7 @@ fn kept(
         lp_class_gpus: bound.map_or_else(|| vec![0.0; classes.len()], |(_, g)| g),
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
     };
-    let mut plan = figures(cluster, models, wanted, &solved, decoded);
+    let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
     plan.pools = pools(classes, &solved, &plan.gpus);
     plan.basis = prior.cloned();
     Some(plan)
@@ -362,6 +362,7 @@ fn figures(
     wanted: &[u32],
     solved: &ilp::Solved,
     decoded: decode::Decoded,
+    options: &PackOptions,
 ) -> Plan {
     let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
     let mut used = 0u32;
@@ -405,6 +406,8 @@ fn figures(
             let mut node_selector =
                 BTreeMap::from([(emit::PRODUCT_LABEL.to_string(), gpu.product.clone())]);
             let mut resources = BTreeMap::new();
+            let mut tensor_parallel = 1;
+            let mut memory_fraction = None;
             let suffix = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
@@ -420,6 +423,8 @@ fn figures(
                                 config.clone(),
                             );
                             resources.insert(format!("nvidia.com/mig-{p}.shared"), 1);
+                            memory_fraction =
+                                Some(plan::share_fraction(options.timeslice_memory_headroom, *n));
                             config
                         }
                         None => {
@@ -434,8 +439,19 @@ fn figures(
                 }
                 Mode::Timeslice | Mode::Mps => {
                     let config = if g.mode == Mode::Mps {
+                        // MPS caps each client's memory at the device's ÷
+                        // N, but CUDA still reports the whole device as
+                        // its total, which is what vLLM's fraction is of.
+                        memory_fraction = Some(plan::share_fraction(
+                            options.mps_memory_headroom,
+                            g.mps_replicas.unwrap_or(1),
+                        ));
                         emit::mps_config_name(g.mps_replicas.unwrap_or(0))
                     } else {
+                        memory_fraction = Some(plan::share_fraction(
+                            options.timeslice_memory_headroom,
+                            g.timeslice_replicas.unwrap_or(1),
+                        ));
                         emit::device_plugin_config_name(g.timeslice_replicas)
                     };
                     node_selector
@@ -446,6 +462,7 @@ fn figures(
                 Mode::Fractional => {
                     // HAMi gives each of the container's GPUs these limits.
                     let k = r.group_size.unwrap_or(1);
+                    tensor_parallel = k;
                     let (mib, cores) = classes::fractional_need(m, gpu.compute, k);
                     resources.insert("nvidia.com/gpu".to_string(), k);
                     resources.insert(emit::HAMI_MEMORY.to_string(), mib);
@@ -462,6 +479,7 @@ fn figures(
                 }
                 Mode::Whole | Mode::Idle => {
                     let k = r.group_size.unwrap_or(1);
+                    tensor_parallel = k;
                     resources.insert("nvidia.com/gpu".to_string(), k);
                     format!("tp{k}")
                 }
@@ -480,6 +498,8 @@ fn figures(
                     node_selector,
                     annotations: BTreeMap::new(),
                     replicas: 0,
+                    tensor_parallel,
+                    memory_fraction,
                 });
             if g.mode == Mode::Fractional {
                 fractional_gpus

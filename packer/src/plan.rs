@@ -104,6 +104,37 @@ pub struct Variant {
     pub annotations: BTreeMap<String, String>,
     /// Replicas of this variant.
     pub replicas: u32,
+    /// GPUs one replica spans (tensor parallelism, whole or fractional
+    /// GPUs): the model server's `--tensor-parallel-size`. 1 on a MIG
+    /// slice or a share.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
+    /// On a device other replicas share (time-slicing, of a whole GPU or
+    /// of a MIG slice, or MPS): the fraction of the device's memory one
+    /// replica may take, `(1 − headroom) / N` rounded down to 3 decimals,
+    /// so that the shares' sum stays within the device's memory less the
+    /// headroom. The model server's `--gpu-memory-utilization`, which
+    /// vLLM takes of the total memory CUDA reports, per instance: its
+    /// default (0.9; 0.92 in later versions) would let the first replica
+    /// on a time-sliced device take the memory of all of them, and under
+    /// MPS, whose per-client cap (the device ÷ N) leaves the reported
+    /// total whole, it would stop at startup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_fraction: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// One of `n` equal shares of a device's memory less `headroom`, rounded
+/// down to 3 decimals ([`Variant::memory_fraction`]).
+pub fn share_fraction(headroom: f64, n: u8) -> f64 {
+    ((1.0 - headroom) / f64::from(n.max(1)) * 1000.0).floor() / 1000.0
 }
 
 /// One model in the plan.

@@ -415,6 +415,41 @@ fn check_rules(
         }
     }
     assert_eq!(shared, by_variant);
+    // What the model server is told (vLLM's flags). A replica on a shared
+    // device takes at most its share of the device's memory less the
+    // headroom, as a fraction of the device (vLLM's
+    // `--gpu-memory-utilization` is per instance, of the memory CUDA
+    // reports): N of them never ask for more than the device less the
+    // headroom. Everywhere else the server's default stands. Its
+    // tensor-parallel size is the GPUs one replica holds.
+    for v in plan.models.iter().flat_map(|m| &m.variants) {
+        let config = v.node_selector.get(emit::DEVICE_PLUGIN_CONFIG_LABEL);
+        let share = config.and_then(|c| {
+            let (headroom, n) = if let Some(n) = c.strip_prefix("mps-") {
+                (options.mps_memory_headroom, n)
+            } else {
+                (
+                    options.timeslice_memory_headroom,
+                    c.rsplit("timeslice-").next()?,
+                )
+            };
+            Some((headroom, n.parse::<f64>().ok()?))
+        });
+        match (share, v.memory_fraction) {
+            (Some((headroom, n)), Some(f)) => {
+                assert!(f * n <= 1.0 - headroom + 1e-12, "{}: {f} × {n}", v.name);
+                assert!(f > (1.0 - headroom) / n - 0.001, "{}: {f}", v.name);
+            }
+            (None, None) => {}
+            (share, f) => panic!("{}: shared as {share:?}, fraction {f:?}", v.name),
+        }
+        assert_eq!(
+            v.tensor_parallel,
+            v.resources.get("nvidia.com/gpu").copied().unwrap_or(1),
+            "{}",
+            v.name
+        );
+    }
     // Pools: every GPU model of the cluster once, their GPUs add up, and
     // the cost LP's per-pool GPUs price out at the LP cost bound.
     let models_in_cluster: BTreeSet<&str> =
