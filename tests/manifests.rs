@@ -665,9 +665,10 @@ fn no_secret_is_a_literal_and_the_admin_token_is_a_mounted_secret() {
             let secrets = secret_volumes(spec);
             for c in containers(spec) {
                 for e in c.env.iter().flatten() {
-                    // A file path (GPUSCALE_ADMIN_TOKEN_FILE=/…) names where
-                    // a mounted Secret is; any other value is the secret.
-                    let path = e.name.ends_with("_FILE")
+                    // A file path (GPUSCALE_ADMIN_TOKEN_FILE=/…,
+                    // HF_TOKEN_PATH=/…) names where a mounted Secret is;
+                    // any other value is the secret.
+                    let path = (e.name.ends_with("_FILE") || e.name.ends_with("_PATH"))
                         && e.value.as_deref().is_some_and(|v| v.starts_with('/'));
                     if secret_like(&e.name) && e.value.is_some() && !path {
                         problems.push(format!(

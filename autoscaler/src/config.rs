@@ -330,6 +330,24 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if k.request_timeout.is_zero() {
         bad("spec.kubernetes.requestTimeout", "must be longer than 0s");
     }
+    if !is_quantity(&k.shm_size) {
+        bad(
+            "spec.kubernetes.shmSize",
+            "expected a Kubernetes quantity such as 2Gi or 512Mi",
+        );
+    }
+    if k.run_as_user < 1 {
+        bad(
+            "spec.kubernetes.runAsUser",
+            "must be a non-root user id (1 or more)",
+        );
+    }
+    if k.startup_timeout < Duration::from_secs(10) {
+        bad(
+            "spec.kubernetes.startupTimeout",
+            "must be at least 10s (one startup probe period)",
+        );
+    }
     if let Some(url) = &spec.gateway.admin
         && !(url.starts_with("http://") || url.starts_with("https://"))
     {
@@ -357,8 +375,40 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     out
 }
 
+/// A size as Kubernetes writes one: a decimal number and an optional
+/// binary (`Ki`…`Ei`) or decimal (`k`, `M`…`E`) suffix.
+fn is_quantity(q: &str) -> bool {
+    const SUFFIXES: [&str; 13] = [
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+    ];
+    let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &q[digits.len()..];
+    let mut parts = digits.splitn(2, '.');
+    let whole = parts.next().unwrap_or_default();
+    let frac = parts.next();
+    !whole.is_empty()
+        && whole.bytes().all(|b| b.is_ascii_digit())
+        && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+        && SUFFIXES.contains(&suffix)
+}
+
 /// The profiles the simulated server knows (kept in step with
 /// `gpuscale sim-server --profile`).
 fn known_profile(p: &str) -> bool {
     matches!(p, "instant" | "small" | "tiny")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_quantity;
+
+    #[test]
+    fn quantities_as_kubernetes_writes_them() {
+        for ok in ["2Gi", "512Mi", "1.5Gi", "100", "2G", "64k"] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in ["", "2GB", "Gi", "-1Gi", "2 Gi", "1.Gi", "two"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
 }

@@ -244,6 +244,7 @@ pub fn server_args(model: &Model, variant: &Variant, spec: &KubeSpec) -> Vec<Str
         args.push("--gpu-memory-utilization".into());
         args.push(format!("{f:.3}"));
     }
+    args.extend(model.server_args.iter().cloned());
     args
 }
 
@@ -270,16 +271,28 @@ fn pod_spec(
         .div_ceil(STARTUP_PERIOD_S)
         .max(1);
     let health = serde_json::json!({"path": "/health", "port": "http"});
+    // Room for the weights' download (the Hugging Face cache, unless a
+    // claim holds it) and vLLM's, Triton's and torch's caches.
+    let cache_gib = (model.memory_gib * 1.25).ceil().max(40.0) as u64;
     let mut volumes = vec![
-        serde_json::json!({"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}}),
+        serde_json::json!({"name": "cache", "emptyDir": {"sizeLimit": format!("{cache_gib}Gi")}}),
         serde_json::json!({"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}),
-        serde_json::json!({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}),
     ];
     let mut mounts = vec![
         serde_json::json!({"name": "cache", "mountPath": CACHE_DIR}),
         serde_json::json!({"name": "tmp", "mountPath": "/tmp"}),
-        serde_json::json!({"name": "shm", "mountPath": "/dev/shm"}),
     ];
+    // Under MPS the device plugin mounts the MPS daemon's `/dev/shm`,
+    // which a volume of the pod's own would hide; an MPS replica is never
+    // tensor-parallel, so it needs no larger one.
+    let mps = variant
+        .node_selector
+        .get(gpuscale_packer::emit::DEVICE_PLUGIN_CONFIG_LABEL)
+        .is_some_and(|c| c.starts_with("mps-"));
+    if !mps {
+        volumes.push(serde_json::json!({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}));
+        mounts.push(serde_json::json!({"name": "shm", "mountPath": "/dev/shm"}));
+    }
     let mut env = vec![
         serde_json::json!({"name": "HOME", "value": CACHE_DIR}),
         serde_json::json!({"name": "USER", "value": "vllm"}),
@@ -315,6 +328,10 @@ fn pod_spec(
             "runAsUser": uid,
             "runAsGroup": uid,
             "fsGroup": uid,
+            // A shared cache claim's files keep their owner; only a root
+            // that is not the group's is changed, not every file at
+            // every start.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [{

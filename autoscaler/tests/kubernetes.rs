@@ -2155,3 +2155,67 @@ mod rbac {
         );
     }
 }
+
+/// An MPS share gets its fraction and no `/dev/shm` of its own (the
+/// device plugin mounts the MPS daemon's there); the policy's
+/// `serverArgs` come after gpuscale's; a model too large for the default
+/// cache volume gets one its size.
+#[test]
+fn an_mps_share_keeps_the_daemons_shm_and_the_policys_server_args_follow() {
+    let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: big\nspec:\n  serverArgs: [--max-model-len, \"8192\"]\n  resources:\n    memoryGiB: 60\n    compute: 0.3\n    maxConcurrency: 32\n";
+    let model = gpuscale_policies::load::load_sources(&[(Path::new("m.yaml"), text)])
+        .unwrap()
+        .models
+        .remove(0);
+    let variant = Variant {
+        name: "big-h100-80gb-mps-2".into(),
+        gpu_model: "H100-80GB".into(),
+        resources: [("nvidia.com/gpu.shared".to_string(), 1)].into(),
+        node_selector: [(
+            "nvidia.com/device-plugin.config".to_string(),
+            "mps-2".to_string(),
+        )]
+        .into(),
+        annotations: Default::default(),
+        replicas: 2,
+        tensor_parallel: 1,
+        memory_fraction: Some(0.475),
+    };
+    let d = serde_json::to_value(gpuscale_autoscaler::kubernetes::deployment(
+        &model,
+        &variant,
+        &spec(),
+    ))
+    .unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["args"],
+        json!([
+            "--model",
+            "big",
+            "--port",
+            "8000",
+            "--gpu-memory-utilization",
+            "0.475",
+            "--max-model-len",
+            "8192"
+        ])
+    );
+    let names: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cache", "tmp"], "no shm volume under MPS");
+    assert!(
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["mountPath"] != "/dev/shm")
+    );
+    // 60 GiB of weights and cache: 75Gi, above the 40Gi floor.
+    assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "75Gi");
+}

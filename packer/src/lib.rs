@@ -442,16 +442,14 @@ fn figures(
                         // MPS caps each client's memory at the device's ÷
                         // N, but CUDA still reports the whole device as
                         // its total, which is what vLLM's fraction is of.
-                        memory_fraction = Some(plan::share_fraction(
-                            options.mps_memory_headroom,
-                            g.mps_replicas.unwrap_or(1),
-                        ));
+                        memory_fraction = g
+                            .mps_replicas
+                            .map(|n| plan::share_fraction(options.mps_memory_headroom, n));
                         emit::mps_config_name(g.mps_replicas.unwrap_or(0))
                     } else {
-                        memory_fraction = Some(plan::share_fraction(
-                            options.timeslice_memory_headroom,
-                            g.timeslice_replicas.unwrap_or(1),
-                        ));
+                        memory_fraction = g
+                            .timeslice_replicas
+                            .map(|n| plan::share_fraction(options.timeslice_memory_headroom, n));
                         emit::device_plugin_config_name(g.timeslice_replicas)
                     };
                     node_selector

@@ -80,7 +80,25 @@ pub struct ModelPolicySpec {
     /// counts in this model's queue.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<String>,
+    /// More arguments for the model server of this model's replicas (on
+    /// Kubernetes), after those gpuscale sets: `--model`, `--port`, and
+    /// what the plan gives each replica (`--tensor-parallel-size`,
+    /// `--gpu-memory-utilization`), which are refused here. For example
+    /// `["--max-model-len", "8192"]`, so that one full-length request's
+    /// KV cache fits a shared device's memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_args: Vec<String>,
 }
+
+/// Flags of the model server that gpuscale sets itself (vLLM's names,
+/// with `-tp`, the short form of `--tensor-parallel-size`).
+pub const RESERVED_SERVER_FLAGS: [&str; 5] = [
+    "--model",
+    "--port",
+    "--tensor-parallel-size",
+    "-tp",
+    "--gpu-memory-utilization",
+];
 
 /// Labels that select the serving workload's pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -632,6 +650,8 @@ pub struct Model {
     pub priority: Priority,
     /// LoRA adapters served by its replicas.
     pub adapters: Vec<String>,
+    /// More model-server arguments (`spec.serverArgs`).
+    pub server_args: Vec<String>,
 }
 
 /// One way a replica could be placed, statically.
@@ -914,6 +934,17 @@ impl Model {
                 err(&format!("spec.adapters[{i}]"), message);
             }
         }
+        for (i, a) in spec.server_args.iter().enumerate() {
+            let flag = a.split('=').next().unwrap_or_default();
+            if a.trim().is_empty() {
+                err(&format!("spec.serverArgs[{i}]"), "must not be empty".into());
+            } else if RESERVED_SERVER_FLAGS.contains(&flag) {
+                err(
+                    &format!("spec.serverArgs[{i}]"),
+                    format!("`{flag}` is set by gpuscale (from the policy and the plan)"),
+                );
+            }
+        }
         let memory_gib = r.memory_gib().unwrap_or(0.0);
         let mut model = Model {
             served_name: spec.served_name.clone().unwrap_or_else(|| name.clone()),
@@ -931,6 +962,7 @@ impl Model {
             scale_down: s.behavior.scale_down.resolve(false),
             priority: spec.priority,
             adapters: spec.adapters.clone(),
+            server_args: spec.server_args.clone(),
         };
         model.sharing.sort_unstable();
         model.sharing.dedup();
@@ -1073,6 +1105,7 @@ mod tests {
                 scaling: ScalingPolicy::default(),
                 priority: Priority::Standard,
                 adapters: Vec::new(),
+                server_args: Vec::new(),
             },
         );
         p.metadata.namespace = Some("ns".into());

@@ -316,3 +316,38 @@ spec:
     assert!(p[0].to_string().starts_with("j.yaml:9:"), "{p:?}");
     assert!(p[0].path.contains("submittedAt"), "{p:?}");
 }
+
+#[test]
+fn server_args_load_and_flags_gpuscale_sets_are_refused_where_written() {
+    let ok = POLICY.replace(
+        "spec:\n",
+        "spec:\n  serverArgs: [\"--max-model-len\", \"8192\"]\n",
+    );
+    let b = load_sources(&[(Path::new("p.yaml"), ok.as_str())]).unwrap();
+    assert_eq!(b.models[0].server_args, ["--max-model-len", "8192"]);
+    let bad = POLICY.replace(
+        "spec:\n",
+        "spec:\n  serverArgs:\n    - --max-model-len=8192\n    - --gpu-memory-utilization=0.5\n    - \"\"\n    - -tp\n",
+    );
+    let p = problems("p.yaml", &bad);
+    let summary: Vec<(usize, &str)> = p
+        .iter()
+        .map(|p| (p.position.line, p.path.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (8, "spec.serverArgs[1]"),
+            (9, "spec.serverArgs[2]"),
+            (10, "spec.serverArgs[3]"),
+        ],
+        "{p:#?}"
+    );
+    assert!(
+        p[0].message
+            .contains("`--gpu-memory-utilization` is set by gpuscale"),
+        "{}",
+        p[0]
+    );
+    assert!(p[1].message.contains("must not be empty"), "{}", p[1]);
+}

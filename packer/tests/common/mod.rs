@@ -91,6 +91,7 @@ pub fn try_model(
             scaling: ScalingPolicy::default(),
             priority: Priority::Standard,
             adapters: Vec::new(),
+            server_args: Vec::new(),
         },
     );
     Model::from_policy(&policy, &Catalog::builtin()).ok()
