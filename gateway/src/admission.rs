@@ -315,7 +315,13 @@ impl<W> Pool<W> {
             self.cursor % cands.len()
         };
         let choice = affinity::choose(&self.balance, &cands, hint, start)?;
-        self.cursor = choice.index + 1;
+        // The rotation among equally loaded replicas moves on only with
+        // its own picks: a prefix's owner, chosen by hash, would send it
+        // to a random place, after which it picks again among replicas
+        // it chose a moment ago.
+        if !matches!(choice.reason, Reason::Affinity | Reason::Spill) {
+            self.cursor = choice.index + 1;
+        }
         self.picks += 1;
         let r = &mut self.replicas[index[choice.index]];
         r.in_flight += 1;

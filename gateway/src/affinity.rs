@@ -478,15 +478,17 @@ fn by_affinity(
 
 /// A prefix not known to be shared: its owner if the owner is as free as
 /// the least loaded replica, or within `fresh_slack` of it with nothing
-/// waiting inside, and this gateway has not chosen it among its last
-/// ⌊n/2⌋ requests to the pool; else nothing (the caller takes the least
-/// loaded, rotating among ties).
+/// waiting inside, and either holds nothing of this gateway's or was not
+/// chosen among its last n − 1 requests to the pool (n candidates); else
+/// nothing (the caller takes the least loaded, rotating among ties).
 ///
 /// The last condition is what keeps a workload with no shared prefix as
 /// fast as least-outstanding: in-flight counts tie often, and among tied
 /// replicas least-outstanding's rotation picks one not chosen lately,
-/// whose last prompt has likely finished prefilling; the owner, a random
-/// one among them, may have taken a prompt a moment ago.
+/// whose last prompt has likely finished prefilling (with all tied it
+/// cycles through them, so its pick was last chosen n − 1 requests ago);
+/// the owner, a random one among them, may have taken a prompt a moment
+/// ago.
 fn fresh(
     b: &Balance,
     cands: &[Candidate],
@@ -507,7 +509,9 @@ fn fresh(
     // nothing waiting inside.
     let free =
         owner.load <= min || (owner.waiting == 0 && owner.load <= min + u64::from(b.fresh_slack));
-    let settled = owner.since >= (cands.len() / 2) as u64;
+    // Nothing of this gateway's in flight there (and nothing waiting):
+    // no prompt of ours to finish first.
+    let settled = owner.load == 0 || owner.since >= cands.len().saturating_sub(1) as u64;
     (owner.available && free && settled && owner.kv < b.kv_spill).then_some(Choice {
         index,
         reason: Reason::Affinity,
@@ -674,7 +678,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_prefix_skips_an_owner_chosen_among_the_last_half_of_picks() {
+    fn a_fresh_prefix_skips_an_owner_chosen_among_the_last_n_minus_one_picks() {
         let b = Balance::default();
         let mut cands = fleet();
         let key = 7;
@@ -684,9 +688,12 @@ mod tests {
             shared: false,
             adapter: None,
         };
-        // All tied: the owner, unless this gateway chose it among its
-        // last 4 requests (8 replicas).
-        for since in [0, 3] {
+        // All tied with a request each: the owner, unless this gateway
+        // chose it among its last 7 requests (8 replicas).
+        for c in &mut cands {
+            c.load = 1;
+        }
+        for since in [0, 6] {
             cands[owner].since = since;
             let next = (owner + 1) % 8;
             let c = choose(&b, &cands, fresh, next).unwrap();
@@ -699,7 +706,7 @@ mod tests {
                 "since {since}"
             );
         }
-        cands[owner].since = 4;
+        cands[owner].since = 7;
         assert_eq!(
             choose(&b, &cands, fresh, 0).unwrap(),
             Choice {
@@ -707,8 +714,14 @@ mod tests {
                 reason: Reason::Affinity
             }
         );
-        // A shared prefix stays with its owner however lately it was chosen.
+        // Idle, it takes it however lately it was chosen.
+        for c in &mut cands {
+            c.load = 0;
+        }
         cands[owner].since = 0;
+        assert_eq!(choose(&b, &cands, fresh, 0).unwrap().index, owner);
+        // A shared prefix stays with its owner however lately it was chosen.
+        cands[owner].load = 1;
         let shared = Hint {
             shared: true,
             ..fresh
