@@ -9,6 +9,13 @@ fn problems(name: &str, text: &str) -> Vec<Problem> {
     load_sources(&[(Path::new(name), text)]).unwrap_err().0
 }
 
+/// Each problem's line and field path.
+fn located(p: &[Problem]) -> Vec<(usize, &str)> {
+    p.iter()
+        .map(|p| (p.position.line, p.path.as_str()))
+        .collect()
+}
+
 const POLICY: &str = "\
 apiVersion: gpuscale.io/v1alpha1
 kind: ModelPolicy
@@ -108,10 +115,7 @@ fn every_problem_of_every_document_is_reported() {
     let third = POLICY.replace("kind: ModelPolicy", "kind: ModelPolcy");
     let text = format!("{POLICY}---\n{second}---\n{third}---\n{POLICY}");
     let p = problems("many.yaml", &text);
-    let summary: Vec<(usize, &str)> = p
-        .iter()
-        .map(|p| (p.position.line, p.path.as_str()))
-        .collect();
+    let summary = located(&p);
     assert_eq!(
         summary,
         [
@@ -330,10 +334,7 @@ fn server_args_load_and_flags_gpuscale_sets_are_refused_where_written() {
         "spec:\n  serverArgs:\n    - --max-model-len=8192\n    - --gpu-memory-utilization=0.5\n    - \"\"\n    - -tp\n",
     );
     let p = problems("p.yaml", &bad);
-    let summary: Vec<(usize, &str)> = p
-        .iter()
-        .map(|p| (p.position.line, p.path.as_str()))
-        .collect();
+    let summary = located(&p);
     assert_eq!(
         summary,
         [
