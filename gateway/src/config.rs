@@ -113,7 +113,8 @@ fn default_priority_header() -> String {
 pub struct Limits {
     /// Largest request body read, bytes (413 above).
     pub max_body_bytes: usize,
-    /// Largest request head, bytes (431 above; hyper's floor is 8,192).
+    /// Largest request head, bytes as received (431 above; at least
+    /// 8,192, the admin listener's hyper floor).
     pub max_header_bytes: usize,
     /// Time a client has to send its request head.
     #[serde(with = "humantime_serde")]

@@ -56,6 +56,12 @@ impl Drain {
     }
 
     /// Connections open now.
+    /// The drain has begun: a connection between requests closes.
+    pub fn is_closing(&self) -> bool {
+        self.0.closing.load(Ordering::Acquire)
+    }
+
+    /// Connections watched and not yet ended.
     pub fn live(&self) -> usize {
         lock(&self.0.state).live
     }

@@ -120,7 +120,7 @@ pub fn encode_request(
     out.extend_from_slice(b"\r\n");
 }
 
-fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -158,15 +158,160 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
+/// Where a header's name and value lie in the head's bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Field {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+impl Field {
+    /// The name's bytes in `head`.
+    pub(crate) fn name<'a>(&self, head: &'a [u8]) -> &'a [u8] {
+        &head[self.name.0 as usize..(self.name.0 + self.name.1) as usize]
+    }
+
+    /// The value's bytes in `head`.
+    pub(crate) fn value<'a>(&self, head: &'a [u8]) -> &'a [u8] {
+        &head[self.value.0 as usize..(self.value.0 + self.value.1) as usize]
+    }
+}
+
+/// The fields httparse found, as offsets into `base`.
+pub(crate) fn fields_of(base: &[u8], headers: &[httparse::Header<'_>]) -> Vec<Field> {
+    let start = base.as_ptr() as usize;
+    headers
+        .iter()
+        .map(|h| Field {
+            name: (
+                (h.name.as_ptr() as usize - start) as u32,
+                h.name.len() as u32,
+            ),
+            value: (
+                (h.value.as_ptr() as usize - start) as u32,
+                h.value.len() as u32,
+            ),
+        })
+        .collect()
+}
+
+/// Hop-by-hop header names, never forwarded (RFC 9110 §7.6.1), as bytes.
+pub(crate) fn is_hop_by_hop_name(name: &[u8]) -> bool {
+    [
+        &b"connection"[..],
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"keep-alive",
+    ]
+    .iter()
+    .any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// The tokens of `Connection` values other than `close` and `keep-alive`:
+/// names of more hop-by-hop fields.
+pub(crate) fn connection_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"close")
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+        })
+}
+
+/// A `Content-Length` value: digits, or a list of equal ones.
+pub(crate) fn content_length(raw: &[u8], length: &mut Option<u64>) -> Result<(), H1Error> {
+    for part in raw.split(|&b| b == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(H1Error::ContentLength);
+        }
+        let n = part.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+        if length.is_some_and(|l| l != n) {
+            return Err(H1Error::ContentLength);
+        }
+        *length = Some(n);
+    }
+    Ok(())
+}
+
+/// A response head kept as the bytes the replica sent: its end-to-end
+/// fields are offsets into them, ready to be relayed without building a
+/// `HeaderMap` ([`RawResponse::into_head`] builds one).
+#[derive(Debug)]
+pub struct RawResponse {
+    /// Status code.
+    pub status: StatusCode,
+    head: Bytes,
+    /// End-to-end fields (hop-by-hop ones and those `Connection` names
+    /// left out; `Content-Length` kept unless `Transfer-Encoding` came
+    /// too).
+    fields: Vec<Field>,
+    /// How the body ends.
+    pub framing: Framing,
+    /// The connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+impl RawResponse {
+    /// The end-to-end fields, in order, as sent.
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields
+            .iter()
+            .map(|f| (f.name(&self.head), f.value(&self.head)))
+    }
+
+    /// The first value of the field `name` (case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// The same head with its fields in a `HeaderMap`.
+    pub fn into_head(self) -> Result<Head, H1Error> {
+        let mut headers = HeaderMap::with_capacity(self.fields.len());
+        for f in &self.fields {
+            let raw_name = f.name(&self.head);
+            let name = HeaderName::from_bytes(raw_name)
+                .map_err(|_| H1Error::Header(String::from_utf8_lossy(raw_name).into_owned()))?;
+            let (v, vl) = f.value;
+            let value =
+                HeaderValue::from_maybe_shared(self.head.slice(v as usize..(v + vl) as usize))
+                    .map_err(|_| H1Error::Header(name.to_string()))?;
+            headers.append(name, value);
+        }
+        Ok(Head {
+            status: self.status,
+            headers,
+            framing: self.framing,
+            keep_alive: self.keep_alive,
+        })
+    }
+}
+
 /// Parses a response head off the front of `buf`, skipping interim `1xx`
 /// responses. `Ok(None)`: incomplete, read more (what was consumed was
 /// only interim responses). `head_request`: the request was `HEAD` (no
 /// body whatever the headers say).
 pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, H1Error> {
+    parse_raw_response(buf, head_request)?
+        .map(RawResponse::into_head)
+        .transpose()
+}
+
+/// [`parse_response`], keeping the head as bytes.
+pub fn parse_raw_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<RawResponse>, H1Error> {
     loop {
-        // Offsets into `buf` of each header's name and value.
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let (len, code, version, count) = {
+        let (len, code, version, fields) = {
             let mut headers =
                 [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
             let mut resp = httparse::Response::new(&mut []);
@@ -188,24 +333,13 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
             if len > MAX_HEAD_BYTES {
                 return Err(H1Error::HeadTooLarge);
             }
-            let base = buf.as_ptr() as usize;
-            let count = resp.headers.len();
-            for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
-                let n = h.name.as_ptr() as usize - base;
-                let v = h.value.as_ptr() as usize - base;
-                *span = (
-                    n as u32,
-                    h.name.len() as u32,
-                    v as u32,
-                    h.value.len() as u32,
-                );
-            }
-            (
-                len,
-                resp.code.unwrap_or(0),
-                resp.version.unwrap_or(1),
-                count,
-            )
+            let code = resp.code.unwrap_or(0);
+            let fields = if (100..200).contains(&code) {
+                Vec::new()
+            } else {
+                fields_of(buf, resp.headers)
+            };
+            (len, code, resp.version.unwrap_or(1), fields)
         };
         if (100..200).contains(&code) {
             if code == 101 {
@@ -216,45 +350,30 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         }
         let status = StatusCode::from_u16(code).map_err(|_| H1Error::Status(code))?;
         let head = buf.split_to(len).freeze();
-        return build(&head, &spans[..count], status, version, head_request).map(Some);
+        return build(head, fields, status, version, head_request).map(Some);
     }
 }
 
 fn build(
-    head: &Bytes,
-    spans: &[(u32, u32, u32, u32)],
+    head: Bytes,
+    mut fields: Vec<Field>,
     status: StatusCode,
     version: u8,
     head_request: bool,
-) -> Result<Head, H1Error> {
-    let mut headers = HeaderMap::with_capacity(spans.len());
+) -> Result<RawResponse, H1Error> {
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = version == 0;
-    let mut named = Vec::new();
-    for &(n, nl, v, vl) in spans {
-        let (n, v) = (n as usize, v as usize);
-        let raw_name = &head[n..n + nl as usize];
-        let name = HeaderName::from_bytes(raw_name)
-            .map_err(|_| H1Error::Header(String::from_utf8_lossy(raw_name).into_owned()))?;
-        let raw = &head[v..v + vl as usize];
-        if name == header::CONTENT_LENGTH {
-            for part in raw.split(|&b| b == b',') {
-                let n = std::str::from_utf8(part.trim_ascii())
-                    .ok()
-                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or(H1Error::ContentLength)?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(H1Error::ContentLength);
-                }
-                length = Some(n);
-            }
-        } else if name == header::TRANSFER_ENCODING {
+    let mut named = false;
+    for f in &fields {
+        let (name, raw) = (f.name(&head), f.value(&head));
+        if name.eq_ignore_ascii_case(b"content-length") {
+            content_length(raw, &mut length)?;
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // Chunked only when it is the last coding applied.
             let last = raw.rsplit(|&b| b == b',').next().unwrap_or_default();
             chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == header::CONNECTION {
+        } else if name.eq_ignore_ascii_case(b"connection") {
             for token in raw.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
@@ -262,25 +381,31 @@ fn build(
                     close &= version != 0;
                 }
             }
-            named.extend(connection_named(std::iter::once(raw)));
+            named |= connection_tokens(raw).next().is_some();
         }
-        if is_hop_by_hop(&name) {
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl as usize))
-            .map_err(|_| H1Error::Header(name.to_string()))?;
-        headers.append(name, value);
-    }
-    for n in &named {
-        headers.remove(n);
     }
     let no_body =
         head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
+    let drop_length = !no_body && chunked.is_some();
+    let named: Vec<&[u8]> = if named {
+        fields
+            .iter()
+            .filter(|f| f.name(&head).eq_ignore_ascii_case(b"connection"))
+            .flat_map(|f| connection_tokens(f.value(&head)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    fields.retain(|f| {
+        let name = f.name(&head);
+        !(is_hop_by_hop_name(name)
+            || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
+            || named.iter().any(|n| n.eq_ignore_ascii_case(name)))
+    });
     let framing = if no_body {
         Framing::Empty
     } else if let Some(chunked) = chunked {
-        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
-        headers.remove(header::CONTENT_LENGTH);
         if chunked {
             Framing::Chunked
         } else {
@@ -293,9 +418,10 @@ fn build(
             None => Framing::Close,
         }
     };
-    Ok(Head {
+    Ok(RawResponse {
         status,
-        headers,
+        head,
+        fields,
         framing,
         keep_alive: !close && framing != Framing::Close,
     })

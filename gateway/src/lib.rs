@@ -13,13 +13,17 @@
 //! Layout: pure decisions in [`route`] (which model), [`admission`] (which
 //! replica, who waits, who is refused) and [`stats`] (windows and
 //! quantiles); the async shell in [`state`] (waiters, permits, gauges),
-//! [`proxy`] (forwarding and passthrough bodies), [`admin`], [`scrape`] and
-//! [`server`] (listeners) with [`drain`] (graceful shutdown), [`upstream`] (per-worker
-//! connection pools to replicas and the HTTP/1.1 client on them, over the
-//! pure head encoding, parsing and chunked decoding in [`h1`]), [`timer`]
-//! (the coarse per-connection timer); configuration in [`config`].
+//! [`proxy`] (route, admit, forward), [`traffic`] (the traffic listener's
+//! connections: the gateway's own HTTP/1.1 server over the pure request
+//! parsing and response-head encoding in [`h1_server`], heads relayed as
+//! bytes), [`admin`] (hyper), [`scrape`] and [`server`] (listeners) with
+//! [`drain`] (graceful shutdown), [`upstream`] (per-worker connection pools
+//! to replicas and the HTTP/1.1 client on them, over the pure head
+//! encoding, parsing and chunked decoding in [`h1`]), [`timer`] (the coarse
+//! per-connection timer); configuration in [`config`].
 //!
-//! Built on tokio, hyper 1 and hyper-util; never imports `kube`.
+//! Built on tokio, httparse, and hyper 1 for the admin listener; never
+//! imports `kube`.
 
 pub mod admin;
 pub mod admission;
@@ -29,6 +33,7 @@ pub mod client_io;
 pub mod config;
 pub mod drain;
 pub mod h1;
+pub mod h1_server;
 pub mod metrics;
 pub mod priority;
 pub mod proxy;
@@ -40,6 +45,7 @@ pub mod sim;
 pub mod state;
 pub mod stats;
 pub mod timer;
+pub mod traffic;
 pub mod upstream;
 
 pub use config::{Endpoint, GatewaySpec, Settings};

@@ -1,29 +1,30 @@
-//! The traffic listener's request handling: read the body (bounded), route
-//! by model, wait for admission, forward to the replica (retrying another
-//! replica when connecting fails, before anything was sent), and pass the
-//! response through chunk by chunk, holding the replica's slot until the
-//! last byte.
+//! The traffic listener's request handling, for a request whose head and
+//! body [`crate::traffic`] has read: route by model, decide the priority,
+//! wait for admission, forward to the replica (retrying another replica
+//! when connecting fails, before anything was sent) and return its
+//! response head with the body still to come and the replica's slot held
+//! ([`Relayed`]), or the gateway's own answer ([`Local`]).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use pin_project_lite::pin_project;
+use http::{Method, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame};
+use http_body_util::{BodyExt, Full};
 
 use crate::affinity::{self, Hint, Policy};
+use crate::h1::RawResponse;
+use crate::h1_server::RequestHead;
 use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
 use crate::timer::CoarseTimer;
-use crate::upstream::{Outgoing, Upstream, UpstreamBody};
+use crate::upstream::{Upstream, UpstreamBody};
 use crate::{h1, priority};
 
 /// Errors a response body can end with.
@@ -76,7 +77,7 @@ pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response
     r
 }
 
-fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
+fn rejection(r: Reject, queue_timeout: Duration) -> Local {
     let (status, message) = match r {
         Reject::QueueFull => (
             StatusCode::TOO_MANY_REQUESTS,
@@ -95,19 +96,14 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Response<Body> {
             "the gateway is shutting down",
         ),
     };
-    let mut resp = error_response(status, "overloaded", message);
-    let retry = match r {
+    let mut local = local_error(status, "overloaded", message);
+    local.retry_after = Some(match r {
         Reject::Timeout => queue_timeout.as_secs().max(1),
         _ => 1,
-    };
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(retry));
-    if r == Reject::ShuttingDown {
-        // Reconnect, to another gateway replica if there is one.
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+    });
+    // Shutting down: reconnect, to another gateway replica if there is one.
+    local.close = r == Reject::ShuttingDown;
+    local
 }
 
 /// The response header that says why the replica was chosen
@@ -123,30 +119,93 @@ fn explain(permit: &Permit) -> HeaderValue {
         .unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// Handles one request on the traffic listener. Never fails: every
-/// outcome is a response.
-pub async fn handle(
-    worker: Arc<Worker>,
-    peer: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    let shared = &worker.shared;
-    let (resp, model) = handle_inner(&worker, peer, req).await;
-    let code = resp.status().as_u16();
-    match model {
-        Some(m) => m.count_response(&shared.metrics, code),
-        None => {
-            shared
-                .metrics
-                .requests
-                .get_or_create(&CodeLabels {
-                    model: "unknown".into(),
-                    code,
-                })
-                .inc();
+/// What the traffic listener answers a request with.
+// Relayed is the common reply: boxing it would allocate for every
+// proxied request to shrink the rare Local one.
+#[allow(clippy::large_enum_variant)]
+pub enum Reply {
+    /// An answer the gateway makes itself: a JSON body.
+    Local(Local),
+    /// The replica's response, relayed.
+    Relayed(Relayed),
+}
+
+impl Reply {
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Reply::Local(l) => l.status,
+            Reply::Relayed(r) => r.head.status,
         }
     }
-    resp
+}
+
+/// An answer of the gateway's own, with a JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Local {
+    /// Status code.
+    pub status: StatusCode,
+    /// The JSON body.
+    pub body: Bytes,
+    /// `Retry-After`, in seconds.
+    pub retry_after: Option<u64>,
+    /// Close the connection after it.
+    pub close: bool,
+}
+
+/// An OpenAI-style JSON error of the traffic listener.
+pub fn local_error(status: StatusCode, kind: &str, message: &str) -> Local {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}
+    });
+    Local {
+        status,
+        body: body.to_string().into(),
+        retry_after: None,
+        close: false,
+    }
+}
+
+/// A replica's response on its way to the client: its head as the
+/// replica sent it, its body as it arrives, the slot it holds until the
+/// body's end.
+pub struct Relayed {
+    /// The response head.
+    pub head: RawResponse,
+    /// The body.
+    pub body: UpstreamBody,
+    /// The replica's slot: freed at the body's end, with the latency
+    /// recorded, or when the relay fails.
+    pub permit: Permit,
+    /// `x-gpuscale-route`, when `routing.explain` is on.
+    pub explain: Option<HeaderValue>,
+    /// A server-sent event stream: the first chunk's time is its TTFT.
+    pub streaming: bool,
+}
+
+/// Handles one request on the traffic listener, its head and its whole
+/// body read. Never fails: every outcome is a reply.
+pub async fn handle(worker: &Worker, peer: SocketAddr, head: &RequestHead, body: Bytes) -> Reply {
+    let shared = &worker.shared;
+    let (reply, model) = handle_inner(worker, peer, head, body).await;
+    let code = reply.status().as_u16();
+    match model {
+        Some(m) => m.count_response(&shared.metrics, code),
+        None => count_unrouted(shared, code),
+    }
+    reply
+}
+
+/// Counts an answer to a request that reached no model.
+pub fn count_unrouted(shared: &Shared, code: u16) {
+    shared
+        .metrics
+        .requests
+        .get_or_create(&CodeLabels {
+            model: "unknown".into(),
+            code,
+        })
+        .inc();
 }
 
 /// 431 when a request head is over `limits.maxHeaderBytes`, counted to
@@ -165,72 +224,18 @@ pub fn head_too_large(parts: &http::request::Parts, limit: usize) -> Option<Resp
 async fn handle_inner(
     worker: &Worker,
     peer: SocketAddr,
-    req: Request<Incoming>,
-) -> (Response<Body>, Option<Arc<ModelState>>) {
+    head: &RequestHead,
+    bytes: Bytes,
+) -> (Reply, Option<Arc<ModelState>>) {
     let shared = &worker.shared;
     let spec = &shared.settings.spec;
-    let (parts, body) = req.into_parts();
-    if let Some(r) = head_too_large(&parts, spec.limits.max_header_bytes) {
-        return (r, None);
-    }
-    let needs_body = parts.method == Method::POST;
-    let bytes = if needs_body {
-        let limited = Limited::new(body, spec.limits.max_body_bytes);
-        match worker
-            .timer
-            .timeout(spec.limits.body_read_timeout, limited.collect())
-            .await
-        {
-            Some(Ok(c)) => c.to_bytes(),
-            Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return (
-                    error_response(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "invalid_request_error",
-                        &format!(
-                            "the request body is larger than {} bytes",
-                            spec.limits.max_body_bytes
-                        ),
-                    ),
-                    None,
-                );
-            }
-            Some(Err(_)) => {
-                return (
-                    error_response(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request_error",
-                        "the request body could not be read",
-                    ),
-                    None,
-                );
-            }
-            None => {
-                return (
-                    error_response(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "invalid_request_error",
-                        "the request body did not arrive in time",
-                    ),
-                    None,
-                );
-            }
-        }
-    } else {
-        Bytes::new()
-    };
-    let header_model = parts
-        .headers
-        .get(&shared.model_header)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let routed = match route::route_request(
-        &parts.method,
-        parts.uri.path(),
-        header_model.as_deref(),
-        &bytes,
-        |m| shared.models.contains_key(m),
-    ) {
+    let local = |status, kind, message: &str| Reply::Local(local_error(status, kind, message));
+    let header_model = head
+        .get(shared.model_header.as_str())
+        .and_then(|v| std::str::from_utf8(v).ok());
+    let routed = match route::route_request(&head.method, head.path(), header_model, &bytes, |m| {
+        shared.models.contains_key(m)
+    }) {
         Ok(r) => r,
         Err(e) => {
             let (status, kind) = match e {
@@ -242,7 +247,7 @@ async fn handle_inner(
                     (StatusCode::BAD_REQUEST, "invalid_request_error")
                 }
             };
-            return (error_response(status, kind, &e.to_string()), None);
+            return (local(status, kind, &e.to_string()), None);
         }
     };
     let prompt = routed.prompt;
@@ -254,18 +259,19 @@ async fn handle_inner(
                 .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": "gpuscale"}))
                 .collect();
             let body = serde_json::json!({"object": "list", "data": data});
-            let mut r = Response::new(full(body.to_string()));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            return (r, None);
+            let list = Local {
+                status: StatusCode::OK,
+                body: body.to_string().into(),
+                retry_after: None,
+                close: false,
+            };
+            return (Reply::Local(list), None);
         }
         Route::Model(name) => name,
     };
     let Some((model, adapter)) = shared.model_for(&name).map(|(m, a)| (m.clone(), a)) else {
         return (
-            error_response(
+            local(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 &format!("The model `{name}` does not exist"),
@@ -283,15 +289,9 @@ async fn handle_inner(
             .decide(
                 priority::Request {
                     peer: peer.ip(),
-                    authorization: parts
-                        .headers
-                        .get(header::AUTHORIZATION)
-                        .map(HeaderValue::as_bytes),
-                    path: parts.uri.path(),
-                    header: parts
-                        .headers
-                        .get(&shared.priority_header)
-                        .map(HeaderValue::as_bytes),
+                    authorization: head.get("authorization"),
+                    path: head.path(),
+                    header: head.get(shared.priority_header.as_str()),
                 },
                 model.settings.priority,
             )
@@ -312,37 +312,48 @@ async fn handle_inner(
         Ok(p) => p,
         Err(r) => {
             return (
-                rejection(r, model.settings.queue_timeout),
+                Reply::Local(rejection(r, model.settings.queue_timeout)),
                 Some(model.clone()),
             );
         }
     };
 
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let outgoing = Outgoing {
-        method: &parts.method,
-        target,
-        headers: &parts.headers,
-        body: &bytes,
-    };
+    let with_length =
+        matches!(head.method, Method::POST | Method::PUT | Method::PATCH) || !bytes.is_empty();
+    let head_request = head.method == Method::HEAD;
+    let mut out = Vec::with_capacity(head.len() + 64);
     let mut tried = Vec::new();
     loop {
+        out.clear();
+        head.encode_forward(
+            &mut out,
+            permit.endpoint.host_header().as_bytes(),
+            with_length.then_some(bytes.len()),
+        );
         let sent = worker
             .timer
             .timeout(
                 spec.limits.request_timeout,
-                worker.upstream.send(&permit.endpoint, outgoing),
+                worker
+                    .upstream
+                    .send_head(&permit.endpoint, &out, &bytes, head_request),
             )
             .await;
         match sent {
-            Some(Ok(resp)) => {
+            Some(Ok((head, body))) => {
                 permit.succeeded();
                 let explain = spec.routing.explain.then(|| explain(&permit));
-                let mut resp = respond(resp, permit, spec.limits.stream_idle_timeout);
-                if let Some(v) = explain {
-                    resp.headers_mut().insert(ROUTE_HEADER, v);
-                }
-                return (resp, Some(model.clone()));
+                let streaming = head
+                    .get("content-type")
+                    .is_some_and(|v| v.starts_with(b"text/event-stream"));
+                let relayed = Relayed {
+                    head,
+                    body,
+                    permit,
+                    explain,
+                    streaming,
+                };
+                return (Reply::Relayed(relayed), Some(model.clone()));
             }
             Some(Err(e)) if e.is_connect() => {
                 shared.failed(&model, permit.replica);
@@ -372,7 +383,7 @@ async fn handle_inner(
             None => {
                 shared.failed(&model, permit.replica);
                 return (
-                    error_response(
+                    local(
                         StatusCode::GATEWAY_TIMEOUT,
                         "upstream_error",
                         "the replica did not answer within the request timeout",
@@ -387,26 +398,8 @@ async fn handle_inner(
 /// A 502 whose message never names the replica or the transport error:
 /// replica addresses are not the client's business (they are logged at
 /// debug level).
-fn bad_gateway(what: &str) -> Response<Body> {
-    error_response(StatusCode::BAD_GATEWAY, "upstream_error", what)
-}
-
-fn respond(resp: Response<UpstreamBody>, permit: Permit, idle: Duration) -> Response<Body> {
-    let (parts, body) = resp.into_parts();
-    let streaming = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let tracked = Tracked {
-        inner: body,
-        idle_timer: None,
-        idle,
-        permit: Some(permit),
-        streaming,
-        first: true,
-    };
-    Response::from_parts(parts, tracked.boxed_unsync())
+fn bad_gateway(what: &str) -> Reply {
+    Reply::Local(local_error(StatusCode::BAD_GATEWAY, "upstream_error", what))
 }
 
 /// A streamed body fed by a channel (server-sent events); ends when the
@@ -433,102 +426,5 @@ impl HttpBody for ChannelBody {
         self.rx
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-#[derive(Debug)]
-struct IdleTimeout;
-
-impl std::fmt::Display for IdleTimeout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the replica stopped sending its response")
-    }
-}
-
-impl std::error::Error for IdleTimeout {}
-
-pin_project! {
-    /// An upstream body passed through frame by frame: holds the replica's
-    /// slot until the end (or an error, or the client going away), records
-    /// time to first chunk for streams and the total latency, and ends
-    /// with an error when the upstream stalls past the idle timeout.
-    struct Tracked {
-        #[pin]
-        inner: UpstreamBody,
-        // Armed only when the upstream keeps the body waiting: a fast
-        // response never touches the timer wheel.
-        idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
-        idle: Duration,
-        permit: Option<Permit>,
-        streaming: bool,
-        first: bool,
-    }
-}
-
-/// The response was passed on whole: record its latency, free the slot.
-/// (The body returned its connection to the pool itself.)
-fn finish(permit: &mut Option<Permit>) {
-    if let Some(p) = permit.take() {
-        p.record_latency(Instant::now());
-    }
-}
-
-impl HttpBody for Tracked {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if *this.first && frame.is_data() {
-                    *this.first = false;
-                    if *this.streaming
-                        && let Some(p) = this.permit.as_ref()
-                    {
-                        p.record_ttft(p.admitted.elapsed().as_secs_f64());
-                    }
-                }
-                if let Some(t) = this.idle_timer.as_mut() {
-                    t.as_mut().reset(tokio::time::Instant::now() + *this.idle);
-                }
-                // A body with a known length is done with its last frame:
-                // hyper may not poll again, so finish here.
-                if this.inner.is_end_stream() {
-                    finish(this.permit);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                // The slot is free at once; the client's stream ends with
-                // the error.
-                this.permit.take();
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
-            Poll::Ready(None) => {
-                finish(this.permit);
-                Poll::Ready(None)
-            }
-            Poll::Pending => {
-                let idle = *this.idle;
-                let timer = this
-                    .idle_timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-                ready!(timer.as_mut().poll(cx));
-                this.permit.take();
-                Poll::Ready(Some(Err(Box::new(IdleTimeout))))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

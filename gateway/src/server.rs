@@ -1,7 +1,8 @@
-//! The listeners: traffic and admin, HTTP/1.1 with keep-alive, header
-//! size and header-read-time limits, graceful shutdown (stop accepting,
-//! refuse new requests with 503, let requests in flight finish within the
-//! grace period).
+//! The listeners: traffic (the gateway's own HTTP/1.1, [`traffic`]) and
+//! admin (hyper's), both with keep-alive, header size and header-read-time
+//! limits, a connection cap, and graceful shutdown (stop accepting, refuse
+//! new requests with 503, let requests in flight finish within the grace
+//! period).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,17 +13,17 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::client_io::ClientIo;
 use crate::config::Settings;
 use crate::drain::Drain;
-use crate::proxy::{self, Body, Worker};
+use crate::proxy::{Body, Worker};
 use crate::state::{ScaleSignal, Shared};
 use crate::timer::CoarseTimer;
-use crate::{admin, scrape};
+use crate::{admin, scrape, traffic};
 
 /// A running gateway.
 pub struct Running {
@@ -166,10 +167,7 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
                     };
                     let _ = ready_tx.send(Ok(()));
                     let worker = Worker::new(shared.clone());
-                    serve(listener, shared, conns, rx, move |peer, req| {
-                        proxy::handle(worker.clone(), peer, req)
-                    })
-                    .await;
+                    serve_traffic(listener, worker, conns, rx).await;
                 });
             })?;
         ready_rx
@@ -180,21 +178,20 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
 
     let worker = Worker::new(shared.clone());
     let upstream = worker.upstream.clone();
-    let traffic_task = tokio::spawn(serve(
+    let traffic_task = tokio::spawn(serve_traffic(
         traffic_listener,
-        shared.clone(),
+        worker,
         traffic_conns,
         rx.clone(),
-        move |peer, req| proxy::handle(worker.clone(), peer, req),
     ));
     let s = shared.clone();
     let admin_rx = rx.clone();
-    let admin_task = tokio::spawn(serve(
+    let admin_task = tokio::spawn(serve_admin(
         admin_listener,
         shared.clone(),
         Connections::new(limits.max_admin_connections),
         rx.clone(),
-        move |_peer, req| admin::handle(s.clone(), admin_rx.clone(), req),
+        move |req| admin::handle(s.clone(), admin_rx.clone(), req),
     ));
     let scrape_task = tokio::spawn(scrape::run(shared.clone(), upstream, rx));
     tracing::info!(%traffic, %admin, workers, models = shared.models.len(), "gateway listening");
@@ -269,25 +266,20 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     }
 }
 
+/// Accepts on `listener` until shutdown, within the connection cap, and
+/// serves each connection with `connection` on a task of its own; then
+/// waits for the connections `drain` watches, up to the drain timeout.
 async fn serve<F, Fut>(
     listener: TcpListener,
     shared: Arc<Shared>,
     connections: Connections,
     mut shutdown: watch::Receiver<bool>,
-    handler: F,
+    drain: Drain,
+    connection: F,
 ) where
-    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Response<Body>> + Send + 'static,
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
 {
-    let limits = shared.settings.spec.limits.clone();
-    let timer = CoarseTimer::start();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(timer.clone())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .keep_alive(true);
-    let drain = Drain::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -306,18 +298,9 @@ async fn serve<F, Fut>(
                     tokio::spawn(refuse(stream));
                     continue;
                 };
-                let h = handler.clone();
-                let service = service_fn(move |req| {
-                    let h = h.clone();
-                    async move { Ok::<_, std::convert::Infallible>(h(peer, req).await) }
-                });
-                let io = ClientIo::new(stream, timer.clone(), limits.write_timeout);
-                let conn = builder.serve_connection(TokioIo::new(io), service);
-                let conn = drain.watch(conn, |c| c.graceful_shutdown());
+                let conn = connection(stream, peer);
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!("connection ended: {e}");
-                    }
+                    conn.await;
                     drop(slot);
                 });
             }
@@ -332,4 +315,77 @@ async fn serve<F, Fut>(
     {
         tracing::warn!("drain timeout of {timeout:?} passed with connections open");
     }
+}
+
+/// The traffic listener of one worker: the gateway's own HTTP/1.1
+/// ([`traffic`]).
+async fn serve_traffic(
+    listener: TcpListener,
+    worker: Arc<Worker>,
+    connections: Connections,
+    shutdown: watch::Receiver<bool>,
+) {
+    let drain = Drain::default();
+    let shared = worker.shared.clone();
+    let watching = drain.clone();
+    serve(
+        listener,
+        shared,
+        connections,
+        shutdown,
+        drain,
+        move |stream, peer| {
+            let conn = traffic::serve(stream, peer, worker.clone(), watching.clone());
+            // The connection sees the drain itself, between requests.
+            watching.watch(conn, |_| {})
+        },
+    )
+    .await;
+}
+
+/// The admin listener: hyper's HTTP/1.1 with keep-alive, the header size
+/// and header-read-time limits.
+async fn serve_admin<F, Fut>(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    connections: Connections,
+    shutdown: watch::Receiver<bool>,
+    handler: F,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let limits = shared.settings.spec.limits.clone();
+    let timer = CoarseTimer::start();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(timer.clone())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .keep_alive(true);
+    let drain = Drain::default();
+    let watching = drain.clone();
+    serve(
+        listener,
+        shared,
+        connections,
+        shutdown,
+        drain,
+        move |stream, _peer| {
+            let h = handler.clone();
+            let service = service_fn(move |req| {
+                let h = h.clone();
+                async move { Ok::<_, std::convert::Infallible>(h(req).await) }
+            });
+            let io = ClientIo::new(stream, timer.clone(), limits.write_timeout);
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            let conn = watching.watch(conn, |c| c.graceful_shutdown());
+            async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!("connection ended: {e}");
+                }
+            }
+        },
+    )
+    .await;
 }

@@ -41,7 +41,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::Endpoint;
-use crate::h1::{self, Chunked, Decoded, Framing, H1Error};
+use crate::h1::{self, Chunked, Decoded, Framing, H1Error, RawResponse};
 use crate::lock;
 
 /// Why a request got no response.
@@ -213,9 +213,30 @@ impl Upstream {
             req.headers,
             with_length.then_some(req.body.len()),
         );
+        let (raw, body) = self
+            .send_head(endpoint, &head, req.body, *req.method == Method::HEAD)
+            .await?;
+        let head = raw.into_head()?;
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        Ok(resp)
+    }
+
+    /// Sends a request whose head the caller encoded (with `endpoint`'s
+    /// `Host`) and its body, and reads the response head, kept as bytes
+    /// to be relayed. `head_request`: the method is `HEAD`. The body
+    /// behaves as [`Upstream::send`]'s.
+    pub async fn send_head(
+        &self,
+        endpoint: &Endpoint,
+        head: &[u8],
+        body: &[u8],
+        head_request: bool,
+    ) -> Result<(RawResponse, UpstreamBody), SendError> {
         let mut conn = loop {
             match self.checkout(endpoint) {
-                Some(mut conn) => match conn.write(&head, req.body).await {
+                Some(mut conn) => match conn.write(head, body).await {
                     Ok(()) => break conn,
                     // Closed by the replica as it was taken: nothing was
                     // received, try the next one.
@@ -223,15 +244,14 @@ impl Upstream {
                 },
                 None => {
                     let mut conn = self.connect(endpoint).await?;
-                    conn.write(&head, req.body).await?;
+                    conn.write(head, body).await?;
                     break conn;
                 }
             }
         };
-        let head_request = *req.method == Method::HEAD;
         let head = loop {
             if !conn.buf.is_empty()
-                && let Some(head) = h1::parse_response(&mut conn.buf, head_request)?
+                && let Some(head) = h1::parse_raw_response(&mut conn.buf, head_request)?
             {
                 break head;
             }
@@ -255,10 +275,7 @@ impl Upstream {
         if matches!(body.framing, BodyFraming::Done) {
             body.finish();
         }
-        let mut resp = Response::new(body);
-        *resp.status_mut() = head.status;
-        *resp.headers_mut() = head.headers;
-        Ok(resp)
+        Ok((head, body))
     }
 
     /// The most recently used idle connection that is still open.

@@ -1,0 +1,534 @@
+//! The traffic listener's connections, served by the gateway's own
+//! HTTP/1.1 codec ([`h1_server`]): read a request head (within the
+//! header-read timeout, which is also the keep-alive idle timeout) and its
+//! body (bounded, within the body-read timeout, `100 Continue` when the
+//! client waits for it), hand both to [`proxy::handle`] while watching
+//! the client's socket (a client that goes away cancels its request,
+//! wherever it is: queued, or waiting for the replica), then write the
+//! reply: the gateway's own JSON answers, or the replica's response head
+//! relayed field by field and its body passed on as it arrives (with its
+//! length, or chunked; a server-sent event stream is never buffered).
+//! Requests a client pipelines are served in order.
+//!
+//! The replica's slot is held until the body's last byte has been passed
+//! on; a relay that fails (the replica stalls past the stream idle
+//! timeout, breaks off, or the client stops reading past the write
+//! timeout) frees it at once and closes the client's connection without
+//! the body's end, so the client sees the response was cut short.
+//!
+//! Why not hyper's server: it builds a `HeaderMap` for every request and
+//! wants one for every response, and runs its dispatcher over both
+//! directions; relaying heads as bytes, as nginx does, is what brings the
+//! gateway's CPU per request below nginx's (`bench/README.md`). hyper
+//! still serves the admin listener.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode};
+use http_body::Body as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::client_io::ClientIo;
+use crate::drain::Drain;
+use crate::h1::{Chunked, Decoded, Framing};
+use crate::h1_server::{self, BodyLength, RequestHead, push_field};
+use crate::proxy::{self, Local, ROUTE_HEADER, Relayed, Reply, Worker, local_error};
+use crate::timer::CoarseSleep;
+
+/// The smallest free space a read is given.
+const READ_SPACE: usize = 4 * 1024;
+
+/// Serves one client connection until it closes, times out, fails, or
+/// the drain (`closing`) finds it between requests.
+pub async fn serve(stream: TcpStream, peer: SocketAddr, worker: Arc<Worker>, closing: Drain) {
+    let limits = &worker.shared.settings.spec.limits;
+    let io = ClientIo::new(stream, worker.timer.clone(), limits.write_timeout);
+    let mut conn = Connection {
+        io,
+        buf: BytesMut::with_capacity(8 * 1024),
+        out: Vec::with_capacity(1024),
+        closing,
+        worker,
+        peer,
+    };
+    conn.run().await;
+}
+
+struct Connection {
+    io: ClientIo,
+    /// Read from the client and not yet used.
+    buf: BytesMut,
+    /// The response head being written.
+    out: Vec<u8>,
+    closing: Drain,
+    worker: Arc<Worker>,
+    peer: SocketAddr,
+}
+
+/// How reading more from the client ended, when it did not read.
+enum Stop {
+    /// End of stream, or a failed read.
+    Closed,
+    /// The deadline passed.
+    Timeout,
+}
+
+impl Connection {
+    async fn run(&mut self) {
+        let limits = self.worker.shared.settings.spec.limits.clone();
+        loop {
+            let head = match self.read_head(&limits).await {
+                Ok(Some(head)) => head,
+                Ok(None) => return,
+                Err(e) => {
+                    let mut answer =
+                        local_error(e.status(), "invalid_request_error", &e.to_string());
+                    answer.close = true;
+                    proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
+                    self.write_local(&answer, false, false).await;
+                    return;
+                }
+            };
+            let body = match self.read_body(&head, &limits).await {
+                Ok(body) => body,
+                Err(Some(answer)) => {
+                    proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
+                    self.write_local(&answer, head.http10, false).await;
+                    return;
+                }
+                Err(None) => return,
+            };
+            // Only a POST's body means anything to a route; others are
+            // read (to keep the connection usable) and dropped.
+            let body = if head.method == Method::POST {
+                body
+            } else {
+                Bytes::new()
+            };
+            let reply = {
+                let handled = proxy::handle(&self.worker, self.peer, &head, body);
+                let gone = client_gone(&mut self.io, &mut self.buf, limits.max_header_bytes);
+                tokio::select! {
+                    biased;
+                    reply = handled => reply,
+                    // Dropping the request cancels it: out of the queue,
+                    // or its replica connection closed.
+                    () = gone => return,
+                }
+            };
+            let keep_alive = head.keep_alive && !self.closing.is_closing();
+            let head_request = head.method == Method::HEAD;
+            let kept = match reply {
+                Reply::Local(answer) => {
+                    let keep_alive = keep_alive && !answer.close;
+                    let answer = if head_request {
+                        Local {
+                            body: Bytes::new(),
+                            ..answer
+                        }
+                    } else {
+                        answer
+                    };
+                    self.write_local(&answer, head.http10, keep_alive).await && keep_alive
+                }
+                Reply::Relayed(relayed) => {
+                    self.relay(relayed, head.http10, keep_alive, &limits).await
+                }
+            };
+            if !kept {
+                return;
+            }
+        }
+    }
+
+    /// Reads until a whole head is in the buffer. `Ok(None)`: the client
+    /// closed, the header-read timeout passed, or the drain began.
+    async fn read_head(
+        &mut self,
+        limits: &crate::config::Limits,
+    ) -> Result<Option<RequestHead>, h1_server::RequestError> {
+        let mut deadline: Option<CoarseSleep> = None;
+        loop {
+            if !self.buf.is_empty()
+                && let Some(head) =
+                    h1_server::parse_request(&mut self.buf, limits.max_header_bytes)?
+            {
+                return Ok(Some(head));
+            }
+            if self.closing.is_closing() {
+                return Ok(None);
+            }
+            let sleep = deadline.get_or_insert_with(|| {
+                self.worker
+                    .timer
+                    .sleep_until(Instant::now() + limits.header_read_timeout)
+            });
+            let closing = &self.closing;
+            let drained = poll_fn(|_| {
+                if closing.is_closing() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            });
+            if self.buf.capacity() - self.buf.len() < READ_SPACE {
+                self.buf.reserve(2 * READ_SPACE);
+            }
+            tokio::select! {
+                biased;
+                read = self.io.read_buf(&mut self.buf) => match read {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                },
+                () = sleep => return Ok(None),
+                () = drained => return Ok(None),
+            }
+        }
+    }
+
+    /// Reads more of the body into the buffer before `deadline`.
+    async fn read_more(&mut self, deadline: &mut CoarseSleep, want: usize) -> Result<(), Stop> {
+        let space = want.clamp(READ_SPACE, 64 * 1024);
+        if self.buf.capacity() - self.buf.len() < space {
+            self.buf.reserve(space);
+        }
+        tokio::select! {
+            biased;
+            read = self.io.read_buf(&mut self.buf) => match read {
+                Ok(0) | Err(_) => Err(Stop::Closed),
+                Ok(_) => Ok(()),
+            },
+            () = deadline => Err(Stop::Timeout),
+        }
+    }
+
+    /// The whole body. `Err(Some)`: the answer to give, and close;
+    /// `Err(None)`: the connection failed.
+    async fn read_body(
+        &mut self,
+        head: &RequestHead,
+        limits: &crate::config::Limits,
+    ) -> Result<Bytes, Option<Local>> {
+        let max = limits.max_body_bytes;
+        let too_large = || {
+            let mut answer = local_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                &format!("the request body is larger than {max} bytes"),
+            );
+            answer.close = true;
+            Some(answer)
+        };
+        let stopped = |stop: Stop| match stop {
+            Stop::Closed => None,
+            Stop::Timeout => {
+                let mut answer = local_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    "the request body did not arrive in time",
+                );
+                answer.close = true;
+                Some(answer)
+            }
+        };
+        let mut deadline = None;
+        match head.body {
+            BodyLength::None => Ok(Bytes::new()),
+            BodyLength::Length(n) => {
+                if n > max as u64 {
+                    return Err(too_large());
+                }
+                let n = n as usize;
+                if self.buf.len() < n && head.expect_continue && self.buf.is_empty() {
+                    self.continue_100().await?;
+                }
+                while self.buf.len() < n {
+                    let sleep = deadline.get_or_insert_with(|| {
+                        self.worker
+                            .timer
+                            .sleep_until(Instant::now() + limits.body_read_timeout)
+                    });
+                    let want = n - self.buf.len();
+                    self.read_more(sleep, want).await.map_err(stopped)?;
+                }
+                Ok(self.buf.split_to(n).freeze())
+            }
+            BodyLength::Chunked => {
+                if head.expect_continue && self.buf.is_empty() {
+                    self.continue_100().await?;
+                }
+                let mut decoder = Chunked::default();
+                let mut body = BytesMut::new();
+                loop {
+                    match decoder.decode(&mut self.buf) {
+                        Ok(Decoded::Data(data)) => {
+                            if body.len() + data.len() > max {
+                                return Err(too_large());
+                            }
+                            body.extend_from_slice(&data);
+                        }
+                        Ok(Decoded::End) => return Ok(body.freeze()),
+                        Ok(Decoded::NeedMore) => {
+                            let sleep = deadline.get_or_insert_with(|| {
+                                self.worker
+                                    .timer
+                                    .sleep_until(Instant::now() + limits.body_read_timeout)
+                            });
+                            self.read_more(sleep, READ_SPACE).await.map_err(stopped)?;
+                        }
+                        Err(e) => {
+                            let mut answer = local_error(
+                                StatusCode::BAD_REQUEST,
+                                "invalid_request_error",
+                                &format!("the request body could not be read: {e}"),
+                            );
+                            answer.close = true;
+                            return Err(Some(answer));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `100 Continue` (RFC 9110 §10.1.1): the client waits for it before
+    /// it sends the body.
+    async fn continue_100(&mut self) -> Result<(), Option<Local>> {
+        self.io
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|_| None)
+    }
+
+    /// Writes one of the gateway's own answers. `false`: the write failed.
+    async fn write_local(&mut self, answer: &Local, http10: bool, keep_alive: bool) -> bool {
+        let out = &mut self.out;
+        out.clear();
+        h1_server::push_status(out, answer.status);
+        h1_server::push_date(out);
+        push_field(out, b"content-type", b"application/json");
+        if let Some(secs) = answer.retry_after {
+            push_field(
+                out,
+                b"retry-after",
+                crate::h1::itoa(secs as usize, &mut [0u8; 20]),
+            );
+        }
+        connection_field(out, http10, keep_alive && !answer.close);
+        h1_server::push_length(out, answer.body.len() as u64);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&answer.body);
+        self.io.write_all(&self.out).await.is_ok()
+    }
+
+    /// Relays the replica's response. `true`: it was passed on whole and
+    /// the connection may serve another request.
+    async fn relay(
+        &mut self,
+        relayed: Relayed,
+        http10: bool,
+        mut keep_alive: bool,
+        limits: &crate::config::Limits,
+    ) -> bool {
+        let idle = limits.stream_idle_timeout;
+        let Relayed {
+            head,
+            mut body,
+            permit,
+            explain,
+            streaming,
+        } = relayed;
+        let mut permit = Some(permit);
+        let out = &mut self.out;
+        out.clear();
+        h1_server::push_status(out, head.status);
+        let mut dated = false;
+        let mut length = None;
+        for (name, value) in head.fields() {
+            if name.eq_ignore_ascii_case(b"content-length") {
+                length = Some(value);
+                continue;
+            }
+            dated |= name.eq_ignore_ascii_case(b"date");
+            push_field(out, name, value);
+        }
+        if !dated {
+            h1_server::push_date(out);
+        }
+        if let Some(v) = &explain {
+            push_field(out, ROUTE_HEADER.as_str().as_bytes(), v.as_bytes());
+        }
+        let bodiless = head.status == StatusCode::NO_CONTENT
+            || head.status == StatusCode::NOT_MODIFIED
+            || head.status.is_informational();
+        let chunked = match head.framing {
+            Framing::Empty => {
+                // A HEAD response's length, or zero.
+                if let Some(v) = length
+                    && !bodiless
+                {
+                    push_field(out, b"content-length", v);
+                }
+                false
+            }
+            Framing::Length(n) => {
+                h1_server::push_length(out, n);
+                false
+            }
+            // A length the replica did not give: chunked to an HTTP/1.1
+            // client, until the close to an HTTP/1.0 one.
+            Framing::Chunked | Framing::Close if http10 => {
+                keep_alive = false;
+                false
+            }
+            Framing::Chunked | Framing::Close => {
+                push_field(out, b"transfer-encoding", b"chunked");
+                true
+            }
+        };
+        connection_field(out, http10, keep_alive);
+        out.extend_from_slice(b"\r\n");
+
+        let mut head_sent = false;
+        let mut first = true;
+        loop {
+            // What the replica's connection already holds needs no wait:
+            // the head goes out with it in one write.
+            let polled = poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
+            let frame = match polled {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    if !head_sent {
+                        if self.io.write_all(&self.out).await.is_err() {
+                            return false;
+                        }
+                        head_sent = true;
+                    }
+                    let next = self
+                        .worker
+                        .timer
+                        .timeout(idle, poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)));
+                    let gone = client_gone(&mut self.io, &mut self.buf, limits.max_header_bytes);
+                    tokio::select! {
+                        biased;
+                        frame = next => match frame {
+                            Some(frame) => frame,
+                            // The replica stalled past the idle timeout.
+                            None => return false,
+                        },
+                        () = gone => return false,
+                    }
+                }
+            };
+            let data = match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+                // Broken off: the client's connection closes without
+                // the body's end. The slot is freed with the permit.
+                Some(Err(e)) => {
+                    tracing::debug!("relaying a response: {e}");
+                    return false;
+                }
+                None => Bytes::new(),
+            };
+            let ended = data.is_empty() || body.is_end_stream();
+            if first && !data.is_empty() {
+                first = false;
+                if streaming && let Some(p) = permit.as_ref() {
+                    p.record_ttft(p.admitted.elapsed().as_secs_f64());
+                }
+            }
+            if ended && let Some(p) = permit.take() {
+                p.record_latency(Instant::now());
+            }
+            let mut line = [0u8; 18];
+            let mut parts: [&[u8]; 5] = [&[]; 5];
+            let mut n = 0;
+            if !head_sent {
+                parts[n] = &self.out;
+                n += 1;
+            }
+            if !data.is_empty() {
+                if chunked {
+                    parts[n] = h1_server::chunk_line(data.len(), &mut line);
+                    parts[n + 1] = &data;
+                    parts[n + 2] = b"\r\n";
+                    n += 3;
+                } else {
+                    parts[n] = &data;
+                    n += 1;
+                }
+            }
+            if ended && chunked {
+                parts[n] = b"0\r\n\r\n";
+                n += 1;
+            }
+            if n > 0 && write_all_vectored(&mut self.io, &parts[..n]).await.is_err() {
+                return false;
+            }
+            head_sent = true;
+            if ended {
+                // A body until the replica's close has ended the
+                // connection for an HTTP/1.0 client too.
+                return keep_alive;
+            }
+        }
+    }
+}
+
+/// `connection: close` when the connection ends after this response,
+/// `connection: keep-alive` to an HTTP/1.0 client whose connection stays.
+fn connection_field(out: &mut Vec<u8>, http10: bool, keep_alive: bool) {
+    if !keep_alive {
+        push_field(out, b"connection", b"close");
+    } else if http10 {
+        push_field(out, b"connection", b"keep-alive");
+    }
+}
+
+/// Returns when the client closes its side or the connection fails.
+/// What it sends meanwhile (a pipelined request) is kept in `buf`, up to
+/// `cap` bytes; past that, it is no longer watched.
+async fn client_gone(io: &mut ClientIo, buf: &mut BytesMut, cap: usize) {
+    loop {
+        if buf.len() >= cap {
+            std::future::pending::<()>().await;
+        }
+        if buf.capacity() - buf.len() < READ_SPACE {
+            buf.reserve(READ_SPACE);
+        }
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Writes every part, in one system call when the socket takes them all.
+async fn write_all_vectored(io: &mut ClientIo, parts: &[&[u8]]) -> io::Result<()> {
+    let mut slices: [IoSlice<'_>; 5] = [IoSlice::new(&[]); 5];
+    let n = parts.len().min(5);
+    for (s, p) in slices.iter_mut().zip(parts) {
+        *s = IoSlice::new(p);
+    }
+    let mut bufs = &mut slices[..n];
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let written = io.write_vectored(bufs).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, written);
+    }
+    Ok(())
+}
