@@ -20,6 +20,9 @@ pub const MAX_HEADERS: usize = 100;
 /// Chunk-size lines and trailers larger than this are refused.
 const MAX_CHUNK_LINE_BYTES: usize = 4 * 1024;
 const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// Chunk extensions over a whole body larger than this are refused (as
+/// hyper does).
+const MAX_EXTENSION_BYTES: usize = 16 * 1024;
 
 /// What is wrong with a replica's response.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +45,10 @@ pub enum H1Error {
     /// A protocol switch (`101`), which the gateway does not proxy.
     #[error("the replica switched protocols (101), which the gateway does not proxy")]
     Upgrade,
+    /// A transfer coding other than chunked, which the gateway would
+    /// relay unlabelled.
+    #[error("the replica used the transfer coding `{0}`, which the gateway does not relay")]
+    Coding(String),
     /// The chunked body's framing is broken.
     #[error("malformed chunked body: {0}")]
     Chunk(&'static str),
@@ -206,6 +213,9 @@ pub(crate) fn is_hop_by_hop_name(name: &[u8]) -> bool {
         b"proxy-authenticate",
         b"proxy-authorization",
         b"keep-alive",
+        // Not in RFC 9110, but sent by old clients as Connection's twin
+        // and hop-by-hop to every proxy that knows it.
+        b"proxy-connection",
     ]
     .iter()
     .any(|h| h.eq_ignore_ascii_case(name))
@@ -370,9 +380,12 @@ fn build(
         if name.eq_ignore_ascii_case(b"content-length") {
             content_length(raw, &mut length)?;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Chunked only when it is the last coding applied.
-            let last = raw.rsplit(|&b| b == b',').next().unwrap_or_default();
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            // Only chunked alone: any other coding would reach the client
+            // unlabelled once the gateway re-frames the body.
+            if chunked.is_some() || !raw.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err(H1Error::Coding(String::from_utf8_lossy(raw).into_owned()));
+            }
+            chunked = Some(true);
         } else if name.eq_ignore_ascii_case(b"connection") {
             for token in raw.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 if token.eq_ignore_ascii_case(b"close") {
@@ -403,14 +416,16 @@ fn build(
             || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
             || named.iter().any(|n| n.eq_ignore_ascii_case(name)))
     });
+    // A 204 or 304 that announces a body may still send one: that
+    // connection cannot carry another response safely.
+    let announced = chunked.is_some() || length.is_some_and(|n| n > 0);
+    if no_body && !head_request && announced {
+        close = true;
+    }
     let framing = if no_body {
         Framing::Empty
-    } else if let Some(chunked) = chunked {
-        if chunked {
-            Framing::Chunked
-        } else {
-            Framing::Close
-        }
+    } else if chunked.is_some() {
+        Framing::Chunked
     } else {
         match length {
             Some(0) => Framing::Empty,
@@ -443,6 +458,7 @@ pub enum Decoded {
 pub struct Chunked {
     state: ChunkState,
     trailer_bytes: usize,
+    extension_bytes: usize,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -462,6 +478,25 @@ impl Chunked {
             match self.state {
                 ChunkState::Size => match httparse::parse_chunk_size(buf) {
                     Ok(httparse::Status::Complete((used, size))) => {
+                        // RFC 9112 §7.1: `1*HEXDIG [ chunk-ext ] CRLF`.
+                        // httparse lets through an empty size and bare
+                        // line feeds or control bytes in an extension,
+                        // which another parser on the path could read
+                        // differently.
+                        let line = &buf[..used];
+                        if !line[0].is_ascii_hexdigit()
+                            || !line.ends_with(b"\r\n")
+                            || line[..used - 2]
+                                .iter()
+                                .any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
+                        {
+                            return Err(H1Error::Chunk("invalid chunk size line"));
+                        }
+                        let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                        self.extension_bytes += used - 2 - digits;
+                        if self.extension_bytes > MAX_EXTENSION_BYTES {
+                            return Err(H1Error::Chunk("chunk extensions too large"));
+                        }
                         buf.advance(used);
                         self.state = if size == 0 {
                             ChunkState::Trailers
@@ -647,25 +682,39 @@ mod tests {
         // Transfer-Encoding wins over Content-Length.
         assert_eq!(
             framing(
-                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
                 false
             ),
             (Framing::Chunked, true)
         );
-        // Not chunked last: the body runs to the close.
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", false),
-            (Framing::Close, false)
-        );
+        // Any other coding would reach the client unlabelled once the
+        // body is re-framed: refused (a 502), not relayed.
+        for coding in [
+            "gzip",
+            "gzip, chunked",
+            "chunked\r\ntransfer-encoding: chunked",
+        ] {
+            let (h, _) = parse(
+                &format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {coding}\r\n\r\n"),
+                false,
+            );
+            assert!(matches!(h, Err(H1Error::Coding(_))), "{coding}");
+        }
         assert_eq!(
             framing("HTTP/1.1 200 OK\r\n\r\n", false),
             (Framing::Close, false)
         );
+        // A 204 that announces a body may send one after all: no body
+        // is read, and the connection is not used again.
         assert_eq!(
             framing(
                 "HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n",
                 false
             ),
+            (Framing::Empty, false)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\n\r\n", false),
             (Framing::Empty, true)
         );
         assert_eq!(
@@ -772,6 +821,17 @@ mod tests {
         assert_eq!(rest, b"NEXT");
         assert!(dechunk(b"5\r\nhelloXX0\r\n\r\n", &[]).is_err());
         assert!(dechunk(b"zz\r\n", &[]).is_err());
+        // RFC 9112 §7.1: at least one hex digit, and no bare LF or control
+        // byte in an extension (each read differently by some parser).
+        assert!(dechunk(b"5\r\nhello\r\n\r\n\r\n", &[]).is_err());
+        assert!(dechunk(b"2;\nXX\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert!(dechunk(b"2;a\x00b\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        // Extensions add up over the body, to 16 KiB.
+        let ext = format!("1;{}\r\nx\r\n", "e".repeat(3000));
+        let wire = format!("{}0\r\n\r\n", ext.repeat(6));
+        assert!(dechunk(wire.as_bytes(), &[]).is_err());
+        let wire = format!("{}0\r\n\r\n", ext.repeat(5));
+        assert_eq!(dechunk(wire.as_bytes(), &[]).unwrap().0, b"xxxxx");
     }
 
     proptest! {

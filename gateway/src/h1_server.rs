@@ -53,6 +53,9 @@ pub enum RequestError {
     /// Parses, but is not a request to serve: 400.
     #[error("invalid request: {0}")]
     Invalid(&'static str),
+    /// A transfer coding other than chunked: 501 (RFC 9112 §6.1).
+    #[error("the transfer coding `{0}` is not supported; send the body chunked or with a length")]
+    Coding(String),
 }
 
 impl RequestError {
@@ -63,6 +66,7 @@ impl RequestError {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             }
             RequestError::Syntax(_) | RequestError::Invalid(_) => StatusCode::BAD_REQUEST,
+            RequestError::Coding(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 }
@@ -222,8 +226,17 @@ fn classify(
             Kind::ContentLength => h1::content_length(value, &mut length)
                 .map_err(|_| RequestError::Invalid("Content-Length is not a length"))?,
             Kind::TransferEncoding => {
+                // Only chunked alone: a coding the gateway would have to
+                // undo (gzip, say) must not reach the replica unlabelled.
+                // One that does not end in chunked is a 400 below.
                 let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
-                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                let last_chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                if last_chunked && chunked.is_none() && value.contains(&b',') {
+                    return Err(RequestError::Coding(
+                        String::from_utf8_lossy(value.trim_ascii()).into_owned(),
+                    ));
+                }
+                chunked = Some(last_chunked && chunked.is_none());
             }
             Kind::Connection => {
                 for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
@@ -241,8 +254,12 @@ fn classify(
             cut |= 1 << i;
         }
     }
+    // RFC 9112 §3.2: exactly one Host in HTTP/1.1.
     if hosts > 1 {
         return Err(RequestError::Invalid("more than one Host field"));
+    }
+    if hosts == 0 && !http10 {
+        return Err(RequestError::Invalid("an HTTP/1.1 request without Host"));
     }
     if named {
         let tokens: Vec<&[u8]> = fields
@@ -459,21 +476,36 @@ mod tests {
     #[test]
     fn an_absolute_target_is_forwarded_in_origin_form() {
         // RFC 9112 §3.2.2.
-        let f = forwarded("GET http://gw.example/v1/models?a=b HTTP/1.1\r\n\r\n", None);
+        let f = forwarded(
+            "GET http://gw.example/v1/models?a=b HTTP/1.1\r\nhost: gw.example\r\n\r\n",
+            None,
+        );
         assert!(f.starts_with("GET /v1/models?a=b HTTP/1.1\r\n"), "{f}");
-        let f = forwarded("GET HTTPS://gw.example HTTP/1.1\r\n\r\n", None);
+        let f = forwarded(
+            "GET HTTPS://gw.example HTTP/1.1\r\nhost: gw.example\r\n\r\n",
+            None,
+        );
         assert!(f.starts_with("GET / HTTP/1.1\r\n"), "{f}");
         assert!(matches!(
-            parse("GET gw.example:80 HTTP/1.1\r\n\r\n"),
+            parse("GET gw.example:80 HTTP/1.1\r\nhost: gw.example\r\n\r\n"),
             Err(RequestError::Invalid(_))
         ));
     }
 
     #[test]
     fn body_framing_follows_rfc_9112_section_6() {
-        let body = |raw: &str| parse(raw).map(|h| h.unwrap().body);
+        // Every request here has one Host (RFC 9112 §3.2) unless it is the
+        // point.
+        let with_host = |raw: &str| {
+            if raw.contains("host:") || raw.contains("HTTP/1.0") {
+                raw.to_string()
+            } else {
+                raw.replacen("\r\n", "\r\nhost: gw\r\n", 1)
+            }
+        };
+        let body = |raw: &str| parse(&with_host(raw)).map(|h| h.unwrap().body);
         assert_eq!(
-            body("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            body("POST / HTTP/1.1\r\ntransfer-encoding: Chunked\r\n\r\n"),
             Ok(BodyLength::Chunked)
         );
         assert_eq!(
@@ -485,9 +517,19 @@ mod tests {
             Ok(BodyLength::None)
         );
         assert_eq!(body("GET / HTTP/1.1\r\n\r\n"), Ok(BodyLength::None));
+        // A coding the gateway would have to undo: 501 (§6.1).
+        assert_eq!(
+            body("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            Err(RequestError::Coding("gzip, chunked".into()))
+        );
+        assert_eq!(
+            RequestError::Coding(String::new()).status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
         for bad in [
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST / HTTP/1.1\r\ncontent-length: 5, 6\r\n\r\n",
             "POST / HTTP/1.1\r\ncontent-length: -5\r\n\r\n",
@@ -495,17 +537,25 @@ mod tests {
             "GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
         ] {
             assert!(
-                matches!(parse(bad), Err(RequestError::Invalid(_))),
+                matches!(parse(&with_host(bad)), Err(RequestError::Invalid(_))),
                 "{bad:?} must be refused"
             );
         }
+        // No Host in HTTP/1.1: 400; HTTP/1.0 needs none.
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\n\r\n"),
+            Err(RequestError::Invalid(_))
+        ));
+        assert!(parse("GET / HTTP/1.0\r\n\r\n").unwrap().is_some());
     }
 
     #[test]
     fn keep_alive_is_the_default_in_1_1_and_asked_for_in_1_0() {
         let ka = |raw: &str| parse(raw).unwrap().unwrap().keep_alive;
-        assert!(ka("GET / HTTP/1.1\r\n\r\n"));
-        assert!(!ka("GET / HTTP/1.1\r\nconnection: close\r\n\r\n"));
+        assert!(ka("GET / HTTP/1.1\r\nhost: gw\r\n\r\n"));
+        assert!(!ka(
+            "GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n"
+        ));
         assert!(!ka("GET / HTTP/1.0\r\n\r\n"));
         assert!(ka("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
     }
@@ -516,7 +566,10 @@ mod tests {
             parse("POST /v1/completions HTTP/1.1\r\nhost"),
             Ok(None)
         ));
-        let long = format!("GET / HTTP/1.1\r\nx-pad: {}\r\n\r\n", "a".repeat(9000));
+        let long = format!(
+            "GET / HTTP/1.1\r\nhost: gw\r\nx-pad: {}\r\n\r\n",
+            "a".repeat(9000)
+        );
         assert_eq!(
             parse(&long).unwrap_err(),
             RequestError::TooLarge { limit: 8192 }
@@ -543,7 +596,8 @@ mod tests {
 
     #[test]
     fn the_head_is_split_off_and_the_body_left_in_the_buffer() {
-        let mut buf = BytesMut::from(&b"POST /a HTTP/1.1\r\ncontent-length: 2\r\n\r\nokGET"[..]);
+        let mut buf =
+            BytesMut::from(&b"POST /a HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\nokGET"[..]);
         let head = parse_request(&mut buf, 8192).unwrap().unwrap();
         assert_eq!(head.target(), "/a");
         assert_eq!(&buf[..], b"okGET");

@@ -151,6 +151,8 @@ pub struct Local {
     pub retry_after: Option<u64>,
     /// Close the connection after it.
     pub close: bool,
+    /// `Allow`, on a 405.
+    pub allow: Option<&'static str>,
 }
 
 /// An OpenAI-style JSON error of the traffic listener.
@@ -163,6 +165,7 @@ pub fn local_error(status: StatusCode, kind: &str, message: &str) -> Local {
         body: body.to_string().into(),
         retry_after: None,
         close: false,
+        allow: None,
     }
 }
 
@@ -247,7 +250,11 @@ async fn handle_inner(
                     (StatusCode::BAD_REQUEST, "invalid_request_error")
                 }
             };
-            return (local(status, kind, &e.to_string()), None);
+            let mut answer = local_error(status, kind, &e.to_string());
+            if e == RouteError::MethodNotAllowed {
+                answer.allow = Some(route::allowed_methods(head.path()));
+            }
+            return (Reply::Local(answer), None);
         }
     };
     let prompt = routed.prompt;
@@ -264,6 +271,7 @@ async fn handle_inner(
                 body: body.to_string().into(),
                 retry_after: None,
                 close: false,
+                allow: None,
             };
             return (Reply::Local(list), None);
         }

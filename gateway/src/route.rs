@@ -71,6 +71,16 @@ pub fn route(
     route_request(method, path, header_model, body, known).map(|r| r.route)
 }
 
+/// The methods a path takes, for the `Allow` field of a 405 (RFC 9110
+/// §15.5.6).
+pub fn allowed_methods(path: &str) -> &'static str {
+    if path == "/v1/models" {
+        "GET, HEAD"
+    } else {
+        "POST"
+    }
+}
+
 /// [`route`], with the prompt fields of the body.
 pub fn route_request<'a>(
     method: &Method,
@@ -85,7 +95,9 @@ pub fn route_request<'a>(
     };
     match path {
         "/v1/models" => {
-            if method == Method::GET {
+            // RFC 9110 §9.1: a general-purpose server supports HEAD
+            // wherever it supports GET.
+            if method == Method::GET || method == Method::HEAD {
                 Ok(plain(Route::ListModels))
             } else {
                 Err(RouteError::MethodNotAllowed)

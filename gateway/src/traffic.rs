@@ -93,7 +93,7 @@ impl Connection {
                         local_error(e.status(), "invalid_request_error", &e.to_string());
                     answer.close = true;
                     proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
-                    self.write_local(&answer, false, false).await;
+                    self.write_local(&answer, false, false, false).await;
                     return;
                 }
             };
@@ -101,7 +101,7 @@ impl Connection {
                 Ok(body) => body,
                 Err(Some(answer)) => {
                     proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
-                    self.write_local(&answer, head.http10, false).await;
+                    self.write_local(&answer, head.http10, false, false).await;
                     return;
                 }
                 Err(None) => return,
@@ -129,15 +129,9 @@ impl Connection {
             let kept = match reply {
                 Reply::Local(answer) => {
                     let keep_alive = keep_alive && !answer.close;
-                    let answer = if head_request {
-                        Local {
-                            body: Bytes::new(),
-                            ..answer
-                        }
-                    } else {
-                        answer
-                    };
-                    self.write_local(&answer, head.http10, keep_alive).await && keep_alive
+                    self.write_local(&answer, head.http10, keep_alive, head_request)
+                        .await
+                        && keep_alive
                 }
                 Reply::Relayed(relayed) => {
                     self.relay(relayed, head.http10, keep_alive, &limits).await
@@ -156,8 +150,10 @@ impl Connection {
         limits: &crate::config::Limits,
     ) -> Result<Option<RequestHead>, h1_server::RequestError> {
         let mut deadline: Option<CoarseSleep> = None;
+        let mut parse = true;
         loop {
-            if !self.buf.is_empty()
+            if parse
+                && !self.buf.is_empty()
                 && let Some(head) =
                     h1_server::parse_request(&mut self.buf, limits.max_header_bytes)?
             {
@@ -179,9 +175,8 @@ impl Connection {
                     Poll::Pending
                 }
             });
-            if self.buf.capacity() - self.buf.len() < READ_SPACE {
-                self.buf.reserve(2 * READ_SPACE);
-            }
+            grow_for_head(&mut self.buf, limits.max_header_bytes);
+            let before = self.buf.len();
             tokio::select! {
                 biased;
                 read = self.io.read_buf(&mut self.buf) => match read {
@@ -191,6 +186,10 @@ impl Connection {
                 () = sleep => return Ok(None),
                 () = drained => return Ok(None),
             }
+            // A head ends with a line feed: bytes without one cannot
+            // complete it, so a head sent a few bytes at a time is not
+            // parsed again from its start for every read.
+            parse = self.buf[before..].contains(&b'\n') || self.buf.len() > limits.max_header_bytes;
         }
     }
 
@@ -308,8 +307,16 @@ impl Connection {
             .map_err(|_| None)
     }
 
-    /// Writes one of the gateway's own answers. `false`: the write failed.
-    async fn write_local(&mut self, answer: &Local, http10: bool, keep_alive: bool) -> bool {
+    /// Writes one of the gateway's own answers; to a HEAD request, its
+    /// head alone, with the length the body has (RFC 9110 §9.3.2).
+    /// `false`: the write failed.
+    async fn write_local(
+        &mut self,
+        answer: &Local,
+        http10: bool,
+        keep_alive: bool,
+        head_request: bool,
+    ) -> bool {
         let out = &mut self.out;
         out.clear();
         h1_server::push_status(out, answer.status);
@@ -322,10 +329,15 @@ impl Connection {
                 crate::h1::itoa(secs as usize, &mut [0u8; 20]),
             );
         }
+        if let Some(allow) = answer.allow {
+            push_field(out, b"allow", allow.as_bytes());
+        }
         connection_field(out, http10, keep_alive && !answer.close);
         h1_server::push_length(out, answer.body.len() as u64);
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&answer.body);
+        if !head_request {
+            out.extend_from_slice(&answer.body);
+        }
         self.io.write_all(&self.out).await.is_ok()
     }
 
@@ -437,6 +449,18 @@ impl Connection {
                 // the body's end. The slot is freed with the permit.
                 Some(Err(e)) => {
                     tracing::debug!("relaying a response: {e}");
+                    if !head_sent {
+                        // Nothing reached the client yet: it gets a 502,
+                        // not a connection closed without a word.
+                        drop(permit);
+                        let mut answer = local_error(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_error",
+                            "the replica failed",
+                        );
+                        answer.close = true;
+                        self.write_local(&answer, http10, false, false).await;
+                    }
                     return false;
                 }
                 None => Bytes::new(),
@@ -493,6 +517,26 @@ fn connection_field(out: &mut Vec<u8>, http10: bool, keep_alive: bool) {
         push_field(out, b"connection", b"close");
     } else if http10 {
         push_field(out, b"connection", b"keep-alive");
+    }
+}
+
+/// Room for the next read of a head: at least [`READ_SPACE`], but never
+/// more than the head limit allows, allocated exactly once the head is
+/// large (growing by doubling would let a slow client make the buffer
+/// twice the limit).
+fn grow_for_head(buf: &mut BytesMut, limit: usize) {
+    if buf.capacity() - buf.len() >= READ_SPACE {
+        return;
+    }
+    let want = (buf.len() + 4 * READ_SPACE)
+        .min(limit + 1)
+        .max(buf.len() + 1);
+    if want <= 4 * READ_SPACE {
+        buf.reserve(2 * READ_SPACE);
+    } else if want > buf.capacity() {
+        let mut grown = BytesMut::with_capacity(want);
+        grown.extend_from_slice(buf);
+        *buf = grown;
     }
 }
 

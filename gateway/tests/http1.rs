@@ -280,8 +280,7 @@ async fn connection_close_an_absolute_target_and_head_are_served_as_http_says() 
     // replica's.
     assert!(httpdate::parse_http_date(r.header("date").unwrap()).is_ok());
 
-    // HEAD gets the gateway's own answer (405: the route takes GET) as a
-    // head with no body.
+    // HEAD (RFC 9110 §9.3.2): GET's head, with GET's length, and no body.
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     s.write_all(
         b"HEAD /v1/models HTTP/1.1\r\nhost: gw\r\n\r\nGET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n",
@@ -290,12 +289,87 @@ async fn connection_close_an_absolute_target_and_head_are_served_as_http_says() 
     .unwrap();
     let mut buf = BytesMut::new();
     let head = read_response(&mut s, &mut buf, true).await;
-    assert_eq!(head.status, 405);
+    assert_eq!(head.status, 200);
     assert!(httpdate::parse_http_date(head.header("date").unwrap()).is_ok());
     // The next response starts right after the head: no body was sent.
     let get = read_response(&mut s, &mut buf, false).await;
     assert_eq!(get.status, 200);
     assert_eq!(get.json()["object"], "list");
+    assert_eq!(
+        head.header("content-length").unwrap(),
+        get.body.len().to_string()
+    );
+    // A 405 names the methods the path takes (RFC 9110 §15.5.6).
+    let mut s = TcpStream::connect(gw.traffic).await.unwrap();
+    s.write_all(b"DELETE /v1/models HTTP/1.1\r\nhost: gw\r\n\r\nGET /v1/completions HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = BytesMut::new();
+    let r = read_response(&mut s, &mut buf, false).await;
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
+    let r = read_response(&mut s, &mut buf, false).await;
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_host_and_unsupported_codings_are_refused() {
+    let (up, gw) = setup().await;
+    // RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400; §6.1: a
+    // transfer coding the server does not know, a 501.
+    for (raw, status) in [
+        (post(BODY, "").replace("host: gw\r\n", ""), 400),
+        (
+            "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+                .to_string(),
+            501,
+        ),
+    ] {
+        let mut s = TcpStream::connect(gw.traffic).await.unwrap();
+        s.write_all(raw.as_bytes()).await.unwrap();
+        let mut buf = BytesMut::new();
+        let r = read_response(&mut s, &mut buf, false).await;
+        assert_eq!(r.status, status, "{raw:?}");
+        assert!(closes(&mut s).await);
+    }
+    // HTTP/1.0 needs no Host.
+    let mut s = TcpStream::connect(gw.traffic).await.unwrap();
+    let req = post(BODY, "")
+        .replace("HTTP/1.1", "HTTP/1.0")
+        .replace("host: gw\r\n", "");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = BytesMut::new();
+    assert_eq!(read_response(&mut s, &mut buf, false).await.status, 200);
+    assert_eq!(up.received.load(Ordering::SeqCst), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_breaks_before_its_first_byte_is_a_502() {
+    // The replica answers with a head and a chunk line no decoder takes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let replica = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffffffff\r\n")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            });
+        }
+    });
+    let mut sp = spec(vec![model("m", &[replica], 8)]);
+    sp.upstream.eject_after_failures = 100;
+    let gw = gateway(sp).await;
+    let mut s = TcpStream::connect(gw.traffic).await.unwrap();
+    s.write_all(post(BODY, "").as_bytes()).await.unwrap();
+    let mut buf = BytesMut::new();
+    let r = read_response(&mut s, &mut buf, false).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("connection"), Some("close"));
     gw.shutdown().await;
 }
 
