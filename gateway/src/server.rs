@@ -267,19 +267,20 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
 }
 
 /// Accepts on `listener` until shutdown, within the connection cap, and
-/// serves each connection with `connection` on a task of its own; then
-/// waits for the connections `drain` watches, up to the drain timeout.
+/// serves each connection with `connection` on a task of its own (given
+/// the listener's drain to watch it with); then waits for the watched
+/// connections, up to the drain timeout.
 async fn serve<F, Fut>(
     listener: TcpListener,
     shared: Arc<Shared>,
     connections: Connections,
     mut shutdown: watch::Receiver<bool>,
-    drain: Drain,
     connection: F,
 ) where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
+    F: Fn(TcpStream, SocketAddr, &Drain) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let drain = Drain::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -298,7 +299,7 @@ async fn serve<F, Fut>(
                     tokio::spawn(refuse(stream));
                     continue;
                 };
-                let conn = connection(stream, peer);
+                let conn = connection(stream, peer, &drain);
                 tokio::spawn(async move {
                     conn.await;
                     drop(slot);
@@ -325,19 +326,16 @@ async fn serve_traffic(
     connections: Connections,
     shutdown: watch::Receiver<bool>,
 ) {
-    let drain = Drain::default();
     let shared = worker.shared.clone();
-    let watching = drain.clone();
     serve(
         listener,
         shared,
         connections,
         shutdown,
-        drain,
-        move |stream, peer| {
-            let conn = traffic::serve(stream, peer, worker.clone(), watching.clone());
+        move |stream, peer, drain| {
+            let conn = traffic::serve(stream, peer, worker.clone(), drain.clone());
             // The connection sees the drain itself, between requests.
-            watching.watch(conn, |_| {})
+            drain.watch(conn, |_| {})
         },
     )
     .await;
@@ -363,15 +361,12 @@ async fn serve_admin<F, Fut>(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .keep_alive(true);
-    let drain = Drain::default();
-    let watching = drain.clone();
     serve(
         listener,
         shared,
         connections,
         shutdown,
-        drain,
-        move |stream, _peer| {
+        move |stream, _peer, drain| {
             let h = handler.clone();
             let service = service_fn(move |req| {
                 let h = h.clone();
@@ -379,7 +374,7 @@ async fn serve_admin<F, Fut>(
             });
             let io = ClientIo::new(stream, timer.clone(), limits.write_timeout);
             let conn = builder.serve_connection(TokioIo::new(io), service);
-            let conn = watching.watch(conn, |c| c.graceful_shutdown());
+            let conn = drain.watch(conn, |c| c.graceful_shutdown());
             async move {
                 if let Err(e) = conn.await {
                     tracing::debug!("connection ended: {e}");
