@@ -145,7 +145,7 @@ struct Sim {
     /// Prefills, one at a time ([`PrefillLane`]), in seconds since
     /// `origin`, and when each booked prefill that has not begun begins
     /// (they wait, as in vLLM's waiting queue).
-    lane: std::sync::Mutex<(PrefillLane, std::collections::VecDeque<f64>)>,
+    lane: std::sync::Mutex<PrefillLane>,
     origin: std::time::Instant,
     /// LoRA adapters it serves, and how many requests for each run now.
     adapters: std::sync::Mutex<Vec<(String, u32)>>,
@@ -190,7 +190,7 @@ pub async fn start_with_adapters(
         slots: Arc::new(Semaphore::new(profile.max_concurrency.max(1) as usize)),
         cache: (blocks > 0).then(|| std::sync::Mutex::new(PrefixCache::new(blocks as usize))),
         adapters: std::sync::Mutex::new(adapters.iter().map(|a| (a.clone(), 0)).collect()),
-        lane: std::sync::Mutex::new((PrefillLane::default(), Default::default())),
+        lane: std::sync::Mutex::new(PrefillLane::default()),
         origin: std::time::Instant::now(),
         profile,
         counters: counters.clone(),
@@ -301,11 +301,7 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
             // booked before theirs.
             let prefill_waiting = {
                 let now = sim.origin.elapsed().as_secs_f64();
-                let mut lane = crate::lock(&sim.lane);
-                while lane.1.front().is_some_and(|&b| b <= now) {
-                    lane.1.pop_front();
-                }
-                lane.1.len() as u64
+                u64::from(crate::lock(&sim.lane).waiting(now))
             };
             let running = c
                 .running
@@ -550,12 +546,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     // The prefill queues behind those already booked on this replica.
     let prefill = {
         let now = sim.origin.elapsed().as_secs_f64();
-        let mut lane = crate::lock(&sim.lane);
-        let end = lane.0.book(now, prefill.as_secs_f64());
-        let begin = end - prefill.as_secs_f64();
-        if begin > now {
-            lane.1.push_back(begin);
-        }
+        let end = crate::lock(&sim.lane).book(now, prefill.as_secs_f64());
         Duration::from_secs_f64((end - now).max(0.0))
     };
     let running = Running::start(

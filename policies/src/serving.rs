@@ -43,10 +43,15 @@ pub struct ServiceProfile {
 }
 
 /// A replica's prefill, one prompt at a time: times are seconds from any
-/// origin the caller keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// origin the caller keeps. It also knows how many booked prefills have
+/// not begun: the requests a vLLM server counts in
+/// `vllm:num_requests_waiting` (its scheduler's waiting queue, which
+/// holds a request until its prefill is scheduled).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefillLane {
     free_at: f64,
+    /// When each booked prefill that had to wait begins, in order.
+    begins: std::collections::VecDeque<f64>,
 }
 
 impl PrefillLane {
@@ -54,9 +59,25 @@ impl PrefillLane {
     /// `now`: it begins when the prefills booked before it end. Returns
     /// when it ends.
     pub fn book(&mut self, now: f64, seconds: f64) -> f64 {
+        self.forget_begun(now);
         let begin = self.free_at.max(now);
+        if begin > now {
+            self.begins.push_back(begin);
+        }
         self.free_at = begin + seconds.max(0.0);
         self.free_at
+    }
+
+    /// Booked prefills that have not begun at `now`.
+    pub fn waiting(&mut self, now: f64) -> u32 {
+        self.forget_begun(now);
+        u32::try_from(self.begins.len()).unwrap_or(u32::MAX)
+    }
+
+    fn forget_begun(&mut self, now: f64) {
+        while self.begins.front().is_some_and(|&b| b <= now) {
+            self.begins.pop_front();
+        }
     }
 }
 
@@ -156,5 +177,20 @@ mod tests {
         assert_eq!(lane.book(12.0, 0.25), 12.25);
         // One that starts while busy waits only for the rest.
         assert_eq!(lane.book(12.1, 0.1), 12.35);
+    }
+
+    #[test]
+    fn a_lane_counts_the_prefills_that_have_not_begun() {
+        let mut lane = PrefillLane::default();
+        lane.book(0.0, 1.0); // begins at once: running, not waiting
+        lane.book(0.0, 1.0); // begins at 1
+        lane.book(0.5, 1.0); // begins at 2
+        assert_eq!(lane.waiting(0.5), 2);
+        assert_eq!(lane.waiting(1.0), 1, "the second began at 1.0");
+        assert_eq!(lane.waiting(1.5), 1);
+        assert_eq!(lane.waiting(2.0), 0);
+        // Idle again: a new prompt begins at once.
+        lane.book(3.5, 1.0);
+        assert_eq!(lane.waiting(3.5), 0);
     }
 }
