@@ -302,6 +302,9 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if !(t.slo_max_step.is_finite() && t.slo_max_step >= 1.0) {
         bad("spec.tuning.sloMaxStep", "must be at least 1");
     }
+    if !(t.prefill_target.is_finite() && t.prefill_target > 0.0) {
+        bad("spec.tuning.prefillTarget", "must be above 0");
+    }
     let k = &spec.kubernetes;
     if k.lease_duration < Duration::from_secs(2) {
         bad("spec.kubernetes.leaseDuration", "must be at least 2s");
@@ -400,7 +403,31 @@ fn known_profile(p: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_quantity;
+    use super::{AutoscalerSpec, check_settings, is_quantity};
+
+    #[test]
+    fn tuning_out_of_bounds_is_named_by_field() {
+        let spec: AutoscalerSpec = serde_yaml_ng::from_str(
+            "policies: [p]\n\
+             gateway: {config: g.yaml}\n\
+             tuning: {sloMaxStep: 0.5, prefillTarget: 0, forecastAlpha: 2}\n",
+        )
+        .unwrap();
+        let fields: Vec<String> = check_settings(&spec).into_iter().map(|(f, _)| f).collect();
+        for f in [
+            "spec.tuning.sloMaxStep",
+            "spec.tuning.prefillTarget",
+            "spec.tuning.forecastAlpha",
+        ] {
+            assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
+        }
+        let ok: AutoscalerSpec = serde_yaml_ng::from_str(
+            "policies: [p]\ngateway: {config: g.yaml}\ntuning: {prefillTarget: 0.8}\n",
+        )
+        .unwrap();
+        assert_eq!(ok.tuning.prefill_target, 0.8);
+        assert!(check_settings(&ok).is_empty(), "{:?}", check_settings(&ok));
+    }
 
     #[test]
     fn quantities_as_kubernetes_writes_them() {

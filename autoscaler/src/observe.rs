@@ -88,6 +88,7 @@ pub fn observations(view: &serde_json::Value) -> BTreeMap<String, Observation> {
                                 .and_then(|v| v.as_f64())
                                 .map(|x| x / 1e3),
                             ready: q.get("replicas").and_then(|v| v.as_f64()),
+                            prefill_busy: q.get("prefill_busy").and_then(|v| v.as_f64()),
                             queue_wait_p95: q.get("queue_wait_p95_ms").and_then(ms),
                             ttft_p95: q.get("ttft_p95_ms").and_then(ms),
                             latency_p95: q.get("latency_p95_ms").and_then(ms),

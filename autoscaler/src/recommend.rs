@@ -69,6 +69,11 @@ pub struct Observation {
     pub ttft_p95: Option<Duration>,
     /// p95 latency.
     pub latency_p95: Option<Duration>,
+    /// Prefill seconds per second, the mean over the replicas that report
+    /// it (their metrics, when the gateway scrapes them): 1 is a replica
+    /// whose prefill is busy all the time. `None` when not reported.
+    #[serde(default)]
+    pub prefill_busy: Option<f64>,
 }
 
 /// The recommender's own settings (the policy's `scaling` holds the
@@ -99,6 +104,12 @@ pub struct Tuning {
     pub forecast_beta: f64,
     /// Most that SLO feedback multiplies capacity by in one decision.
     pub slo_max_step: f64,
+    /// Prefill utilisation a replica is sized for, where its metrics
+    /// report one (0.7, Knative's target utilisation). Prompts are
+    /// prefilled at the speed of the replica's GPU share whatever its
+    /// concurrency allows, so a model of long prompts on a small share is
+    /// bound by prefill before its queue-depth target is reached.
+    pub prefill_target: f64,
 }
 
 impl Default for Tuning {
@@ -112,6 +123,7 @@ impl Default for Tuning {
             forecast_alpha: 0.05,
             forecast_beta: 0.02,
             slo_max_step: 2.0,
+            prefill_target: 0.7,
         }
     }
 }
@@ -448,7 +460,21 @@ pub fn recommend(
     } else {
         depth
     };
-    let mut total = by_queue.max(by_rate).max(by_forecast);
+    // Prefill: the replicas serving, each at the target utilisation of
+    // its prefill (HPA's utilisation rule on the prefill seconds per
+    // second its metrics report), in requests like the rest. While
+    // replicas start, the lanes of those serving run hot by design: the
+    // count holds, as for the queue.
+    let serving_now = obs
+        .ready
+        .map_or(f64::from(current), |r| r.min(f64::from(current)));
+    let by_prefill = match obs.prefill_busy {
+        Some(u) if u > 0.0 && !in_transit && tuning.prefill_target > 0.0 => {
+            serving_now * (u / tuning.prefill_target) * target
+        }
+        _ => 0.0,
+    };
+    let mut total = by_queue.max(by_rate).max(by_forecast).max(by_prefill);
     let mut why = format!(
         "{} waiting + {} in flight over target {}/replica",
         obs.waiting.round(),
@@ -465,6 +491,14 @@ pub fn recommend(
             why,
             "; {level:.1} req/s × {:.2} s = {by_rate:.1} in service",
             obs.service_time.unwrap_or(0.0),
+        );
+    } else if by_prefill > by_queue.max(by_rate).max(by_forecast) {
+        let _ = write!(
+            why,
+            "; prefill {:.0} % busy over target {:.0} % on {serving_now} {}",
+            obs.prefill_busy.unwrap_or(0.0) * 100.0,
+            tuning.prefill_target * 100.0,
+            plural(serving_now.round() as u32)
         );
     } else if by_forecast > by_queue.max(by_rate) && by_forecast >= 1.0 {
         let _ = write!(
@@ -491,7 +525,11 @@ pub fn recommend(
     // which no replica count fixes: it is reported and not acted on
     // (acting on it ran every such model to maxReplicas in the
     // simulator). Queue wait is load by nature and always counts.
-    let busy = obs.waiting > 0.0 || depth >= 0.5 * f64::from(current) * target;
+    let busy = obs.waiting > 0.0
+        || depth >= 0.5 * f64::from(current) * target
+        || obs
+            .prefill_busy
+            .is_some_and(|u| u >= tuning.prefill_target && tuning.prefill_target > 0.0);
     let mut unhelped = Vec::new();
     for (name, seen, goal) in pairs {
         // A p95 over the last minute counts only while requests are

@@ -1202,3 +1202,65 @@ fn replicas_not_ready_a_startup_time_on_no_longer_hold_the_queue() {
     let r = c.run(2, stuck);
     assert!(r.replicas >= 5, "{}", r.reason);
 }
+
+/// HPA's utilisation rule on the servers' prefill seconds per second:
+/// ready × utilisation ÷ target, hand-checked; held while replicas start;
+/// a lane at its target makes a TTFT breach count as load; absent, it
+/// changes nothing.
+#[test]
+fn prefill_utilisation_sizes_a_model_whose_prompts_bind_before_its_queue() {
+    let mut m = model("    minReplicas: 1\n    maxReplicas: 50\n    targetQueueDepth: 32\n");
+    m.slo.ttft_p95 = Some(Duration::from_millis(500));
+    let tuning = Tuning::default();
+    // 3 replicas, 6 in flight (6 % of the target), prefill 90 % busy:
+    // 3 × 0.9 ÷ 0.7 = 3.86 → 4.
+    let hot = Observation {
+        in_flight: 6.0,
+        ready: Some(3.0),
+        prefill_busy: Some(0.9),
+        ..Observation::default()
+    };
+    let r = recommend(Some(&hot), &m, &tuning, &mut State::new(3), secs(100.0));
+    assert_eq!(r.replicas, 4, "{}", r.reason);
+    assert!(
+        r.reason.contains("prefill 90 % busy over target 70 %"),
+        "{}",
+        r.reason
+    );
+    // 1.0 busy: 3 ÷ 0.7 = 4.29 → 5.
+    let hotter = Observation {
+        prefill_busy: Some(1.0),
+        ..hot.clone()
+    };
+    let r = recommend(Some(&hotter), &m, &tuning, &mut State::new(3), secs(100.0));
+    assert_eq!(r.replicas, 5, "{}", r.reason);
+    // Without the figure: the queue alone, 6 ÷ 32 → the 3 held by the
+    // scale-down window of a fresh state (it starts from 3).
+    let plain = Observation {
+        prefill_busy: None,
+        ..hot.clone()
+    };
+    let r = recommend(Some(&plain), &m, &tuning, &mut State::new(3), secs(100.0));
+    assert_eq!(r.replicas, 3, "{}", r.reason);
+    // Replicas starting (4 decided, 3 ready, within startupTime): the hot
+    // lanes of those serving are expected; the count holds.
+    let mut state = State::new(4);
+    let r = recommend(Some(&hot), &m, &tuning, &mut state, secs(100.0));
+    assert_eq!(r.replicas, 4, "{}", r.reason);
+    // A TTFT breach at 2× with few in flight: load when the lanes are at
+    // their target (2× the 3 serving = 6), not when they idle.
+    let breach = Observation {
+        ttft_p95: Some(Duration::from_millis(1000)),
+        prefill_busy: Some(0.7),
+        ..hot.clone()
+    };
+    let r = recommend(Some(&breach), &m, &tuning, &mut State::new(3), secs(100.0));
+    assert_eq!(r.replicas, 6, "{}", r.reason);
+    let idle = Observation {
+        prefill_busy: Some(0.2),
+        ..breach
+    };
+    let r = recommend(Some(&idle), &m, &tuning, &mut State::new(3), secs(100.0));
+    assert_eq!(r.replicas, 3, "{}", r.reason);
+    assert!(r.reason.contains("lightly loaded"), "{}", r.reason);
+}

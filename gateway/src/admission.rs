@@ -23,6 +23,9 @@ use crate::config::Endpoint;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ReplicaId(pub u64);
 
+/// The span a replica's prefill utilisation is measured over.
+pub const PREFILL_WINDOW: Duration = Duration::from_secs(10);
+
 /// One replica of the model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Replica {
@@ -51,6 +54,10 @@ pub struct Replica {
     pub adapters: Vec<(u16, Option<Instant>)>,
     /// The pool's pick count when it was last chosen.
     pub last_pick: Option<u64>,
+    /// Its metrics' prefill seconds at recent scrapes, and when.
+    pub prefill_marks: VecDeque<(f64, Instant)>,
+    /// Prefill seconds per second over about [`PREFILL_WINDOW`].
+    pub prefill_busy: Option<f64>,
 }
 
 impl Replica {
@@ -243,6 +250,8 @@ impl<W> Pool<W> {
             ejected_until: None,
             draining: false,
             server_waiting: 0,
+            prefill_marks: VecDeque::new(),
+            prefill_busy: None,
             tag: affinity::tag(endpoint.authority()),
             kv: 0.0,
             adapters: Vec::new(),
@@ -454,6 +463,50 @@ impl<W> Pool<W> {
         }
     }
 
+    /// Records a replica's prefill seconds (a counter from its metrics)
+    /// read at `at`: the change over the last [`PREFILL_WINDOW`] of
+    /// readings, over the time between them, is its prefill utilisation
+    /// (a rate over 10 s, as the gateway's arrival rate: one scrape
+    /// interval of a few requests is mostly noise). A counter that went
+    /// back (the server restarted) starts the measure again.
+    pub fn set_prefill_seconds(&mut self, endpoint: &Endpoint, sum: f64, at: Instant) {
+        if let Some(r) = self.replicas.iter_mut().find(|r| &r.endpoint == endpoint) {
+            if r.prefill_marks
+                .back()
+                .is_some_and(|&(before, _)| sum < before)
+            {
+                r.prefill_marks.clear();
+                r.prefill_busy = None;
+            }
+            r.prefill_marks.push_back((sum, at));
+            // Keep the newest reading at least a window old, and those
+            // after it.
+            while r.prefill_marks.len() > 2 && r.prefill_marks[1].1 + PREFILL_WINDOW <= at {
+                r.prefill_marks.pop_front();
+            }
+            if let (Some(&(s0, t0)), Some(&(s1, t1))) =
+                (r.prefill_marks.front(), r.prefill_marks.back())
+            {
+                let dt = t1.saturating_duration_since(t0).as_secs_f64();
+                if dt > 0.0 {
+                    r.prefill_busy = Some((s1 - s0) / dt);
+                }
+            }
+        }
+    }
+
+    /// Mean prefill utilisation of the replicas taking requests that
+    /// report one; `None` when none does.
+    pub fn prefill_busy(&self, now: Instant) -> Option<f64> {
+        let seen: Vec<f64> = self
+            .replicas
+            .iter()
+            .filter(|r| !r.draining && r.ejected_until.is_none_or(|t| t <= now))
+            .filter_map(|r| r.prefill_busy)
+            .collect();
+        (!seen.is_empty()).then(|| seen.iter().sum::<f64>() / seen.len() as f64)
+    }
+
     /// Sets the adapters a replica has for sure (configured, or given when
     /// it registered); those seen only in its metrics stay.
     pub fn set_adapters(&mut self, endpoint: &Endpoint, adapters: &[u16]) {
@@ -619,6 +672,44 @@ mod tests {
         let granted: Vec<u32> = p.dispatch(now).into_iter().map(|g| g.0).collect();
         assert_eq!(granted, [0, 1], "two slots, first two waiters");
         assert_eq!(p.waiting(), 1);
+    }
+
+    #[test]
+    fn prefill_utilisation_is_the_counter_rate_over_ten_seconds() {
+        let t0 = Instant::now();
+        let s = |x: f64| t0 + Duration::from_secs_f64(x);
+        let mut p: Pool<u32> = Pool::new(10, 8);
+        p.add_replica(ep(1), None);
+        p.add_replica(ep(2), None);
+        p.add_replica(ep(3), None);
+        // One reading is no rate yet.
+        p.set_prefill_seconds(&ep(1), 100.0, s(0.0));
+        assert_eq!(p.prefill_busy(s(0.0)), None);
+        // 0.9 s of prefill in 1 s, and 0.3 s in 1 s: mean 0.6.
+        p.set_prefill_seconds(&ep(1), 100.9, s(1.0));
+        p.set_prefill_seconds(&ep(2), 5.0, s(0.0));
+        p.set_prefill_seconds(&ep(2), 5.3, s(1.0));
+        let busy = p.prefill_busy(s(1.0)).unwrap();
+        assert!((busy - 0.6).abs() < 1e-9, "{busy}");
+        // Replica 1, a second a second from 1 s to 20 s: the rate is over
+        // the last 10 s or so, so 1.0 once the first second falls out.
+        for k in 2..=20 {
+            p.set_prefill_seconds(&ep(1), 100.9 + f64::from(k - 1), s(f64::from(k)));
+        }
+        let one = p.replicas()[0].prefill_busy.unwrap();
+        assert!((one - 1.0).abs() < 1e-9, "{one}");
+        assert!(p.replicas()[0].prefill_marks.len() <= 12);
+        // A server that restarted (its counter went back) has no rate
+        // until the next reading.
+        p.set_prefill_seconds(&ep(2), 0.1, s(2.0));
+        assert_eq!(p.replicas()[1].prefill_busy, None);
+        p.set_prefill_seconds(&ep(2), 0.6, s(3.0));
+        let busy = p.prefill_busy(s(3.0)).unwrap();
+        assert!((busy - 0.75).abs() < 1e-9, "{busy}");
+        // A replica removed no longer counts.
+        p.remove_replica(&ep(1));
+        let busy = p.prefill_busy(s(3.0)).unwrap();
+        assert!((busy - 0.5).abs() < 1e-9, "{busy}");
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! - KV-cache utilisation, 0–1 (vLLM `vllm:kv_cache_usage_perc`, before
 //!   v0.10 `vllm:gpu_cache_usage_perc`; SGLang `sglang:token_usage`), the
 //!   largest sample when a server reports several;
+//! - seconds spent prefilling (vLLM `vllm:request_prefill_time_seconds`,
+//!   its `_sum`), whose rate is the prefill utilisation the autoscaler
+//!   reads (see `admission::Replica::prefill_busy`);
 //! - the LoRA adapters in use (vLLM `vllm:lora_requests_info`, its
 //!   `running_lora_adapters` and `waiting_lora_adapters` labels, each a
 //!   comma-separated list).
@@ -52,6 +55,8 @@ pub struct ServerState {
     pub kv: Option<f64>,
     /// Adapters running or waiting.
     pub adapters: Vec<String>,
+    /// Seconds spent prefilling since the server started (a counter).
+    pub prefill_seconds: Option<f64>,
 }
 
 /// Reads a scrape in a format.
@@ -72,10 +77,15 @@ pub fn server_state(text: &str, format: MetricsFormat) -> ServerState {
             }
         }
     }
+    let prefill_seconds = match format {
+        MetricsFormat::Vllm => sum_metric(text, "vllm:request_prefill_time_seconds_sum"),
+        _ => None,
+    };
     ServerState {
         waiting,
         kv,
         adapters,
+        prefill_seconds,
     }
 }
 
@@ -192,6 +202,9 @@ pub async fn run(shared: Arc<Shared>, upstream: Upstream, mut shutdown: watch::R
                         state.kv,
                         &adapters,
                     );
+                    if let Some(sum) = state.prefill_seconds {
+                        shared.set_prefill_seconds(model, &endpoint, sum);
+                    }
                 }
             }
         }
@@ -217,6 +230,25 @@ mod tests {
         assert_eq!(sum_metric(text, "vllm:num_requests_waiting"), Some(5.0));
         assert_eq!(sum_metric(text, "tgi_queue_size"), Some(7.0));
         assert_eq!(sum_metric(text, "sglang:num_queue_reqs"), None);
+    }
+
+    #[test]
+    fn reads_prefill_seconds_from_vllm_histogram_sum_only() {
+        // vLLM's histogram (buckets, sum, count), two engines summed.
+        let text = "# TYPE vllm:request_prefill_time_seconds histogram\n\
+                    vllm:request_prefill_time_seconds_bucket{engine=\"0\",le=\"+Inf\"} 40\n\
+                    vllm:request_prefill_time_seconds_sum{engine=\"0\"} 12.5\n\
+                    vllm:request_prefill_time_seconds_count{engine=\"0\"} 40\n\
+                    vllm:request_prefill_time_seconds_sum{engine=\"1\"} 2.5\n";
+        assert_eq!(
+            server_state(text, MetricsFormat::Vllm).prefill_seconds,
+            Some(15.0)
+        );
+        assert_eq!(
+            server_state(text, MetricsFormat::Sglang).prefill_seconds,
+            None
+        );
+        assert_eq!(server_state("", MetricsFormat::Vllm).prefill_seconds, None);
     }
 
     #[test]

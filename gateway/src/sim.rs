@@ -299,9 +299,14 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
             let c = &sim.counters;
             // Waiting: for a slot, or (holding one) for the prefills
             // booked before theirs.
-            let prefill_waiting = {
+            let (prefill_waiting, prefill_seconds, prefills) = {
                 let now = sim.origin.elapsed().as_secs_f64();
-                u64::from(crate::lock(&sim.lane).waiting(now))
+                let mut lane = crate::lock(&sim.lane);
+                (
+                    u64::from(lane.waiting(now)),
+                    lane.busy_seconds(now),
+                    c.requests.load(Ordering::Relaxed),
+                )
             };
             let running = c
                 .running
@@ -338,6 +343,10 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
                  vllm:num_requests_waiting{{model_name=\"{m}\"}} {}\n\
                  # TYPE vllm:num_requests_running gauge\n\
                  vllm:num_requests_running{{model_name=\"{m}\"}} {running}\n\
+                 # TYPE vllm:request_prefill_time_seconds histogram\n\
+                 vllm:request_prefill_time_seconds_bucket{{model_name=\"{m}\",le=\"+Inf\"}} {prefills}\n\
+                 vllm:request_prefill_time_seconds_sum{{model_name=\"{m}\"}} {prefill_seconds}\n\
+                 vllm:request_prefill_time_seconds_count{{model_name=\"{m}\"}} {prefills}\n\
                  # TYPE vllm:kv_cache_usage_perc gauge\n\
                  vllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {}\n\
                  # TYPE vllm:prefix_cache_queries counter\n\

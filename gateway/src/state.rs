@@ -591,6 +591,16 @@ impl Shared {
         }
     }
 
+    /// Records a replica's prefill seconds as its metrics report them now
+    /// (see [`crate::admission::Pool::set_prefill_seconds`]).
+    pub fn set_prefill_seconds(&self, model: &str, endpoint: &Endpoint, sum: f64) {
+        if let Some(m) = self.models.get(model) {
+            lock(&m.inner)
+                .pool
+                .set_prefill_seconds(endpoint, sum, Instant::now());
+        }
+    }
+
     /// The model a served name or adapter name routes to, and the
     /// adapter's index for an adapter.
     pub fn model_for(&self, name: &str) -> Option<(&Arc<ModelState>, Option<u16>)> {
@@ -754,6 +764,11 @@ pub struct QueueView {
     pub draining: Group,
     /// Requests waiting inside the model servers (their own metrics).
     pub server_waiting: u32,
+    /// Prefill seconds per second, averaged over the replicas taking
+    /// requests that report it (their metrics, between the last two
+    /// scrapes): 1 is a prefill lane busy all the time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_busy: Option<f64>,
     /// Arrivals per second.
     pub arrival_rate: ArrivalRate,
     /// Queue wait p50, ms (last 60 s).
@@ -791,6 +806,7 @@ impl QueueView {
             ejected: census.ejected,
             draining: census.draining,
             server_waiting: pool.replicas().iter().map(|r| r.server_waiting).sum(),
+            prefill_busy: pool.prefill_busy(now),
             ..QueueView::default()
         }
     }

@@ -50,6 +50,8 @@ pub struct ServiceProfile {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefillLane {
     free_at: f64,
+    /// Seconds of prefill booked in all.
+    booked: f64,
     /// When each booked prefill that had to wait begins, in order.
     begins: std::collections::VecDeque<f64>,
 }
@@ -65,7 +67,16 @@ impl PrefillLane {
             self.begins.push_back(begin);
         }
         self.free_at = begin + seconds.max(0.0);
+        self.booked += seconds.max(0.0);
         self.free_at
+    }
+
+    /// Seconds the lane has spent prefilling up to `now` (vLLM's
+    /// `vllm:request_prefill_time_seconds` sum, for one prompt at a time):
+    /// what was booked, less the part still ahead. Its rate of change is
+    /// the lane's utilisation.
+    pub fn busy_seconds(&self, now: f64) -> f64 {
+        (self.booked - (self.free_at - now).max(0.0)).max(0.0)
     }
 
     /// Booked prefills that have not begun at `now`.
@@ -192,5 +203,21 @@ mod tests {
         // Idle again: a new prompt begins at once.
         lane.book(3.5, 1.0);
         assert_eq!(lane.waiting(3.5), 0);
+    }
+
+    #[test]
+    fn a_lane_is_busy_for_what_it_has_prefilled_so_far() {
+        let mut lane = PrefillLane::default();
+        assert_eq!(lane.busy_seconds(5.0), 0.0);
+        lane.book(0.0, 1.0);
+        lane.book(0.0, 1.0); // 1.0 to 2.0
+        assert_eq!(lane.busy_seconds(0.5), 0.5);
+        assert_eq!(lane.busy_seconds(1.5), 1.5);
+        assert_eq!(lane.busy_seconds(2.0), 2.0);
+        // Idle from 2 to 4: busy stays at 2.
+        assert_eq!(lane.busy_seconds(4.0), 2.0);
+        lane.book(4.0, 0.5);
+        assert_eq!(lane.busy_seconds(4.25), 2.25);
+        assert_eq!(lane.busy_seconds(10.0), 2.5);
     }
 }

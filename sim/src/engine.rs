@@ -54,6 +54,8 @@ pub struct Setup<'a> {
     pub max_queue: usize,
     /// Longest wait in the queue.
     pub queue_timeout: f64,
+    /// The gateway scrapes the replicas' metrics every tick.
+    pub scrape: bool,
     /// Cold starts.
     pub cold_start: &'a ColdStartSpec,
     /// Burst onsets per model index (seconds), for the reaction figures.
@@ -622,6 +624,23 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     push_due = false;
                 }
                 let stamp = at(now);
+                if !pushed && setup.scrape {
+                    // The gateway's scrape of each replica's vLLM metrics,
+                    // as `gpuscale sim-server` reports its lane: prompts
+                    // waiting for it, and seconds spent prefilling.
+                    for rep in reps.iter_mut() {
+                        if rep.id.is_some() && rep.state != RepState::Gone {
+                            let waiting = rep.lane.waiting(now);
+                            let pool = &mut rt[rep.model].pool;
+                            pool.set_server_state(&rep.endpoint, waiting, None, &[], stamp);
+                            pool.set_prefill_seconds(
+                                &rep.endpoint,
+                                rep.lane.busy_seconds(now),
+                                stamp,
+                            );
+                        }
+                    }
+                }
                 let mut view = serde_json::Map::new();
                 for (i, m) in models.iter().enumerate() {
                     let q = QueueView::of_pool(&rt[i].pool, stamp);

@@ -193,6 +193,12 @@ pub struct GatewaySpec {
     /// Longest wait before 503.
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
+    /// The gateway scrapes each replica's vLLM metrics every tick
+    /// (`metrics: vllm` in its config): the prompts waiting for a
+    /// replica's prefill (`vllm:num_requests_waiting`) count as waiting,
+    /// and its prefill seconds per second reach the autoscaler. Off by
+    /// default, as the example policies deploy.
+    pub scrape_server_metrics: bool,
 }
 
 impl Default for GatewaySpec {
@@ -201,6 +207,7 @@ impl Default for GatewaySpec {
         GatewaySpec {
             max_queue: 256,
             queue_timeout: Duration::from_secs(30),
+            scrape_server_metrics: false,
         }
     }
 }

@@ -240,6 +240,7 @@ fn simulate_with(
             duration,
             max_queue: spec.gateway.max_queue,
             queue_timeout: spec.gateway.queue_timeout.as_secs_f64(),
+            scrape: spec.gateway.scrape_server_metrics,
             cold_start: &spec.cold_start,
             onsets: &onsets,
             series_step,
@@ -361,8 +362,14 @@ fn simulate_with(
     settings.insert(
         "gateway".into(),
         format!(
-            "queue ≤ {} per model (429 beyond, lower priority displaced first), 503 after {:?} waiting",
-            spec.gateway.max_queue, spec.gateway.queue_timeout
+            "queue ≤ {} per model (429 beyond, lower priority displaced first), 503 after {:?} waiting; {}",
+            spec.gateway.max_queue,
+            spec.gateway.queue_timeout,
+            if spec.gateway.scrape_server_metrics {
+                "replicas' vLLM metrics scraped every tick (prefill waiting and prefill seconds)"
+            } else {
+                "replicas' metrics not scraped"
+            }
         ),
     );
     settings.insert(

@@ -363,3 +363,74 @@ spec:
     assert!(allowed.slo_attainment > 0.99, "{}", allowed.slo_attainment);
     assert_eq!(allowed.gpu_hours, strict.gpu_hours);
 }
+
+/// A one-model scenario whose prompts saturate one replica's prefill
+/// long before its concurrency target (32 of 64) is reached.
+fn prefill_bound(dir: &Path, scrape: bool) -> PathBuf {
+    write(dir, "cluster.yaml", CLUSTER);
+    write(
+        dir,
+        "p.yaml",
+        "\
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: long}
+spec:
+  servedName: long
+  resources: {memoryGiB: 10, compute: 1.0, maxConcurrency: 64}
+  placement: {sharing: [whole], gpuModels: [H100-80GB]}
+  slo: {ttftP95: 1s, latencyP95: 30s}
+  scaling: {minReplicas: 1, maxReplicas: 8, targetQueueDepth: 32}
+",
+    );
+    write(
+        dir,
+        "scenario.yaml",
+        &format!(
+            "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Scenario
+metadata: {{name: lane}}
+spec:
+  seed: 3
+  duration: 10m
+  cluster: cluster.yaml
+  policies: [p.yaml]
+  compare: [gpuscale]
+  placements: [whole-gpu]
+  gateway: {{scrapeServerMetrics: {scrape}}}
+  coldStart: {{imagePull: 2s, loadGiBPerSecond: 10}}
+  workloads:
+    - model: long
+      arrivals: {{poisson: {{rate: 12}}}}
+      tokens: {{prompt: 2000, output: 20}}
+      service: {{prefillTps: 20000, decodeTps: 100, batchSlowdown: 0.0}}
+"
+        ),
+    )
+}
+
+/// Each prompt takes 0.1 s of prefill, so 12 a second need 1.2 replicas'
+/// prefill; in flight they are a handful, far under the target of 32 per
+/// replica. Sized by its queue alone, one replica's prefill falls behind
+/// for ever; with the replicas' metrics scraped, the autoscaler sizes the
+/// count for its prefill utilisation target (0.7): two replicas.
+#[test]
+fn a_prefill_bound_model_is_sized_by_prefill_utilisation_when_scraped() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = simulate(
+        &Scenario::load(&prefill_bound(dir.path(), true)).unwrap(),
+        &mut |_, _, _| {},
+    );
+    let off = simulate(
+        &Scenario::load(&prefill_bound(dir.path(), false)).unwrap(),
+        &mut |_, _, _| {},
+    );
+    let (on_r, off_r) = (on, off);
+    let (on, off) = (&on_r.runs[0], &off_r.runs[0]);
+    let last = |r: &gpuscale_sim::report::Report| r.curves[0].series.last().map(|p| p.replicas);
+    assert!(on.slo_attainment >= 0.99, "{}", on.slo_attainment);
+    assert!(off.slo_attainment < on.slo_attainment);
+    // Sized for prefill, not run to maxReplicas (8).
+    assert!(last(&on_r) <= Some(3), "{:?}", last(&on_r));
+}
