@@ -275,6 +275,9 @@ pub struct UpstreamSpec {
     /// `metrics`).
     #[serde(with = "humantime_serde")]
     pub scrape_interval: Duration,
+    /// Model-server metrics of every model's replicas, unless its entry in
+    /// `models` sets its own (`none` by default: nothing is scraped).
+    pub metrics: MetricsFormat,
 }
 
 impl Default for UpstreamSpec {
@@ -286,6 +289,7 @@ impl Default for UpstreamSpec {
             eject_after_failures: 3,
             eject_for: Duration::from_secs(10),
             scrape_interval: Duration::from_secs(1),
+            metrics: MetricsFormat::None,
         }
     }
 }
@@ -433,9 +437,10 @@ pub struct ModelSpec {
     /// Replica base URLs (`http://host:port`).
     #[serde(default)]
     pub replicas: Vec<String>,
-    /// Model-server metrics to scrape from each replica.
+    /// Model-server metrics to scrape from each replica (default:
+    /// `upstream.metrics`).
     #[serde(default)]
-    pub metrics: MetricsFormat,
+    pub metrics: Option<MetricsFormat>,
     /// LoRA adapters served by this model's replicas: a request naming one
     /// as its `model` goes to this model's pool, preferring replicas that
     /// have it loaded.
@@ -691,7 +696,7 @@ impl Settings {
                     queue_timeout: q.queue_timeout,
                     priority: p.priority,
                     replicas: Vec::new(),
-                    metrics: MetricsFormat::None,
+                    metrics: spec.upstream.metrics,
                     adapters: p.adapters.clone(),
                     slo: SloSeconds::of(&p.slo),
                 },
@@ -723,7 +728,7 @@ impl Settings {
                     queue_timeout: m.queue_timeout.unwrap_or(base.queue_timeout),
                     priority: m.priority.unwrap_or(base.priority),
                     replicas,
-                    metrics: m.metrics,
+                    metrics: m.metrics.unwrap_or(spec.upstream.metrics),
                     adapters: if m.adapters.is_empty() {
                         base.adapters
                     } else {
@@ -898,4 +903,50 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
         let (field, msg) = message.split_once(": ").unwrap_or(("spec", &message));
         Problems(vec![doc.problem(field, msg)])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_metrics_is_every_models_default_and_an_entry_overrides_it() {
+        let dir = std::env::temp_dir().join(format!("gpuscale-gw-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = |name: &str| {
+            format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: {name}}}\n\
+                 spec:\n  servedName: {name}\n  resources: {{memoryGiB: 10, compute: 0.1, maxConcurrency: 8}}\n"
+            )
+        };
+        std::fs::write(dir.join("a.yaml"), policy("a")).unwrap();
+        std::fs::write(dir.join("b.yaml"), policy("b")).unwrap();
+        let gateway = |upstream: &str| {
+            format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {{name: g}}\n\
+                 spec:\n  policies: [a.yaml, b.yaml]\n  upstream: {upstream}\n  models:\n\
+                 \x20   - {{name: b, metrics: none}}\n\
+                 \x20   - {{name: c, replicas: [\"http://127.0.0.1:9\"]}}\n\
+                 \x20   - {{name: d, metrics: tgi}}\n"
+            )
+        };
+        std::fs::write(dir.join("g.yaml"), gateway("{metrics: vllm}")).unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        let metrics = |s: &Settings, m: &str| s.models[m].metrics;
+        assert_eq!(metrics(&s, "a"), MetricsFormat::Vllm, "a policy's model");
+        assert_eq!(metrics(&s, "b"), MetricsFormat::None, "its entry says none");
+        assert_eq!(
+            metrics(&s, "c"),
+            MetricsFormat::Vllm,
+            "an entry that says nothing"
+        );
+        assert_eq!(metrics(&s, "d"), MetricsFormat::Tgi);
+        // Without it, nothing is scraped unless an entry asks.
+        std::fs::write(dir.join("g.yaml"), gateway("{}")).unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        assert_eq!(metrics(&s, "a"), MetricsFormat::None);
+        assert_eq!(metrics(&s, "c"), MetricsFormat::None);
+        assert_eq!(metrics(&s, "d"), MetricsFormat::Tgi);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
