@@ -172,6 +172,42 @@ pub struct ReplicaResources {
     pub compute: f64,
     /// Requests one replica serves at once.
     pub max_concurrency: u32,
+    /// Prefill speed and prompt sizes: with a `ttftP95` SLO, compute is
+    /// raised to what prefills a 95th-percentile prompt within
+    /// [`PREFILL_BUDGET`] of the TTFT target (a share too small for its
+    /// prompts misses TTFT whatever the replica count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillSpec>,
+}
+
+/// A model's prefill, as its owner measures it (vLLM's
+/// `benchmark_serving`, or the server's own prefill metrics).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrefillSpec {
+    /// Prompt tokens per second one replica prefills on a whole
+    /// H100-80GB (compute 1.0).
+    pub tokens_per_second: f64,
+    /// The 95th percentile of its prompts, tokens.
+    pub prompt_tokens_p95: u32,
+}
+
+/// The part of the TTFT target a 95th-percentile prompt may take to
+/// prefill on an idle replica; the rest is its wait for the prefills
+/// ahead of it. With the autoscaler's prefill target of 0.7 and a mean
+/// prompt about a quarter of the p95 (the Azure conversation trace:
+/// 1,155 and 4,083 tokens), M/D/1's mean wait is about a third of the
+/// p95 prompt's prefill, so that prompt's TTFT is about 1.33 × its
+/// prefill: 0.75 of the target.
+pub const PREFILL_BUDGET: f64 = 0.75;
+
+impl PrefillSpec {
+    /// The compute (fraction of an H100-80GB) that prefills the p95
+    /// prompt within [`PREFILL_BUDGET`] of `ttft`.
+    pub fn compute_for(&self, ttft: Duration) -> f64 {
+        f64::from(self.prompt_tokens_p95)
+            / (self.tokens_per_second * PREFILL_BUDGET * ttft.as_secs_f64().max(1e-9))
+    }
 }
 
 impl ReplicaResources {
@@ -817,6 +853,20 @@ impl Model {
         if r.max_concurrency == 0 {
             err("spec.resources.maxConcurrency", "must be at least 1".into());
         }
+        if let Some(pf) = &r.prefill {
+            if !(pf.tokens_per_second > 0.0 && pf.tokens_per_second.is_finite()) {
+                err(
+                    "spec.resources.prefill.tokensPerSecond",
+                    format!("must be > 0, got {}", pf.tokens_per_second),
+                );
+            }
+            if pf.prompt_tokens_p95 == 0 {
+                err(
+                    "spec.resources.prefill.promptTokensP95",
+                    "must be at least 1".into(),
+                );
+            }
+        }
 
         let p = &spec.placement;
         if p.sharing.is_empty() {
@@ -951,7 +1001,12 @@ impl Model {
             name,
             namespace: policy.metadata.namespace.clone(),
             memory_gib,
-            compute: r.compute,
+            compute: match (&r.prefill, spec.slo.ttft_p95) {
+                (Some(pf), Some(ttft)) if pf.tokens_per_second > 0.0 => {
+                    r.compute.max(pf.compute_for(ttft))
+                }
+                _ => r.compute,
+            },
             max_concurrency: r.max_concurrency,
             sharing: p.sharing.clone(),
             gpu_models,
@@ -1121,6 +1176,7 @@ mod tests {
             overhead_gib: None,
             compute,
             max_concurrency: 8,
+            prefill: None,
         }
     }
 
@@ -1134,6 +1190,7 @@ mod tests {
             overhead_gib: None,
             compute: 0.2,
             max_concurrency: 8,
+            prefill: None,
         };
         let w = 8.03e9 * 2.0 / GIB;
         assert!((r.memory_gib().unwrap() - (w + 4.0 + 2.0)).abs() < 1e-9);
@@ -1199,6 +1256,56 @@ mod tests {
                 gpu: "H100-80GB".into(),
                 gpus: 2
             }]
+        );
+    }
+
+    #[test]
+    fn a_declared_prefill_raises_compute_to_meet_the_ttft_target() {
+        let c = Catalog::builtin();
+        let mig = PlacementPolicy {
+            sharing: vec![SharingMode::Mig],
+            gpu_models: vec!["H100-80GB".into()],
+            tensor_parallel: vec![1],
+        };
+        let mut p = policy(res(19.0, 0.2), mig);
+        // 4,083-token prompts at 30,000 tokens/s on an H100 in 0.75 of
+        // 400 ms: 4083 / (30000 × 0.3) = 0.4537 of an H100, by hand.
+        p.spec.resources.prefill = Some(PrefillSpec {
+            tokens_per_second: 30_000.0,
+            prompt_tokens_p95: 4083,
+        });
+        // Without a TTFT target it is the declared 0.2.
+        let m = Model::from_policy(&p, &c).unwrap();
+        assert_eq!(m.compute, 0.2);
+        p.spec.slo.ttft_p95 = Some(Duration::from_millis(400));
+        let m = Model::from_policy(&p, &c).unwrap();
+        assert!((m.compute - 0.453_666).abs() < 1e-5, "{}", m.compute);
+        // 3g.40gb gives 3/7 = 0.43 of an H100: not enough any more.
+        let profiles: Vec<_> = m
+            .options(&c)
+            .into_iter()
+            .map(|o| match o {
+                PlacementOption::Mig { profile, .. } => profile,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(profiles, ["4g.40gb", "7g.80gb"]);
+        // A declared compute above it stays.
+        p.spec.resources.compute = 0.6;
+        assert_eq!(Model::from_policy(&p, &c).unwrap().compute, 0.6);
+        // Bad figures are located.
+        p.spec.resources.prefill = Some(PrefillSpec {
+            tokens_per_second: 0.0,
+            prompt_tokens_p95: 0,
+        });
+        let errors = Model::from_policy(&p, &c).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.resources.prefill.tokensPerSecond",
+                "spec.resources.prefill.promptTokensP95"
+            ]
         );
     }
 

@@ -81,6 +81,7 @@ pub fn try_model(
                 overhead_gib: None,
                 compute,
                 max_concurrency: 8,
+                prefill: None,
             },
             placement: PlacementPolicy {
                 sharing: sharing.to_vec(),
