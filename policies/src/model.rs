@@ -1212,6 +1212,17 @@ mod tests {
         assert_eq!(m.gpu_models.len(), Catalog::builtin().names().len());
     }
 
+    /// The MIG profiles a model may take, in the order it lists them.
+    fn mig_profiles(m: &Model, c: &Catalog) -> Vec<String> {
+        m.options(c)
+            .into_iter()
+            .map(|o| match o {
+                PlacementOption::Mig { profile, .. } => profile,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn small_models_fit_mig_slices_and_big_ones_need_tensor_parallel() {
         let c = Catalog::builtin();
@@ -1221,14 +1232,7 @@ mod tests {
             tensor_parallel: vec![1],
         };
         let m = Model::from_policy(&policy(res(19.0, 0.2), placement), &c).unwrap();
-        let profiles: Vec<_> = m
-            .options(&c)
-            .into_iter()
-            .map(|o| match o {
-                PlacementOption::Mig { profile, .. } => profile,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let profiles = mig_profiles(&m, &c);
         // 1g.20gb has the memory but only 1/7 of the compute (0.143 < 0.2).
         assert_eq!(profiles, ["2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]);
 
@@ -1281,14 +1285,7 @@ mod tests {
         let m = Model::from_policy(&p, &c).unwrap();
         assert!((m.compute - 0.453_666).abs() < 1e-5, "{}", m.compute);
         // 3g.40gb gives 3/7 = 0.43 of an H100: not enough any more.
-        let profiles: Vec<_> = m
-            .options(&c)
-            .into_iter()
-            .map(|o| match o {
-                PlacementOption::Mig { profile, .. } => profile,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let profiles = mig_profiles(&m, &c);
         assert_eq!(profiles, ["4g.40gb", "7g.80gb"]);
         // A declared compute above it stays.
         p.spec.resources.compute = 0.6;
