@@ -460,6 +460,7 @@ pub fn recommend(
     } else {
         depth
     };
+    // The replicas serving now: ready ones of the current count.
     // Prefill: the replicas serving, each at the target utilisation of
     // its prefill (HPA's utilisation rule on the prefill seconds per
     // second its metrics report), in requests like the rest. While
@@ -586,10 +587,7 @@ pub fn recommend(
         // start it still reads high, and scaling the decided count again
         // every tick compounded (×2 per second, to maxReplicas, in the
         // simulator).
-        let serving = obs
-            .ready
-            .map_or(f64::from(current), |r| r.min(f64::from(current)));
-        total = total.max(serving.max(1.0) * target * slo_factor);
+        total = total.max(serving_now.max(1.0) * target * slo_factor);
     }
     let demand = total / target;
 
