@@ -41,7 +41,7 @@ use good_lp::{DualValues, Solution};
 use good_lp::{ProblemVariables, SolutionWithDual, SolverModel};
 use gpuscale_policies::Model;
 
-use super::{GpuPrice, all_constraints, build_vars, by_count, by_price, objective_expr};
+use super::{GpuPrice, Start, all_constraints, build_vars, by_count, by_price, objective_expr};
 use crate::classes::{Class, SlotKind};
 use crate::{PackError, PackOptions};
 
@@ -175,6 +175,10 @@ pub fn generate(
     let before: usize = classes.iter().map(|c| c.patterns.len()).sum();
     let starting: Vec<usize> = classes.iter().map(|c| c.patterns.len()).collect();
     let mut used = BTreeSet::new();
+    // Each LP starts from the last one's solution (its basis), the GPU
+    // count's first from the cost's last: only the new patterns have to
+    // price in, not the whole LP again.
+    let mut warm = None;
     bounds.cost = price_in(
         classes,
         models,
@@ -184,6 +188,7 @@ pub fn generate(
         deadline,
         &mut bounds,
         &mut used,
+        &mut warm,
     )?;
     bounds.gpus = price_in(
         classes,
@@ -194,6 +199,7 @@ pub fn generate(
         deadline,
         &mut bounds,
         &mut used,
+        &mut warm,
     )?;
     let after: usize = classes.iter().map(|c| c.patterns.len()).sum();
     bounds.generated = (after - before) as u32;
@@ -230,6 +236,7 @@ fn price_in(
     deadline: Instant,
     bounds: &mut Bounds,
     used: &mut BTreeSet<(usize, usize)>,
+    warm: &mut Option<Start>,
 ) -> Result<Option<f64>, PackError> {
     let mut best_bound = f64::NEG_INFINITY;
     let mut penalties = 0.0;
@@ -240,6 +247,9 @@ fn price_in(
         let objective = objective_expr(&v, classes, models, price);
         let built = all_constraints(&v, classes, demand);
         let mut problem = vars.minimise(objective.clone()).using(highs);
+        if let Some(warm) = warm.as_ref() {
+            problem = warm.apply(problem, &v);
+        }
         let refs: Vec<_> = built
             .constraints
             .into_iter()
@@ -249,6 +259,7 @@ fn price_in(
             .solve()
             .map_err(|e| PackError::Solver(e.to_string()))?;
         let value = objective.eval_with(&sol);
+        *warm = Some(Start::read(&sol, &v));
         // The penalty part (replicas the LP leaves out) is not GPUs.
         let gpus_part: f64 = (0..classes.len())
             .map(|c| price(&classes[c]) * super::gpus_expr(&v, c).eval_with(&sol))
