@@ -22,7 +22,7 @@ fn parts(t: &SlotType) -> i64 {
 }
 
 /// GPUs in use per class.
-fn used_gpus(classes: &[Class], counts: &Counts) -> Vec<u32> {
+pub(super) fn used_gpus(classes: &[Class], counts: &Counts) -> Vec<u32> {
     (0..classes.len())
         .map(|c| {
             counts.patterns[c].iter().sum::<u32>()
