@@ -574,20 +574,12 @@ fn lp_with_floors(
         .map(|c| gpus_expr(&v, c).eval_with(&sol))
         .collect();
     let value: f64 = classes.iter().zip(&gpus).map(|(c, g)| price(c) * g).sum();
+    let start = Start::read(&sol, &v);
     let relaxed = Relaxed {
-        n: v.n
-            .iter()
-            .map(|ns| ns.iter().map(|&var| sol.value(var)).collect())
-            .collect(),
-        x: v.x
-            .iter()
-            .map(|&(c, m, t, var)| ((c, m, t), sol.value(var)))
-            .collect(),
-        w: v.w
-            .iter()
-            .map(|&(c, m, k, var)| ((c, m, k), sol.value(var)))
-            .collect(),
-        start: Start::read(&sol, &v),
+        n: start.n.clone(),
+        x: start.x.clone(),
+        w: start.w.clone(),
+        start,
     };
     Ok((value, gpus, relaxed))
 }
