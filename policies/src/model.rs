@@ -172,10 +172,12 @@ pub struct ReplicaResources {
     pub compute: f64,
     /// Requests one replica serves at once.
     pub max_concurrency: u32,
-    /// Prefill speed and prompt sizes: with a `ttftP95` SLO, compute is
-    /// raised to what prefills a 95th-percentile prompt within
-    /// [`PREFILL_BUDGET`] of the TTFT target (a share too small for its
-    /// prompts misses TTFT whatever the replica count).
+    /// Prefill speed and prompt sizes: compute is raised to what
+    /// prefills a 95th-percentile prompt within [`PREFILL_BUDGET`] of the
+    /// `ttftP95` target, or of `latencyP95` for a model with no TTFT
+    /// target (an embedding model, whose request is all prefill): a share
+    /// too small for its prompts misses the target whatever the replica
+    /// count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<PrefillSpec>,
 }
@@ -1001,9 +1003,9 @@ impl Model {
             name,
             namespace: policy.metadata.namespace.clone(),
             memory_gib,
-            compute: match (&r.prefill, spec.slo.ttft_p95) {
-                (Some(pf), Some(ttft)) if pf.tokens_per_second > 0.0 => {
-                    r.compute.max(pf.compute_for(ttft))
+            compute: match (&r.prefill, spec.slo.ttft_p95.or(spec.slo.latency_p95)) {
+                (Some(pf), Some(target)) if pf.tokens_per_second > 0.0 => {
+                    r.compute.max(pf.compute_for(target))
                 }
                 _ => r.compute,
             },
@@ -1278,9 +1280,21 @@ mod tests {
             tokens_per_second: 30_000.0,
             prompt_tokens_p95: 4083,
         });
-        // Without a TTFT target it is the declared 0.2.
+        // Without a TTFT or latency target it is the declared 0.2.
+        p.spec.slo.ttft_p95 = None;
+        p.spec.slo.latency_p95 = None;
         let m = Model::from_policy(&p, &c).unwrap();
         assert_eq!(m.compute, 0.2);
+        // With a latency target only (an embedding model: the request is
+        // its prefill), against that: 4083 / (30000 × 0.75 × 2) = 0.0907,
+        // under the declared 0.2; at 500 ms, 0.3629.
+        p.spec.slo.latency_p95 = Some(Duration::from_secs(2));
+        assert_eq!(Model::from_policy(&p, &c).unwrap().compute, 0.2);
+        p.spec.slo.latency_p95 = Some(Duration::from_millis(500));
+        let m = Model::from_policy(&p, &c).unwrap();
+        assert!((m.compute - 0.362_933).abs() < 1e-5, "{}", m.compute);
+        // A TTFT target, when there is one, is the one that counts.
+        p.spec.slo.latency_p95 = Some(Duration::from_secs(20));
         p.spec.slo.ttft_p95 = Some(Duration::from_millis(400));
         let m = Model::from_policy(&p, &c).unwrap();
         assert!((m.compute - 0.453_666).abs() < 1e-5, "{}", m.compute);
