@@ -509,14 +509,9 @@ impl Start {
 /// HiGHS's `simplex_strategy` for the primal simplex.
 const PRIMAL_SIMPLEX: i32 = 4;
 
-/// The relaxation's values, for rounding into a fallback solution.
-struct Relaxed {
-    n: Vec<Vec<f64>>,
-    x: BTreeMap<(usize, usize, usize), f64>,
-    w: BTreeMap<(usize, usize, u32), f64>,
-    /// Every variable's value, to start the next LP from.
-    start: Start,
-}
+/// The relaxation's values, for rounding into a fallback solution (and
+/// to start the next LP from).
+type Relaxed = Start;
 
 /// Every constraint of the model, and `n[c,p] ≥ floors[c][p]` when given.
 fn add_rows(
@@ -574,13 +569,7 @@ fn lp_with_floors(
         .map(|c| gpus_expr(&v, c).eval_with(&sol))
         .collect();
     let value: f64 = classes.iter().zip(&gpus).map(|(c, g)| price(c) * g).sum();
-    let start = Start::read(&sol, &v);
-    let relaxed = Relaxed {
-        n: start.n.clone(),
-        x: start.x.clone(),
-        w: start.w.clone(),
-        start,
-    };
+    let relaxed = Start::read(&sol, &v);
     Ok((value, gpus, relaxed))
 }
 
@@ -765,14 +754,8 @@ pub fn solve(
 ) -> Result<Solved, PackError> {
     let start = Instant::now();
     let (lp_pool, lp_class_gpus, relaxed) = lp_value(classes, models, demand_, by_price)?;
-    let (gpus_pool, _, _) = lp_with_floors(
-        classes,
-        models,
-        demand_,
-        by_count,
-        None,
-        Some(&relaxed.start),
-    )?;
+    let (gpus_pool, _, _) =
+        lp_with_floors(classes, models, demand_, by_count, None, Some(&relaxed))?;
     let lp_cost = bounds.cost.map_or(lp_pool, |b| b.min(lp_pool));
     let lp_gpus = bounds.gpus.map_or(gpus_pool, |b| b.min(gpus_pool));
     let solved = |counts: Counts, optimal: bool| Solved {
