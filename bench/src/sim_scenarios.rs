@@ -14,6 +14,11 @@
 //! least the packer gives it), so each SLO is set at twice the time a
 //! request of the trace's 95th-percentile size takes at that compute in a
 //! full batch: what a model owner who sized the replica would declare.
+//! What one replica carries at its target is the fewer of what its batch
+//! carries at `targetQueueDepth` and what its prefill lane (one prompt at
+//! a time) carries at the autoscaler's prefill target of 70 %: the lane
+//! binds for embedding and speech models, whose requests are mostly
+//! prompt, and sizes their load and `maxReplicas`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,6 +36,9 @@ const TARGET: u32 = 8;
 const MAX_CONCURRENCY: u32 = 16;
 /// Per-token slowdown per other request in the batch.
 const BATCH_SLOWDOWN: f64 = 0.01;
+/// Share of its time a replica's prefill lane is busy at the
+/// autoscaler's target (`tuning.prefillTarget`'s default).
+const PREFILL_TARGET: f64 = 0.7;
 /// The Azure conversation trace's mean and 95th-percentile prompt and
 /// output tokens (19,366 rows: 1,155 and 211 mean; 4,083 and 451 p95).
 const TRACE_MEAN: (f64, f64) = (1155.0, 211.0);
@@ -131,7 +139,11 @@ struct SimModel {
     startup: f64,
     tokens: String,
     /// Requests per second one replica carries at its target, at its
-    /// declared compute, mean-sized requests.
+    /// declared compute, mean-sized requests: the fewer of what its batch
+    /// carries at `targetQueueDepth` and what its prefill lane (one prompt
+    /// at a time, as vLLM's chunked prefill shares one forward pass)
+    /// carries at the autoscaler's prefill target. The lane binds for
+    /// embedding models, whose requests are all prompt.
     per_replica: f64,
 }
 
@@ -141,6 +153,13 @@ fn sim_model(spec: ModelSpec) -> SimModel {
     let c = spec.compute;
     let (long, first) = service(speed, c, p95, TARGET);
     let (typical, _) = service(speed, c, mean, TARGET);
+    let (prefill, _) = service(speed, c, (mean.0, 0.0), 1);
+    let by_batch = f64::from(TARGET) / typical;
+    let by_lane = if prefill > 0.0 {
+        PREFILL_TARGET / prefill
+    } else {
+        f64::INFINITY
+    };
     let llm = spec.kind.starts_with("llm");
     SimModel {
         ttft: llm.then(|| round_up((2.0 * first).max(1.0), 0.5)),
@@ -148,7 +167,7 @@ fn sim_model(spec: ModelSpec) -> SimModel {
         // The cold start of `ColdStartSpec`'s defaults: 20 s of image
         // pull and 2 GiB/s of weights.
         startup: (20.0 + spec.memory_gib / 2.0).ceil(),
-        per_replica: f64::from(TARGET) / typical,
+        per_replica: by_batch.min(by_lane),
         speed,
         tokens,
         spec,
