@@ -14,6 +14,7 @@ use gpuscale_policies::{Cluster, GpuMode, Model};
 use tokio::time::Instant;
 
 use crate::election::{Elector, Step, Timing};
+use crate::handover::{self, Held, VariantNow};
 use crate::kubernetes::{
     EventBudget, Evicted, HANDOFF_CONFIG, HANDOFF_LABEL, Handoff, Kube, KubeError,
     MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, event_about,
@@ -60,6 +61,10 @@ pub struct Observed {
     pub cluster: Option<Cluster>,
 }
 
+/// A hand-over's hold ends this many of the model's `startupTime` after
+/// the move, whatever is ready.
+pub const HANDOVER_STARTUPS: u32 = 2;
+
 /// How often the leader rebuilds the inventory from the nodes and the
 /// node agents.
 pub const INVENTORY_EVERY: Duration = Duration::from_secs(30);
@@ -82,6 +87,9 @@ pub struct KubeBackend {
     /// Variant Deployments per model, as read from the cluster each tick
     /// and applied since.
     variants: BTreeMap<String, BTreeSet<String>>,
+    /// Variant Deployments per model as last read: counts, readiness and
+    /// hand-over holds.
+    read: BTreeMap<String, Vec<VariantNow>>,
     /// Deployment names known to be gpuscale's (read with its label, or
     /// created by it).
     owned: BTreeSet<String>,
@@ -133,6 +141,7 @@ impl KubeBackend {
             elector,
             desired: BTreeMap::new(),
             variants: BTreeMap::new(),
+            read: BTreeMap::new(),
             owned: BTreeSet::new(),
             refused: BTreeMap::new(),
             services: BTreeSet::new(),
@@ -436,6 +445,31 @@ impl KubeBackend {
         }
         let variants = Self::variants_of(model, c.rec.replicas, plan);
         let before = self.variants.get(&model.name).cloned().unwrap_or_default();
+        // A move is made before it breaks: what the plan scales down keeps
+        // serving until what it scales up is ready (`handover`).
+        let read = self.read.get(&model.name).cloned().unwrap_or_default();
+        let now_counts: BTreeMap<String, u32> =
+            read.iter().map(|v| (v.name.clone(), v.replicas)).collect();
+        let was_held: BTreeSet<String> = read
+            .iter()
+            .filter(|v| v.held.is_some())
+            .map(|v| v.name.clone())
+            .collect();
+        let planned: BTreeMap<String, u32> = variants
+            .iter()
+            .map(|v| (v.name.clone(), v.replicas))
+            .chain(before.iter().map(|n| (n.clone(), 0)))
+            .fold(BTreeMap::new(), |mut acc, (n, r)| {
+                let e = acc.entry(n).or_insert(0);
+                *e = (*e).max(r);
+                acc
+            });
+        let counts = handover::start(
+            &now_counts,
+            &planned,
+            now,
+            model.scaling.startup_time * HANDOVER_STARTUPS,
+        );
         let mut applied = BTreeSet::new();
         let mut refused = BTreeSet::new();
         for v in &variants {
@@ -453,19 +487,30 @@ impl KubeBackend {
             }
             self.kube.apply_deployment(model, v).await?;
             self.owned.insert(v.name.clone());
-            self.kube.scale(&v.name, v.replicas).await?;
+            let (n, held) = counts.get(&v.name).copied().unwrap_or((v.replicas, None));
+            self.scale_held(&v.name, n, held, was_held.contains(&v.name))
+                .await?;
             applied.insert(v.name.clone());
         }
-        // Variants the plan no longer uses go to zero.
-        for gone in before.difference(&applied) {
+        // Variants the plan no longer uses go to zero (once their
+        // successors are ready).
+        let mut held_on = BTreeSet::new();
+        let dropped: Vec<String> = before.difference(&applied).cloned().collect();
+        for gone in &dropped {
             if refused.contains(gone) || !self.owned.contains(gone) {
                 continue;
             }
             if !self.still_leading() {
                 return Err(lost());
             }
-            self.kube.scale(gone, 0).await?;
+            let (n, held) = counts.get(gone).copied().unwrap_or((0, None));
+            self.scale_held(gone, n, held, was_held.contains(gone))
+                .await?;
+            if n > 0 {
+                held_on.insert(gone.clone());
+            }
         }
+        applied.extend(held_on);
         self.variants.insert(model.name.clone(), applied);
         let was = self.refused.get(&model.name).cloned().unwrap_or_default();
         if refused != was {
@@ -496,6 +541,27 @@ impl KubeBackend {
                 tracing::warn!(model = %model.name, "recording ownership in the status: {e}");
             }
             self.refused.insert(model.name.clone(), refused);
+        }
+        Ok(())
+    }
+
+    /// Sets a variant's count with its hand-over hold: a hold is recorded
+    /// before the count it explains, and removed after it, so that a
+    /// leader reading between the two never takes held replicas for
+    /// decided ones.
+    async fn scale_held(
+        &mut self,
+        name: &str,
+        count: u32,
+        held: Option<Held>,
+        was_held: bool,
+    ) -> Result<(), KubeError> {
+        if held.is_some() {
+            self.kube.hold(name, held).await?;
+        }
+        self.kube.scale(name, count).await?;
+        if held.is_none() && was_held {
+            self.kube.hold(name, None).await?;
         }
         Ok(())
     }
@@ -804,7 +870,17 @@ impl KubeBackend {
         self.owned = owned.iter().map(|o| o.name.clone()).collect();
         for m in models {
             let mine: Vec<&Owned> = owned.iter().filter(|o| o.model == m.name).collect();
-            let n = mine.iter().map(|o| o.replicas).sum();
+            let read: Vec<VariantNow> = mine
+                .iter()
+                .map(|o| VariantNow {
+                    name: o.name.clone(),
+                    replicas: o.replicas,
+                    ready: o.ready,
+                    held: o.held,
+                })
+                .collect();
+            // The decision, not the replicas a hand-over holds above it.
+            let n = handover::decided(&read);
             // Variants that run now are the ones a later change scales to
             // zero when the plan moves off them.
             self.variants.insert(
@@ -816,6 +892,23 @@ impl KubeBackend {
             if !was_leading && let Some(mem) = self.kube.remembered(&m.name).await? {
                 observed.memory.insert(m.name.clone(), mem);
             }
+            // Hand-overs move on: held replicas leave as their successors
+            // become ready, or at the deadline.
+            let mut read = read;
+            for (name, count, held) in handover::advance(&read, now) {
+                if !self.still_leading() {
+                    return Err(lost());
+                }
+                self.kube.scale(&name, count).await?;
+                if held.is_none() {
+                    self.kube.hold(&name, None).await?;
+                }
+                if let Some(v) = read.iter_mut().find(|v| v.name == name) {
+                    v.replicas = count;
+                    v.held = held;
+                }
+            }
+            self.read.insert(m.name.clone(), read);
         }
         if !was_leading {
             self.remembered_at = Some(now);

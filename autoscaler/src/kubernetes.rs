@@ -46,6 +46,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 
+use crate::handover::Held;
 use crate::recommend::{Recommendation, clock};
 
 /// The field manager and event reporter.
@@ -640,6 +641,44 @@ pub struct Owned {
     /// `spec.replicas` (what `/scale` serves; absent means 1, the API
     /// server's default).
     pub replicas: u32,
+    /// `status.readyReplicas`.
+    pub ready: u32,
+    /// A hand-over's hold ([`HANDOVER_PLANNED`], [`HANDOVER_UNTIL`]): the
+    /// plan scaled it down in a move and its replicas serve until their
+    /// successors are ready.
+    pub held: Option<Held>,
+}
+
+/// Annotation on a variant Deployment the plan scaled down in a move: the
+/// count the plan gave it (its replicas above that serve until the
+/// successors are ready; [`crate::handover`]).
+pub const HANDOVER_PLANNED: &str = "gpuscale.io/handover-planned";
+/// Annotation beside [`HANDOVER_PLANNED`]: when the hold ends whatever is
+/// ready (Unix seconds).
+pub const HANDOVER_UNTIL: &str = "gpuscale.io/handover-until";
+
+/// The merge patch that records a hand-over's hold on a Deployment, or
+/// (`None`) removes it.
+pub fn hold_patch(held: Option<Held>) -> serde_json::Value {
+    match held {
+        Some(h) => serde_json::json!({"metadata": {"annotations": {
+            HANDOVER_PLANNED: h.planned.to_string(),
+            HANDOVER_UNTIL: h.until.to_string(),
+        }}}),
+        None => serde_json::json!({"metadata": {"annotations": {
+            HANDOVER_PLANNED: null,
+            HANDOVER_UNTIL: null,
+        }}}),
+    }
+}
+
+/// The hold recorded on a Deployment, when both annotations read.
+fn held_of(meta: &ObjectMeta) -> Option<Held> {
+    let a = meta.annotations.as_ref()?;
+    Some(Held {
+        planned: a.get(HANDOVER_PLANNED)?.parse().ok()?,
+        until: a.get(HANDOVER_UNTIL)?.parse().ok()?,
+    })
 }
 
 /// An object gpuscale created: it carries `app.kubernetes.io/managed-by:
@@ -669,6 +708,13 @@ pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
                 name: d.metadata.name.clone()?,
                 model: d.metadata.labels.as_ref()?.get(MODEL_LABEL)?.clone(),
                 replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32,
+                ready: d
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0)
+                    .max(0) as u32,
+                held: held_of(&d.metadata),
             })
         })
         .collect();
@@ -1230,6 +1276,27 @@ impl Kube {
         self.call(
             || format!("scale deployment {name}"),
             api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await?;
+        Ok(None)
+    }
+
+    /// Records a hand-over's hold on a Deployment, or removes it (a merge
+    /// patch of its annotations).
+    pub async fn hold(&self, name: &str, held: Option<Held>) -> Result<Option<Write>, KubeError> {
+        let body = hold_patch(held);
+        if let Some(w) = self.dry(Write {
+            method: "PATCH",
+            path: format!("/apis/apps/v1/namespaces/{}/deployments/{name}", self.ns()),
+            body: body.clone(),
+        }) {
+            return Ok(Some(w));
+        }
+        self.fenced()?;
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(
+            || format!("record the hand-over on deployment {name}"),
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&body)),
         )
         .await?;
         Ok(None)

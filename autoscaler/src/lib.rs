@@ -18,7 +18,7 @@
 //!   servers as child processes) or [`kubernetes`] (Deployments per
 //!   placement variant, `/scale`, MIG labels with drains, status, Events,
 //!   Lease, EndpointSlices), with the leader election's rules in
-//!   [`election`];
+//!   [`election`] and moves made before they break in [`handover`];
 //! - the packer's inventory from the nodes' labels and the node agent's
 //!   NVML readings, [`inventory`];
 //! - KEDA's external scaler over gRPC, [`keda`];
@@ -35,6 +35,7 @@ pub mod controller;
 pub mod dashboard;
 pub mod decide;
 pub mod election;
+pub mod handover;
 pub mod inventory;
 pub mod keda;
 pub mod kubernetes;

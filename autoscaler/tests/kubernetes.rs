@@ -1994,6 +1994,204 @@ async fn sidecar_gateways_are_read_not_registered_with() {
     assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 2);
 }
 
+/// A variant as listed: (name, spec.replicas, status.readyReplicas,
+/// hand-over annotations: planned, until).
+type Listed<'a> = (&'a str, u32, u32, Option<(&'a str, &'a str)>);
+
+/// A DeploymentList of model `llama`'s variants.
+fn variants_list(items: &[Listed<'_>]) -> Value {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|(name, n, ready, held)| {
+            let mut meta = json!({"name": name, "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"}});
+            if let Some((planned, until)) = held {
+                meta["annotations"] = json!({"gpuscale.io/handover-planned": planned, "gpuscale.io/handover-until": until});
+            }
+            json!({"metadata": meta,
+                   "spec": {"replicas": n, "selector": {"matchLabels": {"gpuscale.io/variant": name}},
+                            "template": {"metadata": {}}},
+                   "status": {"replicas": n, "readyReplicas": ready}})
+        })
+        .collect();
+    json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
+}
+
+/// A plan that moves a model's replicas to another variant is made before
+/// it breaks: the old variant keeps its replicas, with the count the plan
+/// gave it and a deadline recorded on it, and loses one for each new
+/// replica ready; the hold's annotations go when it is done. The count the
+/// controller reads back is the decision, not the held replicas.
+async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    // The default startupTime is 1m: the hold ends 2 minutes on.
+    let until = (1_795_976_401u64 + 120).to_string();
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        // Three replicas run as an earlier plan's variant.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            variants_list(&[("llama-h100-80gb-3g-40gb", 3, 3, None)]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+            200,
+            policy_reply(),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // The decision (5 on whole GPUs, variant `llama`): the new variant
+        // first, then the old one held at its 3 with the plan's 0 recorded.
+        expect(
+            &mut handle,
+            Method::PATCH,
+            SERVICE,
+            200,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/apps/v1/namespaces/inference/deployments/llama",
+            404,
+            status_reply(404, "NotFound"),
+        )
+        .await;
+        expect(&mut handle, Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama?&force=true&fieldManager=gpuscale", 200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}})).await;
+        let s = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama/scale?",
+            200,
+            scale_reply(5),
+        )
+        .await;
+        assert_eq!(s["spec"]["replicas"], 5);
+        let h = expect(&mut handle, Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb?", 200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-3g-40gb"}})).await;
+        assert_eq!(h["__content_type"], "application/merge-patch+json");
+        assert_eq!(
+            h["metadata"]["annotations"]["gpuscale.io/handover-planned"],
+            "0"
+        );
+        assert_eq!(
+            h["metadata"]["annotations"]["gpuscale.io/handover-until"],
+            until.as_str()
+        );
+        let s = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
+            200,
+            scale_reply(3),
+        )
+        .await;
+        assert_eq!(s["spec"]["replicas"], 3, "held, not scaled to 0");
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        // Next tick: 1 of the 5 new replicas is ready, 4 are not: all 3
+        // old ones serve on; nothing is written.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            variants_list(&[
+                ("llama", 5, 1, None),
+                ("llama-h100-80gb-3g-40gb", 3, 3, Some(("0", until.as_str()))),
+            ]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Then 4 ready, 1 not: one old replica serves on.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            variants_list(&[
+                ("llama", 5, 4, None),
+                ("llama-h100-80gb-3g-40gb", 3, 3, Some(("0", until.as_str()))),
+            ]),
+        )
+        .await;
+        let s = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
+            200,
+            scale_reply(1),
+        )
+        .await;
+        assert_eq!(s["spec"]["replicas"], 1);
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // All 5 ready: the last old one goes, then its hold.
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            variants_list(&[
+                ("llama", 5, 5, None),
+                ("llama-h100-80gb-3g-40gb", 1, 1, Some(("0", until.as_str()))),
+            ]),
+        )
+        .await;
+        let s = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
+            200,
+            scale_reply(0),
+        )
+        .await;
+        assert_eq!(s["spec"]["replicas"], 0);
+        let h = expect(&mut handle, Method::PATCH,
+            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb?", 200,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-3g-40gb"}})).await;
+        assert_eq!(
+            h["metadata"]["annotations"]["gpuscale.io/handover-planned"],
+            Value::Null
+        );
+        assert_eq!(
+            h["metadata"]["annotations"]["gpuscale.io/handover-until"],
+            Value::Null
+        );
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    let models = std::slice::from_ref(&m);
+    let observed = backend.tick(models, now).await;
+    assert_eq!(observed.replicas["llama"], 3);
+    backend.apply(&[change(&m, 3)], None, None, now).await;
+    let second = Duration::from_secs(1);
+    let observed = backend.tick(models, now + second).await;
+    assert_eq!(
+        observed.replicas["llama"], 5,
+        "the decision, not the 8 running"
+    );
+    backend.tick(models, now + 2 * second).await;
+    let observed = backend.tick(models, now + 3 * second).await;
+    assert_eq!(observed.replicas["llama"], 5);
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "a write once the hand-over is done").await;
+}
+
 /// Runs each scenario as its own test, and all of them in one test that
 /// then derives the RBAC rules the requests need.
 macro_rules! scenarios {
@@ -2040,6 +2238,7 @@ scenarios!(
     the_inventory_comes_from_the_nodes_and_the_agents,
     replicas_are_registered_with_every_gateway_instance_found,
     sidecar_gateways_are_read_not_registered_with,
+    a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
 );
 
 /// RBAC from the recorded requests, as the API server authorises them

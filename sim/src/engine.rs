@@ -17,7 +17,7 @@
 //! keeps running) so that every request is counted once.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use gpuscale_autoscaler::Observation;
@@ -164,6 +164,9 @@ enum Event {
 enum RepState {
     Starting,
     Ready,
+    /// Moved by a re-plan, still serving until a new replica of its model
+    /// is ready (make before break); not in its model's `live`.
+    Outgoing,
     Draining,
     Gone,
 }
@@ -198,6 +201,9 @@ struct ModelRt {
     pool: Pool<u64>,
     stats: ModelStats,
     live: BTreeMap<String, usize>,
+    /// Replicas a re-plan moved that serve until their successors are
+    /// ready, oldest first.
+    outgoing: Vec<usize>,
     /// Pool replica id → index in the run's replicas.
     by_id: HashMap<ReplicaId, usize>,
 }
@@ -279,6 +285,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
             pool: Pool::new(setup.max_queue, m.max_concurrency),
             stats: ModelStats::new(base),
             live: BTreeMap::new(),
+            outgoing: Vec::new(),
             by_id: HashMap::new(),
         })
         .collect();
@@ -313,12 +320,14 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         let mut desired = setup.initial.clone();
         let slots = placer.place(&desired, 0.0);
         autoscaler.placed(placer.plan(), &mut desired);
+        let claimed = claimed_gpus(models, &slots, &rt);
         for (i, m) in models.iter().enumerate() {
             let empty = Vec::new();
             let want = slots.get(&m.name).unwrap_or(&empty);
             apply(
                 i,
                 want,
+                &claimed,
                 0.0,
                 true,
                 setup,
@@ -587,6 +596,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     .add_replica(reps[rep].endpoint.clone(), Some(models[m].max_concurrency));
                 reps[rep].id = Some(id);
                 rt[m].by_id.insert(id, rep);
+                successor_ready(m, &mut reps, &mut rt, &mut g, placer);
                 for (t, e) in dispatch(
                     setup,
                     &mut reps,
@@ -673,6 +683,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     if desired != current {
                         let slots = placer.place(&desired, now);
                         autoscaler.placed(placer.plan(), &mut desired);
+                        let claimed = claimed_gpus(models, &slots, &rt);
                         for (i, m) in models.iter().enumerate() {
                             let before = current.get(&m.name).copied().unwrap_or(0);
                             let after = desired.get(&m.name).copied().unwrap_or(0);
@@ -693,6 +704,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                             apply(
                                 i,
                                 want,
+                                &claimed,
                                 now,
                                 false,
                                 setup,
@@ -785,12 +797,69 @@ fn reject(
     }
 }
 
-/// Brings a model's replicas to `want`: kept slots keep running, gone
-/// slots drain (or stop, when still starting), new slots cold-start.
+/// GPUs the slots of a re-plan start on (slots no replica holds yet):
+/// a replica moved off one of them must stop before its successor
+/// starts; elsewhere it serves until its successor is ready.
+fn claimed_gpus(
+    models: &[Model],
+    slots: &BTreeMap<String, Vec<Slot>>,
+    rt: &[ModelRt],
+) -> HashSet<(String, u32)> {
+    let mut claimed = HashSet::new();
+    for (i, m) in models.iter().enumerate() {
+        for s in slots.get(&m.name).into_iter().flatten() {
+            if !rt[i].live.contains_key(&s.key) {
+                claimed.extend(s.gpus.iter().cloned());
+            }
+        }
+    }
+    claimed
+}
+
+/// Takes a replica out of its model's pool: it finishes what it runs,
+/// then its slot frees.
+fn retire(r: usize, reps: &mut [Rep], rt: &mut [ModelRt], g: &mut Gauges, placer: &dyn Placer) {
+    let m = reps[r].model;
+    rt[m].pool.remove_replica(&reps[r].endpoint);
+    if reps[r].running == 0 {
+        if let Some(id) = reps[r].id {
+            rt[m].by_id.remove(&id);
+        }
+        reps[r].state = RepState::Gone;
+        let slot = reps[r].slot.clone();
+        g.occupy(&slot, placer, -1.0);
+    } else {
+        reps[r].state = RepState::Draining;
+    }
+}
+
+/// A new replica of model `m` is ready: the oldest replica a re-plan moved
+/// away, still serving, now leaves (make before break).
+fn successor_ready(
+    m: usize,
+    reps: &mut [Rep],
+    rt: &mut [ModelRt],
+    g: &mut Gauges,
+    placer: &dyn Placer,
+) {
+    if !rt[m].outgoing.is_empty() {
+        let r = rt[m].outgoing.remove(0);
+        retire(r, reps, rt, g, placer);
+    }
+}
+
+/// Brings a model's replicas to `want`: kept slots keep running, new slots
+/// cold-start, gone slots stop. A replica the re-plan moved (as many of
+/// the gone as new replicas start) keeps serving until a new one is ready,
+/// as the backends hand over (make before break), unless a new slot
+/// starts on one of its GPUs (`claimed`): it stops first then, and so
+/// does one still serving from an earlier re-plan. The rest stop at once:
+/// a starting one is dropped, a ready one leaves the pool and drains.
 #[allow(clippy::too_many_arguments)]
 fn apply(
     m: usize,
     want: &[Slot],
+    claimed: &HashSet<(String, u32)>,
     now: f64,
     warm: bool,
     setup: &Setup<'_>,
@@ -801,6 +870,7 @@ fn apply(
     out: &mut Outcome,
     push: &mut dyn FnMut(f64, Event),
 ) {
+    let on_claimed = |rep: &Rep| rep.slot.gpus.iter().any(|gpu| claimed.contains(gpu));
     let keep: std::collections::BTreeSet<&str> = want.iter().map(|s| s.key.as_str()).collect();
     let gone: Vec<(String, usize)> = rt[m]
         .live
@@ -810,29 +880,16 @@ fn apply(
         .collect();
     let shrink = rt[m].live.len().saturating_sub(want.len());
     out.replica_moves += gone.len().saturating_sub(shrink) as u64;
-    for (key, r) in gone {
-        rt[m].live.remove(&key);
-        match reps[r].state {
-            RepState::Starting => {
-                reps[r].state = RepState::Gone;
-                let slot = reps[r].slot.clone();
-                g.occupy(&slot, placer, -1.0);
-            }
-            RepState::Ready => {
-                rt[m].pool.remove_replica(&reps[r].endpoint);
-                if reps[r].running == 0 {
-                    if let Some(id) = reps[r].id {
-                        rt[m].by_id.remove(&id);
-                    }
-                    reps[r].state = RepState::Gone;
-                    let slot = reps[r].slot.clone();
-                    g.occupy(&slot, placer, -1.0);
-                } else {
-                    reps[r].state = RepState::Draining;
-                }
-            }
-            RepState::Draining | RepState::Gone => {}
+    let earlier = std::mem::take(&mut rt[m].outgoing);
+    for r in earlier {
+        if on_claimed(&reps[r]) {
+            retire(r, reps, rt, g, placer);
+        } else {
+            rt[m].outgoing.push(r);
         }
+    }
+    for (key, _) in &gone {
+        rt[m].live.remove(key);
     }
     for s in want {
         if let Some(&r) = rt[m].live.get(&s.key) {
@@ -871,5 +928,158 @@ fn apply(
                 .as_secs_f64()
         };
         push(now + cold, Event::Ready { rep: r });
+    }
+    let starting = rt[m]
+        .live
+        .values()
+        .filter(|&&r| reps[r].state == RepState::Starting)
+        .count();
+    for (_, r) in gone {
+        match reps[r].state {
+            RepState::Starting => {
+                reps[r].state = RepState::Gone;
+                let slot = reps[r].slot.clone();
+                g.occupy(&slot, placer, -1.0);
+            }
+            RepState::Ready if rt[m].outgoing.len() < starting && !on_claimed(&reps[r]) => {
+                reps[r].state = RepState::Outgoing;
+                rt[m].outgoing.push(r);
+            }
+            RepState::Ready => retire(r, reps, rt, g, placer),
+            RepState::Outgoing | RepState::Draining | RepState::Gone => {}
+        }
+    }
+    // No more held than successors starting (a later re-plan may have
+    // dropped some): the oldest leave.
+    while rt[m].outgoing.len() > starting {
+        let r = rt[m].outgoing.remove(0);
+        retire(r, reps, rt, g, placer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Moves made before they break, with a scripted autoscaler and placer.
+
+    use super::*;
+
+    /// One replica until 60 s, two from then on.
+    struct Script;
+
+    impl Autoscaler for Script {
+        fn step(
+            &mut self,
+            now: Duration,
+            _: &BTreeMap<String, Observation>,
+            _: &BTreeMap<String, u32>,
+            _: &BTreeMap<String, u32>,
+        ) -> Option<BTreeMap<String, u32>> {
+            let n = if now.as_secs_f64() < 60.0 { 1 } else { 2 };
+            Some(BTreeMap::from([("m".to_string(), n)]))
+        }
+    }
+
+    /// Slot `a` on GPU 0; at the second replica, both replicas on new
+    /// slots: on GPUs 1 and 2, or (`same_gpu`) on GPU 0, which `a` holds,
+    /// and GPU 1.
+    struct Moves {
+        same_gpu: bool,
+    }
+
+    fn slot(key: &str, gpu: u32) -> Slot {
+        Slot {
+            key: key.into(),
+            gpus: vec![("n0".into(), gpu)],
+            speed: 1.0,
+            memory_per_gpu: 20.0,
+        }
+    }
+
+    impl Placer for Moves {
+        fn place(
+            &mut self,
+            desired: &BTreeMap<String, u32>,
+            _: f64,
+        ) -> BTreeMap<String, Vec<Slot>> {
+            let slots = if desired["m"] == 1 {
+                vec![slot("a", 0)]
+            } else if self.same_gpu {
+                vec![slot("b", 0), slot("c", 1)]
+            } else {
+                vec![slot("b", 1), slot("c", 2)]
+            };
+            BTreeMap::from([("m".to_string(), slots)])
+        }
+
+        fn gpu(&self, _: &str) -> (f64, f64, f64) {
+            (79.0, 1.0, 2.0)
+        }
+    }
+
+    /// Two requests a second for 3 minutes, 30 s cold starts, a 5 s
+    /// queue timeout: requests that find no replica serving for the 30 s
+    /// of a cold start are answered 503.
+    fn run_moves(same_gpu: bool) -> Outcome {
+        let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: m}\nspec:\n  resources: {memoryGiB: 20, compute: 1, maxConcurrency: 8}\n";
+        let models =
+            gpuscale_policies::load::load_sources(&[(std::path::Path::new("m.yaml"), text)])
+                .unwrap()
+                .models;
+        let arrivals: Vec<Arrival> = (0..360)
+            .map(|i| Arrival {
+                at: f64::from(i) * 0.5,
+                workload: 0,
+                prompt: 10,
+                output: 10,
+            })
+            .collect();
+        let services = [ServiceProfile {
+            model: "m".into(),
+            prefill_tps: 0.0,
+            decode_tps: 100.0,
+            max_concurrency: 8,
+            batch_slowdown: 0.0,
+            speed: 1.0,
+            default_max_tokens: 10,
+            prefix_cache_tokens: 0,
+        }];
+        let cold = ColdStartSpec {
+            image_pull: Duration::from_secs(30),
+            load_gib_per_second: 1e9,
+        };
+        let setup = Setup {
+            models: &models,
+            workload_models: &[0],
+            services: &services,
+            priorities: &[Priority::Standard],
+            arrivals: &arrivals,
+            duration: 180.0,
+            max_queue: 256,
+            queue_timeout: 5.0,
+            scrape: false,
+            cold_start: &cold,
+            onsets: &[],
+            series_step: 60.0,
+            initial: &BTreeMap::from([("m".to_string(), 1)]),
+        };
+        run(&setup, &mut Script, &mut Moves { same_gpu })
+    }
+
+    #[test]
+    fn a_moved_replica_serves_until_its_successor_is_ready() {
+        let out = run_moves(false);
+        assert_eq!(out.replica_moves, 1);
+        assert_eq!(out.completed, 360, "{} timed out", out.timed_out);
+        assert_eq!(out.timed_out, 0);
+    }
+
+    #[test]
+    fn a_replica_moved_off_a_gpu_a_new_slot_takes_stops_first() {
+        let out = run_moves(true);
+        assert_eq!(out.replica_moves, 1);
+        // Nothing serves from 60 s to 90 s: what arrives before 85 s waits
+        // past the 5 s timeout.
+        assert!(out.timed_out >= 40, "{} timed out", out.timed_out);
+        assert_eq!(out.completed + out.timed_out, 360);
     }
 }

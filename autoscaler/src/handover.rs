@@ -1,0 +1,212 @@
+//! Moves made before they break, for the Kubernetes backend: when a plan
+//! moves a model's replicas from one placement variant to another, the
+//! variants it scales down keep their replicas (serving) until the
+//! variants it scales up have as many more ready, or until a deadline.
+//! Pure: the backend reads the counts and the hold's annotations from the
+//! Deployments each tick and writes what these functions say.
+//!
+//! Why a deadline: a new pod may need the GPU an old one holds (a MIG
+//! geometry changed, a whole GPU turned into shares), and then it stays
+//! Pending until the old one goes; past the deadline the old ones go
+//! whatever is ready. The simulator makes the same hand-over with the GPUs
+//! in view (`gpuscale-sim`'s engine: a replica moved off a GPU a new slot
+//! takes stops first).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A hold on a variant the plan scaled down, as its annotations record
+/// it: what the plan gave it, and when the hold ends whatever is ready
+/// (Unix seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The count the plan gave the variant.
+    pub planned: u32,
+    /// The hold ends at this wall-clock time (Unix seconds).
+    pub until: u64,
+}
+
+/// One variant Deployment of a model, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantNow {
+    /// The Deployment's name.
+    pub name: String,
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `status.readyReplicas`.
+    pub ready: u32,
+    /// Its hold, when the plan scaled it down in a move.
+    pub held: Option<Held>,
+}
+
+/// The count the plan decided for a model: what its variants run, less
+/// what holds keep above their plan (a restarted or new leader reads the
+/// decision, not the hand-over).
+pub fn decided(variants: &[VariantNow]) -> u32 {
+    variants
+        .iter()
+        .map(|v| v.held.map_or(v.replicas, |h| h.planned.min(v.replicas)))
+        .sum()
+}
+
+/// How a plan's new counts are written: per variant (every one the model
+/// runs now or the plan names) the count to set and the hold to record
+/// (`None`: no hold, or a hold to clear). Variants scaled up are the
+/// hand-over's successors; those scaled down keep, in name order, as many
+/// of their replicas as the successors add, each held until `deadline`
+/// from `now`.
+pub fn start(
+    now_counts: &BTreeMap<String, u32>,
+    planned: &BTreeMap<String, u32>,
+    now: Duration,
+    deadline: Duration,
+) -> BTreeMap<String, (u32, Option<Held>)> {
+    let mut rising: u32 = planned
+        .iter()
+        .map(|(v, &p)| p.saturating_sub(now_counts.get(v).copied().unwrap_or(0)))
+        .sum();
+    let until = (now + deadline).as_secs();
+    let mut out = BTreeMap::new();
+    let names: std::collections::BTreeSet<&String> =
+        now_counts.keys().chain(planned.keys()).collect();
+    for name in names {
+        let p = planned.get(name).copied().unwrap_or(0);
+        let n = now_counts.get(name).copied().unwrap_or(0);
+        let keep = n.saturating_sub(p).min(rising);
+        rising -= keep;
+        let held = (keep > 0).then_some(Held { planned: p, until });
+        out.insert(name.clone(), (p + keep, held));
+    }
+    out
+}
+
+/// One tick of a model's hand-overs: per held variant whose count or hold
+/// changes, the count to set and the hold that stays (`None`: the hold
+/// ends, its annotations go). Held replicas stay while the other variants
+/// have replicas not yet ready, at most one for each, and never past their
+/// deadline.
+pub fn advance(variants: &[VariantNow], now: Duration) -> Vec<(String, u32, Option<Held>)> {
+    let mut waiting: u32 = variants
+        .iter()
+        .filter(|v| v.held.is_none())
+        .map(|v| v.replicas.saturating_sub(v.ready))
+        .sum();
+    let mut out = Vec::new();
+    for v in variants {
+        let Some(h) = v.held else {
+            continue;
+        };
+        let extra = v.replicas.saturating_sub(h.planned);
+        let keep = if now.as_secs() >= h.until {
+            0
+        } else {
+            extra.min(waiting)
+        };
+        waiting -= keep;
+        let held = (keep > 0).then_some(h);
+        if keep != extra || held.is_none() {
+            out.push((v.name.clone(), h.planned.min(v.replicas) + keep, held));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(items: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    fn v(name: &str, replicas: u32, ready: u32, held: Option<(u32, u64)>) -> VariantNow {
+        VariantNow {
+            name: name.into(),
+            replicas,
+            ready,
+            held: held.map(|(planned, until)| Held { planned, until }),
+        }
+    }
+
+    const NOW: Duration = Duration::from_secs(1_000);
+    const WAIT: Duration = Duration::from_secs(120);
+
+    #[test]
+    fn a_move_keeps_the_old_replicas_until_the_new_ones_are_ready() {
+        // 3 on whole GPUs move to 3 on MIG slices.
+        let out = start(
+            &counts(&[("m-whole", 3)]),
+            &counts(&[("m-mig", 3)]),
+            NOW,
+            WAIT,
+        );
+        let until = 1_120;
+        assert_eq!(out["m-mig"], (3, None));
+        assert_eq!(out["m-whole"], (3, Some(Held { planned: 0, until })));
+        let read = [v("m-mig", 3, 0, None), v("m-whole", 3, 3, Some((0, until)))];
+        assert_eq!(decided(&read), 3);
+        assert!(advance(&read, NOW + Duration::from_secs(10)).is_empty());
+        // Two of the new ones are ready: two old ones go.
+        let read = [v("m-mig", 3, 2, None), v("m-whole", 3, 3, Some((0, until)))];
+        assert_eq!(
+            advance(&read, NOW + Duration::from_secs(40)),
+            [("m-whole".to_string(), 1, Some(Held { planned: 0, until }))]
+        );
+        // All ready: the hold ends.
+        let read = [v("m-mig", 3, 3, None), v("m-whole", 1, 1, Some((0, until)))];
+        assert_eq!(
+            advance(&read, NOW + Duration::from_secs(50)),
+            [("m-whole".to_string(), 0, None)]
+        );
+    }
+
+    #[test]
+    fn a_scale_down_or_a_scale_up_alone_holds_nothing() {
+        let out = start(&counts(&[("a", 5)]), &counts(&[("a", 2)]), NOW, WAIT);
+        assert_eq!(out["a"], (2, None));
+        let out = start(&counts(&[("a", 2)]), &counts(&[("a", 5)]), NOW, WAIT);
+        assert_eq!(out["a"], (5, None));
+    }
+
+    #[test]
+    fn no_more_are_held_than_the_plan_adds_elsewhere() {
+        // 4 leave `a`, 1 leaves `b`, 2 start on `c`: the model shrinks by
+        // 3, so only 2 old replicas (of `a`, first by name) serve on.
+        let out = start(
+            &counts(&[("a", 4), ("b", 1)]),
+            &counts(&[("b", 0), ("c", 2)]),
+            NOW,
+            WAIT,
+        );
+        assert_eq!(
+            out["a"],
+            (
+                2,
+                Some(Held {
+                    planned: 0,
+                    until: 1_120
+                })
+            )
+        );
+        assert_eq!(out["b"], (0, None));
+        assert_eq!(out["c"], (2, None));
+    }
+
+    #[test]
+    fn the_deadline_ends_a_hold_whatever_is_ready() {
+        // A new pod that needs the old one's GPU stays Pending: the old
+        // one goes at the deadline.
+        let read = [v("new", 1, 0, None), v("old", 1, 1, Some((0, 1_120)))];
+        assert!(advance(&read, Duration::from_secs(1_119)).is_empty());
+        assert_eq!(
+            advance(&read, Duration::from_secs(1_120)),
+            [("old".to_string(), 0, None)]
+        );
+    }
+
+    #[test]
+    fn the_decided_count_leaves_out_what_is_held() {
+        let read = [v("a", 2, 2, Some((1, 1_120))), v("b", 3, 1, None)];
+        assert_eq!(decided(&read), 4);
+    }
+}
