@@ -468,3 +468,68 @@ fn a_scale_down_between_consolidations_frees_a_whole_gpu_before_it_thins_a_share
             .all(|g| g.index != free || g.replicas.is_empty())
     );
 }
+
+/// Two H100s split alike into seven 1g.10gb instances, running `small`
+/// replicas: `on_first` on GPU 0, `on_second` on GPU 1 (the instances in
+/// the order the first plan used them).
+fn split_two(on_first: usize, on_second: usize) -> (Vec<Model>, Cluster) {
+    let cluster = common::cluster(&[("n", "H100-80GB", 2)]);
+    let models = small();
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("small", 7)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let mut now = first.apply_to(&cluster);
+    let full = now.nodes[0]
+        .gpus
+        .iter()
+        .find(|g| g.workloads.len() == 7)
+        .expect("seven on one GPU")
+        .clone();
+    for (index, n) in [(0usize, on_first), (1, on_second)] {
+        let g = &mut now.nodes[0].gpus[index];
+        g.mode = full.mode;
+        g.geometry = full.geometry.clone();
+        g.workloads = full.workloads[..n].to_vec();
+    }
+    (models, now)
+}
+
+#[test]
+fn a_model_shrinking_between_consolidations_leaves_the_gpu_it_holds_least() {
+    // One replica on GPU 0, six on GPU 1; demand falls to six. Kept in
+    // cluster order, GPU 0's stayed and one of GPU 1's left: both GPUs
+    // on. The fullest GPU keeps its replicas first, and GPU 0 empties.
+    let (models, now) = split_two(1, 6);
+    let six = common::demand(&[("small", 6)]);
+    let plan = pack_from(&now, &models, &six, &keeping(), None).unwrap();
+    assert_eq!(
+        (placed(&plan), plan.gpus_used, plan.moves),
+        (6, 1, 0),
+        "{:?}",
+        plan.gpus
+    );
+    assert!(
+        plan.gpus
+            .iter()
+            .all(|g| g.index != 0 || g.replicas.is_empty())
+    );
+}
+
+#[test]
+fn a_replica_added_between_consolidations_fills_a_running_gpu_before_an_idle_one() {
+    // GPU 0 is split but idle, GPU 1 runs six of its seven instances; a
+    // seventh replica takes GPU 1's free instance, not GPU 0's first one.
+    let (models, now) = split_two(0, 6);
+    let seven = common::demand(&[("small", 7)]);
+    let plan = pack_from(&now, &models, &seven, &keeping(), None).unwrap();
+    assert_eq!(
+        (placed(&plan), plan.gpus_used, plan.moves),
+        (7, 1, 0),
+        "{:?}",
+        plan.gpus
+    );
+}
