@@ -631,15 +631,7 @@ fn decode_class(
             let mut free: Vec<u32> = healthy(ni)
                 .filter(|&i| !assigned.contains_key(&(ni, i)))
                 .collect();
-            // Shared this way now first, those running most first.
-            free.sort_by_key(|&i| {
-                let g = gpu_state(ni, i);
-                (
-                    g.mode != shared_now,
-                    std::cmp::Reverse(g.workloads.len()),
-                    i,
-                )
-            });
+            free.sort_by_key(|&i| (gpu_state(ni, i).mode != shared_now, i));
             for i in free.into_iter().take(need as usize) {
                 need -= 1;
                 assigned.insert((ni, i), config_gpu(q));
@@ -703,16 +695,8 @@ fn decode_class(
             rest.push((ni, i));
         }
     }
-    for (same_geometry, rest, _) in pools.values_mut() {
+    for (_, rest, _) in pools.values_mut() {
         rest.sort_by_key(|&(ni, i)| (!gpu_state(ni, i).workloads.is_empty(), ni, i));
-        // Of the GPUs in the geometry, those running most keep it first:
-        // fewer GPUs than run it now keep their replicas, and the sparse
-        // ones empty.
-        for gpus in same_geometry.values_mut() {
-            gpus.sort_by_key(|&(ni, i)| {
-                (std::cmp::Reverse(gpu_state(ni, i).workloads.len()), ni, i)
-            });
-        }
     }
     for (p, pattern) in class.patterns.iter().enumerate() {
         let Some(canonical) = pattern.kind.geometry() else {
@@ -833,13 +817,7 @@ fn decode_class(
             wanted.insert((m, t), count);
         }
     }
-    // In place, the GPUs running most first: when a model shrinks, the
-    // replicas that leave are those on the GPUs with the fewest tenants,
-    // which then empty (a GPU is on while any replica holds it). Ties in
-    // cluster order (a stable sort).
-    let mut in_place = class_gpus.clone();
-    in_place.sort_by_key(|&(ni, i)| std::cmp::Reverse(gpu_state(ni, i).workloads.len()));
-    for &(ni, i) in &in_place {
+    for &(ni, i) in &class_gpus {
         let s = gpu_state(ni, i);
         let a = assigned.get_mut(&(ni, i)).expect("listed from assigned");
         let mode = a.mode;
@@ -866,17 +844,8 @@ fn decode_class(
             }
         }
     }
-    // New replicas fill the free slots of GPUs that run something before
-    // those of idle ones, the fullest first: holes close before another
-    // GPU is switched on.
-    let mut filling = class_gpus.clone();
-    filling.sort_by_key(|key| {
-        let slots = &assigned[key].slots;
-        let used = slots.iter().filter(|sl| sl.model.is_some()).count();
-        (used == 0, slots.len() - used)
-    });
     let mut free_by_type: BTreeMap<usize, Vec<(usize, u32, usize)>> = BTreeMap::new();
-    for &(ni, i) in &filling {
+    for &(ni, i) in &class_gpus {
         for (k, sl) in assigned[&(ni, i)].slots.iter().enumerate() {
             if sl.model.is_none() && single(slot_type(&sl.kind)) {
                 free_by_type
