@@ -2016,6 +2016,31 @@ fn variants_list(items: &[Listed<'_>]) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
 }
 
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/inference/deployments";
+
+/// A `/scale` patch of Deployment `name`: the count it set.
+async fn scaled(handle: &mut Handle, name: &str) -> Value {
+    let path = format!("{DEPLOYMENTS}/{name}/scale?");
+    expect(handle, Method::PATCH, &path, 200, scale_reply(0)).await["spec"]["replicas"].clone()
+}
+
+/// A merge patch of Deployment `name`'s hand-over annotations: (planned,
+/// until), `Null` when removed.
+async fn hold_written(handle: &mut Handle, name: &str) -> (Value, Value) {
+    let path = format!("{DEPLOYMENTS}/{name}?");
+    let reply = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}});
+    let h = expect(handle, Method::PATCH, &path, 200, reply).await;
+    assert_eq!(h["__content_type"], "application/merge-patch+json");
+    let a = &h["metadata"]["annotations"];
+    (
+        a["gpuscale.io/handover-planned"].clone(),
+        a["gpuscale.io/handover-until"].clone(),
+    )
+}
+
+/// The variant a move leaves.
+const OLD: &str = "llama-h100-80gb-3g-40gb";
+
 /// A plan that moves a model's replicas to another variant is made before
 /// it breaks: the old variant keeps its replicas, with the count the plan
 /// gave it and a deadline recorded on it, and loses one for each new
@@ -2028,166 +2053,69 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
     // The default startupTime is 1m: the hold ends 2 minutes on.
     let until = (1_795_976_401u64 + 120).to_string();
     let server = tokio::spawn(async move {
+        let held =
+            |n: u32, ready: u32| -> Listed<'_> { (OLD, n, ready, Some(("0", until.as_str()))) };
         lease_created(&mut handle, "gpuscale-0").await;
         // Three replicas run as an earlier plan's variant.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            variants_list(&[("llama-h100-80gb-3g-40gb", 3, 3, None)]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
-            200,
-            policy_reply(),
-        )
-        .await;
+        let owned = variants_list(&[(OLD, 3, 3, None)]);
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
+        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // The decision (5 on whole GPUs, variant `llama`): the new variant
-        // first, then the old one held at its 3 with the plan's 0 recorded.
-        expect(
-            &mut handle,
-            Method::PATCH,
-            SERVICE,
-            200,
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
-        )
-        .await;
+        // first, then the old one: its hold recorded, then its count kept.
+        let service =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
+        let missing = status_reply(404, "NotFound");
         expect(
             &mut handle,
             Method::GET,
-            "/apis/apps/v1/namespaces/inference/deployments/llama",
+            &format!("{DEPLOYMENTS}/llama"),
             404,
-            status_reply(404, "NotFound"),
+            missing,
         )
         .await;
-        expect(&mut handle, Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama?&force=true&fieldManager=gpuscale", 200,
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}})).await;
-        let s = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama/scale?",
-            200,
-            scale_reply(5),
-        )
-        .await;
-        assert_eq!(s["spec"]["replicas"], 5);
-        let h = expect(&mut handle, Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb?", 200,
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-3g-40gb"}})).await;
-        assert_eq!(h["__content_type"], "application/merge-patch+json");
-        assert_eq!(
-            h["metadata"]["annotations"]["gpuscale.io/handover-planned"],
-            "0"
-        );
-        assert_eq!(
-            h["metadata"]["annotations"]["gpuscale.io/handover-until"],
-            until.as_str()
-        );
-        let s = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
-            200,
-            scale_reply(3),
-        )
-        .await;
-        assert_eq!(s["spec"]["replicas"], 3, "held, not scaled to 0");
+        let applied =
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
+        let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
+        expect(&mut handle, Method::PATCH, &apply, 200, applied).await;
+        assert_eq!(scaled(&mut handle, "llama").await, 5);
+        let (planned, held_until) = hold_written(&mut handle, OLD).await;
+        assert_eq!((planned, held_until), (json!("0"), json!(until)));
+        assert_eq!(scaled(&mut handle, OLD).await, 3, "held, not scaled to 0");
         expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
         expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
-        // Next tick: 1 of the 5 new replicas is ready, 4 are not: all 3
-        // old ones serve on; nothing is written.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            variants_list(&[
-                ("llama", 5, 1, None),
-                ("llama-h100-80gb-3g-40gb", 3, 3, Some(("0", until.as_str()))),
-            ]),
-        )
-        .await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        // Then 4 ready, 1 not: one old replica serves on.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            variants_list(&[
-                ("llama", 5, 4, None),
-                ("llama-h100-80gb-3g-40gb", 3, 3, Some(("0", until.as_str()))),
-            ]),
-        )
-        .await;
-        let s = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
-            200,
-            scale_reply(1),
-        )
-        .await;
-        assert_eq!(s["spec"]["replicas"], 1);
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        // All 5 ready: the last old one goes, then its hold.
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            variants_list(&[
-                ("llama", 5, 5, None),
-                ("llama-h100-80gb-3g-40gb", 1, 1, Some(("0", until.as_str()))),
-            ]),
-        )
-        .await;
-        let s = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb/scale?",
-            200,
-            scale_reply(0),
-        )
-        .await;
-        assert_eq!(s["spec"]["replicas"], 0);
-        let h = expect(&mut handle, Method::PATCH,
-            "/apis/apps/v1/namespaces/inference/deployments/llama-h100-80gb-3g-40gb?", 200,
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama-h100-80gb-3g-40gb"}})).await;
-        assert_eq!(
-            h["metadata"]["annotations"]["gpuscale.io/handover-planned"],
-            Value::Null
-        );
-        assert_eq!(
-            h["metadata"]["annotations"]["gpuscale.io/handover-until"],
-            Value::Null
-        );
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // 1 of the 5 new replicas ready, 4 not: the 3 old ones serve on,
+        // nothing is written. Then 4 ready: one old one serves on. Then
+        // all 5: the last old one goes, then its hold.
+        for (ready, old, to) in [(1, 3, None), (4, 3, Some(1)), (5, 1, Some(0))] {
+            let list = variants_list(&[("llama", 5, ready, None), held(old, old)]);
+            expect(&mut handle, Method::GET, OWNED, 200, list).await;
+            if let Some(to) = to {
+                assert_eq!(scaled(&mut handle, OLD).await, to);
+            }
+            if to == Some(0) {
+                let gone = hold_written(&mut handle, OLD).await;
+                assert_eq!(gone, (Value::Null, Value::Null));
+            }
+            expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        }
         handle
     });
     let models = std::slice::from_ref(&m);
     let observed = backend.tick(models, now).await;
     assert_eq!(observed.replicas["llama"], 3);
     backend.apply(&[change(&m, 3)], None, None, now).await;
-    let second = Duration::from_secs(1);
-    let observed = backend.tick(models, now + second).await;
-    assert_eq!(
-        observed.replicas["llama"], 5,
-        "the decision, not the 8 running"
-    );
-    backend.tick(models, now + 2 * second).await;
-    let observed = backend.tick(models, now + 3 * second).await;
-    assert_eq!(observed.replicas["llama"], 5);
+    for s in 1..=3 {
+        let observed = backend.tick(models, now + Duration::from_secs(s)).await;
+        assert_eq!(
+            observed.replicas["llama"], 5,
+            "the decision, not those held"
+        );
+    }
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "a write once the hand-over is done").await;
 }
