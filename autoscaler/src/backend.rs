@@ -448,8 +448,6 @@ impl KubeBackend {
         // A move is made before it breaks: what the plan scales down keeps
         // serving until what it scales up is ready (`handover`).
         let read = self.read.get(&model.name).cloned().unwrap_or_default();
-        let now_counts: BTreeMap<String, u32> =
-            read.iter().map(|v| (v.name.clone(), v.replicas)).collect();
         let was_held: BTreeSet<String> = read
             .iter()
             .filter(|v| v.held.is_some())
@@ -465,7 +463,7 @@ impl KubeBackend {
                 acc
             });
         let counts = handover::start(
-            &now_counts,
+            &read,
             &planned,
             now,
             model.scaling.startup_time * HANDOVER_STARTUPS,

@@ -51,31 +51,44 @@ pub fn decided(variants: &[VariantNow]) -> u32 {
 
 /// How a plan's new counts are written: per variant (every one the model
 /// runs now or the plan names) the count to set and the hold to record
-/// (`None`: no hold, or a hold to clear). Variants scaled up are the
-/// hand-over's successors; those scaled down keep, in name order, as many
-/// of their replicas as the successors add, each held until `deadline`
-/// from `now`.
+/// (`None`: no hold, or a hold to clear). The successors are the
+/// replicas of the variants the plan does not scale down that are not
+/// ready yet (those it adds, and those still starting from an earlier
+/// move); the variants it scales down keep, in name order, as many of
+/// their replicas as there are successors, each held until `deadline`
+/// from `at` (or its earlier deadline, when it is held already).
 pub fn start(
-    now_counts: &BTreeMap<String, u32>,
+    now: &[VariantNow],
     planned: &BTreeMap<String, u32>,
-    now: Duration,
+    at: Duration,
     deadline: Duration,
 ) -> BTreeMap<String, (u32, Option<Held>)> {
-    let mut rising: u32 = planned
+    let running = |name: &str| now.iter().find(|v| v.name == name);
+    let mut successors: u32 = planned
         .iter()
-        .map(|(v, &p)| p.saturating_sub(now_counts.get(v).copied().unwrap_or(0)))
+        .filter(|(v, p)| running(v).is_none_or(|r| **p >= r.replicas))
+        .map(|(v, &p)| p.saturating_sub(running(v).map_or(0, |r| r.ready)))
         .sum();
-    let until = (now + deadline).as_secs();
+    let until = (at + deadline).as_secs();
     let mut out = BTreeMap::new();
-    let names: std::collections::BTreeSet<&String> =
-        now_counts.keys().chain(planned.keys()).collect();
+    let names: std::collections::BTreeSet<&str> = now
+        .iter()
+        .map(|v| v.name.as_str())
+        .chain(planned.keys().map(String::as_str))
+        .collect();
     for name in names {
         let p = planned.get(name).copied().unwrap_or(0);
-        let n = now_counts.get(name).copied().unwrap_or(0);
-        let keep = n.saturating_sub(p).min(rising);
-        rising -= keep;
+        let n = running(name).map_or(0, |r| r.replicas);
+        let keep = n.saturating_sub(p).min(successors);
+        successors -= keep;
+        // A hold already running keeps its deadline: plans that follow
+        // each other never put it off (a pod waiting for its GPU would
+        // wait for ever).
+        let until = running(name)
+            .and_then(|r| r.held)
+            .map_or(until, |h| h.until.min(until));
         let held = (keep > 0).then_some(Held { planned: p, until });
-        out.insert(name.clone(), (p + keep, held));
+        out.insert(name.to_string(), (p + keep, held));
     }
     out
 }
@@ -119,6 +132,11 @@ mod tests {
         items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
+    /// Variants running, all ready, none held.
+    fn running(items: &[(&str, u32)]) -> Vec<VariantNow> {
+        items.iter().map(|&(k, n)| v(k, n, n, None)).collect()
+    }
+
     fn v(name: &str, replicas: u32, ready: u32, held: Option<(u32, u64)>) -> VariantNow {
         VariantNow {
             name: name.into(),
@@ -135,7 +153,7 @@ mod tests {
     fn a_move_keeps_the_old_replicas_until_the_new_ones_are_ready() {
         // 3 on whole GPUs move to 3 on MIG slices.
         let out = start(
-            &counts(&[("m-whole", 3)]),
+            &running(&[("m-whole", 3)]),
             &counts(&[("m-mig", 3)]),
             NOW,
             WAIT,
@@ -162,9 +180,9 @@ mod tests {
 
     #[test]
     fn a_scale_down_or_a_scale_up_alone_holds_nothing() {
-        let out = start(&counts(&[("a", 5)]), &counts(&[("a", 2)]), NOW, WAIT);
+        let out = start(&running(&[("a", 5)]), &counts(&[("a", 2)]), NOW, WAIT);
         assert_eq!(out["a"], (2, None));
-        let out = start(&counts(&[("a", 2)]), &counts(&[("a", 5)]), NOW, WAIT);
+        let out = start(&running(&[("a", 2)]), &counts(&[("a", 5)]), NOW, WAIT);
         assert_eq!(out["a"], (5, None));
     }
 
@@ -173,7 +191,7 @@ mod tests {
         // 4 leave `a`, 1 leaves `b`, 2 start on `c`: the model shrinks by
         // 3, so only 2 old replicas (of `a`, first by name) serve on.
         let out = start(
-            &counts(&[("a", 4), ("b", 1)]),
+            &running(&[("a", 4), ("b", 1)]),
             &counts(&[("b", 0), ("c", 2)]),
             NOW,
             WAIT,
@@ -190,6 +208,26 @@ mod tests {
         );
         assert_eq!(out["b"], (0, None));
         assert_eq!(out["c"], (2, None));
+    }
+
+    #[test]
+    fn a_new_plan_mid_move_keeps_holding_for_the_successors_still_starting() {
+        // 3 move from `a` to `b`; 1 of `b`'s is ready when the autoscaler
+        // adds a fourth: `a` keeps 2 for `b`'s 2 still starting and 1 for
+        // the new one, not 1 for the new one alone.
+        let now = [v("a", 3, 3, Some((0, 1_120))), v("b", 3, 1, None)];
+        let out = start(&now, &counts(&[("a", 0), ("b", 4)]), NOW, WAIT);
+        assert_eq!(out["b"], (4, None));
+        assert_eq!(
+            out["a"],
+            (
+                3,
+                Some(Held {
+                    planned: 0,
+                    until: 1_120
+                })
+            )
+        );
     }
 
     #[test]
