@@ -486,7 +486,7 @@ impl KubeBackend {
             self.kube.apply_deployment(model, v).await?;
             self.owned.insert(v.name.clone());
             let (n, held) = counts.get(&v.name).copied().unwrap_or((v.replicas, None));
-            self.scale_held(&v.name, n, held, was_held.contains(&v.name))
+            self.scale_held(&model.name, &v.name, n, held, was_held.contains(&v.name))
                 .await?;
             applied.insert(v.name.clone());
         }
@@ -502,7 +502,7 @@ impl KubeBackend {
                 return Err(lost());
             }
             let (n, held) = counts.get(gone).copied().unwrap_or((0, None));
-            self.scale_held(gone, n, held, was_held.contains(gone))
+            self.scale_held(&model.name, gone, n, held, was_held.contains(gone))
                 .await?;
             if n > 0 {
                 held_on.insert(gone.clone());
@@ -543,23 +543,59 @@ impl KubeBackend {
         Ok(())
     }
 
-    /// Sets a variant's count with its hand-over hold: a hold is recorded
-    /// before the count it explains, and removed after it, so that a
-    /// leader reading between the two never takes held replicas for
-    /// decided ones.
+    /// Sets a variant's count, with its hand-over hold when it has one or
+    /// had one (one write of the Deployment: count and annotations
+    /// together), else through `/scale`; and remembers what it wrote, for
+    /// decisions before the next tick reads the Deployments again.
     async fn scale_held(
         &mut self,
+        model: &str,
         name: &str,
         count: u32,
         held: Option<Held>,
         was_held: bool,
     ) -> Result<(), KubeError> {
-        if held.is_some() {
-            self.kube.hold(name, held).await?;
+        if held.is_some() || was_held {
+            self.kube.hold(name, count, held).await?;
+        } else {
+            self.kube.scale(name, count).await?;
         }
-        self.kube.scale(name, count).await?;
-        if held.is_none() && was_held {
-            self.kube.hold(name, None).await?;
+        let read = self.read.entry(model.to_string()).or_default();
+        match read.iter_mut().find(|v| v.name == name) {
+            Some(v) => {
+                v.replicas = count;
+                v.ready = v.ready.min(count);
+                v.held = held;
+            }
+            None => read.push(VariantNow {
+                name: name.to_string(),
+                replicas: count,
+                ready: 0,
+                held,
+            }),
+        }
+        Ok(())
+    }
+
+    /// Ends the hand-over holds of `variants` (those held): each goes to
+    /// the count the plan gave it.
+    async fn end_holds(&mut self, variants: &BTreeSet<String>) -> Result<(), KubeError> {
+        let held: Vec<(String, String, u32)> = self
+            .read
+            .iter()
+            .flat_map(|(m, vs)| vs.iter().map(move |v| (m, v)))
+            .filter(|(_, v)| variants.contains(&v.name))
+            .filter_map(|(m, v)| {
+                v.held
+                    .map(|h| (m.clone(), v.name.clone(), h.planned.min(v.replicas)))
+            })
+            .collect();
+        for (model, name, planned) in held {
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            tracing::info!(deployment = %name, "a MIG drain ends the hand-over's hold");
+            self.scale_held(&model, &name, planned, None, true).await?;
         }
         Ok(())
     }
@@ -768,7 +804,12 @@ impl KubeBackend {
                         self.mig.insert(name.clone(), config);
                         continue;
                     }
-                    for pod in pods {
+                    // A held variant's pods evicted here would come back
+                    // (its count still holds them): its hold ends first.
+                    let variants: BTreeSet<String> =
+                        pods.iter().filter_map(|(_, v)| v.clone()).collect();
+                    self.end_holds(&variants).await?;
+                    for (pod, _) in pods {
                         match self.kube.evict(&pod).await {
                             Ok(Evicted::Blocked) => tracing::info!(
                                 node = %name, %pod,
@@ -897,9 +938,10 @@ impl KubeBackend {
                 if !self.still_leading() {
                     return Err(lost());
                 }
-                self.kube.scale(&name, count).await?;
                 if held.is_none() {
-                    self.kube.hold(&name, None).await?;
+                    self.kube.hold(&name, count, None).await?;
+                } else {
+                    self.kube.scale(&name, count).await?;
                 }
                 if let Some(v) = read.iter_mut().find(|v| v.name == name) {
                     v.replicas = count;

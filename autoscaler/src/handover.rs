@@ -52,11 +52,13 @@ pub fn decided(variants: &[VariantNow]) -> u32 {
 /// How a plan's new counts are written: per variant (every one the model
 /// runs now or the plan names) the count to set and the hold to record
 /// (`None`: no hold, or a hold to clear). The successors are the
-/// replicas of the variants the plan does not scale down that are not
-/// ready yet (those it adds, and those still starting from an earlier
-/// move); the variants it scales down keep, in name order, as many of
-/// their replicas as there are successors, each held until `deadline`
-/// from `at` (or its earlier deadline, when it is held already).
+/// replicas the plan gives that are not ready yet, over every variant it
+/// names (a ReplicaSet scaled down removes its pods not ready first);
+/// the variants it scales down keep, in name order, as many of their
+/// ready replicas above the plan's count as there are successors (never
+/// for their own pods starting), each held until `deadline` from `at`
+/// (or its earlier deadline, when it is held already). A scale-down in
+/// the middle of a move so keeps what serves, as the simulator does.
 pub fn start(
     now: &[VariantNow],
     planned: &BTreeMap<String, u32>,
@@ -66,7 +68,6 @@ pub fn start(
     let running = |name: &str| now.iter().find(|v| v.name == name);
     let mut successors: u32 = planned
         .iter()
-        .filter(|(v, p)| running(v).is_none_or(|r| **p >= r.replicas))
         .map(|(v, &p)| p.saturating_sub(running(v).map_or(0, |r| r.ready)))
         .sum();
     let until = (at + deadline).as_secs();
@@ -78,8 +79,11 @@ pub fn start(
         .collect();
     for name in names {
         let p = planned.get(name).copied().unwrap_or(0);
-        let n = running(name).map_or(0, |r| r.replicas);
-        let keep = n.saturating_sub(p).min(successors);
+        let (n, ready) = running(name).map_or((0, 0), |r| (r.replicas, r.ready.min(r.replicas)));
+        let keep = n
+            .saturating_sub(p)
+            .min(ready.saturating_sub(p))
+            .min(successors);
         successors -= keep;
         // A hold already running keeps its deadline: plans that follow
         // each other never put it off (a pod waiting for its GPU would
@@ -113,7 +117,9 @@ pub fn advance(variants: &[VariantNow], now: Duration) -> Vec<(String, u32, Opti
         let keep = if now.as_secs() >= h.until {
             0
         } else {
-            extra.min(waiting)
+            // Only ready replicas are held (its pods starting again, say
+            // after an eviction, go first when it is scaled down).
+            extra.min(v.ready.saturating_sub(h.planned)).min(waiting)
         };
         waiting -= keep;
         let held = (keep > 0).then_some(h);
@@ -218,6 +224,40 @@ mod tests {
         let now = [v("a", 3, 3, Some((0, 1_120))), v("b", 3, 1, None)];
         let out = start(&now, &counts(&[("a", 0), ("b", 4)]), NOW, WAIT);
         assert_eq!(out["b"], (4, None));
+        assert_eq!(
+            out["a"],
+            (
+                3,
+                Some(Held {
+                    planned: 0,
+                    until: 1_120
+                })
+            )
+        );
+    }
+
+    #[test]
+    fn a_scale_down_mid_move_keeps_the_replicas_that_serve() {
+        // 3 held on `a` for `b`, of whose 3 one is ready; the model goes
+        // to 2: `b` keeps 1 ready and 1 starting, so `a` holds 1 (the
+        // model serves 2, not 1).
+        let now = [v("a", 3, 3, Some((0, 1_100))), v("b", 3, 1, None)];
+        let out = start(&now, &counts(&[("a", 0), ("b", 2)]), NOW, WAIT);
+        assert_eq!(out["b"], (2, None));
+        assert_eq!(
+            out["a"],
+            (
+                1,
+                Some(Held {
+                    planned: 0,
+                    until: 1_100
+                })
+            )
+        );
+        // A variant never holds for its own pods starting: 6 on `a`, 3 of
+        // them ready, all moved to `b`: `a` keeps its 3 ready ones.
+        let now = [v("a", 6, 3, None)];
+        let out = start(&now, &counts(&[("a", 0), ("b", 6)]), NOW, WAIT);
         assert_eq!(
             out["a"],
             (

@@ -657,19 +657,18 @@ pub const HANDOVER_PLANNED: &str = "gpuscale.io/handover-planned";
 /// ready (Unix seconds).
 pub const HANDOVER_UNTIL: &str = "gpuscale.io/handover-until";
 
-/// The merge patch that records a hand-over's hold on a Deployment, or
-/// (`None`) removes it.
-pub fn hold_patch(held: Option<Held>) -> serde_json::Value {
-    match held {
-        Some(h) => serde_json::json!({"metadata": {"annotations": {
+/// The merge patch that sets a Deployment's replicas and records a
+/// hand-over's hold on it, or (`None`) removes the hold: one write, so a
+/// leader never reads a count without the hold that explains it.
+pub fn hold_patch(replicas: u32, held: Option<Held>) -> serde_json::Value {
+    let annotations = match held {
+        Some(h) => serde_json::json!({
             HANDOVER_PLANNED: h.planned.to_string(),
             HANDOVER_UNTIL: h.until.to_string(),
-        }}}),
-        None => serde_json::json!({"metadata": {"annotations": {
-            HANDOVER_PLANNED: null,
-            HANDOVER_UNTIL: null,
-        }}}),
-    }
+        }),
+        None => serde_json::json!({HANDOVER_PLANNED: null, HANDOVER_UNTIL: null}),
+    };
+    serde_json::json!({"metadata": {"annotations": annotations}, "spec": {"replicas": replicas}})
 }
 
 /// The hold recorded on a Deployment, when both annotations read.
@@ -1281,10 +1280,15 @@ impl Kube {
         Ok(None)
     }
 
-    /// Records a hand-over's hold on a Deployment, or removes it (a merge
-    /// patch of its annotations).
-    pub async fn hold(&self, name: &str, held: Option<Held>) -> Result<Option<Write>, KubeError> {
-        let body = hold_patch(held);
+    /// Sets a Deployment's replicas with a hand-over's hold, or with the
+    /// hold removed, in one merge patch of the Deployment.
+    pub async fn hold(
+        &self,
+        name: &str,
+        replicas: u32,
+        held: Option<Held>,
+    ) -> Result<Option<Write>, KubeError> {
+        let body = hold_patch(replicas, held);
         if let Some(w) = self.dry(Write {
             method: "PATCH",
             path: format!("/apis/apps/v1/namespaces/{}/deployments/{name}", self.ns()),
@@ -1458,7 +1462,10 @@ impl Kube {
     }
 
     /// gpuscale's pods on a node that hold MIG devices.
-    pub async fn mig_pods_on(&self, node: &str) -> Result<Vec<String>, KubeError> {
+    pub async fn mig_pods_on(
+        &self,
+        node: &str,
+    ) -> Result<Vec<(String, Option<String>)>, KubeError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
         let pods = self
             .call(
@@ -1483,7 +1490,15 @@ impl Kube {
                     })
                 })
             })
-            .filter_map(|p| p.metadata.name)
+            .filter_map(|p| {
+                let variant = p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(VARIANT_LABEL))
+                    .cloned();
+                Some((p.metadata.name?, variant))
+            })
             .collect())
     }
 

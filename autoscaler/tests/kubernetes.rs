@@ -2024,15 +2024,16 @@ async fn scaled(handle: &mut Handle, name: &str) -> Value {
     expect(handle, Method::PATCH, &path, 200, scale_reply(0)).await["spec"]["replicas"].clone()
 }
 
-/// A merge patch of Deployment `name`'s hand-over annotations: (planned,
-/// until), `Null` when removed.
-async fn hold_written(handle: &mut Handle, name: &str) -> (Value, Value) {
+/// One merge patch of Deployment `name`: its replicas and its hand-over
+/// annotations (planned, until; `Null` when removed), written together.
+async fn hold_written(handle: &mut Handle, name: &str) -> (Value, Value, Value) {
     let path = format!("{DEPLOYMENTS}/{name}?");
     let reply = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}});
     let h = expect(handle, Method::PATCH, &path, 200, reply).await;
     assert_eq!(h["__content_type"], "application/merge-patch+json");
     let a = &h["metadata"]["annotations"];
     (
+        h["spec"]["replicas"].clone(),
         a["gpuscale.io/handover-planned"].clone(),
         a["gpuscale.io/handover-until"].clone(),
     )
@@ -2064,7 +2065,8 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // The decision (5 on whole GPUs, variant `llama`): the new variant
-        // first, then the old one: its hold recorded, then its count kept.
+        // first, then the old one: its count kept and its hold recorded in
+        // one write.
         let service =
             json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
         expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
@@ -2082,9 +2084,12 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
         let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
         expect(&mut handle, Method::PATCH, &apply, 200, applied).await;
         assert_eq!(scaled(&mut handle, "llama").await, 5);
-        let (planned, held_until) = hold_written(&mut handle, OLD).await;
-        assert_eq!((planned, held_until), (json!("0"), json!(until)));
-        assert_eq!(scaled(&mut handle, OLD).await, 3, "held, not scaled to 0");
+        let written = hold_written(&mut handle, OLD).await;
+        assert_eq!(
+            written,
+            (json!(3), json!("0"), json!(until)),
+            "held at 3 with the plan's 0, not scaled to 0"
+        );
         expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
         expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
         // 1 of the 5 new replicas ready, 4 not: the 3 old ones serve on,
@@ -2093,12 +2098,13 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
         for (ready, old, to) in [(1, 3, None), (4, 3, Some(1)), (5, 1, Some(0))] {
             let list = variants_list(&[("llama", 5, ready, None), held(old, old)]);
             expect(&mut handle, Method::GET, OWNED, 200, list).await;
-            if let Some(to) = to {
-                assert_eq!(scaled(&mut handle, OLD).await, to);
-            }
-            if to == Some(0) {
-                let gone = hold_written(&mut handle, OLD).await;
-                assert_eq!(gone, (Value::Null, Value::Null));
+            match to {
+                Some(0) => {
+                    let gone = hold_written(&mut handle, OLD).await;
+                    assert_eq!(gone, (json!(0), Value::Null, Value::Null));
+                }
+                Some(to) => assert_eq!(scaled(&mut handle, OLD).await, to),
+                None => {}
             }
             expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
             expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
@@ -2118,6 +2124,117 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
     }
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "a write once the hand-over is done").await;
+}
+
+/// Decisions come between ticks too (on the gateway's pushes): one that
+/// follows a move before the Deployments are read again sees the hold the
+/// move wrote. Here the model goes to zero: the held variant's count and
+/// its hold go together in one write.
+async fn a_decision_before_the_next_tick_sees_the_hold_it_wrote() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        let owned = variants_list(&[(OLD, 3, 3, None)]);
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
+        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // The move, as in the scenario above.
+        let service =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
+        let missing = status_reply(404, "NotFound");
+        expect(
+            &mut handle,
+            Method::GET,
+            &format!("{DEPLOYMENTS}/llama"),
+            404,
+            missing,
+        )
+        .await;
+        let applied =
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
+        let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
+        expect(&mut handle, Method::PATCH, &apply, 200, applied.clone()).await;
+        assert_eq!(scaled(&mut handle, "llama").await, 5);
+        assert_eq!(hold_written(&mut handle, OLD).await.0, 3);
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        // To zero before any read: the new variant scaled, then the held
+        // one's count and hold removed together.
+        expect(&mut handle, Method::PATCH, &apply, 200, applied).await;
+        assert_eq!(scaled(&mut handle, "llama").await, 0);
+        let gone = hold_written(&mut handle, OLD).await;
+        assert_eq!(gone, (json!(0), Value::Null, Value::Null));
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    backend.apply(&[change(&m, 3)], None, None, now).await;
+    let to_zero = Change {
+        rec: Recommendation {
+            replicas: 0,
+            reason: "idle for 5m → 0 replicas".into(),
+            mode: Mode::ScaledToZero,
+        },
+        ..change(&m, 5)
+    };
+    backend.apply(&[to_zero], None, None, now).await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "another write").await;
+}
+
+/// A MIG drain evicting a held variant's pods would see them created
+/// again (its count still holds them): the drain ends the hold first, in
+/// one write of the count the plan gave it, then evicts.
+async fn a_mig_drain_ends_the_hold_of_the_variant_it_evicts() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let draining = node(
+        "h100-0",
+        json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
+        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new", "gpuscale.io/mig-handoff-reason": "…"}),
+    );
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        // Three held on the old variant for three new ones not ready yet:
+        // the hold stands (nothing written) until the drain.
+        let until = "1795999999";
+        let list = variants_list(&[("llama", 3, 0, None), (OLD, 3, 3, Some(("0", until)))]);
+        expect(&mut handle, Method::GET, OWNED, 200, list).await;
+        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
+        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![draining]),
+        )
+        .await;
+        let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
+            {"metadata": {"name": "old-1", "labels": {"gpuscale.io/variant": OLD}},
+             "spec": {"containers": [{"name": "m",
+                "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}}]});
+        expect(&mut handle, Method::GET, PODS_ON, 200, pods).await;
+        let ended = hold_written(&mut handle, OLD).await;
+        assert_eq!(ended, (json!(0), Value::Null, Value::Null));
+        let evicted =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201});
+        let eviction = "/api/v1/namespaces/inference/pods/old-1/eviction?";
+        expect(&mut handle, Method::POST, eviction, 201, evicted).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    assert_eq!(observed.replicas["llama"], 3);
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "another write").await;
 }
 
 /// Runs each scenario as its own test, and all of them in one test that
@@ -2167,6 +2284,8 @@ scenarios!(
     replicas_are_registered_with_every_gateway_instance_found,
     sidecar_gateways_are_read_not_registered_with,
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
+    a_decision_before_the_next_tick_sees_the_hold_it_wrote,
+    a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
 );
 
 /// RBAC from the recorded requests, as the API server authorises them
