@@ -152,6 +152,10 @@ mod tests {
         }
     }
 
+    fn held(planned: u32, until: u64) -> Option<Held> {
+        Some(Held { planned, until })
+    }
+
     const NOW: Duration = Duration::from_secs(1_000);
     const WAIT: Duration = Duration::from_secs(120);
 
@@ -166,7 +170,7 @@ mod tests {
         );
         let until = 1_120;
         assert_eq!(out["m-mig"], (3, None));
-        assert_eq!(out["m-whole"], (3, Some(Held { planned: 0, until })));
+        assert_eq!(out["m-whole"], (3, held(0, until)));
         let read = [v("m-mig", 3, 0, None), v("m-whole", 3, 3, Some((0, until)))];
         assert_eq!(decided(&read), 3);
         assert!(advance(&read, NOW + Duration::from_secs(10)).is_empty());
@@ -174,7 +178,7 @@ mod tests {
         let read = [v("m-mig", 3, 2, None), v("m-whole", 3, 3, Some((0, until)))];
         assert_eq!(
             advance(&read, NOW + Duration::from_secs(40)),
-            [("m-whole".to_string(), 1, Some(Held { planned: 0, until }))]
+            [("m-whole".to_string(), 1, held(0, until))]
         );
         // All ready: the hold ends.
         let read = [v("m-mig", 3, 3, None), v("m-whole", 1, 1, Some((0, until)))];
@@ -202,16 +206,7 @@ mod tests {
             NOW,
             WAIT,
         );
-        assert_eq!(
-            out["a"],
-            (
-                2,
-                Some(Held {
-                    planned: 0,
-                    until: 1_120
-                })
-            )
-        );
+        assert_eq!(out["a"], (2, held(0, 1_120)));
         assert_eq!(out["b"], (0, None));
         assert_eq!(out["c"], (2, None));
     }
@@ -224,16 +219,7 @@ mod tests {
         let now = [v("a", 3, 3, Some((0, 1_120))), v("b", 3, 1, None)];
         let out = start(&now, &counts(&[("a", 0), ("b", 4)]), NOW, WAIT);
         assert_eq!(out["b"], (4, None));
-        assert_eq!(
-            out["a"],
-            (
-                3,
-                Some(Held {
-                    planned: 0,
-                    until: 1_120
-                })
-            )
-        );
+        assert_eq!(out["a"], (3, held(0, 1_120)));
     }
 
     #[test]
@@ -244,30 +230,12 @@ mod tests {
         let now = [v("a", 3, 3, Some((0, 1_100))), v("b", 3, 1, None)];
         let out = start(&now, &counts(&[("a", 0), ("b", 2)]), NOW, WAIT);
         assert_eq!(out["b"], (2, None));
-        assert_eq!(
-            out["a"],
-            (
-                1,
-                Some(Held {
-                    planned: 0,
-                    until: 1_100
-                })
-            )
-        );
+        assert_eq!(out["a"], (1, held(0, 1_100)));
         // A variant never holds for its own pods starting: 6 on `a`, 3 of
         // them ready, all moved to `b`: `a` keeps its 3 ready ones.
         let now = [v("a", 6, 3, None)];
         let out = start(&now, &counts(&[("a", 0), ("b", 6)]), NOW, WAIT);
-        assert_eq!(
-            out["a"],
-            (
-                3,
-                Some(Held {
-                    planned: 0,
-                    until: 1_120
-                })
-            )
-        );
+        assert_eq!(out["a"], (3, held(0, 1_120)));
     }
 
     #[test]

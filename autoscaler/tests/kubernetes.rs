@@ -2042,6 +2042,50 @@ async fn hold_written(handle: &mut Handle, name: &str) -> (Value, Value, Value) 
 /// The variant a move leaves.
 const OLD: &str = "llama-h100-80gb-3g-40gb";
 
+/// The first tick and the move of the scenarios below: three replicas of
+/// `llama` run as variant [`OLD`]; the decision (5 on whole GPUs, variant
+/// `llama`) applies the new variant first, then keeps the old one's 3 and
+/// records its hold (the plan's 0, until `until`) in one write.
+async fn a_move_of_three(handle: &mut Handle, until: &str) {
+    lease_created(handle, "gpuscale-0").await;
+    let owned = variants_list(&[(OLD, 3, 3, None)]);
+    expect(handle, Method::GET, OWNED, 200, owned).await;
+    let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
+    expect(handle, Method::GET, policy, 200, policy_reply()).await;
+    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+    expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+    expect(handle, Method::PATCH, SERVICE, 200, service).await;
+    let missing = status_reply(404, "NotFound");
+    expect(
+        handle,
+        Method::GET,
+        &format!("{DEPLOYMENTS}/llama"),
+        404,
+        missing,
+    )
+    .await;
+    new_variant_applied(handle).await;
+    assert_eq!(scaled(handle, "llama").await, 5);
+    let written = hold_written(handle, OLD).await;
+    assert_eq!(
+        written,
+        (json!(3), json!("0"), json!(until)),
+        "held at 3 with the plan's 0, not scaled to 0"
+    );
+    expect(handle, Method::POST, EVENTS, 201, event_reply()).await;
+    expect(handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+}
+
+/// The server-side apply of variant `llama`'s Deployment.
+async fn new_variant_applied(handle: &mut Handle) {
+    let applied =
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
+    let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
+    expect(handle, Method::PATCH, &apply, 200, applied).await;
+}
+
 /// A plan that moves a model's replicas to another variant is made before
 /// it breaks: the old variant keeps its replicas, with the count the plan
 /// gave it and a deadline recorded on it, and loses one for each new
@@ -2056,42 +2100,7 @@ async fn a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready() {
     let server = tokio::spawn(async move {
         let held =
             |n: u32, ready: u32| -> Listed<'_> { (OLD, n, ready, Some(("0", until.as_str()))) };
-        lease_created(&mut handle, "gpuscale-0").await;
-        // Three replicas run as an earlier plan's variant.
-        let owned = variants_list(&[(OLD, 3, 3, None)]);
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
-        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        // The decision (5 on whole GPUs, variant `llama`): the new variant
-        // first, then the old one: its count kept and its hold recorded in
-        // one write.
-        let service =
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
-        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
-        let missing = status_reply(404, "NotFound");
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{DEPLOYMENTS}/llama"),
-            404,
-            missing,
-        )
-        .await;
-        let applied =
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
-        let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
-        expect(&mut handle, Method::PATCH, &apply, 200, applied).await;
-        assert_eq!(scaled(&mut handle, "llama").await, 5);
-        let written = hold_written(&mut handle, OLD).await;
-        assert_eq!(
-            written,
-            (json!(3), json!("0"), json!(until)),
-            "held at 3 with the plan's 0, not scaled to 0"
-        );
-        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
-        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        a_move_of_three(&mut handle, &until).await;
         // 1 of the 5 new replicas ready, 4 not: the 3 old ones serve on,
         // nothing is written. Then 4 ready: one old one serves on. Then
         // all 5: the last old one goes, then its hold.
@@ -2134,38 +2143,12 @@ async fn a_decision_before_the_next_tick_sees_the_hold_it_wrote() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
+    let until = (1_795_976_401u64 + 120).to_string();
     let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        let owned = variants_list(&[(OLD, 3, 3, None)]);
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
-        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        // The move, as in the scenario above.
-        let service =
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
-        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
-        let missing = status_reply(404, "NotFound");
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{DEPLOYMENTS}/llama"),
-            404,
-            missing,
-        )
-        .await;
-        let applied =
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
-        let apply = format!("{DEPLOYMENTS}/llama?&force=true&fieldManager=gpuscale");
-        expect(&mut handle, Method::PATCH, &apply, 200, applied.clone()).await;
-        assert_eq!(scaled(&mut handle, "llama").await, 5);
-        assert_eq!(hold_written(&mut handle, OLD).await.0, 3);
-        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
-        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        a_move_of_three(&mut handle, &until).await;
         // To zero before any read: the new variant scaled, then the held
         // one's count and hold removed together.
-        expect(&mut handle, Method::PATCH, &apply, 200, applied).await;
+        new_variant_applied(&mut handle).await;
         assert_eq!(scaled(&mut handle, "llama").await, 0);
         let gone = hold_written(&mut handle, OLD).await;
         assert_eq!(gone, (json!(0), Value::Null, Value::Null));
