@@ -217,7 +217,7 @@ pub fn pack_from(
     }
     let bounds = ilp::columns::generate(&mut classes, models, &wanted, options, start)?;
     let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds)?;
-    let mut decoded = decode::decode(cluster, models, &classes, &solved.counts);
+    let mut decoded = decode::decode_or_repack(cluster, models, &classes, &solved.counts);
     // A re-plan never returns a plan that places fewer replicas or costs
     // more than keeping everything that runs and adding on top of it
     // (decode may fall short where a node's free GPUs cannot hold a
@@ -285,7 +285,7 @@ fn on_top(
     if extra > allowed + 1e-9 {
         return None;
     }
-    let decoded = decode::decode(cluster, models, classes, &counts);
+    let decoded = decode::decode_refilled(cluster, models, classes, &counts);
     let (placed, cost) = placed_and_cost(cluster, &counts, &decoded);
     if placed < wanted.iter().sum::<u32>()
         || decoded.moves > 0
@@ -333,7 +333,7 @@ fn kept(
     if counts.unplaced.iter().any(|&u| u > 0) {
         return None;
     }
-    let decoded = decode::decode(cluster, models, classes, &counts);
+    let decoded = decode::decode_refilled(cluster, models, classes, &counts);
     let (placed, _) = placed_and_cost(cluster, &counts, &decoded);
     // Decoding the kept counts may still move a few replicas (a node's
     // role handed to a new group when the nodes left over are tight);
