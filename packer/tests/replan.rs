@@ -468,3 +468,87 @@ fn a_scale_down_between_consolidations_frees_a_whole_gpu_before_it_thins_a_share
             .all(|g| g.index != free || g.replicas.is_empty())
     );
 }
+
+/// `cluster` with `models[m]` replicas running on fractional GPUs:
+/// `(node, GPU index, model, replicas)`.
+fn running_fractional(mut cluster: Cluster, on: &[(usize, u32, &str, usize)]) -> Cluster {
+    for &(ni, i, model, n) in on {
+        let g = &mut cluster.nodes[ni].gpus[i as usize];
+        g.mode = GpuMode::Fractional;
+        g.workloads
+            .extend((0..n).map(|_| gpuscale_policies::inventory::Workload {
+                model: model.into(),
+                slot: None,
+            }));
+    }
+    cluster
+}
+
+#[test]
+fn a_consolidation_moves_replicas_off_the_gpus_a_new_tensor_parallel_group_needs() {
+    // Two HAMi nodes of two L40S (usable × 0.95 ≈ 42.7 GiB each). `big`
+    // needs two shares of 25 GiB (more than half a GPU's memory, so one
+    // share per GPU, both on one node); `small` 10 GiB. Compute is a
+    // fifth and a twentieth of an H100, far under the SM caps. Ten `small` and one `big` fill the four GPUs exactly: two
+    // GPUs of four `small` and one node of (share of `big`, `small`).
+    // Eight `small` run now, four on the first GPU of each node: keeping
+    // both leaves no node with two GPUs for `big`'s group, so a
+    // consolidation moves three of the four on one of them. (Decoded
+    // keeping what runs, `big` had no node: the re-plan placed a replica
+    // short.)
+    let frac = [SharingMode::Fractional];
+    let cluster = common::cluster_allowing(&[("a", "L40S", 2), ("b", "L40S", 2)], &frac);
+    let models = vec![
+        common::model("big", 50.0, 0.2, &frac, &[2], &["L40S"]),
+        common::model("small", 10.0, 0.05, &frac, &[1], &["L40S"]),
+    ];
+    let now = running_fractional(cluster, &[(0, 0, "small", 4), (1, 0, "small", 4)]);
+    let demand = common::demand(&[("big", 1), ("small", 10)]);
+    let plan = pack_from(&now, &models, &demand, &PackOptions::default(), None).unwrap();
+    assert_eq!(placed(&plan), 11, "{:?}", plan.models);
+    assert_eq!(plan.gpus_used, 4);
+    let big_nodes: std::collections::BTreeSet<&str> = plan
+        .gpus
+        .iter()
+        .filter(|g| g.replicas.iter().any(|r| r.model == "big"))
+        .map(|g| g.node.as_str())
+        .collect();
+    assert_eq!(big_nodes.len(), 1, "one node holds the group");
+    // Of the four `small` on the GPU the group takes, one stays beside
+    // its share; three move.
+    assert_eq!(plan.moves, 3);
+}
+
+#[test]
+fn a_replica_added_beside_running_fractional_gpus_takes_their_room_not_a_gpu() {
+    // One HAMi L40S runs an `a` (10 GiB) and a `b` (12 GiB);
+    // a second `a` is added between consolidations. The counts keep the
+    // running mix and price the new `a` alone, where a whole GPU costs
+    // the same as a fractional one; the 20 GiB left beside the two take
+    // it, and no GPU opens (without the refill: a second GPU).
+    let both = [SharingMode::Fractional, SharingMode::Whole];
+    let cluster = common::cluster_allowing(&[("n", "L40S", 2)], &both);
+    let models = vec![
+        common::model("a", 10.0, 0.05, &both, &[1], &["L40S"]),
+        common::model("b", 12.0, 0.05, &both, &[1], &["L40S"]),
+    ];
+    let now = running_fractional(cluster, &[(0, 0, "a", 1), (0, 0, "b", 1)]);
+    let plan = pack_from(
+        &now,
+        &models,
+        &common::demand(&[("a", 2), ("b", 1)]),
+        &keeping(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(placed(&plan), 3, "{:#?} {:#?}", plan.models, plan.gpus);
+    assert_eq!(
+        (plan.gpus_used, plan.moves, plan.reconfigured_gpus),
+        (1, 0, 0),
+        "{:?}",
+        plan.gpus
+    );
+    let gpu = plan.gpus.iter().find(|g| g.index == 0).expect("GPU 0");
+    assert_eq!(gpu.mode, gpuscale_packer::Mode::Fractional);
+    assert_eq!(gpu.replicas.len(), 3);
+}
