@@ -36,6 +36,20 @@ use crate::histogram::Histogram;
 use crate::placement::{Placer, Slot};
 use crate::scenario::ColdStartSpec;
 
+/// A step burst of one model, for the reaction figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Onset {
+    /// Model index.
+    pub model: usize,
+    /// The step's scheduled start (seconds).
+    pub step: f64,
+    /// The first request of the model at or after it: where the burst is
+    /// first observable (as the live reaction bench times from the first
+    /// request of its burst). Bursty arrivals (a Gamma CV of 4) may leave
+    /// seconds between the two.
+    pub first_request: f64,
+}
+
 /// What a run needs besides the autoscaler and the placer.
 pub struct Setup<'a> {
     /// The model policies.
@@ -58,8 +72,8 @@ pub struct Setup<'a> {
     pub scrape: bool,
     /// Cold starts.
     pub cold_start: &'a ColdStartSpec,
-    /// Burst onsets per model index (seconds), for the reaction figures.
-    pub onsets: &'a [(usize, f64)],
+    /// Burst onsets, for the reaction figures.
+    pub onsets: &'a [Onset],
     /// Seconds between points of the time series.
     pub series_step: f64,
     /// Replicas per model already serving at the start (no cold start).
@@ -134,9 +148,19 @@ pub struct Outcome {
     /// Replicas stopped by a re-plan and started elsewhere (beyond what
     /// their model's scale-down stopped).
     pub replica_moves: u64,
-    /// Per burst onset: seconds to the first scale-up decision.
+    /// Per burst onset: seconds from the burst's first request to the
+    /// first scale-up decision.
     pub reaction_decision: Vec<f64>,
-    /// Per burst onset: seconds until the replicas of that decision serve.
+    /// Per burst onset: seconds from the step's scheduled start to that
+    /// decision (the first request may come later: bursty arrivals).
+    pub reaction_decision_step: Vec<f64>,
+    /// Per burst onset: seconds from the first moment the burst overloads
+    /// its model (requests in flight and waiting above `targetQueueDepth`
+    /// per serving replica) to that decision: the control loop's own
+    /// delay.
+    pub reaction_decision_overload: Vec<f64>,
+    /// Per burst onset: seconds from the burst's first request until the
+    /// replicas of that decision serve.
     pub reaction_ready: Vec<f64>,
     /// Per model policy name.
     pub models: BTreeMap<String, ModelOutcome>,
@@ -314,6 +338,9 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     // Reaction tracking: per onset, (decided at, count decided).
     let mut reaction: Vec<Option<(f64, u32)>> = vec![None; setup.onsets.len()];
     let mut reaction_ready: Vec<Option<f64>> = vec![None; setup.onsets.len()];
+    // Per onset: when the burst first overloads its model (requests in
+    // flight and waiting above the target per serving replica).
+    let mut overload: Vec<Option<f64>> = vec![None; setup.onsets.len()];
     let mut series_next = 0.0;
     let mut series_arrivals = 0u64;
     if setup.initial.values().any(|&n| n > 0) {
@@ -513,6 +540,16 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     }
                 },
             }
+            for (k, o) in setup.onsets.iter().enumerate() {
+                if o.model == m && overload[k].is_none() && now >= o.first_request {
+                    let pool = &rt[m].pool;
+                    let load = f64::from(pool.in_flight()) + pool.waiting() as f64;
+                    let ready = f64::from(ready_count(&reps, &rt[m]));
+                    if load > models[m].scaling.target_queue_depth * ready {
+                        overload[k] = Some(now);
+                    }
+                }
+            }
             continue;
         }
         let Some(Reverse((t, _, event))) = heap.pop() else {
@@ -611,14 +648,14 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     push(&mut heap, t, e);
                 }
                 // Capacity-ready reaction: the decided count serves.
-                for (k, &(om, _)) in setup.onsets.iter().enumerate() {
-                    if om == m
+                for (k, o) in setup.onsets.iter().enumerate() {
+                    if o.model == m
                         && reaction_ready[k].is_none()
                         && let Some((_, want)) = reaction[k]
                     {
                         let serving = ready_count(&reps, &rt[m]);
                         if serving >= want {
-                            reaction_ready[k] = Some(now - setup.onsets[k].1);
+                            reaction_ready[k] = Some(now - o.first_request);
                         }
                     }
                 }
@@ -690,13 +727,18 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                             if after != before {
                                 out.scale_events += 1;
                             }
-                            for (k, &(om, onset)) in setup.onsets.iter().enumerate() {
-                                if om == i
-                                    && now >= onset
+                            for (k, o) in setup.onsets.iter().enumerate() {
+                                if o.model == i
+                                    && now >= o.first_request
                                     && reaction[k].is_none()
                                     && after > before
                                 {
-                                    reaction[k] = Some((now - onset, after));
+                                    reaction[k] = Some((now - o.first_request, after));
+                                    out.reaction_decision_step.push(now - o.step);
+                                    // A decision ahead of the overload
+                                    // (on the rate) counts as no delay.
+                                    out.reaction_decision_overload
+                                        .push(overload[k].map_or(0.0, |t| (now - t).max(0.0)));
                                 }
                             }
                             let empty = Vec::new();

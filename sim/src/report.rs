@@ -77,10 +77,19 @@ pub struct Figures {
     /// Of those, replicas a re-plan moved (stopped where they ran and
     /// started elsewhere, beyond their model's scale-downs).
     pub replica_moves: u64,
-    /// Median seconds from a burst's onset to the first scale-up decision.
+    /// Median seconds from a burst's onset (its first request) to the
+    /// first scale-up decision.
     pub reaction_s: Option<f64>,
-    /// Median seconds from a burst's onset until that decision's replicas
-    /// serve.
+    /// Median seconds from a burst step's scheduled start to that decision
+    /// (`reaction_s` plus the wait for the burst's first request).
+    pub reaction_from_step_s: Option<f64>,
+    /// Median seconds from the burst's first overload of its model
+    /// (requests above `targetQueueDepth` per serving replica) to that
+    /// decision: the control loop's own delay, apart from how long the
+    /// arrivals take to exceed the capacity there is.
+    pub reaction_from_overload_s: Option<f64>,
+    /// Median seconds from a burst's onset (its first request) until that
+    /// decision's replicas serve.
     pub reaction_ready_s: Option<f64>,
     /// Per model policy.
     pub models: BTreeMap<String, ModelFigures>,
@@ -146,6 +155,8 @@ impl Figures {
             replica_starts: o.replica_starts,
             replica_moves: o.replica_moves,
             reaction_s: median(&o.reaction_decision).map(r6),
+            reaction_from_step_s: median(&o.reaction_decision_step).map(r6),
+            reaction_from_overload_s: median(&o.reaction_decision_overload).map(r6),
             reaction_ready_s: median(&o.reaction_ready).map(r6),
             models: o
                 .models
@@ -218,7 +229,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| autoscaler | placement | SLO attainment | GPU-hours | cost | mem. util. | compute util. | p95 latency s | p95 TTFT s | rejected | scale events | replica starts (moved) | reaction s (decision / ready) |"
+            "| autoscaler | placement | SLO attainment | GPU-hours | cost | mem. util. | compute util. | p95 latency s | p95 TTFT s | rejected | scale events | replica starts (moved) | reaction s (decision / ready; decision from the step / from the overload) |"
         );
         let _ = writeln!(
             s,
@@ -227,7 +238,7 @@ impl Report {
         for f in &self.runs {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} ({}) | {} / {} |",
+                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} ({}) | {} / {}; {} / {} |",
                 f.policy,
                 f.placement,
                 f.slo_attainment * 100.0,
@@ -243,6 +254,8 @@ impl Report {
                 f.replica_moves,
                 opt(f.reaction_s),
                 opt(f.reaction_ready_s),
+                opt(f.reaction_from_step_s),
+                opt(f.reaction_from_overload_s),
             );
         }
         if self.runs.iter().any(|f| f.slo_attainment_cold.is_some()) {

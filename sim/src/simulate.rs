@@ -9,7 +9,7 @@ use crate::arrivals::generate;
 use crate::control::{
     Autoscaler, Gpuscale, Hpa, HpaSettings, Keda, KedaSettings, Kpa, KpaSettings, Static,
 };
-use crate::engine::{Setup, run};
+use crate::engine::{Onset, Setup, run};
 use crate::placement::{PackerPlacer, Placer, WholeGpuPlacer};
 use crate::report::{Curves, Figures, Report};
 use crate::scenario::{PlacementKind, PolicyKind, Scenario};
@@ -162,17 +162,31 @@ fn simulate_with(
     let spec = &scenario.spec;
     let duration = spec.duration.as_secs_f64();
     let arrivals = generate(&scenario.workloads, duration, spec.seed);
-    let onsets: Vec<(usize, f64)> = scenario
+    let onsets: Vec<Onset> = scenario
         .workloads
         .iter()
         .enumerate()
         .flat_map(|(w, wl)| {
             let m = scenario.workload_models[w];
+            let arrivals = &arrivals;
             wl.shape
                 .steps
                 .iter()
                 .filter(|s| s.factor > 1.0)
-                .map(move |s| (m, s.at))
+                .filter_map(move |s| {
+                    // Arrivals are sorted by time: the first of this
+                    // workload at or after the step, within the step.
+                    let from = arrivals.partition_point(|a| a.at < s.at);
+                    let first = arrivals[from..]
+                        .iter()
+                        .find(|a| a.workload as usize == w)?
+                        .at;
+                    (first < s.at + s.length).then_some(Onset {
+                        model: m,
+                        step: s.at,
+                        first_request: first,
+                    })
+                })
         })
         .collect();
     let end = duration.max(1.0);

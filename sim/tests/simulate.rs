@@ -138,6 +138,16 @@ fn gpuscale_reacts_to_a_burst_within_a_second_and_hpa_at_its_sync() {
         .expect("gpuscale scaled up after the onset");
     let h = r.runs[1].reaction_s.expect("HPA scaled up after the onset");
     assert!(g <= 1.0, "gpuscale reacted in {g} s");
+    // From the step's scheduled start: the same decision, plus the wait
+    // for the burst's first request.
+    let from_step = r.runs[0].reaction_from_step_s.expect("the same onset");
+    assert!(from_step >= g, "{from_step} < {g}");
+    // From the first overload of the model (load over its target per
+    // serving replica): the loop's own delay, within the decision's.
+    let loop_g = r.runs[0].reaction_from_overload_s.expect("overloaded");
+    let loop_h = r.runs[1].reaction_from_overload_s.expect("overloaded");
+    assert!(loop_g <= g && loop_g < 1.0, "gpuscale: {loop_g} s");
+    assert!(loop_h > 1.0, "HPA: {loop_h} s");
     // HPA syncs every 15 s on a metric scraped up to 15 s earlier.
     assert!(h > 1.0 && h <= 30.0, "HPA reacted in {h} s");
 }
