@@ -148,6 +148,9 @@ pub struct Outcome {
     /// Replicas stopped by a re-plan and started elsewhere (beyond what
     /// their model's scale-down stopped).
     pub replica_moves: u64,
+    /// ∫ memory allocated beyond GPUs' usable memory ÷ ∫ allocated: 0, as
+    /// replicas wait for their memory (a check for tests).
+    pub memory_overcommit: f64,
     /// Per burst onset: seconds from the burst's first request to the
     /// first scale-up decision.
     pub reaction_decision: Vec<f64>,
@@ -193,6 +196,11 @@ enum RepState {
     Outgoing,
     Draining,
     Gone,
+    /// Placed where a replica that has left its pool still holds memory
+    /// (draining its last requests): like a pod pending until the one it
+    /// replaces on that GPU has terminated, it starts (its cold start
+    /// begins) once its memory fits. Counted as starting.
+    Waiting,
 }
 
 struct Rep {
@@ -228,6 +236,8 @@ struct ModelRt {
     /// Replicas a re-plan moved that serve until their successors are
     /// ready, oldest first.
     outgoing: Vec<usize>,
+    /// Replicas waiting for memory on their GPUs ([`RepState::Waiting`]).
+    waiting: Vec<usize>,
     /// Pool replica id → index in the run's replicas.
     by_id: HashMap<ReplicaId, usize>,
 }
@@ -247,6 +257,12 @@ struct Gauges {
     compute: f64,
     allocated: f64,
     busy: f64,
+    /// Memory allocated per GPU, and how far it exceeds the GPU's usable
+    /// memory in total (a check: a replica waits for its memory, so it
+    /// stays 0).
+    per_gpu: HashMap<(String, u32), f64>,
+    excess: f64,
+    excess_seconds: f64,
     // Integrals.
     gpu_seconds: f64,
     cost_seconds: f64,
@@ -266,10 +282,24 @@ impl Gauges {
             self.cost_seconds += self.price * dt;
             self.usable_seconds += self.usable * dt;
             self.allocated_seconds += self.allocated * dt;
+            self.excess_seconds += self.excess * dt;
             self.compute_seconds += self.compute * dt;
             self.busy_seconds += self.busy * dt;
         }
         self.last = self.last.max(to_c);
+    }
+
+    /// Whether a slot's memory fits beside what its GPUs hold now.
+    fn fits(&self, slot: &Slot, placer: &dyn Placer) -> bool {
+        slot.gpus.iter().all(|(node, i)| {
+            let (usable, _, _) = placer.gpu(node);
+            let held = self
+                .per_gpu
+                .get(&(node.clone(), *i))
+                .copied()
+                .unwrap_or(0.0);
+            held + slot.memory_per_gpu <= usable + 1e-6
+        })
     }
 
     fn occupy(&mut self, slot: &Slot, placer: &dyn Placer, sign: f64) {
@@ -294,6 +324,10 @@ impl Gauges {
                 }
             }
             self.allocated += sign * slot.memory_per_gpu;
+            let a = self.per_gpu.entry((node.clone(), *i)).or_default();
+            let before = (*a - usable).max(0.0);
+            *a += sign * slot.memory_per_gpu;
+            self.excess += (*a - usable).max(0.0) - before;
         }
     }
 }
@@ -310,6 +344,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
             stats: ModelStats::new(base),
             live: BTreeMap::new(),
             outgoing: Vec::new(),
+            waiting: Vec::new(),
             by_id: HashMap::new(),
         })
         .collect();
@@ -607,6 +642,15 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     reps[rep].state = RepState::Gone;
                     let slot = reps[rep].slot.clone();
                     g.occupy(&slot, placer, -1.0);
+                    start_waiting(
+                        now,
+                        setup,
+                        &mut reps,
+                        &mut rt,
+                        &mut g,
+                        placer,
+                        &mut |t, e| push(&mut heap, t, e),
+                    );
                 }
                 for (t, e) in dispatch(
                     setup,
@@ -634,6 +678,15 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                 reps[rep].id = Some(id);
                 rt[m].by_id.insert(id, rep);
                 successor_ready(m, &mut reps, &mut rt, &mut g, placer);
+                start_waiting(
+                    now,
+                    setup,
+                    &mut reps,
+                    &mut rt,
+                    &mut g,
+                    placer,
+                    &mut |t, e| push(&mut heap, t, e),
+                );
                 for (t, e) in dispatch(
                     setup,
                     &mut reps,
@@ -793,6 +846,11 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     out.gpu_hours = g.gpu_seconds / 3600.0;
     out.cost = g.cost_seconds / 3600.0;
     out.utilization_memory = ratio(g.allocated_seconds, g.usable_seconds);
+    out.memory_overcommit = ratio(g.excess_seconds, g.allocated_seconds);
+    tracing::debug!(
+        overcommit = out.memory_overcommit,
+        "memory beyond usable, of allocated"
+    );
     out.utilization_compute = ratio(g.busy_seconds, g.compute_seconds);
     out.reaction_decision = reaction.iter().flatten().map(|(d, _)| *d).collect();
     out.reaction_ready = reaction_ready.iter().flatten().copied().collect();
@@ -952,29 +1010,26 @@ fn apply(
         reps.push(Rep {
             model: m,
             slot: s.clone(),
-            state: RepState::Starting,
+            state: RepState::Waiting,
             running: 0,
             id: None,
             endpoint,
             lane: PrefillLane::default(),
         });
-        g.occupy(s, placer, 1.0);
         rt[m].live.insert(s.key.clone(), r);
         out.replica_starts += 1;
-        let cold = if warm {
-            0.0
+        if g.fits(s, placer) {
+            let cold = if warm { 0.0 } else { cold_start(setup, m) };
+            begin(r, reps, g, placer);
+            push(now + cold, Event::Ready { rep: r });
         } else {
-            setup
-                .cold_start
-                .of(setup.models[m].memory_gib)
-                .as_secs_f64()
-        };
-        push(now + cold, Event::Ready { rep: r });
+            rt[m].waiting.push(r);
+        }
     }
     let starting = rt[m]
         .live
         .values()
-        .filter(|&&r| reps[r].state == RepState::Starting)
+        .filter(|&&r| matches!(reps[r].state, RepState::Starting | RepState::Waiting))
         .count();
     for (_, r) in gone {
         match reps[r].state {
@@ -982,6 +1037,10 @@ fn apply(
                 reps[r].state = RepState::Gone;
                 let slot = reps[r].slot.clone();
                 g.occupy(&slot, placer, -1.0);
+            }
+            RepState::Waiting => {
+                reps[r].state = RepState::Gone;
+                rt[m].waiting.retain(|&w| w != r);
             }
             RepState::Ready if rt[m].outgoing.len() < starting && !on_claimed(&reps[r]) => {
                 reps[r].state = RepState::Outgoing;
@@ -991,11 +1050,57 @@ fn apply(
             RepState::Outgoing | RepState::Draining | RepState::Gone => {}
         }
     }
+    // Replicas that stopped at once freed memory another may wait for.
+    start_waiting(now, setup, reps, rt, g, placer, push);
     // No more held than successors starting (a later re-plan may have
     // dropped some): the oldest leave.
     while rt[m].outgoing.len() > starting {
         let r = rt[m].outgoing.remove(0);
         retire(r, reps, rt, g, placer);
+    }
+}
+
+/// A model's cold start (image pull and weight load), seconds.
+fn cold_start(setup: &Setup<'_>, m: usize) -> f64 {
+    setup
+        .cold_start
+        .of(setup.models[m].memory_gib)
+        .as_secs_f64()
+}
+
+/// A waiting (or new) replica takes its memory and starts.
+fn begin(r: usize, reps: &mut [Rep], g: &mut Gauges, placer: &dyn Placer) {
+    reps[r].state = RepState::Starting;
+    let slot = reps[r].slot.clone();
+    g.occupy(&slot, placer, 1.0);
+}
+
+/// Starts the replicas waiting for memory whose memory now fits, in the
+/// order they were placed.
+fn start_waiting(
+    now: f64,
+    setup: &Setup<'_>,
+    reps: &mut [Rep],
+    rt: &mut [ModelRt],
+    g: &mut Gauges,
+    placer: &dyn Placer,
+    push: &mut dyn FnMut(f64, Event),
+) {
+    for (m, model) in rt.iter_mut().enumerate() {
+        if model.waiting.is_empty() {
+            continue;
+        }
+        for r in std::mem::take(&mut model.waiting) {
+            if reps[r].state != RepState::Waiting {
+                continue;
+            }
+            if g.fits(&reps[r].slot, placer) {
+                begin(r, reps, g, placer);
+                push(now + cold_start(setup, m), Event::Ready { rep: r });
+            } else {
+                model.waiting.push(r);
+            }
+        }
     }
 }
 
@@ -1026,14 +1131,17 @@ mod tests {
     /// and GPU 1.
     struct Moves {
         same_gpu: bool,
+        memory: f64,
     }
 
-    fn slot(key: &str, gpu: u32) -> Slot {
-        Slot {
-            key: key.into(),
-            gpus: vec![("n0".into(), gpu)],
-            speed: 1.0,
-            memory_per_gpu: 20.0,
+    impl Moves {
+        fn slot(&self, key: &str, gpu: u32) -> Slot {
+            Slot {
+                key: key.into(),
+                gpus: vec![("n0".into(), gpu)],
+                speed: 1.0,
+                memory_per_gpu: self.memory,
+            }
         }
     }
 
@@ -1044,11 +1152,11 @@ mod tests {
             _: f64,
         ) -> BTreeMap<String, Vec<Slot>> {
             let slots = if desired["m"] == 1 {
-                vec![slot("a", 0)]
+                vec![self.slot("a", 0)]
             } else if self.same_gpu {
-                vec![slot("b", 0), slot("c", 1)]
+                vec![self.slot("b", 0), self.slot("c", 1)]
             } else {
-                vec![slot("b", 1), slot("c", 2)]
+                vec![self.slot("b", 1), self.slot("c", 2)]
             };
             BTreeMap::from([("m".to_string(), slots)])
         }
@@ -1062,9 +1170,17 @@ mod tests {
     /// queue timeout: requests that find no replica serving for the 30 s
     /// of a cold start are answered 503.
     fn run_moves(same_gpu: bool) -> Outcome {
-        let text = "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: m}\nspec:\n  resources: {memoryGiB: 20, compute: 1, maxConcurrency: 8}\n";
+        run_moves_with(same_gpu, 20.0, 10)
+    }
+
+    /// [`run_moves`] with each replica holding `memory` GiB of its GPU's 79
+    /// and requests of `output` tokens (100 a second).
+    fn run_moves_with(same_gpu: bool, memory: f64, output: u32) -> Outcome {
+        let text = format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: m}}\nspec:\n  resources: {{memoryGiB: {memory}, compute: 1, maxConcurrency: 8}}\n"
+        );
         let models =
-            gpuscale_policies::load::load_sources(&[(std::path::Path::new("m.yaml"), text)])
+            gpuscale_policies::load::load_sources(&[(std::path::Path::new("m.yaml"), &text)])
                 .unwrap()
                 .models;
         let arrivals: Vec<Arrival> = (0..360)
@@ -1072,7 +1188,7 @@ mod tests {
                 at: f64::from(i) * 0.5,
                 workload: 0,
                 prompt: 10,
-                output: 10,
+                output,
             })
             .collect();
         let services = [ServiceProfile {
@@ -1104,7 +1220,7 @@ mod tests {
             series_step: 60.0,
             initial: &BTreeMap::from([("m".to_string(), 1)]),
         };
-        run(&setup, &mut Script, &mut Moves { same_gpu })
+        run(&setup, &mut Script, &mut Moves { same_gpu, memory })
     }
 
     #[test]
@@ -1123,5 +1239,30 @@ mod tests {
         // past the 5 s timeout.
         assert!(out.timed_out >= 40, "{} timed out", out.timed_out);
         assert_eq!(out.completed + out.timed_out, 360);
+        assert_eq!(out.memory_overcommit, 0.0);
+    }
+
+    #[test]
+    fn a_new_replica_waits_for_the_memory_a_draining_one_holds() {
+        // 50 GiB replicas, two of which do not fit one GPU's 79. At 60 s
+        // `a` (GPU 0) stops for `b` there, with up to eight 5-second
+        // requests still running: `b` starts once they are done, as a pod
+        // pending until the pod it replaces has terminated, so no GPU
+        // ever holds more than its memory.
+        let out = run_moves_with(true, 50.0, 500);
+        assert_eq!(out.replica_moves, 1);
+        assert_eq!(out.memory_overcommit, 0.0);
+        assert_eq!(out.completed + out.timed_out, 360);
+        // `b`'s cold start begins up to 5 s late, and `c` serves from 90 s
+        // on GPU 1 meanwhile: requests wait no longer than without the
+        // draining (the 503s are those of the 30 s with nothing serving).
+        let fits = run_moves_with(true, 20.0, 500);
+        assert_eq!(fits.memory_overcommit, 0.0);
+        assert!(
+            out.gpu_hours <= fits.gpu_hours + 1e-9,
+            "{} > {}",
+            out.gpu_hours,
+            fits.gpu_hours
+        );
     }
 }
