@@ -333,7 +333,7 @@ fn kept(
     if counts.unplaced.iter().any(|&u| u > 0) {
         return None;
     }
-    let decoded = decode::decode_refilled(cluster, models, classes, &counts);
+    let decoded = decode::decode_consolidated(cluster, models, classes, &counts);
     let (placed, _) = placed_and_cost(cluster, &counts, &decoded);
     // Decoding the kept counts may still move a few replicas (a node's
     // role handed to a new group when the nodes left over are tight);

@@ -552,3 +552,57 @@ fn a_replica_added_beside_running_fractional_gpus_takes_their_room_not_a_gpu() {
     assert_eq!(gpu.mode, gpuscale_packer::Mode::Fractional);
     assert_eq!(gpu.replicas.len(), 3);
 }
+
+#[test]
+fn a_gpu_left_nearly_empty_between_consolidations_is_emptied_into_a_fuller_ones_room() {
+    // Two HAMi L40S (usable × 0.95 ≈ 42.7 GiB each): GPU 0 runs two `a`
+    // (10 GiB) and a `b` (12 GiB), GPU 1 one `a` (a fifth of its memory,
+    // left behind by a scale-down). A re-plan between consolidations
+    // moves that `a` beside the others (42 GiB) and the second GPU is
+    // free; without the step the plan keeps both GPUs.
+    let both = [SharingMode::Fractional, SharingMode::Whole];
+    let cluster = common::cluster_allowing(&[("n", "L40S", 2)], &both);
+    let models = vec![
+        common::model("a", 10.0, 0.05, &both, &[1], &["L40S"]),
+        common::model("b", 12.0, 0.05, &both, &[1], &["L40S"]),
+    ];
+    let now = running_fractional(
+        cluster.clone(),
+        &[(0, 0, "a", 2), (0, 0, "b", 1), (0, 1, "a", 1)],
+    );
+    let demand = common::demand(&[("a", 3), ("b", 1)]);
+    let plan = pack_from(&now, &models, &demand, &keeping(), None).unwrap();
+    assert_eq!(placed(&plan), 4, "{:#?}", plan.models);
+    assert_eq!(
+        (plan.gpus_used, plan.moves, plan.reconfigured_gpus),
+        (1, 1, 0),
+        "{:?}",
+        plan.gpus
+    );
+    // A GPU more than half full stays as it is: with `b` at 24 GiB on
+    // GPU 1 (beside 20 on GPU 0, which does not fit it either way),
+    // nothing moves.
+    let models = vec![
+        common::model("a", 10.0, 0.05, &both, &[1], &["L40S"]),
+        common::model("b", 24.0, 0.05, &both, &[1], &["L40S"]),
+    ];
+    let now = running_fractional(cluster.clone(), &[(0, 0, "a", 2), (0, 1, "b", 1)]);
+    let demand = common::demand(&[("a", 2), ("b", 1)]);
+    let plan = pack_from(&now, &models, &demand, &keeping(), None).unwrap();
+    assert_eq!(
+        (placed(&plan), plan.gpus_used, plan.moves),
+        (3, 2, 0),
+        "{:?}",
+        plan.gpus
+    );
+    // Two GPUs of one `a` each: one is emptied into the other, and the
+    // re-plan after it moves nothing back.
+    let models = vec![common::model("a", 10.0, 0.05, &both, &[1], &["L40S"])];
+    let now = running_fractional(cluster, &[(0, 0, "a", 1), (0, 1, "a", 1)]);
+    let demand = common::demand(&[("a", 2)]);
+    let plan = pack_from(&now, &models, &demand, &keeping(), None).unwrap();
+    assert_eq!((plan.gpus_used, plan.moves), (1, 1), "{:?}", plan.gpus);
+    let then = plan.apply_to(&now);
+    let again = pack_from(&then, &models, &demand, &keeping(), None).unwrap();
+    assert_eq!((again.gpus_used, again.moves), (1, 0), "{:?}", again.gpus);
+}

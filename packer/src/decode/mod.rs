@@ -97,7 +97,7 @@ enum Role {
 
 /// Decodes one solution.
 pub fn decode(cluster: &Cluster, models: &[Model], classes: &[Class], counts: &Counts) -> Decoded {
-    decode_with(cluster, models, classes, counts, false, false)
+    decode_with(cluster, models, classes, counts, false, Refill::Off)
 }
 
 /// [`decode`] for a re-plan that keeps what runs and adds on top: then
@@ -117,8 +117,40 @@ pub fn decode_refilled(
     classes: &[Class],
     counts: &Counts,
 ) -> Decoded {
-    decode_with(cluster, models, classes, counts, false, true)
+    decode_with(cluster, models, classes, counts, false, Refill::New)
 }
+
+/// [`decode_refilled`], and also running fractional GPUs at most half
+/// full (by memory) emptied into fuller fractional GPUs' room (a
+/// replica keeps its SM share, so it runs as fast there), each wholly or not
+/// at all: Karpenter's single-node consolidation between the packer's
+/// consolidations. A GPU is emptied or left as it is, never thinned, and
+/// one that received replicas is not emptied in the same re-plan, so each
+/// move frees a GPU and re-plans cannot move replicas back and forth. For
+/// the re-plan that keeps what runs ([`crate::PackOptions::keep_running`]);
+/// the re-plan on top of a basis stays move-free.
+pub fn decode_consolidated(
+    cluster: &Cluster,
+    models: &[Model],
+    classes: &[Class],
+    counts: &Counts,
+) -> Decoded {
+    decode_with(cluster, models, classes, counts, false, Refill::Running)
+}
+
+/// Which GPUs [`refill_fractional`] empties into fractional room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refill {
+    Off,
+    /// GPUs opened for new replicas.
+    New,
+    /// Those, and running GPUs at most [`EMPTY_BELOW`] full.
+    Running,
+}
+
+/// A running GPU is emptied between consolidations only when its
+/// replicas' memory is at most this fraction of its usable memory.
+const EMPTY_BELOW: f64 = 0.5;
 
 /// [`decode`], and where keeping replicas where they run leaves some of a
 /// class's replicas with no GPU (shares of tensor-parallel replicas that
@@ -134,7 +166,7 @@ pub fn decode_or_repack(
     classes: &[Class],
     counts: &Counts,
 ) -> Decoded {
-    decode_with(cluster, models, classes, counts, true, false)
+    decode_with(cluster, models, classes, counts, true, Refill::Off)
 }
 
 fn decode_with(
@@ -143,7 +175,7 @@ fn decode_with(
     classes: &[Class],
     counts: &Counts,
     repack: bool,
-    refill: bool,
+    refill: Refill,
 ) -> Decoded {
     let model_index: BTreeMap<&str, usize> = models
         .iter()
@@ -191,8 +223,14 @@ fn decode_with(
             .append(&mut part.mig_timeslice_nodes);
         out.next_group = part.next_group;
     }
-    if refill {
-        refill_fractional(cluster, models, classes, &mut assigned);
+    if refill != Refill::Off {
+        refill_fractional(
+            cluster,
+            models,
+            classes,
+            &mut assigned,
+            refill == Refill::Running,
+        );
         out.hami_nodes.retain(|name| {
             cluster.nodes.iter().enumerate().any(|(ni, n)| {
                 n.name == *name
@@ -343,12 +381,16 @@ type Host = (u64, (usize, u32), usize, (u32, u32));
 /// See [`decode_refilled`]: GPUs that nothing runs on now and that the
 /// decode gave only single-GPU replicas (whole, or shares of a fractional
 /// GPU), fewest replicas first, are emptied into the fractional GPUs with
-/// room (best fit by memory), each GPU wholly or not at all.
+/// room (best fit by memory), each GPU wholly or not at all. With
+/// `running` ([`decode_consolidated`]), then running fractional GPUs of
+/// single-GPU replicas at most [`EMPTY_BELOW`] full, emptiest first, into GPUs at
+/// least as full.
 fn refill_fractional(
     cluster: &Cluster,
     models: &[Model],
     classes: &[Class],
     assigned: &mut BTreeMap<(usize, u32), Assigned>,
+    running: bool,
 ) {
     let node_class: BTreeMap<usize, usize> = classes
         .iter()
@@ -384,17 +426,30 @@ fn refill_fractional(
     if load.is_empty() {
         return;
     }
-    // Candidates: GPUs opened for new replicas only, each replica on one GPU.
-    let mut candidates: Vec<((usize, u32), Vec<usize>)> = Vec::new();
+    // The fraction of a GPU's usable memory its replicas take.
+    let fullness = |(ni, _): (usize, u32), replicas: &[usize]| -> f64 {
+        let usable = cluster
+            .catalog
+            .get(&cluster.nodes[ni].gpu_model)
+            .map_or(f64::INFINITY, |g| g.usable_gib);
+        replicas.iter().map(|&m| models[m].memory_gib).sum::<f64>() / usable
+    };
+    // Candidates: GPUs opened for new replicas (fullness 0: first), and
+    // with `running` the running GPUs at most half full, each replica on
+    // one GPU.
+    let mut candidates: Vec<((usize, u32), Vec<usize>, f64)> = Vec::new();
     for (&(ni, i), a) in assigned.iter() {
-        if !cluster.nodes[ni].gpus[i as usize].workloads.is_empty() {
+        let runs = !cluster.nodes[ni].gpus[i as usize].workloads.is_empty();
+        if runs && !running {
             continue;
         }
         let Some(&c) = node_class.get(&ni) else {
             continue;
         };
         let replicas: Option<Vec<usize>> = match (a.mode, a.whole) {
-            (Mode::Whole, Some((m, 1, _))) => Some(vec![m]),
+            // A running whole GPU stays: its replica would run slower
+            // on a share.
+            (Mode::Whole, Some((m, 1, _))) if !runs => Some(vec![m]),
             (Mode::Fractional, None) => a
                 .slots
                 .iter()
@@ -406,19 +461,27 @@ fn refill_fractional(
                 .collect(),
             _ => None,
         };
-        if let Some(r) = replicas.filter(|r| !r.is_empty()) {
-            candidates.push(((ni, i), r));
+        let Some(r) = replicas.filter(|r| !r.is_empty()) else {
+            continue;
+        };
+        if !runs {
+            candidates.push(((ni, i), r, 0.0));
+        } else {
+            let full = fullness((ni, i), &r);
+            if full <= EMPTY_BELOW {
+                candidates.push(((ni, i), r, full));
+            }
         }
     }
     candidates.sort_by(|a, b| {
         let price = |k: &(usize, u32)| classes[node_class[&k.0]].price;
-        a.1.len()
-            .cmp(&b.1.len())
+        a.2.total_cmp(&b.2)
+            .then(a.1.len().cmp(&b.1.len()))
             .then(price(&b.0).total_cmp(&price(&a.0)))
             .then(a.0.cmp(&b.0))
     });
     let mut received: std::collections::BTreeSet<(usize, u32)> = Default::default();
-    for (gpu, mut replicas) in candidates {
+    for (gpu, mut replicas, full) in candidates {
         if received.contains(&gpu) {
             continue;
         }
@@ -439,6 +502,11 @@ fn refill_fractional(
                 else {
                     continue;
                 };
+                // A running GPU's replicas go only where it is as full or
+                // fuller.
+                if full > 0.0 && (mib as f64) < full * f64::from(cap.memory_mib) {
+                    continue;
+                }
                 let st = &class.slot_types[t];
                 let Some(need) = st.need.filter(|_| st.parts <= 1) else {
                     continue;
