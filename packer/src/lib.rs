@@ -271,8 +271,7 @@ fn on_top(
         return None;
     }
     let now = ilp::pinned(classes, models, &running)?;
-    let counts = ilp::pinned(classes, models, wanted)?;
-    if counts.unplaced.iter().chain(&now.unplaced).any(|&u| u > 0) {
+    if now.unplaced.iter().any(|&u| u > 0) {
         return None;
     }
     // The full path keeps what runs when the change costs no more than the
@@ -280,20 +279,32 @@ fn on_top(
     // carried bound at most the new LP, so within the gap of the carried
     // bound is within that rule.
     let allowed = options.mip_rel_gap * prior.lp_cost;
-    let extra =
-        ilp::counts_cost(classes, models, &counts) - ilp::counts_cost(classes, models, &now);
-    if extra > allowed + 1e-9 {
-        return None;
-    }
-    let decoded = decode::decode_refilled(cluster, models, classes, &counts);
-    let (placed, cost) = placed_and_cost(cluster, &counts, &decoded);
-    if placed < wanted.iter().sum::<u32>()
-        || decoded.moves > 0
-        || decoded.reconfigured > 0
-        || cost > running_cost(cluster) + allowed + 1e-9
-    {
-        return None;
-    }
+    let now_cost = ilp::counts_cost(classes, models, &now);
+    let total = wanted.iter().sum::<u32>();
+    // The counts that add on top, decoded with no move, no
+    // reconfiguration and within the gap; the cheapest new patterns
+    // first, then whole GPUs refilled into running fractional GPUs'
+    // room (a new pattern may need a node's role that only a move frees;
+    // the re-plan's counts then hold a whole GPU its decode did not
+    // open, and the decoded cost is the one checked).
+    let attempt = |counts: ilp::Counts, check_counts: bool| {
+        if counts.unplaced.iter().any(|&u| u > 0) {
+            return None;
+        }
+        if check_counts && ilp::counts_cost(classes, models, &counts) - now_cost > allowed + 1e-9 {
+            return None;
+        }
+        let decoded = decode::decode_refilled(cluster, models, classes, &counts);
+        let (placed, cost) = placed_and_cost(cluster, &counts, &decoded);
+        (placed >= total
+            && decoded.moves == 0
+            && decoded.reconfigured == 0
+            && cost <= running_cost(cluster) + allowed + 1e-9)
+            .then_some((counts, decoded, cost))
+    };
+    let (counts, decoded, cost) = ilp::pinned(classes, models, wanted)
+        .and_then(|c| attempt(c, true))
+        .or_else(|| attempt(ilp::pinned_whole(classes, models, wanted)?, false))?;
     // The bound and the pools' LP GPU counts are the basis's: those of the
     // smaller demand (a valid bound; the counts are for information).
     let lp_cost = prior.lp_cost;

@@ -606,3 +606,57 @@ fn a_gpu_left_nearly_empty_between_consolidations_is_emptied_into_a_fuller_ones_
     let again = pack_from(&then, &models, &demand, &keeping(), None).unwrap();
     assert_eq!((again.gpus_used, again.moves), (1, 0), "{:?}", again.gpus);
 }
+
+#[test]
+fn a_replica_added_on_top_goes_into_fractional_room_when_its_cheapest_pattern_needs_a_move() {
+    // Two L4 nodes each run a whole-GPU `w` on GPU 0; an L40S runs a
+    // fractional GPU with one `x` (10 of its ~42.7 GiB). One `s` (2 GiB)
+    // is added on top of the first plan's basis. Its cheapest new GPU
+    // (a time-sliced or fractional L4) needs an L4 node's device-plugin
+    // config or HAMi, which only moving a `w` frees; the re-plan on top
+    // then tries a whole GPU, which decode empties into the L40S's room:
+    // nothing moves, nothing is reconfigured, no GPU opens and nothing
+    // is solved (without the fallback it was solved in full).
+    let share = [SharingMode::Timeslice, SharingMode::Fractional];
+    let cluster = common::cluster_each(&[
+        ("a1", "L4", 2, &share),
+        ("a2", "L4", 2, &share),
+        ("b", "L40S", 1, &[SharingMode::Fractional]),
+    ]);
+    let all = [
+        SharingMode::Timeslice,
+        SharingMode::Fractional,
+        SharingMode::Whole,
+    ];
+    let models = vec![
+        common::model("w", 16.0, 0.1, &[SharingMode::Whole], &[1], &["L4"]),
+        common::model("x", 10.0, 0.05, &[SharingMode::Fractional], &[1], &["L40S"]),
+        common::model("s", 2.0, 0.02, &all, &[1], &[]),
+    ];
+    let mut now = running_fractional(cluster, &[(2, 0, "x", 1)]);
+    for ni in [0, 1] {
+        let g = &mut now.nodes[ni].gpus[0];
+        g.mode = GpuMode::Whole;
+        g.workloads.push(gpuscale_policies::inventory::Workload {
+            model: "w".into(),
+            slot: None,
+        });
+    }
+    let before = common::demand(&[("w", 2), ("x", 1)]);
+    let options = PackOptions::default();
+    let first = pack(&now, &models, &before, &options).unwrap();
+    assert_eq!((first.gpus_used, first.moves), (3, 0), "{:?}", first.gpus);
+    let now = first.apply_to(&now);
+    let after = common::demand(&[("w", 2), ("x", 1), ("s", 1)]);
+    let plan = pack_from(&now, &models, &after, &options, first.basis.as_ref()).unwrap();
+    assert_eq!(placed(&plan), 4, "{:?}", plan.models);
+    assert!(carried(&plan, &first), "added on top, not solved");
+    assert_eq!(
+        (plan.gpus_used, plan.moves, plan.reconfigured_gpus),
+        (3, 0, 0),
+        "{:?}",
+        plan.gpus
+    );
+    let l40s = plan.gpus.iter().find(|g| g.node == "b").expect("the L40S");
+    assert_eq!(l40s.replicas.len(), 2, "{:?}", l40s);
+}

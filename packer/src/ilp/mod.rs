@@ -55,8 +55,8 @@ use crate::classes::{Class, NodeConfig, PatternKind, fits_slot, whole_degrees};
 use crate::{PackError, PackOptions};
 
 pub(crate) use round::counts_cost;
-pub use round::pinned;
 use round::round;
+pub use round::{pinned, pinned_whole};
 
 /// The variables of one formulation.
 struct Vars {

@@ -170,7 +170,7 @@ pub(super) fn round(
     }
     counts.slots.retain(|_, n| *n > 0);
     counts.whole.retain(|_, n| *n > 0);
-    complete(classes, models, counts, remaining, used, spare)
+    complete(classes, models, counts, remaining, used, spare, false)
 }
 
 /// One GPU of pattern `p` of class `c` less; the replicas its slots held
@@ -212,6 +212,7 @@ fn complete(
     mut remaining: Vec<u32>,
     mut used: Vec<u32>,
     mut spare: Spare,
+    whole_first: bool,
 ) -> Option<Counts> {
     let mut order: Vec<usize> = (0..models.len()).collect();
     order.sort_by(|&a, &b| {
@@ -290,9 +291,10 @@ fn complete(
             // A whole GPU when it costs less per replica than any new
             // pattern, or as little and no pattern holds more than one.
             if let Some((c, k, price)) = whole
-                && best.is_none_or(|(_, _, b, most)| {
-                    price < b - 1e-12 || (price <= b + 1e-12 && most <= 1.0 + 1e-9)
-                })
+                && (whole_first
+                    || best.is_none_or(|(_, _, b, most)| {
+                        price < b - 1e-12 || (price <= b + 1e-12 && most <= 1.0 + 1e-9)
+                    }))
             {
                 used[c] += k;
                 *counts.whole.entry((c, m, k)).or_insert(0) += 1;
@@ -449,6 +451,26 @@ fn consolidate(classes: &[Class], models: &[Model], counts: &mut Counts, spare: 
 /// top of what runs. Nothing that runs moves; `None` when that cannot keep
 /// the node-level rules.
 pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
+    pinned_with(classes, models, demand_, false)
+}
+
+/// [`pinned`] with the missing replicas that no spare slot takes on
+/// whole GPUs wherever a whole GPU holds one, before any new pattern: a
+/// new whole GPU
+/// takes a free GPU without touching a node's role, and
+/// [`crate::decode::decode_refilled`] can empty it into running
+/// fractional GPUs' room. The re-plan on top falls back to it when the
+/// pattern [`pinned`] opens needs a node's role changed.
+pub fn pinned_whole(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Counts> {
+    pinned_with(classes, models, demand_, true)
+}
+
+fn pinned_with(
+    classes: &[Class],
+    models: &[Model],
+    demand_: &[u32],
+    whole_first: bool,
+) -> Option<Counts> {
     let mut counts = Counts {
         patterns: classes.iter().map(|c| c.current_patterns.clone()).collect(),
         unplaced: vec![0; models.len()],
@@ -515,7 +537,7 @@ pub fn pinned(classes: &[Class], models: &[Model], demand_: &[u32]) -> Option<Co
     if spare.values().any(|&v| v < 0) {
         return None;
     }
-    complete(classes, models, counts, remaining, used, spare)
+    complete(classes, models, counts, remaining, used, spare, whole_first)
 }
 
 /// Objective value (cost plus unplaced penalties) of integer counts.
