@@ -51,12 +51,8 @@ pub fn read(nvml: &Nvml, node: &str) -> Result<NodeGpus, String> {
     let count = nvml
         .device_count()
         .map_err(|e| format!("device count: {e}"))?;
-    let lgi = std::process::Command::new("nvidia-smi")
-        .args(["mig", "-lgi"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| devices::parse_lgi(&String::from_utf8_lossy(&o.stdout)))
+    let lgi = nvidia_smi(&["mig", "-lgi"])
+        .map(|t| devices::parse_lgi(&t))
         .unwrap_or_default();
     let mut gpus = Vec::new();
     for index in 0..count {
@@ -67,6 +63,11 @@ pub fn read(nvml: &Nvml, node: &str) -> Result<NodeGpus, String> {
             .memory_info()
             .map_err(|e| format!("GPU {index}: memory: {e}"))?;
         let mig = d.mig_mode().ok();
+        let uuid = d.uuid().map_err(|e| format!("GPU {index}: uuid: {e}"))?;
+        let mig_profiles = match &mig {
+            Some(m) => profiles(&d, index, &uuid, m.current),
+            None => Vec::new(),
+        };
         let mut instances = Vec::new();
         if mig.as_ref().is_some_and(|m| m.current == 1) {
             let n = d.mig_device_count().unwrap_or(0);
@@ -105,7 +106,7 @@ pub fn read(nvml: &Nvml, node: &str) -> Result<NodeGpus, String> {
         }
         gpus.push(GpuReading {
             index,
-            uuid: d.uuid().map_err(|e| format!("GPU {index}: uuid: {e}"))?,
+            uuid,
             name: d.name().unwrap_or_default(),
             memory_total_mib: mib(mem.total),
             memory_used_mib: mib(mem.used),
@@ -121,6 +122,9 @@ pub fn read(nvml: &Nvml, node: &str) -> Result<NodeGpus, String> {
             ecc_uncorrected_volatile: d
                 .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                 .ok(),
+            // Rounded up, as `nvidia-smi -q` prints it (615.06 → 616).
+            memory_reserved_mib: Some(mem.reserved.div_ceil(1024 * 1024)),
+            mig_profiles,
         });
     }
     Ok(NodeGpus {
@@ -128,6 +132,82 @@ pub fn read(nvml: &Nvml, node: &str) -> Result<NodeGpus, String> {
         driver_version: nvml.sys_driver_version().ok(),
         gpus,
     })
+}
+
+/// `nvidia-smi ARGS`'s output, when it is there and succeeds.
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    std::process::Command::new("nvidia-smi")
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// NVML's profile ids are small integers (`NVML_GPU_INSTANCE_PROFILE_*`:
+/// 0–16 in driver 580); ids past the last one answer an error.
+const PROFILE_IDS: u32 = 32;
+
+/// The profiles read so far, by GPU UUID and MIG mode (NVML: "immutable
+/// throughout the lifetime of a MIG mode"), so `nvidia-smi` runs once per
+/// GPU and mode, not once a second.
+static PROFILES: Mutex<Vec<ProfilesOf>> = Mutex::new(Vec::new());
+
+/// (GPU UUID, MIG mode) and its profiles.
+type ProfilesOf = ((String, u32), Vec<devices::ProfileReading>);
+
+/// The GPU instance profiles of GPU `index`: NVML's profile info joined by
+/// id with `nvidia-smi mig -lgip` (names) and `-lgipp` (placements).
+/// nvml-wrapper's `possible_placements` returns an empty list (it reads a
+/// vector whose length it never sets), so placements come from `-lgipp`.
+fn profiles(
+    d: &nvml_wrapper::Device,
+    index: u32,
+    uuid: &str,
+    mode: u32,
+) -> Vec<devices::ProfileReading> {
+    let key = (uuid.to_string(), mode);
+    let mut cache = PROFILES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
+        return p.clone();
+    }
+    let mut out: Vec<devices::ProfileReading> = (0..PROFILE_IDS)
+        .filter_map(|p| d.profile_info(p).ok())
+        .filter(|i| i.slice_count > 0)
+        .map(|i| devices::ProfileReading {
+            id: i.id,
+            name: None,
+            compute_slices: i.slice_count,
+            instances: i.instance_count,
+            memory_mib: i.memory_size_mb,
+            multiprocessors: i.multiprocessor_count,
+            memory_slots: None,
+            starts: Vec::new(),
+        })
+        .collect();
+    if !out.is_empty() {
+        let names = nvidia_smi(&["mig", "-lgip", "-i", &index.to_string()])
+            .map(|t| devices::parse_lgip(&t))
+            .unwrap_or_default();
+        let places = nvidia_smi(&["mig", "-lgipp", "-i", &index.to_string()])
+            .map(|t| devices::parse_lgipp(&t))
+            .unwrap_or_default();
+        for p in &mut out {
+            p.name = names
+                .iter()
+                .find(|(g, _, id, _)| *g == index && *id == p.id)
+                .map(|(_, n, _, _)| n.clone());
+            if let Some((_, _, starts, size)) =
+                places.iter().find(|(g, id, ..)| *g == index && *id == p.id)
+            {
+                p.starts = starts.clone();
+                p.memory_slots = Some(*size);
+            }
+        }
+        out.sort_by_key(|p| (p.compute_slices, p.memory_mib, p.id));
+    }
+    cache.push((key, out.clone()));
+    out
 }
 
 type Labels = Vec<(String, String)>;
@@ -168,6 +248,11 @@ pub fn metrics(r: &NodeGpus) -> String {
         "DCGM_FI_DEV_FB_TOTAL",
         "Framebuffer memory total (in MiB)",
     );
+    let reserved = gauge(
+        &mut registry,
+        "DCGM_FI_DEV_FB_RESERVED",
+        "Framebuffer memory reserved (in MiB)",
+    );
     let temp = gauge(
         &mut registry,
         "DCGM_FI_DEV_GPU_TEMP",
@@ -206,12 +291,18 @@ pub fn metrics(r: &NodeGpus) -> String {
                 f.get_or_create(l).set(v);
             };
         set(&used, &labels, g.memory_used_mib as f64);
+        // DCGM's free excludes what the driver reserves.
         set(
             &free,
             &labels,
-            g.memory_total_mib.saturating_sub(g.memory_used_mib) as f64,
+            g.memory_total_mib
+                .saturating_sub(g.memory_used_mib)
+                .saturating_sub(g.memory_reserved_mib.unwrap_or(0)) as f64,
         );
         set(&total, &labels, g.memory_total_mib as f64);
+        if let Some(r) = g.memory_reserved_mib {
+            set(&reserved, &labels, r as f64);
+        }
         if let Some(u) = g.utilization_percent {
             set(&util, &labels, f64::from(u));
         }
@@ -404,7 +495,7 @@ mod tests {
                 {"index": 1, "uuid": "GPU-5fd4bd05-bbbb", "name": "NVIDIA H100 80GB HBM3",
                  "memoryTotalMib": 81559, "memoryUsedMib": 0, "migEnabled": false,
                  "utilizationPercent": 0, "temperatureC": 31, "powerWatts": 71.0,
-                 "eccUncorrectedVolatile": 2}]
+                 "eccUncorrectedVolatile": 2, "memoryReservedMib": 512}]
         }))
         .unwrap()
     }
@@ -442,8 +533,14 @@ mod tests {
                 "DCGM_FI_DEV_FB_FREE",
                 &["gpu=\"1\"", "modelName=\"NVIDIA H100 80GB HBM3\""]
             ),
-            81559.0
+            // DCGM's free leaves out the driver's reservation.
+            81559.0 - 512.0
         );
+        assert_eq!(
+            sample(&text, "DCGM_FI_DEV_FB_RESERVED", &["gpu=\"1\""]),
+            512.0
+        );
+        assert!(!text.contains("DCGM_FI_DEV_FB_RESERVED{gpu=\"0\""));
         assert_eq!(sample(&text, "DCGM_FI_DEV_GPU_TEMP", &["gpu=\"1\""]), 31.0);
         assert_eq!(
             sample(&text, "DCGM_FI_DEV_POWER_USAGE", &["gpu=\"0\""]),

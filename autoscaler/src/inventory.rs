@@ -12,8 +12,15 @@
 //! | `topology.kubernetes.io/zone`, `gpuscale.io/rack`, `nvidia.com/gpu.clique` | zone, rack, NVLink domain |
 //! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for (default `mig, whole`: what the controller sets up itself) |
 //! | condition `Ready` | a node not ready has no usable GPU |
-//! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors |
+//! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
 //! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits) | what runs where: a pod asking for `nvidia.com/mig-<profile>` takes an instance of that profile on its node, one asking for `nvidia.com/gpu: N` takes N whole GPUs |
+//!
+//! Where a reading measures less memory than the catalogue assumes (a
+//! whole GPU's total less the driver's reservation, or a MIG profile's
+//! instance memory), the inventory lowers the catalogue entry to the
+//! lowest reading of that model (an override in the spec's `catalog`) and
+//! notes it: a replica planned into room that is not there crashes with an
+//! out-of-memory error. A reading never raises the catalogue.
 //!
 //! A GPU whose set-up cannot be known (MIG configured and no reading of
 //! its instances' placements) is marked unhealthy, so the packer never
@@ -22,7 +29,7 @@
 use std::collections::BTreeMap;
 
 use gpuscale_policies::devices::NodeGpus;
-use gpuscale_policies::inventory::{GpuState, NodeSpec, Workload};
+use gpuscale_policies::inventory::{GpuModelOverride, GpuState, NodeSpec, Workload};
 use gpuscale_policies::mig::Placement;
 use gpuscale_policies::{Catalog, ClusterSpec, GpuMode, Health, SharingMode};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -219,6 +226,7 @@ pub fn from_nodes(
     catalog: &Catalog,
 ) -> FromNodes {
     let mut out = FromNodes::default();
+    let mut measured = Measured::default();
     for node in nodes {
         let Some(name) = node.metadata.name.clone() else {
             continue;
@@ -308,6 +316,7 @@ pub fn from_nodes(
             };
             match r {
                 Some(g) => {
+                    measured.read(gpu, g, &name);
                     if g.unhealthy() {
                         state.health = Health::Unhealthy;
                         note(format!(
@@ -403,5 +412,118 @@ pub fn from_nodes(
         out.spec.nodes.push(spec);
     }
     out.spec.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let (catalog, notes) = measured.overrides();
+    out.spec.catalog = catalog;
+    out.notes.extend(notes);
     out
+}
+
+/// Hundredths of a GiB, rounded down (how `nvidia-smi mig -lgip` prints).
+fn gib_down(mib: u64) -> f64 {
+    (mib as f64 / 1024.0 * 100.0).floor() / 100.0
+}
+
+/// The lowest memory the readings measured where it is under the
+/// catalogue's, per catalogue model: (GiB, catalogue's GiB, node, GPU).
+#[derive(Default)]
+struct Measured {
+    whole: BTreeMap<String, (f64, f64, String, u32)>,
+    mig: BTreeMap<(String, String), (f64, f64, String, u32)>,
+}
+
+impl Measured {
+    fn lower<K: Ord>(
+        slot: &mut BTreeMap<K, (f64, f64, String, u32)>,
+        key: K,
+        gib: f64,
+        catalogue: f64,
+        node: &str,
+        gpu: u32,
+    ) {
+        if gib >= catalogue - 1e-9 {
+            return;
+        }
+        let e = slot
+            .entry(key)
+            .or_insert_with(|| (gib, catalogue, node.to_string(), gpu));
+        if gib < e.0 {
+            *e = (gib, catalogue, node.to_string(), gpu);
+        }
+    }
+
+    fn read(
+        &mut self,
+        model: &gpuscale_policies::GpuModel,
+        g: &gpuscale_policies::devices::GpuReading,
+        node: &str,
+    ) {
+        if let Some(mib) = g.memory_usable_mib() {
+            Self::lower(
+                &mut self.whole,
+                model.name.clone(),
+                gib_down(mib),
+                model.usable_gib,
+                node,
+                g.index,
+            );
+        }
+        let Some(mig) = &model.mig else {
+            return;
+        };
+        for p in &g.mig_profiles {
+            let Some(name) = &p.name else {
+                continue;
+            };
+            if let Some(c) = mig.profiles.iter().find(|c| c.name == *name) {
+                Self::lower(
+                    &mut self.mig,
+                    (model.name.clone(), name.clone()),
+                    gib_down(p.memory_mib),
+                    c.usable_gib,
+                    node,
+                    g.index,
+                );
+            }
+        }
+    }
+
+    fn overrides(self) -> (Vec<GpuModelOverride>, Vec<(String, String)>) {
+        let mut by_model: BTreeMap<String, GpuModelOverride> = BTreeMap::new();
+        let mut notes = Vec::new();
+        for (model, (gib, was, node, gpu)) in self.whole {
+            notes.push((
+                node,
+                format!(
+                    "GPU {gpu}: {gib:.2} GiB usable as a whole GPU (NVML: total less the \
+                     driver's reservation), under the catalogue's {was:.2} for {model}: \
+                     planned with {gib:.2}"
+                ),
+            ));
+            by_model
+                .entry(model.clone())
+                .or_insert_with(|| GpuModelOverride {
+                    name: model,
+                    ..GpuModelOverride::default()
+                })
+                .usable_gib = Some(gib);
+        }
+        for ((model, profile), (gib, was, node, gpu)) in self.mig {
+            notes.push((
+                node,
+                format!(
+                    "GPU {gpu}: MIG {profile} holds {gib:.2} GiB (NVML), under the \
+                     catalogue's {was:.2} for {model}: planned with {gib:.2}"
+                ),
+            ));
+            by_model
+                .entry(model.clone())
+                .or_insert_with(|| GpuModelOverride {
+                    name: model,
+                    ..GpuModelOverride::default()
+                })
+                .mig_usable_gib
+                .insert(profile, gib);
+        }
+        (by_model.into_values().collect(), notes)
+    }
 }

@@ -413,3 +413,100 @@ fn mig_instances_without_start_slots_take_the_first_valid_layout() {
         [SharingMode::Mig, SharingMode::Whole]
     );
 }
+
+/// A real H200's reading (`tests/data/nvidia-h200/`, driver 580.159.04)
+/// on a node GFD labels `NVIDIA-H200`.
+fn real_h200() -> ([Node; 1], NodeGpus) {
+    let nodes = [h100(
+        "h200-test",
+        json!({
+            "nvidia.com/gpu.product": "NVIDIA-H200",
+            "nvidia.com/gpu.count": "1",
+            "nvidia.com/gpu.memory": "143771",
+        }),
+    )];
+    let reading: NodeGpus =
+        serde_json::from_str(include_str!("../../tests/data/nvidia-h200/reading.json")).unwrap();
+    (nodes, reading)
+}
+
+/// The built-in H200 is the measured one: a real H200's reading lowers
+/// nothing.
+#[test]
+fn a_real_h200_reading_agrees_with_the_builtin_catalogue() {
+    let (nodes, reading) = real_h200();
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("h200-test".to_string(), reading.clone())]),
+        &[],
+        &Catalog::builtin(),
+    );
+    assert!(inv.spec.catalog.is_empty(), "{:?}", inv.spec.catalog);
+    assert!(inv.notes.is_empty(), "{:?}", inv.notes);
+    let n = &inv.spec.nodes[0];
+    assert_eq!(n.gpu_model, "H200-141GB");
+    assert_eq!(
+        n.gpus[0].uuid.as_deref(),
+        Some(reading.gpus[0].uuid.as_str())
+    );
+    cluster(&inv.spec);
+}
+
+/// A catalogue more optimistic than the hardware (the H200 table before
+/// it was measured: 2g.35gb and 1g.35gb at 32.75 GiB, the whole GPU at
+/// 140.00) is lowered to what the GPU reports, with a note each; a profile
+/// the catalogue under-states is left alone.
+#[test]
+fn a_reading_under_the_catalogue_lowers_it_and_says_so() {
+    let (nodes, reading) = real_h200();
+    let optimistic = Cluster::from_spec(
+        "optimistic",
+        &serde_json::from_value(json!({
+            "catalog": [{
+                "name": "H200-141GB",
+                "usableGiB": 140.0,
+                "migUsableGiB": {"1g.35gb": 32.75, "2g.35gb": 32.75, "3g.71gb": 68.5},
+            }],
+        }))
+        .unwrap(),
+        &Catalog::builtin(),
+    )
+    .unwrap()
+    .catalog;
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("h200-test".to_string(), reading)]),
+        &[],
+        &optimistic,
+    );
+    assert_eq!(inv.spec.catalog.len(), 1);
+    let o = &inv.spec.catalog[0];
+    assert_eq!(o.name, "H200-141GB");
+    // 143,771 MiB less the 615 MiB this reading's reservation: 139.80 GiB.
+    assert_eq!(o.usable_gib, Some(139.8));
+    assert_eq!(
+        o.mig_usable_gib,
+        BTreeMap::from([("1g.35gb".to_string(), 32.5), ("2g.35gb".to_string(), 32.5)])
+    );
+    assert_eq!(inv.notes.len(), 3, "{:?}", inv.notes);
+    assert!(
+        inv.notes
+            .iter()
+            .any(|(n, why)| n == "h200-test" && why.contains("MIG 2g.35gb holds 32.50 GiB")),
+        "{:?}",
+        inv.notes
+    );
+    let c = Cluster::from_spec("lowered", &inv.spec, &optimistic).unwrap();
+    let h200 = c.catalog.get("H200-141GB").unwrap();
+    assert_eq!(h200.usable_gib, 139.8);
+    let two = h200.mig.as_ref().unwrap();
+    let usable = |n: &str| {
+        two.profiles
+            .iter()
+            .find(|p| p.name == n)
+            .unwrap()
+            .usable_gib
+    };
+    assert_eq!(usable("2g.35gb"), 32.5);
+    assert_eq!(usable("3g.71gb"), 68.5);
+}

@@ -22,12 +22,14 @@
 //!   - A100-SXM4-40GB: measured, from public `nvidia-smi mig -lgip` output
 //!     of that product (1g.5gb 4.75, 1g.10gb and 2g.10gb 9.75, 3g.20gb and
 //!     4g.20gb 19.62, 7g.40gb 39.38 GiB).
-//!   - H200-141GB: public reports put 1g.18gb at 16–16.5 GiB, well under
-//!     H100's fraction of its nominal size (17.55). Rounded down to 16.00,
-//!     and the same 1.55 GiB shortfall taken off every other H200 profile,
-//!     each rounded down to a quarter GiB. This is an assumption, chosen
-//!     never to plan a replica into a slice it does not fit. Replace it with
-//!     a real H200's `-lgip` when one is at hand.
+//!   - H200-141GB: measured on a real NVIDIA H200 (driver 580.159.04,
+//!     2026-12-04; the recorded `nvidia-smi mig -lgip`/`-lgipp` output and
+//!     `gpuscale agent --once` reading are in `tests/data/nvidia-h200/`):
+//!     1g.18gb 16.00, 1g.35gb and 2g.35gb 32.50, 3g.71gb and 4g.71gb
+//!     69.75, 7g.141gb 140.00 GiB. The placements and instance counts
+//!     match the 8-slot rules below. Its whole-GPU usable memory is
+//!     measured too: 143,771 MiB less the 616 MiB the driver reserves
+//!     (NVML's `reserved`), 139.79 GiB, under its 7g instance's 140.00.
 //!   - The other models: H100's usable fraction of the profile's nominal
 //!     size, an assumption.
 //!
@@ -48,6 +50,11 @@ pub const REFERENCE_TFLOPS: f64 = 989.0;
 
 /// Memory kept by the driver and CUDA context on a whole GPU, GiB (assumption).
 pub const WHOLE_GPU_RESERVED_GIB: f64 = 0.4;
+
+/// Whole-GPU usable memory measured on real GPUs, GiB: total less what the
+/// driver reserves (NVML's `reserved`), rounded down to hundredths. H200:
+/// (143,771 − 616) MiB on driver 580.159.04.
+const MEASURED_WHOLE_USABLE_GIB: &[(&str, f64)] = &[("H200-141GB", 139.79)];
 
 /// One MIG GPU-instance profile of a GPU model, e.g. `3g.40gb` on H100-80GB.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -345,21 +352,8 @@ impl Catalog {
         // Measured or conservative usable memory per memory-slot count
         // (the module docs give the sources).
         let a100_40 = [(1, 4.75), (2, 9.75), (4, 19.62), (8, 39.38)];
-        let h200_shortfall = 1.55;
-        let h200: Vec<(u8, f64)> = [1u8, 2, 4, 8]
-            .iter()
-            .map(|&slots| {
-                let nominal = match slots {
-                    1 => 18,
-                    2 => 35,
-                    4 => 71,
-                    _ => 141,
-                };
-                let by_fraction = usable_for(nominal, slots);
-                (slots, ((by_fraction - h200_shortfall) * 4.0).floor() / 4.0)
-            })
-            .collect();
-        for (name, table) in [("A100-40GB", a100_40.to_vec()), ("H200-141GB", h200)] {
+        let h200 = [(1, 16.00), (2, 32.50), (4, 69.75), (8, 140.00)];
+        for (name, table) in [("A100-40GB", a100_40), ("H200-141GB", h200)] {
             if let Some(mig) = catalog.models.get_mut(name).and_then(|m| m.mig.as_mut()) {
                 for p in &mut mig.profiles {
                     if let Some((_, u)) = table.iter().find(|(s, _)| *s == p.memory_slots) {
@@ -373,12 +367,20 @@ impl Catalog {
         // 7g instance's so a full-size instance never fits where the GPU
         // does not.
         for m in catalog.models.values_mut() {
+            if MEASURED_WHOLE_USABLE_GIB.iter().any(|(n, _)| *n == m.name) {
+                continue;
+            }
             if let Some(full) = m.mig.as_ref().and_then(|mig| {
                 mig.profiles
                     .iter()
                     .find(|p| p.memory_slots == mig.memory_slots)
             }) {
                 m.usable_gib = m.usable_gib.max(full.usable_gib);
+            }
+        }
+        for (name, gib) in MEASURED_WHOLE_USABLE_GIB {
+            if let Some(m) = catalog.models.get_mut(*name) {
+                m.usable_gib = *gib;
             }
         }
         catalog
@@ -467,16 +469,7 @@ mod tests {
     }
 
     #[test]
-    fn a100_40gb_and_h200_usable_memory_is_measured_or_rounded_down() {
-        fn h100_name_nominal(list: &[(String, f64)], usable: &f64) -> f64 {
-            let (name, _) = list.iter().find(|(_, u)| u == usable).unwrap();
-            name.split('.')
-                .nth(1)
-                .unwrap()
-                .trim_end_matches("gb")
-                .parse()
-                .unwrap()
-        }
+    fn a100_40gb_usable_memory_is_measured() {
         let c = Catalog::builtin();
         let usable = |gpu: &str| -> Vec<(String, f64)> {
             c.get(gpu)
@@ -502,25 +495,55 @@ mod tests {
                 ("7g.40gb".to_string(), 39.38),
             ]
         );
-        // H200: 1g.18gb at 16 GiB (public reports: 16–16.5), so a 17 GiB
-        // replica is never planned into it; every profile under H100's
-        // fraction of its nominal size.
-        let h200 = usable("H200-141GB");
-        assert_eq!(h200[0], ("1g.18gb".to_string(), 16.0));
-        let h100 = usable("H100-80GB");
-        for ((name, u), (_, h)) in h200.iter().zip(&h100) {
-            // H100's usable fraction of the same profile, less 1.5 GiB.
-            let nominal: f64 = name
-                .split('.')
-                .nth(1)
+    }
+
+    /// The oracle is the hardware: `nvidia-smi mig -lgip` and `-lgipp` of
+    /// a real H200 (driver 580.159.04), recorded in `tests/data/`.
+    #[test]
+    fn h200_profiles_placements_counts_and_memory_are_a_real_h200s() {
+        let lgip =
+            crate::devices::parse_lgip(include_str!("../../tests/data/nvidia-h200/lgip.txt"));
+        let lgipp =
+            crate::devices::parse_lgipp(include_str!("../../tests/data/nvidia-h200/lgipp.txt"));
+        assert_eq!(lgip.len(), 7);
+        let c = Catalog::builtin();
+        let h200 = c.get("H200-141GB").unwrap();
+        let mig = h200.mig.as_ref().unwrap();
+        let mut names: Vec<&str> = mig.profiles.iter().map(|p| p.name.as_str()).collect();
+        let mut real: Vec<&str> = lgip.iter().map(|(_, n, _, _)| n.as_str()).collect();
+        names.sort_unstable();
+        real.sort_unstable();
+        assert_eq!(names, real, "the catalogue's profiles are the GPU's");
+        let geometries = crate::mig::all_geometries(mig);
+        for (_, name, id, gib) in &lgip {
+            let p = mig.profiles.iter().find(|p| p.name == *name).unwrap();
+            assert_eq!(p.usable_gib, *gib, "{name}: -lgip's memory");
+            let (_, _, starts, size) = lgipp.iter().find(|(_, i, ..)| i == id).unwrap();
+            assert_eq!(p.memory_slots, *size, "{name}: -lgipp's size");
+            assert_eq!(p.starts, *starts, "{name}: -lgipp's starts");
+            let slices: u8 = name.split('g').next().unwrap().parse().unwrap();
+            assert_eq!(p.compute_slices, slices, "{name}");
+            // -lgip's Free/Total with nothing created: the most instances
+            // of the profile the GPU holds at once.
+            let total: usize = include_str!("../../tests/data/nvidia-h200/lgip.txt")
+                .lines()
+                .find(|l| l.split_whitespace().nth(3) == Some(name.as_str()))
+                .and_then(|l| l.split_whitespace().nth(5))
+                .and_then(|x| x.split('/').nth(1))
                 .unwrap()
-                .trim_end_matches("gb")
                 .parse()
                 .unwrap();
-            let h100_nominal: f64 = h100_name_nominal(&h100, h);
-            assert!(*u <= nominal * h / h100_nominal - 1.5, "{name} {u}");
+            let most = geometries
+                .iter()
+                .map(|g| g.placements().iter().filter(|x| x.profile == *name).count())
+                .max()
+                .unwrap();
+            assert_eq!(most, total, "{name}: instances at once");
         }
-        assert!(c.get("H200-141GB").unwrap().usable_gib >= h200.last().unwrap().1);
+        // `nvidia-smi -q`: 143771 MiB total, 616 MiB reserved by the driver.
+        assert!((h200.memory_gib - 143771.0 / 1024.0).abs() < 0.005);
+        assert!(h200.usable_gib <= (143771.0 - 616.0) / 1024.0);
+        assert!(h200.usable_gib > (143771.0 - 616.0) / 1024.0 - 0.01);
     }
 
     #[test]
@@ -613,7 +636,10 @@ mod tests {
             assert!(m.compute > 0.0 && m.price_per_hour > 0.0, "{name}");
             if let Some(mig) = &m.mig {
                 for p in &mig.profiles {
-                    assert!(p.usable_gib <= m.usable_gib, "{name} {}", p.name);
+                    // Not ≤ the whole GPU's usable memory: a real H200's
+                    // 7g instance holds 140.00 GiB, the whole GPU offers
+                    // 139.79 after the driver's reservation.
+                    assert!(p.usable_gib <= m.memory_gib, "{name} {}", p.name);
                     for s in &p.starts {
                         assert!(s + p.memory_slots <= mig.memory_slots, "{name} {}", p.name);
                     }

@@ -55,6 +55,47 @@ pub struct GpuReading {
     /// Uncorrectable (double-bit) ECC errors since the driver loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ecc_uncorrected_volatile: Option<u64>,
+    /// Framebuffer memory the driver reserves, MiB (NVML's
+    /// `nvmlMemory_v2_t.reserved`: 616 MiB on an H200 with driver 580).
+    /// What a whole GPU offers its pods is total minus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reserved_mib: Option<u64>,
+    /// The GPU instance profiles the GPU offers (NVML answers whether MIG
+    /// is on or off): the measured counterpart of the catalogue's MIG
+    /// table. Empty on GPUs without MIG.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_profiles: Vec<ProfileReading>,
+}
+
+/// One GPU instance profile as the GPU itself reports it: NVML's
+/// `nvmlDeviceGetGpuInstanceProfileInfo` (id, slices, memory, instances,
+/// multiprocessors), named and placed by `nvidia-smi mig -lgip` and
+/// `-lgipp` (NVML's safe bindings give neither the name nor, correctly,
+/// the placements).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProfileReading {
+    /// NVML's profile id (`-lgip`'s ID column), e.g. 19 for `1g.*`.
+    pub id: u32,
+    /// NVIDIA's name, e.g. `1g.18gb`, `1g.18gb+me` (`None`: `nvidia-smi`
+    /// was not there to name it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Compute slices.
+    pub compute_slices: u32,
+    /// Most instances of this profile the GPU holds at once.
+    pub instances: u32,
+    /// Memory of one instance, MiB (what `-lgip` prints in GiB).
+    pub memory_mib: u64,
+    /// Streaming multiprocessors of one instance.
+    #[serde(default)]
+    pub multiprocessors: u32,
+    /// Memory slots an instance occupies (from `-lgipp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_slots: Option<u8>,
+    /// The memory slots an instance may start at (from `-lgipp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub starts: Vec<u8>,
 }
 
 /// One MIG device (a GPU instance with its compute instance).
@@ -86,6 +127,13 @@ impl GpuReading {
     /// loaded (NVIDIA's guidance: drain and reset the GPU).
     pub fn unhealthy(&self) -> bool {
         self.ecc_uncorrected_volatile.is_some_and(|n| n > 0)
+    }
+
+    /// Memory a whole GPU offers its pods, MiB: total less what the driver
+    /// reserves (`None` when the reading has no reservation).
+    pub fn memory_usable_mib(&self) -> Option<u64> {
+        self.memory_reserved_mib
+            .map(|r| self.memory_total_mib.saturating_sub(r))
     }
 }
 
@@ -120,6 +168,72 @@ pub fn parse_lgi(text: &str) -> Vec<(u32, String, u32, u8)> {
             continue;
         };
         out.push((gpu, cols[2].to_string(), id, start));
+    }
+    out
+}
+
+/// The GPU instance profiles in `nvidia-smi mig -lgip` output: (GPU
+/// index, name, profile id, memory GiB as printed).
+pub fn parse_lgip(text: &str) -> Vec<(u32, String, u32, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let cols: Vec<&str> = line
+            .trim_matches(|c: char| c == '|' || c.is_whitespace())
+            .split_whitespace()
+            .collect();
+        // `0  MIG 1g.18gb  19  7/7  16.00  No  16  1  0`
+        if cols.len() < 6 || cols[1] != "MIG" || !cols[4].contains('/') {
+            continue;
+        }
+        let (Ok(gpu), Ok(id), Ok(gib)) = (
+            cols[0].parse::<u32>(),
+            cols[3].parse::<u32>(),
+            cols[5].parse::<f64>(),
+        ) else {
+            continue;
+        };
+        out.push((gpu, cols[2].to_string(), id, gib));
+    }
+    out
+}
+
+/// The possible placements in `nvidia-smi mig -lgipp` output: (GPU index,
+/// profile id, start slots, memory slots per instance), from lines like
+/// `GPU  0 Profile ID 15 Placements: {0,2,4,6}:2`.
+pub fn parse_lgipp(text: &str) -> Vec<(u32, u32, Vec<u8>, u8)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix("GPU") else {
+            continue;
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let Some(gpu) = words.first().and_then(|w| w.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Some(id) = words
+            .windows(3)
+            .find(|w| w[0] == "Profile" && w[1] == "ID")
+            .and_then(|w| w[2].parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (rest.find('{'), rest.find('}')) else {
+            continue;
+        };
+        if close < open {
+            continue;
+        }
+        let starts: Result<Vec<u8>, _> = rest[open + 1..close]
+            .split(',')
+            .map(|x| x.trim().parse::<u8>())
+            .collect();
+        let size = rest[close + 1..]
+            .trim()
+            .strip_prefix(':')
+            .and_then(|x| x.trim().parse::<u8>().ok());
+        if let (Ok(starts), Some(size)) = (starts, size) {
+            out.push((gpu, id, starts, size));
+        }
     }
     out
 }
@@ -166,5 +280,61 @@ mod tests {
             ]
         );
         assert!(parse_lgi("No MIG-enabled devices found.").is_empty());
+    }
+
+    /// `nvidia-smi mig -lgip` and `-lgipp` as a real H200 printed them.
+    #[test]
+    fn profiles_and_placements_come_from_a_real_h200s_lgip_and_lgipp() {
+        let lgip = parse_lgip(include_str!("../../tests/data/nvidia-h200/lgip.txt"));
+        let row = |n: &str, id: u32, gib: f64| (0, n.to_string(), id, gib);
+        assert_eq!(
+            lgip,
+            [
+                row("1g.18gb", 19, 16.0),
+                row("1g.18gb+me", 20, 16.0),
+                row("1g.35gb", 15, 32.5),
+                row("2g.35gb", 14, 32.5),
+                row("3g.71gb", 9, 69.75),
+                row("4g.71gb", 5, 69.75),
+                row("7g.141gb", 0, 140.0),
+            ]
+        );
+        let lgipp = parse_lgipp(include_str!("../../tests/data/nvidia-h200/lgipp.txt"));
+        assert_eq!(
+            lgipp,
+            [
+                (0, 19, vec![0, 1, 2, 3, 4, 5, 6], 1),
+                (0, 20, vec![0, 1, 2, 3, 4, 5, 6], 1),
+                (0, 15, vec![0, 2, 4, 6], 2),
+                (0, 14, vec![0, 2, 4], 2),
+                (0, 9, vec![0, 4], 4),
+                (0, 5, vec![0], 4),
+                (0, 0, vec![0], 8),
+            ]
+        );
+        // -lgi's table is not -lgip's, and neither is -lgipp's.
+        assert!(parse_lgip(include_str!("../../tests/data/nvidia-h200/lgipp.txt")).is_empty());
+        assert!(parse_lgi(include_str!("../../tests/data/nvidia-h200/lgip.txt")).is_empty());
+        assert!(parse_lgipp("GPU 0 Profile ID 9 Placements: {0,x}:4\nGPU zero").is_empty());
+    }
+
+    /// The agent's reading of that H200: its profiles match -lgip's, and
+    /// the whole GPU offers total less the reservation.
+    #[test]
+    fn a_real_h200_reading_decodes() {
+        let r: NodeGpus =
+            serde_json::from_str(include_str!("../../tests/data/nvidia-h200/reading.json"))
+                .unwrap();
+        let g = &r.gpus[0];
+        assert_eq!(g.name, "NVIDIA H200");
+        assert_eq!(g.mig_enabled, Some(false));
+        assert_eq!(g.memory_usable_mib(), Some(143771 - 615));
+        let lgip = parse_lgip(include_str!("../../tests/data/nvidia-h200/lgip.txt"));
+        assert_eq!(g.mig_profiles.len(), lgip.len());
+        for p in &g.mig_profiles {
+            let (_, name, _, gib) = lgip.iter().find(|(_, _, id, _)| *id == p.id).unwrap();
+            assert_eq!(p.name.as_deref(), Some(name.as_str()));
+            assert_eq!(p.memory_mib as f64 / 1024.0, *gib);
+        }
     }
 }
