@@ -482,8 +482,8 @@ fn a_reading_under_the_catalogue_lowers_it_and_says_so() {
     assert_eq!(inv.spec.catalog.len(), 1);
     let o = &inv.spec.catalog[0];
     assert_eq!(o.name, "H200-141GB");
-    // 143,771 MiB less the 615 MiB this reading's reservation: 139.80 GiB.
-    assert_eq!(o.usable_gib, Some(139.8));
+    // 143,771 MiB less the 616 MiB reserved: 139.79 GiB.
+    assert_eq!(o.usable_gib, Some(139.79));
     assert_eq!(
         o.mig_usable_gib,
         BTreeMap::from([("1g.35gb".to_string(), 32.5), ("2g.35gb".to_string(), 32.5)])
@@ -498,7 +498,7 @@ fn a_reading_under_the_catalogue_lowers_it_and_says_so() {
     );
     let c = Cluster::from_spec("lowered", &inv.spec, &optimistic).unwrap();
     let h200 = c.catalog.get("H200-141GB").unwrap();
-    assert_eq!(h200.usable_gib, 139.8);
+    assert_eq!(h200.usable_gib, 139.79);
     let two = h200.mig.as_ref().unwrap();
     let usable = |n: &str| {
         two.profiles

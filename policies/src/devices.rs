@@ -328,7 +328,7 @@ mod tests {
         let g = &r.gpus[0];
         assert_eq!(g.name, "NVIDIA H200");
         assert_eq!(g.mig_enabled, Some(false));
-        assert_eq!(g.memory_usable_mib(), Some(143771 - 615));
+        assert_eq!(g.memory_usable_mib(), Some(143771 - 616));
         let lgip = parse_lgip(include_str!("../../tests/data/nvidia-h200/lgip.txt"));
         assert_eq!(g.mig_profiles.len(), lgip.len());
         for p in &g.mig_profiles {
