@@ -29,7 +29,8 @@
 //!     69.75, 7g.141gb 140.00 GiB. The placements and instance counts
 //!     match the 8-slot rules below. Its whole-GPU usable memory is
 //!     measured too: 143,771 MiB less the 616 MiB the driver reserves
-//!     (NVML's `reserved`), 139.79 GiB, under its 7g instance's 140.00.
+//!     (NVML's `reserved`) with MIG off, 139.79 GiB: under the 140.00
+//!     that `-lgip` lists for its 7g instance.
 //!   - The other models: H100's usable fraction of the profile's nominal
 //!     size, an assumption.
 //!
