@@ -148,9 +148,9 @@ fn nvidia_smi(args: &[&str]) -> Option<String> {
 /// 0–16 in driver 580); ids past the last one answer an error.
 const PROFILE_IDS: u32 = 32;
 
-/// The profiles read so far, by GPU UUID and MIG mode (NVML: "immutable
-/// throughout the lifetime of a MIG mode"), so `nvidia-smi` runs once per
-/// GPU and mode, not once a second.
+/// The profiles read so far, complete, by GPU UUID and MIG mode (NVML:
+/// "immutable throughout the lifetime of a MIG mode"), so `nvidia-smi`
+/// runs once per GPU and mode, not once a second.
 static PROFILES: Mutex<Vec<ProfilesOf>> = Mutex::new(Vec::new());
 
 /// (GPU UUID, MIG mode) and its profiles.
@@ -206,7 +206,14 @@ fn profiles(
         }
         out.sort_by_key(|p| (p.compute_slices, p.memory_mib, p.id));
     }
-    cache.push((key, out.clone()));
+    // Kept only when complete: a read whose `nvidia-smi` failed is tried
+    // again next time rather than left unnamed until a restart.
+    if out
+        .iter()
+        .all(|p| p.name.is_some() && p.memory_slots.is_some())
+    {
+        cache.push((key, out.clone()));
+    }
     out
 }
 
