@@ -488,6 +488,17 @@ impl Measured {
     }
 
     fn overrides(self) -> (Vec<GpuModelOverride>, Vec<(String, String)>) {
+        fn of(
+            by_model: &mut BTreeMap<String, GpuModelOverride>,
+            model: String,
+        ) -> &mut GpuModelOverride {
+            by_model
+                .entry(model.clone())
+                .or_insert_with(|| GpuModelOverride {
+                    name: model,
+                    ..GpuModelOverride::default()
+                })
+        }
         let mut by_model: BTreeMap<String, GpuModelOverride> = BTreeMap::new();
         let mut notes = Vec::new();
         for (model, (gib, was, node, gpu)) in self.whole {
@@ -499,13 +510,7 @@ impl Measured {
                      planned with {gib:.2}"
                 ),
             ));
-            by_model
-                .entry(model.clone())
-                .or_insert_with(|| GpuModelOverride {
-                    name: model,
-                    ..GpuModelOverride::default()
-                })
-                .usable_gib = Some(gib);
+            of(&mut by_model, model).usable_gib = Some(gib);
         }
         for ((model, profile), (gib, was, node, gpu)) in self.mig {
             notes.push((
@@ -515,14 +520,7 @@ impl Measured {
                      catalogue's {was:.2} for {model}: planned with {gib:.2}"
                 ),
             ));
-            by_model
-                .entry(model.clone())
-                .or_insert_with(|| GpuModelOverride {
-                    name: model,
-                    ..GpuModelOverride::default()
-                })
-                .mig_usable_gib
-                .insert(profile, gib);
+            of(&mut by_model, model).mig_usable_gib.insert(profile, gib);
         }
         (by_model.into_values().collect(), notes)
     }
