@@ -13,7 +13,8 @@
 //! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for (default `mig, whole`: what the controller sets up itself) |
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
-//! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits) | what runs where: a pod asking for `nvidia.com/mig-<profile>` takes an instance of that profile on its node, one asking for `nvidia.com/gpu: N` takes N whole GPUs |
+//! | label `nvidia.com/device-plugin.config` (`timeslice-N`, `mps-N`, `mig-<profile>-timeslice-N`: the names gpuscale writes) | how many shares the device plugin makes of each GPU or instance now |
+//! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits, HAMi's `nvidia.com/use-gpuuuid`) | what runs where ([`Held`]): `nvidia.com/mig-<profile>` an instance of that profile, `nvidia.com/mig-<profile>.shared` a share of one (the fullest with a share left), `nvidia.com/gpu.shared` a share of a time-sliced or MPS GPU (likewise), `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` a fractional share of N GPUs (the pinned ones, else binpack by `gpumem` and `gpucores`), `nvidia.com/gpu: N` alone N whole GPUs |
 //!
 //! Where a reading measures less memory than the catalogue assumes (a
 //! whole GPU's total less the driver's reservation, or a MIG profile's
@@ -29,7 +30,7 @@
 use std::collections::BTreeMap;
 
 use gpuscale_policies::devices::NodeGpus;
-use gpuscale_policies::inventory::{GpuModelOverride, GpuState, NodeSpec, Workload};
+use gpuscale_policies::inventory::{GpuModelOverride, GpuState, MigTimeslice, NodeSpec, Workload};
 use gpuscale_policies::mig::Placement;
 use gpuscale_policies::{Catalog, ClusterSpec, GpuMode, Health, SharingMode};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -95,17 +96,45 @@ fn free_gpu(index: u32) -> GpuState {
     }
 }
 
-/// What a running pod holds: its model and device requests.
+/// A device a running pod holds, from its container's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Held {
+    /// `nvidia.com/gpu: N` without HAMi's limits: N whole GPUs.
+    Whole(u32),
+    /// `nvidia.com/mig-<profile>`: one MIG instance of the profile.
+    Mig(String),
+    /// `nvidia.com/mig-<profile>.shared`: one time-sliced share of an
+    /// instance of the profile (the device plugin's mixed strategy with
+    /// `renameByDefault`).
+    MigShare(String),
+    /// `nvidia.com/gpu.shared`: one share of a GPU the node's device
+    /// plugin time-slices or partitions with MPS.
+    Share,
+    /// `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` (and
+    /// `nvidia.com/gpucores`): a fractional share of each of N GPUs, with
+    /// the UUIDs HAMi may choose from (annotation `nvidia.com/use-gpuuuid`;
+    /// empty: any of the node's GPUs).
+    Fractional {
+        /// GPUs (tensor-parallel degree).
+        gpus: u32,
+        /// `nvidia.com/gpumem` per GPU (MiB).
+        mib: u64,
+        /// `nvidia.com/gpucores` per GPU (percent).
+        cores: u32,
+        /// The GPUs it may be on.
+        uuids: Vec<String>,
+    },
+}
+
+/// What a running pod holds: its model and devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Holding {
     /// The node it is bound to.
     pub node: String,
     /// The model (policy name).
     pub model: String,
-    /// MIG profile of the instance it holds, if any.
-    pub mig: Option<String>,
-    /// Whole GPUs it holds.
-    pub gpus: u32,
+    /// The devices its containers hold.
+    pub held: Vec<Held>,
 }
 
 /// What gpuscale's pods hold (those bound to a node and not finished).
@@ -129,30 +158,171 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
         else {
             continue;
         };
-        let mut h = Holding {
-            node,
-            model,
-            mig: None,
-            gpus: 0,
-        };
+        let uuids: Vec<String> = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(gpuscale_packer::emit::HAMI_USE_UUID))
+            .map(|list| {
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut held = Vec::new();
         for c in &spec.containers {
-            for (k, v) in c.resources.iter().flat_map(|r| r.limits.iter().flatten()) {
+            let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+            let get = |k: &str| {
+                limits
+                    .and_then(|l| l.get(k))
+                    .and_then(|v| v.0.parse::<u64>().ok())
+            };
+            for k in limits.iter().flat_map(|l| l.keys()) {
                 if let Some(profile) = k.strip_prefix("nvidia.com/mig-") {
-                    h.mig = Some(profile.trim_end_matches(".shared").to_string());
-                } else if k == "nvidia.com/gpu" {
-                    h.gpus += v.0.parse::<u32>().unwrap_or(0);
+                    held.push(match profile.strip_suffix(".shared") {
+                        Some(p) => Held::MigShare(p.to_string()),
+                        None => Held::Mig(profile.to_string()),
+                    });
+                } else if k == "nvidia.com/gpu.shared" {
+                    for _ in 0..get(k).unwrap_or(0) {
+                        held.push(Held::Share);
+                    }
                 }
             }
+            let gpus = get("nvidia.com/gpu").unwrap_or(0) as u32;
+            if gpus > 0 {
+                held.push(match get(gpuscale_packer::emit::HAMI_MEMORY) {
+                    Some(mib) => Held::Fractional {
+                        gpus,
+                        mib,
+                        cores: get(gpuscale_packer::emit::HAMI_CORES).unwrap_or(100) as u32,
+                        uuids: uuids.clone(),
+                    },
+                    None => Held::Whole(gpus),
+                });
+            }
         }
-        out.push(h);
+        out.push(Holding { node, model, held });
     }
     out
 }
 
-/// Puts what the pods hold on their nodes' GPUs: a MIG instance of the
-/// profile not yet taken, or free healthy whole GPUs; what does not fit
-/// the node as read is noted.
-fn place_holdings(node: &mut NodeSpec, held: &[&Holding], notes: &mut Vec<(String, String)>) {
+/// The device-plugin config a node's `nvidia.com/device-plugin.config`
+/// label names, in the names gpuscale gives them (`packer::emit`):
+/// `default`, `timeslice-N`, `mps-N`, `mig-<profile>-timeslice-N`.
+#[derive(Debug, Clone, PartialEq)]
+enum PluginConfig {
+    Default,
+    Timeslice(u8),
+    Mps(u8),
+    MigTimeslice(String, u8),
+}
+
+fn plugin_config(name: &str) -> Option<PluginConfig> {
+    if name == "default" {
+        return Some(PluginConfig::Default);
+    }
+    let n = |v: &str| v.parse::<u8>().ok().filter(|&n| n >= 2);
+    if let Some(rest) = name.strip_prefix("mig-")
+        && let Some((profile, k)) = rest.rsplit_once("-timeslice-")
+    {
+        return Some(PluginConfig::MigTimeslice(profile.to_string(), n(k)?));
+    }
+    if let Some(k) = name.strip_prefix("timeslice-") {
+        return Some(PluginConfig::Timeslice(n(k)?));
+    }
+    if let Some(k) = name.strip_prefix("mps-") {
+        return Some(PluginConfig::Mps(n(k)?));
+    }
+    None
+}
+
+/// Sets the node's device-plugin config from its label (only where the
+/// GPU model has the time-sliced profile), noting names it cannot read.
+fn apply_plugin_config(
+    node: &mut NodeSpec,
+    label: Option<&str>,
+    gpu: &gpuscale_policies::GpuModel,
+    notes: &mut Vec<(String, String)>,
+) {
+    let Some(label) = label else { return };
+    let label_name = gpuscale_packer::emit::DEVICE_PLUGIN_CONFIG_LABEL;
+    match plugin_config(label) {
+        Some(PluginConfig::Default) => {}
+        Some(PluginConfig::Timeslice(n)) => node.timeslice_replicas = Some(n),
+        Some(PluginConfig::Mps(n)) => node.mps_replicas = Some(n),
+        Some(PluginConfig::MigTimeslice(profile, n)) => {
+            let known = gpu
+                .mig
+                .iter()
+                .flat_map(|m| m.profiles.iter())
+                .any(|p| !p.media_extensions && p.name == profile);
+            if known {
+                node.mig_timeslice = Some(MigTimeslice {
+                    profile,
+                    replicas: n,
+                });
+            } else {
+                notes.push((
+                    node.name.clone(),
+                    format!(
+                        "{label_name}={label}: {} has no MIG profile `{profile}`; its shares are \
+                         counted as whole instances",
+                        gpu.name
+                    ),
+                ));
+            }
+        }
+        None => notes.push((
+            node.name.clone(),
+            format!(
+                "{label_name}={label} is not a config gpuscale writes (default, timeslice-N, \
+                 mps-N, mig-<profile>-timeslice-N): the shares on it are counted as whole GPUs \
+                 and instances"
+            ),
+        )),
+    }
+}
+
+/// Lets the node run what its pods show it runs: a mode the `sharing`
+/// annotation leaves out is added, with a note (the pods are there; a plan
+/// that ignored them would count their GPUs as free).
+fn allow(node: &mut NodeSpec, mode: SharingMode, why: &str, notes: &mut Vec<(String, String)>) {
+    if !node.sharing.contains(&mode) {
+        node.sharing.push(mode);
+        notes.push((
+            node.name.clone(),
+            format!(
+                "{why}, which its `{SHARING}` annotation does not allow: `{mode}` allowed for \
+                 what runs"
+            ),
+        ));
+    }
+}
+
+/// Puts what the pods hold on their nodes' GPUs (`memory_mib`: one GPU's
+/// memory, for HAMi's shares):
+/// - a MIG instance of the profile not yet taken;
+/// - a time-sliced share of an instance: the fullest instance of the
+///   profile with a share left (the node's `mig-<profile>-timeslice-N`);
+/// - a share of a time-sliced or MPS GPU: the fullest such GPU with a share
+///   left, else a free one (the node's `timeslice-N` or `mps-N`);
+/// - a HAMi share: among the GPUs it may be on, the fullest fractional GPU
+///   with room for its `gpumem` and `gpucores` (HAMi's `binpack`, which
+///   gpuscale's pods ask for), else a free one;
+/// - whole GPUs: free healthy ones.
+///
+/// A share on a node whose config does not say how many a device takes is
+/// counted as the whole device. What does not fit the node as read is
+/// noted.
+fn place_holdings(
+    node: &mut NodeSpec,
+    held: &[&Holding],
+    memory_mib: u64,
+    notes: &mut Vec<(String, String)>,
+) {
     let state = |index: u32, gpus: &mut Vec<GpuState>| -> usize {
         if let Some(i) = gpus.iter().position(|g| g.index == index) {
             return i;
@@ -160,60 +330,212 @@ fn place_holdings(node: &mut NodeSpec, held: &[&Holding], notes: &mut Vec<(Strin
         gpus.push(free_gpu(index));
         gpus.len() - 1
     };
+    let free = |node: &NodeSpec, i: u32, skip: &[u32]| {
+        !skip.contains(&i)
+            && node
+                .gpus
+                .iter()
+                .find(|g| g.index == i)
+                .is_none_or(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
+    };
+    // (MiB, percent) HAMi's shares take per GPU.
+    let mut fractional_use: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
     for h in held {
-        if let Some(profile) = &h.mig {
-            let slot = node.gpus.iter_mut().find_map(|g| {
-                let start = g
-                    .geometry
-                    .iter()
-                    .find(|p| {
-                        p.profile == *profile
-                            && !g.workloads.iter().any(|w| w.slot == Some(p.start))
-                    })?
-                    .start;
-                g.workloads.push(Workload {
-                    model: h.model.clone(),
-                    slot: Some(start),
-                });
-                Some(start)
-            });
-            if slot.is_none() {
-                notes.push((
-                    node.name.clone(),
-                    format!(
-                        "a pod of {} holds a {profile} instance the node's reading does not show",
-                        h.model
-                    ),
-                ));
-            }
-        }
-        for _ in 0..h.gpus {
-            let free = (0..node.gpu_count).find(|&i| {
-                node.gpus
-                    .iter()
-                    .find(|g| g.index == i)
-                    .is_none_or(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
-            });
-            match free {
-                Some(i) => {
+        for device in &h.held {
+            match device {
+                Held::Mig(profile) => {
+                    if !take_instance(node, profile, &h.model, 1) {
+                        no_room(
+                            notes,
+                            &node.name,
+                            &h.model,
+                            &format!("a {profile} instance"),
+                        );
+                    }
+                }
+                Held::MigShare(profile) => {
+                    let per = node
+                        .mig_timeslice
+                        .as_ref()
+                        .filter(|t| t.profile == *profile)
+                        .map_or(1, |t| usize::from(t.replicas));
+                    if per > 1 {
+                        allow(
+                            node,
+                            SharingMode::MigTimeslice,
+                            "runs time-sliced MIG",
+                            notes,
+                        );
+                    } else {
+                        notes.push((
+                            node.name.clone(),
+                            format!(
+                                "a pod of {} holds a share of a {profile} instance and the node's \
+                                 device-plugin config does not time-slice {profile}: counted as \
+                                 the whole instance",
+                                h.model
+                            ),
+                        ));
+                    }
+                    if !take_instance(node, profile, &h.model, per) {
+                        no_room(
+                            notes,
+                            &node.name,
+                            &h.model,
+                            &format!("a share of a {profile} instance"),
+                        );
+                    }
+                }
+                Held::Share => {
+                    let (mode, per, sharing) = match (node.mps_replicas, node.timeslice_replicas) {
+                        (Some(n), _) => (GpuMode::Mps, usize::from(n), SharingMode::Mps),
+                        (None, Some(n)) => {
+                            (GpuMode::Timeslice, usize::from(n), SharingMode::Timeslice)
+                        }
+                        (None, None) => {
+                            notes.push((
+                                node.name.clone(),
+                                format!(
+                                    "a pod of {} holds a GPU share and the node's device-plugin \
+                                     config does not say how many shares a GPU takes: counted as \
+                                     a whole GPU",
+                                    h.model
+                                ),
+                            ));
+                            (GpuMode::Whole, 1, SharingMode::Whole)
+                        }
+                    };
+                    let fullest = node
+                        .gpus
+                        .iter()
+                        .filter(|g| {
+                            g.mode == mode
+                                && mode != GpuMode::Whole
+                                && g.health == Health::Healthy
+                                && g.workloads.len() < per
+                        })
+                        .max_by_key(|g| (g.workloads.len(), std::cmp::Reverse(g.index)))
+                        .map(|g| g.index);
+                    let Some(i) =
+                        fullest.or_else(|| (0..node.gpu_count).find(|&i| free(node, i, &[])))
+                    else {
+                        no_room(notes, &node.name, &h.model, "a GPU share");
+                        continue;
+                    };
+                    if mode != GpuMode::Whole {
+                        allow(node, sharing, "runs shared GPUs", notes);
+                    }
                     let k = state(i, &mut node.gpus);
-                    node.gpus[k].mode = GpuMode::Whole;
+                    node.gpus[k].mode = mode;
                     node.gpus[k].workloads.push(Workload {
                         model: h.model.clone(),
                         slot: None,
                     });
                 }
-                None => notes.push((
-                    node.name.clone(),
-                    format!(
-                        "a pod of {} holds a whole GPU the node has no room for",
-                        h.model
-                    ),
-                )),
+                Held::Fractional {
+                    gpus,
+                    mib,
+                    cores,
+                    uuids,
+                } => {
+                    let may = |node: &NodeSpec, i: u32| {
+                        uuids.is_empty()
+                            || node.gpus.iter().any(|g| {
+                                g.index == i && g.uuid.as_ref().is_some_and(|u| uuids.contains(u))
+                            })
+                    };
+                    let mut taken: Vec<u32> = Vec::new();
+                    for _ in 0..*gpus {
+                        let room = |i: u32| {
+                            let (m, c) = fractional_use.get(&i).copied().unwrap_or_default();
+                            m + mib <= memory_mib && c + cores <= 100
+                        };
+                        let fullest = node
+                            .gpus
+                            .iter()
+                            .filter(|g| {
+                                g.mode == GpuMode::Fractional
+                                    && g.health == Health::Healthy
+                                    && !taken.contains(&g.index)
+                                    && may(node, g.index)
+                                    && room(g.index)
+                            })
+                            .max_by_key(|g| {
+                                let (m, _) =
+                                    fractional_use.get(&g.index).copied().unwrap_or_default();
+                                (m, std::cmp::Reverse(g.index))
+                            })
+                            .map(|g| g.index);
+                        let Some(i) = fullest.or_else(|| {
+                            (0..node.gpu_count).find(|&i| free(node, i, &taken) && may(node, i))
+                        }) else {
+                            no_room(notes, &node.name, &h.model, "a fractional GPU share");
+                            break;
+                        };
+                        allow(node, SharingMode::Fractional, "runs HAMi shares", notes);
+                        taken.push(i);
+                        let used = fractional_use.entry(i).or_default();
+                        used.0 += mib;
+                        used.1 += cores;
+                        let k = state(i, &mut node.gpus);
+                        node.gpus[k].mode = GpuMode::Fractional;
+                        node.gpus[k].workloads.push(Workload {
+                            model: h.model.clone(),
+                            slot: None,
+                        });
+                    }
+                }
+                Held::Whole(n) => {
+                    for _ in 0..*n {
+                        let Some(i) = (0..node.gpu_count).find(|&i| free(node, i, &[])) else {
+                            no_room(notes, &node.name, &h.model, "a whole GPU");
+                            break;
+                        };
+                        let k = state(i, &mut node.gpus);
+                        node.gpus[k].mode = GpuMode::Whole;
+                        node.gpus[k].workloads.push(Workload {
+                            model: h.model.clone(),
+                            slot: None,
+                        });
+                    }
+                }
             }
         }
     }
     node.gpus.sort_by_key(|g| g.index);
+}
+
+fn no_room(notes: &mut Vec<(String, String)>, node: &str, model: &str, what: &str) {
+    notes.push((
+        node.to_string(),
+        format!("a pod of {model} holds {what} the node has no room for"),
+    ));
+}
+
+/// Puts `model` on an instance of `profile` running fewer than `per`
+/// workloads, the fullest first; `false` when there is none.
+fn take_instance(node: &mut NodeSpec, profile: &str, model: &str, per: usize) -> bool {
+    let mut best: Option<(usize, usize, u8)> = None;
+    for (k, g) in node.gpus.iter().enumerate() {
+        for p in g.geometry.iter().filter(|p| p.profile == profile) {
+            let here = g
+                .workloads
+                .iter()
+                .filter(|w| w.slot == Some(p.start))
+                .count();
+            if here < per && best.is_none_or(|(_, n, _)| here > n) {
+                best = Some((k, here, p.start));
+            }
+        }
+    }
+    let Some((k, _, start)) = best else {
+        return false;
+    };
+    node.gpus[k].workloads.push(Workload {
+        model: model.to_string(),
+        slot: Some(start),
+    });
+    true
 }
 
 /// The inventory of the GPU nodes among `nodes` (those with
@@ -407,8 +729,21 @@ pub fn from_nodes(
             sharing,
             gpus,
         };
+        apply_plugin_config(
+            &mut spec,
+            labels
+                .get(gpuscale_packer::emit::DEVICE_PLUGIN_CONFIG_LABEL)
+                .map(String::as_str),
+            gpu,
+            &mut out.notes,
+        );
         let here: Vec<&Holding> = held.iter().filter(|h| h.node == name).collect();
-        place_holdings(&mut spec, &here, &mut out.notes);
+        place_holdings(
+            &mut spec,
+            &here,
+            (gpu.memory_gib * 1024.0) as u64,
+            &mut out.notes,
+        );
         out.spec.nodes.push(spec);
     }
     out.spec.nodes.sort_by(|a, b| a.name.cmp(&b.name));

@@ -510,3 +510,229 @@ fn a_reading_under_the_catalogue_lowers_it_and_says_so() {
     assert_eq!(usable("2g.35gb"), 32.5);
     assert_eq!(usable("3g.71gb"), 68.5);
 }
+
+fn annotated(mut node: Node, key: &str, value: &str) -> Node {
+    node.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    node
+}
+
+fn running(name: &str, model: &str, limits: serde_json::Value) -> Pod {
+    pod(name, model, "gpu-a", limits, "Running")
+}
+
+fn counts(c: &Cluster, mode: GpuMode) -> Vec<(u32, usize)> {
+    c.nodes[0]
+        .gpus
+        .iter()
+        .filter(|g| g.mode == mode)
+        .map(|g| (g.index, g.workloads.len()))
+        .collect()
+}
+
+/// Pods holding `nvidia.com/gpu.shared` on a node whose device-plugin
+/// config is `timeslice-4` (the name gpuscale writes) are shares, four to
+/// a GPU as the device plugin advertises them, not whole GPUs; the node
+/// keeps its config. Before, they were not counted at all (the GPUs looked
+/// free).
+#[test]
+fn time_sliced_shares_fill_the_gpus_four_to_one() {
+    let nodes = [annotated(
+        h100(
+            "gpu-a",
+            json!({"nvidia.com/device-plugin.config": "timeslice-4"}),
+        ),
+        "gpuscale.io/sharing",
+        "timeslice, whole",
+    )];
+    let pods: Vec<Pod> = (0..6)
+        .map(|i| {
+            running(
+                &format!("p{i}"),
+                "embed",
+                json!({"nvidia.com/gpu.shared": "1"}),
+            )
+        })
+        .collect();
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::new(),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    assert!(inv.notes.is_empty(), "{:?}", inv.notes);
+    let c = cluster(&inv.spec);
+    assert_eq!(c.nodes[0].timeslice_replicas, Some(4));
+    assert_eq!(counts(&c, GpuMode::Timeslice), [(0, 4), (1, 2)]);
+    assert!(counts(&c, GpuMode::Whole).is_empty());
+}
+
+/// The same under MPS (`mps-2`): two clients per GPU.
+#[test]
+fn mps_shares_fill_the_gpus_two_to_one() {
+    let nodes = [annotated(
+        h100("gpu-a", json!({"nvidia.com/device-plugin.config": "mps-2"})),
+        "gpuscale.io/sharing",
+        "mps, whole",
+    )];
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| {
+            running(
+                &format!("p{i}"),
+                "chat",
+                json!({"nvidia.com/gpu.shared": "1"}),
+            )
+        })
+        .collect();
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::new(),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    assert_eq!(c.nodes[0].mps_replicas, Some(2));
+    assert_eq!(counts(&c, GpuMode::Mps), [(0, 2), (1, 1)]);
+}
+
+/// A node time-slicing its `1g.10gb` instances three ways
+/// (`mig-1g.10gb-timeslice-3`): three pods holding
+/// `nvidia.com/mig-1g.10gb.shared` share GPU 0's one `1g.10gb` instance
+/// (slot 0), and a fourth has no room, which is noted.
+#[test]
+fn time_sliced_mig_shares_share_one_instance() {
+    let (_, reading) = example();
+    let nodes = [annotated(
+        h100(
+            "gpu-a",
+            json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00",
+                   "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-3"}),
+        ),
+        "gpuscale.io/sharing",
+        "mig, mig-timeslice, whole",
+    )];
+    let pods: Vec<Pod> = (0..4)
+        .map(|i| {
+            running(
+                &format!("p{i}"),
+                "embed",
+                json!({"nvidia.com/mig-1g.10gb.shared": "1"}),
+            )
+        })
+        .collect();
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    // The reading's GPU 7 has ECC errors (noted), and the fourth share:
+    assert_eq!(inv.notes.len(), 2, "{:?}", inv.notes);
+    assert!(inv.notes[1].1.contains("no room"), "{:?}", inv.notes);
+    let c = cluster(&inv.spec);
+    let ts = c.nodes[0]
+        .mig_timeslice
+        .as_ref()
+        .expect("the node's config");
+    assert_eq!((ts.profile.as_str(), ts.replicas), ("1g.10gb", 3));
+    let g0 = &c.nodes[0].gpus[0];
+    assert_eq!(g0.workloads.len(), 3);
+    assert!(g0.workloads.iter().all(|w| w.slot == Some(0)));
+}
+
+/// HAMi's pods (`nvidia.com/gpu` with `nvidia.com/gpumem` and
+/// `nvidia.com/gpucores`) are fractional shares, not whole GPUs: one
+/// pinned by `nvidia.com/use-gpuuuid` lands on that GPU, the others fill
+/// fractional GPUs with room first (HAMi's binpack: 30,000 + 30,000 MiB
+/// fit an 80 GB H100's 81,920, a third does not), and a tensor-parallel
+/// pod takes a share of two different GPUs.
+#[test]
+fn hami_shares_are_fractional_gpus_on_the_pinned_or_fullest_gpu() {
+    let (_, reading) = example();
+    let nodes = [annotated(
+        h100("gpu-a", json!({"gpu": "on"})),
+        "gpuscale.io/sharing",
+        "fractional, whole",
+    )];
+    let share = |mib: &str, cores: &str, gpus: &str| json!({"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mib, "nvidia.com/gpucores": cores});
+    let mut pinned = running("a", "llama-8b", share("30000", "30", "1"));
+    pinned.metadata.annotations = Some(
+        [(
+            "nvidia.com/use-gpuuuid".to_string(),
+            "GPU-5fd4bd05-0000-4d5b-9c5e-000000000003".to_string(),
+        )]
+        .into(),
+    );
+    let pods = [
+        pinned,
+        running("b", "qwen-7b", share("30000", "30", "1")),
+        running("c", "qwen-7b", share("30000", "30", "1")),
+        running("d", "llama-70b", share("40000", "50", "2")),
+    ];
+    let mut reading = reading;
+    reading.gpus[0].mig_enabled = Some(false);
+    reading.gpus[0].instances.clear();
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    // Only the reading's GPU 7 (ECC errors) is noted.
+    assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
+    let c = cluster(&inv.spec);
+    assert!(
+        counts(&c, GpuMode::Whole).is_empty(),
+        "no share counted whole"
+    );
+    // a and b on GPU 3; c on GPU 0 (free, the lowest); d on GPU 0
+    // (30,000 + 40,000 fit, the fullest with room) and on GPU 1.
+    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 1), (3, 2)]);
+    let on = |i: usize| -> Vec<&str> {
+        c.nodes[0].gpus[i]
+            .workloads
+            .iter()
+            .map(|w| w.model.as_str())
+            .collect()
+    };
+    assert_eq!(on(3), ["llama-8b", "qwen-7b"]);
+    assert_eq!(on(0), ["qwen-7b", "llama-70b"]);
+    assert_eq!(on(1), ["llama-70b"]);
+}
+
+/// What runs wins over what the annotations say, with a note each: a
+/// HAMi share on a node whose `sharing` leaves out `fractional` makes the
+/// node allow it for what runs; a share on a node without a device-plugin
+/// config gpuscale can read counts as a whole GPU, never as a free one.
+#[test]
+fn shares_the_annotations_do_not_explain_are_kept_and_noted() {
+    let nodes = [h100(
+        "gpu-a",
+        json!({"nvidia.com/device-plugin.config": "team-custom"}),
+    )];
+    let pods = [
+        running(
+            "a",
+            "chat",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}),
+        ),
+        running("b", "embed", json!({"nvidia.com/gpu.shared": "1"})),
+    ];
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::new(),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    let notes: Vec<&str> = inv.notes.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(notes[0].contains("team-custom is not a config gpuscale writes"));
+    assert!(notes[1].contains("`fractional` allowed for what runs"));
+    assert!(notes[2].contains("counted as a whole GPU"));
+    let c = cluster(&inv.spec);
+    assert!(c.nodes[0].sharing.contains(&SharingMode::Fractional));
+    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 1)]);
+    assert_eq!(counts(&c, GpuMode::Whole), [(1, 1)]);
+}
