@@ -14,7 +14,7 @@
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
 //! | label `nvidia.com/device-plugin.config` (`timeslice-N`, `mps-N`, `mig-<profile>-timeslice-N`: the names gpuscale writes) | how many shares the device plugin makes of each GPU or instance now |
-//! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits, HAMi's `nvidia.com/use-gpuuuid`) | what runs where ([`Held`]): `nvidia.com/mig-<profile>` an instance of that profile, `nvidia.com/mig-<profile>.shared` a share of one (the fullest with a share left), `nvidia.com/gpu.shared` a share of a time-sliced or MPS GPU (likewise), `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` a fractional share of N GPUs (the pinned ones, else binpack by `gpumem` and `gpucores`), `nvidia.com/gpu: N` alone N whole GPUs |
+//! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits, HAMi's annotations) | what runs where ([`Held`]): `nvidia.com/mig-<profile>` an instance of that profile, `nvidia.com/mig-<profile>.shared` a share of one and `nvidia.com/gpu.shared` a share of a time-sliced or MPS GPU (the least shared, as the device plugin hands replicas out), `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` (or `-percentage`) a fractional share of N GPUs (where HAMi's `hami.io/vgpu-devices-allocated` says, else as its binpack would), `nvidia.com/gpu: N` alone N whole GPUs |
 //!
 //! Where a reading measures less memory than the catalogue assumes (a
 //! whole GPU's total less the driver's reservation, or a MIG profile's
@@ -110,20 +110,29 @@ pub enum Held {
     /// `nvidia.com/gpu.shared`: one share of a GPU the node's device
     /// plugin time-slices or partitions with MPS.
     Share,
-    /// `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` (and
-    /// `nvidia.com/gpucores`): a fractional share of each of N GPUs, with
-    /// the UUIDs HAMi may choose from (annotation `nvidia.com/use-gpuuuid`;
-    /// empty: any of the node's GPUs).
-    Fractional {
-        /// GPUs (tensor-parallel degree).
-        gpus: u32,
-        /// `nvidia.com/gpumem` per GPU (MiB).
-        mib: u64,
-        /// `nvidia.com/gpucores` per GPU (percent).
-        cores: u32,
-        /// The GPUs it may be on.
-        uuids: Vec<String>,
-    },
+    /// `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` or
+    /// `nvidia.com/gpumem-percentage`: a fractional share of each of N GPUs.
+    Fractional(FractionalShare),
+}
+
+/// A HAMi container's share of its GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FractionalShare {
+    /// GPUs (tensor-parallel degree).
+    pub gpus: u32,
+    /// Memory per GPU: MiB (`nvidia.com/gpumem`) or, when `None`, this
+    /// percentage of the GPU's (`nvidia.com/gpumem-percentage`).
+    pub mib: Option<u64>,
+    /// `nvidia.com/gpumem-percentage`.
+    pub memory_percent: u32,
+    /// `nvidia.com/gpucores` (HAMi's default: 0).
+    pub cores: u32,
+    /// The GPUs HAMi may choose from (`nvidia.com/use-gpuuuid`; empty:
+    /// any).
+    pub uuids: Vec<String>,
+    /// What HAMi allocated, when the pod says
+    /// (`hami.io/vgpu-devices-allocated`): (UUID, MiB, cores) per GPU.
+    pub allocated: Vec<(String, u64, u32)>,
 }
 
 /// What a running pod holds: its model and devices.
@@ -135,6 +144,62 @@ pub struct Holding {
     pub model: String,
     /// The devices its containers hold.
     pub held: Vec<Held>,
+}
+
+/// HAMi's record of the devices it gave each container:
+/// `UUID,Type,MiB,cores` per device, `:` after each device, `;` after
+/// each container (HAMi's `EncodePodSingleDevice`).
+pub const HAMI_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+
+/// HAMi's memory limit as a percentage of the GPU's.
+pub const HAMI_MEMORY_PERCENT: &str = "nvidia.com/gpumem-percentage";
+
+/// Most devices of one kind counted per container: limits are the pod's
+/// own text, and a bound pod is listed before the kubelet rejects it.
+const MOST_PER_CONTAINER: u64 = 64;
+
+/// A Kubernetes quantity as a whole number (`30000`, `30k`, `2Gi`);
+/// `None` when it is not one.
+fn quantity(v: &str) -> Option<u64> {
+    const SUFFIXES: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, scale) = SUFFIXES
+        .iter()
+        .find_map(|(s, k)| v.strip_suffix(s).map(|d| (d, *k)))
+        .unwrap_or((v, 1));
+    digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+/// HAMi's allocation record, per container in the pod's order.
+fn hami_allocated(record: &str) -> Vec<Vec<(String, u64, u32)>> {
+    record
+        .trim_end_matches(';')
+        .split(';')
+        .map(|container| {
+            container
+                .split(':')
+                .filter_map(|device| {
+                    let f: Vec<&str> = device.split(',').collect();
+                    if f.len() < 4 || f[0].is_empty() {
+                        return None;
+                    }
+                    Some((
+                        f[0].to_string(),
+                        f[2].parse().ok()?,
+                        f[3].parse::<u32>().ok()?.min(100),
+                    ))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// What gpuscale's pods hold (those bound to a node and not finished).
@@ -158,11 +223,8 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
         else {
             continue;
         };
-        let uuids: Vec<String> = p
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(gpuscale_packer::emit::HAMI_USE_UUID))
+        let annotation = |k: &str| p.metadata.annotations.as_ref().and_then(|a| a.get(k));
+        let uuids: Vec<String> = annotation(gpuscale_packer::emit::HAMI_USE_UUID)
             .map(|list| {
                 list.split(',')
                     .map(str::trim)
@@ -171,38 +233,46 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
                     .collect()
             })
             .unwrap_or_default();
+        let allocated = annotation(HAMI_ALLOCATED)
+            .map(|r| hami_allocated(r))
+            .unwrap_or_default();
         let mut held = Vec::new();
-        for c in &spec.containers {
+        for (i, c) in spec.containers.iter().enumerate() {
             let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
-            let get = |k: &str| {
-                limits
-                    .and_then(|l| l.get(k))
-                    .and_then(|v| v.0.parse::<u64>().ok())
-            };
+            let get = |k: &str| limits.and_then(|l| l.get(k)).and_then(|v| quantity(&v.0));
+            let count = |k: &str| get(k).unwrap_or(0).min(MOST_PER_CONTAINER);
             for k in limits.iter().flat_map(|l| l.keys()) {
                 if let Some(profile) = k.strip_prefix("nvidia.com/mig-") {
-                    held.push(match profile.strip_suffix(".shared") {
-                        Some(p) => Held::MigShare(p.to_string()),
-                        None => Held::Mig(profile.to_string()),
-                    });
+                    for _ in 0..count(k) {
+                        held.push(match profile.strip_suffix(".shared") {
+                            Some(p) => Held::MigShare(p.to_string()),
+                            None => Held::Mig(profile.to_string()),
+                        });
+                    }
                 } else if k == "nvidia.com/gpu.shared" {
-                    for _ in 0..get(k).unwrap_or(0) {
+                    for _ in 0..count(k) {
                         held.push(Held::Share);
                     }
                 }
             }
-            let gpus = get("nvidia.com/gpu").unwrap_or(0) as u32;
-            if gpus > 0 {
-                held.push(match get(gpuscale_packer::emit::HAMI_MEMORY) {
-                    Some(mib) => Held::Fractional {
-                        gpus,
-                        mib,
-                        cores: get(gpuscale_packer::emit::HAMI_CORES).unwrap_or(100) as u32,
-                        uuids: uuids.clone(),
-                    },
-                    None => Held::Whole(gpus),
-                });
+            let gpus = count("nvidia.com/gpu") as u32;
+            if gpus == 0 {
+                continue;
             }
+            let mib = get(gpuscale_packer::emit::HAMI_MEMORY);
+            let percent = get(HAMI_MEMORY_PERCENT);
+            held.push(if mib.is_some() || percent.is_some() {
+                Held::Fractional(FractionalShare {
+                    gpus,
+                    mib,
+                    memory_percent: percent.unwrap_or(100).min(100) as u32,
+                    cores: get(gpuscale_packer::emit::HAMI_CORES).unwrap_or(0).min(100) as u32,
+                    uuids: uuids.clone(),
+                    allocated: allocated.get(i).cloned().unwrap_or_default(),
+                })
+            } else {
+                Held::Whole(gpus)
+            });
         }
         out.push(Holding { node, model, held });
     }
@@ -241,6 +311,9 @@ fn plugin_config(name: &str) -> Option<PluginConfig> {
 
 /// Sets the node's device-plugin config from its label (only where the
 /// GPU model has the time-sliced profile), noting names it cannot read.
+/// The config is what the node runs, so a mode its `sharing` annotation
+/// leaves out is allowed, with a note (a spec that named the config and
+/// not the mode would not validate, and the whole inventory with it).
 fn apply_plugin_config(
     node: &mut NodeSpec,
     label: Option<&str>,
@@ -249,10 +322,17 @@ fn apply_plugin_config(
 ) {
     let Some(label) = label else { return };
     let label_name = gpuscale_packer::emit::DEVICE_PLUGIN_CONFIG_LABEL;
+    let why = format!("its {label_name} is {label}");
     match plugin_config(label) {
         Some(PluginConfig::Default) => {}
-        Some(PluginConfig::Timeslice(n)) => node.timeslice_replicas = Some(n),
-        Some(PluginConfig::Mps(n)) => node.mps_replicas = Some(n),
+        Some(PluginConfig::Timeslice(n)) => {
+            node.timeslice_replicas = Some(n);
+            allow(node, SharingMode::Timeslice, &why, notes);
+        }
+        Some(PluginConfig::Mps(n)) => {
+            node.mps_replicas = Some(n);
+            allow(node, SharingMode::Mps, &why, notes);
+        }
         Some(PluginConfig::MigTimeslice(profile, n)) => {
             let known = gpu
                 .mig
@@ -264,6 +344,8 @@ fn apply_plugin_config(
                     profile,
                     replicas: n,
                 });
+                allow(node, SharingMode::Mig, &why, notes);
+                allow(node, SharingMode::MigTimeslice, &why, notes);
             } else {
                 notes.push((
                     node.name.clone(),
@@ -286,9 +368,9 @@ fn apply_plugin_config(
     }
 }
 
-/// Lets the node run what its pods show it runs: a mode the `sharing`
-/// annotation leaves out is added, with a note (the pods are there; a plan
-/// that ignored them would count their GPUs as free).
+/// Lets the node run what it runs: a mode the `sharing` annotation leaves
+/// out is added, with a note (a plan that ignored it would count the
+/// node's shares as free GPUs).
 fn allow(node: &mut NodeSpec, mode: SharingMode, why: &str, notes: &mut Vec<(String, String)>) {
     if !node.sharing.contains(&mode) {
         node.sharing.push(mode);
@@ -302,16 +384,33 @@ fn allow(node: &mut NodeSpec, mode: SharingMode, why: &str, notes: &mut Vec<(Str
     }
 }
 
+/// The order pods' devices are put on GPUs: what is known exactly first
+/// (HAMi's record), then what is bound to a kind of device, whole GPUs
+/// last (any free one stands for them).
+fn rank(held: &Held) -> u8 {
+    match held {
+        Held::Fractional(f) if !f.allocated.is_empty() => 0,
+        Held::Mig(_) => 1,
+        Held::MigShare(_) => 2,
+        Held::Share => 3,
+        Held::Fractional(f) if !f.uuids.is_empty() => 4,
+        Held::Fractional(_) => 5,
+        Held::Whole(_) => 6,
+    }
+}
+
 /// Puts what the pods hold on their nodes' GPUs (`memory_mib`: one GPU's
-/// memory, for HAMi's shares):
-/// - a MIG instance of the profile not yet taken;
-/// - a time-sliced share of an instance: the fullest instance of the
-///   profile with a share left (the node's `mig-<profile>-timeslice-N`);
-/// - a share of a time-sliced or MPS GPU: the fullest such GPU with a share
-///   left, else a free one (the node's `timeslice-N` or `mps-N`);
-/// - a HAMi share: among the GPUs it may be on, the fullest fractional GPU
-///   with room for its `gpumem` and `gpucores` (HAMi's `binpack`, which
-///   gpuscale's pods ask for), else a free one;
+/// memory, for HAMi's shares), most constrained first ([`rank`]):
+/// - a HAMi share HAMi recorded (`hami.io/vgpu-devices-allocated`): on the
+///   GPU of that UUID;
+/// - a MIG instance: one of the profile not yet taken;
+/// - a share of a time-sliced MIG instance, or of a time-sliced or MPS GPU:
+///   the least shared one with a share left (free GPUs count as unshared),
+///   as the device plugin hands out replicas (`distributedAlloc`);
+/// - a HAMi share not recorded: among the GPUs it may be on, the fullest
+///   fractional GPU with room for its memory and cores (HAMi's `binpack`,
+///   which gpuscale's pods ask for), else a free GPU, else the fractional
+///   GPU with the most memory left (noted: the pod is there);
 /// - whole GPUs: free healthy ones.
 ///
 /// A share on a node whose config does not say how many a device takes is
@@ -323,186 +422,226 @@ fn place_holdings(
     memory_mib: u64,
     notes: &mut Vec<(String, String)>,
 ) {
-    let state = |index: u32, gpus: &mut Vec<GpuState>| -> usize {
-        if let Some(i) = gpus.iter().position(|g| g.index == index) {
-            return i;
-        }
-        gpus.push(free_gpu(index));
-        gpus.len() - 1
-    };
-    let free = |node: &NodeSpec, i: u32, skip: &[u32]| {
-        !skip.contains(&i)
-            && node
-                .gpus
-                .iter()
-                .find(|g| g.index == i)
-                .is_none_or(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
-    };
+    let mut devices: Vec<(&str, &Held)> = held
+        .iter()
+        .flat_map(|h| h.held.iter().map(|d| (h.model.as_str(), d)))
+        .collect();
+    devices.sort_by_key(|(_, d)| rank(d));
     // (MiB, percent) HAMi's shares take per GPU.
     let mut fractional_use: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
-    for h in held {
-        for device in &h.held {
-            match device {
-                Held::Mig(profile) => {
-                    if !take_instance(node, profile, &h.model, 1) {
-                        no_room(
-                            notes,
-                            &node.name,
-                            &h.model,
-                            &format!("a {profile} instance"),
-                        );
-                    }
+    for (model, device) in devices {
+        match device {
+            Held::Mig(profile) => {
+                if !take_instance(node, profile, model, 1) {
+                    no_room(notes, &node.name, model, &format!("a {profile} instance"));
                 }
-                Held::MigShare(profile) => {
-                    let per = node
-                        .mig_timeslice
-                        .as_ref()
-                        .filter(|t| t.profile == *profile)
-                        .map_or(1, |t| usize::from(t.replicas));
-                    if per > 1 {
-                        allow(
-                            node,
-                            SharingMode::MigTimeslice,
-                            "runs time-sliced MIG",
-                            notes,
-                        );
-                    } else {
+            }
+            Held::MigShare(profile) => {
+                let per = node
+                    .mig_timeslice
+                    .as_ref()
+                    .filter(|t| t.profile == *profile)
+                    .map_or(1, |t| usize::from(t.replicas));
+                if per == 1 {
+                    notes.push((
+                        node.name.clone(),
+                        format!(
+                            "a pod of {model} holds a share of a {profile} instance and the \
+                             node's device-plugin config does not time-slice {profile}: counted \
+                             as the whole instance"
+                        ),
+                    ));
+                }
+                if !take_instance(node, profile, model, per) {
+                    no_room(
+                        notes,
+                        &node.name,
+                        model,
+                        &format!("a share of a {profile} instance"),
+                    );
+                }
+            }
+            Held::Share => {
+                let (mode, per) = match (node.mps_replicas, node.timeslice_replicas) {
+                    (Some(n), _) => (GpuMode::Mps, usize::from(n)),
+                    (None, Some(n)) => (GpuMode::Timeslice, usize::from(n)),
+                    (None, None) => {
                         notes.push((
                             node.name.clone(),
                             format!(
-                                "a pod of {} holds a share of a {profile} instance and the node's \
-                                 device-plugin config does not time-slice {profile}: counted as \
-                                 the whole instance",
-                                h.model
+                                "a pod of {model} holds a GPU share and the node's device-plugin \
+                                 config does not say how many shares a GPU takes: counted as a \
+                                 whole GPU"
                             ),
                         ));
+                        (GpuMode::Whole, 1)
                     }
-                    if !take_instance(node, profile, &h.model, per) {
-                        no_room(
-                            notes,
-                            &node.name,
-                            &h.model,
-                            &format!("a share of a {profile} instance"),
-                        );
-                    }
-                }
-                Held::Share => {
-                    let (mode, per, sharing) = match (node.mps_replicas, node.timeslice_replicas) {
-                        (Some(n), _) => (GpuMode::Mps, usize::from(n), SharingMode::Mps),
-                        (None, Some(n)) => {
-                            (GpuMode::Timeslice, usize::from(n), SharingMode::Timeslice)
-                        }
-                        (None, None) => {
-                            notes.push((
-                                node.name.clone(),
-                                format!(
-                                    "a pod of {} holds a GPU share and the node's device-plugin \
-                                     config does not say how many shares a GPU takes: counted as \
-                                     a whole GPU",
-                                    h.model
-                                ),
-                            ));
-                            (GpuMode::Whole, 1, SharingMode::Whole)
-                        }
-                    };
-                    let fullest = node
-                        .gpus
-                        .iter()
-                        .filter(|g| {
-                            g.mode == mode
-                                && mode != GpuMode::Whole
-                                && g.health == Health::Healthy
-                                && g.workloads.len() < per
-                        })
-                        .max_by_key(|g| (g.workloads.len(), std::cmp::Reverse(g.index)))
-                        .map(|g| g.index);
-                    let Some(i) =
-                        fullest.or_else(|| (0..node.gpu_count).find(|&i| free(node, i, &[])))
-                    else {
-                        no_room(notes, &node.name, &h.model, "a GPU share");
-                        continue;
-                    };
-                    if mode != GpuMode::Whole {
-                        allow(node, sharing, "runs shared GPUs", notes);
-                    }
-                    let k = state(i, &mut node.gpus);
-                    node.gpus[k].mode = mode;
-                    node.gpus[k].workloads.push(Workload {
-                        model: h.model.clone(),
-                        slot: None,
-                    });
-                }
-                Held::Fractional {
-                    gpus,
-                    mib,
-                    cores,
-                    uuids,
-                } => {
-                    let may = |node: &NodeSpec, i: u32| {
-                        uuids.is_empty()
-                            || node.gpus.iter().any(|g| {
-                                g.index == i && g.uuid.as_ref().is_some_and(|u| uuids.contains(u))
-                            })
-                    };
-                    let mut taken: Vec<u32> = Vec::new();
-                    for _ in 0..*gpus {
-                        let room = |i: u32| {
-                            let (m, c) = fractional_use.get(&i).copied().unwrap_or_default();
-                            m + mib <= memory_mib && c + cores <= 100
+                };
+                let least = (0..node.gpu_count)
+                    .filter_map(|i| {
+                        let Some(g) = node.gpus.iter().find(|g| g.index == i) else {
+                            return Some((0, i));
                         };
-                        let fullest = node
-                            .gpus
-                            .iter()
-                            .filter(|g| {
-                                g.mode == GpuMode::Fractional
-                                    && g.health == Health::Healthy
-                                    && !taken.contains(&g.index)
-                                    && may(node, g.index)
-                                    && room(g.index)
-                            })
-                            .max_by_key(|g| {
-                                let (m, _) =
-                                    fractional_use.get(&g.index).copied().unwrap_or_default();
-                                (m, std::cmp::Reverse(g.index))
-                            })
-                            .map(|g| g.index);
-                        let Some(i) = fullest.or_else(|| {
-                            (0..node.gpu_count).find(|&i| free(node, i, &taken) && may(node, i))
-                        }) else {
-                            no_room(notes, &node.name, &h.model, "a fractional GPU share");
-                            break;
-                        };
-                        allow(node, SharingMode::Fractional, "runs HAMi shares", notes);
-                        taken.push(i);
-                        let used = fractional_use.entry(i).or_default();
-                        used.0 += mib;
-                        used.1 += cores;
-                        let k = state(i, &mut node.gpus);
-                        node.gpus[k].mode = GpuMode::Fractional;
-                        node.gpus[k].workloads.push(Workload {
-                            model: h.model.clone(),
-                            slot: None,
-                        });
-                    }
-                }
-                Held::Whole(n) => {
-                    for _ in 0..*n {
-                        let Some(i) = (0..node.gpu_count).find(|&i| free(node, i, &[])) else {
-                            no_room(notes, &node.name, &h.model, "a whole GPU");
-                            break;
-                        };
-                        let k = state(i, &mut node.gpus);
-                        node.gpus[k].mode = GpuMode::Whole;
-                        node.gpus[k].workloads.push(Workload {
-                            model: h.model.clone(),
-                            slot: None,
-                        });
-                    }
+                        let open = g.health == Health::Healthy
+                            && (g.mode == GpuMode::Free
+                                || (g.mode == mode && mode != GpuMode::Whole))
+                            && g.workloads.len() < per;
+                        open.then_some((g.workloads.len(), i))
+                    })
+                    .min()
+                    .map(|(_, i)| i);
+                let Some(i) = least else {
+                    no_room(notes, &node.name, model, "a GPU share");
+                    continue;
+                };
+                put(node, i, mode, model);
+            }
+            Held::Fractional(f) => {
+                place_fractional(node, f, model, memory_mib, &mut fractional_use, notes);
+            }
+            Held::Whole(n) => {
+                for _ in 0..*n {
+                    let Some(i) = (0..node.gpu_count).find(|&i| is_free(node, i)) else {
+                        no_room(notes, &node.name, model, "a whole GPU");
+                        break;
+                    };
+                    put(node, i, GpuMode::Whole, model);
                 }
             }
         }
     }
     node.gpus.sort_by_key(|g| g.index);
+}
+
+/// Whether GPU `i` is free and healthy (a GPU the spec does not list is).
+fn is_free(node: &NodeSpec, i: u32) -> bool {
+    node.gpus
+        .iter()
+        .find(|g| g.index == i)
+        .is_none_or(|g| g.mode == GpuMode::Free && g.health == Health::Healthy)
+}
+
+/// Runs `model` on GPU `i` in `mode`.
+fn put(node: &mut NodeSpec, i: u32, mode: GpuMode, model: &str) {
+    let k = match node.gpus.iter().position(|g| g.index == i) {
+        Some(k) => k,
+        None => {
+            node.gpus.push(free_gpu(i));
+            node.gpus.len() - 1
+        }
+    };
+    node.gpus[k].mode = mode;
+    node.gpus[k].workloads.push(Workload {
+        model: model.to_string(),
+        slot: None,
+    });
+}
+
+/// One HAMi container's shares (see [`place_holdings`]).
+fn place_fractional(
+    node: &mut NodeSpec,
+    f: &FractionalShare,
+    model: &str,
+    memory_mib: u64,
+    used: &mut BTreeMap<u32, (u64, u32)>,
+    notes: &mut Vec<(String, String)>,
+) {
+    let by_uuid = |node: &NodeSpec, uuid: &str| {
+        node.gpus
+            .iter()
+            .find(|g| g.uuid.as_deref() == Some(uuid))
+            .map(|g| g.index)
+    };
+    let mib = f
+        .mib
+        .unwrap_or(memory_mib * u64::from(f.memory_percent) / 100)
+        .min(memory_mib);
+    let mut taken: Vec<u32> = Vec::new();
+    let add = |node: &mut NodeSpec,
+               used: &mut BTreeMap<u32, (u64, u32)>,
+               i: u32,
+               mib: u64,
+               cores: u32,
+               taken: &mut Vec<u32>| {
+        let u = used.entry(i).or_default();
+        u.0 = u.0.saturating_add(mib);
+        u.1 = u.1.saturating_add(cores);
+        taken.push(i);
+        put(node, i, GpuMode::Fractional, model);
+    };
+    let mut recorded = 0;
+    for (uuid, mib, cores) in &f.allocated {
+        match by_uuid(node, uuid) {
+            Some(i) if !taken.contains(&i) => {
+                add(node, used, i, (*mib).min(memory_mib), *cores, &mut taken);
+                recorded += 1;
+            }
+            _ => notes.push((
+                node.name.clone(),
+                format!(
+                    "a pod of {model}: HAMi allocated it {uuid}, which the node's reading does \
+                     not show; placed as HAMi would"
+                ),
+            )),
+        }
+    }
+    if !node.sharing.contains(&SharingMode::Fractional) && !taken.is_empty() {
+        allow(node, SharingMode::Fractional, "it runs HAMi shares", notes);
+    }
+    for _ in recorded..f.gpus.max(recorded) {
+        let healthy = |node: &NodeSpec, i: u32| {
+            node.gpus
+                .iter()
+                .find(|g| g.index == i)
+                .is_none_or(|g| g.health == Health::Healthy)
+        };
+        let may = |node: &NodeSpec, i: u32| {
+            !taken.contains(&i)
+                && healthy(node, i)
+                && (f.uuids.is_empty()
+                    || node.gpus.iter().any(|g| {
+                        g.index == i && g.uuid.as_ref().is_some_and(|u| f.uuids.contains(u))
+                    }))
+        };
+        let fractional: Vec<(u32, u64, u32)> = node
+            .gpus
+            .iter()
+            .filter(|g| g.mode == GpuMode::Fractional && may(node, g.index))
+            .map(|g| {
+                let (m, c) = used.get(&g.index).copied().unwrap_or_default();
+                (g.index, m, c)
+            })
+            .collect();
+        let fullest = fractional
+            .iter()
+            .filter(|(_, m, c)| {
+                m.saturating_add(mib) <= memory_mib && c.saturating_add(f.cores) <= 100
+            })
+            .max_by_key(|(i, m, _)| (*m, std::cmp::Reverse(*i)))
+            .map(|(i, _, _)| *i);
+        let free = || (0..node.gpu_count).find(|&i| is_free(node, i) && may(node, i));
+        let i = match fullest.or_else(free) {
+            Some(i) => i,
+            None => {
+                // The pod runs; its share is somewhere: on the GPU with
+                // the most memory left, never left looking free.
+                let Some(&(i, _, _)) = fractional.iter().min_by_key(|(i, m, _)| (*m, *i)) else {
+                    no_room(notes, &node.name, model, "a fractional GPU share");
+                    break;
+                };
+                notes.push((
+                    node.name.clone(),
+                    format!(
+                        "a pod of {model} holds a HAMi share that fits none of the node's GPUs \
+                         as HAMi's binpack would place it: counted on GPU {i}"
+                    ),
+                ));
+                i
+            }
+        };
+        allow(node, SharingMode::Fractional, "it runs HAMi shares", notes);
+        add(node, used, i, mib, f.cores, &mut taken);
+    }
 }
 
 fn no_room(notes: &mut Vec<(String, String)>, node: &str, model: &str, what: &str) {
@@ -513,7 +652,8 @@ fn no_room(notes: &mut Vec<(String, String)>, node: &str, model: &str, what: &st
 }
 
 /// Puts `model` on an instance of `profile` running fewer than `per`
-/// workloads, the fullest first; `false` when there is none.
+/// workloads, the least shared first (the first such in GPU and slot
+/// order); `false` when there is none.
 fn take_instance(node: &mut NodeSpec, profile: &str, model: &str, per: usize) -> bool {
     let mut best: Option<(usize, usize, u8)> = None;
     for (k, g) in node.gpus.iter().enumerate() {
@@ -523,7 +663,7 @@ fn take_instance(node: &mut NodeSpec, profile: &str, model: &str, per: usize) ->
                 .iter()
                 .filter(|w| w.slot == Some(p.start))
                 .count();
-            if here < per && best.is_none_or(|(_, n, _)| here > n) {
+            if here < per && best.is_none_or(|(_, n, _)| here < n) {
                 best = Some((k, here, p.start));
             }
         }

@@ -523,6 +523,14 @@ fn running(name: &str, model: &str, limits: serde_json::Value) -> Pod {
     pod(name, model, "gpu-a", limits, "Running")
 }
 
+fn with_annotation(mut pod: Pod, key: &str, value: &str) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    pod
+}
+
 fn counts(c: &Cluster, mode: GpuMode) -> Vec<(u32, usize)> {
     c.nodes[0]
         .gpus
@@ -532,13 +540,21 @@ fn counts(c: &Cluster, mode: GpuMode) -> Vec<(u32, usize)> {
         .collect()
 }
 
+fn shares(n: usize, model: &str, resource: &str) -> Vec<Pod> {
+    (0..n)
+        .map(|i| running(&format!("p{i}"), model, json!({ resource: "1" })))
+        .collect()
+}
+
 /// Pods holding `nvidia.com/gpu.shared` on a node whose device-plugin
-/// config is `timeslice-4` (the name gpuscale writes) are shares, four to
-/// a GPU as the device plugin advertises them, not whole GPUs; the node
-/// keeps its config. Before, they were not counted at all (the GPUs looked
-/// free).
+/// config is `timeslice-4` (the name gpuscale writes) are shares, not
+/// whole GPUs, spread as NVIDIA's device plugin hands out replicas (its
+/// `distributedAlloc`: the device with the fewest replicas in use): ten
+/// shares on eight GPUs are one on each and a second on GPUs 0 and 1. The
+/// node keeps its config. Before, they were not counted at all (the GPUs
+/// looked free).
 #[test]
-fn time_sliced_shares_fill_the_gpus_four_to_one() {
+fn time_sliced_shares_spread_as_the_device_plugin_hands_them_out() {
     let nodes = [annotated(
         h100(
             "gpu-a",
@@ -547,15 +563,7 @@ fn time_sliced_shares_fill_the_gpus_four_to_one() {
         "gpuscale.io/sharing",
         "timeslice, whole",
     )];
-    let pods: Vec<Pod> = (0..6)
-        .map(|i| {
-            running(
-                &format!("p{i}"),
-                "embed",
-                json!({"nvidia.com/gpu.shared": "1"}),
-            )
-        })
-        .collect();
+    let pods = shares(10, "embed", "nvidia.com/gpu.shared");
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
@@ -565,36 +573,37 @@ fn time_sliced_shares_fill_the_gpus_four_to_one() {
     assert!(inv.notes.is_empty(), "{:?}", inv.notes);
     let c = cluster(&inv.spec);
     assert_eq!(c.nodes[0].timeslice_replicas, Some(4));
-    assert_eq!(counts(&c, GpuMode::Timeslice), [(0, 4), (1, 2)]);
+    let mut want: Vec<(u32, usize)> = (0..8).map(|i| (i, 1)).collect();
+    want[0].1 = 2;
+    want[1].1 = 2;
+    assert_eq!(counts(&c, GpuMode::Timeslice), want);
     assert!(counts(&c, GpuMode::Whole).is_empty());
 }
 
-/// The same under MPS (`mps-2`): two clients per GPU.
+/// The same under MPS (`mps-2`): at most two clients per GPU, so
+/// eighteen shares on eight GPUs leave two with no room (noted).
 #[test]
-fn mps_shares_fill_the_gpus_two_to_one() {
+fn mps_shares_fill_at_most_their_partitions() {
     let nodes = [annotated(
         h100("gpu-a", json!({"nvidia.com/device-plugin.config": "mps-2"})),
         "gpuscale.io/sharing",
         "mps, whole",
     )];
-    let pods: Vec<Pod> = (0..3)
-        .map(|i| {
-            running(
-                &format!("p{i}"),
-                "chat",
-                json!({"nvidia.com/gpu.shared": "1"}),
-            )
-        })
-        .collect();
+    let pods = shares(18, "chat", "nvidia.com/gpu.shared");
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
         &holdings(&pods),
         &Catalog::builtin(),
     );
+    assert_eq!(inv.notes.len(), 2, "{:?}", inv.notes);
+    assert!(inv.notes.iter().all(|(_, n)| n.contains("no room")));
     let c = cluster(&inv.spec);
     assert_eq!(c.nodes[0].mps_replicas, Some(2));
-    assert_eq!(counts(&c, GpuMode::Mps), [(0, 2), (1, 1)]);
+    assert_eq!(
+        counts(&c, GpuMode::Mps),
+        (0..8).map(|i| (i, 2)).collect::<Vec<_>>()
+    );
 }
 
 /// A node time-slicing its `1g.10gb` instances three ways
@@ -613,15 +622,7 @@ fn time_sliced_mig_shares_share_one_instance() {
         "gpuscale.io/sharing",
         "mig, mig-timeslice, whole",
     )];
-    let pods: Vec<Pod> = (0..4)
-        .map(|i| {
-            running(
-                &format!("p{i}"),
-                "embed",
-                json!({"nvidia.com/mig-1g.10gb.shared": "1"}),
-            )
-        })
-        .collect();
+    let pods = shares(4, "embed", "nvidia.com/mig-1g.10gb.shared");
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading)]),
@@ -642,38 +643,90 @@ fn time_sliced_mig_shares_share_one_instance() {
     assert!(g0.workloads.iter().all(|w| w.slot == Some(0)));
 }
 
-/// HAMi's pods (`nvidia.com/gpu` with `nvidia.com/gpumem` and
-/// `nvidia.com/gpucores`) are fractional shares, not whole GPUs: one
-/// pinned by `nvidia.com/use-gpuuuid` lands on that GPU, the others fill
-/// fractional GPUs with room first (HAMi's binpack: 30,000 + 30,000 MiB
-/// fit an 80 GB H100's 81,920, a third does not), and a tensor-parallel
-/// pod takes a share of two different GPUs.
+/// A node labelled with a time-sliced MIG config whose `sharing`
+/// annotation is the default (`mig, whole`) and no pods: the config is
+/// what the node runs, so the inventory allows it (noted) and stays valid
+/// — a spec with the config and without the mode would fail validation,
+/// and the controller would keep its last inventory of every node.
 #[test]
-fn hami_shares_are_fractional_gpus_on_the_pinned_or_fullest_gpu() {
+fn a_config_label_the_annotation_leaves_out_is_allowed_and_noted() {
     let (_, reading) = example();
+    let nodes = [h100(
+        "gpu-a",
+        json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00",
+               "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-2"}),
+    )];
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &[],
+        &Catalog::builtin(),
+    );
+    assert!(
+        inv.notes
+            .iter()
+            .any(|(_, n)| n.contains("`mig-timeslice` allowed for what runs")),
+        "{:?}",
+        inv.notes
+    );
+    let c = cluster(&inv.spec);
+    assert!(c.nodes[0].sharing.contains(&SharingMode::MigTimeslice));
+}
+
+const UUID: &str = "GPU-5fd4bd05-0000-4d5b-9c5e-00000000000";
+
+fn hami(mib: &str, cores: Option<&str>, gpus: &str) -> serde_json::Value {
+    let mut limits = json!({"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mib});
+    if let Some(c) = cores {
+        limits["nvidia.com/gpucores"] = json!(c);
+    }
+    limits
+}
+
+/// HAMi's pods (`nvidia.com/gpu` with `nvidia.com/gpumem`,
+/// `nvidia.com/gpucores`) are fractional shares, not whole GPUs, placed as
+/// HAMi documents them:
+/// - `a`: HAMi recorded its GPU (`hami.io/vgpu-devices-allocated`,
+///   `UUID,NVIDIA,MiB,cores:;`): GPU 3;
+/// - `b`: may only use GPU 0 (`nvidia.com/use-gpuuuid`), and the
+///   whole-GPU pod `w` listed before it does not take that GPU;
+/// - `c`: binpack, the fullest fractional GPU with room: GPU 0 (30,000 +
+///   30,000 MiB of 81,920; the lower index of two equally full);
+/// - `d`, two GPUs of 40,000 MiB: GPU 3 (30,000 + 40,000) and a free one,
+///   GPU 1;
+/// - `e`, 50 % of the memory (`nvidia.com/gpumem-percentage`) and no
+///   `gpucores` (HAMi's default 0): GPU 1 (40,000 + 40,960);
+/// - `w`, a whole GPU: the first free one left, GPU 2.
+#[test]
+fn hami_shares_go_where_hami_recorded_or_would_put_them() {
+    let (_, mut reading) = example();
+    reading.gpus[0].mig_enabled = Some(false);
+    reading.gpus[0].instances.clear();
     let nodes = [annotated(
         h100("gpu-a", json!({"gpu": "on"})),
         "gpuscale.io/sharing",
         "fractional, whole",
     )];
-    let share = |mib: &str, cores: &str, gpus: &str| json!({"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mib, "nvidia.com/gpucores": cores});
-    let mut pinned = running("a", "llama-8b", share("30000", "30", "1"));
-    pinned.metadata.annotations = Some(
-        [(
-            "nvidia.com/use-gpuuuid".to_string(),
-            "GPU-5fd4bd05-0000-4d5b-9c5e-000000000003".to_string(),
-        )]
-        .into(),
-    );
     let pods = [
-        pinned,
-        running("b", "qwen-7b", share("30000", "30", "1")),
-        running("c", "qwen-7b", share("30000", "30", "1")),
-        running("d", "llama-70b", share("40000", "50", "2")),
+        running("w", "llama-70b", json!({"nvidia.com/gpu": "1"})),
+        with_annotation(
+            running("b", "qwen-7b", hami("30000", Some("30"), "1")),
+            "nvidia.com/use-gpuuuid",
+            &format!("{UUID}0"),
+        ),
+        with_annotation(
+            running("a", "llama-8b", hami("30000", Some("30"), "1")),
+            "hami.io/vgpu-devices-allocated",
+            &format!("{UUID}3,NVIDIA,30000,30:;"),
+        ),
+        running("c", "qwen-7b", hami("30000", Some("30"), "1")),
+        running("d", "mixtral", hami("40000", Some("50"), "2")),
+        running(
+            "e",
+            "embed",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+        ),
     ];
-    let mut reading = reading;
-    reading.gpus[0].mig_enabled = Some(false);
-    reading.gpus[0].instances.clear();
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading)]),
@@ -683,13 +736,6 @@ fn hami_shares_are_fractional_gpus_on_the_pinned_or_fullest_gpu() {
     // Only the reading's GPU 7 (ECC errors) is noted.
     assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
     let c = cluster(&inv.spec);
-    assert!(
-        counts(&c, GpuMode::Whole).is_empty(),
-        "no share counted whole"
-    );
-    // a and b on GPU 3; c on GPU 0 (free, the lowest); d on GPU 0
-    // (30,000 + 40,000 fit, the fullest with room) and on GPU 1.
-    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 1), (3, 2)]);
     let on = |i: usize| -> Vec<&str> {
         c.nodes[0].gpus[i]
             .workloads
@@ -697,9 +743,51 @@ fn hami_shares_are_fractional_gpus_on_the_pinned_or_fullest_gpu() {
             .map(|w| w.model.as_str())
             .collect()
     };
-    assert_eq!(on(3), ["llama-8b", "qwen-7b"]);
-    assert_eq!(on(0), ["qwen-7b", "llama-70b"]);
-    assert_eq!(on(1), ["llama-70b"]);
+    assert_eq!(on(0), ["qwen-7b", "qwen-7b"]);
+    assert_eq!(on(1), ["mixtral", "embed"]);
+    assert_eq!(on(2), ["llama-70b"]);
+    assert_eq!(on(3), ["llama-8b", "mixtral"]);
+    assert_eq!(counts(&c, GpuMode::Whole), [(2, 1)]);
+    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 2), (3, 2)]);
+}
+
+/// A replay of binpack in list order can fail where HAMi did not: on a
+/// node of two H100s, 30,000, 30,000, 50,000 and 50,000 MiB in that order
+/// fill GPU 0 with the first two, and the last finds no room. It is
+/// counted on the GPU with the most memory left, with a note, never left
+/// looking free.
+#[test]
+fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
+    let mut node = annotated(
+        h100("gpu-a", json!({})),
+        "gpuscale.io/sharing",
+        "fractional",
+    );
+    node.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("nvidia.com/gpu.count".into(), "2".into());
+    let pods = [
+        running("a", "m", hami("30000", None, "1")),
+        running("b", "m", hami("30000", None, "1")),
+        running("c", "m", hami("50000", None, "1")),
+        running("d", "m", hami("50000", None, "1")),
+    ];
+    let inv = from_nodes(
+        &[node],
+        &BTreeMap::new(),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
+    assert!(
+        inv.notes[0].1.contains("counted on GPU 1"),
+        "{:?}",
+        inv.notes
+    );
+    let c = cluster(&inv.spec);
+    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 2)]);
 }
 
 /// What runs wins over what the annotations say, with a note each: a
@@ -713,11 +801,7 @@ fn shares_the_annotations_do_not_explain_are_kept_and_noted() {
         json!({"nvidia.com/device-plugin.config": "team-custom"}),
     )];
     let pods = [
-        running(
-            "a",
-            "chat",
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}),
-        ),
+        running("a", "chat", hami("20000", None, "1")),
         running("b", "embed", json!({"nvidia.com/gpu.shared": "1"})),
     ];
     let inv = from_nodes(
@@ -729,10 +813,56 @@ fn shares_the_annotations_do_not_explain_are_kept_and_noted() {
     let notes: Vec<&str> = inv.notes.iter().map(|(_, n)| n.as_str()).collect();
     assert_eq!(notes.len(), 3, "{notes:?}");
     assert!(notes[0].contains("team-custom is not a config gpuscale writes"));
-    assert!(notes[1].contains("`fractional` allowed for what runs"));
-    assert!(notes[2].contains("counted as a whole GPU"));
+    assert!(notes[1].contains("counted as a whole GPU"));
+    assert!(notes[2].contains("`fractional` allowed for what runs"));
     let c = cluster(&inv.spec);
     assert!(c.nodes[0].sharing.contains(&SharingMode::Fractional));
-    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 1)]);
-    assert_eq!(counts(&c, GpuMode::Whole), [(1, 1)]);
+    assert_eq!(counts(&c, GpuMode::Whole), [(0, 1)]);
+    assert_eq!(counts(&c, GpuMode::Fractional), [(1, 1)]);
+}
+
+/// Limits are the pod's own text: absurd counts and sizes are bounded
+/// (64 devices of a kind per container; a share's memory at most the
+/// GPU's, its cores at most 100 %), quantities with suffixes read as
+/// Kubernetes writes them, and nothing panics or exhausts memory.
+#[test]
+fn hostile_limits_are_bounded() {
+    let nodes = [annotated(
+        h100(
+            "gpu-a",
+            json!({"nvidia.com/device-plugin.config": "timeslice-2"}),
+        ),
+        "gpuscale.io/sharing",
+        "timeslice, fractional, whole",
+    )];
+    let pods = [
+        running("a", "m", json!({"nvidia.com/gpu.shared": "1000000000000"})),
+        running(
+            "b",
+            "m",
+            json!({"nvidia.com/gpu": "4294967297",
+                   "nvidia.com/gpumem": "18446744073709551615",
+                   "nvidia.com/gpucores": "4294967295"}),
+        ),
+        running(
+            "c",
+            "m",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30k"}),
+        ),
+    ];
+    let held = holdings(&pods);
+    assert_eq!(held[0].held.len(), 64);
+    let gpuscale_autoscaler::inventory::Held::Fractional(b) = &held[1].held[0] else {
+        panic!("{:?}", held[1]);
+    };
+    assert_eq!((b.gpus, b.cores), (64, 100));
+    let gpuscale_autoscaler::inventory::Held::Fractional(c) = &held[2].held[0] else {
+        panic!("{:?}", held[2]);
+    };
+    assert_eq!(c.mib, Some(30_000));
+    let inv = from_nodes(&nodes, &BTreeMap::new(), &held, &Catalog::builtin());
+    // The 64 shares fill the node's 16, and b takes what is left; every
+    // GPU is accounted for and the spec still validates.
+    assert!(inv.notes.iter().any(|(_, n)| n.contains("no room")));
+    cluster(&inv.spec);
 }
