@@ -172,6 +172,8 @@ pub struct Fractional {
     pub memory_mib: u32,
     /// SM percent replicas may take together: `⌊cap × 100⌋`.
     pub cores: u32,
+    /// Replicas (containers) it may run: HAMi's `deviceSplitCount`.
+    pub shares: u32,
 }
 
 /// What one replica asks of each of the `gpus` fractional GPUs it runs on
@@ -302,7 +304,11 @@ impl Class {
             .filter(|&&(t, k)| k > 0 && self.slot_types[t].parts > 1)
             .map(|&(_, k)| k)
             .sum::<u32>();
-        mib <= u64::from(cap.memory_mib) && pct <= u64::from(cap.cores) && tensor_parallel <= 1
+        let shares: u32 = slots.iter().map(|&(_, k)| k).sum();
+        mib <= u64::from(cap.memory_mib)
+            && pct <= u64::from(cap.cores)
+            && shares <= cap.shares
+            && tensor_parallel <= 1
     }
 
     /// The fractional pattern with exactly these slots, if there is one.
@@ -467,6 +473,7 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
                     + 1e-6)
                     .floor() as u32,
                 cores: (options.fractional_compute_cap * 100.0 + 1e-6).floor() as u32,
+                shares: options.fractional_max_shares.max(1),
             });
         let mut class = Class {
             gpu_model: gpu_model.clone(),
@@ -626,7 +633,8 @@ fn fractional_holds(class: &Class, models: &[Model], pattern: &Pattern) -> bool 
         mib += u64::from(worst_mib) * u64::from(count);
         pct += u64::from(worst_pct) * u64::from(count);
     }
-    mib <= u64::from(cap.memory_mib) && pct <= u64::from(cap.cores)
+    let shares: u32 = pattern.slots.iter().map(|&(_, k)| k).sum();
+    mib <= u64::from(cap.memory_mib) && pct <= u64::from(cap.cores) && shares <= cap.shares
 }
 
 fn add_patterns(class: &mut Class, cluster: &Cluster, models: &[Model], options: &PackOptions) {

@@ -93,6 +93,11 @@ pub struct PackOptions {
     /// Fraction of a fractional GPU's SMs its replicas' `gpucores` may sum
     /// to.
     pub fractional_compute_cap: f64,
+    /// Most replicas on one fractional GPU: HAMi serves at most
+    /// `deviceSplitCount` containers per GPU (its Helm value
+    /// `devicePlugin.deviceSplitCount`, default 10); the next ones stay
+    /// Pending.
+    pub fractional_max_shares: u32,
     /// Let HiGHS write its log to stdout (for diagnosing slow solves).
     pub solver_log: bool,
     /// A re-plan keeps every running replica where it is whenever that
@@ -121,6 +126,7 @@ impl Default for PackOptions {
             mps_compute_cap: 1.0,
             fractional_memory_headroom: 0.05,
             fractional_compute_cap: 1.0,
+            fractional_max_shares: 10,
             solver_log: false,
             keep_running: false,
         }

@@ -157,6 +157,7 @@ fn search_node(
                         mib: (gpu.usable_gib * (1.0 - options.fractional_memory_headroom) * 1024.0)
                             .floor() as i64,
                         pct: (options.fractional_compute_cap * 100.0).floor() as i64,
+                        tasks: i64::from(options.fractional_max_shares),
                         grouped: false,
                     }),
                     Config::Mps(n) => {
@@ -270,6 +271,10 @@ struct Bin {
     gpu: usize,
     mib: i64,
     pct: i64,
+    /// Containers it may still take: HAMi serves at most
+    /// `deviceSplitCount` per GPU (HAMi's docs: "Maximum tasks assigned to
+    /// a simple GPU device", default 10).
+    tasks: i64,
     /// Holds a share of a tensor-parallel replica.
     grouped: bool,
 }
@@ -362,6 +367,7 @@ impl Search<'_> {
                             set & (1 << b) != 0
                                 && (self.bins[b].mib < mib
                                     || self.bins[b].pct < pct
+                                    || self.bins[b].tasks < 1
                                     || (k > 1 && self.bins[b].grouped))
                         })
                     {
@@ -375,6 +381,7 @@ impl Search<'_> {
                     for &b in &chosen {
                         self.bins[b].mib -= mib;
                         self.bins[b].pct -= pct;
+                        self.bins[b].tasks -= 1;
                         self.bins[b].grouped |= k > 1;
                         self.used_gpu[self.bins[b].gpu] = true;
                     }
@@ -382,6 +389,7 @@ impl Search<'_> {
                     for (&b, &w) in chosen.iter().zip(&was) {
                         self.bins[b].mib += mib;
                         self.bins[b].pct += pct;
+                        self.bins[b].tasks += 1;
                         if k > 1 {
                             self.bins[b].grouped = false;
                         }

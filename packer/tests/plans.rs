@@ -195,6 +195,14 @@ fn check_rules(
                     g.index
                 );
                 assert!(cores <= (options.fractional_compute_cap * 100.0).floor());
+                // HAMi's containers per GPU (`deviceSplitCount`).
+                assert!(
+                    g.replicas.len() <= options.fractional_max_shares as usize,
+                    "{}:{} runs {} replicas",
+                    g.node,
+                    g.index,
+                    g.replicas.len()
+                );
             }
             Mode::Timeslice => {
                 let n = g.timeslice_replicas.unwrap();

@@ -660,3 +660,67 @@ fn a_replica_added_on_top_goes_into_fractional_room_when_its_cheapest_pattern_ne
     let l40s = plan.gpus.iter().find(|g| g.node == "b").expect("the L40S");
     assert_eq!(l40s.replicas.len(), 2, "{:?}", l40s);
 }
+
+/// HAMi serves at most `deviceSplitCount` containers per GPU (its Helm
+/// value `devicePlugin.deviceSplitCount`, default 10; the next stay
+/// Pending): 25 tiny replicas that fit one H100 by memory and SMs take
+/// three GPUs of at most 10 under the default, one GPU when HAMi is set to
+/// 32; and a replica added to two full GPUs, on top of what runs, opens a
+/// third rather than an eleventh share.
+#[test]
+fn a_fractional_gpu_runs_at_most_hamis_split_count() {
+    let cluster = common::cluster_allowing(&[("n", "H100-80GB", 4)], &[SharingMode::Fractional]);
+    let models = vec![common::model(
+        "tiny",
+        2.0,
+        0.005,
+        &[SharingMode::Fractional],
+        &[1],
+        &[],
+    )];
+    let most = |p: &Plan| {
+        p.gpus
+            .iter()
+            .filter(|g| g.mode == gpuscale_packer::Mode::Fractional)
+            .map(|g| g.replicas.len())
+            .max()
+            .unwrap_or(0)
+    };
+    let options = PackOptions::default();
+    assert_eq!(options.fractional_max_shares, 10, "HAMi's default");
+    let plan = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("tiny", 25)]),
+        &options,
+    )
+    .unwrap();
+    assert_eq!((placed(&plan), plan.gpus_used), (25, 3));
+    assert!(most(&plan) <= 10, "{}", most(&plan));
+    let wide = PackOptions {
+        fractional_max_shares: 32,
+        ..PackOptions::default()
+    };
+    let plan = pack(&cluster, &models, &common::demand(&[("tiny", 25)]), &wide).unwrap();
+    assert_eq!((placed(&plan), plan.gpus_used), (25, 1));
+
+    let first = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("tiny", 20)]),
+        &options,
+    )
+    .unwrap();
+    assert_eq!((first.gpus_used, most(&first)), (2, 10));
+    let now = first.apply_to(&cluster);
+    let plan = pack_from(
+        &now,
+        &models,
+        &common::demand(&[("tiny", 21)]),
+        &keeping(),
+        first.basis.as_ref(),
+    )
+    .unwrap();
+    assert_eq!((placed(&plan), plan.gpus_used, most(&plan)), (21, 3, 10));
+    assert_eq!(plan.moves, 0);
+}

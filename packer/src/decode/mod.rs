@@ -399,8 +399,10 @@ fn refill_fractional(
         .collect();
     let slot_of =
         |c: usize, kind: &SlotKind| classes[c].slot_types.iter().position(|t| t.kind == *kind);
-    // Hosts: fractional GPUs with replicas, and what they hold (MiB, SM %).
+    // Hosts: fractional GPUs with replicas, and what they hold (MiB, SM %),
+    // and how many replicas (HAMi serves at most `cap.shares`).
     let mut load: BTreeMap<(usize, u32), (u64, u64)> = BTreeMap::new();
+    let mut held: BTreeMap<(usize, u32), u32> = BTreeMap::new();
     for (&(ni, i), a) in assigned.iter() {
         let Some(&c) = node_class.get(&ni) else {
             continue;
@@ -421,6 +423,10 @@ fn refill_fractional(
         }
         if any {
             load.insert((ni, i), sum);
+            held.insert(
+                (ni, i),
+                a.slots.iter().filter(|sl| sl.model.is_some()).count() as u32,
+            );
         }
     }
     if load.is_empty() {
@@ -488,6 +494,7 @@ fn refill_fractional(
         // Largest first, each into the fullest host it fits.
         replicas.sort_by(|&a, &b| models[b].memory_gib.total_cmp(&models[a].memory_gib));
         let mut tentative: BTreeMap<(usize, u32), (u64, u64)> = BTreeMap::new();
+        let mut tentative_n: BTreeMap<(usize, u32), u32> = BTreeMap::new();
         let mut moves: Vec<((usize, u32), usize, usize)> = Vec::new();
         for &m in &replicas {
             let mut best: Option<Host> = None;
@@ -514,7 +521,10 @@ fn refill_fractional(
                 let (dm, dp) = tentative.get(&host).copied().unwrap_or((0, 0));
                 let mib = mib + dm + u64::from(need.0);
                 let pct = pct + dp + u64::from(need.1);
-                if mib > u64::from(cap.memory_mib) || pct > u64::from(cap.cores) {
+                let n = held.get(&host).copied().unwrap_or(0)
+                    + tentative_n.get(&host).copied().unwrap_or(0);
+                if mib > u64::from(cap.memory_mib) || pct > u64::from(cap.cores) || n >= cap.shares
+                {
                     continue;
                 }
                 let left = u64::from(cap.memory_mib) - mib;
@@ -529,6 +539,7 @@ fn refill_fractional(
             let e = tentative.entry(host).or_insert((0, 0));
             e.0 += u64::from(need.0);
             e.1 += u64::from(need.1);
+            *tentative_n.entry(host).or_default() += 1;
             moves.push((host, m, t));
         }
         if moves.len() != replicas.len() {
@@ -536,11 +547,15 @@ fn refill_fractional(
         }
         assigned.remove(&gpu);
         load.remove(&gpu);
+        held.remove(&gpu);
         for (host, (dm, dp)) in tentative {
             let e = load.get_mut(&host).expect("hosts are loaded");
             e.0 += dm;
             e.1 += dp;
             received.insert(host);
+        }
+        for (host, n) in tentative_n {
+            *held.entry(host).or_default() += n;
         }
         for (host, m, t) in moves {
             let c = node_class[&host.0];

@@ -120,7 +120,7 @@ fn items_of(class: &Class, models: &[Model], demand: &[u32]) -> Vec<Item> {
             let bound = if tensor_parallel {
                 1
             } else {
-                fit.min(demand[m])
+                fit.min(demand[m]).min(cap.shares)
             };
             (bound > 0).then_some(Item {
                 t,
@@ -151,7 +151,13 @@ pub fn generate(
             continue;
         }
         let cap = class.fractional.expect("items only where fractional");
-        match all_mixes(&items, cap.memory_mib, cap.cores, ENUMERATE_UP_TO) {
+        match all_mixes(
+            &items,
+            cap.memory_mib,
+            cap.cores,
+            cap.shares,
+            ENUMERATE_UP_TO,
+        ) {
             Some(mixes) => {
                 for mix in mixes {
                     class.add_fractional_pattern(mix);
@@ -299,7 +305,8 @@ fn price_in(
                         .map_or(0.0, |&row| duals.dual(refs[row].clone()));
                 let worth = price(class) - gpu_dual;
                 let cap = class.fractional.expect("generated only where fractional");
-                let (upper, mixes) = best_mixes(&items, cap.memory_mib, cap.cores, nodes);
+                let (upper, mixes) =
+                    best_mixes(&items, cap.memory_mib, cap.cores, cap.shares, nodes);
                 let reduced = worth - upper;
                 // A class's fractional GPUs hold at least one share each.
                 let gpus = class
@@ -374,7 +381,13 @@ fn demand_parts(class: &Class, models: &[Model], demand: &[u32]) -> u32 {
 /// branch and bound. Returns an upper bound on the best value (the best
 /// itself unless a search hit its node limit) and the mixes found, best
 /// first, as sorted (slot type, count) lists.
-fn best_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, nodes: u64) -> (f64, Vec<(f64, Mix)>) {
+fn best_mixes(
+    items: &[Item],
+    cap_mib: u32,
+    cap_pct: u32,
+    cap_shares: u32,
+    nodes: u64,
+) -> (f64, Vec<(f64, Mix)>) {
     let singles: Vec<Item> = items
         .iter()
         .copied()
@@ -409,7 +422,12 @@ fn best_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, nodes: u64) -> (f64, V
         let forced = singles[at];
         let mut rest = singles.clone();
         rest[at].bound -= 1;
-        let search = Knapsack::new(&rest, cap_mib - forced.mib, cap_pct - forced.pct);
+        let search = Knapsack::new(
+            &rest,
+            cap_mib - forced.mib,
+            cap_pct - forced.pct,
+            cap_shares.saturating_sub(1),
+        );
         let (value, counts, _) = search.solve(nodes);
         let mut mix: Vec<(usize, u32)> = rest
             .iter()
@@ -424,7 +442,8 @@ fn best_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, nodes: u64) -> (f64, V
         let (mib, pct, base) = choice.map_or((cap_mib, cap_pct, 0.0), |i| {
             (cap_mib - i.mib, cap_pct - i.pct, i.value)
         });
-        let search = Knapsack::new(&singles, mib, pct);
+        let shares = cap_shares.saturating_sub(u32::from(choice.is_some()));
+        let search = Knapsack::new(&singles, mib, pct, shares);
         let (value, counts, bound) = search.solve(nodes);
         upper = upper.max(base + bound);
         let mut mix: Vec<(usize, u32)> = singles
@@ -461,10 +480,14 @@ struct Knapsack<'a> {
     surrogates: Vec<(f64, Vec<usize>)>,
     cap_mib: u32,
     cap_pct: u32,
+    /// Items it may hold (HAMi's containers per GPU).
+    cap_shares: u32,
+    /// Search positions by value, highest first (the count bound).
+    by_value: Vec<usize>,
 }
 
 impl<'a> Knapsack<'a> {
-    fn new(items: &'a [Item], cap_mib: u32, cap_pct: u32) -> Self {
+    fn new(items: &'a [Item], cap_mib: u32, cap_pct: u32, cap_shares: u32) -> Self {
         let mut order: Vec<(usize, &Item)> = items
             .iter()
             .enumerate()
@@ -478,6 +501,8 @@ impl<'a> Knapsack<'a> {
             surrogates: Vec::new(),
             cap_mib: cap_mib.max(1),
             cap_pct: cap_pct.max(1),
+            cap_shares,
+            by_value: Vec::new(),
         };
         // Search order: value per combined size at the root's best `α`.
         let alpha = k.best_alpha(&order);
@@ -495,6 +520,9 @@ impl<'a> Knapsack<'a> {
             });
             k.surrogates.push((a, o));
         }
+        let mut by_value: Vec<usize> = (0..k.items.len()).collect();
+        by_value.sort_by(|&x, &y| k.items[y].1.value.total_cmp(&k.items[x].1.value));
+        k.by_value = by_value;
         k
     }
 
@@ -550,8 +578,15 @@ impl<'a> Knapsack<'a> {
             nodes: 0,
             limit,
         };
-        let root = self.upper(0, self.cap_mib, self.cap_pct);
-        self.dfs(0, self.cap_mib, self.cap_pct, 0.0, &mut state);
+        let root = self.upper(0, self.cap_mib, self.cap_pct, self.cap_shares);
+        self.dfs(
+            0,
+            self.cap_mib,
+            self.cap_pct,
+            self.cap_shares,
+            0.0,
+            &mut state,
+        );
         let complete = state.nodes < limit;
         let mut counts = vec![0; self.given];
         for (&(at, _), &k) in self.items.iter().zip(&state.best_counts) {
@@ -560,7 +595,7 @@ impl<'a> Knapsack<'a> {
         (state.best, counts, if complete { state.best } else { root })
     }
 
-    fn dfs(&self, i: usize, mib: u32, pct: u32, value: f64, s: &mut Search) {
+    fn dfs(&self, i: usize, mib: u32, pct: u32, shares: u32, value: f64, s: &mut Search) {
         s.nodes += 1;
         if value > s.best + 1e-12 {
             s.best = value;
@@ -569,17 +604,22 @@ impl<'a> Knapsack<'a> {
         if i == self.items.len() || s.nodes >= s.limit {
             return;
         }
-        if value + self.upper(i, mib, pct) <= s.best + 1e-12 {
+        if value + self.upper(i, mib, pct, shares) <= s.best + 1e-12 {
             return;
         }
         let item = self.items[i].1;
-        let most = item.bound.min(mib / item.mib).min(pct / item.pct);
+        let most = item
+            .bound
+            .min(mib / item.mib)
+            .min(pct / item.pct)
+            .min(shares);
         for k in (0..=most).rev() {
             s.counts[i] = k;
             self.dfs(
                 i + 1,
                 mib - k * item.mib,
                 pct - k * item.pct,
+                shares - k,
                 value + f64::from(k) * item.value,
                 s,
             );
@@ -588,9 +628,26 @@ impl<'a> Knapsack<'a> {
     }
 
     /// The smallest of the surrogate bounds over items `i..` (search
-    /// positions) with `mib` and `pct` left.
-    fn upper(&self, i: usize, mib: u32, pct: u32) -> f64 {
-        let mut best = f64::INFINITY;
+    /// positions) with `mib` and `pct` left, and of the count bound: the
+    /// `shares` most valuable items that still fit.
+    fn upper(&self, i: usize, mib: u32, pct: u32, shares: u32) -> f64 {
+        let mut left = shares;
+        let mut best = 0.0;
+        for &j in &self.by_value {
+            if left == 0 {
+                break;
+            }
+            let item = self.items[j].1;
+            if item.value <= 0.0 {
+                break;
+            }
+            if j < i || item.mib > mib || item.pct > pct {
+                continue;
+            }
+            let take = item.bound.min(left);
+            best += f64::from(take) * item.value;
+            left -= take;
+        }
         for (a, order) in &self.surrogates {
             let mut room = a * f64::from(mib) / f64::from(self.cap_mib)
                 + (1.0 - a) * f64::from(pct) / f64::from(self.cap_pct);
@@ -631,7 +688,13 @@ type Mix = Vec<(usize, u32)>;
 
 /// Every maximal mix (no further share fits), when there are at most
 /// `limit` of them.
-fn all_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, limit: usize) -> Option<Vec<Mix>> {
+fn all_mixes(
+    items: &[Item],
+    cap_mib: u32,
+    cap_pct: u32,
+    cap_shares: u32,
+    limit: usize,
+) -> Option<Vec<Mix>> {
     struct Walk<'a> {
         items: &'a [Item],
         mix: Mix,
@@ -641,19 +704,27 @@ fn all_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, limit: usize) -> Option
     impl Walk<'_> {
         /// Mixes from item `i` on with `mib` and `pct` left; false once
         /// past the limit.
-        fn walk(&mut self, i: usize, mib: u32, pct: u32, tensor_parallel: bool) -> bool {
+        fn walk(
+            &mut self,
+            i: usize,
+            mib: u32,
+            pct: u32,
+            shares: u32,
+            tensor_parallel: bool,
+        ) -> bool {
             if i == self.items.len() {
-                let room = self.items.iter().any(|it| {
-                    let have = self
-                        .mix
-                        .iter()
-                        .find(|&&(t, _)| t == it.t)
-                        .map_or(0, |&(_, k)| k);
-                    have < it.bound
-                        && it.mib <= mib
-                        && it.pct <= pct
-                        && !(it.tensor_parallel && tensor_parallel)
-                });
+                let room = shares > 0
+                    && self.items.iter().any(|it| {
+                        let have = self
+                            .mix
+                            .iter()
+                            .find(|&&(t, _)| t == it.t)
+                            .map_or(0, |&(_, k)| k);
+                        have < it.bound
+                            && it.mib <= mib
+                            && it.pct <= pct
+                            && !(it.tensor_parallel && tensor_parallel)
+                    });
                 if !room && !self.mix.is_empty() {
                     let mut sorted = self.mix.clone();
                     sorted.sort_unstable();
@@ -662,7 +733,7 @@ fn all_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, limit: usize) -> Option
                 return self.out.len() <= self.limit;
             }
             let it = self.items[i];
-            let mut most = it.bound.min(mib / it.mib).min(pct / it.pct);
+            let mut most = it.bound.min(mib / it.mib).min(pct / it.pct).min(shares);
             if it.tensor_parallel && tensor_parallel {
                 most = 0;
             }
@@ -674,6 +745,7 @@ fn all_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, limit: usize) -> Option
                     i + 1,
                     mib - k * it.mib,
                     pct - k * it.pct,
+                    shares - k,
                     tensor_parallel || (it.tensor_parallel && k > 0),
                 );
                 if k > 0 {
@@ -692,7 +764,8 @@ fn all_mixes(items: &[Item], cap_mib: u32, cap_pct: u32, limit: usize) -> Option
         out: Vec::new(),
         limit,
     };
-    w.walk(0, cap_mib, cap_pct, false).then_some(w.out)
+    w.walk(0, cap_mib, cap_pct, cap_shares, false)
+        .then_some(w.out)
 }
 
 #[cfg(test)]
@@ -710,21 +783,22 @@ mod tests {
         }
     }
 
-    /// Brute force over every count vector.
-    fn brute(items: &[Item], mib: u32, pct: u32) -> f64 {
-        fn go(items: &[Item], i: usize, mib: u32, pct: u32) -> f64 {
+    /// Brute force over every count vector of at most `shares` items.
+    fn brute(items: &[Item], mib: u32, pct: u32, shares: u32) -> f64 {
+        fn go(items: &[Item], i: usize, mib: u32, pct: u32, shares: u32) -> f64 {
             if i == items.len() {
                 return 0.0;
             }
             let it = items[i];
-            let most = it.bound.min(mib / it.mib).min(pct / it.pct);
+            let most = it.bound.min(mib / it.mib).min(pct / it.pct).min(shares);
             (0..=most)
                 .map(|k| {
-                    f64::from(k) * it.value + go(items, i + 1, mib - k * it.mib, pct - k * it.pct)
+                    f64::from(k) * it.value
+                        + go(items, i + 1, mib - k * it.mib, pct - k * it.pct, shares - k)
                 })
                 .fold(0.0, f64::max)
         }
-        go(items, 0, mib, pct)
+        go(items, 0, mib, pct, shares)
     }
 
     #[test]
@@ -750,9 +824,13 @@ mod tests {
                 })
                 .collect();
             let (mib, pct) = (50 + next(100) as u32, 50 + next(100) as u32);
-            let (value, counts, bound) = Knapsack::new(&items, mib, pct).solve(KNAPSACK_NODES);
-            assert!((value - brute(&items, mib, pct)).abs() < 1e-9);
+            // HAMi's containers per GPU: often binding, sometimes not.
+            let shares = 1 + next(12) as u32;
+            let (value, counts, bound) =
+                Knapsack::new(&items, mib, pct, shares).solve(KNAPSACK_NODES);
+            assert!((value - brute(&items, mib, pct, shares)).abs() < 1e-9);
             assert!((bound - value).abs() < 1e-9);
+            assert!(counts.iter().sum::<u32>() <= shares);
             let used: (u32, u32) = items
                 .iter()
                 .zip(&counts)
@@ -774,7 +852,7 @@ mod tests {
         let mut b = item(1, 5.0, 10, 60, 1);
         b.tensor_parallel = true;
         let c = item(2, 1.0, 10, 10, 4);
-        let (best, mixes) = best_mixes(&[a, b, c], 100, 100, KNAPSACK_NODES);
+        let (best, mixes) = best_mixes(&[a, b, c], 100, 100, 10, KNAPSACK_NODES);
         // a and b fit together by size (worth 10 with one c), but not by
         // the rule: either of them with four c is best.
         assert!((best - 9.0).abs() < 1e-9, "{best}");
@@ -783,7 +861,7 @@ mod tests {
                 .iter()
                 .all(|(_, m)| m.iter().filter(|(t, _)| *t < 2).count() <= 1)
         );
-        let all = all_mixes(&[a, b, c], 100, 100, 100).unwrap();
+        let all = all_mixes(&[a, b, c], 100, 100, 10, 100).unwrap();
         assert!(
             all.iter()
                 .all(|m| m.iter().filter(|(t, _)| *t < 2).count() <= 1)
@@ -795,8 +873,31 @@ mod tests {
     #[test]
     fn listing_stops_past_its_limit() {
         let items: Vec<Item> = (0..8).map(|t| item(t, 1.0, 7, 3, 10)).collect();
-        assert!(all_mixes(&items, 100, 100, 10).is_none());
-        let few = all_mixes(&items[..2], 21, 100, 10).unwrap();
+        assert!(all_mixes(&items, 100, 100, 10, 10).is_none());
+        let few = all_mixes(&items[..2], 21, 100, 10, 10).unwrap();
         assert_eq!(few.len(), 4, "{few:?}");
+    }
+
+    /// HAMi serves at most `deviceSplitCount` containers per GPU (default
+    /// 10): twenty tiny shares that fit by memory and SMs make mixes of
+    /// ten, priced and listed alike, and a mix is maximal once it holds
+    /// ten.
+    #[test]
+    fn a_mix_holds_at_most_the_gpus_share_count() {
+        let items: Vec<Item> = (0..4).map(|t| item(t, 1.0 + t as f64, 2, 2, 5)).collect();
+        let (best, mixes) = best_mixes(&items, 100, 100, 10, KNAPSACK_NODES);
+        // The ten most valuable: five of 4.0 and five of 3.0.
+        assert!((best - 35.0).abs() < 1e-9, "{best}");
+        assert!(
+            mixes
+                .iter()
+                .all(|(_, m)| m.iter().map(|&(_, k)| k).sum::<u32>() <= 10)
+        );
+        let all = all_mixes(&items, 100, 100, 10, 1000).unwrap();
+        assert!(
+            all.iter()
+                .all(|m| m.iter().map(|&(_, k)| k).sum::<u32>() == 10),
+            "{all:?}"
+        );
     }
 }
