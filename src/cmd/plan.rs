@@ -64,6 +64,10 @@ pub struct Args {
     /// Fraction of an MPS or fractional (HAMi) GPU's memory kept free.
     #[arg(long, default_value_t = 0.05)]
     pub isolated_headroom: f64,
+    /// Most replicas on one fractional (HAMi) GPU: HAMi's
+    /// `devicePlugin.deviceSplitCount` (its default is 10).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub hami_split_count: u32,
     /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
@@ -196,6 +200,7 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         max_mps_replicas: args.max_mps,
         mps_memory_headroom: args.isolated_headroom,
         fractional_memory_headroom: args.isolated_headroom,
+        fractional_max_shares: args.hami_split_count,
         solver_log: args.solver_log,
         ..PackOptions::default()
     };
