@@ -21,6 +21,18 @@ fn carried(plan: &Plan, first: &Plan) -> bool {
 }
 
 /// The options of a re-plan between consolidations: keep what runs.
+/// One model of 2 GiB and 0.005 of a GPU's compute, fractional only.
+fn tiny_fractional() -> Vec<Model> {
+    vec![common::model(
+        "tiny",
+        2.0,
+        0.005,
+        &[SharingMode::Fractional],
+        &[1],
+        &[],
+    )]
+}
+
 fn keeping() -> PackOptions {
     PackOptions {
         keep_running: true,
@@ -237,14 +249,7 @@ proptest! {
 #[test]
 fn an_idle_fractional_gpu_is_not_opened_for_what_fits_beside_what_runs() {
     let cluster = common::cluster_allowing(&[("n", "L4", 2)], &[SharingMode::Fractional]);
-    let models = vec![common::model(
-        "tiny",
-        2.0,
-        0.005,
-        &[SharingMode::Fractional],
-        &[1],
-        &[],
-    )];
+    let models = tiny_fractional();
     let options = PackOptions::default();
     let first = pack(&cluster, &models, &common::demand(&[("tiny", 2)]), &options).unwrap();
     assert_eq!(first.gpus_used, 1);
@@ -670,14 +675,7 @@ fn a_replica_added_on_top_goes_into_fractional_room_when_its_cheapest_pattern_ne
 #[test]
 fn a_fractional_gpu_runs_at_most_hamis_split_count() {
     let cluster = common::cluster_allowing(&[("n", "H100-80GB", 4)], &[SharingMode::Fractional]);
-    let models = vec![common::model(
-        "tiny",
-        2.0,
-        0.005,
-        &[SharingMode::Fractional],
-        &[1],
-        &[],
-    )];
+    let models = tiny_fractional();
     let most = |p: &Plan| {
         p.gpus
             .iter()
