@@ -13,6 +13,7 @@
 //! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for (default `mig, whole`: what the controller sets up itself) |
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
+//! | annotation `hami.io/node-nvidia-register` (HAMi's device plugin: per GPU `UUID,count,MiB,cores,type,numa,health[,mode,index]:`, or a JSON list with `count`) | HAMi's `deviceSplitCount` on the node, its fewest `count` (only where the node may be `fractional`; HAMi's default 10 otherwise) |
 //! | label `nvidia.com/device-plugin.config` (`timeslice-N`, `mps-N`, `mig-<profile>-timeslice-N`: the names gpuscale writes) | how many shares the device plugin makes of each GPU or instance now |
 //! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits, HAMi's annotations) | what runs where ([`Held`]): `nvidia.com/mig-<profile>` an instance of that profile, `nvidia.com/mig-<profile>.shared` a share of one and `nvidia.com/gpu.shared` a share of a time-sliced or MPS GPU (the least shared, as the device plugin hands replicas out), `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` (or `-percentage`) a fractional share of N GPUs (where HAMi's `hami.io/vgpu-devices-allocated` says, else as its binpack would), `nvidia.com/gpu: N` alone N whole GPUs |
 //!
@@ -49,6 +50,11 @@ pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const RACK: &str = "gpuscale.io/rack";
 /// The annotation listing the sharing a node may be set up for.
 pub const SHARING: &str = "gpuscale.io/sharing";
+/// HAMi's device plugin's record of the node's GPUs.
+pub const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
+/// HAMi's `deviceSplitCount` when a node does not say (its Helm chart's
+/// `devicePlugin.deviceSplitCount`).
+pub const HAMI_DEFAULT_SPLIT_COUNT: u32 = 10;
 
 /// The inventory built from the nodes, and the nodes left out or
 /// degraded, with why.
@@ -176,6 +182,40 @@ fn quantity(v: &str) -> Option<u64> {
         .find_map(|(s, k)| v.strip_suffix(s).map(|d| (d, *k)))
         .unwrap_or((v, 1));
     digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+/// HAMi's containers per GPU on a node, from its device plugin's record
+/// ([`HAMI_REGISTER`]): the fewest `count` over its GPUs. HAMi writes the
+/// record as a JSON list of devices (`[{"id": …, "count": 10, …}]`,
+/// `MarshalNodeDevices`) or, before, as `UUID,count,MiB,cores,type,numa,
+/// health[,mode,index]` per GPU, each ended by `:` (`EncodeNodeDevices`).
+/// `None` when neither reads or no GPU has a count.
+pub fn hami_split_count(record: &str) -> Option<u32> {
+    let record = record.trim();
+    let counts: Vec<u32> = if record.starts_with('[') {
+        let devices: Vec<serde_json::Value> = serde_json::from_str(record).ok()?;
+        devices
+            .iter()
+            .map(|d| {
+                d.get("count")
+                    .and_then(serde_json::Value::as_u64)
+                    .and_then(|c| u32::try_from(c).ok())
+            })
+            .collect::<Option<Vec<u32>>>()?
+    } else {
+        record
+            .split(':')
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| {
+                let f: Vec<&str> = d.split(',').collect();
+                if f.len() < 7 {
+                    return None;
+                }
+                f[1].trim().parse::<u32>().ok()
+            })
+            .collect::<Option<Vec<u32>>>()?
+    };
+    counts.into_iter().filter(|&c| c > 0).min()
 }
 
 /// HAMi's allocation record, per container in the pod's order.
@@ -612,10 +652,19 @@ fn place_fractional(
                 (g.index, m, c)
             })
             .collect();
+        let split = node.hami_split_count.unwrap_or(HAMI_DEFAULT_SPLIT_COUNT) as usize;
+        let containers = |node: &NodeSpec, i: u32| {
+            node.gpus
+                .iter()
+                .find(|g| g.index == i)
+                .map_or(0, |g| g.workloads.len())
+        };
         let fullest = fractional
             .iter()
-            .filter(|(_, m, c)| {
-                m.saturating_add(mib) <= memory_mib && c.saturating_add(f.cores) <= 100
+            .filter(|(i, m, c)| {
+                m.saturating_add(mib) <= memory_mib
+                    && c.saturating_add(f.cores) <= 100
+                    && containers(node, *i) < split
             })
             .max_by_key(|(i, m, _)| (*m, std::cmp::Reverse(*i)))
             .map(|(i, _, _)| *i);
@@ -752,6 +801,21 @@ pub fn from_nodes(
                 }
             }
         };
+        let hami_record = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HAMI_REGISTER));
+        let hami_split = hami_record.and_then(|r| {
+            let count = hami_split_count(r);
+            if count.is_none() {
+                note(format!(
+                    "annotation {HAMI_REGISTER} does not read as HAMi's device list; HAMi's \
+                     default of {HAMI_DEFAULT_SPLIT_COUNT} containers per GPU assumed"
+                ));
+            }
+            count
+        });
         let up = ready(node);
         if !up {
             note("not Ready: its GPUs are not placed on".into());
@@ -867,6 +931,7 @@ pub fn from_nodes(
             mps_replicas: None,
             mig_timeslice: None,
             sharing,
+            hami_split_count: hami_split,
             gpus,
         };
         apply_plugin_config(
@@ -884,6 +949,10 @@ pub fn from_nodes(
             (gpu.memory_gib * 1024.0) as u64,
             &mut out.notes,
         );
+        // HAMi's count matters where gpuscale may put fractional shares.
+        if !spec.sharing.contains(&SharingMode::Fractional) {
+            spec.hami_split_count = None;
+        }
         out.spec.nodes.push(spec);
     }
     out.spec.nodes.sort_by(|a, b| a.name.cmp(&b.name));

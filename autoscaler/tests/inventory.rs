@@ -790,6 +790,69 @@ fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
     assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 2)]);
 }
 
+/// HAMi's device plugin registers each node's GPUs in the annotation
+/// `hami.io/node-nvidia-register`, with HAMi's `deviceSplitCount` as each
+/// GPU's `count` (HAMi's protocol document: `UUID,count,MiB,cores,type,
+/// numa,health:` per GPU; newer releases a JSON list of devices with a
+/// `count` field). The node's split count is the fewest; it binds the
+/// binpack replay of unrecorded HAMi pods too: with a count of 2, the
+/// third 10,000 MiB pod goes to another GPU although GPU 0 has room. A
+/// node that may not be `fractional` keeps no count (HAMi is not
+/// gpuscale's there), and a record that does not read is noted.
+#[test]
+fn hamis_split_count_comes_from_its_node_registration() {
+    let two_gpus = |mut node: Node| {
+        node.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("nvidia.com/gpu.count".into(), "2".into());
+        node
+    };
+    let legacy = format!(
+        "{UUID}0,2,81559,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:\
+         {UUID}1,3,81559,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"
+    );
+    let modern = format!(
+        r#"[{{"id":"{UUID}0","count":6,"devmem":81559,"devcore":100,"type":"NVIDIA-NVIDIA H100 80GB HBM3","health":true}},{{"id":"{UUID}1","index":1,"count":4,"devmem":81559,"devcore":100,"type":"NVIDIA-NVIDIA H100 80GB HBM3","mode":"hami-core","health":true}}]"#
+    );
+    let hami_node = |name: &str, sharing: &str, record: &str| {
+        annotated(
+            annotated(
+                two_gpus(h100(name, json!({}))),
+                "gpuscale.io/sharing",
+                sharing,
+            ),
+            "hami.io/node-nvidia-register",
+            record,
+        )
+    };
+    let nodes = [
+        hami_node("gpu-a", "fractional", &legacy),
+        hami_node("gpu-b", "fractional, whole", &modern),
+        hami_node("gpu-c", "mig, whole", &legacy),
+        hami_node("gpu-d", "fractional", "not a device list"),
+    ];
+    let pods = [
+        running("p0", "m", hami("10000", Some("10"), "1")),
+        running("p1", "m", hami("10000", Some("10"), "1")),
+        running("p2", "m", hami("10000", Some("10"), "1")),
+    ];
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::new(),
+        &holdings(&pods),
+        &Catalog::builtin(),
+    );
+    assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
+    assert_eq!(inv.notes[0].0, "gpu-d");
+    assert!(inv.notes[0].1.contains("default of 10"), "{:?}", inv.notes);
+    let c = cluster(&inv.spec);
+    let split: Vec<Option<u32>> = c.nodes.iter().map(|n| n.hami_split_count).collect();
+    assert_eq!(split, [Some(2), Some(4), None, None]);
+    assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 1)]);
+}
+
 /// What runs wins over what the annotations say, with a note each: a
 /// HAMi share on a node whose `sharing` leaves out `fractional` makes the
 /// node allow it for what runs; a share on a node without a device-plugin

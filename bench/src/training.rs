@@ -190,6 +190,7 @@ pub fn cluster(s: &Scenario) -> Cluster {
                 mps_replicas: None,
                 mig_timeslice: None,
                 sharing: gpuscale_policies::inventory::node_sharing(),
+                hami_split_count: None,
                 gpus: vec![],
             })
             .collect(),

@@ -155,8 +155,8 @@ fn class_key(class: &Class) -> BasisClass {
         gpus_per_node: class.gpus_per_node,
         sharing: class.allows.clone(),
         catalog: digest(&format!(
-            "{:?}|{:?}|{:?}|{:?}",
-            class.price, class.usable_gib, class.compute, class.mig
+            "{:?}|{:?}|{:?}|{:?}|{:?}",
+            class.price, class.usable_gib, class.compute, class.mig, class.fractional
         )),
         nodes: class.nodes.len() as u32,
         lp_gpus: 0.0,

@@ -440,7 +440,9 @@ pub fn whole_degrees(model: &Model, class: &Class) -> Vec<u32> {
 /// Groups the cluster's nodes into classes and builds slot types, patterns
 /// and the current state of each.
 pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<Class> {
-    type Key = (String, u32, Vec<SharingMode>);
+    // (GPU model, healthy GPUs per node, sharing allowed, HAMi's
+    // containers per GPU where fractional is allowed, else 0).
+    type Key = (String, u32, Vec<SharingMode>, u32);
     let mut groups: BTreeMap<Key, Vec<usize>> = BTreeMap::new();
     for (i, n) in cluster.nodes.iter().enumerate() {
         let healthy = n
@@ -457,14 +459,21 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
                 .collect();
             allows.sort();
             allows.dedup();
+            let split = if allows.contains(&SharingMode::Fractional) {
+                n.hami_split_count
+                    .unwrap_or(options.fractional_max_shares)
+                    .max(1)
+            } else {
+                0
+            };
             groups
-                .entry((n.gpu_model.clone(), healthy, allows))
+                .entry((n.gpu_model.clone(), healthy, allows, split))
                 .or_default()
                 .push(i);
         }
     }
     let mut classes = Vec::new();
-    for ((gpu_model, gpus_per_node, allows), nodes) in groups {
+    for ((gpu_model, gpus_per_node, allows, split), nodes) in groups {
         let gpu = cluster.catalog.get(&gpu_model).expect("checked above");
         let fractional = allows
             .contains(&SharingMode::Fractional)
@@ -473,7 +482,7 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
                     + 1e-6)
                     .floor() as u32,
                 cores: (options.fractional_compute_cap * 100.0 + 1e-6).floor() as u32,
-                shares: options.fractional_max_shares.max(1),
+                shares: split,
             });
         let mut class = Class {
             gpu_model: gpu_model.clone(),

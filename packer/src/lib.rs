@@ -96,7 +96,9 @@ pub struct PackOptions {
     /// Most replicas on one fractional GPU: HAMi serves at most
     /// `deviceSplitCount` containers per GPU (its Helm value
     /// `devicePlugin.deviceSplitCount`, default 10); the next ones stay
-    /// Pending.
+    /// Pending. A node's own `hamiSplitCount` (the cluster file, or HAMi's
+    /// node annotation in the Kubernetes inventory) takes precedence; this
+    /// is for nodes that do not state one.
     pub fractional_max_shares: u32,
     /// Let HiGHS write its log to stdout (for diagnosing slow solves).
     pub solver_log: bool,

@@ -48,6 +48,7 @@ fn topo_cluster(nodes: Vec<NodeDef<'_>>) -> Cluster {
                 mps_replicas: None,
                 mig_timeslice: None,
                 sharing: gpuscale_policies::inventory::node_sharing(),
+                hami_split_count: None,
                 gpus: running
                     .into_iter()
                     .map(|(index, job)| GpuState {

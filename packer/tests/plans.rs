@@ -195,9 +195,16 @@ fn check_rules(
                     g.index
                 );
                 assert!(cores <= (options.fractional_compute_cap * 100.0).floor());
-                // HAMi's containers per GPU (`deviceSplitCount`).
+                // HAMi's containers per GPU (`deviceSplitCount`): the
+                // node's own, else the option's.
+                let split = cluster
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == g.node)
+                    .and_then(|n| n.hami_split_count)
+                    .unwrap_or(options.fractional_max_shares);
                 assert!(
-                    g.replicas.len() <= options.fractional_max_shares as usize,
+                    g.replicas.len() <= split as usize,
                     "{}:{} runs {} replicas",
                     g.node,
                     g.index,
@@ -802,13 +809,14 @@ proptest! {
 
     /// Random clusters whose nodes allow random sharing modes, random
     /// models allowing random modes, random demand: no GPU or slice
-    /// exceeds memory or compute, one config per node, every emitted
+    /// exceeds memory or compute (or a fractional GPU its node's HAMi
+    /// split count, stated on some), one config per node, every emitted
     /// config parses in NVIDIA's and HAMi's shapes, and re-planning the
     /// applied plan moves nothing unless the move saves money.
     #[test]
     fn every_sharing_mode_keeps_memory_and_compute_within_limits(
         nodes in prop::collection::vec(
-            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..64),
+            (prop::sample::select(vec!["H100-80GB", "A100-40GB", "L4", "H200-141GB"]), 1u32..=4, 0u8..64, 0u32..=4),
             1..=4,
         ),
         specs in prop::collection::vec((0.5f64..60.0, 0.01f64..0.9, 1u8..64, 0u32..=6, 0usize..3), 1..=5),
@@ -819,7 +827,7 @@ proptest! {
         let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
             .iter()
             .enumerate()
-            .map(|(i, &(g, n, mask))| {
+            .map(|(i, &(g, n, mask, _))| {
                 // A node time-slices MIG instances only where it runs MIG.
                 let mut m = modes(mask);
                 if m.contains(&SharingMode::MigTimeslice) && !m.contains(&SharingMode::Mig) {
@@ -832,7 +840,13 @@ proptest! {
             .iter()
             .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
             .collect();
-        let cluster = common::cluster_each(&each);
+        let mut cluster = common::cluster_each(&each);
+        // HAMi's split count stated on some fractional nodes (0: not).
+        for (node, &(_, _, _, split)) in cluster.nodes.iter_mut().zip(&nodes) {
+            if split > 0 && node.sharing.contains(&SharingMode::Fractional) {
+                node.hami_split_count = Some(split);
+            }
+        }
         let mut models = Vec::new();
         let mut demand = BTreeMap::new();
         for (i, &(memory, compute, mask, want, tp)) in specs.iter().enumerate() {

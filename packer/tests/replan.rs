@@ -722,3 +722,59 @@ fn a_fractional_gpu_runs_at_most_hamis_split_count() {
     assert_eq!((placed(&plan), plan.gpus_used, most(&plan)), (21, 3, 10));
     assert_eq!(plan.moves, 0);
 }
+
+/// A node's own `hamiSplitCount` (HAMi's per-node `deviceSplitCount`)
+/// bounds its fractional GPUs, over the option's default, in a plan and in
+/// a re-plan whose bound was proven for another count.
+#[test]
+fn a_nodes_own_hami_split_count_bounds_its_gpus() {
+    let mut cluster = common::cluster_each(&[
+        ("a", "H100-80GB", 1, &[SharingMode::Fractional]),
+        ("b", "H100-80GB", 1, &[SharingMode::Fractional]),
+    ]);
+    cluster.nodes[0].hami_split_count = Some(3);
+    let models = tiny_fractional();
+    let on = |p: &Plan, node: &str| {
+        p.gpus
+            .iter()
+            .filter(|g| g.node == node)
+            .map(|g| g.replicas.len())
+            .sum::<usize>()
+    };
+    let wide = PackOptions {
+        fractional_max_shares: 32,
+        ..PackOptions::default()
+    };
+    // Node b takes the option's 32, node a its own 3: one of 36 is left.
+    let plan = pack(&cluster, &models, &common::demand(&[("tiny", 36)]), &wide).unwrap();
+    assert_eq!(placed(&plan), 35, "32 on b and 3 on a: {:?}", plan.gpus);
+    assert_eq!((on(&plan, "a"), on(&plan, "b")), (3, 32));
+    let options = PackOptions::default();
+    let plan = pack(
+        &cluster,
+        &models,
+        &common::demand(&[("tiny", 14)]),
+        &options,
+    )
+    .unwrap();
+    assert_eq!((placed(&plan), on(&plan, "a"), on(&plan, "b")), (13, 3, 10));
+
+    // A plan made when node a took 10, re-planned once it takes 3: the
+    // earlier bound is not for this cluster, and node a sheds its extra.
+    let mut before = cluster.clone();
+    before.nodes[0].hami_split_count = None;
+    let first = pack(&before, &models, &common::demand(&[("tiny", 13)]), &options).unwrap();
+    assert_eq!(placed(&first), 13);
+    let mut now = first.apply_to(&before);
+    now.nodes[0].hami_split_count = Some(3);
+    let plan = pack_from(
+        &now,
+        &models,
+        &common::demand(&[("tiny", 13)]),
+        &options,
+        first.basis.as_ref(),
+    )
+    .unwrap();
+    assert!(!carried(&plan, &first));
+    assert_eq!((placed(&plan), on(&plan, "a"), on(&plan, "b")), (13, 3, 10));
+}

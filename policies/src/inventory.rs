@@ -192,6 +192,14 @@ pub struct NodeSpec {
     /// time-sliced) needs `mig` too. Whole GPUs are always allowed.
     #[serde(default = "node_sharing", skip_serializing_if = "is_default_sharing")]
     pub sharing: Vec<SharingMode>,
+    /// HAMi's `deviceSplitCount` on the node: the most containers HAMi
+    /// runs on one of its GPUs (it leaves the next Pending). Only with
+    /// `fractional` in `sharing`. Default: the packer's
+    /// (`gpuscale plan --hami-split-count`, 10 as HAMi's Helm chart).
+    /// The Kubernetes inventory reads it from HAMi's
+    /// `hami.io/node-nvidia-register` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hami_split_count: Option<u32>,
     /// State of GPUs that are not free and healthy (others default to that).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuState>,
@@ -220,6 +228,9 @@ pub struct Node {
     pub mig_timeslice: Option<MigTimeslice>,
     /// Sharing mechanisms allowed (see [`NodeSpec`]).
     pub sharing: Vec<SharingMode>,
+    /// HAMi's containers per GPU on the node, when stated (see
+    /// [`NodeSpec`]).
+    pub hami_split_count: Option<u32>,
     /// Every GPU, by index.
     pub gpus: Vec<Gpu>,
 }
@@ -408,6 +419,22 @@ impl Cluster {
                     ));
                 }
             }
+            if let Some(v) = n.hami_split_count {
+                if v == 0 {
+                    errors.push(FieldError::new(
+                        format!("{path}.hamiSplitCount"),
+                        "must be at least 1 (HAMi's containers per GPU), got 0",
+                    ));
+                } else if !n.sharing.contains(&SharingMode::Fractional) {
+                    errors.push(FieldError::new(
+                        format!("{path}.hamiSplitCount"),
+                        format!(
+                            "is HAMi's deviceSplitCount, so the node must allow `fractional` (its `sharing` is [{}])",
+                            sharing_list(&n.sharing)
+                        ),
+                    ));
+                }
+            }
             let gpus = validate_gpus(n, &path, gpu, &mut errors);
             let mig_timeslice = match &n.mig_timeslice {
                 Some(ts) => Some(ts.clone()),
@@ -463,6 +490,7 @@ impl Cluster {
                     }),
                     mig_timeslice: mig_timeslice.clone(),
                     sharing: n.sharing.clone(),
+                    hami_split_count: n.hami_split_count,
                     gpus: gpus.clone(),
                 });
             }
@@ -851,6 +879,7 @@ mod tests {
             mps_replicas: None,
             mig_timeslice: None,
             sharing: node_sharing(),
+            hami_split_count: None,
             gpus,
         }
     }

@@ -232,6 +232,47 @@ spec:
 }
 
 #[test]
+fn a_hami_split_count_is_located_and_needs_fractional() {
+    let text = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata:
+  name: c
+spec:
+  nodes:
+    - name: a
+      gpuModel: H100-80GB
+      gpuCount: 8
+      sharing: [fractional]
+      hamiSplitCount: 0
+    - name: b
+      gpuModel: H100-80GB
+      gpuCount: 8
+      hamiSplitCount: 4
+";
+    let p = problems("cluster.yaml", text);
+    assert_eq!(
+        located(&p),
+        [
+            (11, "spec.nodes[0].hamiSplitCount"),
+            (15, "spec.nodes[1].hamiSplitCount")
+        ],
+        "{p:?}"
+    );
+    assert!(p[0].message.contains("at least 1"), "{}", p[0].message);
+    assert!(p[1].message.contains("`fractional`"), "{}", p[1].message);
+    let fixed = text
+        .replace("hamiSplitCount: 0", "hamiSplitCount: 5")
+        .replace("      hamiSplitCount: 4\n", "");
+    let b = load_sources(&[(Path::new("cluster.yaml"), fixed.as_str())]).unwrap();
+    let nodes = b.cluster.unwrap().nodes;
+    assert_eq!(
+        (nodes[0].hami_split_count, nodes[1].hami_split_count),
+        (Some(5), None)
+    );
+}
+
+#[test]
 fn training_queue_problems_are_located() {
     let queue = "\
 apiVersion: gpuscale.io/v1alpha1

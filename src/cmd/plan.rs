@@ -65,7 +65,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0.05)]
     pub isolated_headroom: f64,
     /// Most replicas on one fractional (HAMi) GPU: HAMi's
-    /// `devicePlugin.deviceSplitCount` (its default is 10).
+    /// `devicePlugin.deviceSplitCount` (its default is 10), for the nodes
+    /// whose `hamiSplitCount` the cluster file does not state.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub hami_split_count: u32,
     /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.

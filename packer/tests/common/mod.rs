@@ -41,6 +41,7 @@ pub fn cluster_each(nodes: &[(&str, &str, u32, &[SharingMode])]) -> Cluster {
                 mps_replicas: None,
                 mig_timeslice: None,
                 sharing: sharing.to_vec(),
+                hami_split_count: None,
                 gpus: vec![],
             })
             .collect(),
