@@ -68,6 +68,66 @@ pub struct AutoscalerSpec {
     /// `/v1/queues` (the push stream still triggers decisions).
     #[serde(default)]
     pub prometheus: Option<crate::observe::PrometheusSpec>,
+    /// How the controller packs (with `cluster`, or the Kubernetes
+    /// backend's inventory): the options of `gpuscale plan` that shape a
+    /// plan, with the same defaults.
+    #[serde(default)]
+    pub packer: PackerSpec,
+}
+
+/// The packer's options the controller plans with: `gpuscale plan`'s
+/// flags of the same names, with the same defaults. The solve's clocks are
+/// the controller's own (a budget per decision), not settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PackerSpec {
+    /// Relative MIP gap at which a solve stops (`--mip-gap`).
+    pub mip_gap: f64,
+    /// Most time-sliced shares per GPU considered (`--max-shares`, 2–16).
+    pub max_shares: u8,
+    /// Fraction of a time-sliced GPU's memory kept free
+    /// (`--timeslice-headroom`).
+    pub timeslice_headroom: f64,
+    /// Most MPS partitions per GPU considered (`--max-mps`, 2–48).
+    pub max_mps: u8,
+    /// Fraction of an MPS or fractional (HAMi) GPU's memory kept free
+    /// (`--isolated-headroom`).
+    pub isolated_headroom: f64,
+    /// HAMi's containers per GPU on nodes that do not say
+    /// (`--hami-split-count`; a node's `hami.io/node-nvidia-register` or
+    /// a cluster file's `hamiSplitCount` wins).
+    pub hami_split_count: u32,
+}
+
+impl Default for PackerSpec {
+    fn default() -> Self {
+        let o = gpuscale_packer::PackOptions::default();
+        PackerSpec {
+            mip_gap: o.mip_rel_gap,
+            max_shares: o.max_timeslice_replicas,
+            timeslice_headroom: o.timeslice_memory_headroom,
+            max_mps: o.max_mps_replicas,
+            isolated_headroom: o.mps_memory_headroom,
+            hami_split_count: o.fractional_max_shares,
+        }
+    }
+}
+
+impl PackerSpec {
+    /// The packer's options with these settings (and its defaults for
+    /// the rest).
+    pub fn options(&self) -> gpuscale_packer::PackOptions {
+        gpuscale_packer::PackOptions {
+            mip_rel_gap: self.mip_gap,
+            max_timeslice_replicas: self.max_shares,
+            timeslice_memory_headroom: self.timeslice_headroom,
+            max_mps_replicas: self.max_mps,
+            mps_memory_headroom: self.isolated_headroom,
+            fractional_memory_headroom: self.isolated_headroom,
+            fractional_max_shares: self.hami_split_count,
+            ..gpuscale_packer::PackOptions::default()
+        }
+    }
 }
 
 fn one_second() -> Duration {
@@ -305,6 +365,27 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if !(t.prefill_target.is_finite() && t.prefill_target > 0.0) {
         bad("spec.tuning.prefillTarget", "must be above 0");
     }
+    let p = &spec.packer;
+    if !(p.mip_gap.is_finite() && (0.0..1.0).contains(&p.mip_gap)) {
+        bad("spec.packer.mipGap", "must be at least 0 and below 1");
+    }
+    if !(2..=16).contains(&p.max_shares) {
+        bad("spec.packer.maxShares", "must be between 2 and 16");
+    }
+    if !(2..=48).contains(&p.max_mps) {
+        bad("spec.packer.maxMps", "must be between 2 and 48");
+    }
+    for (field, v) in [
+        ("spec.packer.timesliceHeadroom", p.timeslice_headroom),
+        ("spec.packer.isolatedHeadroom", p.isolated_headroom),
+    ] {
+        if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+            bad(field, "must be at least 0 and below 1");
+        }
+    }
+    if !(1..=1000).contains(&p.hami_split_count) {
+        bad("spec.packer.hamiSplitCount", "must be between 1 and 1000");
+    }
     let k = &spec.kubernetes;
     if k.lease_duration < Duration::from_secs(2) {
         bad("spec.kubernetes.leaseDuration", "must be at least 2s");
@@ -427,6 +508,65 @@ mod tests {
         .unwrap();
         assert_eq!(ok.tuning.prefill_target, 0.8);
         assert!(check_settings(&ok).is_empty(), "{:?}", check_settings(&ok));
+    }
+
+    #[test]
+    fn packer_settings_are_gpuscale_plans_and_bounded_by_field() {
+        let spec: AutoscalerSpec =
+            serde_yaml_ng::from_str("policies: [p]\ngateway: {config: g.yaml}\n").unwrap();
+        // Unset, the controller packs exactly as before (the packer's
+        // defaults).
+        assert_eq!(
+            spec.packer.options(),
+            gpuscale_packer::PackOptions::default()
+        );
+        let spec: AutoscalerSpec = serde_yaml_ng::from_str(
+            "policies: [p]\n\
+             gateway: {config: g.yaml}\n\
+             packer: {mipGap: 0.01, hamiSplitCount: 4, isolatedHeadroom: 0.1, maxShares: 8}\n",
+        )
+        .unwrap();
+        assert!(
+            check_settings(&spec).is_empty(),
+            "{:?}",
+            check_settings(&spec)
+        );
+        let o = spec.packer.options();
+        assert_eq!(
+            (
+                o.mip_rel_gap,
+                o.fractional_max_shares,
+                o.fractional_memory_headroom,
+                o.mps_memory_headroom,
+                o.max_timeslice_replicas,
+                o.timeslice_memory_headroom,
+            ),
+            (0.01, 4, 0.1, 0.1, 8, 0.1)
+        );
+        let bad: AutoscalerSpec = serde_yaml_ng::from_str(
+            "policies: [p]\n\
+             gateway: {config: g.yaml}\n\
+             packer: {mipGap: -0.1, hamiSplitCount: 0, timesliceHeadroom: 1, maxShares: 1, maxMps: 64, isolatedHeadroom: .nan}\n",
+        )
+        .unwrap();
+        let fields: Vec<String> = check_settings(&bad).into_iter().map(|(f, _)| f).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.packer.mipGap",
+                "spec.packer.maxShares",
+                "spec.packer.maxMps",
+                "spec.packer.timesliceHeadroom",
+                "spec.packer.isolatedHeadroom",
+                "spec.packer.hamiSplitCount",
+            ]
+        );
+        assert!(
+            serde_yaml_ng::from_str::<AutoscalerSpec>(
+                "gateway: {config: g.yaml}\npacker: {splitCount: 3}\n"
+            )
+            .is_err()
+        );
     }
 
     #[test]

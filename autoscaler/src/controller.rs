@@ -853,7 +853,7 @@ impl Controller {
         let options = PackOptions {
             time_limit: PACK_BUDGET,
             keep_running: keep,
-            ..PackOptions::default()
+            ..self.settings.spec.packer.options()
         };
         let solved = tokio::task::spawn_blocking(move || {
             pack_from(&on, &models, &wanted, &options, basis.as_ref())
