@@ -402,7 +402,7 @@ pub fn mig_configmap(
     config: &gpuscale_packer::emit::MigPartedConfig,
     namespace: &str,
 ) -> Result<ConfigMap, serde_json::Error> {
-    let text = serde_yaml_ng::to_string(&config).map_err(serde::ser::Error::custom)?;
+    let text = gpuscale_packer::emit::to_yaml(&config).map_err(serde::ser::Error::custom)?;
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -284,26 +284,62 @@ pub fn hami_annotations(
     out
 }
 
+/// YAML 1.1's booleans besides `true` and `false` (which serde_yaml_ng
+/// quotes already, as YAML 1.2's): Kubernetes reads manifests with
+/// sigs.k8s.io/yaml over go-yaml v2, a YAML 1.1 parser, where an unquoted
+/// `on` is `true` (HAMi's node label `gpu: on` then selects no node, or is
+/// refused as a label value).
+const YAML11_BOOLEANS: [&str; 16] = [
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+    "OFF",
+];
+
+/// `value` as YAML that YAML 1.1 parsers read the same: serde_yaml_ng's
+/// output with every plain scalar that YAML 1.1 takes for a boolean
+/// (`on`, `off`, `yes`, `no`, `y`, `n` in their cases) double-quoted,
+/// after `key: ` or `- `. Lines of block scalars (text embedded in a
+/// ConfigMap) get the same treatment, which their readers parse the same
+/// way.
+pub fn to_yaml<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, serde_yaml_ng::Error> {
+    Ok(quote_yaml11_booleans(&serde_yaml_ng::to_string(value)?))
+}
+
+fn quote_yaml11_booleans(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    for line in text.split_inclusive('\n') {
+        let (body, end) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        let scalar_at = body.rfind(": ").map(|i| i + 2).or_else(|| {
+            let indent = body.len() - body.trim_start().len();
+            body[indent..].starts_with("- ").then_some(indent + 2)
+        });
+        match scalar_at {
+            Some(at) if YAML11_BOOLEANS.contains(&&body[at..]) => {
+                out.push_str(&body[..at]);
+                out.push('"');
+                out.push_str(&body[at..]);
+                out.push('"');
+            }
+            _ => out.push_str(body),
+        }
+        out.push_str(end);
+    }
+    out
+}
+
 /// Every file `plan --emit DIR` writes: (relative path, contents).
 pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
     let mut out = Vec::new();
     let (mig, _) = mig_parted(plan);
-    out.push((
-        "mig-parted-config.yaml".into(),
-        serde_yaml_ng::to_string(&mig)?,
-    ));
+    out.push(("mig-parted-config.yaml".into(), to_yaml(&mig)?));
     // The mig-parted config as the GPU Operator's MIG manager reads it.
-    let mig_text = serde_yaml_ng::to_string(&mig)?;
+    let mig_text = to_yaml(&mig)?;
     let cm = serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "gpuscale-mig-parted-config", "namespace": namespace},
         "data": {"config.yaml": mig_text},
     });
-    out.push((
-        "mig-parted-configmap.yaml".into(),
-        serde_yaml_ng::to_string(&cm)?,
-    ));
+    out.push(("mig-parted-configmap.yaml".into(), to_yaml(&cm)?));
 
     let mut shares: Vec<Option<u8>> = vec![None];
     let mut mps: Vec<u8> = Vec::new();
@@ -327,19 +363,19 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
     for n in &shares {
         data.insert(
             device_plugin_config_name(*n),
-            serde_json::Value::String(serde_yaml_ng::to_string(&device_plugin_config(*n))?),
+            serde_json::Value::String(to_yaml(&device_plugin_config(*n))?),
         );
     }
     for &n in &mps {
         data.insert(
             mps_config_name(n),
-            serde_json::Value::String(serde_yaml_ng::to_string(&mps_config(n))?),
+            serde_json::Value::String(to_yaml(&mps_config(n))?),
         );
     }
     for &(profile, n) in &mig_shared {
         data.insert(
             mig_timeslice_config_name(profile, n),
-            serde_json::Value::String(serde_yaml_ng::to_string(&mig_timeslice_config(profile, n))?),
+            serde_json::Value::String(to_yaml(&mig_timeslice_config(profile, n))?),
         );
     }
     let dp = serde_json::json!({
@@ -348,10 +384,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
         "metadata": {"name": "gpuscale-device-plugin-config", "namespace": namespace},
         "data": data,
     });
-    out.push((
-        "device-plugin-config.yaml".into(),
-        serde_yaml_ng::to_string(&dp)?,
-    ));
+    out.push(("device-plugin-config.yaml".into(), to_yaml(&dp)?));
 
     let labels: BTreeMap<&str, BTreeMap<&str, String>> = plan
         .nodes
@@ -368,10 +401,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
             (n.name.as_str(), labels)
         })
         .collect();
-    out.push((
-        "node-labels.yaml".into(),
-        serde_yaml_ng::to_string(&labels)?,
-    ));
+    out.push(("node-labels.yaml".into(), to_yaml(&labels)?));
 
     for m in &plan.models {
         for v in &m.variants {
@@ -385,11 +415,45 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
             if !v.annotations.is_empty() {
                 snippet["annotations"] = serde_json::json!(v.annotations);
             }
-            out.push((
-                format!("variants/{}.yaml", v.name),
-                serde_yaml_ng::to_string(&snippet)?,
-            ));
+            out.push((format!("variants/{}.yaml", v.name), to_yaml(&snippet)?));
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{YAML11_BOOLEANS, to_yaml};
+    use std::collections::BTreeMap;
+
+    /// Every YAML 1.1 boolean word comes out quoted, as a map value and as
+    /// a list item, and YAML 1.2's own (`true`, `false`) and other words
+    /// stay as serde_yaml_ng writes them; the text reads back the same.
+    #[test]
+    fn yaml_11_booleans_are_quoted() {
+        for word in YAML11_BOOLEANS {
+            let map = BTreeMap::from([("gpu", word)]);
+            assert_eq!(to_yaml(&map).unwrap(), format!("gpu: \"{word}\"\n"));
+            let list = vec![word, "online"];
+            assert_eq!(to_yaml(&list).unwrap(), format!("- \"{word}\"\n- online\n"));
+        }
+        let nested = serde_json::json!({
+            "nodeSelector": {"gpu": "on", "nvidia.com/gpu.deploy.device-plugin": "false"},
+            "note": "a: on",
+            "text": "line one\ngpu: on\n",
+            "replicas": 2,
+        });
+        let text = to_yaml(&nested).unwrap();
+        assert!(text.contains("gpu: \"on\""), "{text}");
+        assert!(
+            text.contains("device-plugin: 'false'") || text.contains("device-plugin: \"false\""),
+            "{text}"
+        );
+        let back: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let mut want = nested.clone();
+        // Inside the block scalar the line is quoted too (its readers are
+        // YAML parsers as well).
+        want["text"] = serde_json::json!("line one\ngpu: \"on\"\n");
+        assert_eq!(back, want);
+    }
 }

@@ -38,7 +38,7 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
 pub fn print_data<T: serde::Serialize>(value: &T, format: Format) -> anyhow::Result<()> {
     match format {
         Format::Json => emit(&format!("{}\n", serde_json::to_string_pretty(value)?)),
-        Format::Yaml | Format::Table => emit(&serde_yaml_ng::to_string(value)?),
+        Format::Yaml | Format::Table => emit(&gpuscale_packer::emit::to_yaml(value)?),
     }
 }
 

@@ -179,7 +179,7 @@ pub fn files(
         let mut text = String::new();
         for d in &docs {
             text.push_str("---\n");
-            text.push_str(&serde_yaml_ng::to_string(d)?);
+            text.push_str(&crate::emit::to_yaml(d)?);
         }
         out.push((format!("gangs/{}.yaml", g.name), text));
         if let Some(s) = sbatch(g) {
