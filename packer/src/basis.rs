@@ -149,6 +149,31 @@ impl Basis {
     }
 }
 
+impl Basis {
+    /// Whether `classes`, `models` and `options` are the set-up this basis
+    /// was proven for: the same policies and options, and the same classes
+    /// (GPU model, GPUs per node, sharing, catalogue entry and HAMi's split
+    /// count, node count). Demand may differ. A plan made for another
+    /// set-up (a node added or lost, an option or a policy changed) is no
+    /// guide to this one: the re-plan solves in full.
+    pub fn same_setup(&self, classes: &[Class], models: &[Model], options: &PackOptions) -> bool {
+        let key = |b: &BasisClass| {
+            (
+                b.gpu_model.clone(),
+                b.gpus_per_node,
+                b.sharing.clone(),
+                b.catalog.clone(),
+                b.nodes,
+            )
+        };
+        let mut had: Vec<_> = self.classes.iter().map(key).collect();
+        let mut now: Vec<_> = classes.iter().map(|c| key(&class_key(c))).collect();
+        had.sort();
+        now.sort();
+        self.policies == policies_digest(models, options) && had == now
+    }
+}
+
 fn class_key(class: &Class) -> BasisClass {
     BasisClass {
         gpu_model: class.gpu_model.clone(),

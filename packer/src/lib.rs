@@ -223,8 +223,11 @@ pub fn pack_from(
         plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
         return Ok(plan);
     }
+    // The set-up changed since the prior plan (a node, an option, a
+    // policy): what runs is no guide, so no shortcut keeps it unsolved.
+    let fresh = prior.is_some_and(|b| !b.same_setup(&classes, models, options));
     let bounds = ilp::columns::generate(&mut classes, models, &wanted, options, start)?;
-    let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds)?;
+    let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds, fresh)?;
     let mut decoded = decode::decode_or_repack(cluster, models, &classes, &solved.counts);
     // A re-plan never returns a plan that places fewer replicas or costs
     // more than keeping everything that runs and adding on top of it

@@ -778,3 +778,50 @@ fn a_nodes_own_hami_split_count_bounds_its_gpus() {
     assert!(!carried(&plan, &first));
     assert_eq!((placed(&plan), on(&plan, "a"), on(&plan, "b")), (13, 3, 10));
 }
+
+/// A re-plan after the set-up changed (here HAMi's split count on the
+/// H100 node, 1 → 10) solves in full: the running plan is no guide to the
+/// new set-up, even where keeping it would pass the shortcut that keeps a
+/// plan near its bound (the two tiny replicas' second H100 is within one
+/// GPU per pool of the LP, the shortcut's rounding allowance). Found by a
+/// user trial: `gpuscale plan --current` kept a plan 8 % above a fresh one
+/// after the split count was raised. With the same set-up, the same
+/// re-plan keeps everything.
+#[test]
+fn a_replan_after_the_set_up_changed_solves_in_full() {
+    let mut cluster = common::cluster_each(&[
+        ("a", "H100-80GB", 2, &[SharingMode::Fractional]),
+        ("b", "L40S", 1, &[]),
+        ("c", "A100-80GB", 1, &[]),
+    ]);
+    cluster.nodes[0].hami_split_count = Some(1);
+    let mut models = tiny_fractional();
+    models.push(common::model(
+        "w",
+        30.0,
+        0.2,
+        &[SharingMode::Whole],
+        &[1],
+        &["L40S"],
+    ));
+    models.push(common::model(
+        "x",
+        60.0,
+        0.2,
+        &[SharingMode::Whole],
+        &[1],
+        &["A100-80GB"],
+    ));
+    let demand = common::demand(&[("tiny", 2), ("w", 1), ("x", 1)]);
+    let options = PackOptions::default();
+    let first = pack(&cluster, &models, &demand, &options).unwrap();
+    assert_eq!((placed(&first), first.gpus_used), (4, 4));
+    let now = first.apply_to(&cluster);
+    let same = pack_from(&now, &models, &demand, &options, first.basis.as_ref()).unwrap();
+    assert_eq!((same.moves, same.gpus_used), (0, 4));
+
+    let mut raised = now.clone();
+    raised.nodes[0].hami_split_count = Some(10);
+    let plan = pack_from(&raised, &models, &demand, &options, first.basis.as_ref()).unwrap();
+    assert_eq!((placed(&plan), plan.gpus_used, plan.moves), (4, 3, 1));
+}

@@ -744,13 +744,16 @@ pub fn runs_now(classes: &[Class]) -> bool {
 /// (cost), phase 2 (disruption). `bounds` are proven lower bounds from
 /// [`columns::generate`] (the LP over all fractional mixes, which the
 /// classes' patterns only sample); the smaller of each and the LP over the
-/// patterns at hand is reported.
+/// patterns at hand is reported. `fresh`: the set-up changed since what
+/// runs was planned, so keeping it is not tried first (phase 2 still
+/// weighs disruption).
 pub fn solve(
     classes: &[Class],
     models: &[Model],
     demand_: &[u32],
     options: &PackOptions,
     bounds: &columns::Bounds,
+    fresh: bool,
 ) -> Result<Solved, PackError> {
     let start = Instant::now();
     let (lp_pool, lp_class_gpus, relaxed) = lp_value(classes, models, demand_, by_price)?;
@@ -776,6 +779,7 @@ pub fn solve(
     // plus the gap — nothing moved, nothing reconfigured. Checked before
     // any rounding or diving, which such a re-plan does not need.
     if has_current
+        && !fresh
         && let Some(counts) = pinned(classes, models, demand_)
         && counts.unplaced.iter().all(|&u| u == 0)
         && change_is_cheap(classes, models, &counts, lp_pool, &lp_class_gpus, options)?
