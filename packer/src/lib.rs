@@ -622,6 +622,10 @@ fn figures(
                     replicas: *n,
                 }),
             hami: decoded.hami_nodes.contains(&n.name),
+            hami_split_count: decoded
+                .hami_nodes
+                .contains(&n.name)
+                .then(|| n.hami_split_count.unwrap_or(options.fractional_max_shares)),
         })
         .collect();
     plan

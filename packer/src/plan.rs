@@ -175,6 +175,10 @@ pub struct NodePlan {
     /// "false"` so the GPU Operator's does not run beside it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hami: bool,
+    /// On a HAMi node, the most replicas the plan put on one of its GPUs
+    /// may reach: the node's `hamiSplitCount`, else the packer's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hami_split_count: Option<u32>,
 }
 
 /// A model's replicas that could not be placed, and why.

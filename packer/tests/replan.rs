@@ -749,6 +749,12 @@ fn a_nodes_own_hami_split_count_bounds_its_gpus() {
     let plan = pack(&cluster, &models, &common::demand(&[("tiny", 36)]), &wide).unwrap();
     assert_eq!(placed(&plan), 35, "32 on b and 3 on a: {:?}", plan.gpus);
     assert_eq!((on(&plan, "a"), on(&plan, "b")), (3, 32));
+    let split: Vec<Option<u32>> = plan.nodes.iter().map(|n| n.hami_split_count).collect();
+    assert_eq!(
+        split,
+        [Some(3), Some(32)],
+        "what each node's GPUs may reach"
+    );
     let options = PackOptions::default();
     let plan = pack(
         &cluster,

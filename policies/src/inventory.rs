@@ -420,10 +420,10 @@ impl Cluster {
                 }
             }
             if let Some(v) = n.hami_split_count {
-                if v == 0 {
+                if !(1..=1000).contains(&v) {
                     errors.push(FieldError::new(
                         format!("{path}.hamiSplitCount"),
-                        "must be at least 1 (HAMi's containers per GPU), got 0",
+                        format!("must be between 1 and 1000 (HAMi's containers per GPU), got {v}"),
                     ));
                 } else if !n.sharing.contains(&SharingMode::Fractional) {
                     errors.push(FieldError::new(

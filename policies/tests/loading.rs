@@ -259,8 +259,16 @@ spec:
         ],
         "{p:?}"
     );
-    assert!(p[0].message.contains("at least 1"), "{}", p[0].message);
+    assert!(
+        p[0].message.contains("between 1 and 1000"),
+        "{}",
+        p[0].message
+    );
     assert!(p[1].message.contains("`fractional`"), "{}", p[1].message);
+    let huge = text.replace("hamiSplitCount: 0", "hamiSplitCount: 1000000");
+    let p = problems("cluster.yaml", &huge);
+    assert_eq!(p[0].path, "spec.nodes[0].hamiSplitCount");
+    assert!(p[0].message.contains("got 1000000"), "{}", p[0].message);
     let fixed = text
         .replace("hamiSplitCount: 0", "hamiSplitCount: 5")
         .replace("      hamiSplitCount: 4\n", "");

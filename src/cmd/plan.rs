@@ -278,11 +278,8 @@ fn table(plan: &Plan) -> String {
             idle += 1;
             continue;
         }
-        let shared = plan
-            .nodes
-            .iter()
-            .find(|n| n.name == g.node)
-            .and_then(|n| n.mig_timeslice.as_ref());
+        let node = plan.nodes.iter().find(|n| n.name == g.node);
+        let shared = node.and_then(|n| n.mig_timeslice.as_ref());
         let config = match g.mode {
             Mode::Mig => g
                 .geometry
@@ -297,7 +294,10 @@ fn table(plan: &Plan) -> String {
                 .join(" + "),
             Mode::Timeslice => format!("{} shares", g.timeslice_replicas.unwrap_or(0)),
             Mode::Mps => format!("{} MPS partitions", g.mps_replicas.unwrap_or(0)),
-            Mode::Fractional => "fractional (HAMi)".to_string(),
+            Mode::Fractional => match node.and_then(|n| n.hami_split_count) {
+                Some(k) => format!("fractional (HAMi, ≤ {k})"),
+                None => "fractional (HAMi)".to_string(),
+            },
             _ if g.gang.is_some() => "whole (training)".to_string(),
             _ => "whole".to_string(),
         };
