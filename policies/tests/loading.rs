@@ -205,22 +205,27 @@ fn syntax_errors_and_bad_documents() {
     assert_eq!(p[0].path, "metadata.name");
 }
 
+/// A `kind: Cluster` file named `c` with these `spec.nodes` entries,
+/// given from a first line break (the first entry lands on line 7).
+fn cluster_file(nodes: &str) -> String {
+    let nodes = nodes.strip_prefix('\n').unwrap_or(nodes);
+    format!(
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: c\nspec:\n  nodes:\n{nodes}"
+    )
+}
+
 #[test]
 fn a_mig_timeslice_profile_the_gpu_lacks_is_located() {
-    let text = "\
-apiVersion: gpuscale.io/v1alpha1
-kind: Cluster
-metadata:
-  name: c
-spec:
-  nodes:
+    let text = cluster_file(
+        "
     - name: a
       gpuModel: A100-40GB
       gpuCount: 8
       sharing: [mig, mig-timeslice]
       migTimeslice: {profile: 1g.20gb, replicas: 3}
-";
-    let p = problems("cluster.yaml", text);
+",
+    );
+    let p = problems("cluster.yaml", &text);
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(p[0].path, "spec.nodes[0].migTimeslice.profile");
     assert_eq!(p[0].position.line, 11);
@@ -233,13 +238,8 @@ spec:
 
 #[test]
 fn a_hami_split_count_is_located_and_needs_fractional() {
-    let text = "\
-apiVersion: gpuscale.io/v1alpha1
-kind: Cluster
-metadata:
-  name: c
-spec:
-  nodes:
+    let text = cluster_file(
+        "
     - name: a
       gpuModel: H100-80GB
       gpuCount: 8
@@ -249,8 +249,9 @@ spec:
       gpuModel: H100-80GB
       gpuCount: 8
       hamiSplitCount: 4
-";
-    let p = problems("cluster.yaml", text);
+",
+    );
+    let p = problems("cluster.yaml", &text);
     assert_eq!(
         located(&p),
         [
