@@ -133,44 +133,38 @@ impl Basis {
                 let key = class_key(c);
                 self.classes
                     .iter()
-                    .find(|b| {
-                        (&b.gpu_model, b.gpus_per_node, &b.sharing, &b.catalog)
-                            == (
-                                &key.gpu_model,
-                                key.gpus_per_node,
-                                &key.sharing,
-                                &key.catalog,
-                            )
-                            && key.nodes <= b.nodes
-                    })
+                    .find(|b| b.setup() == key.setup() && key.nodes <= b.nodes)
                     .map(|b| b.lp_gpus)
             })
             .collect()
     }
-}
 
-impl Basis {
     /// Whether `classes`, `models` and `options` are the set-up this basis
     /// was proven for: the same policies and options, and the same classes
-    /// (GPU model, GPUs per node, sharing, catalogue entry and HAMi's split
-    /// count, node count). Demand may differ. A plan made for another
-    /// set-up (a node added or lost, an option or a policy changed) is no
-    /// guide to this one: the re-plan solves in full.
+    /// ([`BasisClass::setup`], and node counts). Demand may differ. A plan
+    /// made for another set-up (a node added or lost, an option or a
+    /// policy changed) is no guide to this one: the re-plan solves in full.
     pub fn same_setup(&self, classes: &[Class], models: &[Model], options: &PackOptions) -> bool {
-        let key = |b: &BasisClass| {
-            (
-                b.gpu_model.clone(),
-                b.gpus_per_node,
-                b.sharing.clone(),
-                b.catalog.clone(),
-                b.nodes,
-            )
-        };
-        let mut had: Vec<_> = self.classes.iter().map(key).collect();
-        let mut now: Vec<_> = classes.iter().map(|c| key(&class_key(c))).collect();
+        let keys: Vec<BasisClass> = classes.iter().map(class_key).collect();
+        let mut had: Vec<_> = self.classes.iter().map(|b| (b.setup(), b.nodes)).collect();
+        let mut now: Vec<_> = keys.iter().map(|b| (b.setup(), b.nodes)).collect();
         had.sort();
         now.sort();
         self.policies == policies_digest(models, options) && had == now
+    }
+}
+
+impl BasisClass {
+    /// What identifies the class apart from its size: GPU model, GPUs per
+    /// node, sharing, and the digest of its catalogue entry and HAMi's
+    /// split count.
+    fn setup(&self) -> (&str, u32, &[SharingMode], &str) {
+        (
+            &self.gpu_model,
+            self.gpus_per_node,
+            &self.sharing,
+            &self.catalog,
+        )
     }
 }
 

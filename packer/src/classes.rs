@@ -460,9 +460,7 @@ pub fn build(cluster: &Cluster, models: &[Model], options: &PackOptions) -> Vec<
             allows.sort();
             allows.dedup();
             let split = if allows.contains(&SharingMode::Fractional) {
-                n.hami_split_count
-                    .unwrap_or(options.fractional_max_shares)
-                    .max(1)
+                options.hami_split_count(n)
             } else {
                 0
             };

@@ -114,6 +114,16 @@ pub struct PackOptions {
     pub keep_running: bool,
 }
 
+impl PackOptions {
+    /// HAMi's containers per GPU on `node`: its own `hamiSplitCount`, else
+    /// [`PackOptions::fractional_max_shares`] (at least 1).
+    pub fn hami_split_count(&self, node: &gpuscale_policies::Node) -> u32 {
+        node.hami_split_count
+            .unwrap_or(self.fractional_max_shares)
+            .max(1)
+    }
+}
+
 impl Default for PackOptions {
     fn default() -> Self {
         PackOptions {
@@ -625,7 +635,7 @@ fn figures(
             hami_split_count: decoded
                 .hami_nodes
                 .contains(&n.name)
-                .then(|| n.hami_split_count.unwrap_or(options.fractional_max_shares)),
+                .then(|| options.hami_split_count(n)),
         })
         .collect();
     plan
