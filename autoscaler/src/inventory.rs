@@ -55,6 +55,10 @@ pub const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
 /// HAMi's `deviceSplitCount` when a node does not say (its Helm chart's
 /// `devicePlugin.deviceSplitCount`).
 pub const HAMI_DEFAULT_SPLIT_COUNT: u32 = 10;
+/// The most containers per GPU the inventory passes on (a cluster file's
+/// `hamiSplitCount` is at most this; a larger count from HAMi is clamped,
+/// with a note, rather than fail the whole inventory).
+pub const MAX_HAMI_SPLIT_COUNT: u32 = 1000;
 
 /// The inventory built from the nodes, and the nodes left out or
 /// degraded, with why.
@@ -187,19 +191,20 @@ fn quantity(v: &str) -> Option<u64> {
 /// HAMi's containers per GPU on a node, from its device plugin's record
 /// ([`HAMI_REGISTER`]): the fewest `count` over its GPUs. HAMi writes the
 /// record as a JSON list of devices (`[{"id": …, "count": 10, …}]`,
-/// `MarshalNodeDevices`) or, before, as `UUID,count,MiB,cores,type,numa,
+/// `MarshalNodeDevices`; `count` is `omitempty`, so a device without one
+/// has 0) or, before, as `UUID,count,MiB,cores,type,numa,
 /// health[,mode,index]` per GPU, each ended by `:` (`EncodeNodeDevices`).
-/// `None` when neither reads or no GPU has a count.
+/// Devices with a count of 0 are passed over. `None` when neither form
+/// reads or no GPU has a count.
 pub fn hami_split_count(record: &str) -> Option<u32> {
     let record = record.trim();
     let counts: Vec<u32> = if record.starts_with('[') {
         let devices: Vec<serde_json::Value> = serde_json::from_str(record).ok()?;
         devices
             .iter()
-            .map(|d| {
-                d.get("count")
-                    .and_then(serde_json::Value::as_u64)
-                    .and_then(|c| u32::try_from(c).ok())
+            .map(|d| match d.get("count") {
+                None => Some(0),
+                Some(c) => c.as_u64().map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
             })
             .collect::<Option<Vec<u32>>>()?
     } else {
@@ -211,7 +216,8 @@ pub fn hami_split_count(record: &str) -> Option<u32> {
                 if f.len() < 7 {
                     return None;
                 }
-                f[1].trim().parse::<u32>().ok()
+                let count = f[1].trim().parse::<u64>().ok()?;
+                Some(u32::try_from(count).unwrap_or(u32::MAX))
             })
             .collect::<Option<Vec<u32>>>()?
     };
@@ -806,16 +812,37 @@ pub fn from_nodes(
             .annotations
             .as_ref()
             .and_then(|a| a.get(HAMI_REGISTER));
-        let hami_split = hami_record.and_then(|r| {
-            let count = hami_split_count(r);
-            if count.is_none() {
+        // HAMi's count matters where gpuscale may put fractional shares:
+        // elsewhere its record is not read, and not noted.
+        let fractional = sharing.contains(&SharingMode::Fractional);
+        let hami_split = match hami_record
+            .filter(|_| fractional)
+            .map(|r| hami_split_count(r))
+        {
+            None if fractional => {
                 note(format!(
-                    "annotation {HAMI_REGISTER} does not read as HAMi's device list; HAMi's \
-                     default of {HAMI_DEFAULT_SPLIT_COUNT} containers per GPU assumed"
+                    "no {HAMI_REGISTER} (HAMi has not registered its GPUs): planned with \
+                     spec.packer.hamiSplitCount containers per GPU"
                 ));
+                None
             }
-            count
-        });
+            None => None,
+            Some(None) => {
+                note(format!(
+                    "annotation {HAMI_REGISTER} does not read as HAMi's device list: planned \
+                     with spec.packer.hamiSplitCount containers per GPU"
+                ));
+                None
+            }
+            Some(Some(k)) if k > MAX_HAMI_SPLIT_COUNT => {
+                note(format!(
+                    "{HAMI_REGISTER}: {k} containers per GPU, planned as \
+                     {MAX_HAMI_SPLIT_COUNT} (the most a cluster file may state)"
+                ));
+                Some(MAX_HAMI_SPLIT_COUNT)
+            }
+            Some(count) => count,
+        };
         let up = ready(node);
         if !up {
             note("not Ready: its GPUs are not placed on".into());

@@ -675,6 +675,15 @@ fn a_config_label_the_annotation_leaves_out_is_allowed_and_noted() {
 
 const UUID: &str = "GPU-5fd4bd05-0000-4d5b-9c5e-00000000000";
 
+/// `node` as HAMi's device plugin registers it: `gpus` GPUs of HAMi's
+/// default 10 containers each, in its older `UUID,count,…:` form.
+fn hami_registered(node: Node, gpus: u32) -> Node {
+    let record: String = (0..gpus)
+        .map(|i| format!("{UUID}{i},10,81559,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"))
+        .collect();
+    annotated(node, "hami.io/node-nvidia-register", &record)
+}
+
 fn hami(mib: &str, cores: Option<&str>, gpus: &str) -> serde_json::Value {
     let mut limits = json!({"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mib});
     if let Some(c) = cores {
@@ -702,10 +711,13 @@ fn hami_shares_go_where_hami_recorded_or_would_put_them() {
     let (_, mut reading) = example();
     reading.gpus[0].mig_enabled = Some(false);
     reading.gpus[0].instances.clear();
-    let nodes = [annotated(
-        h100("gpu-a", json!({"gpu": "on"})),
-        "gpuscale.io/sharing",
-        "fractional, whole",
+    let nodes = [hami_registered(
+        annotated(
+            h100("gpu-a", json!({"gpu": "on"})),
+            "gpuscale.io/sharing",
+            "fractional, whole",
+        ),
+        8,
     )];
     let pods = [
         running("w", "llama-70b", json!({"nvidia.com/gpu": "1"})),
@@ -768,6 +780,7 @@ fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
         .as_mut()
         .unwrap()
         .insert("nvidia.com/gpu.count".into(), "2".into());
+    let node = hami_registered(node, 2);
     let pods = [
         running("a", "m", hami("30000", None, "1")),
         running("b", "m", hami("30000", None, "1")),
@@ -798,7 +811,10 @@ fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
 /// binpack replay of unrecorded HAMi pods too: with a count of 2, the
 /// third 10,000 MiB pod goes to another GPU although GPU 0 has room. A
 /// node that may not be `fractional` keeps no count (HAMi is not
-/// gpuscale's there), and a record that does not read is noted.
+/// gpuscale's there) and gets no note; a record that does not read, a
+/// `fractional` node HAMi has not registered and a count above 1000
+/// (clamped, rather than fail the whole inventory) are noted. A JSON
+/// device without `count` (HAMi's `omitempty` for 0) is passed over.
 #[test]
 fn hamis_split_count_comes_from_its_node_registration() {
     let two_gpus = |mut node: Node| {
@@ -827,11 +843,18 @@ fn hamis_split_count_comes_from_its_node_registration() {
             record,
         )
     };
+    let huge = format!(r#"[{{"id":"{UUID}0"}},{{"id":"{UUID}1","count":5000}}]"#);
     let nodes = [
         hami_node("gpu-a", "fractional", &legacy),
         hami_node("gpu-b", "fractional, whole", &modern),
         hami_node("gpu-c", "mig, whole", &legacy),
         hami_node("gpu-d", "fractional", "not a device list"),
+        hami_node("gpu-e", "fractional", &huge),
+        annotated(
+            two_gpus(h100("gpu-f", json!({}))),
+            "gpuscale.io/sharing",
+            "fractional",
+        ),
     ];
     let pods = [
         running("p0", "m", hami("10000", Some("10"), "1")),
@@ -844,12 +867,22 @@ fn hamis_split_count_comes_from_its_node_registration() {
         &holdings(&pods),
         &Catalog::builtin(),
     );
-    assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
-    assert_eq!(inv.notes[0].0, "gpu-d");
-    assert!(inv.notes[0].1.contains("default of 10"), "{:?}", inv.notes);
+    let noted: Vec<&str> = inv.notes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(noted, ["gpu-d", "gpu-e", "gpu-f"], "{:?}", inv.notes);
+    assert!(inv.notes[0].1.contains("does not read"), "{:?}", inv.notes);
+    assert!(
+        inv.notes[1].1.contains("planned as 1000"),
+        "{:?}",
+        inv.notes
+    );
+    assert!(
+        inv.notes[2].1.contains("has not registered"),
+        "{:?}",
+        inv.notes
+    );
     let c = cluster(&inv.spec);
     let split: Vec<Option<u32>> = c.nodes.iter().map(|n| n.hami_split_count).collect();
-    assert_eq!(split, [Some(2), Some(4), None, None]);
+    assert_eq!(split, [Some(2), Some(4), None, None, Some(1000), None]);
     assert_eq!(counts(&c, GpuMode::Fractional), [(0, 2), (1, 1)]);
 }
 

@@ -295,31 +295,44 @@ const YAML11_BOOLEANS: [&str; 16] = [
 ];
 
 /// `value` as YAML that YAML 1.1 parsers read the same: serde_yaml_ng's
-/// output with every plain scalar that YAML 1.1 takes for a boolean
-/// (`on`, `off`, `yes`, `no`, `y`, `n` in their cases) double-quoted,
-/// after `key: ` or `- `. Lines of block scalars (text embedded in a
-/// ConfigMap) get the same treatment, which their readers parse the same
-/// way.
+/// output with every plain key or scalar that YAML 1.1 takes for a
+/// boolean (`on`, `off`, `yes`, `no`, `y`, `n` in their cases)
+/// double-quoted: a value after `key: `, a key before `:` (a node named
+/// `on`), a list item after `- `. Lines of block scalars (multi-line text)
+/// get the same treatment: embedded YAML, which its readers parse the same
+/// way; text whose line is exactly such a word gains the quotes.
 pub fn to_yaml<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, serde_yaml_ng::Error> {
     Ok(quote_yaml11_booleans(&serde_yaml_ng::to_string(value)?))
 }
 
 fn quote_yaml11_booleans(text: &str) -> String {
+    let quoted = |word: &str| {
+        if YAML11_BOOLEANS.contains(&word) {
+            format!("\"{word}\"")
+        } else {
+            word.to_string()
+        }
+    };
     let mut out = String::with_capacity(text.len() + 16);
     for line in text.split_inclusive('\n') {
         let (body, end) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
-        let scalar_at = body.rfind(": ").map(|i| i + 2).or_else(|| {
-            let indent = body.len() - body.trim_start().len();
-            body[indent..].starts_with("- ").then_some(indent + 2)
-        });
-        match scalar_at {
-            Some(at) if YAML11_BOOLEANS.contains(&&body[at..]) => {
-                out.push_str(&body[..at]);
-                out.push('"');
-                out.push_str(&body[at..]);
-                out.push('"');
-            }
-            _ => out.push_str(body),
+        // Indentation and list markers (`- `, also nested `- - `), then a
+        // scalar, a `key:` or a `key: value`.
+        let mut at = body.len() - body.trim_start_matches(' ').len();
+        while body[at..].starts_with("- ") {
+            at += 2;
+        }
+        out.push_str(&body[..at]);
+        let rest = &body[at..];
+        if let Some((key, value)) = rest.split_once(": ") {
+            out.push_str(&quoted(key));
+            out.push_str(": ");
+            out.push_str(&quoted(value));
+        } else if let Some(key) = rest.strip_suffix(':') {
+            out.push_str(&quoted(key));
+            out.push(':');
+        } else {
+            out.push_str(&quoted(rest));
         }
         out.push_str(end);
     }
@@ -443,6 +456,12 @@ mod tests {
             "text": "line one\ngpu: on\n",
             "replicas": 2,
         });
+        let keys = BTreeMap::from([
+            ("on", BTreeMap::from([("gpu", "on")])),
+            ("n1", BTreeMap::new()),
+        ]);
+        assert_eq!(to_yaml(&keys).unwrap(), "n1: {}\n\"on\":\n  gpu: \"on\"\n");
+        assert_eq!(to_yaml(&vec![vec!["yes"]]).unwrap(), "- - \"yes\"\n");
         let text = to_yaml(&nested).unwrap();
         assert!(text.contains("gpu: \"on\""), "{text}");
         assert!(
