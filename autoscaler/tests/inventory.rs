@@ -519,6 +519,12 @@ fn annotated(mut node: Node, key: &str, value: &str) -> Node {
     node
 }
 
+/// `node` with the sharing gpuscale may set it up for (the annotation
+/// `gpuscale.io/sharing`).
+fn allowing(node: Node, sharing: &str) -> Node {
+    annotated(node, "gpuscale.io/sharing", sharing)
+}
+
 fn running(name: &str, model: &str, limits: serde_json::Value) -> Pod {
     pod(name, model, "gpu-a", limits, "Running")
 }
@@ -555,12 +561,11 @@ fn shares(n: usize, model: &str, resource: &str) -> Vec<Pod> {
 /// looked free).
 #[test]
 fn time_sliced_shares_spread_as_the_device_plugin_hands_them_out() {
-    let nodes = [annotated(
+    let nodes = [allowing(
         h100(
             "gpu-a",
             json!({"nvidia.com/device-plugin.config": "timeslice-4"}),
         ),
-        "gpuscale.io/sharing",
         "timeslice, whole",
     )];
     let pods = shares(10, "embed", "nvidia.com/gpu.shared");
@@ -584,9 +589,8 @@ fn time_sliced_shares_spread_as_the_device_plugin_hands_them_out() {
 /// eighteen shares on eight GPUs leave two with no room (noted).
 #[test]
 fn mps_shares_fill_at_most_their_partitions() {
-    let nodes = [annotated(
+    let nodes = [allowing(
         h100("gpu-a", json!({"nvidia.com/device-plugin.config": "mps-2"})),
-        "gpuscale.io/sharing",
         "mps, whole",
     )];
     let pods = shares(18, "chat", "nvidia.com/gpu.shared");
@@ -613,13 +617,12 @@ fn mps_shares_fill_at_most_their_partitions() {
 #[test]
 fn time_sliced_mig_shares_share_one_instance() {
     let (_, reading) = example();
-    let nodes = [annotated(
+    let nodes = [allowing(
         h100(
             "gpu-a",
             json!({"nvidia.com/mig.config": "gpuscale-00c0ffee00",
                    "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-3"}),
         ),
-        "gpuscale.io/sharing",
         "mig, mig-timeslice, whole",
     )];
     let pods = shares(4, "embed", "nvidia.com/mig-1g.10gb.shared");
@@ -712,11 +715,7 @@ fn hami_shares_go_where_hami_recorded_or_would_put_them() {
     reading.gpus[0].mig_enabled = Some(false);
     reading.gpus[0].instances.clear();
     let nodes = [hami_registered(
-        annotated(
-            h100("gpu-a", json!({"gpu": "on"})),
-            "gpuscale.io/sharing",
-            "fractional, whole",
-        ),
+        allowing(h100("gpu-a", json!({"gpu": "on"})), "fractional, whole"),
         8,
     )];
     let pods = [
@@ -770,11 +769,7 @@ fn hami_shares_go_where_hami_recorded_or_would_put_them() {
 /// looking free.
 #[test]
 fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
-    let mut node = annotated(
-        h100("gpu-a", json!({})),
-        "gpuscale.io/sharing",
-        "fractional",
-    );
+    let mut node = allowing(h100("gpu-a", json!({})), "fractional");
     node.metadata
         .labels
         .as_mut()
@@ -834,11 +829,7 @@ fn hamis_split_count_comes_from_its_node_registration() {
     );
     let hami_node = |name: &str, sharing: &str, record: &str| {
         annotated(
-            annotated(
-                two_gpus(h100(name, json!({}))),
-                "gpuscale.io/sharing",
-                sharing,
-            ),
+            allowing(two_gpus(h100(name, json!({}))), sharing),
             "hami.io/node-nvidia-register",
             record,
         )
@@ -850,11 +841,7 @@ fn hamis_split_count_comes_from_its_node_registration() {
         hami_node("gpu-c", "mig, whole", &legacy),
         hami_node("gpu-d", "fractional", "not a device list"),
         hami_node("gpu-e", "fractional", &huge),
-        annotated(
-            two_gpus(h100("gpu-f", json!({}))),
-            "gpuscale.io/sharing",
-            "fractional",
-        ),
+        allowing(two_gpus(h100("gpu-f", json!({}))), "fractional"),
     ];
     let pods = [
         running("p0", "m", hami("10000", Some("10"), "1")),
@@ -923,12 +910,11 @@ fn shares_the_annotations_do_not_explain_are_kept_and_noted() {
 /// Kubernetes writes them, and nothing panics or exhausts memory.
 #[test]
 fn hostile_limits_are_bounded() {
-    let nodes = [annotated(
+    let nodes = [allowing(
         h100(
             "gpu-a",
             json!({"nvidia.com/device-plugin.config": "timeslice-2"}),
         ),
-        "gpuscale.io/sharing",
         "timeslice, fractional, whole",
     )];
     let pods = [
