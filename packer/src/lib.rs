@@ -226,6 +226,7 @@ pub fn pack_from(
             lp_gpus: 0.0,
             lp_class_gpus: vec![0.0; classes.len()],
             solve_ms: 0.0,
+            added: Vec::new(),
         };
         let decoded = decode::decode(cluster, models, &classes, &solved.counts);
         let mut plan = figures(cluster, models, &wanted, &solved, decoded, options);
@@ -238,6 +239,11 @@ pub fn pack_from(
     let fresh = prior.is_some_and(|b| !b.same_setup(&classes, models, options));
     let bounds = ilp::columns::generate(&mut classes, models, &wanted, options, start)?;
     let mut solved = ilp::solve(&classes, models, &wanted, options, &bounds, fresh)?;
+    for (class, mixes) in classes.iter_mut().zip(&solved.added) {
+        for mix in mixes {
+            class.add_fractional_pattern(mix.clone());
+        }
+    }
     let mut decoded = decode::decode_or_repack(cluster, models, &classes, &solved.counts);
     // A re-plan never returns a plan that places fewer replicas or costs
     // more than keeping everything that runs and adding on top of it
@@ -336,6 +342,7 @@ fn on_top(
         lp_gpus: prior.lp_gpus,
         lp_class_gpus,
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        added: Vec::new(),
     };
     let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
     plan.pools = pools(classes, &solved, &plan.gpus);
@@ -381,6 +388,7 @@ fn kept(
         lp_gpus: bound.as_ref().map_or(0.0, |(p, _)| p.lp_gpus),
         lp_class_gpus: bound.map_or_else(|| vec![0.0; classes.len()], |(_, g)| g),
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        added: Vec::new(),
     };
     let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
     plan.pools = pools(classes, &solved, &plan.gpus);

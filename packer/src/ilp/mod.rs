@@ -39,6 +39,7 @@
 //! so one GPU wiped outweighs any moves.
 
 pub mod columns;
+pub mod improve;
 mod round;
 
 use std::collections::BTreeMap;
@@ -113,7 +114,13 @@ pub struct Solved {
     pub lp_class_gpus: Vec<f64>,
     /// Solver wall time, ms.
     pub solve_ms: f64,
+    /// Fractional mixes the solve added per class (in order, after the
+    /// class's patterns): [`improve`]'s, which the counts use.
+    pub added: Vec<Vec<Mix>>,
 }
+
+/// A fractional mix: (slot type, shares), sorted by slot type.
+pub type Mix = Vec<(usize, u32)>;
 
 fn penalty(model: &Model, max_gpus: u32, max_price: f64) -> f64 {
     let weight = match model.priority {
@@ -761,13 +768,14 @@ pub fn solve(
         lp_with_floors(classes, models, demand_, by_count, None, Some(&relaxed))?;
     let lp_cost = bounds.cost.map_or(lp_pool, |b| b.min(lp_pool));
     let lp_gpus = bounds.gpus.map_or(gpus_pool, |b| b.min(gpus_pool));
-    let solved = |counts: Counts, optimal: bool| Solved {
+    let solved = |counts: Counts, optimal: bool, added: Vec<Vec<Mix>>| Solved {
         counts,
         optimal,
         lp_cost,
         lp_gpus,
         lp_class_gpus: lp_class_gpus.clone(),
         solve_ms: start.elapsed().as_secs_f64() * 1e3,
+        added,
     };
     let within_gap = |counts: &Counts| {
         counts.unplaced.iter().all(|&u| u == 0)
@@ -785,7 +793,7 @@ pub fn solve(
         && change_is_cheap(classes, models, &counts, lp_pool, &lp_class_gpus, options)?
     {
         let optimal = within_gap(&counts);
-        return Ok(solved(counts, optimal));
+        return Ok(solved(counts, optimal, Vec::new()));
     }
     let mut warm = round(classes, models, demand_, &relaxed);
     let mut floors = None;
@@ -809,7 +817,7 @@ pub fn solve(
         && !has_current
         && within_gap(counts)
     {
-        return Ok(solved(counts.clone(), true));
+        return Ok(solved(counts.clone(), true, Vec::new()));
     }
 
     // Phase 1: cost. First the dive's floors fixed (a small MIP over what
@@ -879,11 +887,19 @@ pub fn solve(
         }
         warm = cheaper(warm, residual);
     }
-    if let Some(counts) = &warm
+    // GPUs the heuristic plan leaves part-used, emptied into fractional
+    // GPUs' room ([`improve`]: the classes grow the mixes that makes). The
+    // MIP below still runs over the classes' own patterns (the mixes the
+    // search adds only slow its proof), and its plan is emptied too: the
+    // cheapest of all stands.
+    let polished_warm = warm
+        .as_ref()
+        .and_then(|w| improve::improved(classes, models, w, start + options.time_limit));
+    if let Some((_, counts, mixes)) = &polished_warm
         && !has_current
         && within_gap(counts)
     {
-        return Ok(solved(counts.clone(), true));
+        return Ok(solved(counts.clone(), true, mixes.clone()));
     }
     let (full, proved) = if clocked || warm.is_none() {
         mip(classes, models, demand_, &improve, start, None, i32::MAX)?
@@ -891,15 +907,36 @@ pub fn solve(
         (None, false)
     };
     optimal |= proved;
-    let Some(phase1) = cheaper(full, warm) else {
+    let Some(unpolished) = cheaper(full, warm) else {
         return Err(PackError::Solver(
             "no integer solution within the limits".into(),
         ));
     };
+    let polished = improve::improved(classes, models, &unpolished, start + options.time_limit);
+    let mut phase1 = unpolished;
+    let mut added: Vec<Vec<Mix>> = vec![Vec::new(); classes.len()];
+    let owned;
+    let classes: &[Class] = match [polished, polished_warm]
+        .into_iter()
+        .flatten()
+        .filter(|(g, counts, _)| {
+            counts_cost(g, models, counts) < counts_cost(classes, models, &phase1) - 1e-9
+        })
+        .min_by(|(g, a, _), (h, b, _)| {
+            counts_cost(g, models, a).total_cmp(&counts_cost(h, models, b))
+        }) {
+        Some((grown, counts, mixes)) => {
+            phase1 = counts;
+            added = mixes;
+            owned = grown;
+            &owned
+        }
+        None => classes,
+    };
     optimal |= within_gap(&phase1);
 
     if !has_current {
-        return Ok(solved(phase1, optimal));
+        return Ok(solved(phase1, optimal, added));
     }
     let best = counts_cost(classes, models, &phase1);
     // Phase 2: the same cost, least disruption. Pool by pool first: each
@@ -927,7 +964,7 @@ pub fn solve(
             counts = whole;
         }
     }
-    Ok(solved(counts, optimal))
+    Ok(solved(counts, optimal, added))
 }
 
 /// What phase 2 may not exceed: the cost (with the gap's slack), or, for

@@ -575,7 +575,7 @@ fn config_gpus(
 
 /// What is added to a class's counts before checking the node rules.
 #[derive(Debug, Clone, Copy, Default)]
-struct Extra {
+pub(super) struct Extra {
     whole: u32,
     pattern: Option<usize>,
 }
@@ -599,7 +599,7 @@ impl Extra {
 /// device-plugin config (time-slicing, MPS) or HAMi per node, whole GPUs
 /// only on nodes with neither, MIG and time-sliced GPUs not on MPS or
 /// HAMi nodes.
-fn node_ok(class: &Class, c: usize, counts: &Counts, extra: Extra) -> bool {
+pub(super) fn node_ok(class: &Class, c: usize, counts: &Counts, extra: Extra) -> bool {
     let g = class.gpus_per_node.max(1);
     let nodes = class.nodes.len() as u32;
     let (mut configured, mut no_mig, mut mig_share, mut fractional) = (0u32, 0u32, 0u32, 0u32);
