@@ -782,29 +782,26 @@ mod tests {
     /// GPU), and policies `a` (20 GiB, 0.2 of an H100) and `b` (10 GiB,
     /// `b_compute`), both fractional or whole.
     fn setup(split: u32, b_compute: f64) -> (Vec<Class>, Vec<Model>) {
-        let text = format!(
-            "apiVersion: gpuscale.io/v1alpha1
-kind: Cluster
-metadata: {{name: c}}
-spec:
-  nodes:
-    - {{name: n0, gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional, whole], hamiSplitCount: {split}}}
----
-apiVersion: gpuscale.io/v1alpha1
-kind: ModelPolicy
-metadata: {{name: a}}
-spec:
-  resources: {{memoryGiB: 20, compute: 0.2, maxConcurrency: 8}}
-  placement: {{sharing: [fractional, whole]}}
----
-apiVersion: gpuscale.io/v1alpha1
-kind: ModelPolicy
-metadata: {{name: b}}
-spec:
-  resources: {{memoryGiB: 10, compute: {b_compute}, maxConcurrency: 8}}
-  placement: {{sharing: [fractional, whole]}}
-"
+        bundle(1, 2, split, &[(20.0, 0.2), (10.0, b_compute)])
+    }
+
+    /// `nodes` nodes of `gpus` H100s that may run HAMi with `split`
+    /// containers per GPU, and one policy per `(GiB, compute)`, named
+    /// `m0`, `m1`, …, fractional or whole.
+    fn bundle(nodes: u32, gpus: u32, split: u32, specs: &[(f64, f64)]) -> (Vec<Class>, Vec<Model>) {
+        let mut text = String::from(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  nodes:\n",
         );
+        for n in 0..nodes {
+            text.push_str(&format!(
+                "    - {{name: n{n}, gpuModel: H100-80GB, gpuCount: {gpus}, sharing: [fractional, whole], hamiSplitCount: {split}}}\n"
+            ));
+        }
+        for (i, (gib, compute)) in specs.iter().enumerate() {
+            text.push_str(&format!(
+                "---\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: m{i}}}\nspec:\n  resources: {{memoryGiB: {gib}, compute: {compute}, maxConcurrency: 8}}\n  placement: {{sharing: [fractional, whole]}}\n"
+            ));
+        }
         let bundle = gpuscale_policies::load_sources(&[(Path::new("t.yaml"), text.as_str())])
             .unwrap_or_else(|p| panic!("{p}"));
         let cluster = bundle.cluster.expect("a cluster");
@@ -930,5 +927,56 @@ spec:
         let (mut classes, models) = setup(10, 0.7);
         let counts = counts_of(&mut classes, &models, &[&[(0, 2)], &[(1, 1)]], 0);
         assert!(improved(&classes, &models, &counts, deadline()).is_none());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Over random fractional plans (each GPU's mix within its caps)
+        /// and whole GPUs: what the search returns places every replica it
+        /// was given, keeps every GPU within memory, SMs and HAMi's
+        /// containers, and uses fewer GPUs (one price here).
+        #[test]
+        fn the_search_keeps_every_replica_and_every_cap(
+            sizes in proptest::collection::vec((2u32..40, 2u32..50), 2..5),
+            split in 2u32..8,
+            fills in proptest::collection::vec(proptest::collection::vec(0usize..5, 0..8), 1..7),
+            whole in 0u32..3,
+        ) {
+            let specs: Vec<(f64, f64)> = sizes
+                .iter()
+                .map(|&(g, c)| (f64::from(g), f64::from(c) / 100.0))
+                .collect();
+            let (mut classes, models) = bundle(2, 8, split, &specs);
+            let mut mixes: Vec<Vec<(usize, u32)>> = Vec::new();
+            for picks in &fills {
+                let mut mix: BTreeMap<usize, u32> = BTreeMap::new();
+                for &p in picks {
+                    let m = p % models.len();
+                    *mix.entry(m).or_insert(0) += 1;
+                    let mut slots: Mix = mix
+                        .iter()
+                        .map(|(&m, &k)| (home(&classes, &models, m), k))
+                        .collect();
+                    slots.sort_unstable();
+                    if !classes[0].fractional_fits(&slots) {
+                        *mix.get_mut(&m).expect("just added") -= 1;
+                    }
+                }
+                let mix: Vec<(usize, u32)> = mix.into_iter().filter(|&(_, k)| k > 0).collect();
+                if !mix.is_empty() {
+                    mixes.push(mix);
+                }
+            }
+            let refs: Vec<&[(usize, u32)]> = mixes.iter().map(Vec::as_slice).collect();
+            let counts = counts_of(&mut classes, &models, &refs, whole);
+            let (gpus, replicas) = check(&classes, &counts);
+            if let Some((grown, better, _)) = improved(&classes, &models, &counts, deadline()) {
+                let (gpus_after, replicas_after) = check(&grown, &better);
+                proptest::prop_assert_eq!(replicas_after, replicas);
+                proptest::prop_assert!(gpus_after < gpus, "{} → {}", gpus, gpus_after);
+                proptest::prop_assert!(better.unplaced.iter().all(|&u| u == 0));
+            }
+        }
     }
 }
