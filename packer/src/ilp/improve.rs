@@ -15,8 +15,9 @@
 //! to fractional GPUs that run already (no node changes role, no new GPU),
 //! a GPU taken away only lowers counts the node rules bound from above,
 //! and tensor-parallel shares neither move nor leave (their GPUs are not
-//! emptied). The result is checked against the node rules and the cost
-//! before it replaces the plan.
+//! emptied). The result is checked again before it replaces the plan: the
+//! slot rows, the replicas per model, every fractional GPU's caps, the
+//! node rules and the cost.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -60,6 +61,14 @@ struct Ejection {
     t_from: usize,
     to: usize,
     t_to: usize,
+}
+
+/// One step of an attempt to empty a GPU, for undoing it.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// A share of slot type `t` placed on fractional GPU `b`.
+    Placed(usize, usize),
+    Ejected(Ejection),
 }
 
 /// Replica `m` leaving slot type `t` of class `c` (`None`: a whole GPU).
@@ -156,6 +165,9 @@ pub(super) fn improved(
             })
         });
         if fit
+            && rows_hold(&grown, &out)
+            && replicas(&out) == replicas(counts)
+            && out.unplaced == counts.unplaced
             && nodes_ok(&grown, &out)
             && cost <= counts_cost(classes, models, counts) - 1e-9
             && best
@@ -380,7 +392,12 @@ impl<'a> Search<'a> {
                     }
                 }
             }
-            Donor::Whole(c, m) => out.push((m, None, c)),
+            Donor::Whole(c, m) => {
+                if self.smallest(m) == u64::MAX {
+                    return None;
+                }
+                out.push((m, None, c));
+            }
         }
         Some(out)
     }
@@ -411,6 +428,9 @@ impl<'a> Search<'a> {
         };
         let mut placed: Vec<(usize, usize)> = Vec::new();
         let mut ejections: Vec<Ejection> = Vec::new();
+        // What was done, in order, to undo it in reverse: an ejection may
+        // move a share placed earlier in this same attempt.
+        let mut journal: Vec<Step> = Vec::new();
         let mut ok = true;
         for &(m, _, _) in &leaving {
             let mut best: Option<(f64, usize, usize)> = None;
@@ -449,6 +469,7 @@ impl<'a> Search<'a> {
                 None => match self.eject(m, skip) {
                     Some((b, t, ejected)) => {
                         ejections.push(ejected);
+                        journal.push(Step::Ejected(ejected));
                         (b, t)
                     }
                     None => {
@@ -460,23 +481,19 @@ impl<'a> Search<'a> {
             let c = self.bins[b].c;
             add(&self.classes[c], &mut self.bins[b], t, 1);
             placed.push((b, t));
+            journal.push(Step::Placed(b, t));
         }
         if !ok {
-            for (b, t) in placed {
-                let c = self.bins[b].c;
-                remove(&self.classes[c], &mut self.bins[b], t, 1);
-            }
-            for e in ejections.into_iter().rev() {
-                self.undo_ejection(e);
+            for step in journal.into_iter().rev() {
+                match step {
+                    Step::Placed(b, t) => {
+                        let c = self.bins[b].c;
+                        remove(&self.classes[c], &mut self.bins[b], t, 1);
+                    }
+                    Step::Ejected(e) => self.undo_ejection(e),
+                }
             }
             return false;
-        }
-        for e in &ejections {
-            let (from, to) = (self.bins[e.from].c, self.bins[e.to].c);
-            if let Some(n) = self.counts.slots.get_mut(&(from, e.m, e.t_from)) {
-                *n -= 1;
-            }
-            *self.counts.slots.entry((to, e.m, e.t_to)).or_insert(0) += 1;
         }
         // Commit: the replicas' slots move, the donor's GPU goes.
         for (&(m, from, c), &(b, t)) in leaving.iter().zip(&placed) {
@@ -493,6 +510,15 @@ impl<'a> Search<'a> {
                 }
             }
             *self.counts.slots.entry((self.bins[b].c, m, t)).or_insert(0) += 1;
+        }
+        // The ejected shares after the placements: a share ejected may be
+        // one placed above (its slot counted there first).
+        for e in &ejections {
+            let (from, to) = (self.bins[e.from].c, self.bins[e.to].c);
+            if let Some(n) = self.counts.slots.get_mut(&(from, e.m, e.t_from)) {
+                *n -= 1;
+            }
+            *self.counts.slots.entry((to, e.m, e.t_to)).or_insert(0) += 1;
         }
         match donor {
             Donor::Fractional(b) => self.bins[b].gone = true,
@@ -732,6 +758,37 @@ impl<'a> Search<'a> {
         }
         (new_mixes, counts)
     }
+}
+
+/// Whether every slot row holds: per class and slot type, the slots the
+/// patterns offer cover the replicas' parts.
+fn rows_hold(classes: &[Class], counts: &Counts) -> bool {
+    let mut left: BTreeMap<(usize, usize), i64> = BTreeMap::new();
+    for (c, class) in classes.iter().enumerate() {
+        for (pattern, &n) in class.patterns.iter().zip(&counts.patterns[c]) {
+            for &(t, k) in &pattern.slots {
+                *left.entry((c, t)).or_insert(0) += i64::from(k) * i64::from(n);
+            }
+        }
+    }
+    for (&(c, _, t), &n) in &counts.slots {
+        *left.entry((c, t)).or_insert(0) -=
+            i64::from(n) * i64::from(classes[c].slot_types[t].parts.max(1));
+    }
+    left.values().all(|&l| l >= 0)
+}
+
+/// Replicas per model (a tensor-parallel group once).
+fn replicas(counts: &Counts) -> BTreeMap<usize, u32> {
+    let mut out = BTreeMap::new();
+    for (&(_, m, _), &n) in &counts.slots {
+        *out.entry(m).or_insert(0) += n;
+    }
+    for (&(_, m, _), &n) in &counts.whole {
+        *out.entry(m).or_insert(0) += n;
+    }
+    out.retain(|_, n| *n > 0);
+    out
 }
 
 /// Whether the counts keep every node rule of every class.
@@ -978,5 +1035,108 @@ mod tests {
                 proptest::prop_assert!(better.unplaced.iter().all(|&u| u == 0));
             }
         }
+    }
+
+    /// Two nodes of two H100s that allow HAMi and time-slicing, the
+    /// policies `(name, GiB, compute, sharing)`, and the counts: one GPU
+    /// time-sliced into `n` holding `shared` (model indices), and one
+    /// fractional GPU per model of `alone`.
+    fn sliced(
+        specs: &[(&str, f64, f64, &str)],
+        n: u8,
+        shared: &[usize],
+        alone: &[usize],
+    ) -> (Vec<Class>, Vec<Model>, Counts) {
+        let mut text = String::from(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  nodes:\n",
+        );
+        for i in 0..2 {
+            text.push_str(&format!(
+                "    - {{name: n{i}, gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional, timeslice, whole]}}\n"
+            ));
+        }
+        for (name, gib, compute, sharing) in specs {
+            text.push_str(&format!(
+                "---\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: {name}}}\nspec:\n  resources: {{memoryGiB: {gib}, compute: {compute}, maxConcurrency: 8}}\n  placement: {{sharing: [{sharing}]}}\n"
+            ));
+        }
+        let bundle = gpuscale_policies::load_sources(&[(Path::new("t.yaml"), text.as_str())])
+            .unwrap_or_else(|p| panic!("{p}"));
+        let cluster = bundle.cluster.expect("a cluster");
+        let models = bundle.models;
+        let mut classes = classes::build(&cluster, &models, &PackOptions::default());
+        assert_eq!(classes.len(), 1);
+        let class = &mut classes[0];
+        let share = class.share_slot(n).expect("a time-sliced slot type");
+        let p_share = class
+            .patterns
+            .iter()
+            .position(|p| p.kind == PatternKind::Share(n))
+            .expect("a time-sliced pattern");
+        let mut counts = Counts {
+            unplaced: vec![0; models.len()],
+            ..Counts::default()
+        };
+        let mut alone_patterns = Vec::new();
+        for &m in alone {
+            let t = class.fractional_slot(&models[m].name).expect("fractional");
+            alone_patterns.push(class.add_fractional_pattern(vec![(t, 1)]));
+            counts.slots.insert((0, m, t), 1);
+        }
+        counts.patterns = vec![vec![0; class.patterns.len()]];
+        counts.patterns[0][p_share] = 1;
+        for p in alone_patterns {
+            counts.patterns[0][p] += 1;
+        }
+        for &m in shared {
+            counts.slots.insert((0, m, share), 1);
+        }
+        assert!(rows_hold(&classes, &counts) && nodes_ok(&classes, &counts));
+        (classes, models, counts)
+    }
+
+    /// Found by review: emptying a time-sliced GPU, `y` went to `w`'s GPU
+    /// (the best fit) and then, for `x`, was ejected to `v`'s; the
+    /// ejection was counted before `y`'s placement, so `y` was counted
+    /// twice and its slot row came up one short.
+    #[test]
+    fn a_share_ejected_in_the_same_move_it_was_placed_in_is_counted_once() {
+        let (classes, models, counts) = sliced(
+            &[
+                ("y", 30.0, 0.1, "fractional, timeslice"),
+                ("x", 10.0, 0.5, "fractional, timeslice"),
+                ("w", 40.0, 0.1, "fractional"),
+                ("v", 39.0, 0.6, "fractional"),
+            ],
+            2,
+            &[0, 1],
+            &[2, 3],
+        );
+        let (grown, better, _) =
+            improved(&classes, &models, &counts, deadline()).expect("the time-sliced GPU emptied");
+        assert!(rows_hold(&grown, &better));
+        assert_eq!(replicas(&better), replicas(&counts));
+        assert_eq!(check(&grown, &better).0, 2);
+    }
+
+    /// Found by review: the same, but the third replica fits nowhere, so
+    /// the attempt is undone: the ejection of a share placed in it must be
+    /// undone before that placement (undone the other way, a GPU's share
+    /// count went below zero).
+    #[test]
+    fn an_attempt_that_ejected_a_share_it_placed_is_undone_in_reverse() {
+        let (classes, models, counts) = sliced(
+            &[
+                ("y", 17.0, 0.05, "fractional, timeslice"),
+                ("x", 16.0, 0.25, "fractional, timeslice"),
+                ("z", 15.0, 0.25, "fractional, timeslice"),
+                ("w", 55.0, 0.1, "fractional"),
+                ("v", 40.0, 0.8, "fractional"),
+            ],
+            4,
+            &[0, 1, 2],
+            &[3, 4],
+        );
+        assert!(improved(&classes, &models, &counts, deadline()).is_none());
     }
 }
