@@ -66,7 +66,8 @@ pub struct PackOptions {
     /// stands, so only a plan cut by this clock can differ between runs.
     /// Zero skips the whole MIP (unless nothing else found a plan) and
     /// leaves the small one bounded by its node count within
-    /// `time_limit`.
+    /// `time_limit`. Above zero it also bounds phase 2's whole-cluster
+    /// search for less disruption (from its start), beside its node cap.
     pub improve_limit: Duration,
     /// Relative MIP gap at which HiGHS stops, also the bound the LP must
     /// prove for the MIP-free shortcuts. Default 0.005 (0.5 %): on the
