@@ -846,17 +846,34 @@ mod tests {
     /// containers per GPU, and one policy per `(GiB, compute)`, named
     /// `m0`, `m1`, …, fractional or whole.
     fn bundle(nodes: u32, gpus: u32, split: u32, specs: &[(f64, f64)]) -> (Vec<Class>, Vec<Model>) {
+        let node = format!(
+            "gpuModel: H100-80GB, gpuCount: {gpus}, sharing: [fractional, whole], hamiSplitCount: {split}"
+        );
+        let named: Vec<(String, f64, f64, &str)> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(gib, compute))| (format!("m{i}"), gib, compute, "fractional, whole"))
+            .collect();
+        load(nodes, &node, &named)
+    }
+
+    /// `nodes` nodes described by `node` (its fields after the name) and
+    /// the policies `(name, GiB, compute, sharing)`, as classes.
+    fn load<N: AsRef<str>>(
+        nodes: u32,
+        node: &str,
+        specs: &[(N, f64, f64, &str)],
+    ) -> (Vec<Class>, Vec<Model>) {
         let mut text = String::from(
             "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  nodes:\n",
         );
         for n in 0..nodes {
-            text.push_str(&format!(
-                "    - {{name: n{n}, gpuModel: H100-80GB, gpuCount: {gpus}, sharing: [fractional, whole], hamiSplitCount: {split}}}\n"
-            ));
+            text.push_str(&format!("    - {{name: n{n}, {node}}}\n"));
         }
-        for (i, (gib, compute)) in specs.iter().enumerate() {
+        for (name, gib, compute, sharing) in specs {
+            let name = name.as_ref();
             text.push_str(&format!(
-                "---\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: m{i}}}\nspec:\n  resources: {{memoryGiB: {gib}, compute: {compute}, maxConcurrency: 8}}\n  placement: {{sharing: [fractional, whole]}}\n"
+                "---\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: {name}}}\nspec:\n  resources: {{memoryGiB: {gib}, compute: {compute}, maxConcurrency: 8}}\n  placement: {{sharing: [{sharing}]}}\n"
             ));
         }
         let bundle = gpuscale_policies::load_sources(&[(Path::new("t.yaml"), text.as_str())])
@@ -1047,24 +1064,11 @@ mod tests {
         shared: &[usize],
         alone: &[usize],
     ) -> (Vec<Class>, Vec<Model>, Counts) {
-        let mut text = String::from(
-            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  nodes:\n",
+        let (mut classes, models) = load(
+            2,
+            "gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional, timeslice, whole]",
+            specs,
         );
-        for i in 0..2 {
-            text.push_str(&format!(
-                "    - {{name: n{i}, gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional, timeslice, whole]}}\n"
-            ));
-        }
-        for (name, gib, compute, sharing) in specs {
-            text.push_str(&format!(
-                "---\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: {name}}}\nspec:\n  resources: {{memoryGiB: {gib}, compute: {compute}, maxConcurrency: 8}}\n  placement: {{sharing: [{sharing}]}}\n"
-            ));
-        }
-        let bundle = gpuscale_policies::load_sources(&[(Path::new("t.yaml"), text.as_str())])
-            .unwrap_or_else(|p| panic!("{p}"));
-        let cluster = bundle.cluster.expect("a cluster");
-        let models = bundle.models;
-        let mut classes = classes::build(&cluster, &models, &PackOptions::default());
         assert_eq!(classes.len(), 1);
         let class = &mut classes[0];
         let share = class.share_slot(n).expect("a time-sliced slot type");

@@ -841,16 +841,7 @@ pub fn solve(
     // loaded machine): node counts, not the clock, then decide the plan
     // unless the solve's own limit is reached.
     let clocked = !options.improve_limit.is_zero();
-    let improve = PackOptions {
-        time_limit: if clocked {
-            options
-                .time_limit
-                .min(start.elapsed() + options.improve_limit)
-        } else {
-            options.time_limit
-        },
-        ..options.clone()
-    };
+    let improve = improving(options, start);
     if let Some(floors) = &floors {
         let (mut residual, _) = mip(
             classes,
@@ -962,16 +953,7 @@ pub fn solve(
         // Within its node cap and, where the plan is clocked, within
         // `improve_limit` from here (the example with HAMi's split count
         // at 2: 3.4 s of 500 nodes for disruption 153 → 134).
-        let whole_options = PackOptions {
-            time_limit: if clocked {
-                options
-                    .time_limit
-                    .min(start.elapsed() + options.improve_limit)
-            } else {
-                options.time_limit
-            },
-            ..options.clone()
-        };
+        let whole_options = improving(options, start);
         if let Some(whole) = least_disruption(
             classes,
             models,
@@ -986,6 +968,21 @@ pub fn solve(
         }
     }
     Ok(solved(counts, optimal, added))
+}
+
+/// `options` with the time limit cut to `improve_limit` from now, where
+/// the plan is clocked (`improve_limit` above 0).
+fn improving(options: &PackOptions, start: Instant) -> PackOptions {
+    PackOptions {
+        time_limit: if options.improve_limit.is_zero() {
+            options.time_limit
+        } else {
+            options
+                .time_limit
+                .min(start.elapsed() + options.improve_limit)
+        },
+        ..options.clone()
+    }
 }
 
 /// What phase 2 may not exceed: the cost (with the gap's slack), or, for
