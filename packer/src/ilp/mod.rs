@@ -747,6 +747,20 @@ pub fn runs_now(classes: &[Class]) -> bool {
     })
 }
 
+/// A plan the local search made ([`improve::improved`]): the classes
+/// with the mixes it added, the counts, and those mixes.
+type Polished = (Vec<Class>, Counts, Vec<Vec<Mix>>);
+
+/// Keeps the cheaper of `best` and `candidate`.
+fn keep_cheapest(best: &mut Option<Polished>, candidate: Option<Polished>, models: &[Model]) {
+    let cost = |p: &Polished| counts_cost(&p.0, models, &p.1);
+    if let Some(c) = candidate
+        && best.as_ref().is_none_or(|b| cost(&c) < cost(b) - 1e-9)
+    {
+        *best = Some(c);
+    }
+}
+
 /// Solves the packing over the classes' patterns: LP bounds, phase 1
 /// (cost), phase 2 (disruption). `bounds` are proven lower bounds from
 /// [`columns::generate`] (the LP over all fractional mixes, which the
@@ -819,6 +833,23 @@ pub fn solve(
     {
         return Ok(solved(counts.clone(), true, Vec::new()));
     }
+    // GPUs each integer plan leaves part-used, emptied into fractional
+    // GPUs' room ([`improve`]: the classes grow the mixes that makes). The
+    // search is cheap (milliseconds where a MIP takes a second) and where
+    // it lands depends on where it starts, so every plan found on the way
+    // is emptied — the rounding's first, then the MIPs' — and the cheapest
+    // of all stands. One within the gap ends phase 1 there: at 10,000 GPUs
+    // the MIP over what the dive left then took a second for nothing.
+    let polish =
+        |counts: &Counts| improve::improved(classes, models, counts, start + options.time_limit);
+    let mut polished = None;
+    keep_cheapest(&mut polished, warm.as_ref().and_then(polish), models);
+    if let Some((_, counts, mixes)) = &polished
+        && !has_current
+        && within_gap(counts)
+    {
+        return Ok(solved(counts.clone(), true, mixes.clone()));
+    }
 
     // Phase 1: cost. First the dive's floors fixed (a small MIP over what
     // is left), then the whole MIP, each within a node budget; the best
@@ -876,54 +907,35 @@ pub fn solve(
             )?
             .0;
         }
+        keep_cheapest(&mut polished, residual.as_ref().and_then(polish), models);
         warm = cheaper(warm, residual);
     }
-    // GPUs the heuristic plan leaves part-used, emptied into fractional
-    // GPUs' room ([`improve`]: the classes grow the mixes that makes). The
-    // MIP below still runs over the classes' own patterns (the mixes the
-    // search adds only slow its proof), and its plan is emptied too: the
-    // cheapest of all stands.
-    let polished_warm = warm
-        .as_ref()
-        .and_then(|w| improve::improved(classes, models, w, start + options.time_limit));
-    if let Some((_, counts, mixes)) = &polished_warm
+    if let Some((_, counts, mixes)) = &polished
         && !has_current
         && within_gap(counts)
     {
         return Ok(solved(counts.clone(), true, mixes.clone()));
     }
+    // The whole MIP runs over the classes' own patterns (the mixes the
+    // search adds only slow its proof); its plan is emptied too.
     let (full, proved) = if clocked || warm.is_none() {
         mip(classes, models, demand_, &improve, start, None, i32::MAX)?
     } else {
         (None, false)
     };
     optimal |= proved;
-    let full_won = full.as_ref().is_some_and(|f| {
-        warm.as_ref().is_none_or(|w| {
-            counts_cost(classes, models, f) < counts_cost(classes, models, w) - 1e-9
-        })
-    });
+    keep_cheapest(&mut polished, full.as_ref().and_then(polish), models);
     let Some(unpolished) = cheaper(full, warm) else {
         return Err(PackError::Solver(
             "no integer solution within the limits".into(),
         ));
     };
-    // (The search is deterministic: on the heuristic plan it ran above.)
-    let polished = full_won
-        .then(|| improve::improved(classes, models, &unpolished, start + options.time_limit))
-        .flatten();
     let mut phase1 = unpolished;
     let mut added: Vec<Vec<Mix>> = vec![Vec::new(); classes.len()];
     let owned;
-    let classes: &[Class] = match [polished, polished_warm]
-        .into_iter()
-        .flatten()
-        .filter(|(g, counts, _)| {
-            counts_cost(g, models, counts) < counts_cost(classes, models, &phase1) - 1e-9
-        })
-        .min_by(|(g, a, _), (h, b, _)| {
-            counts_cost(g, models, a).total_cmp(&counts_cost(h, models, b))
-        }) {
+    let classes: &[Class] = match polished.filter(|(g, counts, _)| {
+        counts_cost(g, models, counts) < counts_cost(classes, models, &phase1) - 1e-9
+    }) {
         Some((grown, counts, mixes)) => {
             phase1 = counts;
             added = mixes;
