@@ -578,7 +578,7 @@ impl<'a> Knapsack<'a> {
             nodes: 0,
             limit,
         };
-        let root = self.upper(0, self.cap_mib, self.cap_pct, self.cap_shares);
+        let root = self.upper(0, self.cap_mib, self.cap_pct, self.cap_shares, |_| false);
         self.dfs(
             0,
             self.cap_mib,
@@ -604,7 +604,8 @@ impl<'a> Knapsack<'a> {
         if i == self.items.len() || s.nodes >= s.limit {
             return;
         }
-        if value + self.upper(i, mib, pct, shares) <= s.best + 1e-12 {
+        let prune = |upper: f64| value + upper <= s.best + 1e-12;
+        if prune(self.upper(i, mib, pct, shares, prune)) {
             return;
         }
         let item = self.items[i].1;
@@ -629,25 +630,11 @@ impl<'a> Knapsack<'a> {
 
     /// The smallest of the surrogate bounds over items `i..` (search
     /// positions) with `mib` and `pct` left, and of the count bound: the
-    /// `shares` most valuable items that still fit.
-    fn upper(&self, i: usize, mib: u32, pct: u32, shares: u32) -> f64 {
-        let mut left = shares;
-        let mut best = 0.0;
-        for &j in &self.by_value {
-            if left == 0 {
-                break;
-            }
-            let item = self.items[j].1;
-            if item.value <= 0.0 {
-                break;
-            }
-            if j < i || item.mib > mib || item.pct > pct {
-                continue;
-            }
-            let take = item.bound.min(left);
-            best += f64::from(take) * item.value;
-            left -= take;
-        }
+    /// `shares` most valuable items that still fit. Returns as soon as one
+    /// of them is small enough to `prune` (the node is cut whichever is
+    /// the smallest), so a pruned node seldom computes them all.
+    fn upper(&self, i: usize, mib: u32, pct: u32, shares: u32, prune: impl Fn(f64) -> bool) -> f64 {
+        let mut best = f64::INFINITY;
         for (a, order) in &self.surrogates {
             let mut room = a * f64::from(mib) / f64::from(self.cap_mib)
                 + (1.0 - a) * f64::from(pct) / f64::from(self.cap_pct);
@@ -670,8 +657,28 @@ impl<'a> Knapsack<'a> {
                 }
             }
             best = best.min(total);
+            if prune(best) {
+                return best;
+            }
         }
-        best
+        let mut left = shares;
+        let mut count = 0.0;
+        for &j in &self.by_value {
+            if left == 0 {
+                break;
+            }
+            let item = self.items[j].1;
+            if item.value <= 0.0 {
+                break;
+            }
+            if j < i || item.mib > mib || item.pct > pct {
+                continue;
+            }
+            let take = item.bound.min(left);
+            count += f64::from(take) * item.value;
+            left -= take;
+        }
+        best.min(count)
     }
 }
 
