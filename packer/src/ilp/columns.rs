@@ -475,9 +475,9 @@ struct Knapsack<'a> {
     /// (index among the caller's items, the item), in search order.
     items: Vec<(usize, &'a Item)>,
     given: usize,
-    /// Per weighting: `α`, and the items (search positions) by value per
-    /// combined size.
-    surrogates: Vec<(f64, Vec<usize>)>,
+    /// Per weighting: `α`, and the items (search positions, with their
+    /// combined size) by value per combined size.
+    surrogates: Vec<(f64, Vec<(usize, f64)>)>,
     cap_mib: u32,
     cap_pct: u32,
     /// Items it may hold (HAMi's containers per GPU).
@@ -518,7 +518,11 @@ impl<'a> Knapsack<'a> {
                 let (ix, iy) = (k.items[x].1, k.items[y].1);
                 (iy.value / k.size(iy, a)).total_cmp(&(ix.value / k.size(ix, a)))
             });
-            k.surrogates.push((a, o));
+            let sized = o
+                .into_iter()
+                .map(|j| (j, k.size(k.items[j].1, a)))
+                .collect();
+            k.surrogates.push((a, sized));
         }
         let mut by_value: Vec<usize> = (0..k.items.len()).collect();
         by_value.sort_by(|&x, &y| k.items[y].1.value.total_cmp(&k.items[x].1.value));
@@ -536,12 +540,18 @@ impl<'a> Knapsack<'a> {
     /// The fractional knapsack over `items` in the surrogate of weight `a`
     /// with room `room`.
     fn surrogate(&self, items: &[(usize, &Item)], a: f64, room: f64) -> f64 {
-        let mut sorted: Vec<&Item> = items.iter().map(|&(_, i)| i).collect();
-        sorted.sort_by(|x, y| (y.value / self.size(y, a)).total_cmp(&(x.value / self.size(x, a))));
+        // (size, value per size) computed once per item, not per comparison.
+        let mut sorted: Vec<(f64, f64, &Item)> = items
+            .iter()
+            .map(|&(_, i)| {
+                let size = self.size(i, a);
+                (size, i.value / size, i)
+            })
+            .collect();
+        sorted.sort_by(|x, y| y.1.total_cmp(&x.1));
         let mut room = room;
         let mut total = 0.0;
-        for i in sorted {
-            let size = self.size(i, a);
+        for (size, _, i) in sorted {
             let take = (f64::from(i.bound) * size).min(room);
             total += take / size * i.value;
             room -= take;
@@ -639,7 +649,7 @@ impl<'a> Knapsack<'a> {
             let mut room = a * f64::from(mib) / f64::from(self.cap_mib)
                 + (1.0 - a) * f64::from(pct) / f64::from(self.cap_pct);
             let mut total = 0.0;
-            for &j in order {
+            for &(j, size) in order {
                 if j < i {
                     continue;
                 }
@@ -648,7 +658,6 @@ impl<'a> Knapsack<'a> {
                 if item.mib > mib || item.pct > pct {
                     continue;
                 }
-                let size = self.size(item, *a);
                 let take = (f64::from(item.bound) * size).min(room);
                 total += take / size * item.value;
                 room -= take;
