@@ -929,14 +929,22 @@ pub fn solve(
         return Ok(solved(counts.clone(), true, mixes.clone()));
     }
     // The whole MIP runs over the classes' own patterns (the mixes the
-    // search adds only slow its proof); its plan is emptied too.
+    // search adds only slow its proof); its plan is emptied too (in a
+    // re-plan only when it beat the plans before it, as above).
     let (full, proved) = if clocked || warm.is_none() {
         mip(classes, models, demand_, &improve, start, None, i32::MAX)?
     } else {
         (None, false)
     };
     optimal |= proved;
-    keep_cheapest(&mut polished, full.as_ref().and_then(polish), models);
+    if let Some(f) = &full
+        && (!has_current
+            || warm.as_ref().is_none_or(|w| {
+                counts_cost(classes, models, f) < counts_cost(classes, models, w) - 1e-9
+            }))
+    {
+        keep_cheapest(&mut polished, polish(f), models);
+    }
     let Some(unpolished) = cheaper(full, warm) else {
         return Err(PackError::Solver(
             "no integer solution within the limits".into(),
