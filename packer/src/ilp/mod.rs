@@ -751,11 +751,20 @@ pub fn runs_now(classes: &[Class]) -> bool {
 /// with the mixes it added, the counts, and those mixes.
 type Polished = (Vec<Class>, Counts, Vec<Vec<Mix>>);
 
-/// Keeps the cheaper of `best` and `candidate`.
-fn keep_cheapest(best: &mut Option<Polished>, candidate: Option<Polished>, models: &[Model]) {
+/// Keeps the cheaper of `best` and `candidate` (by more than 1e-9); with
+/// `ties`, the candidate at equal cost or less.
+fn keep_cheapest(
+    best: &mut Option<Polished>,
+    candidate: Option<Polished>,
+    models: &[Model],
+    ties: bool,
+) {
     let cost = |p: &Polished| counts_cost(&p.0, models, &p.1);
     if let Some(c) = candidate
-        && best.as_ref().is_none_or(|b| cost(&c) < cost(b) - 1e-9)
+        && best.as_ref().is_none_or(|b| {
+            let (new, old) = (cost(&c), cost(b));
+            new < old - 1e-9 || (ties && new <= old)
+        })
     {
         *best = Some(c);
     }
@@ -849,7 +858,7 @@ pub fn solve(
     let mut polished = None;
     let mut polished_cost = None;
     if !has_current {
-        keep_cheapest(&mut polished, warm.as_ref().and_then(polish), models);
+        keep_cheapest(&mut polished, warm.as_ref().and_then(polish), models, false);
         polished_cost = warm.as_ref().map(|w| counts_cost(classes, models, w));
         if let Some((_, counts, mixes)) = &polished
             && within_gap(counts)
@@ -920,7 +929,7 @@ pub fn solve(
     if let Some(w) = &warm
         && polished_cost.is_none_or(|c| counts_cost(classes, models, w) < c - 1e-9)
     {
-        keep_cheapest(&mut polished, polish(w), models);
+        keep_cheapest(&mut polished, polish(w), models, false);
     }
     if let Some((_, counts, mixes)) = &polished
         && !has_current
@@ -943,7 +952,8 @@ pub fn solve(
                 counts_cost(classes, models, f) < counts_cost(classes, models, w) - 1e-9
             }))
     {
-        keep_cheapest(&mut polished, polish(f), models);
+        // On equal cost the whole MIP's emptied plan stands, as it did.
+        keep_cheapest(&mut polished, polish(f), models, true);
     }
     let Some(unpolished) = cheaper(full, warm) else {
         return Err(PackError::Solver(
