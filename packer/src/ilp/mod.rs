@@ -947,12 +947,14 @@ pub fn solve(
     };
     optimal |= proved;
     if let Some(f) = &full
+        && full != warm
         && (!has_current
             || warm.as_ref().is_none_or(|w| {
                 counts_cost(classes, models, f) < counts_cost(classes, models, w) - 1e-9
             }))
     {
-        // On equal cost the whole MIP's emptied plan stands, as it did.
+        // (Not when it is the plan already emptied above.) On equal cost
+        // the whole MIP's emptied plan stands, as it did.
         keep_cheapest(&mut polished, polish(f), models, true);
     }
     let Some(unpolished) = cheaper(full, warm) else {
