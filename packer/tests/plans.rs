@@ -414,7 +414,19 @@ fn check_rules(
                 .get(emit::DEVICE_PLUGIN_CONFIG_LABEL)
                 .unwrap_or_else(|| panic!("{} selects no device-plugin config", v.name))
                 .clone();
-            assert!(v.name.ends_with(&config.replace('.', "-")), "{}", v.name);
+            // The name ends in its config, or, past Kubernetes' 63
+            // characters, in a hash of the whole name (`emit::bounded_name`):
+            // at most 52 characters of it, `-`, 10 hex digits.
+            let hashed = (53..=63).contains(&v.name.len())
+                && v.name.as_bytes()[v.name.len() - 11] == b'-'
+                && v.name[v.name.len() - 10..]
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit());
+            assert!(
+                v.name.ends_with(&config.replace('.', "-")) || hashed,
+                "{}",
+                v.name
+            );
             if let Some(profile) = config
                 .strip_prefix("mig-")
                 .and_then(|c| c.split("-timeslice-").next())
@@ -1647,4 +1659,12 @@ fn long_variant_names_are_bounded_and_distinct() {
             "{n}"
         );
     }
+    // The time-sliced variants' names are hashed, and still checked
+    // against their device-plugin config.
+    assert!(
+        plan.nodes.iter().any(|n| n.mig_timeslice.is_some()),
+        "{:?}",
+        plan.nodes
+    );
+    check_rules(&plan, &cluster, &models, &PackOptions::default(), &demand);
 }
