@@ -165,9 +165,13 @@ fn cdf<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> Result<(
         .flat_map(|(_, c)| c.latency_cdf.iter().map(|p| p.0))
         .fold(f64::INFINITY, f64::min)
         .max(1e-3);
+    // No request served (a scenario whose rates are all 0): an empty
+    // chart over a decade, not a log axis over an infinite range.
+    let lo = if lo.is_finite() { lo } else { 1e-3 };
     let hi = runs
         .iter()
         .flat_map(|(_, c)| c.latency_cdf.iter().map(|p| p.0))
+        .filter(|x| x.is_finite())
         .fold(lo * 10.0, f64::max);
     let mut chart = ChartBuilder::on(&area)
         .caption(

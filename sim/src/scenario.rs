@@ -613,6 +613,12 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     if spec.duration.is_zero() {
         bad("spec.duration".into(), "must be more than 0");
     }
+    if spec.duration > MAX_DURATION {
+        bad(
+            "spec.duration".into(),
+            "must be at most 31 days (the simulation steps every second)",
+        );
+    }
     if spec.tick.is_zero() || spec.tick.subsec_nanos() != 0 {
         bad(
             "spec.tick".into(),
@@ -704,6 +710,47 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             if !(s.factor >= 0.0 && s.factor.is_finite()) {
                 bad(at(&format!("arrivals.steps[{k}].factor")), "must be ≥ 0");
             }
+            if s.at >= spec.duration {
+                bad(
+                    at(&format!("arrivals.steps[{k}].at")),
+                    "starts after the scenario ends (`spec.duration`)",
+                );
+            }
+        }
+        // Every arrival is generated up front and held in memory: a
+        // generator's count, at most its rate × the duration × its peak
+        // multiplier, is bounded.
+        let rate = a
+            .poisson
+            .as_ref()
+            .map(|p| p.rate)
+            .or(a.gamma.as_ref().map(|g| g.rate));
+        if let Some(rate) = rate.filter(|r| r.is_finite()) {
+            let peak = a.diurnal.as_ref().map_or(1.0, |d| 1.0 + d.amplitude.abs())
+                * a.steps
+                    .iter()
+                    .map(|s| s.factor.max(1.0))
+                    .filter(|f| f.is_finite())
+                    .product::<f64>();
+            let expected = rate * spec.duration.as_secs_f64() * peak;
+            if expected > MAX_ARRIVALS as f64 {
+                bad(
+                    at("arrivals"),
+                    &format!(
+                        "expects up to {expected:.3e} requests; the simulator holds every \
+                         request in memory and takes at most {MAX_ARRIVALS} per workload \
+                         (lower the rate or the duration)"
+                    ),
+                );
+            }
+        }
+        if let Some(t) = &a.trace
+            && t.copies > MAX_COPIES
+        {
+            bad(
+                at("arrivals.trace.copies"),
+                &format!("must be at most {MAX_COPIES}"),
+            );
         }
         if a.trace.is_none() && w.tokens.is_none() {
             bad(
@@ -736,3 +783,13 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     }
     out
 }
+
+/// Longest scenario.
+const MAX_DURATION: Duration = Duration::from_secs(31 * 86_400);
+
+/// Most requests one generated workload may bring (fleet-1000's day,
+/// all 40 workloads together, brings 42 million).
+const MAX_ARRIVALS: u64 = 100_000_000;
+
+/// Most copies of each trace row.
+const MAX_COPIES: u32 = 10_000;

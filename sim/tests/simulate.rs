@@ -444,3 +444,70 @@ fn a_prefill_bound_model_is_sized_by_prefill_utilisation_when_scraped() {
     // Sized for prefill, not run to maxReplicas (8).
     assert!(last(&on_r) <= Some(3), "{:?}", last(&on_r));
 }
+
+#[test]
+fn scenarios_past_the_simulators_bounds_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = std::fs::read_to_string(small(d, 1)).unwrap();
+    // Every arrival is held in memory: a generator expecting more than
+    // the cap (here 6 × 10¹⁰ × 10 at the step) is refused, located.
+    let big = write(
+        d,
+        "big.yaml",
+        &text.replace("poisson: {rate: 6}", "poisson: {rate: 60000000000}"),
+    );
+    let p = Scenario::load(&big).unwrap_err().0;
+    assert!(
+        p.iter().any(|p| p.path == "spec.workloads[0].arrivals"
+            && p.position.line == 12
+            && p.to_string().contains("expects up to")),
+        "{p:#?}"
+    );
+    // A step after the end, and a duration past 31 days.
+    let late = write(
+        d,
+        "late.yaml",
+        &text
+            .replace("at: 2m", "at: 20m")
+            .replace("duration: 6m", "duration: 40d"),
+    );
+    let p = Scenario::load(&late).unwrap_err().0;
+    let paths: Vec<&str> = p.iter().map(|p| p.path.as_str()).collect();
+    assert!(paths.contains(&"spec.duration"), "{p:#?}");
+    let p = Scenario::load(&write(d, "late2.yaml", &text.replace("at: 2m", "at: 20m")))
+        .unwrap_err()
+        .0;
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.workloads[0].arrivals.steps[0].at"),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_scenario_with_no_arrivals_reports_and_plots() {
+    // Rates of 0 are valid: nothing arrives, and the report (its latency
+    // CDF on a log axis included) is still written; it once looped in
+    // the plotting library over an infinite axis.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = std::fs::read_to_string(small(d, 1)).unwrap();
+    let silent = write(
+        d,
+        "silent.yaml",
+        &text
+            .replace("poisson: {rate: 6}", "poisson: {rate: 0}")
+            .replace("gamma: {rate: 1, cv: 3}", "gamma: {rate: 0, cv: 3}")
+            .replace("duration: 6m", "duration: 2m")
+            .replace("at: 2m", "at: 1m"),
+    );
+    let scenario = Scenario::load(&silent).unwrap();
+    let r = simulate(&scenario, &mut |_, _, _| {});
+    assert!(r.runs.iter().all(|f| f.requests == 0), "{:?}", r.runs);
+    let out = d.join("report");
+    std::fs::create_dir_all(&out).unwrap();
+    let plots = gpuscale_sim::plot::write(&r, &out).unwrap();
+    assert!(!plots.is_empty());
+    assert!(out.join("latency-cdf.svg").exists());
+}
