@@ -23,6 +23,10 @@ fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+fn errors(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
 #[test]
 fn validate_examples_succeeds() {
     let out = gpuscale(&["validate", "examples/"]);
@@ -45,9 +49,12 @@ fn validate_reports_each_problem_as_file_line_column() {
         "tests/fixtures/impossible-memory.yaml",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    let text = stdout(&out);
+    // Problems go to stderr (stdout is for data), then their count.
+    assert!(out.stdout.is_empty(), "{}", stdout(&out));
+    let text = errors(&out);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[3], "3 problem(s) found");
     assert!(
         lines[0].starts_with(
             "tests/fixtures/impossible-memory.yaml:7:3: spec.resources: needs 756.37 GiB"
@@ -70,14 +77,13 @@ fn validate_reports_each_problem_as_file_line_column() {
         "{}",
         lines[2]
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("3 problem(s) found"));
 }
 
 #[test]
 fn validate_missing_path_is_an_error_not_a_panic() {
     let out = gpuscale(&["validate", "no/such/dir"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).starts_with("no/such/dir:1:1: cannot read"));
+    assert!(errors(&out).starts_with("no/such/dir:1:1: cannot read"));
     let out = gpuscale(&["validate"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
 }
@@ -318,7 +324,8 @@ fn plan_with_bad_inputs_fails_cleanly() {
         "tests/fixtures",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("tests/fixtures/wrong-type.yaml:7:5"));
+    assert!(errors(&out).contains("tests/fixtures/wrong-type.yaml:7:5"));
+    assert!(out.stdout.is_empty(), "{}", stdout(&out));
     let out = gpuscale(&[
         "plan",
         "--cluster",
@@ -363,7 +370,7 @@ fn gateway_config_problems_are_located_and_exit_1() {
     // `validate` checks gateway files with the same loader.
     let out = gpuscale(&["validate", path]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains(":8:18: spec.models[0].replicas[0]"));
+    assert!(errors(&out).contains(":8:18: spec.models[0].replicas[0]"));
     // An unknown field, located.
     std::fs::write(
         &file,
@@ -515,7 +522,7 @@ fn validate_checks_the_bench_scenarios_and_locates_a_bad_one() {
     .unwrap();
     let out = gpuscale(&["validate", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    let text = stdout(&out);
+    let text = errors(&out);
     assert!(
         text.contains(&format!("{}:10:", bad.display()))
             && text.contains("spec.workloads[0].arrivals.poisson.rate"),
@@ -584,7 +591,7 @@ fn simulate_writes_the_report_and_its_plots() {
         report.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("nope.yaml"), "{}", stdout(&out));
+    assert!(errors(&out).contains("nope.yaml"), "{}", errors(&out));
 }
 
 #[test]
@@ -670,6 +677,26 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
         assert_eq!(g["status"], want, "{g:#}");
     }
     assert_eq!(again["moves"], 0);
+
+    // Emitting again into the same folder without the training jobs:
+    // the gangs' files the first emit wrote go, files it did not write
+    // (plan.json above, a note of the user's) stay.
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json", "--emit", dir_text.as_str()]);
+    assert_eq!(gpuscale(&args).status.code(), Some(0));
+    assert!(!dir.join("gangs/vit-pretrain.sbatch").exists());
+    assert!(!dir.join("gangs").exists(), "an emptied folder goes too");
+    assert!(dir.join("notes.txt").exists() && earlier.exists());
+    let listed = std::fs::read_to_string(dir.join(".gpuscale-emitted")).unwrap();
+    assert!(
+        listed.lines().any(|l| l == "mig-parted-config.yaml"),
+        "{listed}"
+    );
+    assert!(listed.lines().all(|l| !l.starts_with("gangs/")), "{listed}");
+    for l in listed.lines() {
+        assert!(dir.join(l).is_file(), "{l} listed but not written");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -729,7 +756,7 @@ fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
         bad_text.as_str(),
     ]);
     assert_eq!(out.status.code(), Some(1));
-    let text = stdout(&out);
+    let text = errors(&out);
     assert!(
         text.contains(&format!("{bad_text}:7:"))
             && text.contains("spec.partition")
@@ -792,4 +819,84 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
         String::from_utf8_lossy(&out.stderr).contains("run it from the repository root"),
         "{out:?}"
     );
+}
+
+#[test]
+fn plan_refuses_inputs_that_would_plan_nothing_or_the_wrong_thing() {
+    let empty = std::env::temp_dir().join(format!("gpuscale-none-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let empty_text = empty.to_string_lossy().to_string();
+    // No policy at all: every replica the cluster runs would be dropped.
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        &empty_text,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        errors(&out).contains("no `kind: ModelPolicy` or `kind: TrainingJob` document"),
+        "{}",
+        errors(&out)
+    );
+    assert!(out.stdout.is_empty());
+    // A demand file that holds no Demand.
+    let mut args = PLAN_ARGS.to_vec();
+    args[6] = "examples/policies/sdxl.yaml";
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        errors(&out).contains("no `kind: Demand` document"),
+        "{}",
+        errors(&out)
+    );
+    // A MIP gap outside [0, 1).
+    for gap in ["--mip-gap=5", "--mip-gap=nan", "--mip-gap=-0.1"] {
+        let mut args = PLAN_ARGS.to_vec();
+        args.push(gap);
+        let out = gpuscale(&args);
+        assert_eq!(out.status.code(), Some(2), "--mip-gap {gap}");
+        assert!(
+            errors(&out).contains("--mip-gap must be in [0, 1)"),
+            "{}",
+            errors(&out)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+#[test]
+fn a_current_plan_made_for_another_cluster_is_refused() {
+    let dir = std::env::temp_dir().join(format!("gpuscale-other-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json"]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0));
+    let earlier = dir.join("plan.json");
+    std::fs::write(&earlier, &out.stdout).unwrap();
+    // The same cluster with every node renamed: none of the plan's nodes.
+    let text = std::fs::read_to_string("examples/cluster.yaml").unwrap();
+    let other = dir.join("other.yaml");
+    std::fs::write(
+        &other,
+        text.replace("- name: h", "- name: x-h")
+            .replace("- name: a100", "- name: x-a100")
+            .replace("- name: l40s", "- name: x-l40s"),
+    )
+    .unwrap();
+    let other_text = other.to_string_lossy().to_string();
+    let earlier_text = earlier.to_string_lossy().to_string();
+    let mut args = PLAN_ARGS.to_vec();
+    args[2] = other_text.as_str();
+    args.extend(["--current", earlier_text.as_str()]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        errors(&out).contains("a plan for another cluster"),
+        "{}",
+        errors(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

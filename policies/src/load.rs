@@ -332,10 +332,14 @@ pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Bundle, Problems> {
 pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     let mut problems = Vec::new();
     let mut parsed: Vec<(Document, Parsed)> = Vec::new();
+    // A TrainingQueue given, even one with problems of its own (reported
+    // there): jobs naming its partitions are not told that none was given.
+    let mut queue_given = false;
     for (file, text) in sources {
         match document::parse(file, text) {
             Ok(docs) => {
                 for doc in docs {
+                    queue_given |= doc.value["kind"].as_str() == Some("TrainingQueue");
                     match parse_document(&doc) {
                         Ok(p) => parsed.push((doc, p)),
                         Err(e) => problems.push(e),
@@ -451,7 +455,9 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                         }
                         if let Some(q) = &queue {
                             problems.extend(located(doc, q.check_job(&j)));
-                        } else if let Some(name) = &j.spec.partition {
+                        } else if let Some(name) = &j.spec.partition
+                            && !queue_given
+                        {
                             problems.push(doc.problem(
                             "spec.partition",
                             format!("partition `{name}` named, but no TrainingQueue document was given"),
@@ -498,11 +504,26 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             problems.push(doc.problem("kind", "a second Demand document; give one"));
             continue;
         }
-        for name in spec.replicas.keys() {
-            if !models.iter().any(|m| &m.name == name) {
+        for (name, &count) in &spec.replicas {
+            let Some(m) = models.iter().find(|m| &m.name == name) else {
                 problems.push(doc.problem(
                     format!("spec.replicas.{name}"),
                     format!("no ModelPolicy named `{name}` was loaded"),
+                ));
+                continue;
+            };
+            // The autoscaler never asks outside the policy's bounds; a
+            // hand-written count outside them is a mistake, not a plan.
+            let (min, max) = (m.scaling.min_replicas, m.scaling.max_replicas);
+            if count > max {
+                problems.push(doc.problem(
+                    format!("spec.replicas.{name}"),
+                    format!("{count} is above the ModelPolicy's maxReplicas {max}"),
+                ));
+            } else if count < min {
+                problems.push(doc.problem(
+                    format!("spec.replicas.{name}"),
+                    format!("{count} is below the ModelPolicy's minReplicas {min}"),
                 ));
             }
         }

@@ -346,6 +346,31 @@ spec:
             || t.starts_with("j.yaml:7:") && t.contains("none of [A100-40GB]")),
         "{text:#?}"
     );
+    // A job naming a partition beside a queue with problems of its own:
+    // the queue's problems, not also "no TrainingQueue was given".
+    let named = job.replace("  workers: 1", "  workers: 1\n  partition: dev");
+    let p = load_sources(&[
+        (Path::new("q.yaml"), queue),
+        (Path::new("j.yaml"), named.as_str()),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert!(text.iter().any(|t| t.starts_with("q.yaml:")), "{text:#?}");
+    assert!(
+        !text.iter().any(|t| t.contains("no TrainingQueue")),
+        "{text:#?}"
+    );
+    // Without any queue, naming a partition is the job's problem.
+    let p = load_sources(&[(Path::new("j.yaml"), named.as_str())])
+        .unwrap_err()
+        .0;
+    assert!(
+        p.iter().any(|t| t
+            .to_string()
+            .contains("no TrainingQueue document was given")),
+        "{p:#?}"
+    );
     // Zero durations and empty names are errors, not silent zeros.
     let zero = job.replace(
         "estimatedRuntime: 10h",
@@ -401,4 +426,37 @@ fn server_args_load_and_flags_gpuscale_sets_are_refused_where_written() {
         p[0]
     );
     assert!(p[1].message.contains("must not be empty"), "{}", p[1]);
+}
+
+#[test]
+fn a_demand_outside_the_policys_bounds_is_located() {
+    let policy = format!("{POLICY}  scaling: {{minReplicas: 2, maxReplicas: 5}}\n");
+    let demand = |n: u32| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Demand\nmetadata: {{name: d}}\nspec:\n  replicas:\n    m: {n}\n"
+        )
+    };
+    for (n, want) in [
+        (6, "6 is above the ModelPolicy's maxReplicas 5"),
+        (1, "1 is below the ModelPolicy's minReplicas 2"),
+    ] {
+        let d = demand(n);
+        let p = load_sources(&[
+            (Path::new("m.yaml"), policy.as_str()),
+            (Path::new("d.yaml"), d.as_str()),
+        ])
+        .unwrap_err()
+        .0;
+        assert_eq!(located(&p), vec![(6, "spec.replicas.m")], "{p:#?}");
+        assert!(p[0].to_string().contains(want), "{}", p[0]);
+    }
+    for n in [2, 5] {
+        let d = demand(n);
+        let b = load_sources(&[
+            (Path::new("m.yaml"), policy.as_str()),
+            (Path::new("d.yaml"), d.as_str()),
+        ])
+        .unwrap();
+        assert_eq!(b.demand.unwrap()["m"], n);
+    }
 }

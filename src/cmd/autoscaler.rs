@@ -60,11 +60,7 @@ pub enum Backend {
 }
 
 fn print_problems(problems: &gpuscale_policies::load::Problems) -> ExitCode {
-    for p in &problems.0 {
-        eprintln!("{p}");
-    }
-    eprintln!("{} problem(s) found", problems.0.len());
-    ExitCode::from(1)
+    super::report_problems(&problems.0)
 }
 
 /// Who this process is in the leader election: the pod's name from the

@@ -29,13 +29,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut settings = match gpuscale_gateway::config::load(&args.config) {
         Ok(s) => s,
-        Err(problems) => {
-            for p in &problems.0 {
-                eprintln!("{p}");
-            }
-            eprintln!("{} problem(s) found", problems.0.len());
-            return Ok(ExitCode::from(1));
-        }
+        Err(problems) => return Ok(super::report_problems(&problems.0)),
     };
     if let Some(l) = args.listen {
         settings.spec.listen = l;

@@ -23,6 +23,20 @@ pub enum Format {
     Yaml,
 }
 
+/// Reports located problems on stderr, each on its own line, then their
+/// count, and gives the exit code of bad input (1). Stdout stays for the
+/// command's data: `plan --format json > plan.json` never writes errors
+/// into the plan.
+pub fn report_problems<P: std::fmt::Display>(problems: &[P]) -> std::process::ExitCode {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for p in problems {
+        let _ = writeln!(err, "{p}");
+    }
+    let _ = writeln!(err, "{} problem(s) found", problems.len());
+    std::process::ExitCode::from(1)
+}
+
 /// Writes text to stdout; a reader that went away (`gpuscale … | head`)
 /// ends the output quietly instead of panicking.
 pub fn emit(text: &str) -> anyhow::Result<()> {

@@ -1,8 +1,8 @@
 //! `gpuscale plan`: pack the wanted replicas onto the cluster and print or
 //! emit the plan.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -140,6 +140,10 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     if !(0.0..1.0).contains(&args.isolated_headroom) {
         bail!("--isolated-headroom must be in [0, 1)");
     }
+    // (`contains` is false for NaN.)
+    if !(0.0..1.0).contains(&args.mip_gap) {
+        bail!("--mip-gap must be in [0, 1) (0.005 = within 0.5 % of the optimal cost)");
+    }
     // A Kubernetes namespace: a DNS-1123 label.
     let ns = &args.training_namespace;
     if ns.is_empty()
@@ -159,21 +163,63 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     paths.extend(args.demand.iter().cloned());
     let mut bundle = match load_paths(&paths) {
         Ok(b) => b,
-        Err(problems) => {
-            super::emit(&format!("{problems}\n"))?;
-            eprintln!("{} problem(s) found", problems.0.len());
-            return Ok(Err(ExitCode::from(1)));
-        }
+        Err(problems) => return Ok(Err(super::report_problems(&problems.0))),
     };
     let Some(mut cluster) = bundle.cluster else {
         bail!("{}: no `kind: Cluster` document", args.cluster.display());
     };
+    // Nothing to plan is a mistake, not an empty plan: every replica the
+    // cluster runs would be dropped without a word.
+    if bundle.models.is_empty() && bundle.jobs.is_empty() {
+        let named: Vec<String> = args
+            .policies
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        bail!(
+            "--policies {}: no `kind: ModelPolicy` or `kind: TrainingJob` document",
+            named.join(" ")
+        );
+    }
+    if let Some(file) = &args.demand
+        && bundle.demand.is_none()
+    {
+        bail!("--demand {}: no `kind: Demand` document", file.display());
+    }
     let mut basis = None;
     if let Some(path) = &args.current {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let earlier: Plan = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a plan in JSON", path.display()))?;
+        // Replicas on nodes the cluster no longer has are planned again
+        // (a node drained and deleted); a plan that shares no node with
+        // the cluster was made for another one.
+        let gone: BTreeSet<&str> = earlier
+            .gpus
+            .iter()
+            .filter(|g| !g.replicas.is_empty())
+            .map(|g| g.node.as_str())
+            .filter(|n| !cluster.nodes.iter().any(|c| c.name == *n))
+            .collect();
+        let known = earlier
+            .gpus
+            .iter()
+            .any(|g| cluster.nodes.iter().any(|c| c.name == g.node));
+        if !earlier.gpus.is_empty() && !known {
+            bail!(
+                "--current {}: a plan for another cluster (none of its nodes is in {})",
+                path.display(),
+                args.cluster.display()
+            );
+        }
+        if !gone.is_empty() {
+            let gone: Vec<&str> = gone.into_iter().collect();
+            tracing::warn!(
+                nodes = gone.join(", "),
+                "--current places replicas on nodes the cluster no longer has: they are planned again"
+            );
+        }
         cluster = earlier.apply_to(&cluster);
         // Gangs that ran (or started) in the earlier plan started then.
         for job in &mut bundle.jobs {
@@ -238,6 +284,71 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     Ok(Ok(plan))
 }
 
+/// The list of files the last `--emit` wrote, in its directory.
+const EMITTED: &str = ".gpuscale-emitted";
+
+/// Files an earlier emit wrote that this one does not: `earlier` is the
+/// earlier list (one relative path a line), `now` this emit's paths.
+/// Only plain relative paths below the directory are ever named, so a
+/// hand-edited list cannot point a removal outside it.
+fn stale(earlier: &str, now: &BTreeSet<&str>) -> Vec<String> {
+    earlier
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !now.contains(l))
+        .filter(|l| {
+            Path::new(l)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Writes the artefacts into `dir` and removes those an earlier emit
+/// there wrote and this plan no longer has (a variant or gang gone would
+/// otherwise stay, and `kubectl apply -f variants/` deploy it). Files it
+/// did not write are never touched: what it wrote is listed in
+/// `dir/.gpuscale-emitted`.
+fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
+    let list = dir.join(EMITTED);
+    let earlier = match std::fs::read_to_string(&list) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", list.display())),
+    };
+    for (rel, text) in files {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let now: BTreeSet<&str> = files.iter().map(|(rel, _)| rel.as_str()).collect();
+    for rel in stale(&earlier, &now) {
+        let path = dir.join(&rel);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(file = %path.display(), "removed: an earlier emit wrote it, this plan has no such artefact");
+                // Its folder too, once empty (`gangs/` with no gang left).
+                if let Some(parent) = path.parent()
+                    && parent != dir
+                {
+                    let _ = std::fs::remove_dir(parent);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+        }
+    }
+    let mut listed: Vec<&str> = now.into_iter().collect();
+    listed.sort_unstable();
+    std::fs::write(&list, format!("{}\n", listed.join("\n")))
+        .with_context(|| format!("writing {}", list.display()))?;
+    Ok(())
+}
+
 /// Emits the artefacts and prints the plan.
 fn finish(args: &Args, plan: &mut Plan) -> anyhow::Result<ExitCode> {
     let plan = &*plan;
@@ -252,24 +363,17 @@ fn finish(args: &Args, plan: &mut Plan) -> anyhow::Result<ExitCode> {
             &args.training_namespace,
             scheduler,
         )?);
-        for (rel, text) in files {
-            let path = dir.join(&rel);
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("creating {}", parent.display()))?;
-            }
-            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        }
+        write_emitted(dir, &files)?;
         tracing::info!(dir = %dir.display(), "emitted NVIDIA configuration");
     }
     match args.format {
-        super::Format::Table => super::emit(&table(plan))?,
+        super::Format::Table => super::emit(&table(plan, args.mip_gap))?,
         other => super::print_data(plan, other)?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn table(plan: &Plan) -> String {
+fn table(plan: &Plan, mip_gap: f64) -> String {
     let mut out = format!(
         "{:<12} {:>3}  {:<11} {:<9} {:<44} REPLICAS\n",
         "NODE", "GPU", "MODEL", "MODE", "CONFIGURATION"
@@ -333,10 +437,15 @@ fn table(plan: &Plan) -> String {
         plan.cost_per_hour,
         plan.lp_bound_cost,
         plan.optimality_gap * 100.0,
-        if plan.optimal {
-            "optimal"
-        } else {
-            "best found within limits"
+        match (plan.optimal, plan.optimality_gap <= mip_gap + 1e-9) {
+            (true, true) => "optimal within --mip-gap".to_string(),
+            // The solver's own bound (after its cuts and branching) is
+            // tighter than the LP's: it proved the gap, the LP cannot show it.
+            (true, false) => format!(
+                "optimal within --mip-gap ({:.1} %) of the solver's own bound, which is tighter than the LP's",
+                mip_gap * 100.0
+            ),
+            (false, _) => "best found within limits".to_string(),
         }
     ));
     let pools: Vec<String> = plan
@@ -475,4 +584,23 @@ fn gangs_table(plan: &Plan) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_files_an_earlier_emit_listed_and_this_one_lacks_are_stale() {
+        let now: BTreeSet<&str> = ["a.yaml", "variants/x.yaml"].into_iter().collect();
+        let earlier = "a.yaml\nvariants/x.yaml\nvariants/gone.yaml\ngangs/j.yaml\n\n";
+        assert_eq!(
+            stale(earlier, &now),
+            vec!["variants/gone.yaml".to_string(), "gangs/j.yaml".to_string()]
+        );
+        // Nothing outside the folder, however the list was edited.
+        let edited = "../etc/passwd\n/etc/passwd\nvariants/../../x\nok.yaml";
+        assert_eq!(stale(edited, &now), vec!["ok.yaml".to_string()]);
+        assert!(stale("", &now).is_empty());
+    }
 }

@@ -29,12 +29,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let scenario = match Scenario::load(&args.scenario) {
         Ok(s) => s,
-        Err(problems) => {
-            let lines: String = problems.0.iter().map(|p| format!("{p}\n")).collect();
-            super::emit(&lines)?;
-            eprintln!("{} problem(s) found", problems.0.len());
-            return Ok(ExitCode::from(1));
-        }
+        Err(problems) => return Ok(super::report_problems(&problems.0)),
     };
     std::fs::create_dir_all(&args.report)
         .with_context(|| format!("cannot create {}", args.report.display()))?;

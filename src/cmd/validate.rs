@@ -44,10 +44,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 }
             }
             if !problems.is_empty() {
-                let lines: String = problems.iter().map(|p| format!("{p}\n")).collect();
-                super::emit(&lines)?;
-                eprintln!("{} problem(s) found", problems.len());
-                return Ok(ExitCode::from(1));
+                return Ok(super::report_problems(&problems));
             }
             tracing::info!(
                 models = bundle.models.len(),
@@ -59,12 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(problems) => {
-            let lines: String = problems.0.iter().map(|p| format!("{p}\n")).collect();
-            super::emit(&lines)?;
-            eprintln!("{} problem(s) found", problems.0.len());
-            Ok(ExitCode::from(1))
-        }
+        Err(problems) => Ok(super::report_problems(&problems.0)),
     }
 }
 
