@@ -668,6 +668,21 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
         "2026-12-03T09:05:00Z",
     ]);
     let again: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
+    // The same plan written as YAML reads back the same.
+    let mut yaml_args = PLAN_ARGS.to_vec();
+    yaml_args.insert(5, "examples/training");
+    yaml_args.extend(["--format", "yaml", "--now", "2026-12-03T09:00:00Z"]);
+    let yaml = dir.join("plan.yaml");
+    std::fs::write(&yaml, gpuscale(&yaml_args).stdout).unwrap();
+    let yaml_text = yaml.to_string_lossy().to_string();
+    let pos = args
+        .iter()
+        .position(|a| *a == earlier_text.as_str())
+        .unwrap();
+    args[pos] = yaml_text.as_str();
+    let from_yaml: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
+    assert_eq!(from_yaml["gangs"], again["gangs"]);
+    assert_eq!(from_yaml["moves"], again["moves"]);
     for g in again["gangs"].as_array().unwrap() {
         let want = if g["name"] == "llama-8b-finetune" {
             "pending"
@@ -895,6 +910,39 @@ fn a_current_plan_made_for_another_cluster_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(
         errors(&out).contains("a plan for another cluster"),
+        "{}",
+        errors(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_job_submitted_after_now_is_left_out_with_a_warning() {
+    let dir = std::env::temp_dir().join(format!("gpuscale-future-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let job = dir.join("later.yaml");
+    std::fs::write(
+        &job,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: later}\nspec:\n  workers: 1\n  gpusPerWorker: 1\n  submittedAt: 2030-01-01T00:00:00Z\n",
+    )
+    .unwrap();
+    let job_text = job.to_string_lossy().to_string();
+    let out = gpuscale(&[
+        "queue",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "examples/training",
+        job_text.as_str(),
+        "--now",
+        "2026-12-03T09:00:00Z",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(!stdout(&out).contains("later"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("vit-pretrain"), "{}", stdout(&out));
+    assert!(
+        errors(&out).contains("submitted after --now"),
         "{}",
         errors(&out)
     );

@@ -354,9 +354,12 @@ pub fn files(
     let mut policies = String::new();
     for m in models {
         let sharing = rules.model_sharing(m);
+        // The demand must be one the policy allows (`maxReplicas` bounds a
+        // Demand; the packer itself never reads it).
+        let most = demand.get(&m.name).copied().unwrap_or(0).max(10);
         let _ = write!(
             policies,
-            "---\n# {}\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {}\nspec:\n  resources:\n    memoryGiB: {}\n    compute: {}\n    maxConcurrency: 16\n  placement:\n    sharing: {}\n    tensorParallel: {}\n",
+            "---\n# {}\napiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: {}\nspec:\n  resources:\n    memoryGiB: {}\n    compute: {}\n    maxConcurrency: 16\n  placement:\n    sharing: {}\n    tensorParallel: {}\n  scaling:\n    maxReplicas: {most}\n",
             m.note, m.name, m.memory_gib, m.compute, sharing, m.tensor_parallel
         );
     }

@@ -260,6 +260,10 @@ impl Node {
     }
 }
 
+/// Most nodes one template (`count`) stands for: 160,000 GPUs of 8, twice
+/// the packer's largest reference cluster.
+pub const MAX_NODES_PER_TEMPLATE: u32 = 20_000;
+
 /// The default of [`NodeSpec::sharing`].
 pub fn node_sharing() -> Vec<SharingMode> {
     vec![SharingMode::Mig, SharingMode::Timeslice, SharingMode::Whole]
@@ -364,10 +368,10 @@ impl Cluster {
                 continue;
             }
             let count = n.count.unwrap_or(1);
-            if count == 0 {
+            if count == 0 || count > MAX_NODES_PER_TEMPLATE {
                 errors.push(FieldError::new(
                     format!("{path}.count"),
-                    "must be at least 1",
+                    format!("must be between 1 and {MAX_NODES_PER_TEMPLATE}, got {count}"),
                 ));
                 continue;
             }

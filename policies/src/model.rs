@@ -920,6 +920,20 @@ impl Model {
             );
         }
 
+        // A zero target can never be met: every request would miss it.
+        for (field, target) in [
+            ("ttftP95", spec.slo.ttft_p95),
+            ("latencyP95", spec.slo.latency_p95),
+            ("queueWaitP95", spec.slo.queue_wait_p95),
+        ] {
+            if target.is_some_and(|t| t.is_zero()) {
+                err(
+                    &format!("spec.slo.{field}"),
+                    "must be more than 0 (leave it out for no target)".into(),
+                );
+            }
+        }
+
         let s = &spec.scaling;
         if s.max_replicas == 0 {
             err("spec.scaling.maxReplicas", "must be at least 1".into());

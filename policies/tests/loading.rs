@@ -460,3 +460,27 @@ fn a_demand_outside_the_policys_bounds_is_located() {
         assert_eq!(b.demand.unwrap()["m"], n);
     }
 }
+
+#[test]
+fn an_absurd_node_template_is_located() {
+    let text = cluster_file(
+        "
+    - name: t
+      count: 20001
+      gpuModel: H100-80GB
+      gpuCount: 8
+",
+    );
+    let p = problems("cluster.yaml", &text);
+    assert_eq!(located(&p), vec![(8, "spec.nodes[0].count")], "{p:#?}");
+    let fine = text.replace("count: 20001", "count: 20000");
+    assert!(load_sources(&[(Path::new("cluster.yaml"), fine.as_str())]).is_ok());
+}
+
+#[test]
+fn a_zero_slo_target_is_located() {
+    let policy = format!("{POLICY}  slo: {{ttftP95: 0s, latencyP95: 2s}}\n");
+    let p = problems("m.yaml", &policy);
+    assert_eq!(located(&p), vec![(10, "spec.slo.ttftP95")], "{p:#?}");
+    assert!(p[0].message.contains("more than 0"), "{}", p[0].message);
+}

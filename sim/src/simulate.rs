@@ -328,27 +328,27 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {:?}{} with the default tuning; the packer re-plans on every change (time limit {:?}, improvement {:?}), moving running replicas at most once per {:?} (consolidateEvery) and keeping them in place otherwise", spec.tick, if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, spec.pack_time_limit, spec.pack_improve_limit, spec.consolidate_every),
+        format!("recommend() per model every {}{} with the default tuning; the packer re-plans on every change (time limit {}, improvement {}), moving running replicas at most once per {} (consolidateEvery) and keeping them in place otherwise", show(spec.tick), if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, show(spec.pack_time_limit), show(spec.pack_improve_limit), show(spec.consolidate_every)),
     );
     settings.insert(
         "hpa".into(),
         format!(
-            "External metric, AverageValue = targetQueueDepth (gateway in flight + waiting per replica); sync {:?}, tolerance {}, scrape every {:?} read {:?} later; up: max({} %, {} pods) per {:?}, window {:?}; down: {} % per {:?}, window {:?}; minReplicas ≥ 1",
-            hpa.sync, hpa.tolerance, hpa.scrape, hpa.lag, hpa.up_percent, hpa.up_pods, hpa.up_period, hpa.up_window, hpa.down_percent, hpa.down_period, hpa.down_window
+            "External metric, AverageValue = targetQueueDepth (gateway in flight + waiting per replica); sync {}, tolerance {}, scrape every {} read {} later; up: max({} %, {} pods) per {}, window {}; down: {} % per {}, window {}; minReplicas ≥ 1",
+            show(hpa.sync), hpa.tolerance, show(hpa.scrape), show(hpa.lag), hpa.up_percent, hpa.up_pods, show(hpa.up_period), show(hpa.up_window), hpa.down_percent, show(hpa.down_period), show(hpa.down_window)
         ),
     );
     settings.insert(
         "keda".into(),
         format!(
-            "the HPA above; pollingInterval {:?}, activation above activationQueueDepth, cooldownPeriod {:?}, to zero where minReplicas is 0",
-            keda.polling, keda.cooldown
+            "the HPA above; pollingInterval {}, activation above activationQueueDepth, cooldownPeriod {}, to zero where minReplicas is 0",
+            show(keda.polling), show(keda.cooldown)
         ),
     );
     settings.insert(
         "knative".into(),
         format!(
-            "KPA: stable window {:?}, panic window {:?}, panic threshold {} %, target {} × maxConcurrency per replica, scale-up rate ≤ {}×, down ≤ {}× per {:?} tick, to zero after {:?} grace; the activator wakes a model at zero on its first request",
-            kpa.stable_window, kpa.panic_window, kpa.panic_threshold * 100.0, kpa.target_utilization, kpa.max_scale_up_rate, kpa.max_scale_down_rate, kpa.tick, kpa.scale_to_zero_grace
+            "KPA: stable window {}, panic window {}, panic threshold {} %, target {} × maxConcurrency per replica, scale-up rate ≤ {}×, down ≤ {}× per {} tick, to zero after {} grace; the activator wakes a model at zero on its first request",
+            show(kpa.stable_window), show(kpa.panic_window), kpa.panic_threshold * 100.0, kpa.target_utilization, kpa.max_scale_up_rate, kpa.max_scale_down_rate, show(kpa.tick), show(kpa.scale_to_zero_grace)
         ),
     );
     settings.insert(
@@ -403,5 +403,14 @@ fn simulate_with(
         policies,
         runs: figures,
         curves,
+    }
+}
+
+/// A setting's duration as people write it (`0s`, not `0ns`).
+fn show(d: std::time::Duration) -> String {
+    if d.is_zero() {
+        "0s".into()
+    } else {
+        format!("{d:?}")
     }
 }

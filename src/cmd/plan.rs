@@ -23,7 +23,7 @@ pub struct Args {
     /// `minReplicas`. Without it, every model gets `minReplicas`.
     #[arg(long)]
     pub demand: Option<PathBuf>,
-    /// An earlier plan (JSON) to re-plan from: its placement is the current
+    /// An earlier plan (JSON or YAML) to re-plan from: its placement is the current
     /// state. Without it, the cluster file's GPU states are.
     #[arg(long)]
     pub current: Option<PathBuf>,
@@ -190,8 +190,16 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     if let Some(path) = &args.current {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let earlier: Plan = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a plan in JSON", path.display()))?;
+        // JSON (`--format json`) or YAML (`--format yaml`): the same plan.
+        let earlier: Plan = match serde_json::from_str(&text) {
+            Ok(plan) => plan,
+            Err(json) => serde_yaml_ng::from_str(&text).map_err(|yaml| {
+                anyhow::anyhow!(
+                    "{}: not a plan in JSON ({json}) or YAML ({yaml})",
+                    path.display()
+                )
+            })?,
+        };
         // Replicas on nodes the cluster no longer has are planned again
         // (a node drained and deleted); a plan that shares no node with
         // the cluster was made for another one.
@@ -258,11 +266,22 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         models = bundle.models.len(),
         "packing"
     );
+    let now = args.now.unwrap_or_else(std::time::SystemTime::now);
+    // A job submitted after `now` is not in the queue yet (a scheduler
+    // cannot know of it): it is left out, and said so.
+    bundle.jobs.retain(|j| match j.spec.submitted_at {
+        Some(t) if t > now => {
+            tracing::warn!(
+                job = %j.name,
+                submitted_at = %humantime::format_rfc3339_seconds(t),
+                "submitted after --now: not in the queue yet, left out of the plan"
+            );
+            false
+        }
+        _ => true,
+    });
     tracing::info!(jobs = bundle.jobs.len(), "training jobs");
-    let queue = gang::queue::Queue::new(
-        bundle.queue.clone().unwrap_or_default(),
-        args.now.unwrap_or_else(std::time::SystemTime::now),
-    );
+    let queue = gang::queue::Queue::new(bundle.queue.clone().unwrap_or_default(), now);
     let mut plan = gang::joint::plan(
         &cluster,
         &bundle.models,
@@ -374,10 +393,14 @@ fn finish(args: &Args, plan: &mut Plan) -> anyhow::Result<ExitCode> {
 }
 
 fn table(plan: &Plan, mip_gap: f64) -> String {
-    let mut out = format!(
-        "{:<12} {:>3}  {:<11} {:<9} {:<44} REPLICAS\n",
-        "NODE", "GPU", "MODEL", "MODE", "CONFIGURATION"
-    );
+    let mut rows: Vec<[String; 6]> = vec![[
+        "NODE".into(),
+        "GPU".into(),
+        "MODEL".into(),
+        "MODE".into(),
+        "CONFIGURATION".into(),
+        "REPLICAS".into(),
+    ]];
     let mut idle = 0;
     for g in &plan.gpus {
         if g.mode == Mode::Idle {
@@ -419,15 +442,31 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
                 _ => format!("{}#{}", r.model, r.replica),
             }))
             .collect();
-        out.push_str(&format!(
-            "{:<12} {:>3}  {:<11} {:<9} {:<44} {}\n",
-            g.node,
-            g.index,
-            g.gpu_model,
+        rows.push([
+            g.node.clone(),
+            g.index.to_string(),
+            g.gpu_model.clone(),
             format!("{:?}", g.mode).to_lowercase(),
             config,
-            replicas.join(", ")
-        ));
+            replicas.join(", "),
+        ]);
+    }
+    // Each column as wide as its widest cell (in characters: `×`, `≤`).
+    let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..5).map(width).collect();
+    let pad = |text: &str, w: usize, right: bool| {
+        let fill = " ".repeat(w.saturating_sub(text.chars().count()));
+        if right {
+            format!("{fill}{text}")
+        } else {
+            format!("{text}{fill}")
+        }
+    };
+    let mut out = String::new();
+    for r in &rows {
+        let cells: Vec<String> = (0..5).map(|c| pad(&r[c], widths[c], c == 1)).collect();
+        out.push_str(format!("{}  {}\n", cells.join("  "), r[5]).trim_end());
+        out.push('\n');
     }
     out.push_str(&format!("({idle} GPUs idle)\n\n"));
     out.push_str(&format!(
@@ -442,7 +481,7 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
             // The solver's own bound (after its cuts and branching) is
             // tighter than the LP's: it proved the gap, the LP cannot show it.
             (true, false) => format!(
-                "optimal within --mip-gap ({:.1} %) of the solver's own bound, which is tighter than the LP's",
+                "optimal within --mip-gap ({:.1} %) by the solver's own bound; the LP bound is looser",
                 mip_gap * 100.0
             ),
             (false, _) => "best found within limits".to_string(),

@@ -23,7 +23,7 @@ pub struct Args {
     /// Wanted inference replicas (`kind: Demand`; default `minReplicas`).
     #[arg(long)]
     pub demand: Option<PathBuf>,
-    /// An earlier plan (JSON) as the current state.
+    /// An earlier plan (JSON or YAML) as the current state.
     #[arg(long)]
     pub current: Option<PathBuf>,
     /// The time to plan at (RFC 3339; default: now).

@@ -136,6 +136,19 @@ fn summary(
             a.spec.admin
         ));
     }
+    if let Some(d) = &bundle.demand {
+        out.push_str(&format!(
+            "demand: {} replicas of {} models\n",
+            d.values().sum::<u32>(),
+            d.len()
+        ));
+    }
+    for s in &bundle.scenarios {
+        out.push_str(&format!(
+            "scenario {}: its cluster, policies and traces load\n",
+            s.display()
+        ));
+    }
     out.push_str("ok\n");
     out
 }
