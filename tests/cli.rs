@@ -27,6 +27,22 @@ fn errors(out: &Output) -> String {
     String::from_utf8(out.stderr.clone()).unwrap()
 }
 
+/// A one-GPU TrainingJob `name` with `extra` spec lines, in a fresh
+/// temporary folder named by `tag`: (the folder, the file's path).
+fn job_file(tag: &str, name: &str, extra: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("gpuscale-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {name}}}\nspec:\n  workers: 1\n  gpusPerWorker: 1\n{extra}"
+        ),
+    )
+    .unwrap();
+    (dir, file.to_string_lossy().to_string())
+}
+
 #[test]
 fn validate_examples_succeeds() {
     let out = gpuscale(&["validate", "examples/"]);
@@ -753,15 +769,7 @@ fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
     );
 
     // A job that names a partition the queue does not have: located.
-    let dir = std::env::temp_dir().join(format!("gpuscale-queue-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.yaml");
-    std::fs::write(
-        &bad,
-        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: lost}\nspec:\n  workers: 1\n  gpusPerWorker: 1\n  partition: nowhere\n",
-    )
-    .unwrap();
-    let bad_text = bad.to_string_lossy().to_string();
+    let (dir, bad_text) = job_file("queue", "lost", "  partition: nowhere\n");
     let out = gpuscale(&[
         "queue",
         "--cluster",
@@ -918,15 +926,7 @@ fn a_current_plan_made_for_another_cluster_is_refused() {
 
 #[test]
 fn a_job_submitted_after_now_is_left_out_with_a_warning() {
-    let dir = std::env::temp_dir().join(format!("gpuscale-future-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let job = dir.join("later.yaml");
-    std::fs::write(
-        &job,
-        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: later}\nspec:\n  workers: 1\n  gpusPerWorker: 1\n  submittedAt: 2030-01-01T00:00:00Z\n",
-    )
-    .unwrap();
-    let job_text = job.to_string_lossy().to_string();
+    let (dir, job_text) = job_file("future", "later", "  submittedAt: 2030-01-01T00:00:00Z\n");
     let out = gpuscale(&[
         "queue",
         "--cluster",
