@@ -327,6 +327,39 @@ fn plan_table_emit_and_replan_from_an_earlier_plan() {
     let again: serde_json::Value = serde_json::from_slice(&gpuscale(&args).stdout).unwrap();
     assert_eq!(again["moves"], 0);
     assert_eq!(again["reconfigured_gpus"], 0);
+    // One more Llama-8B replica: a free re-plan may move others to save
+    // more than the gap (27 on this example); kept on top of what runs,
+    // nothing moves and all 15 are placed.
+    let more = dir.join("more.yaml");
+    std::fs::write(
+        &more,
+        std::fs::read_to_string("examples/demand.yaml")
+            .unwrap()
+            .replace("llama-3-1-8b: 14", "llama-3-1-8b: 15"),
+    )
+    .unwrap();
+    let more_text = more.to_string_lossy().to_string();
+    let mut kept_args = PLAN_ARGS.to_vec();
+    kept_args[6] = more_text.as_str();
+    kept_args.extend([
+        "--format",
+        "json",
+        "--current",
+        earlier_text.as_str(),
+        "--keep-running",
+    ]);
+    let kept: serde_json::Value = serde_json::from_slice(&gpuscale(&kept_args).stdout).unwrap();
+    assert_eq!(kept["moves"], 0, "{}", kept["moves"]);
+    let llama = kept["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "llama-3-1-8b")
+        .unwrap();
+    assert_eq!(
+        (llama["placed"].as_u64(), llama["wanted"].as_u64()),
+        (Some(15), Some(15))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -40,6 +40,12 @@ pub struct Args {
     /// Also run the baselines (whole GPU per replica; first-fit decreasing).
     #[arg(long)]
     pub compare: bool,
+    /// Re-planning, keep every running replica where it is and add what is
+    /// missing on top (re-solve only when that cannot place them all), as
+    /// the autoscaler does between consolidations. Without it a re-plan
+    /// moves replicas whenever that saves more than the MIP gap.
+    #[arg(long)]
+    pub keep_running: bool,
     /// Solver time limit.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub time_limit: Duration,
@@ -259,6 +265,7 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         fractional_memory_headroom: args.isolated_headroom,
         fractional_max_shares: args.hami_split_count,
         solver_log: args.solver_log,
+        keep_running: args.keep_running,
         ..PackOptions::default()
     };
     tracing::info!(
