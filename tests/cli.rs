@@ -490,6 +490,13 @@ fn gateway_config(listen: &str, admin: &str) -> String {
 
 #[test]
 fn a_taken_traffic_port_is_a_clear_error_and_exit_2() {
+    // One port for both listeners: both named, not "another process".
+    let out = gateway_that_must_exit(&gateway_config("127.0.0.1:28998", "127.0.0.1:28998"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("are both 127.0.0.1:28998"),
+        "{out:?}"
+    );
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let out = gateway_that_must_exit(&gateway_config(&addr, "127.0.0.1:0"), &[]);
@@ -829,10 +836,18 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let out = gpuscale(&["up", "--port", &port, "--duration", "1s"]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!("127.0.0.1:{port}")) && err.contains("--port"),
+        "{err}"
+    );
+    // One port for two flags: both named.
+    let out = gpuscale(&["up", "--port", "28999", "--admin-port", "28999"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--port and --admin-port are both 127.0.0.1:28999"),
         "{err}"
     );
     // An unknown load pattern: the choices, exit 2 (clap's usage error).

@@ -185,3 +185,32 @@ async fn three_gateways_share_each_replicas_limit_and_their_queues_add_up() {
         g.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn a_token_the_gateway_refuses_is_found_before_any_registration() {
+    let g = gateway().await;
+    let base = format!("http://{}", g.admin);
+    // The right token: accepted (the probe changes nothing).
+    let right = GatewayClient::new(&base).with_token(TOKEN).unwrap();
+    right.check_admin_access().await.unwrap();
+    let listed = right.replica_list().await.unwrap();
+    assert!(
+        listed.values().all(|r| r.is_empty()),
+        "the probe registered nothing: {listed:?}"
+    );
+    // A wrong token, and none: refused, with the reason.
+    let wrong = GatewayClient::new(&base)
+        .with_token("a-wrong-token-of-enough-length")
+        .unwrap();
+    let e = wrong.check_admin_access().await.unwrap_err().to_string();
+    assert!(e.contains("refuses the admin token (401)"), "{e}");
+    let e = GatewayClient::new(&base)
+        .check_admin_access()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("401"), "{e}");
+    g.shutdown().await;
+    // A gateway that does not answer (yet): no error.
+    right.check_admin_access().await.unwrap();
+}

@@ -170,6 +170,44 @@ impl GatewayClient {
         Ok(self)
     }
 
+    /// Whether every instance that answers takes this client's changes:
+    /// a `POST /v1/replicas` with an empty body (authentication comes
+    /// before the body is read, so an accepted token gets 400 and nothing
+    /// changes). A 401 (the token is wrong or missing) or a 403 (the
+    /// gateway has no token, so it takes no changes) is an error: every
+    /// registration would be refused and retried for ever. An instance
+    /// that does not answer yet is no error (it may still be starting).
+    pub async fn check_admin_access(&self) -> Result<(), ObserveError> {
+        for base in self.bases().iter() {
+            let Ok((status, text)) = self
+                .call(
+                    base,
+                    Method::POST,
+                    "/v1/replicas",
+                    Some(serde_json::json!({})),
+                )
+                .await
+            else {
+                continue;
+            };
+            let why = match status {
+                StatusCode::UNAUTHORIZED => {
+                    "refuses the admin token (401): check spec.gateway.adminTokenFile \
+                     (or the token file given) against the gateway's"
+                }
+                StatusCode::FORBIDDEN => {
+                    "takes no changes (403): the gateway has no admin token configured"
+                }
+                _ => continue,
+            };
+            return Err(ObserveError::Gateway {
+                url: format!("{base}/v1/replicas"),
+                message: format!("{why} ({})", String::from_utf8_lossy(&text).trim()),
+            });
+        }
+        Ok(())
+    }
+
     fn request(&self, method: Method, url: &str) -> http::request::Builder {
         let mut b = Request::builder().method(method).uri(url);
         if let Some(a) = &self.authorization {

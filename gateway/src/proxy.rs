@@ -368,6 +368,7 @@ async fn handle_inner(
                 tried.push(permit.replica);
                 tracing::debug!(model = %model.settings.name, "{e}");
                 if tried.len() as u32 > spec.upstream.retries {
+                    shared.failed_request(&model);
                     return (
                         bad_gateway("could not connect to a replica"),
                         Some(model.clone()),
@@ -376,6 +377,7 @@ async fn handle_inner(
                 match shared.retry_elsewhere(permit, &tried) {
                     Some(p) => permit = p,
                     None => {
+                        shared.failed_request(&model);
                         return (
                             bad_gateway("could not connect to a replica"),
                             Some(model.clone()),
@@ -385,11 +387,13 @@ async fn handle_inner(
             }
             Some(Err(e)) => {
                 shared.failed(&model, permit.replica);
+                shared.failed_request(&model);
                 tracing::debug!(model = %model.settings.name, replica = %permit.endpoint, "{e}");
                 return (bad_gateway("the replica failed"), Some(model.clone()));
             }
             None => {
                 shared.failed(&model, permit.replica);
+                shared.failed_request(&model);
                 return (
                     local(
                         StatusCode::GATEWAY_TIMEOUT,

@@ -175,6 +175,15 @@ impl Handles {
 }
 
 impl ModelState {
+    /// A miss on the targets counted when the answer is known (latency,
+    /// TTFT); the queue wait was counted when the request left the queue.
+    pub(crate) fn missed_after_admission(&self) {
+        let h = &self.handles;
+        for c in [&h.slo_latency, &h.slo_ttft].into_iter().flatten() {
+            c.missed.inc();
+        }
+    }
+
     /// The index of one of the model's adapters.
     pub fn adapter_id(&self, name: &str) -> Option<u16> {
         self.settings
@@ -457,6 +466,13 @@ impl Shared {
         }
     }
 
+    /// The request was admitted (its queue wait counted) and then failed
+    /// at the replica (the gateway answers 502 or 504): it misses the
+    /// latency and TTFT targets, as a refused request misses them all.
+    pub fn failed_request(&self, model: &ModelState) {
+        model.missed_after_admission();
+    }
+
     fn rejected(&self, model: &ModelState, r: Reject) -> Reject {
         // A refused request misses every target its model declares.
         let h = &model.handles;
@@ -704,11 +720,19 @@ impl Permit {
     }
 
     /// The response's last byte went out at `now`: records the latency
-    /// since admission.
-    pub fn record_latency(&self, now: Instant) {
+    /// since admission. A replica's server error (`ok` false) is an
+    /// answer but not a good one: it misses the latency target however
+    /// fast it came.
+    pub fn record_latency(&self, now: Instant, ok: bool) {
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
         lock(&self.model.stats).latency.record(now, seconds);
         self.model.handles.latency.observe(seconds);
+        if !ok {
+            if let Some(c) = &self.model.handles.slo_latency {
+                c.missed.inc();
+            }
+            return;
+        }
         // The SLO is end to end: from arrival, the queue wait included.
         let total = now.saturating_duration_since(self.arrived).as_secs_f64();
         SloCounter::count(&self.model.handles.slo_latency, total);

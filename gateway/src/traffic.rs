@@ -451,8 +451,11 @@ impl Connection {
                     tracing::debug!("relaying a response: {e}");
                     if !head_sent {
                         // Nothing reached the client yet: it gets a 502,
-                        // not a connection closed without a word.
-                        drop(permit);
+                        // not a connection closed without a word (and the
+                        // request misses its latency and TTFT targets).
+                        if let Some(p) = permit.take() {
+                            p.model().missed_after_admission();
+                        }
                         let mut answer = local_error(
                             StatusCode::BAD_GATEWAY,
                             "upstream_error",
@@ -473,7 +476,7 @@ impl Connection {
                 }
             }
             if ended && let Some(p) = permit.take() {
-                p.record_latency(Instant::now());
+                p.record_latency(Instant::now(), !head.status.is_server_error());
             }
             let mut line = [0u8; 18];
             let mut parts: [&[u8]; 5] = [&[]; 5];

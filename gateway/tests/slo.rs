@@ -79,3 +79,30 @@ async fn each_request_meets_or_misses_each_declared_target() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_request_the_replica_fails_misses_its_latency_target() {
+    // The only replica's port is closed: the gateway answers 502, and the
+    // request (admitted, its queue wait met) misses the latency target.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    let s = spec(vec![model("m", &[dead], 1)]);
+    let mut settings = Settings::from_spec("t", s, &[policy()]).unwrap();
+    settings.admin_token = Some(gpuscale_gateway::auth::AdminToken::from_secret(TOKEN).unwrap());
+    let gw = gpuscale_gateway::start(settings).await.unwrap();
+    let answer = post_model(gw.traffic, "/v1/completions", "m").await;
+    assert_eq!(answer.status, 502);
+    let text = metrics(gw.admin).await;
+    let count = |slo: &str, result: &str| {
+        sample(
+            &text,
+            &format!(
+                "gpuscale_slo_requests_total{{model=\"m\",slo=\"{slo}\",result=\"{result}\"}}"
+            ),
+        )
+    };
+    assert_eq!(count("latency", "missed"), Some(1.0), "{text}");
+    assert_eq!(count("latency", "met").unwrap_or(0.0), 0.0, "{text}");
+    gw.shutdown().await;
+}

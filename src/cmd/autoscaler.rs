@@ -175,6 +175,14 @@ impl Loop {
             Some(s) => GatewayClient::new_many(bases).with_token(s)?,
             None => GatewayClient::new_many(bases),
         };
+        // An external gateway that will refuse every registration is a
+        // start-up error, not a replica count stuck at 0 behind retries.
+        if gateway.is_none() {
+            client
+                .check_admin_access()
+                .await
+                .context("the gateway's admin API")?;
+        }
         let backend = match kind {
             Backend::Local => {
                 anyhow::ensure!(
@@ -337,9 +345,27 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "--listen and --gateway-admin apply to the embedded gateway (spec.gateway.config)"
             );
-            return Ok(ExitCode::from(1));
+            return Ok(ExitCode::from(2));
         }
         None => {}
+    }
+    // Each listener its own port (port 0, "any free one", excepted): the
+    // clash named by its flags (or fields), not an "address in use".
+    let mut listeners = vec![("--admin (spec.admin)", settings.spec.admin)];
+    if let Some(k) = settings.spec.keda {
+        listeners.push(("--keda (spec.keda)", k));
+    }
+    if let Some(g) = &gateway_settings {
+        listeners.push(("--listen (the gateway's spec.listen)", g.spec.listen));
+        listeners.push(("--gateway-admin (the gateway's spec.admin)", g.spec.admin));
+    }
+    for (i, (fa, a)) in listeners.iter().enumerate() {
+        for (fb, b) in &listeners[i + 1..] {
+            if a == b && a.port() != 0 {
+                eprintln!("{fa} and {fb} are both {a}: give each its own port");
+                return Ok(ExitCode::from(2));
+            }
+        }
     }
     let secret = match admin_secret(
         args.admin_token_file.as_deref(),

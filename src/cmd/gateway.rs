@@ -37,6 +37,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(a) = args.admin {
         settings.spec.admin = a;
     }
+    if settings.spec.listen == settings.spec.admin && settings.spec.listen.port() != 0 {
+        eprintln!(
+            "--listen (spec.listen) and --admin (spec.admin) are both {}: give each its own port",
+            settings.spec.listen
+        );
+        return Ok(ExitCode::from(2));
+    }
     if let Some(f) = &args.admin_token_file {
         match gpuscale_gateway::auth::AdminToken::from_file(f) {
             Ok(t) => settings.admin_token = Some(t),

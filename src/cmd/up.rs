@@ -166,11 +166,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     if !(args.speedup.is_finite() && args.speedup >= 1.0) {
         eprintln!("--speedup must be at least 1, got {}", args.speedup);
-        return Ok(ExitCode::from(1));
+        return Ok(ExitCode::from(2));
     }
     if !(args.rate.is_finite() && args.rate > 0.0) {
         eprintln!("--rate must be above 0, got {}", args.rate);
-        return Ok(ExitCode::from(1));
+        return Ok(ExitCode::from(2));
     }
     let mut gateway_settings = match gpuscale_gateway::config::load(&gateway_file) {
         Ok(s) => s,
@@ -184,7 +184,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let traffic = SocketAddr::new(args.bind, args.port);
     let admin = SocketAddr::new(args.bind, args.admin_port);
     let gateway_admin = SocketAddr::new(args.bind, args.gateway_admin_port);
-    for (addr, what, flag) in [
+    let listeners = [
         (traffic, "the traffic port", "--port"),
         (admin, "the admin port and dashboard", "--admin-port"),
         (
@@ -192,10 +192,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             "the gateway's admin port",
             "--gateway-admin-port",
         ),
-    ] {
+    ];
+    // Two flags on one port (port 0, "any free one", excepted).
+    for (i, (a, _, fa)) in listeners.iter().enumerate() {
+        for (b, _, fb) in &listeners[i + 1..] {
+            if a == b && a.port() != 0 {
+                eprintln!("{fa} and {fb} are both {a}: give each its own port");
+                return Ok(ExitCode::from(2));
+            }
+        }
+    }
+    for (addr, what, flag) in listeners {
         if let Err(message) = check_free(addr, what, flag) {
             eprintln!("{message}");
-            return Ok(ExitCode::from(1));
+            return Ok(ExitCode::from(2));
         }
     }
     gateway_settings.spec.listen = traffic;
