@@ -27,6 +27,12 @@ fn errors(out: &Output) -> String {
     String::from_utf8(out.stderr.clone()).unwrap()
 }
 
+/// `out` exited with `code` and its stderr says `says`.
+fn refused(out: &Output, code: i32, says: &str) {
+    assert_eq!(out.status.code(), Some(code), "{}", errors(out));
+    assert!(errors(out).contains(says), "{}", errors(out));
+}
+
 /// A one-GPU TrainingJob `name` with `extra` spec lines, in a fresh
 /// temporary folder named by `tag`: (the folder, the file's path).
 fn job_file(tag: &str, name: &str, extra: &str) -> (std::path::PathBuf, String) {
@@ -905,34 +911,21 @@ fn plan_refuses_inputs_that_would_plan_nothing_or_the_wrong_thing() {
         "--policies",
         &empty_text,
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        errors(&out).contains("no `kind: ModelPolicy` or `kind: TrainingJob` document"),
-        "{}",
-        errors(&out)
+    refused(
+        &out,
+        2,
+        "no `kind: ModelPolicy` or `kind: TrainingJob` document",
     );
     assert!(out.stdout.is_empty());
     // A demand file that holds no Demand.
     let mut args = PLAN_ARGS.to_vec();
     args[6] = "examples/policies/sdxl.yaml";
-    let out = gpuscale(&args);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        errors(&out).contains("no `kind: Demand` document"),
-        "{}",
-        errors(&out)
-    );
+    refused(&gpuscale(&args), 2, "no `kind: Demand` document");
     // A MIP gap outside [0, 1).
     for gap in ["--mip-gap=5", "--mip-gap=nan", "--mip-gap=-0.1"] {
         let mut args = PLAN_ARGS.to_vec();
         args.push(gap);
-        let out = gpuscale(&args);
-        assert_eq!(out.status.code(), Some(2), "--mip-gap {gap}");
-        assert!(
-            errors(&out).contains("--mip-gap must be in [0, 1)"),
-            "{}",
-            errors(&out)
-        );
+        refused(&gpuscale(&args), 2, "--mip-gap must be in [0, 1)");
     }
     let _ = std::fs::remove_dir_all(&empty);
 }
@@ -962,13 +955,7 @@ fn a_current_plan_made_for_another_cluster_is_refused() {
     let mut args = PLAN_ARGS.to_vec();
     args[2] = other_text.as_str();
     args.extend(["--current", earlier_text.as_str()]);
-    let out = gpuscale(&args);
-    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
-    assert!(
-        errors(&out).contains("a plan for another cluster"),
-        "{}",
-        errors(&out)
-    );
+    refused(&gpuscale(&args), 2, "a plan for another cluster");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,6 +24,14 @@ fn policy() -> gpuscale_policies::Model {
     .unwrap()
 }
 
+/// `gpuscale_slo_requests_total` of model `m` for one target and result.
+fn slo_count(text: &str, slo: &str, result: &str) -> Option<f64> {
+    sample(
+        text,
+        &format!("gpuscale_slo_requests_total{{model=\"m\",slo=\"{slo}\",result=\"{result}\"}}"),
+    )
+}
+
 #[tokio::test]
 async fn each_request_meets_or_misses_each_declared_target() {
     let up = gated("a", false).await;
@@ -59,14 +67,7 @@ async fn each_request_meets_or_misses_each_declared_target() {
     assert_eq!(b.await.unwrap().status, 200);
 
     let text = metrics(gw.admin).await;
-    let count = |slo: &str, result: &str| {
-        sample(
-            &text,
-            &format!(
-                "gpuscale_slo_requests_total{{model=\"m\",slo=\"{slo}\",result=\"{result}\"}}"
-            ),
-        )
-    };
+    let count = |slo: &str, result: &str| slo_count(&text, slo, result);
     assert_eq!(count("queue_wait", "met"), Some(2.0), "{text}");
     assert_eq!(count("queue_wait", "missed"), Some(2.0), "{text}");
     assert_eq!(count("latency", "met"), Some(1.0), "{text}");
@@ -94,14 +95,7 @@ async fn a_request_the_replica_fails_misses_its_latency_target() {
     let answer = post_model(gw.traffic, "/v1/completions", "m").await;
     assert_eq!(answer.status, 502);
     let text = metrics(gw.admin).await;
-    let count = |slo: &str, result: &str| {
-        sample(
-            &text,
-            &format!(
-                "gpuscale_slo_requests_total{{model=\"m\",slo=\"{slo}\",result=\"{result}\"}}"
-            ),
-        )
-    };
+    let count = |slo: &str, result: &str| slo_count(&text, slo, result);
     assert_eq!(count("latency", "missed"), Some(1.0), "{text}");
     assert_eq!(count("latency", "met").unwrap_or(0.0), 0.0, "{text}");
     gw.shutdown().await;
