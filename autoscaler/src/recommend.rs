@@ -728,10 +728,16 @@ pub fn recommend(
     if limited != desired {
         // Held at minReplicas with less wanted: that is the bound, whatever
         // the window also says.
+        // (A model that may go to zero is held at 1 by its idle delay,
+        // not by a minReplicas of 1.)
         let what = match limit {
-            Some(l) => l,
-            None if limited == floor && desired < floor => "minReplicas",
-            None => "stabilisation window",
+            Some(l) => l.to_string(),
+            None if limited == floor && desired < floor && scaling.min_replicas == 0 => format!(
+                "to zero once idle for {}s, scaleToZeroAfter",
+                scaling.scale_to_zero_after.as_secs()
+            ),
+            None if limited == floor && desired < floor => "minReplicas".to_string(),
+            None => "stabilisation window".to_string(),
         };
         let _ = write!(reason, " ({desired} wanted; {what})");
     }

@@ -433,6 +433,26 @@ fn scale_to_zero_waits_for_the_cooldown() {
 }
 
 #[test]
+fn one_replica_held_for_the_idle_delay_says_so() {
+    // minReplicas 0: what holds the last replica is scaleToZeroAfter, and
+    // the decision says that, not "minReplicas".
+    let m = model(
+        "    minReplicas: 0\n    maxReplicas: 10\n    targetQueueDepth: 8\n    scaleToZeroAfter: 30s\n",
+    );
+    let mut state = State::new(1);
+    let r = recommend(
+        Some(&queue(0.0)),
+        &m,
+        &Tuning::default(),
+        &mut state,
+        Duration::from_secs(1),
+    );
+    assert_eq!(r.replicas, 1, "{}", r.reason);
+    assert!(r.reason.contains("scaleToZeroAfter"), "{}", r.reason);
+    assert!(!r.reason.contains("minReplicas"), "{}", r.reason);
+}
+
+#[test]
 fn a_metric_outage_never_scales_to_zero() {
     let m = model(
         "    minReplicas: 0\n    maxReplicas: 10\n    targetQueueDepth: 8\n    scaleToZeroAfter: 30s\n",
