@@ -368,7 +368,7 @@ async fn handle_inner(
                 tried.push(permit.replica);
                 tracing::debug!(model = %model.settings.name, "{e}");
                 if tried.len() as u32 > spec.upstream.retries {
-                    shared.failed_request(&model);
+                    model.missed_after_admission();
                     return (
                         bad_gateway("could not connect to a replica"),
                         Some(model.clone()),
@@ -377,7 +377,7 @@ async fn handle_inner(
                 match shared.retry_elsewhere(permit, &tried) {
                     Some(p) => permit = p,
                     None => {
-                        shared.failed_request(&model);
+                        model.missed_after_admission();
                         return (
                             bad_gateway("could not connect to a replica"),
                             Some(model.clone()),
@@ -387,13 +387,13 @@ async fn handle_inner(
             }
             Some(Err(e)) => {
                 shared.failed(&model, permit.replica);
-                shared.failed_request(&model);
+                model.missed_after_admission();
                 tracing::debug!(model = %model.settings.name, replica = %permit.endpoint, "{e}");
                 return (bad_gateway("the replica failed"), Some(model.clone()));
             }
             None => {
                 shared.failed(&model, permit.replica);
-                shared.failed_request(&model);
+                model.missed_after_admission();
                 return (
                     local(
                         StatusCode::GATEWAY_TIMEOUT,

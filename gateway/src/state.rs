@@ -175,8 +175,10 @@ impl Handles {
 }
 
 impl ModelState {
-    /// A miss on the targets counted when the answer is known (latency,
-    /// TTFT); the queue wait was counted when the request left the queue.
+    /// The request was admitted (its queue wait counted) and then failed
+    /// at the replica (the gateway answers 502 or 504): it misses the
+    /// targets counted when the answer is known, latency and TTFT, as a
+    /// refused request misses them all.
     pub(crate) fn missed_after_admission(&self) {
         let h = &self.handles;
         for c in [&h.slo_latency, &h.slo_ttft].into_iter().flatten() {
@@ -464,13 +466,6 @@ impl Shared {
             Ok(slot) => Ok(model.permit(slot, hint, arrived, true)),
             Err(r) => Err(self.rejected(model, r)),
         }
-    }
-
-    /// The request was admitted (its queue wait counted) and then failed
-    /// at the replica (the gateway answers 502 or 504): it misses the
-    /// latency and TTFT targets, as a refused request misses them all.
-    pub fn failed_request(&self, model: &ModelState) {
-        model.missed_after_admission();
     }
 
     fn rejected(&self, model: &ModelState, r: Reject) -> Reject {

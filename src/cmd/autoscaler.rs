@@ -349,8 +349,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         None => {}
     }
-    // Each listener its own port (port 0, "any free one", excepted): the
-    // clash named by its flags (or fields), not an "address in use".
     let mut listeners = vec![("--admin (spec.admin)", settings.spec.admin)];
     if let Some(k) = settings.spec.keda {
         listeners.push(("--keda (spec.keda)", k));
@@ -359,13 +357,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         listeners.push(("--listen (the gateway's spec.listen)", g.spec.listen));
         listeners.push(("--gateway-admin (the gateway's spec.admin)", g.spec.admin));
     }
-    for (i, (fa, a)) in listeners.iter().enumerate() {
-        for (fb, b) in &listeners[i + 1..] {
-            if a == b && a.port() != 0 {
-                eprintln!("{fa} and {fb} are both {a}: give each its own port");
-                return Ok(ExitCode::from(2));
-            }
-        }
+    if let Err(message) = super::one_port_each(&listeners) {
+        eprintln!("{message}");
+        return Ok(ExitCode::from(2));
     }
     let secret = match admin_secret(
         args.admin_token_file.as_deref(),

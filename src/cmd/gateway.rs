@@ -37,11 +37,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(a) = args.admin {
         settings.spec.admin = a;
     }
-    if settings.spec.listen == settings.spec.admin && settings.spec.listen.port() != 0 {
-        eprintln!(
-            "--listen (spec.listen) and --admin (spec.admin) are both {}: give each its own port",
-            settings.spec.listen
-        );
+    if let Err(message) = super::one_port_each(&[
+        ("--listen (spec.listen)", settings.spec.listen),
+        ("--admin (spec.admin)", settings.spec.admin),
+    ]) {
+        eprintln!("{message}");
         return Ok(ExitCode::from(2));
     }
     if let Some(f) = &args.admin_token_file {

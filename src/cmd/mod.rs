@@ -37,6 +37,22 @@ pub fn report_problems<P: std::fmt::Display>(problems: &[P]) -> std::process::Ex
     std::process::ExitCode::from(1)
 }
 
+/// Two listeners given one address (port 0, "any free one", excepted):
+/// the clash named by the flags (or fields) that set them, not a bare
+/// "address in use" when the second one binds.
+pub fn one_port_each(listeners: &[(&str, std::net::SocketAddr)]) -> Result<(), String> {
+    for (i, (fa, a)) in listeners.iter().enumerate() {
+        for (fb, b) in &listeners[i + 1..] {
+            if a == b && a.port() != 0 {
+                return Err(format!(
+                    "{fa} and {fb} are both {a}: give each its own port"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Writes text to stdout; a reader that went away (`gpuscale … | head`)
 /// ends the output quietly instead of panicking.
 pub fn emit(text: &str) -> anyhow::Result<()> {

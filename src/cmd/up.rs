@@ -193,14 +193,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             "--gateway-admin-port",
         ),
     ];
-    // Two flags on one port (port 0, "any free one", excepted).
-    for (i, (a, _, fa)) in listeners.iter().enumerate() {
-        for (b, _, fb) in &listeners[i + 1..] {
-            if a == b && a.port() != 0 {
-                eprintln!("{fa} and {fb} are both {a}: give each its own port");
-                return Ok(ExitCode::from(2));
-            }
-        }
+    let named: Vec<(&str, SocketAddr)> = listeners.iter().map(|(a, _, f)| (*f, *a)).collect();
+    if let Err(message) = super::one_port_each(&named) {
+        eprintln!("{message}");
+        return Ok(ExitCode::from(2));
     }
     for (addr, what, flag) in listeners {
         if let Err(message) = check_free(addr, what, flag) {
