@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use serde::Deserialize;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -714,6 +716,34 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
         group.contains("kind: PodGroup") && group.contains("minMember: 2"),
         "{group}"
     );
+    // Every document kubectl would apply is a whole object: vit-pretrain's
+    // workers are Pods made from its template (image and command kept),
+    // reranker-train, which has none, gets PodTemplates.
+    let kinds = |job: &str| -> Vec<(String, serde_json::Value)> {
+        let text = std::fs::read_to_string(dir.join(format!("gangs/{job}.yaml"))).unwrap();
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| {
+                let v =
+                    serde_json::to_value(serde_yaml_ng::Value::deserialize(d).unwrap()).unwrap();
+                assert!(v["apiVersion"].is_string(), "{job}: {v:#}");
+                (v["kind"].as_str().unwrap().to_string(), v)
+            })
+            .collect()
+    };
+    let vit_docs = kinds("vit-pretrain");
+    let names: Vec<&str> = vit_docs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["PodGroup", "Pod", "Pod"]);
+    for (_, pod) in &vit_docs[1..] {
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(c["image"], "nvcr.io/nvidia/pytorch:24.10-py3", "{pod:#}");
+        assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], 8);
+        assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    }
+    let names: Vec<String> = kinds("reranker-train")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(names, ["PodGroup", "PodTemplate"]);
 
     // Re-plan from that plan: the gangs run on where they are.
     let earlier = dir.join("plan.json");

@@ -750,6 +750,7 @@ pub fn to_job(j: &JobDef, submitted_epoch_s: f64) -> TrainingJob {
         account: Some(j.account.clone()),
         submitted_at: Some(at(submitted_epoch_s)),
         started_at: None,
+        template: None,
     };
     TrainingJob::from_spec(&j.name, &spec, &Catalog::builtin()).expect("a valid generated job")
 }

@@ -18,6 +18,7 @@ use gpuscale_policies::inventory::{ClusterSpec, GpuState, NodeSpec, Workload};
 use gpuscale_policies::training::{Topology, TopologyLevel, TopologyMode, TrainingJobSpec};
 use gpuscale_policies::{Catalog, Cluster, Priority, SharingMode, TrainingJob};
 use proptest::prelude::*;
+use serde::Deserialize;
 
 /// (name, GPU model, GPUs, rack, zone, NVLink domain, running: (GPU, job)).
 type NodeDef<'a> = (
@@ -96,6 +97,7 @@ fn job(name: &str, j: J) -> TrainingJob {
         account: None,
         submitted_at: None,
         started_at: None,
+        template: None,
     };
     TrainingJob::from_spec(name, &spec, &Catalog::builtin()).expect("valid job")
 }
@@ -631,10 +633,12 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
     assert_eq!(docs[0]["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
     assert_eq!(docs[0]["spec"]["minMember"], 2);
     assert_eq!(docs.len(), 3);
+    // Without a worker template, each worker's placement is a PodTemplate.
+    assert!(docs[1..].iter().all(|d| d["kind"] == "PodTemplate"));
     let nodes: BTreeSet<&str> = docs[1..]
         .iter()
         .map(|d| {
-            d["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            d["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
                 ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
                 .as_str()
                 .unwrap()
@@ -642,16 +646,16 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
         .collect();
     assert_eq!(nodes, BTreeSet::from(["a0", "a1"]));
     assert_eq!(
-        docs[1]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
+        docs[1]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
         "gpuscale.io/rack"
     );
     assert_eq!(
-        docs[1]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"],
+        docs[1]["template"]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"],
         "g"
     );
     let volcano = artefacts::kubernetes(&gangs[0], "ml", artefacts::GangScheduler::Volcano);
     assert_eq!(volcano[0]["apiVersion"], "scheduling.volcano.sh/v1beta1");
-    assert_eq!(volcano[1]["spec"]["schedulerName"], "volcano");
+    assert_eq!(volcano[1]["template"]["spec"]["schedulerName"], "volcano");
     let s = artefacts::sbatch(&gangs[0]).unwrap();
     for line in [
         "#SBATCH --nodes=2",
@@ -663,6 +667,179 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
     ] {
         assert!(s.contains(line), "{line} missing from\n{s}");
     }
+}
+
+/// A job with a worker template, as a user writes it: its own node
+/// affinity term (a zone), a sidecar, GPUs asked for on the second
+/// container, labels of its own.
+const TEMPLATED: &str = r#"
+workers: 2
+gpusPerWorker: 8
+gpuModels: [H100-80GB]
+topology: {level: rack, mode: required}
+template:
+  metadata:
+    labels: {app: trainer, gpuscale.io/worker: "spoofed"}
+  spec:
+    affinity:
+      nodeAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+          - matchExpressions:
+            - {key: topology.kubernetes.io/zone, operator: In, values: [z0]}
+    containers:
+    - name: log-shipper
+      image: fluent-bit:3
+    - name: trainer
+      image: registry.example/trainer:1.2
+      command: [torchrun, train.py]
+      resources:
+        limits: {nvidia.com/gpu: 8, memory: 200Gi}
+"#;
+
+#[test]
+fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
+    use k8s_openapi::api::core::v1::{Pod, PodTemplate};
+    let c = topo_cluster(vec![
+        ("a0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("a1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("b0", "H100-80GB", 8, "r1", "z1", None, vec![]),
+    ]);
+    let spec: TrainingJobSpec = serde_yaml_ng::from_str(TEMPLATED).unwrap();
+    let j = TrainingJob::from_spec("t", &spec, &Catalog::builtin()).expect("valid job");
+    let gangs = place(&c, &[j, job("bare", simple(1, 8, TopologyLevel::Node))]);
+    let t = by_name(&gangs, "t");
+    let files = artefacts::files(&gangs, "ml", artefacts::GangScheduler::Coscheduling).unwrap();
+    let text = &files.iter().find(|(p, _)| p == "gangs/t.yaml").unwrap().1;
+    // The file kubectl applies: the PodGroup, then two Pods, each a
+    // valid core/v1 Pod.
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| serde_json::Value::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 3);
+    assert_eq!(docs[0]["kind"], "PodGroup");
+    let mut nodes = BTreeSet::new();
+    for (i, d) in docs[1..].iter().enumerate() {
+        let pod: Pod = serde_json::from_value(d.clone()).expect("a core/v1 Pod");
+        assert_eq!(d["apiVersion"], "v1");
+        assert_eq!(d["kind"], "Pod");
+        let meta = &pod.metadata;
+        assert_eq!(meta.name.as_deref(), Some(format!("t-worker-{i}").as_str()));
+        assert_eq!(meta.namespace.as_deref(), Some("ml"));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels["app"], "trainer", "the template's labels stay");
+        assert_eq!(
+            labels["gpuscale.io/worker"],
+            i.to_string(),
+            "the plan's win"
+        );
+        assert_eq!(labels["scheduling.x-k8s.io/pod-group"], "t");
+        let spec = pod.spec.unwrap();
+        assert_eq!(
+            spec.scheduler_name.as_deref(),
+            Some("scheduler-plugins-scheduler")
+        );
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        // The template's zone term and the planned node, ANDed in one term.
+        let terms = spec
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let exprs = terms[0].match_expressions.as_ref().unwrap();
+        assert_eq!(exprs.len(), 2);
+        assert_eq!(exprs[0].key, "topology.kubernetes.io/zone");
+        assert_eq!(exprs[1].key, "kubernetes.io/hostname");
+        let node = exprs[1].values.as_ref().unwrap()[0].clone();
+        assert_eq!(node, t.workers[i].node);
+        nodes.insert(node);
+        // GPUs on the container that asked for them; the sidecar has none.
+        assert_eq!(spec.containers.len(), 2);
+        assert!(spec.containers[0].resources.is_none());
+        let limits = spec.containers[1]
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap();
+        assert_eq!(limits["nvidia.com/gpu"].0, "8");
+        assert_eq!(limits["memory"].0, "200Gi");
+        assert_eq!(
+            spec.containers[1].image.as_deref(),
+            Some("registry.example/trainer:1.2")
+        );
+    }
+    assert_eq!(nodes, BTreeSet::from(["a0".to_string(), "a1".to_string()]));
+    // A job without a template: PodTemplates, valid core/v1 objects too.
+    let bare = artefacts::kubernetes(
+        by_name(&gangs, "bare"),
+        "ml",
+        artefacts::GangScheduler::Volcano,
+    );
+    assert_eq!(bare.len(), 2);
+    let pt: PodTemplate = serde_json::from_value(bare[1].clone()).expect("a core/v1 PodTemplate");
+    let tspec = pt.template.unwrap().spec.unwrap();
+    assert_eq!(tspec.scheduler_name.as_deref(), Some("volcano"));
+    assert_eq!(
+        tspec.containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()["nvidia.com/gpu"]
+            .0,
+        "8"
+    );
+}
+
+#[test]
+fn worker_templates_that_fight_the_placement_are_refused() {
+    let with = |template: &str| {
+        let y = format!("workers: 1\ngpusPerWorker: 4\ntemplate:\n{template}");
+        let spec: TrainingJobSpec = serde_yaml_ng::from_str(&y).unwrap();
+        match TrainingJob::from_spec("j", &spec, &Catalog::builtin()) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.path).collect::<Vec<_>>(),
+        }
+    };
+    assert_eq!(with("  metadata: {labels: {a: b}}"), ["spec.template.spec"]);
+    assert_eq!(
+        with("  spec: {containers: []}"),
+        ["spec.template.spec.containers"]
+    );
+    assert_eq!(
+        with("  spec: {containers: [{name: w}]}"),
+        ["spec.template.spec.containers[0].image"]
+    );
+    assert_eq!(
+        with("  spec: {nodeName: n1, containers: [{name: w, image: i}]}"),
+        ["spec.template.spec.nodeName"]
+    );
+    assert_eq!(
+        with(
+            "  spec: {containers: [{name: w, image: i, resources: {limits: {nvidia.com/gpu: 8}}}]}"
+        ),
+        ["spec.template.spec.containers[0].resources.limits.nvidia.com/gpu"]
+    );
+    assert_eq!(
+        with(
+            "  spec: {containers: [{name: a, image: i, resources: {limits: {nvidia.com/gpu: 4}}}, \
+             {name: b, image: i, resources: {requests: {nvidia.com/gpu: 4}}}]}"
+        ),
+        ["spec.template.spec.containers[1].resources"]
+    );
+    assert!(
+        with(
+            "  spec: {containers: [{name: w, image: i, resources: {limits: {nvidia.com/gpu: 4}}}]}"
+        )
+        .is_empty()
+    );
 }
 
 // Random clusters and jobs: what every placement must hold.

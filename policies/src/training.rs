@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +127,82 @@ pub struct TrainingJobSpec {
     )]
     #[schemars(with = "Option<String>")]
     pub started_at: Option<SystemTime>,
+    /// The worker pods' template (a Kubernetes `PodTemplateSpec`: image,
+    /// command, environment, volumes). With it, `plan --emit` writes one
+    /// complete `Pod` per placed worker; without it, one `PodTemplate`
+    /// holding the placement, to merge into the job's own template. The
+    /// placement (GPU limit, node affinity, scheduler, gang labels) is
+    /// added to it; the template must not set a node or a GPU count of
+    /// its own that disagrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub template: Option<Box<PodTemplateSpec>>,
+}
+
+/// The GPU resource a worker's container asks the device plugin for.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// What a worker pod template must satisfy for the placement to be
+/// added to it: containers with images (a `Pod` needs one), no node of
+/// its own (`nodeName` bypasses the scheduler and the gang), and at most
+/// one container asking for GPUs, for `gpus_per_worker` if it says.
+fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let Some(spec) = &t.spec else {
+        errors.push(FieldError::new(
+            "spec.template.spec",
+            "a worker template needs a pod spec with at least one container",
+        ));
+        return errors;
+    };
+    if spec.containers.is_empty() {
+        errors.push(FieldError::new(
+            "spec.template.spec.containers",
+            "a worker template needs at least one container",
+        ));
+    }
+    if spec.node_name.is_some() {
+        errors.push(FieldError::new(
+            "spec.template.spec.nodeName",
+            "gpuscale places each worker on its node; a fixed node would bypass the gang scheduler",
+        ));
+    }
+    let mut asking = 0;
+    for (i, c) in spec.containers.iter().enumerate() {
+        if c.image.as_deref().is_none_or(|s| s.trim().is_empty()) {
+            errors.push(FieldError::new(
+                format!("spec.template.spec.containers[{i}].image"),
+                "a worker pod needs an image",
+            ));
+        }
+        let Some(r) = &c.resources else { continue };
+        let mut asks = false;
+        for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+            let Some(q) = map.as_ref().and_then(|m| m.get(GPU_RESOURCE)) else {
+                continue;
+            };
+            asks = true;
+            if q.0.trim() != gpus_per_worker.to_string() {
+                errors.push(FieldError::new(
+                    format!("spec.template.spec.containers[{i}].resources.{kind}.{GPU_RESOURCE}"),
+                    format!(
+                        "`{}` disagrees with spec.gpusPerWorker ({gpus_per_worker}); leave it out and the plan sets it",
+                        q.0
+                    ),
+                ));
+            }
+        }
+        if asks {
+            asking += 1;
+            if asking > 1 {
+                errors.push(FieldError::new(
+                    format!("spec.template.spec.containers[{i}].resources"),
+                    format!("only one container of a worker may ask for {GPU_RESOURCE}"),
+                ));
+            }
+        }
+    }
+    errors
 }
 
 /// A partition of the training queue, as Slurm's: which GPUs its jobs may
@@ -573,6 +650,9 @@ impl TrainingJob {
                     spec.workers.saturating_mul(spec.gpus_per_worker)
                 ),
             ));
+        }
+        if let Some(t) = &spec.template {
+            errors.extend(check_template(t, spec.gpus_per_worker));
         }
         if errors.is_empty() {
             Ok(TrainingJob {

@@ -7,20 +7,24 @@
 //!   (`scheduling.volcano.sh/v1beta1`, pods annotated
 //!   `scheduling.k8s.io/group-name`, `schedulerName: volcano`), both with
 //!   `minMember` = workers.
-//! - Per worker, a pod template fragment (`metadata` and `spec`, the shape
-//!   of a `PodTemplateSpec`, to merge into the job's own template: it has
-//!   no image): `nvidia.com/gpu` limits, a required node affinity on
-//!   `kubernetes.io/hostname` to the planned node, the gang scheduler's
-//!   `schedulerName` (`scheduler-plugins-scheduler`, the name
+//! - Per worker, its placement: `nvidia.com/gpu` limits, a required node
+//!   affinity on `kubernetes.io/hostname` to the planned node, the gang
+//!   scheduler's `schedulerName` (`scheduler-plugins-scheduler`, the name
 //!   scheduler-plugins installs its second scheduler under, or `volcano`),
 //!   and the planned GPU indices as the annotation `gpuscale.io/gpus`.
+//!   A job with a worker template (`spec.template`) gets one complete
+//!   `v1/Pod` per worker, the template with the placement added; a job
+//!   without one gets a `v1/PodTemplate` per worker holding the placement
+//!   (the API server keeps it; a container image is optional in a
+//!   template), to merge into the job's own launcher. Either way the file
+//!   is a list of real objects that `kubectl apply -f gangs/` accepts.
 //! - Kueue's topology-aware scheduling annotations on the pod template:
 //!   `kueue.x-k8s.io/podset-required-topology` (or `-preferred-`) with the
 //!   node label of the level ([`level_label`]).
 //! - The `sbatch` directives of the same placement.
 
-use gpuscale_policies::training::{TopologyLevel, TopologyMode};
-use serde_json::json;
+use gpuscale_policies::training::{GPU_RESOURCE, TopologyLevel, TopologyMode};
+use serde_json::{Map, Value, json};
 
 use super::{GangPlan, GangStatus};
 
@@ -48,8 +52,8 @@ pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
     }
 }
 
-/// The gang's Kubernetes objects: the PodGroup, then one pod snippet per
-/// worker (placed gangs only; a waiting gang gets its PodGroup alone, so
+/// The gang's Kubernetes objects: the PodGroup, then one `Pod` (or
+/// `PodTemplate`) per worker (placed gangs only; a waiting gang gets its PodGroup alone, so
 /// the scheduler holds its pods).
 pub fn kubernetes(
     g: &GangPlan,
@@ -101,34 +105,115 @@ pub fn kubernetes(
     };
     for w in &g.workers {
         labels.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
-        let mut spec = json!({
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{
-                    "key": "kubernetes.io/hostname",
-                    "operator": "In",
-                    "values": [w.node],
-                }]}],
-            }}},
-            "containers": [{
-                "name": "worker",
-                "resources": {"limits": {"nvidia.com/gpu": w.gpus.len()}},
-            }],
-        });
-        spec["schedulerName"] = json!(scheduler_name);
         let mut annotations = annotations.clone();
         let gpus: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
         annotations.insert("gpuscale.io/gpus".into(), json!(gpus.join(",")));
-        out.push(json!({
-            "metadata": {
-                "name": format!("{}-worker-{}", g.name, w.worker),
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": annotations,
-            },
-            "spec": spec,
-        }));
+        let name = format!("{}-worker-{}", g.name, w.worker);
+        let placement = Placement {
+            node: &w.node,
+            gpus: w.gpus.len(),
+            scheduler_name,
+        };
+        out.push(match &g.template {
+            Some(t) => worker_pod(t, &name, namespace, &labels, &annotations, &placement),
+            None => json!({
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": annotations},
+                    "spec": placement.onto(json!({"containers": [{"name": "worker"}]})),
+                },
+            }),
+        });
     }
     out
+}
+
+/// Where one worker runs, as the pod spec says it.
+struct Placement<'a> {
+    node: &'a str,
+    gpus: usize,
+    scheduler_name: &'a str,
+}
+
+impl Placement<'_> {
+    /// `spec` with the placement added: the gang scheduler, the node as a
+    /// required node affinity (ANDed into every term the spec already has,
+    /// since terms are ORed), and the GPUs on the container that asks for
+    /// them (the first if none does; the job's check allows one at most).
+    fn onto(&self, mut spec: Value) -> Value {
+        spec["schedulerName"] = json!(self.scheduler_name);
+        let on_node = json!({
+            "key": "kubernetes.io/hostname",
+            "operator": "In",
+            "values": [self.node],
+        });
+        let required =
+            &mut spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+        match required["nodeSelectorTerms"].as_array_mut() {
+            Some(terms) if !terms.is_empty() => {
+                for term in terms {
+                    match term["matchExpressions"].as_array_mut() {
+                        Some(e) => e.push(on_node.clone()),
+                        None => term["matchExpressions"] = json!([on_node.clone()]),
+                    }
+                }
+            }
+            _ => required["nodeSelectorTerms"] = json!([{"matchExpressions": [on_node]}]),
+        }
+        if let Some(containers) = spec["containers"].as_array_mut()
+            && !containers.is_empty()
+        {
+            let asks = |c: &Value| {
+                ["limits", "requests"]
+                    .iter()
+                    .any(|k| c["resources"][k].get(GPU_RESOURCE).is_some())
+            };
+            let i = containers.iter().position(asks).unwrap_or(0);
+            let resources = &mut containers[i]["resources"];
+            resources["limits"][GPU_RESOURCE] = json!(self.gpus);
+            if resources["requests"].get(GPU_RESOURCE).is_some() {
+                resources["requests"][GPU_RESOURCE] = json!(self.gpus);
+            }
+        }
+        spec
+    }
+}
+
+/// A worker's complete `Pod`: the job's template with the placement
+/// added, its name and namespace set, and the gang's labels and
+/// annotations over the template's. A template without a restart policy
+/// gets `Never` (a bare pod's default, `Always`, would run a finished
+/// worker's training again).
+fn worker_pod(
+    template: &Value,
+    name: &str,
+    namespace: &str,
+    labels: &Map<String, Value>,
+    annotations: &Map<String, Value>,
+    placement: &Placement<'_>,
+) -> Value {
+    let mut metadata = match template.get("metadata") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    metadata.remove("generateName");
+    metadata.insert("name".into(), json!(name));
+    metadata.insert("namespace".into(), json!(namespace));
+    for (key, ours) in [("labels", labels), ("annotations", annotations)] {
+        let mut merged = match metadata.get(key) {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        merged.extend(ours.clone());
+        metadata.insert(key.into(), Value::Object(merged));
+    }
+    let mut spec = placement.onto(template.get("spec").cloned().unwrap_or_else(|| json!({})));
+    if spec.get("restartPolicy").is_none() {
+        spec["restartPolicy"] = json!("Never");
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 
 /// `sbatch` directives for the same placement (placed gangs): one task
@@ -167,7 +252,7 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
 }
 
 /// Files for `gpuscale plan --emit DIR`: `gangs/<job>.yaml` (the
-/// PodGroup and worker snippets) and `gangs/<job>.sbatch`.
+/// PodGroup and the workers' objects) and `gangs/<job>.sbatch`.
 pub fn files(
     gangs: &[GangPlan],
     namespace: &str,

@@ -154,6 +154,10 @@ pub struct GangPlan {
     /// `end_s`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<Reserved>,
+    /// The job's worker pod template (`spec.template`, as JSON), for
+    /// `--emit`; not part of the plan's JSON.
+    #[serde(skip)]
+    pub template: Option<serde_json::Value>,
 }
 
 impl GangPlan {
@@ -720,6 +724,11 @@ pub(crate) fn decorate(g: &mut GangPlan, q: &queue::Queue, job: &TrainingJob, sc
     g.partition = q.partition_name(job);
     g.account = job.spec.account.clone();
     g.priority_score = score;
+    g.template = job
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| serde_json::to_value(t).ok());
 }
 
 /// The plan of a gang that starts on `choice`.
