@@ -432,6 +432,75 @@ fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
 }
 
 #[test]
+fn a_preempted_job_is_requeued_at_its_priority_ahead_of_lower_jobs() {
+    // n0's 8 GPUs run `victim` (standard). `urgent` (critical) preempts it;
+    // `low` (sheddable) waits too. Requeued as Slurm's PreemptMode=REQUEUE
+    // does, `victim` is reserved the GPUs when `urgent` ends, and `low`
+    // only after `victim` — never the other way round.
+    let c = topo_cluster(vec![(
+        "n0",
+        "H100-80GB",
+        8,
+        "r0",
+        "z0",
+        None,
+        (0..8).map(|i| (i, "victim")).collect(),
+    )]);
+    let jobs = vec![
+        job("victim", simple(1, 8, TopologyLevel::Node)),
+        job(
+            "urgent",
+            J {
+                priority: Priority::Critical,
+                ..simple(1, 8, TopologyLevel::Node)
+            },
+        ),
+        job(
+            "low",
+            J {
+                priority: Priority::Sheddable,
+                ..simple(1, 8, TopologyLevel::Node)
+            },
+        ),
+    ];
+    let gangs = place(&c, &jobs);
+    let (u, v, l) = (
+        by_name(&gangs, "urgent"),
+        by_name(&gangs, "victim"),
+        by_name(&gangs, "low"),
+    );
+    assert_eq!(u.status, GangStatus::Starting, "{gangs:#?}");
+    assert_eq!(v.status, GangStatus::Preempted);
+    assert!(v.reason.contains("preempted by `urgent`"), "{}", v.reason);
+    assert_eq!(
+        v.start_s, u.end_s,
+        "reserved when `urgent` ends: {gangs:#?}"
+    );
+    assert_eq!(l.status, GangStatus::Pending);
+    assert_eq!(l.start_s, v.end_s, "`low` after `victim`: {gangs:#?}");
+    // A re-plan with `urgent` running keeps the order.
+    let c2 = topo_cluster(vec![(
+        "n0",
+        "H100-80GB",
+        8,
+        "r0",
+        "z0",
+        None,
+        (0..8).map(|i| (i, "urgent")).collect(),
+    )]);
+    let replan = place(&c2, &jobs);
+    assert_eq!(by_name(&replan, "urgent").status, GangStatus::Running);
+    assert_eq!(
+        by_name(&replan, "victim").start_s,
+        by_name(&replan, "urgent").end_s
+    );
+    assert_eq!(
+        by_name(&replan, "low").start_s,
+        by_name(&replan, "victim").end_s
+    );
+}
+
+#[test]
 fn equal_priority_and_non_preemptible_work_is_never_preempted() {
     let c = topo_cluster(vec![(
         "n0",
@@ -1464,10 +1533,11 @@ fn a_job_below_a_reservation_never_preempts_its_way_onto_the_reserved_gpus() {
 
 #[test]
 fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() {
-    // `p` (critical, 1 × 8) could preempt `v` (2 × 4 on a and b) and take
-    // node a's 4 sheddable inference GPUs — but the model's minReplicas
-    // are all it has, so the guard sends `p` back to wait. `v` runs on,
-    // and nothing else may have been given `v`'s GPUs meanwhile.
+    // `p` (critical, 1 × 8) could preempt `v` (2 × 2 on a and b) and take
+    // node a's 6 sheddable inference GPUs — but the model's minReplicas
+    // are all it has, and the 2 GPUs `v` frees on b cannot hold them, so
+    // the guard sends `p` back to wait. `v` runs on, and nothing else may
+    // have been given `v`'s GPUs meanwhile.
     let q = q0();
     let run = |i: u32, j: &'static str| (i, j);
     let c = topo_cluster(vec![
@@ -1478,7 +1548,7 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
             "r1",
             "z1",
             None,
-            (0..4).map(|i| run(i, "v")).collect(),
+            (0..2).map(|i| run(i, "v")).collect(),
         ),
         (
             "b",
@@ -1488,7 +1558,7 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
             "z1",
             None,
             (0..8)
-                .map(|i| run(i, if i < 4 { "v" } else { "w" }))
+                .map(|i| run(i, if i < 2 { "v" } else { "w" }))
                 .collect(),
         ),
         (
@@ -1506,12 +1576,12 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
         j
     };
     let jobs = vec![
-        started(job("v", simple(2, 4, TopologyLevel::Rack))),
+        started(job("v", simple(2, 2, TopologyLevel::Rack))),
         started(job(
             "w",
             J {
                 preemptible: false,
-                ..simple(1, 4, TopologyLevel::Node)
+                ..simple(1, 6, TopologyLevel::Node)
             },
         )),
         started(job(
@@ -1530,10 +1600,10 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
         ),
         job("l", simple(1, 4, TopologyLevel::Node)),
     ];
-    let models = vec![whole_model("inf", Priority::Sheddable, 4)];
-    let plan = joint_plan(&c, &models, &jobs, &[("inf", 4)]);
+    let models = vec![whole_model("inf", Priority::Sheddable, 6)];
+    let plan = joint_plan(&c, &models, &jobs, &[("inf", 6)]);
     assert_never_shared(&plan);
-    assert_eq!(plan.models[0].placed, 4);
+    assert_eq!(plan.models[0].placed, 6);
     assert_eq!(
         by_name(&plan.gangs, "v").status,
         GangStatus::Running,

@@ -254,6 +254,18 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
         Some("TrainingJob") => {
             let env: Envelope<TrainingJobSpec> = typed(doc)?;
             named(&env.metadata)?;
+            // The name is a label value on every worker
+            // (`gpuscale.io/training-job`, the PodGroup's label): at most
+            // 63 characters.
+            if env.metadata.name.len() > 63 {
+                return Err(doc.problem(
+                    "metadata.name",
+                    format!(
+                        "a TrainingJob's name labels its worker pods, and a label value has at most 63 characters; this one has {}",
+                        env.metadata.name.len()
+                    ),
+                ));
+            }
             Ok(Parsed::Job(env.metadata.name, env.spec))
         }
         Some("Cluster") => {
@@ -451,7 +463,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 match TrainingJob::from_spec(name, spec, &catalog) {
                     Ok(j) => {
                         if let Some((_, c)) = &cluster {
-                            problems.extend(check_job_fits_cluster(doc, &j, c));
+                            problems.extend(check_job_fits_cluster(doc, &j, c, queue.as_ref()));
                         }
                         if let Some(q) = &queue {
                             problems.extend(located(doc, q.check_job(&j)));
@@ -614,37 +626,99 @@ fn check_model_fits_cluster(
     })
 }
 
-fn check_job_fits_cluster(doc: &Document, j: &TrainingJob, c: &Cluster) -> Option<Problem> {
-    let per_worker = j.spec.gpus_per_worker;
-    let fits = j.gpu_models.iter().any(|g| {
-        let nodes_big_enough = c
-            .nodes
-            .iter()
-            .filter(|n| &n.gpu_model == g && n.gpus.len() as u32 >= per_worker)
-            .count() as u32;
-        let workers_per_node_ok = |n: &crate::inventory::Node| n.gpus.len() as u32 / per_worker;
-        let capacity: u32 = c
-            .nodes
-            .iter()
-            .filter(|n| &n.gpu_model == g)
-            .map(workers_per_node_ok)
-            .sum();
-        let single_node_ok = j.spec.topology.level != TopologyLevel::Node
-            || j.spec.topology.mode == TopologyMode::Preferred
-            || c.max_gpus_per_node(g) >= j.total_gpus();
-        nodes_big_enough > 0 && capacity >= j.spec.workers && single_node_ok
-    });
-    (!fits).then(|| {
-        doc.problem(
+/// Whether the job could ever run on the cluster, were it empty: enough
+/// nodes of one of its GPU models, within its partition's nodes and GPU
+/// models, within one domain of its required topology level. The first
+/// of these that fails is the problem, at the field that causes it.
+fn check_job_fits_cluster(
+    doc: &Document,
+    j: &TrainingJob,
+    c: &Cluster,
+    queue: Option<&TrainingQueueSpec>,
+) -> Option<Problem> {
+    let per_worker = j.spec.gpus_per_worker.max(1);
+    let partition = queue.and_then(|q| q.partition_of(j));
+    // The most workers one domain holds, for each GPU model: nodes grouped
+    // by their label at `level` (a node without one is a domain alone).
+    let most = |level: TopologyLevel, in_partition: bool| -> u32 {
+        let mut best = 0;
+        for g in &j.gpu_models {
+            let mut per: BTreeMap<String, u32> = BTreeMap::new();
+            for n in c.nodes.iter().filter(|n| &n.gpu_model == g) {
+                if in_partition
+                    && let Some(p) = partition
+                    && !((p.nodes.is_empty() || p.nodes.contains(&n.name))
+                        && (p.gpu_models.is_empty() || p.gpu_models.contains(g)))
+                {
+                    continue;
+                }
+                let own = || format!("node:{}", n.name);
+                let key = match level {
+                    TopologyLevel::Node => n.name.clone(),
+                    TopologyLevel::NvlinkDomain => n.nvlink_domain.clone().unwrap_or_else(own),
+                    TopologyLevel::Rack => n.rack.clone().unwrap_or_else(own),
+                    TopologyLevel::Zone => n.zone.clone().unwrap_or_else(own),
+                    TopologyLevel::Any => String::new(),
+                };
+                *per.entry(key).or_default() += n.gpus.len() as u32 / per_worker;
+            }
+            best = best.max(per.into_values().max().unwrap_or(0));
+        }
+        best
+    };
+    let needs = format!(
+        "`{}` needs {} worker{} × {} GPUs of {}",
+        j.name,
+        j.spec.workers,
+        if j.spec.workers == 1 { "" } else { "s" },
+        per_worker,
+        if j.spec.gpu_models.is_empty() {
+            "one model".to_string()
+        } else {
+            format!("[{}]", j.gpu_models.join(", "))
+        }
+    );
+    let workers = j.spec.workers;
+    if most(TopologyLevel::Any, false) < workers {
+        return Some(doc.problem(
             "spec.workers",
             format!(
-                "`{}` needs {} workers × {} GPUs of [{}]; cluster `{}` cannot hold that many even when empty",
-                j.name,
-                j.spec.workers,
-                per_worker,
-                j.gpu_models.join(", "),
+                "{needs}; cluster `{}` cannot hold that many even when empty",
                 c.name
             ),
-        )
-    })
+        ));
+    }
+    if let Some(p) = partition {
+        let fit = most(TopologyLevel::Any, true);
+        if fit < workers {
+            return Some(doc.problem(
+                if j.spec.partition.is_some() {
+                    "spec.partition"
+                } else {
+                    "spec.workers"
+                },
+                format!(
+                    "{needs}; partition `{}` (its nodes and GPU models) holds at most {fit} such worker{} even when empty",
+                    p.name,
+                    if fit == 1 { "" } else { "s" },
+                ),
+            ));
+        }
+    }
+    let level = j.spec.topology.level;
+    if j.spec.topology.mode == TopologyMode::Required && level != TopologyLevel::Any {
+        let fit = most(level, true);
+        if fit < workers {
+            return Some(doc.problem(
+                "spec.topology.level",
+                format!(
+                    "{needs} in one {level} (required); the largest {level} of cluster `{}`{} holds {fit} such worker{} even when empty: use a wider level, or `mode: preferred`",
+                    c.name,
+                    partition.map_or(String::new(), |p| format!(" in partition `{}`", p.name)),
+                    if fit == 1 { "" } else { "s" },
+                ),
+            ));
+        }
+    }
+    None
 }

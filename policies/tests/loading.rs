@@ -484,3 +484,79 @@ fn a_zero_slo_target_is_located() {
     assert_eq!(located(&p), vec![(10, "spec.slo.ttftP95")], "{p:#?}");
     assert!(p[0].message.contains("more than 0"), "{}", p[0].message);
 }
+
+#[test]
+fn a_gang_no_domain_or_partition_can_ever_hold_is_located() {
+    // Two 8-GPU H100 nodes, each its own NVLink domain, one rack.
+    let cluster = cluster_file(
+        "
+    - {name: a, gpuModel: H100-80GB, gpuCount: 8, rack: r0, nvlinkDomain: d0}
+    - {name: b, gpuModel: H100-80GB, gpuCount: 8, rack: r0, nvlinkDomain: d1}
+",
+    );
+    let job = |spec: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 2\n  gpusPerWorker: 8\n{spec}"
+        )
+    };
+    let queue = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: TrainingQueue
+metadata: {name: q}
+spec:
+  partitions:
+    - {name: small, nodes: [a]}
+    - {name: all, default: true}
+";
+    let run = |job: &str| -> Vec<String> {
+        match load_sources(&[
+            (Path::new("c.yaml"), cluster.as_str()),
+            (Path::new("q.yaml"), queue),
+            (Path::new("j.yaml"), job),
+        ]) {
+            Ok(_) => Vec::new(),
+            Err(p) => p.0.iter().map(|p| p.to_string()).collect(),
+        }
+    };
+    // Required NVLink domain: each holds one 8-GPU worker.
+    let p = run(&job("  topology: {level: nvlink-domain, mode: required}\n"));
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("j.yaml:7:14: spec.topology.level:")
+            && p[0].contains("holds 1 such worker"),
+        "{}",
+        p[0]
+    );
+    // Preferred, or a rack (both nodes): it can run.
+    assert!(
+        run(&job(
+            "  topology: {level: nvlink-domain, mode: preferred}\n"
+        ))
+        .is_empty()
+    );
+    assert!(run(&job("  topology: {level: rack, mode: required}\n")).is_empty());
+    // A partition of one node never holds two workers.
+    let p = run(&job("  partition: small\n"));
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("j.yaml:7:")
+            && p[0].contains("spec.partition")
+            && p[0].contains("`small`"),
+        "{}",
+        p[0]
+    );
+    assert!(run(&job("  partition: all\n")).is_empty());
+}
+
+#[test]
+fn a_training_job_name_too_long_for_a_label_is_located() {
+    let name = "j".repeat(64);
+    let text = format!(
+        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: {name}\nspec: {{workers: 1, gpusPerWorker: 1}}\n"
+    );
+    let p = problems("j.yaml", &text);
+    assert_eq!(located(&p), [(4, "metadata.name")], "{p:#?}");
+    assert!(p[0].message.contains("63"), "{}", p[0].message);
+    let ok = text.replace(&name, &"j".repeat(63));
+    assert!(load_sources(&[(Path::new("j.yaml"), ok.as_str())]).is_ok());
+}

@@ -459,13 +459,14 @@ pub fn place(
     // Slurm's PriorityTier is strict: a higher tier's jobs go first, then
     // the multifactor score.
     let tier = |j: &TrainingJob| q.spec.partition_of(j).map_or(0, |p| p.priority_tier);
-    pending.sort_by(|(a, _), (b, _)| {
-        tier(&jobs[*b])
-            .cmp(&tier(&jobs[*a]))
-            .then(score[*b].total_cmp(&score[*a]))
-            .then(jobs[*b].total_gpus().cmp(&jobs[*a].total_gpus()))
-            .then(jobs[*a].name.cmp(&jobs[*b].name))
-    });
+    let order = |a: usize, b: usize| {
+        tier(&jobs[b])
+            .cmp(&tier(&jobs[a]))
+            .then(score[b].total_cmp(&score[a]))
+            .then(jobs[b].total_gpus().cmp(&jobs[a].total_gpus()))
+            .then(jobs[a].name.cmp(&jobs[b].name))
+    };
+    pending.sort_by(|(a, _), (b, _)| order(*a, *b));
     // GPUs each partition's jobs hold.
     let mut in_partition: BTreeMap<String, u32> = BTreeMap::new();
     for (ji, gpus) in &runs {
@@ -473,13 +474,19 @@ pub fn place(
             .entry(q.partition_name(&jobs[*ji]))
             .or_default() += gpus.len() as u32;
     }
-    let mut preempted: BTreeMap<usize, String> = BTreeMap::new();
+    // Jobs preempted in this pass: requeued at their own priority, as
+    // Slurm's `PreemptMode=REQUEUE` does, so they get a reservation (or
+    // start elsewhere) in turn.
+    let mut preempted: BTreeSet<usize> = BTreeSet::new();
     let mut from_inference = BTreeSet::new();
     let mut started: Vec<GangPlan> = Vec::new();
     let mut waiting: Vec<GangPlan> = Vec::new();
     // Jobs above the current one that hold a reservation.
     let mut reserved_above: Vec<(String, f64)> = Vec::new();
-    for (ji, note) in pending {
+    let mut next = 0;
+    while next < pending.len() {
+        let (ji, note) = pending[next].clone();
+        next += 1;
         let mut job = jobs[ji].clone();
         let allowed = q.allowed_nodes(cluster, &job);
         if let Some(p) = q.spec.partition_of(&job)
@@ -504,6 +511,9 @@ pub fn place(
                         ),
                     ),
                 );
+                if preempted.contains(&ji) {
+                    p.status = GangStatus::Preempted;
+                }
                 decorate(&mut p, q, &job, score[ji]);
                 waiting.push(p);
                 continue;
@@ -574,15 +584,19 @@ pub fn place(
                     if let Some(u) = in_partition.get_mut(&q.partition_name(&jobs[v.job])) {
                         *u = u.saturating_sub(gpus.len() as u32);
                     }
-                    preempted.insert(
-                        v.job,
-                        format!(
-                            "preempted by `{}` ({} priority, {} GPUs)",
-                            job.name,
-                            format!("{:?}", job.spec.priority).to_lowercase(),
-                            job.total_gpus()
-                        ),
+                    preempted.insert(v.job);
+                    let why = format!(
+                        "preempted by `{}` ({} priority, {} GPUs)",
+                        job.name,
+                        format!("{:?}", job.spec.priority).to_lowercase(),
+                        job.total_gpus()
                     );
+                    // Back in the queue among the jobs not yet placed.
+                    let at = pending[next..]
+                        .iter()
+                        .position(|(o, _)| order(v.job, *o).is_lt())
+                        .map_or(pending.len(), |i| next + i);
+                    pending.insert(at, (v.job, why));
                 }
                 let mut per: BTreeMap<usize, i64> = BTreeMap::new();
                 let mut from_inf: BTreeMap<usize, i64> = BTreeMap::new();
@@ -624,6 +638,9 @@ pub fn place(
             None => {
                 let why = solve::why_waiting(cluster, &job, &usable, &takeable, &victims);
                 let mut p = pending_plan(&job, with_note(&note, why));
+                if preempted.contains(&ji) {
+                    p.status = GangStatus::Preempted;
+                }
                 decorate(&mut p, q, &job, score[ji]);
                 // The earliest start the profile allows: a reservation.
                 for t in timeline.times_after(now) {
@@ -697,12 +714,6 @@ pub fn place(
         g.start_s = job.spec.started_at.map(queue::epoch);
         g.end_s = Some(q.end_s(job));
         gangs.push(g);
-    }
-    for (ji, why) in preempted {
-        let mut p = pending_plan(&jobs[ji], why);
-        p.status = GangStatus::Preempted;
-        decorate(&mut p, q, &jobs[ji], score[ji]);
-        gangs.push(p);
     }
     gangs.extend(started);
     gangs.extend(waiting);

@@ -382,11 +382,12 @@ pub fn why_waiting(
         l => format!("any one {l}"),
     };
     let mut s = format!(
-        "waits: needs {} worker{} × {} GPUs of [{}]; {scope} has room for {best_free} free",
+        "waits: needs {} worker{} × {} GPUs of [{}]; {scope} has room for {best_free} such worker{} on free GPUs",
         job.spec.workers,
         if job.spec.workers == 1 { "" } else { "s" },
         gpw,
-        job.gpu_models.join(", ")
+        job.gpu_models.join(", "),
+        if best_free == 1 { "" } else { "s" },
     );
     if best_all > best_free {
         s.push_str(&format!(
