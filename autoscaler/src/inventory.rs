@@ -15,6 +15,7 @@
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
 //! | annotation `hami.io/node-nvidia-register` (HAMi's device plugin: per GPU `UUID,count,MiB,cores,type,numa,health[,mode,index]:`, or a JSON list with `count`) | HAMi's `deviceSplitCount` on the node, its fewest `count` (only where the node may be `fractional`; at most 1000; without one, the packer's `spec.packer.hamiSplitCount`) |
 //! | label `nvidia.com/device-plugin.config` (`timeslice-N`, `mps-N`, `mig-<profile>-timeslice-N`: the names gpuscale writes) | how many shares the device plugin makes of each GPU or instance now |
+//! | any other pod bound to the node that holds GPU devices (training workers, other teams' servers; all namespaces) | the GPU it most likely holds (a free one for whole GPUs; for a MIG instance or a share, a GPU set up for it with the fewest of gpuscale's replicas) marked unhealthy, with a note naming the pod: never planned on, never set up again |
 //! | gpuscale's pods (`gpuscale.io/model`, `spec.nodeName`, device limits, HAMi's annotations) | what runs where ([`Held`]): `nvidia.com/mig-<profile>` an instance of that profile, `nvidia.com/mig-<profile>.shared` a share of one and `nvidia.com/gpu.shared` a share of a time-sliced or MPS GPU (the least shared, as the device plugin hands replicas out), `nvidia.com/gpu: N` with HAMi's `nvidia.com/gpumem` (or `-percentage`) a fractional share of N GPUs (where HAMi's `hami.io/vgpu-devices-allocated` says, else as its binpack would), `nvidia.com/gpu: N` alone N whole GPUs |
 //!
 //! Where a reading measures less memory than the catalogue assumes (a
@@ -154,6 +155,11 @@ pub struct Holding {
     pub model: String,
     /// The devices its containers hold.
     pub held: Vec<Held>,
+    /// `namespace/name` of a pod gpuscale does not manage (training
+    /// workers, another team's servers): its devices are nobody's to plan
+    /// with, so the GPUs it holds are kept out of every plan. `None` for
+    /// gpuscale's own pods (`model` is then theirs).
+    pub foreign: Option<String>,
 }
 
 /// HAMi's record of the devices it gave each container:
@@ -248,7 +254,9 @@ fn hami_allocated(record: &str) -> Vec<Vec<(String, u64, u32)>> {
         .collect()
 }
 
-/// What gpuscale's pods hold (those bound to a node and not finished).
+/// What pods bound to a node and not finished hold: gpuscale's (labelled
+/// `app.kubernetes.io/managed-by: gpuscale` with a model) as their
+/// model's replicas, any other pod that holds GPU devices as foreign.
 pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
     let mut out = Vec::new();
     for p in pods {
@@ -260,14 +268,20 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
         let Some(node) = spec.node_name.clone() else {
             continue;
         };
-        let Some(model) = p
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(crate::kubernetes::MODEL_LABEL))
-            .cloned()
-        else {
-            continue;
+        let labels = p.metadata.labels.as_ref();
+        let managed = labels
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .is_some_and(|m| m == crate::kubernetes::MANAGER);
+        let (model, foreign) = match labels.and_then(|l| l.get(crate::kubernetes::MODEL_LABEL)) {
+            Some(m) if managed => (m.clone(), None),
+            _ => (
+                String::new(),
+                Some(format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or("default"),
+                    p.metadata.name.as_deref().unwrap_or("?")
+                )),
+            ),
         };
         let annotation = |k: &str| p.metadata.annotations.as_ref().and_then(|a| a.get(k));
         let uuids: Vec<String> = annotation(gpuscale_packer::emit::HAMI_USE_UUID)
@@ -320,7 +334,15 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
                 Held::Whole(gpus)
             });
         }
-        out.push(Holding { node, model, held });
+        if foreign.is_some() && held.is_empty() {
+            continue;
+        }
+        out.push(Holding {
+            node,
+            model,
+            held,
+            foreign,
+        });
     }
     out
 }
@@ -470,6 +492,7 @@ fn place_holdings(
 ) {
     let mut devices: Vec<(&str, &Held)> = held
         .iter()
+        .filter(|h| h.foreign.is_none())
         .flat_map(|h| h.held.iter().map(|d| (h.model.as_str(), d)))
         .collect();
     devices.sort_by_key(|(_, d)| rank(d));
@@ -556,7 +579,68 @@ fn place_holdings(
             }
         }
     }
+    for h in held {
+        if let Some(pod) = &h.foreign {
+            for d in &h.held {
+                keep_out(node, pod, d, notes);
+            }
+        }
+    }
     node.gpus.sort_by_key(|g| g.index);
+}
+
+/// Keeps a GPU holding `device` of a pod gpuscale does not manage out of
+/// every plan: it is marked unhealthy (never placed on, never set up
+/// again), with a note naming the pod. The device plugin, not the pod,
+/// says which GPU it got, so the inventory picks the one that device most
+/// likely is: a free GPU for a whole one, else a GPU set up for it with
+/// the fewest of gpuscale's replicas (those there are then planned
+/// elsewhere: sharing a GPU with work gpuscale cannot see is not safe).
+fn keep_out(node: &mut NodeSpec, pod: &str, device: &Held, notes: &mut Vec<(String, String)>) {
+    let count = match device {
+        Held::Whole(n) => *n,
+        Held::Fractional(f) => f.gpus,
+        _ => 1,
+    };
+    for _ in 0..count {
+        let usable = |g: &GpuState| g.health == Health::Healthy;
+        let fits = |g: &GpuState| match device {
+            Held::Whole(_) => false,
+            Held::Mig(p) | Held::MigShare(p) => g.geometry.iter().any(|x| &x.profile == p),
+            Held::Share => matches!(g.mode, GpuMode::Timeslice | GpuMode::Mps),
+            Held::Fractional(_) => g.mode == GpuMode::Fractional,
+        };
+        let free = (0..node.gpu_count).find(|&i| is_free(node, i));
+        let shared = node
+            .gpus
+            .iter()
+            .filter(|g| usable(g) && fits(g))
+            .min_by_key(|g| (g.workloads.len(), g.index))
+            .map(|g| g.index);
+        let pick = match device {
+            Held::Whole(_) => free,
+            _ => shared.or(free),
+        };
+        let Some(i) = pick else {
+            notes.push((
+                node.name.clone(),
+                format!("pod {pod}, which gpuscale does not manage, holds a GPU device the node has no room for"),
+            ));
+            return;
+        };
+        let k = match node.gpus.iter().position(|g| g.index == i) {
+            Some(k) => k,
+            None => {
+                node.gpus.push(free_gpu(i));
+                node.gpus.len() - 1
+            }
+        };
+        node.gpus[k].health = Health::Unhealthy;
+        notes.push((
+            node.name.clone(),
+            format!("GPU {i} is held by pod {pod}, which gpuscale does not manage: kept out of every plan"),
+        ));
+    }
 }
 
 /// Whether GPU `i` is free and healthy (a GPU the spec does not list is).

@@ -1445,16 +1445,18 @@ impl Kube {
         Ok(None)
     }
 
-    /// gpuscale's pods in the namespace (one list, by the `managed-by`
-    /// label).
+    /// Every pod bound to a node and not finished, in every namespace (one
+    /// list): gpuscale's say where its replicas run, and any other pod
+    /// that holds GPUs (training workers, other teams' servers) keeps
+    /// those GPUs out of the plans ([`crate::inventory::holdings`]).
     pub async fn pods(&self) -> Result<Vec<Pod>, KubeError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        let api: Api<Pod> = Api::all(self.client.clone());
         Ok(self
             .call(
-                || "list gpuscale's pods".into(),
+                || "list the pods bound to nodes".into(),
                 api.list(
                     &ListParams::default()
-                        .labels(&format!("app.kubernetes.io/managed-by={MANAGER}")),
+                        .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
                 ),
             )
             .await?

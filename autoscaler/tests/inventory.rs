@@ -948,3 +948,78 @@ fn hostile_limits_are_bounded() {
     assert!(inv.notes.iter().any(|(_, n)| n.contains("no room")));
     cluster(&inv.spec);
 }
+
+/// Pods gpuscale does not manage (a training worker in another namespace,
+/// another team's MIG server) keep the GPUs they hold out of every plan;
+/// a pod without GPUs, or finished, holds nothing.
+#[test]
+fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
+    let (nodes, reading) = example();
+    let foreign = |name: &str, limits: serde_json::Value, phase: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml",
+                         "labels": {"volcano.sh/job-name": "train"}},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "worker",
+                     "resources": {"limits": limits}}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    };
+    let pods = [
+        pod(
+            "a",
+            "llama-8b",
+            "gpu-a",
+            json!({"nvidia.com/mig-3g.40gb": "1"}),
+            "Running",
+        ),
+        foreign("trainer-0", json!({"nvidia.com/gpu": "2"}), "Running"),
+        foreign(
+            "other-mig",
+            json!({"nvidia.com/mig-1g.10gb": "1"}),
+            "Running",
+        ),
+        foreign("web", json!({"cpu": "2"}), "Running"),
+        foreign("done", json!({"nvidia.com/gpu": "4"}), "Succeeded"),
+    ];
+    let held = holdings(&pods);
+    assert_eq!(held.len(), 3, "{held:#?}");
+    assert_eq!(held[1].foreign.as_deref(), Some("ml/trainer-0"));
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        &held,
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    let gpus = &c.nodes[0].gpus;
+    let unhealthy: Vec<u32> = gpus
+        .iter()
+        .filter(|g| g.health == Health::Unhealthy)
+        .map(|g| g.index)
+        .collect();
+    // GPU 0 (the only one with a 1g.10gb instance), two free GPUs for the
+    // trainer, and GPU 7 (ECC errors, as before).
+    assert_eq!(unhealthy, [0, 1, 2, 7], "{:#?}", inv.notes);
+    for pod in ["ml/trainer-0", "ml/other-mig"] {
+        assert!(
+            inv.notes.iter().any(|(_, n)| n.contains(pod)),
+            "{pod} named: {:#?}",
+            inv.notes
+        );
+    }
+    // Without them, only GPU 7.
+    let inv = from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), example().1)]),
+        &holdings(&pods[..1]),
+        &Catalog::builtin(),
+    );
+    let c = cluster(&inv.spec);
+    let n = c.nodes[0]
+        .gpus
+        .iter()
+        .filter(|g| g.health == Health::Unhealthy)
+        .count();
+    assert_eq!(n, 1);
+}

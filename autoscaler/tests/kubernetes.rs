@@ -1864,14 +1864,17 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
                               "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
-        // What gpuscale's pods hold: the MIG instance on GPU 0.
+        // What the pods bound to nodes hold: gpuscale's MIG instance on
+        // GPU 0.
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/namespaces/inference/pods?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale",
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed",
             200,
             json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
-                {"metadata": {"name": "llama-x", "labels": {"gpuscale.io/model": "llama"}},
+                {"metadata": {"name": "llama-x", "namespace": "inference",
+                              "labels": {"gpuscale.io/model": "llama",
+                                         "app.kubernetes.io/managed-by": "gpuscale"}},
                  "spec": {"nodeName": "gpu-a", "containers": [{"name": "model-server",
                      "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]},
                  "status": {"phase": "Running"}}]}),
