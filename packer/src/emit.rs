@@ -399,17 +399,24 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
     });
     out.push(("device-plugin-config.yaml".into(), to_yaml(&dp)?));
 
-    let labels: BTreeMap<&str, BTreeMap<&str, String>> = plan
+    // `null` removes a label (as in a JSON merge patch of the node's
+    // `metadata.labels`; `kubectl label node N gpu-`): a node that may run
+    // HAMi but is not used for it this time loses HAMi's device-plugin
+    // label and gets the GPU Operator's device plugin back.
+    let labels: BTreeMap<&str, BTreeMap<&str, Option<String>>> = plan
         .nodes
         .iter()
         .map(|n| {
             let mut labels = BTreeMap::from([
-                ("nvidia.com/mig.config", n.mig_config.clone()),
-                (DEVICE_PLUGIN_CONFIG_LABEL, node_config_name(n)),
+                ("nvidia.com/mig.config", Some(n.mig_config.clone())),
+                (DEVICE_PLUGIN_CONFIG_LABEL, Some(node_config_name(n))),
             ]);
             if n.hami {
-                labels.insert(HAMI_NODE_LABEL.0, HAMI_NODE_LABEL.1.to_string());
-                labels.insert(OPERATOR_DEVICE_PLUGIN_LABEL, "false".to_string());
+                labels.insert(HAMI_NODE_LABEL.0, Some(HAMI_NODE_LABEL.1.to_string()));
+                labels.insert(OPERATOR_DEVICE_PLUGIN_LABEL, Some("false".to_string()));
+            } else if n.hami_capable {
+                labels.insert(HAMI_NODE_LABEL.0, None);
+                labels.insert(OPERATOR_DEVICE_PLUGIN_LABEL, Some("true".to_string()));
             }
             (n.name.as_str(), labels)
         })

@@ -47,7 +47,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use gpuscale_policies::model::PlacementOption;
-use gpuscale_policies::{Cluster, GpuModel, Health, Model};
+use gpuscale_policies::{Cluster, GpuModel, Health, Model, SharingMode};
 
 pub use plan::{
     Baselines, GangSlot, GpuPlan, Mode, ModelPlan, NodePlan, Plan, Pool, Unplaced, Utilization,
@@ -641,6 +641,7 @@ fn figures(
                     replicas: *n,
                 }),
             hami: decoded.hami_nodes.contains(&n.name),
+            hami_capable: n.sharing.contains(&SharingMode::Fractional),
             hami_split_count: decoded
                 .hami_nodes
                 .contains(&n.name)

@@ -175,6 +175,11 @@ pub struct NodePlan {
     /// "false"` so the GPU Operator's does not run beside it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hami: bool,
+    /// Whether the node may run HAMi (its `sharing` allows `fractional`):
+    /// such a node that this plan does not use for HAMi gets its HAMi
+    /// labels removed, in case an earlier plan set them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hami_capable: bool,
     /// On a HAMi node, the most replicas the plan put on one of its GPUs
     /// may reach: the node's `hamiSplitCount`, else the packer's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]

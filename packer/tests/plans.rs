@@ -880,7 +880,7 @@ proptest! {
         let options = PackOptions::default();
         let plan = pack(&cluster, &models, &demand, &options).unwrap();
         check_rules(&plan, &cluster, &models, &options, &demand);
-        check_emitted(&plan);
+        check_emitted(&plan, &cluster);
         let now = plan.apply_to(&cluster);
         let again = pack(&now, &models, &demand, &options).unwrap();
         // A re-plan moves a replica only to save money (the README's
@@ -906,7 +906,7 @@ proptest! {
 /// with `resources: [{name, replicas}]`), and HAMi's pod resources
 /// (`nvidia.com/gpu: 1` with `nvidia.com/gpumem` in MiB and
 /// `nvidia.com/gpucores` in percent, 1..=100) and annotations.
-fn check_emitted(plan: &Plan) {
+fn check_emitted(plan: &Plan, cluster: &Cluster) {
     let files = emit::files(plan, "gpuscale").unwrap();
     let dp = files
         .iter()
@@ -947,15 +947,28 @@ fn check_emitted(plan: &Plan) {
         }
     }
     let labels = files.iter().find(|(p, _)| p == "node-labels.yaml").unwrap();
-    let labels: BTreeMap<String, BTreeMap<String, String>> =
+    // `null` removes a label: a node that may run HAMi and does not this
+    // time loses HAMi's label and gets the operator's device plugin back.
+    let labels: BTreeMap<String, BTreeMap<String, Option<String>>> =
         serde_yaml_ng::from_str(&labels.1).unwrap();
     for node in &plan.nodes {
         let l = &labels[&node.name];
-        assert_eq!(l.get("gpu").map(String::as_str), node.hami.then_some("on"));
+        let capable = cluster
+            .nodes
+            .iter()
+            .any(|n| n.name == node.name && n.sharing.contains(&SharingMode::Fractional));
+        let (gpu, plugin) = match (node.hami, capable) {
+            (true, _) => (Some(Some("on")), Some(Some("false"))),
+            (false, true) => (Some(None), Some(Some("true"))),
+            (false, false) => (None, None),
+        };
+        assert_eq!(l.get("gpu").map(Option::as_deref), gpu, "{}", node.name);
         assert_eq!(
             l.get("nvidia.com/gpu.deploy.device-plugin")
-                .map(String::as_str),
-            node.hami.then_some("false")
+                .map(Option::as_deref),
+            plugin,
+            "{}",
+            node.name
         );
     }
     for m in &plan.models {
@@ -1175,7 +1188,7 @@ fn fractional_gpus_pack_mixed_sizes_that_slots_would_strand() {
     let options = PackOptions::default();
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     check_rules(&plan, &cluster, &models, &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
     // 20 × 2.5 + 9 × 21 = 239 GiB; 75.6 GiB per GPU: 4 GPUs at best (3
     // Llamas each take 63 GiB, the rest fill with embeddings).
@@ -1245,7 +1258,7 @@ fn generated_fractional_mixes_keep_every_rule() {
     let options = PackOptions::default();
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     check_rules(&plan, &cluster, &models, &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
     assert!(plan.gpus_used >= plan.lp_bound_gpus);
     assert!(plan.cost_per_hour + 1e-9 >= plan.lp_bound_cost);
@@ -1284,7 +1297,7 @@ fn a_tensor_parallel_replica_takes_fractional_shares_of_gpus_on_one_node() {
     let options = PackOptions::default();
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     check_rules(&plan, &cluster, &models, &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
     // 2 × 90 + 4 × 30 = 300 GiB on GPUs of 75.6 GiB each (95 % of 79.6):
     // four GPUs, each with one 45 GiB share and one 30 GiB replica (and
@@ -1350,7 +1363,7 @@ fn mps_partitions_hold_compute_heavy_replicas_and_select_their_config() {
     let options = PackOptions::default();
     let plan = pack(&cluster, std::slice::from_ref(&sdxl), &demand, &options).unwrap();
     check_rules(&plan, &cluster, &[sdxl], &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert_eq!(plan.gpus_used, 2, "{:#?}", plan.gpus);
     assert!(
         plan.gpus
@@ -1415,7 +1428,7 @@ fn small_replicas_share_time_sliced_mig_instances() {
     );
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     check_rules(&plan, &cluster, &models, &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert_eq!(plan.gpus_used, 1, "{plan:#?}");
     assert_eq!(plan.models[0].placed, 21);
     let node = &plan.nodes[0];
@@ -1470,7 +1483,7 @@ fn a_node_time_slicing_a_mig_profile_runs_only_geometries_with_it() {
     let options = PackOptions::default();
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     check_rules(&plan, &cluster, &models, &options, &demand);
-    check_emitted(&plan);
+    check_emitted(&plan, &cluster);
     assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
     for node in plan.nodes.iter().filter(|n| n.mig_timeslice.is_some()) {
         for g in plan.gpus.iter().filter(|g| g.node == node.name) {
