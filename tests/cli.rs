@@ -368,6 +368,19 @@ fn plan_table_emit_and_replan_from_an_earlier_plan() {
         (llama["placed"].as_u64(), llama["wanted"].as_u64()),
         (Some(15), Some(15))
     );
+    // The earlier plan's bound carries over to more demand.
+    assert_eq!(kept["lp_bound_known"], true);
+    assert!(kept["lp_bound_cost"].as_f64().unwrap() > 0.0);
+    // Kept on the cluster file's own workloads, with no prior plan, no LP
+    // is solved: the plan says so instead of a bound of 0 and a gap of 0 %.
+    let mut bare = PLAN_ARGS.to_vec();
+    bare.push("--keep-running");
+    let table = stdout(&gpuscale(&bare));
+    assert!(table.contains("no LP bound"), "{table}");
+    assert!(!table.contains("gap 0.0 %"), "{table}");
+    bare.extend(["--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&gpuscale(&bare).stdout).unwrap();
+    assert_eq!(json["lp_bound_known"], false, "{}", json["lp_bound_known"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

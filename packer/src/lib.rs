@@ -382,6 +382,7 @@ fn kept(
         return None;
     }
     let bound = prior.and_then(|p| Some((p, p.admits(classes, models, wanted, options)?)));
+    let known = bound.is_some();
     let solved = ilp::Solved {
         counts,
         optimal: false,
@@ -392,6 +393,7 @@ fn kept(
         added: Vec::new(),
     };
     let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
+    plan.lp_bound_known = known;
     plan.pools = pools(classes, &solved, &plan.gpus);
     plan.basis = prior.cloned();
     Some(plan)
@@ -594,6 +596,7 @@ fn figures(
         } else {
             0.0
         },
+        lp_bound_known: true,
         optimal: solved.optimal,
         utilization: Utilization {
             memory: if usable > 0.0 { memory / usable } else { 0.0 },

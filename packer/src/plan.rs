@@ -249,6 +249,10 @@ pub struct Baselines {
     pub ffd: BaselineFigures,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// The plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -262,6 +266,11 @@ pub struct Plan {
     pub cost_per_hour: f64,
     /// (cost − LP cost bound) ÷ LP cost bound.
     pub optimality_gap: f64,
+    /// Whether the LP bounds above were computed. A re-plan that keeps
+    /// what runs (`--keep-running`) without a prior plan's proven bound
+    /// solves no LP: the three figures above are then 0 and say nothing.
+    #[serde(default = "yes")]
+    pub lp_bound_known: bool,
     /// Whether the solver proved optimality within its limits.
     pub optimal: bool,
     /// Utilisation of the GPUs in use.

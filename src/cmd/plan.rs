@@ -476,29 +476,42 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         out.push('\n');
     }
     out.push_str(&format!("({idle} GPUs idle)\n\n"));
-    out.push_str(&format!(
-        "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",
-        plan.gpus_used,
-        plan.lp_bound_gpus,
-        plan.cost_per_hour,
-        plan.lp_bound_cost,
-        plan.optimality_gap * 100.0,
-        match (plan.optimal, plan.optimality_gap <= mip_gap + 1e-9) {
-            (true, true) => "optimal within --mip-gap".to_string(),
-            // The solver's own bound (after its cuts and branching) is
-            // tighter than the LP's: it proved the gap, the LP cannot show it.
-            (true, false) => format!(
-                "optimal within --mip-gap ({:.1} %) by the solver's own bound; the LP bound is looser",
-                mip_gap * 100.0
-            ),
-            (false, _) => "best found within limits".to_string(),
-        }
-    ));
+    if plan.lp_bound_known {
+        out.push_str(&format!(
+            "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",
+            plan.gpus_used,
+            plan.lp_bound_gpus,
+            plan.cost_per_hour,
+            plan.lp_bound_cost,
+            plan.optimality_gap * 100.0,
+            match (plan.optimal, plan.optimality_gap <= mip_gap + 1e-9) {
+                (true, true) => "optimal within --mip-gap".to_string(),
+                // The solver's own bound (after its cuts and branching) is
+                // tighter than the LP's: it proved the gap, the LP cannot show it.
+                (true, false) => format!(
+                    "optimal within --mip-gap ({:.1} %) by the solver's own bound; the LP bound is looser",
+                    mip_gap * 100.0
+                ),
+                (false, _) => "best found within limits".to_string(),
+            }
+        ));
+    } else {
+        out.push_str(&format!(
+            "GPUs used {}, cost ${:.2}/h; no LP bound: every running replica kept (--keep-running), and no prior plan's bound holds for this input (--current PLAN.json carries one)\n",
+            plan.gpus_used, plan.cost_per_hour
+        ));
+    }
     let pools: Vec<String> = plan
         .pools
         .iter()
         .filter(|p| p.gpus_used > 0 || p.lp_gpus > 1e-6)
-        .map(|p| format!("{} {} (LP {:.1})", p.gpu_model, p.gpus_used, p.lp_gpus))
+        .map(|p| {
+            if plan.lp_bound_known {
+                format!("{} {} (LP {:.1})", p.gpu_model, p.gpus_used, p.lp_gpus)
+            } else {
+                format!("{} {}", p.gpu_model, p.gpus_used)
+            }
+        })
         .collect();
     out.push_str(&format!("GPUs used per pool: {}\n", pools.join(", ")));
     out.push_str(&format!(
