@@ -310,6 +310,8 @@ fn plan_table_emit_and_replan_from_an_earlier_plan() {
     let table = stdout(&out);
     assert!(table.starts_with("NODE"), "{table}");
     assert!(table.contains("GPUs used"), "{table}");
+    // h100-0's GPU 7 is unhealthy in the example: not counted as idle.
+    assert!(table.contains(", 1 unhealthy: never placed on)"), "{table}");
     let mig: serde_json::Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(dir.join("mig-parted-config.yaml")).unwrap(),
     )

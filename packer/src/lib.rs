@@ -748,12 +748,14 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
     }
     // Free GPUs per model and the largest free block on one node.
     let mut free: BTreeMap<&str, (u32, BTreeMap<&str, u32>)> = BTreeMap::new();
+    let mut healthy: BTreeMap<&str, u32> = BTreeMap::new();
     let mode: BTreeMap<(&str, u32), Mode> = gpus
         .iter()
         .map(|p| ((p.node.as_str(), p.index), p.mode))
         .collect();
     for n in &cluster.nodes {
         for g in n.gpus.iter().filter(|g| g.health == Health::Healthy) {
+            *healthy.entry(n.gpu_model.as_str()).or_default() += 1;
             let idle = mode
                 .get(&(n.name.as_str(), g.index))
                 .is_none_or(|&m| m == Mode::Idle);
@@ -774,10 +776,16 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
         models_seen.push(gpu);
         let (total, per_node) = free.get(gpu).cloned().unwrap_or_default();
         let largest = per_node.values().copied().max().unwrap_or(0);
-        room.push(format!(
-            "{gpu}: {total} of {} GPUs free, at most {largest} on one node",
-            cluster.gpus_of(gpu)
-        ));
+        let all = cluster.gpus_of(gpu);
+        let sound = healthy.get(gpu).copied().unwrap_or(0);
+        room.push(if sound < all {
+            format!(
+                "{gpu}: {total} of {sound} healthy GPUs free ({} unhealthy), at most {largest} on one node",
+                all - sound
+            )
+        } else {
+            format!("{gpu}: {total} of {all} GPUs free, at most {largest} on one node")
+        });
     }
     format!(
         "{head}; allowed: {}; not enough free capacity ({}) after higher-priority and cheaper placements",

@@ -65,6 +65,9 @@ pub struct GpuPlan {
     pub mps_replicas: Option<u8>,
     /// Replicas on it.
     pub replicas: Vec<ReplicaSlot>,
+    /// Unhealthy (idle, never placed on).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unhealthy: bool,
     /// The training gang's worker that holds it whole (then `replicas` is
     /// empty and `mode` is `whole`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

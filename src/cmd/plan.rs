@@ -408,10 +408,14 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         "CONFIGURATION".into(),
         "REPLICAS".into(),
     ]];
-    let mut idle = 0;
+    let (mut idle, mut unhealthy) = (0, 0);
     for g in &plan.gpus {
         if g.mode == Mode::Idle {
-            idle += 1;
+            if g.unhealthy {
+                unhealthy += 1;
+            } else {
+                idle += 1;
+            }
             continue;
         }
         let node = plan.nodes.iter().find(|n| n.name == g.node);
@@ -475,7 +479,13 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         out.push_str(format!("{}  {}\n", cells.join("  "), r[5]).trim_end());
         out.push('\n');
     }
-    out.push_str(&format!("({idle} GPUs idle)\n\n"));
+    if unhealthy > 0 {
+        out.push_str(&format!(
+            "({idle} GPUs idle, {unhealthy} unhealthy: never placed on)\n\n"
+        ));
+    } else {
+        out.push_str(&format!("({idle} GPUs idle)\n\n"));
+    }
     if plan.lp_bound_known {
         out.push_str(&format!(
             "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",

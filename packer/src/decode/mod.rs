@@ -361,6 +361,7 @@ fn decode_with(
                 timeslice_replicas: a.share.filter(|_| a.mode == Mode::Timeslice),
                 mps_replicas: a.share.filter(|_| a.mode == Mode::Mps),
                 replicas: slots,
+                unhealthy: false,
                 gang: None,
             });
         }
@@ -624,6 +625,7 @@ fn idle(node: String, gpu_model: &str, gpu: &gpuscale_policies::Gpu) -> GpuPlan 
         timeslice_replicas: None,
         mps_replicas: None,
         replicas: Vec::new(),
+        unhealthy: gpu.health != gpuscale_policies::Health::Healthy,
         gang: None,
     }
 }

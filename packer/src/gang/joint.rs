@@ -376,6 +376,7 @@ pub fn plan(
                     timeslice_replicas: None,
                     mps_replicas: None,
                     replicas: Vec::new(),
+                    unhealthy: false,
                     gang: Some(GangSlot {
                         job: g.name.clone(),
                         worker: w.worker,
