@@ -293,12 +293,24 @@ async fn handle_inner(
         // is even looked at.
         model.settings.priority
     } else {
+        // Routes match the path the request was routed by, not the bytes
+        // it was sent as: a KServe path as `/v2/models/<the model it
+        // resolved to>/infer` (after percent-decoding and the model
+        // header), so neither `%51wen` nor a header naming another model
+        // moves a request out of its route's class or into another's.
+        let kserve;
+        let path = if head.path().starts_with("/v2/models/") {
+            kserve = format!("/v2/models/{name}/infer");
+            kserve.as_str()
+        } else {
+            head.path()
+        };
         rules
             .decide(
                 priority::Request {
                     peer: peer.ip(),
                     authorization: head.get("authorization"),
-                    path: head.path(),
+                    path,
                     header: head.get(shared.priority_header.as_str()),
                 },
                 model.settings.priority,

@@ -288,6 +288,43 @@ async fn an_api_key_sets_its_class_and_may_be_allowed_the_header() {
     gw.shutdown().await;
 }
 
+/// Route classes follow the model a request resolved to: neither a
+/// percent-encoded name nor a model header naming another model moves a
+/// request out of its route's class or into another route's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_class_follows_the_model_not_the_bytes_of_the_path() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.max_queue = Some(4);
+    let mut sp = spec(vec![m, model("vip", &[up.addr], 1)]);
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "routes": [
+            {"pathPrefix": "/v2/models/m/", "priority": "sheddable"},
+            {"pathPrefix": "/v2/models/vip/", "priority": "critical"},
+        ],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
+    let traffic = gw.traffic;
+    let busy = tokio::spawn(post_model(traffic, "/v1/chat/completions", "m"));
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    let queued = |headers: Vec<(&'static str, &'static str)>, path: &'static str| {
+        tokio::spawn(async move { send(traffic, "POST", path, &headers, String::from("{}")).await })
+    };
+    // `%6D` is `m`: still m's route, sheddable.
+    let encoded = queued(vec![], "/v2/models/%6D/infer");
+    // vip's path, but the header sends it to m: m's class, not vip's.
+    let borrowed = queued(vec![("x-gpuscale-model", "m")], "/v2/models/vip/infer");
+    let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 2).await;
+    assert_eq!(q["waiting_by_priority"]["sheddable"], 2, "{q}");
+    assert_eq!(q["waiting_by_priority"]["critical"].as_u64().unwrap_or(0), 0, "{q}");
+    up.gate.add_permits(100);
+    for t in [busy, encoded, borrowed] {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_gateway_cannot_join_the_traffic_port() {
     let up = gated("first", true).await;
