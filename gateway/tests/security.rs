@@ -317,7 +317,11 @@ async fn a_route_class_follows_the_model_not_the_bytes_of_the_path() {
     let borrowed = queued(vec![("x-gpuscale-model", "m")], "/v2/models/vip/infer");
     let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 2).await;
     assert_eq!(q["waiting_by_priority"]["sheddable"], 2, "{q}");
-    assert_eq!(q["waiting_by_priority"]["critical"].as_u64().unwrap_or(0), 0, "{q}");
+    assert_eq!(
+        q["waiting_by_priority"]["critical"].as_u64().unwrap_or(0),
+        0,
+        "{q}"
+    );
     up.gate.add_permits(100);
     for t in [busy, encoded, borrowed] {
         assert_eq!(t.await.unwrap().status, StatusCode::OK);

@@ -100,6 +100,26 @@ pub const RESERVED_SERVER_FLAGS: [&str; 5] = [
     "--gpu-memory-utilization",
 ];
 
+/// The reserved flag an argument sets, as the server's parser reads it:
+/// vLLM's `FlexibleArgumentParser` takes `_` for `-`
+/// (`--gpu_memory_utilization`), argparse takes a unique prefix of a long
+/// flag (`--gpu-memory-util`) and a short flag glued to its value
+/// (`-tp8`). Any of these spellings is refused.
+pub fn reserved_flag(arg: &str) -> Option<&'static str> {
+    let flag = arg.split('=').next().unwrap_or_default().trim();
+    if !flag.starts_with('-') {
+        return None;
+    }
+    let flag = flag.replace('_', "-");
+    RESERVED_SERVER_FLAGS.iter().copied().find(|&r| {
+        if r.starts_with("--") {
+            flag == r || (flag.len() > 2 && flag.starts_with("--") && r.starts_with(flag.as_str()))
+        } else {
+            !flag.starts_with("--") && flag.starts_with(r)
+        }
+    })
+}
+
 /// Labels that select the serving workload's pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -1001,13 +1021,19 @@ impl Model {
             }
         }
         for (i, a) in spec.server_args.iter().enumerate() {
-            let flag = a.split('=').next().unwrap_or_default();
             if a.trim().is_empty() {
                 err(&format!("spec.serverArgs[{i}]"), "must not be empty".into());
-            } else if RESERVED_SERVER_FLAGS.contains(&flag) {
+            } else if let Some(r) = reserved_flag(a) {
+                let flag = a.split('=').next().unwrap_or_default();
                 err(
                     &format!("spec.serverArgs[{i}]"),
-                    format!("`{flag}` is set by gpuscale (from the policy and the plan)"),
+                    if flag == r {
+                        format!("`{flag}` is set by gpuscale (from the policy and the plan)")
+                    } else {
+                        format!(
+                            "`{flag}` is how the server reads `{r}`, which gpuscale sets (from the policy and the plan)"
+                        )
+                    },
                 );
             }
         }

@@ -426,6 +426,38 @@ fn server_args_load_and_flags_gpuscale_sets_are_refused_where_written() {
         p[0]
     );
     assert!(p[1].message.contains("must not be empty"), "{}", p[1]);
+    // The spellings the server's parser also reads (vLLM: `_` for `-`;
+    // argparse: a unique prefix, a short flag glued to its value).
+    for sneaky in [
+        "--gpu_memory_utilization=0.95",
+        "--gpu-memory-util",
+        "--tensor_parallel_size",
+        "-tp8",
+        "--mod",
+    ] {
+        let bad = POLICY.replace(
+            "spec:\n",
+            &format!("spec:\n  serverArgs: [\"{sneaky}\", \"1\"]\n"),
+        );
+        let p = problems("p.yaml", &bad);
+        assert_eq!(p.len(), 1, "{sneaky}: {p:#?}");
+        assert_eq!(p[0].path, "spec.serverArgs[0]", "{sneaky}");
+    }
+    // Flags that merely begin like a reserved one are the server's own.
+    for fine in [
+        "--model-loader-extra-config",
+        "--max-num-seqs",
+        "--port-range",
+    ] {
+        let ok = POLICY.replace(
+            "spec:\n",
+            &format!("spec:\n  serverArgs: [\"{fine}\", \"1\"]\n"),
+        );
+        assert!(
+            load_sources(&[(Path::new("p.yaml"), ok.as_str())]).is_ok(),
+            "{fine}"
+        );
+    }
 }
 
 #[test]
