@@ -391,6 +391,10 @@ impl Cache {
     }
 }
 
+/// Most connections the agent serves at once (its readers are Prometheus
+/// and the controller); one more is closed at once.
+pub const AGENT_MAX_CONNECTIONS: usize = 64;
+
 /// Serves `/v1/gpus`, `/metrics`, `/healthz` and `/readyz` (NVML can be
 /// read) on `listener` until
 /// `stop` resolves. Read-only: nothing it serves changes state.
@@ -406,19 +410,38 @@ pub async fn serve(
         last: Mutex::new(None),
     });
     let mut stop = std::pin::pin!(stop);
+    let slots = Arc::new(tokio::sync::Semaphore::new(AGENT_MAX_CONNECTIONS));
+    let mut failed: Option<(std::time::Instant, u64)> = None;
     loop {
         let (stream, _): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!("accept: {e}");
+                    // Out of file descriptors, say: the error repeats at
+                    // once, so wait a little and log once in a while.
+                    match &mut failed {
+                        Some((since, n)) if since.elapsed() < Duration::from_secs(10) => *n += 1,
+                        _ => {
+                            let before = failed.map_or(0, |(_, n)| n);
+                            tracing::warn!(suppressed = before, "accept: {e}");
+                            failed = Some((std::time::Instant::now(), 0));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             () = &mut stop => return,
         };
+        // Its readers are a scraper and the controller: a handful of
+        // connections. Beyond the cap, one is closed at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let cache = cache.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let cache = cache.clone();

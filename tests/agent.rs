@@ -109,6 +109,32 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
     assert!(metrics.contains("GPU_I_PROFILE=\"3g.40gb\""), "{metrics}");
     assert_eq!(get(port, "/healthz").0, 200);
     assert_eq!(get(port, "/readyz").0, 200);
+    // Connections beyond the agent's cap (64) are closed at once, and it
+    // serves again when the idle ones go.
+    let idle: Vec<TcpStream> = (0..64)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        extra.read(&mut buf).map_err(|e| e.kind()),
+        Ok(0),
+        "closed at once"
+    );
+    drop(idle);
+    let served = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.starts_with("HTTP/1.1 200")
+    });
+    assert!(served);
     child.kill().unwrap();
     child.wait().unwrap();
 }

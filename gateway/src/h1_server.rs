@@ -115,7 +115,7 @@ fn kind(name: &[u8]) -> Kind {
         17 if is(b"transfer-encoding") => Kind::TransferEncoding,
         10 if is(b"connection") => Kind::Connection,
         6 if is(b"expect") => Kind::Expect,
-        2 | 7 | 10 | 18 | 19 if h1::is_hop_by_hop_name(name) => Kind::HopByHop,
+        2 | 7 | 10 | 16 | 18 | 19 if h1::is_hop_by_hop_name(name) => Kind::HopByHop,
         _ => Kind::Other,
     }
 }
@@ -458,7 +458,7 @@ mod tests {
                    Connection: keep-alive, X-Trace\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
                    Expect: 100-continue\r\nX-Trace: 1\r\nContent-Type: application/json\r\n\
                    Authorization: Bearer t\r\nUpgrade: h2c\r\nProxy-Authorization: x\r\n\
-                   Content-Length: 42\r\n\r\n";
+                   Proxy-Connection: keep-alive\r\nContent-Length: 42\r\n\r\n";
         assert_eq!(
             forwarded(raw, Some(42)),
             "POST /v1/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.7:8000\r\n\
