@@ -39,10 +39,33 @@ use pb::{
 };
 
 /// The scaler: answers from a gateway, with the policies' targets.
+///
+/// However many calls and streams KEDA (or anyone who reaches the port)
+/// opens, the gateway sees one push stream and at most one `/v1/queues`
+/// read at a time: every `StreamIsActive` follows one shared stream, and
+/// the depth calls read a view at most [`FRESH`] old, fetched by one
+/// caller while the others wait for it. Streams are capped at
+/// [`MAX_STREAMS`] (one more is refused `RESOURCE_EXHAUSTED`).
 #[derive(Clone)]
 pub struct Keda {
     gateway: GatewayClient,
     models: Vec<Model>,
+    shared: std::sync::Arc<Shared>,
+}
+
+/// How old a `/v1/queues` view the depth calls may answer from.
+pub const FRESH: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Most `StreamIsActive` streams open at once (KEDA opens one per
+/// ScaledObject trigger).
+pub const MAX_STREAMS: usize = 1024;
+
+struct Shared {
+    /// The one gateway stream, started by the first `StreamIsActive`.
+    feed: std::sync::Mutex<Option<tokio::sync::broadcast::Sender<Event>>>,
+    /// The last `/v1/queues` view and when it was read.
+    view: tokio::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>,
+    streams: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// What one ScaledObject asks about.
@@ -57,7 +80,39 @@ struct Target {
 impl Keda {
     /// A scaler reading `gateway`, defaulting targets from `models`.
     pub fn new(gateway: GatewayClient, models: Vec<Model>) -> Self {
-        Keda { gateway, models }
+        Keda {
+            gateway,
+            models,
+            shared: std::sync::Arc::new(Shared {
+                feed: std::sync::Mutex::new(None),
+                view: tokio::sync::Mutex::new(None),
+                streams: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            }),
+        }
+    }
+
+    /// A receiver of the one shared gateway stream (started on first use;
+    /// each view it delivers also refreshes the depth calls' view).
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        let mut feed = self.shared.feed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = feed.as_ref() {
+            return tx.subscribe();
+        }
+        let (tx, rx) = tokio::sync::broadcast::channel(64);
+        let sender = tx.clone();
+        let mut events = self.gateway.stream();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            while let Some(e) = events.recv().await {
+                if let Event::Queues(v) = &e {
+                    *shared.view.lock().await = Some((std::time::Instant::now(), v.clone()));
+                }
+                // No receiver now is fine: the next stream subscribes.
+                let _ = sender.send(e);
+            }
+        });
+        *feed = Some(tx);
+        rx
     }
 
     /// The tonic service.
@@ -70,11 +125,22 @@ impl Keda {
     }
 
     async fn depth(&self, served: &str) -> Result<f64, Status> {
-        let view = self
-            .gateway
-            .queues()
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let view = {
+            // One caller reads the gateway; the others wait and share it.
+            let mut cached = self.shared.view.lock().await;
+            match cached.as_ref() {
+                Some((at, v)) if at.elapsed() <= FRESH => v.clone(),
+                _ => {
+                    let v = self
+                        .gateway
+                        .queues()
+                        .await
+                        .map_err(|e| Status::unavailable(e.to_string()))?;
+                    *cached = Some((std::time::Instant::now(), v.clone()));
+                    v
+                }
+            }
+        };
         let obs = observations(&view);
         let o = obs
             .get(served)
@@ -147,10 +213,16 @@ impl ExternalScaler for Keda {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<ActiveStream>, Status> {
         let t = self.target(request.get_ref())?;
+        let Ok(slot) = self.shared.streams.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_STREAMS} streams are open already"
+            )));
+        };
         let first = self.depth(&t.served).await? > t.activation;
-        let mut events = self.gateway.stream();
+        let mut events = self.subscribe();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(async move {
+            let _slot = slot;
             if tx
                 .send(Ok(IsActiveResponse { result: first }))
                 .await
@@ -166,7 +238,13 @@ impl ExternalScaler for Keda {
                     e = events.recv() => e,
                     () = tx.closed() => return,
                 };
-                let Some(e) = e else { return };
+                let e = match e {
+                    Ok(e) => e,
+                    // Behind by more views than the channel holds: the
+                    // next one is as good.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
                 let active = match e {
                     Event::Queues(v) => observations(&v)
                         .get(&t.served)
@@ -238,6 +316,8 @@ pub async fn serve(
             let _ = shutdown.changed().await;
         };
         if let Err(e) = tonic::transport::Server::builder()
+            // Calls in flight per connection (HTTP/2 multiplexes many).
+            .concurrency_limit_per_connection(64)
             .add_service(keda.service())
             .serve_with_incoming_shutdown(incoming, stop)
             .await

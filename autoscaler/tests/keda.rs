@@ -4,6 +4,8 @@
 
 use std::convert::Infallible;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,33 +27,52 @@ fn queues(waiting: u32, in_flight: u32) -> String {
 /// A gateway admin API: `/v1/queues` says 5 waiting + 2 in flight; the
 /// stream says 0 at first, then 3 waiting after 200 ms.
 async fn gateway() -> String {
+    gateway_counting().await.0
+}
+
+/// Requests the stand-in gateway served: (push streams, `/v1/queues`).
+type Counts = Arc<(AtomicUsize, AtomicUsize)>;
+
+/// [`gateway`], counting what it is asked.
+async fn gateway_counting() -> (String, Counts) {
+    let counts: Counts = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = counts.clone();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            let seen = seen.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    |req: http::Request<hyper::body::Incoming>| async move {
-                        type B = http_body_util::combinators::BoxBody<Bytes, Infallible>;
-                        let body: B = if req.uri().path() == "/v1/queues/stream" {
-                            let events = async_stream_events();
-                            http_body_util::BodyExt::boxed(StreamBody::new(events))
-                        } else {
-                            http_body_util::BodyExt::boxed(Full::new(Bytes::from(queues(5, 2))))
-                        };
-                        Ok::<_, Infallible>(Response::new(body))
-                    },
-                );
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            type B = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+                            let stream = req.uri().path() == "/v1/queues/stream";
+                            if stream {
+                                seen.0.fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                seen.1.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let body: B = if stream {
+                                let events = async_stream_events();
+                                http_body_util::BodyExt::boxed(StreamBody::new(events))
+                            } else {
+                                http_body_util::BodyExt::boxed(Full::new(Bytes::from(queues(5, 2))))
+                            };
+                            Ok::<_, Infallible>(Response::new(body))
+                        }
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                     .await;
             });
         }
     });
-    format!("http://{addr}")
+    (format!("http://{addr}"), counts)
 }
 
 fn async_stream_events() -> tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, Infallible>>
@@ -165,4 +186,68 @@ async fn keda_reads_queue_depth_over_grpc() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+/// However many streams and calls reach the scaler, the gateway sees one
+/// push stream and a handful of `/v1/queues` reads (an attacker once
+/// exhausted the gateway's admin connections through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_and_streams_share_one_gateway_stream() {
+    let (gw, counts) = gateway_counting().await;
+    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(keda.service())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = ExternalScalerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..100 {
+        let mut c = client.clone();
+        streams.push(tokio::spawn(async move {
+            let mut s = c
+                .stream_is_active(object("chat"))
+                .await
+                .unwrap()
+                .into_inner();
+            // Each gets its first answer.
+            let first = tokio::time::timeout(Duration::from_secs(10), s.message())
+                .await
+                .expect("a first answer")
+                .unwrap()
+                .unwrap();
+            (s, first.result)
+        }));
+    }
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        let mut c = client.clone();
+        calls.push(tokio::spawn(async move {
+            c.get_metrics(GetMetricsRequest {
+                scaled_object_ref: Some(object("chat")),
+                metric_name: "gpuscale-queue-org-chat".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .metric_values[0]
+                .metric_value_float
+        }));
+    }
+    let mut open = Vec::new();
+    for s in streams {
+        open.push(s.await.unwrap().0);
+    }
+    for c in calls {
+        let depth = c.await.unwrap();
+        assert!([0.0, 3.0, 7.0].contains(&depth), "{depth}");
+    }
+    assert_eq!(counts.0.load(Ordering::SeqCst), 1, "one push stream");
+    let reads = counts.1.load(Ordering::SeqCst);
+    assert!(reads <= 5, "{reads} reads of /v1/queues for 300 callers");
+    drop(open);
 }
