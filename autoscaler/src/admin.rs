@@ -26,8 +26,8 @@ use crate::controller::Report;
 /// limit): a connection that sends nothing is closed after it.
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Most connections open at once; another is closed as soon as it is
-/// accepted.
+/// Most connections open at once; another gets a probe's answer or 503
+/// and is closed ([`over_cap`]).
 pub const MAX_CONNECTIONS: usize = 256;
 
 /// How often `/v1/dashboard/events` pushes the view.
@@ -118,6 +118,51 @@ pub async fn serve(
     serve_with(addr, report, shutdown, HEADER_READ_TIMEOUT).await
 }
 
+/// A connection over [`MAX_CONNECTIONS`]: a probe (`GET /healthz`,
+/// `GET /readyz`, read within 50 ms) gets its real answer, so idle or
+/// half-sent connections holding the port cannot fail the kubelet's
+/// probes; anything else 503. Then the connection closes.
+async fn over_cap(mut stream: tokio::net::TcpStream, report: Report) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let is = |p: &[u8]| {
+        buf[..n]
+            .strip_prefix(b"GET ")
+            .and_then(|r| r.strip_prefix(p))
+            .is_some_and(|rest| rest.first().is_some_and(|&c| c == b' ' || c == b'?'))
+    };
+    let (status, body) = if is(b"/healthz") {
+        match report.live() {
+            Ok(()) => ("200 OK", "ok\n".to_string()),
+            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+        }
+    } else if is(b"/readyz") {
+        match report.ready() {
+            Ok(()) => ("200 OK", "ready\n".to_string()),
+            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+        }
+    } else {
+        (
+            "503 Service Unavailable",
+            format!("{MAX_CONNECTIONS} connections open; retry later\n"),
+        )
+    };
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        stream.write_all(answer.as_bytes()),
+    )
+    .await;
+}
+
 /// [`serve`] with another header-read timeout.
 pub async fn serve_with(
     addr: SocketAddr,
@@ -144,7 +189,7 @@ pub async fn serve_with(
                         }
                     };
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        drop(stream);
+                        tokio::spawn(over_cap(stream, report.clone()));
                         continue;
                     };
                     let report = report.clone();

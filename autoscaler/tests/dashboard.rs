@@ -302,6 +302,28 @@ async fn dashboard_streams_are_capped_so_health_checks_always_get_through() {
     assert!(again[0].1.starts_with("HTTP/1.1 200"), "{}", again[0].1);
 }
 
+/// Connections that fill the whole port (half-sent heads) cannot fail the
+/// kubelet's probes: over the cap `/healthz` and `/readyz` get their real
+/// answers, anything else 503.
+#[tokio::test]
+async fn probes_get_through_a_port_full_of_idle_connections() {
+    use gpuscale_autoscaler::admin::MAX_CONNECTIONS;
+    use tokio::io::AsyncWriteExt;
+    let (addr, _stop) = admin().await;
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = common::admin_get(addr, "/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, _) = common::admin_get(addr, "/v1/decisions").await;
+    assert_eq!(status, 503);
+    drop(held);
+}
+
 #[test]
 fn replicas_that_found_no_gpu_are_shown_with_their_model() {
     // Two H100s hold at most four 40 GB slices (two each: NVIDIA's H100

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -210,6 +210,42 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
 struct Connections {
     open: Arc<AtomicUsize>,
     cap: usize,
+    /// Refusals at the cap and failed accepts, logged at most once in
+    /// [`Throttle::EVERY`] each.
+    refused: Arc<Throttle>,
+    failed: Arc<Throttle>,
+}
+
+/// A warning that may repeat thousands of times a second (a connection
+/// flood): said once, then at most once per [`Throttle::EVERY`] with how
+/// many were not said in between.
+#[derive(Default)]
+struct Throttle {
+    /// Milliseconds since `start` of the last time it was said.
+    last_ms: AtomicU64,
+    suppressed: AtomicU64,
+    start: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl Throttle {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    fn note(&self, say: impl FnOnce(u64)) {
+        let start = self.start.get_or_init(std::time::Instant::now);
+        let now = start.elapsed().as_millis() as u64 + 1;
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= Self::EVERY.as_millis() as u64;
+        if due
+            && self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            say(self.suppressed.swap(0, Ordering::Relaxed));
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Connections {
@@ -217,6 +253,8 @@ impl Connections {
         Connections {
             open: Arc::new(AtomicUsize::new(0)),
             cap,
+            refused: Arc::default(),
+            failed: Arc::default(),
         }
     }
 
@@ -251,16 +289,46 @@ impl Drop for ConnectionSlot {
 /// the close is a FIN the client sees after the answer, not a reset).
 const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 109\r\n\r\n{\"error\":{\"message\":\"the gateway has too many open connections; retry later\",\"type\":\"overloaded\",\"code\":503}}";
 
-async fn refuse(mut stream: tokio::net::TcpStream) {
+/// What a connection over the admin cap is answered when it is a probe:
+/// liveness and readiness are the gateway's own, whoever holds the
+/// connections (idle or half-sent ones cannot fail the kubelet's probes
+/// and get a healthy gateway taken out of its Service or restarted).
+fn probe_answer(request: &[u8], shared: &Shared) -> Option<&'static [u8]> {
+    let path = request.strip_prefix(b"GET ")?;
+    let is = |p: &[u8]| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| rest.first().is_some_and(|&c| c == b' ' || c == b'?'))
+    };
+    if is(b"/healthz") {
+        Some(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: 3\r\n\r\nok\n")
+    } else if is(b"/readyz") {
+        Some(if shared.shutting_down.load(Ordering::Relaxed) {
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: 14\r\n\r\nshutting down\n"
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: 6\r\n\r\nready\n"
+        })
+    } else {
+        None
+    }
+}
+
+/// Answers a connection over the cap: 503, or on the admin port a probe's
+/// real answer ([`probe_answer`]).
+async fn refuse(mut stream: tokio::net::TcpStream, probes: Option<Arc<Shared>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // Read what the client sent so far, answer, then close lingering.
     let mut buf = [0u8; 4096];
-    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf)).await;
-    let written = tokio::time::timeout(
-        std::time::Duration::from_secs(1),
-        stream.write_all(OVER_CAPACITY),
-    )
-    .await;
+    let n = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let answer = probes
+        .as_deref()
+        .and_then(|s| probe_answer(&buf[..n], s))
+        .unwrap_or(OVER_CAPACITY);
+    let written =
+        tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(answer)).await;
     if matches!(written, Ok(Ok(()))) {
         crate::client_io::linger(stream).await;
     }
@@ -274,6 +342,7 @@ async fn serve<F, Fut>(
     listener: TcpListener,
     shared: Arc<Shared>,
     connections: Connections,
+    probes: bool,
     mut shutdown: watch::Receiver<bool>,
     connection: F,
 ) where
@@ -288,15 +357,23 @@ async fn serve<F, Fut>(
                     Ok(a) => a,
                     Err(e) => {
                         // Out of file descriptors and the like: back off.
-                        tracing::warn!("accept failed: {e}");
+                        connections.failed.note(|suppressed| {
+                            tracing::warn!(suppressed, "accept failed: {e}");
+                        });
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     }
                 };
                 let _ = stream.set_nodelay(true);
                 let Some(slot) = connections.open() else {
-                    tracing::warn!(cap = connections.cap, "connection cap reached: answering 503");
-                    tokio::spawn(refuse(stream));
+                    connections.refused.note(|suppressed| {
+                        tracing::warn!(
+                            cap = connections.cap,
+                            suppressed,
+                            "connection cap reached: answering 503"
+                        );
+                    });
+                    tokio::spawn(refuse(stream, probes.then(|| shared.clone())));
                     continue;
                 };
                 let conn = connection(stream, peer, &drain);
@@ -331,6 +408,7 @@ async fn serve_traffic(
         listener,
         shared,
         connections,
+        false,
         shutdown,
         move |stream, peer, drain| {
             let conn = traffic::serve(stream, peer, worker.clone(), drain.clone());
@@ -365,6 +443,7 @@ async fn serve_admin<F, Fut>(
         listener,
         shared,
         connections,
+        true,
         shutdown,
         move |stream, _peer, drain| {
             let h = handler.clone();

@@ -221,6 +221,30 @@ async fn connections_over_the_cap_get_503_and_the_rest_are_served() {
     gw.shutdown().await;
 }
 
+/// Idle or half-sent connections that fill the admin port's cap cannot
+/// fail the kubelet's probes: over the cap, `/healthz` and `/readyz` get
+/// their real answers; anything else gets 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_over_the_admin_cap_get_their_real_answer() {
+    let mut sp = spec(vec![model("m", &[], 4)]);
+    sp.limits.max_admin_connections = 2;
+    let gw = gateway(sp).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(gw.admin).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes();
+    assert_eq!(raw_status(gw.admin, &get("/healthz")).await, 200);
+    assert_eq!(raw_status(gw.admin, &get("/readyz")).await, 200);
+    assert_eq!(raw_status(gw.admin, &get("/v1/queues")).await, 503);
+    assert_eq!(raw_status(gw.admin, &get("/healthzz")).await, 503);
+    drop(held);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_subscribers_are_capped_and_a_gone_one_frees_its_place_at_once() {
     let mut sp = spec(vec![model("m", &[], 4)]);
