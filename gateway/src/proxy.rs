@@ -24,7 +24,7 @@ use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
 use crate::timer::CoarseTimer;
-use crate::upstream::{Upstream, UpstreamBody};
+use crate::upstream::{SendError, Upstream, UpstreamBody};
 use crate::{h1, priority};
 
 /// Errors a response body can end with.
@@ -374,6 +374,20 @@ async fn handle_inner(
                     streaming,
                 };
                 return (Reply::Relayed(relayed), Some(model.clone()));
+            }
+            Some(Err(SendError::Local(what))) => {
+                // The gateway's own shortage: the replica is not to blame
+                // (no ejection), and the client is told to come back.
+                drop(permit);
+                model.missed_after_admission();
+                tracing::warn!(model = %model.settings.name, "connect: the gateway is out of {what}");
+                let mut answer = local_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    &format!("the gateway is out of {what}; retry later"),
+                );
+                answer.retry_after = Some(1);
+                return (Reply::Local(answer), Some(model.clone()));
             }
             Some(Err(e)) if e.is_connect() => {
                 shared.failed(&model, permit.replica);

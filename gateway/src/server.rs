@@ -138,7 +138,15 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     let shared = Shared::new(settings);
     let (shutdown, rx) = watch::channel(false);
     let limits = shared.settings.spec.limits.clone();
-    let traffic_conns = Connections::new(limits.max_connections);
+    // The caps must hold before the process runs out of descriptors: at
+    // the cap a client gets 503; out of descriptors it gets nothing, and
+    // a failed connect to a replica would look like the replica's fault.
+    let nofile = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(u64::MAX);
+    let caps = connection_caps(nofile, limits.max_connections, limits.max_admin_connections);
+    if let Some(why) = &caps.lowered {
+        tracing::warn!("{why}");
+    }
+    let traffic_conns = Connections::new(caps.traffic);
 
     let mut threads = Vec::new();
     for i in 1..workers {
@@ -189,7 +197,7 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
     let admin_task = tokio::spawn(serve_admin(
         admin_listener,
         shared.clone(),
-        Connections::new(limits.max_admin_connections),
+        Connections::new(caps.admin),
         rx.clone(),
         move |req| admin::handle(s.clone(), admin_rx.clone(), req),
     ));
@@ -203,6 +211,49 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
         tasks: vec![traffic_task, admin_task, scrape_task],
         threads,
     })
+}
+
+/// Descriptors kept for everything but connections (listeners, the
+/// runtime, logs, the scrape and stream clients).
+pub const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The connection caps the open-file limit allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caps {
+    /// Traffic connections.
+    pub traffic: usize,
+    /// Admin connections.
+    pub admin: usize,
+    /// Why the configured caps were lowered, if they were.
+    pub lowered: Option<String>,
+}
+
+/// The configured caps, lowered to what `nofile` descriptors hold (pure):
+/// a traffic connection may take two (the client's and one to a
+/// replica), an admin connection one, and [`RESERVED_DESCRIPTORS`] are
+/// kept. Admin keeps at least a quarter of what is left, traffic the rest.
+pub fn connection_caps(nofile: u64, traffic: usize, admin: usize) -> Caps {
+    let room = nofile.saturating_sub(RESERVED_DESCRIPTORS);
+    let wanted = 2 * traffic as u64 + admin as u64;
+    if wanted <= room {
+        return Caps {
+            traffic,
+            admin,
+            lowered: None,
+        };
+    }
+    let admin_now = (admin as u64).min(room / 4).max(1);
+    let traffic_now = (room.saturating_sub(admin_now) / 2).clamp(1, traffic as u64);
+    Caps {
+        traffic: traffic_now as usize,
+        admin: admin_now as usize,
+        lowered: Some(format!(
+            "the open-file limit is {nofile} (raised to its hard limit): connection caps lowered from \
+             limits.maxConnections {traffic} and limits.maxAdminConnections {admin} to {traffic_now} \
+             and {admin_now}, so a client over them gets 503 rather than no answer (raise `ulimit -n` \
+             or LimitNOFILE to keep them)"
+        )),
+    }
 }
 
 /// Connections open on one port (all workers), against its cap.
@@ -462,4 +513,45 @@ async fn serve_admin<F, Fut>(
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_fit_the_open_file_limit() {
+        // Room enough: as configured.
+        let c = connection_caps(1 << 20, 16_384, 256);
+        assert_eq!((c.traffic, c.admin, c.lowered), (16_384, 256, None));
+        // The common soft limit of 1,024: 2 per traffic connection, 1 per
+        // admin one, 64 kept.
+        let c = connection_caps(1024, 16_384, 256);
+        assert_eq!((c.traffic, c.admin), (360, 240));
+        assert!(2 * c.traffic + c.admin + 64 <= 1024);
+        let why = c.lowered.unwrap();
+        assert!(
+            why.contains("1024") && why.contains("16384") && why.contains("360"),
+            "{why}"
+        );
+        // Absurdly low: never zero.
+        let c = connection_caps(10, 100, 10);
+        assert_eq!((c.traffic, c.admin), (1, 1));
+    }
+
+    #[test]
+    fn the_gateways_own_shortages_are_told_apart_from_a_replicas_refusal() {
+        use crate::upstream::local_shortage;
+        let os = std::io::Error::from_raw_os_error;
+        assert_eq!(local_shortage(&os(24)), Some("file descriptors"));
+        assert_eq!(local_shortage(&os(23)), Some("file descriptors"));
+        assert_eq!(local_shortage(&os(99)), Some("local ports"));
+        // ECONNREFUSED, EHOSTUNREACH: the replica's side.
+        assert_eq!(local_shortage(&os(111)), None);
+        assert_eq!(local_shortage(&os(113)), None);
+        assert_eq!(
+            local_shortage(&std::io::Error::new(std::io::ErrorKind::TimedOut, "x")),
+            None
+        );
+    }
 }

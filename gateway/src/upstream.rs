@@ -56,6 +56,11 @@ pub enum SendError {
         /// What went wrong.
         reason: String,
     },
+    /// No connection could be opened for want of the gateway's own
+    /// resources (descriptors, ephemeral ports, memory): not the
+    /// replica's fault, and no other replica would fare better.
+    #[error("the gateway is out of {0}")]
+    Local(&'static str),
     /// The connection failed after the request may have been sent.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -65,6 +70,18 @@ pub enum SendError {
     /// The replica's response is not valid HTTP/1.1.
     #[error("{0}")]
     Protocol(#[from] H1Error),
+}
+
+/// What the gateway itself ran out of, when a connect failed for that
+/// (Linux's errno values): descriptors (`EMFILE`, `ENFILE`), ephemeral
+/// ports (`EADDRNOTAVAIL`), buffers or memory (`ENOBUFS`, `ENOMEM`).
+pub fn local_shortage(e: &io::Error) -> Option<&'static str> {
+    match e.raw_os_error()? {
+        23 | 24 => Some("file descriptors"),
+        99 => Some("local ports"),
+        12 | 105 => Some("memory"),
+        _ => None,
+    }
 }
 
 impl SendError {
@@ -302,7 +319,10 @@ impl Upstream {
         )
         .await
         .map_err(|_| fail(format!("timed out after {:?}", self.inner.connect_timeout)))?
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| match local_shortage(&e) {
+            Some(what) => SendError::Local(what),
+            None => fail(e.to_string()),
+        })?;
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,
