@@ -21,6 +21,9 @@ use subtle::ConstantTimeEq;
 /// Shortest token accepted: 16 characters (a random token is 32 or more).
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// Fewest different characters an admin token must use.
+pub const MIN_TOKEN_SYMBOLS: usize = 8;
+
 /// The admin token, held as its SHA-256 digest.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AdminToken {
@@ -57,15 +60,38 @@ impl AdminToken {
                     .into(),
             );
         }
+        // A long token of few symbols (`aaaaaaaaaaaaaaaa`, `1212…`) is a
+        // guess away; random hex has 16.
+        let distinct = secret
+            .bytes()
+            .collect::<std::collections::BTreeSet<u8>>()
+            .len();
+        if distinct < MIN_TOKEN_SYMBOLS {
+            return Err(format!(
+                "the admin token uses {distinct} different characters; at least {MIN_TOKEN_SYMBOLS} are needed \
+                 (make one with `openssl rand -hex 32`)"
+            ));
+        }
         Ok(AdminToken {
             digest: sha256(secret.as_bytes()),
         })
     }
 
-    /// Reads a token file (a trailing newline is ignored).
+    /// Reads a token file (a trailing newline is ignored); a file every user
+    /// may read is warned about.
     pub fn from_file(path: &Path) -> Result<AdminToken, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading the admin token file {}: {e}", path.display()))?;
+        #[cfg(unix)]
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o004 != 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    "the admin token file is readable by every user of this machine (chmod 600, or a Secret volume's defaultMode 0440)"
+                );
+            }
+        }
         AdminToken::from_secret(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -186,6 +212,10 @@ mod tests {
         assert!(AdminToken::from_secret("short").is_err());
         assert!(AdminToken::from_secret("sixteen chars but spaced").is_err());
         assert!(AdminToken::from_secret("").is_err());
+        // Long enough, but a guess away.
+        assert!(AdminToken::from_secret("aaaaaaaaaaaaaaaa").is_err());
+        assert!(AdminToken::from_secret("1212121212121212").is_err());
+        assert!(AdminToken::from_secret("0123456789abcdef").is_ok());
     }
 
     #[test]
