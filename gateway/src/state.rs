@@ -402,7 +402,7 @@ impl Shared {
             return Err(self.rejected(model, Reject::ShuttingDown));
         }
         let arrived = Instant::now();
-        let (id, mut rx) = {
+        let (id, rx) = {
             let mut inner = lock(&model.inner);
             if let Some(slot) = inner.pool.acquire(arrived, hint) {
                 model.changed(&inner.pool);
@@ -437,13 +437,16 @@ impl Shared {
             model.changed(&inner.pool);
             (id, rx)
         };
-        // Leaves the queue if this future is dropped (client gone).
+        // Leaves the queue if this future is dropped (client gone), and
+        // gives back a slot granted in the meantime.
         let mut guard = WaitGuard {
             model,
             id,
+            rx,
             armed: true,
         };
-        let outcome = match tokio::time::timeout(model.settings.queue_timeout, &mut rx).await {
+        let outcome = match tokio::time::timeout(model.settings.queue_timeout, &mut guard.rx).await
+        {
             Ok(Ok(outcome)) => outcome,
             // The sender was dropped without an answer: cannot happen while
             // the pool holds it; treat as a timeout rather than hang.
@@ -457,7 +460,7 @@ impl Shared {
                     // Granted or displaced at the last moment: the answer
                     // is in the channel.
                     drop(inner);
-                    rx.try_recv().unwrap_or(Err(Reject::Timeout))
+                    guard.rx.try_recv().unwrap_or(Err(Reject::Timeout))
                 }
             }
         };
@@ -667,6 +670,8 @@ impl Shared {
 struct WaitGuard<'a> {
     model: &'a ModelState,
     id: u64,
+    /// Where the answer comes.
+    rx: oneshot::Receiver<Result<Slot, Reject>>,
     armed: bool,
 }
 
@@ -676,6 +681,12 @@ impl Drop for WaitGuard<'_> {
             let mut inner = lock(&self.model.inner);
             if inner.pool.remove_waiter(self.id).is_some() {
                 self.model.changed(&inner.pool);
+            } else if let Ok(Ok(slot)) = self.rx.try_recv() {
+                // Granted a slot just as the client went: it is nobody's,
+                // so it goes back (and to the next waiter), or the replica
+                // would lose that capacity for good.
+                inner.pool.release(slot.replica);
+                self.model.dispatch(&mut inner);
             }
         }
     }

@@ -200,3 +200,41 @@ async fn sidecar_mode_serves_one_model_from_one_local_upstream() {
     assert_eq!(up.received.load(Ordering::SeqCst), 1);
     gw.shutdown().await;
 }
+
+/// A slot granted to a waiter in the instant its client goes away is given
+/// back, not lost: the replica keeps its whole capacity.
+#[tokio::test]
+async fn a_slot_granted_to_a_client_that_just_left_goes_back() {
+    use gpuscale_gateway::affinity::Hint;
+    use gpuscale_gateway::config::Settings;
+    use gpuscale_gateway::state::Shared;
+    use gpuscale_policies::Priority;
+    let replica: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let settings = Settings::from_spec("t", spec(vec![model("m", &[replica], 1)]), &[]).unwrap();
+    let shared = Shared::new(settings);
+    let (m, _) = shared.model_for("m").unwrap();
+    let m = m.clone();
+    let hint = Hint::default();
+    let first = shared.admit(&m, Priority::Standard, hint).await.unwrap();
+    // A second request waits in the queue…
+    let mut waiting = Box::pin(shared.admit(&m, Priority::Standard, hint));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), &mut waiting)
+            .await
+            .is_err()
+    );
+    assert_eq!(shared.queues().models["m"].waiting, 1);
+    // …is granted the slot the first frees, and its client is gone
+    // before it ever sees it.
+    drop(first);
+    drop(waiting);
+    let q = shared.queues().models["m"].clone();
+    assert_eq!((q.waiting, q.in_flight), (0, 0), "{q:?}");
+    // The replica's one slot is free: a new request gets it at once.
+    let again = tokio::time::timeout(
+        Duration::from_millis(100),
+        shared.admit(&m, Priority::Standard, hint),
+    )
+    .await;
+    assert!(matches!(again, Ok(Ok(_))), "the slot was lost");
+}
