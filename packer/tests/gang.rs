@@ -411,6 +411,12 @@ fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
     assert!((u.preempts[0].lost_gpu_hours - 8.0).abs() < 1e-9);
     assert_eq!(by_name(&gangs, "one").status, GangStatus::Preempted);
     assert!(by_name(&gangs, "one").reason.contains("urgent"));
+    // The Slurm script names the victim (Slurm preempts by its own rules).
+    let script = artefacts::sbatch(u).unwrap();
+    assert!(
+        script.contains("# gpuscale plan: preempts job `one` (8 GPUs)"),
+        "{script}"
+    );
     assert_eq!(by_name(&gangs, "two").status, GangStatus::Running);
     assert_eq!(by_name(&gangs, "three").status, GangStatus::Running);
 
@@ -736,6 +742,17 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
     ] {
         assert!(s.contains(line), "{line} missing from\n{s}");
     }
+    // No queue: no partition; no account given: none.
+    assert!(
+        !s.contains("--partition") && !s.contains("--account"),
+        "{s}"
+    );
+    let mut g = gangs[0].clone();
+    g.partition = "training".into();
+    g.account = Some("nlp".into());
+    let s = artefacts::sbatch(&g).unwrap();
+    assert!(s.contains("#SBATCH --partition=training\n"), "{s}");
+    assert!(s.contains("#SBATCH --account=nlp\n"), "{s}");
 }
 
 /// A job with a worker template, as a user writes it: its own node

@@ -231,6 +231,14 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
         .collect();
     let mut s = String::from("#!/bin/bash\n");
     s.push_str(&format!("#SBATCH --job-name={}\n", g.name));
+    // The queue's partition and the fair-share account, so Slurm's own
+    // limits and fair share apply as gpuscale's did.
+    if !g.partition.is_empty() && g.partition != "default" {
+        s.push_str(&format!("#SBATCH --partition={}\n", g.partition));
+    }
+    if let Some(a) = &g.account {
+        s.push_str(&format!("#SBATCH --account={a}\n"));
+    }
     s.push_str(&format!("#SBATCH --nodes={}\n", nodes.len()));
     s.push_str(&format!("#SBATCH --ntasks={}\n", g.workers.len()));
     per_node.dedup();
@@ -248,6 +256,16 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
         let m = secs.div_ceil(60);
         s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
     }
+    // What the plan stops for it: Slurm preempts by its own rules
+    // (PreemptType, QOS), so the plan's choice is written down, not done.
+    for p in &g.preempts {
+        let what = match p.kind {
+            super::VictimKind::Job => format!("job `{}` ({} GPUs)", p.name, p.count),
+            super::VictimKind::Replicas => format!("{} replicas of `{}`", p.count, p.name),
+        };
+        s.push_str(&format!("# gpuscale plan: preempts {what}: {}\n", p.reason));
+    }
+    s.push_str("# the job's own command follows, e.g.: srun ./train.sh\n");
     Some(s)
 }
 
