@@ -226,7 +226,7 @@ pub fn plan(
                         && took_inference(&base, g, &placed.from_inference)
                     {
                         g.reason = format!(
-                            "{}; inference packed again around it ({moves} replicas move)",
+                            "{}; inference packed again around it ({moves} running replicas move or stop)",
                             g.reason
                         );
                     }
@@ -323,16 +323,29 @@ pub fn plan(
         if let Some(t) = taker {
             for (model, n) in &lost {
                 let m = models.iter().find(|m| &m.name == model);
+                // Replicas the plan no longer places: running ones stop;
+                // with none running, they were only wanted.
+                let runs = base
+                    .nodes
+                    .iter()
+                    .flat_map(|n| &n.gpus)
+                    .flat_map(|g| &g.workloads)
+                    .any(|w| &w.model == model);
                 t.preempts.push(Preemption {
                     kind: VictimKind::Replicas,
                     name: model.clone(),
                     count: *n,
                     lost_gpu_hours: 0.0,
                     reason: format!(
-                        "above minReplicas ({}), {} priority",
+                        "above minReplicas ({}), {} priority; {}",
                         m.map_or(0, |m| m.scaling.min_replicas),
                         m.map_or("standard".to_string(), |m| format!("{:?}", m.priority)
-                            .to_lowercase())
+                            .to_lowercase()),
+                        if runs {
+                            "those of them running now stop"
+                        } else {
+                            "none runs now: they are not started"
+                        }
                     ),
                 });
             }

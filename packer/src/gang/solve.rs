@@ -116,10 +116,10 @@ pub fn best(
                 c.why = match stage {
                     Stage::Free => "free GPUs".to_string(),
                     Stage::Inference => {
-                        format!("takes {taken_inf} GPUs inference used")
+                        format!("takes {taken_inf} GPUs planned for inference")
                     }
                     Stage::Preempt if taken_inf > 0 => format!(
-                        "preempts {} lower-priority gang(s), takes {taken_inf} GPUs inference used",
+                        "preempts {} lower-priority gang(s), takes {taken_inf} GPUs planned for inference",
                         c.victims.len()
                     ),
                     Stage::Preempt => {
