@@ -1131,6 +1131,27 @@ fn every_gpuscale_container_s_config_loads_as_the_binary_loads_it() {
                 "deploy/{target}: no gateway"
             );
         }
+        // The Service the controller finds the gateways through exists
+        // and has the named port (its EndpointSlices list that port).
+        for (d, c, l) in &loaded {
+            let Loaded::Autoscaler(a) = l else { continue };
+            let Some(disc) = &a.spec.gateway.discover else {
+                continue;
+            };
+            let svc = find(objects, "Service", &disc.service).unwrap_or_else(|| {
+                panic!(
+                    "deploy/{target}: {d}/{c}: gateway.discover.service `{}` is no Service here",
+                    disc.service
+                )
+            });
+            let ports = svc["spec"]["ports"].as_array().cloned().unwrap_or_default();
+            assert!(
+                ports.iter().any(|p| p["name"] == disc.port.as_str()),
+                "deploy/{target}: {d}/{c}: Service {} has no port named {}",
+                disc.service,
+                disc.port
+            );
+        }
         // Each model the controller manages is one the gateway knows (a
         // replica of an unknown model cannot be registered).
         let models: Vec<gpuscale_policies::Model> = of_kind(objects, "ModelPolicy")
