@@ -110,6 +110,21 @@ fn validate_missing_path_is_an_error_not_a_panic() {
     assert!(errors(&out).starts_with("no/such/dir:1:1: cannot read"));
     let out = gpuscale(&["validate"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
+    // An empty folder or file is a mistake, not a pass.
+    let dir = std::env::temp_dir().join(format!("gpuscale-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.yaml");
+    std::fs::write(&empty, "").unwrap();
+    for path in [&dir, &empty] {
+        let out = gpuscale(&["validate", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        assert!(
+            errors(&out).contains("no gpuscale document"),
+            "{}",
+            errors(&out)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -163,8 +163,12 @@ fn target_of(meta: &HashMap<String, String>, models: &[Model]) -> Result<Target,
                 .trim()
                 .parse::<f64>()
                 .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| Status::invalid_argument(format!("`{key}`: `{v}` is not a number"))),
+                .filter(|x| x.is_finite() && (0.0..=1e6).contains(x))
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "`{key}`: `{v}` is not a queue depth from 0 to 1000000"
+                    ))
+                }),
             None => Ok(default),
         }
     };
@@ -343,6 +347,12 @@ mod tests {
         let mut meta = meta;
         meta.insert("targetQueueDepth".into(), "12".into());
         assert_eq!(target_of(&meta, &[]).unwrap().target, 12.0);
+        meta.insert("targetQueueDepth".into(), "1e300".into());
+        assert_eq!(
+            target_of(&meta, &[]).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        meta.insert("targetQueueDepth".into(), "12".into());
         meta.insert("activationQueueDepth".into(), "x".into());
         assert_eq!(
             target_of(&meta, &[]).unwrap_err().code(),

@@ -21,6 +21,25 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match load_paths(&args.paths) {
         Ok(bundle) => {
+            // Nothing found is a mistake (a wrong folder, an empty file),
+            // not a pass.
+            if bundle.cluster.is_none()
+                && bundle.models.is_empty()
+                && bundle.jobs.is_empty()
+                && bundle.queue.is_none()
+                && bundle.demand.is_none()
+                && bundle.gateways.is_empty()
+                && bundle.autoscalers.is_empty()
+                && bundle.scenarios.is_empty()
+            {
+                let named: Vec<String> =
+                    args.paths.iter().map(|p| p.display().to_string()).collect();
+                eprintln!(
+                    "{}: no gpuscale document (apiVersion gpuscale.io/v1alpha1) to check",
+                    named.join(", ")
+                );
+                return Ok(ExitCode::from(1));
+            }
             // Gateway files are checked by the gateway's own loader (which
             // also reads the policies they name).
             let mut gateways = Vec::new();
