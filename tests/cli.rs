@@ -337,6 +337,8 @@ fn plan_table_emit_and_replan_from_an_earlier_plan() {
         serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("node-labels.yaml")).unwrap())
             .unwrap();
     let config = labels["h100-0"]["nvidia.com/mig.config"].as_str().unwrap();
+    // The cluster file's rack, as the label gang placement and Kueue read.
+    assert_eq!(labels["h100-0"]["gpuscale.io/rack"], "r1");
     assert!(mig["mig-configs"][config].is_array(), "{config}");
     assert!(dir.join("device-plugin-config.yaml").exists());
     assert!(std::fs::read_dir(dir.join("variants")).unwrap().count() > 5);

@@ -48,7 +48,7 @@ pub const CLIQUE: &str = "nvidia.com/gpu.clique";
 /// The standard zone label.
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 /// The rack label gpuscale reads (there is no standard one).
-pub const RACK: &str = "gpuscale.io/rack";
+pub const RACK: &str = gpuscale_packer::emit::RACK_LABEL;
 /// The annotation listing the sharing a node may be set up for.
 pub const SHARING: &str = "gpuscale.io/sharing";
 /// HAMi's device plugin's record of the node's GPUs.

@@ -252,6 +252,11 @@ pub const HAMI_NODE_LABEL: (&str, &str) = ("gpu", "on");
 /// The GPU Operator's label that keeps its device plugin off a node (HAMi's
 /// serves the node's GPUs instead).
 pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+/// The node label of a node's rack, which gang placement and Kueue's
+/// topology-aware scheduling read for the `rack` level (no standard label
+/// exists; `gpuscale.io/rack`, as the controller's inventory reads it).
+pub const RACK_LABEL: &str = "gpuscale.io/rack";
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
 /// HAMi's annotation choosing how it picks a GPU on a node.
@@ -417,6 +422,9 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
             } else if n.hami_capable {
                 labels.insert(HAMI_NODE_LABEL.0, None);
                 labels.insert(OPERATOR_DEVICE_PLUGIN_LABEL, Some("true".to_string()));
+            }
+            if let Some(rack) = &n.rack {
+                labels.insert(RACK_LABEL, Some(rack.clone()));
             }
             (n.name.as_str(), labels)
         })

@@ -645,6 +645,7 @@ fn figures(
                 }),
             hami: decoded.hami_nodes.contains(&n.name),
             hami_capable: n.sharing.contains(&SharingMode::Fractional),
+            rack: n.rack.clone(),
             hami_split_count: decoded
                 .hami_nodes
                 .contains(&n.name)

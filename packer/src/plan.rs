@@ -183,6 +183,11 @@ pub struct NodePlan {
     /// labels removed, in case an earlier plan set them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hami_capable: bool,
+    /// The node's rack, when the cluster says (labelled `gpuscale.io/rack`:
+    /// Kueue's topology-aware scheduling reads it for the `rack` level,
+    /// and no standard label carries it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
     /// On a HAMi node, the most replicas the plan put on one of its GPUs
     /// may reach: the node's `hamiSplitCount`, else the packer's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]

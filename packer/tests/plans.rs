@@ -963,6 +963,18 @@ fn check_emitted(plan: &Plan, cluster: &Cluster) {
             (false, false) => (None, None),
         };
         assert_eq!(l.get("gpu").map(Option::as_deref), gpu, "{}", node.name);
+        // The rack, for Kueue's `rack` level, where the cluster says it.
+        let rack = cluster
+            .nodes
+            .iter()
+            .find(|n| n.name == node.name)
+            .and_then(|n| n.rack.as_deref());
+        assert_eq!(
+            l.get("gpuscale.io/rack").map(Option::as_deref),
+            rack.map(Some),
+            "{}",
+            node.name
+        );
         assert_eq!(
             l.get("nvidia.com/gpu.deploy.device-plugin")
                 .map(Option::as_deref),

@@ -46,7 +46,7 @@ pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
     match level {
         TopologyLevel::Node => Some("kubernetes.io/hostname"),
         TopologyLevel::NvlinkDomain => Some("nvidia.com/gpu.clique"),
-        TopologyLevel::Rack => Some("gpuscale.io/rack"),
+        TopologyLevel::Rack => Some(crate::emit::RACK_LABEL),
         TopologyLevel::Zone => Some("topology.kubernetes.io/zone"),
         TopologyLevel::Any => None,
     }
