@@ -254,12 +254,17 @@ pub fn pack_from(
         && let Some(counts) = ilp::pinned(&classes, models, &wanted)
     {
         let kept = decode::decode(cluster, models, &classes, &counts);
-        let (placed, cost) = placed_and_cost(cluster, &counts, &kept);
-        let (placed_now, cost_now) = placed_and_cost(cluster, &solved.counts, &decoded);
+        let (_, cost) = placed_and_cost(cluster, &counts, &kept);
+        let (_, cost_now) = placed_and_cost(cluster, &solved.counts, &decoded);
+        // Replicas weighed by priority, as the solver weighs them: a
+        // critical replica that takes a sheddable one's place is worth it.
+        let weight = weighted_placed(models, &counts, &kept);
+        let weight_now = weighted_placed(models, &solved.counts, &decoded);
         // Keeping what runs wins ties and near-ties: a re-plan never
         // trades a cost inside the solver's own gap for disruption.
-        if placed > placed_now
-            || (placed == placed_now && cost <= cost_now * (1.0 + options.mip_rel_gap) + 1e-9)
+        if weight > weight_now + 1e-9
+            || ((weight - weight_now).abs() <= 1e-9
+                && cost <= cost_now * (1.0 + options.mip_rel_gap) + 1e-9)
         {
             decoded = kept;
             solved.counts = counts;
@@ -578,11 +583,25 @@ fn figures(
     let unplaced: Vec<Unplaced> = model_plans
         .iter()
         .zip(models)
-        .filter(|(p, _)| p.placed < p.wanted)
-        .map(|(p, m)| Unplaced {
-            model: m.name.clone(),
-            replicas: p.wanted - p.placed,
-            reason: unplaced_reason(cluster, m, &decoded.gpus),
+        .enumerate()
+        .filter(|(_, (p, _))| p.placed < p.wanted)
+        .map(|(i, (p, m))| {
+            let reason = unplaced_reason(cluster, m, &decoded.gpus);
+            // Running replicas the plan does not keep are said, not left
+            // to be inferred from a count.
+            let stopped = decoded.stopped.get(i).copied().unwrap_or(0);
+            Unplaced {
+                model: m.name.clone(),
+                replicas: p.wanted - p.placed,
+                reason: if stopped > 0 {
+                    format!(
+                        "{stopped} running now stop{}; {reason}",
+                        if stopped == 1 { "s" } else { "" }
+                    )
+                } else {
+                    reason
+                },
+            }
         })
         .collect();
 
@@ -670,6 +689,26 @@ fn placed_and_cost(
         .map(|m| m.price_per_hour)
         .sum();
     (placed.saturating_sub(decoded.failed.iter().sum()), cost)
+}
+
+/// Replicas a decoded plan places, each weighted by its model's priority
+/// ([`ilp::priority_weight`]).
+fn weighted_placed(models: &[Model], counts: &ilp::Counts, decoded: &decode::Decoded) -> f64 {
+    let mut per = vec![0u32; models.len()];
+    for (&(_, m, _), &n) in &counts.slots {
+        per[m] += n;
+    }
+    for (&(_, m, _), &n) in &counts.whole {
+        per[m] += n;
+    }
+    per.iter()
+        .zip(models)
+        .enumerate()
+        .map(|(m, (&n, model))| {
+            let failed = decoded.failed.get(m).copied().unwrap_or(0);
+            f64::from(n.saturating_sub(failed)) * ilp::priority_weight(model.priority)
+        })
+        .sum()
 }
 
 /// Cost per hour of the GPUs that run something now.
@@ -781,7 +820,7 @@ fn unplaced_reason(cluster: &Cluster, m: &Model, gpus: &[GpuPlan]) -> String {
         let sound = healthy.get(gpu).copied().unwrap_or(0);
         room.push(if sound < all {
             format!(
-                "{gpu}: {total} of {sound} healthy GPUs free ({} unhealthy), at most {largest} on one node",
+                "{gpu}: {total} of {sound} usable GPUs free ({} unhealthy or held by training), at most {largest} on one node",
                 all - sound
             )
         } else {

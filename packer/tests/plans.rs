@@ -687,6 +687,51 @@ fn unplaceable_replicas_are_explained() {
     );
 }
 
+/// A running replica a plan no longer keeps (a more important model took
+/// its GPUs) is said to stop, not only counted as unplaced.
+#[test]
+fn a_running_replica_the_plan_drops_is_said_to_stop() {
+    let cluster = common::cluster(&[("n", "H100-80GB", 4), ("m", "H100-80GB", 2)]);
+    let model = |name: &str| {
+        common::model(
+            name,
+            150.0,
+            1.0,
+            &[SharingMode::Whole],
+            &[4],
+            &["H100-80GB"],
+        )
+    };
+    let big = model("big");
+    let first = pack(
+        &cluster,
+        std::slice::from_ref(&big),
+        &common::demand(&[("big", 1)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(first.models[0].placed, 1);
+    let mut urgent = model("urgent");
+    urgent.priority = gpuscale_policies::Priority::Critical;
+    let again = pack(
+        &first.apply_to(&cluster),
+        &[big, urgent],
+        &common::demand(&[("big", 1), ("urgent", 1)]),
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let dropped = again
+        .unplaced
+        .iter()
+        .find(|u| u.model == "big")
+        .unwrap_or_else(|| panic!("{:#?}", again.unplaced));
+    assert!(
+        dropped.reason.starts_with("1 running now stops; "),
+        "{}",
+        dropped.reason
+    );
+}
+
 #[test]
 fn mig_parted_config_round_trips_through_its_schema() {
     let b = examples();

@@ -35,6 +35,9 @@ pub struct Decoded {
     pub failed: Vec<u32>,
     /// Replicas running now that move.
     pub moves: u32,
+    /// Replicas running now that stop, per model (running now less
+    /// placed, when more run than are placed).
+    pub stopped: Vec<u32>,
     /// GPUs whose configuration changes.
     pub reconfigured: u32,
     /// Time-slicing `N` per node name.
@@ -367,10 +370,12 @@ fn decode_with(
         }
     }
     let mut moves = 0.0;
+    out.stopped = vec![0; models.len()];
     for m in 0..models.len() {
         let unmatched = (current[m] - matched[m]).max(0.0);
         let removed = (current[m] - f64::from(placed[m])).max(0.0);
         moves += (unmatched - removed).max(0.0);
+        out.stopped[m] = removed.round() as u32;
     }
     out.moves = moves.round() as u32;
     out

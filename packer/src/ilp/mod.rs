@@ -122,12 +122,19 @@ pub struct Solved {
 /// A fractional mix: (slot type, shares), sorted by slot type.
 pub type Mix = Vec<(usize, u32)>;
 
-fn penalty(model: &Model, max_gpus: u32, max_price: f64) -> f64 {
-    let weight = match model.priority {
+/// How much one placed replica of a class weighs against another's: the
+/// unplaced penalty's factor, so every comparison of placements weighs
+/// priorities as the solver does.
+pub fn priority_weight(priority: Priority) -> f64 {
+    match priority {
         Priority::Critical => 100.0,
         Priority::Standard => 10.0,
         Priority::Sheddable => 1.0,
-    };
+    }
+}
+
+fn penalty(model: &Model, max_gpus: u32, max_price: f64) -> f64 {
+    let weight = priority_weight(model.priority);
     // More than all the GPUs any replica could take (the largest
     // tensor-parallel degree at the highest price), so placing a replica
     // always beats leaving it out, and the same for every model of a
