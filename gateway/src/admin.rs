@@ -98,7 +98,14 @@ pub async fn handle(
         return r;
     }
     let req = Request::from_parts(parts, body);
-    match (req.method(), req.uri().path()) {
+    // HEAD is GET without the body (hyper leaves it out), as RFC 9110
+    // §9.3.2 has it: it was classed a read and then answered 404.
+    let method = if req.method() == Method::HEAD {
+        Method::GET
+    } else {
+        req.method().clone()
+    };
+    match (&method, req.uri().path()) {
         (&Method::GET, "/metrics") => {
             let mut out = String::new();
             if prometheus_client::encoding::text::encode(&mut out, &shared.registry).is_err() {

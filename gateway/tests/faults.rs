@@ -245,6 +245,25 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     gw.shutdown().await;
 }
 
+/// HEAD on the admin port's reads answers as GET does, without a body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_on_an_admin_read_is_its_get_without_a_body() {
+    let gw = gateway(spec(vec![model("m", &[], 4)])).await;
+    for path in ["/healthz", "/v1/queues", "/metrics"] {
+        let mut s = TcpStream::connect(gw.admin).await.unwrap();
+        s.write_all(
+            format!("HEAD {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{path}: {text}");
+        assert!(text.ends_with("\r\n\r\n"), "{path}: no body: {text}");
+    }
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_subscribers_are_capped_and_a_gone_one_frees_its_place_at_once() {
     let mut sp = spec(vec![model("m", &[], 4)]);
