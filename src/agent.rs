@@ -391,6 +391,42 @@ impl Cache {
     }
 }
 
+/// Answers a connection over [`AGENT_MAX_CONNECTIONS`]: `GET /healthz`
+/// and `GET /readyz` (read within 50 ms) as always, anything else 503.
+async fn over_cap(mut stream: tokio::net::TcpStream, cache: Arc<Cache>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let is = |p: &[u8]| {
+        buf[..n]
+            .strip_prefix(b"GET ")
+            .and_then(|r| r.strip_prefix(p))
+            .is_some_and(|rest| rest.first().is_some_and(|&c| c == b' ' || c == b'?'))
+    };
+    let (status, body) = if is(b"/healthz") {
+        ("200 OK", "ok\n".to_string())
+    } else if is(b"/readyz") {
+        match cache.reading().await {
+            Ok(_) => ("200 OK", "ok\n".to_string()),
+            Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+        }
+    } else {
+        (
+            "503 Service Unavailable",
+            format!("{AGENT_MAX_CONNECTIONS} connections open; retry later\n"),
+        )
+    };
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+}
+
 /// Most connections the agent serves at once (its readers are Prometheus
 /// and the controller); one more is closed at once.
 pub const AGENT_MAX_CONNECTIONS: usize = 64;
@@ -434,9 +470,11 @@ pub async fn serve(
             () = &mut stop => return,
         };
         // Its readers are a scraper and the controller: a handful of
-        // connections. Beyond the cap, one is closed at once.
+        // connections. Beyond the cap a probe still gets its real answer
+        // (held connections must not fail the kubelet's probes and get
+        // the agent restarted); anything else 503, then the close.
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
+            tokio::spawn(over_cap(stream, cache.clone()));
             continue;
         };
         let cache = cache.clone();

@@ -242,7 +242,7 @@ impl KubeBackend {
                 return None;
             }
         };
-        let held = crate::inventory::holdings(&pods);
+        let held = crate::inventory::holdings(&pods, self.kube.ns());
         let builtin = gpuscale_policies::Catalog::builtin();
         let inv = crate::inventory::from_nodes(&nodes, &readings, &held, &builtin);
         if inv.notes != self.inventory_notes {

@@ -254,10 +254,10 @@ fn hami_allocated(record: &str) -> Vec<Vec<(String, u64, u32)>> {
         .collect()
 }
 
-/// What pods bound to a node and not finished hold: gpuscale's (labelled
-/// `app.kubernetes.io/managed-by: gpuscale` with a model) as their
-/// model's replicas, any other pod that holds GPU devices as foreign.
-pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
+/// What pods bound to a node and not finished hold: those in the
+/// controller's `namespace` labelled `gpuscale.io/model` as their model's
+/// replicas, any other pod that holds GPU devices as foreign.
+pub fn holdings(pods: &[Pod], namespace: &str) -> Vec<Holding> {
     let mut out = Vec::new();
     for p in pods {
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -269,11 +269,17 @@ pub fn holdings(pods: &[Pod]) -> Vec<Holding> {
             continue;
         };
         let labels = p.metadata.labels.as_ref();
-        let managed = labels
-            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
-            .is_some_and(|m| m == crate::kubernetes::MANAGER);
+        // The controller's namespace is the platform team's: a pod there
+        // with a model label is that model's replica (the controller's
+        // own, or one KEDA scales). Labels elsewhere prove nothing: any
+        // tenant may write them.
+        let here = p
+            .metadata
+            .namespace
+            .as_deref()
+            .is_none_or(|n| n == namespace);
         let (model, foreign) = match labels.and_then(|l| l.get(crate::kubernetes::MODEL_LABEL)) {
-            Some(m) if managed => (m.clone(), None),
+            Some(m) if here => (m.clone(), None),
             _ => (
                 String::new(),
                 Some(format!(

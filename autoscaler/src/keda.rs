@@ -100,15 +100,34 @@ impl Keda {
         }
         let (tx, rx) = tokio::sync::broadcast::channel(64);
         let sender = tx.clone();
-        let mut events = self.gateway.stream();
+        let gateway = self.gateway.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            while let Some(e) = events.recv().await {
-                if let Event::Queues(v) = &e {
-                    *shared.view.lock().await = Some((std::time::Instant::now(), v.clone()));
+            loop {
+                // When the set of gateway instances changes (discovery),
+                // follow the new set: checked each second, and whenever
+                // the client's stream ends.
+                let bases = gateway.bases();
+                let mut events = gateway.stream();
+                let mut check = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    let e = tokio::select! {
+                        e = events.recv() => e,
+                        _ = check.tick() => {
+                            if gateway.bases() != bases {
+                                break;
+                            }
+                            continue;
+                        }
+                    };
+                    let Some(e) = e else { break };
+                    if let Event::Queues(v) = &e {
+                        *shared.view.lock().await = Some((std::time::Instant::now(), v.clone()));
+                    }
+                    // No receiver now is fine: the next stream subscribes.
+                    let _ = sender.send(e);
                 }
-                // No receiver now is fine: the next stream subscribes.
-                let _ = sender.send(e);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         });
         *feed = Some(tx);

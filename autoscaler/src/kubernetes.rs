@@ -1080,7 +1080,8 @@ impl Kube {
         self.dry_run
     }
 
-    fn ns(&self) -> &str {
+    /// The namespace it manages.
+    pub fn ns(&self) -> &str {
         &self.spec.namespace
     }
 

@@ -333,7 +333,7 @@ fn running_pods_are_the_gpus_workloads() {
             "Running",
         ),
     ];
-    let held = holdings(&pods);
+    let held = holdings(&pods, "inference");
     assert_eq!(held.len(), 3, "the finished pod holds nothing");
     let inv = from_nodes(
         &nodes,
@@ -572,7 +572,7 @@ fn time_sliced_shares_spread_as_the_device_plugin_hands_them_out() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     assert!(inv.notes.is_empty(), "{:?}", inv.notes);
@@ -597,7 +597,7 @@ fn mps_shares_fill_at_most_their_partitions() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     assert_eq!(inv.notes.len(), 2, "{:?}", inv.notes);
@@ -629,7 +629,7 @@ fn time_sliced_mig_shares_share_one_instance() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading)]),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     // The reading's GPU 7 has ECC errors (noted), and the fourth share:
@@ -741,7 +741,7 @@ fn hami_shares_go_where_hami_recorded_or_would_put_them() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading)]),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     // Only the reading's GPU 7 (ECC errors) is noted.
@@ -785,7 +785,7 @@ fn a_hami_share_the_replay_cannot_fit_is_still_counted() {
     let inv = from_nodes(
         &[node],
         &BTreeMap::new(),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     assert_eq!(inv.notes.len(), 1, "{:?}", inv.notes);
@@ -851,7 +851,7 @@ fn hamis_split_count_comes_from_its_node_registration() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     let noted: Vec<&str> = inv.notes.iter().map(|(n, _)| n.as_str()).collect();
@@ -890,7 +890,7 @@ fn shares_the_annotations_do_not_explain_are_kept_and_noted() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::new(),
-        &holdings(&pods),
+        &holdings(&pods, "inference"),
         &Catalog::builtin(),
     );
     let notes: Vec<&str> = inv.notes.iter().map(|(_, n)| n.as_str()).collect();
@@ -932,7 +932,7 @@ fn hostile_limits_are_bounded() {
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30k"}),
         ),
     ];
-    let held = holdings(&pods);
+    let held = holdings(&pods, "inference");
     assert_eq!(held[0].held.len(), 64);
     let gpuscale_autoscaler::inventory::Held::Fractional(b) = &held[1].held[0] else {
         panic!("{:?}", held[1]);
@@ -980,11 +980,22 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
             "Running",
         ),
         foreign("web", json!({"cpu": "2"}), "Running"),
+        // gpuscale's labels in another namespace prove nothing.
+        serde_json::from_value(json!({
+            "metadata": {"name": "spoof", "namespace": "tenant",
+                         "labels": {"gpuscale.io/model": "llama-8b",
+                                    "app.kubernetes.io/managed-by": "gpuscale"}},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "x",
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap(),
         foreign("done", json!({"nvidia.com/gpu": "4"}), "Succeeded"),
     ];
-    let held = holdings(&pods);
-    assert_eq!(held.len(), 3, "{held:#?}");
+    let held = holdings(&pods, "inference");
+    assert_eq!(held.len(), 4, "{held:#?}");
     assert_eq!(held[1].foreign.as_deref(), Some("ml/trainer-0"));
+    assert_eq!(held[3].foreign.as_deref(), Some("tenant/spoof"));
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), reading)]),
@@ -999,8 +1010,9 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
         .map(|g| g.index)
         .collect();
     // GPU 0 (the only one with a 1g.10gb instance), two free GPUs for the
-    // trainer, and GPU 7 (ECC errors, as before).
-    assert_eq!(unhealthy, [0, 1, 2, 7], "{:#?}", inv.notes);
+    // trainer, one for the spoofing pod, and GPU 7 (ECC errors, as
+    // before).
+    assert_eq!(unhealthy, [0, 1, 2, 3, 7], "{:#?}", inv.notes);
     for pod in ["ml/trainer-0", "ml/other-mig"] {
         assert!(
             inv.notes.iter().any(|(_, n)| n.contains(pod)),
@@ -1012,7 +1024,7 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
     let inv = from_nodes(
         &nodes,
         &BTreeMap::from([("gpu-a".to_string(), example().1)]),
-        &holdings(&pods[..1]),
+        &holdings(&pods[..1], "inference"),
         &Catalog::builtin(),
     );
     let c = cluster(&inv.spec);

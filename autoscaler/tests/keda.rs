@@ -251,3 +251,49 @@ async fn many_calls_and_streams_share_one_gateway_stream() {
     assert!(reads <= 5, "{reads} reads of /v1/queues for 300 callers");
     drop(open);
 }
+
+/// When the gateway instances change (discovery), the shared stream
+/// follows the new set: open streams keep getting changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_stream_follows_a_change_of_gateway_instances() {
+    let (first, _) = gateway_counting().await;
+    let (second, seen) = gateway_counting().await;
+    let gateway = GatewayClient::new(&first);
+    let keda = Keda::new(gateway.clone(), vec![policy()]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(keda.service())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut stream = client
+        .stream_is_active(object("chat"))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("a push")
+            .unwrap()
+            .unwrap()
+            .result
+    };
+    // The first gateway: 7 (active), then its stream's 0 and 3.
+    assert_eq!(
+        [next().await, next().await, next().await],
+        [true, false, true]
+    );
+    gateway.set_bases(vec![second.clone()]);
+    // The second gateway's stream, followed: 0, then 3.
+    assert_eq!([next().await, next().await], [false, true]);
+    assert_eq!(
+        seen.0.load(Ordering::SeqCst),
+        1,
+        "one stream on the new gateway"
+    );
+}

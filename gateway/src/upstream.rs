@@ -73,12 +73,15 @@ pub enum SendError {
 }
 
 /// What the gateway itself ran out of, when a connect failed for that
-/// (Linux's errno values): descriptors (`EMFILE`, `ENFILE`), ephemeral
-/// ports (`EADDRNOTAVAIL`), buffers or memory (`ENOBUFS`, `ENOMEM`).
+/// (Linux's errno values): descriptors (`EMFILE`, `ENFILE`), buffers or
+/// memory (`ENOBUFS`, `ENOMEM`). `EADDRNOTAVAIL` is left to the replica:
+/// it also means an address that cannot be reached from here.
 pub fn local_shortage(e: &io::Error) -> Option<&'static str> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
     match e.raw_os_error()? {
         23 | 24 => Some("file descriptors"),
-        99 => Some("local ports"),
         12 | 105 => Some("memory"),
         _ => None,
     }

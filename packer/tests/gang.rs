@@ -928,6 +928,37 @@ fn worker_templates_that_fight_the_placement_are_refused() {
     );
 }
 
+/// A node that may run HAMi and now holds a gang's worker gets HAMi's
+/// labels taken off in node-labels.yaml, like any HAMi-capable node the
+/// plan does not use for it (an earlier plan may have set them).
+#[test]
+fn a_gangs_node_that_may_run_hami_has_hamis_labels_removed() {
+    let c = common::cluster_allowing(
+        &[("a", "H100-80GB", 8), ("b", "H100-80GB", 8)],
+        &[SharingMode::Whole, SharingMode::Fractional],
+    );
+    let jobs = vec![job("train", simple(1, 8, TopologyLevel::Node))];
+    let plan = joint_plan(&c, &[], &jobs, &[]);
+    let g = by_name(&plan.gangs, "train");
+    assert_eq!(g.status, GangStatus::Starting);
+    let files = gpuscale_packer::emit::files(&plan, "gpu-operator").unwrap();
+    let text = &files
+        .iter()
+        .find(|(p, _)| p == "node-labels.yaml")
+        .unwrap()
+        .1;
+    let labels: BTreeMap<String, BTreeMap<String, Option<String>>> =
+        serde_yaml_ng::from_str(text).unwrap();
+    for node in ["a", "b"] {
+        assert_eq!(labels[node].get("gpu"), Some(&None), "{node}: {text}");
+        assert_eq!(
+            labels[node].get("nvidia.com/gpu.deploy.device-plugin"),
+            Some(&Some("true".to_string())),
+            "{node}: {text}"
+        );
+    }
+}
+
 // Random clusters and jobs: what every placement must hold.
 fn arb_case() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>, Inventory)> {
     let node = (

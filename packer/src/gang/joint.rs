@@ -408,6 +408,14 @@ pub fn plan(
         if let Some(name) = names.get(&n.name) {
             n.mig_config = name.clone();
         }
+        // Whether the node may run HAMi is the cluster's word, not the
+        // inference view's (which takes `fractional` off a gang's node):
+        // a gang's node is exactly where an earlier plan's HAMi must go.
+        if let Some(b) = base.nodes.iter().find(|b| b.name == n.name) {
+            n.hami_capable = b
+                .sharing
+                .contains(&gpuscale_policies::SharingMode::Fractional);
+        }
     }
     // What is left free for training.
     let taken = gang_gpus(&base, &placed.gangs);
