@@ -392,39 +392,16 @@ impl Cache {
 }
 
 /// Answers a connection over [`AGENT_MAX_CONNECTIONS`]: `GET /healthz`
-/// and `GET /readyz` (read within 50 ms) as always, anything else 503.
-async fn over_cap(mut stream: tokio::net::TcpStream, cache: Arc<Cache>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = [0u8; 1024];
-    let n = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or(0);
-    let is = |p: &[u8]| {
-        buf[..n]
-            .strip_prefix(b"GET ")
-            .and_then(|r| r.strip_prefix(p))
-            .is_some_and(|rest| rest.first().is_some_and(|&c| c == b' ' || c == b'?'))
-    };
-    let (status, body) = if is(b"/healthz") {
-        ("200 OK", "ok\n".to_string())
-    } else if is(b"/readyz") {
-        match cache.reading().await {
-            Ok(_) => ("200 OK", "ok\n".to_string()),
-            Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+/// and `GET /readyz` as always, anything else 503.
+async fn over_cap(stream: tokio::net::TcpStream, cache: Arc<Cache>) {
+    use gpuscale_autoscaler::admin::{Probe, answer_over_cap};
+    answer_over_cap(stream, AGENT_MAX_CONNECTIONS, |probe| async move {
+        match probe {
+            Probe::Live => Ok("ok\n".to_string()),
+            Probe::Ready => cache.reading().await.map(|_| "ok\n".to_string()),
         }
-    } else {
-        (
-            "503 Service Unavailable",
-            format!("{AGENT_MAX_CONNECTIONS} connections open; retry later\n"),
-        )
-    };
-    let answer = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+    })
+    .await;
 }
 
 /// Most connections the agent serves at once (its readers are Prometheus

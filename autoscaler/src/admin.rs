@@ -122,7 +122,36 @@ pub async fn serve(
 /// `GET /readyz`, read within 50 ms) gets its real answer, so idle or
 /// half-sent connections holding the port cannot fail the kubelet's
 /// probes; anything else 503. Then the connection closes.
-async fn over_cap(mut stream: tokio::net::TcpStream, report: Report) {
+async fn over_cap(stream: tokio::net::TcpStream, report: Report) {
+    answer_over_cap(stream, MAX_CONNECTIONS, |probe| async move {
+        match probe {
+            Probe::Live => report.live().map(|()| "ok\n".to_string()),
+            Probe::Ready => report.ready().map(|()| "ready\n".to_string()),
+        }
+    })
+    .await;
+}
+
+/// A kubelet probe, as a connection over a port's cap reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `GET /healthz`.
+    Live,
+    /// `GET /readyz`.
+    Ready,
+}
+
+/// Answers a connection over a read-only port's cap of `cap`: a probe
+/// (`GET /healthz`, `GET /readyz`, read within 50 ms) gets `health`'s
+/// answer (200 with its text, or 503 with the reason), anything else 503;
+/// then the connection closes. Idle or half-sent connections holding the
+/// port so cannot fail the kubelet's probes.
+pub async fn answer_over_cap<F, Fut, E>(mut stream: tokio::net::TcpStream, cap: usize, health: F)
+where
+    F: FnOnce(Probe) -> Fut,
+    Fut: std::future::Future<Output = Result<String, E>>,
+    E: std::fmt::Display,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = [0u8; 1024];
     let n = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf))
@@ -136,21 +165,22 @@ async fn over_cap(mut stream: tokio::net::TcpStream, report: Report) {
             .and_then(|r| r.strip_prefix(p))
             .is_some_and(|rest| rest.first().is_some_and(|&c| c == b' ' || c == b'?'))
     };
-    let (status, body) = if is(b"/healthz") {
-        match report.live() {
-            Ok(()) => ("200 OK", "ok\n".to_string()),
-            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
-        }
+    let probe = if is(b"/healthz") {
+        Some(Probe::Live)
     } else if is(b"/readyz") {
-        match report.ready() {
-            Ok(()) => ("200 OK", "ready\n".to_string()),
-            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
-        }
+        Some(Probe::Ready)
     } else {
-        (
+        None
+    };
+    let (status, body) = match probe {
+        Some(p) => match health(p).await {
+            Ok(text) => ("200 OK", text),
+            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+        },
+        None => (
             "503 Service Unavailable",
-            format!("{MAX_CONNECTIONS} connections open; retry later\n"),
-        )
+            format!("{cap} connections open; retry later\n"),
+        ),
     };
     let answer = format!(
         "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
