@@ -908,6 +908,10 @@ fn worker_templates_that_fight_the_placement_are_refused() {
         ["spec.template.spec.nodeName"]
     );
     assert_eq!(
+        with("  spec: {restartPolicy: Always, containers: [{name: w, image: i}]}"),
+        ["spec.template.spec.restartPolicy"]
+    );
+    assert_eq!(
         with(
             "  spec: {containers: [{name: w, image: i, resources: {limits: {nvidia.com/gpu: 8}}}]}"
         ),

@@ -161,6 +161,12 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> 
             "a worker template needs at least one container",
         ));
     }
+    if spec.restart_policy.as_deref() == Some("Always") {
+        errors.push(FieldError::new(
+            "spec.template.spec.restartPolicy",
+            "a worker is a bare Pod: `Always` would run its training again when it finishes; use `Never` or `OnFailure`",
+        ));
+    }
     if spec.node_name.is_some() {
         errors.push(FieldError::new(
             "spec.template.spec.nodeName",
