@@ -113,10 +113,8 @@ fn object(model: &str) -> ScaledObjectRef {
     }
 }
 
-#[tokio::test]
-async fn keda_reads_queue_depth_over_grpc() {
-    let gw = gateway().await;
-    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+/// Serves `keda` over gRPC on a loopback port; its address.
+async fn serve(keda: Keda) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -124,6 +122,14 @@ async fn keda_reads_queue_depth_over_grpc() {
             .add_service(keda.service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
+    addr
+}
+
+#[tokio::test]
+async fn keda_reads_queue_depth_over_grpc() {
+    let gw = gateway().await;
+    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+    let addr = serve(keda).await;
     let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -195,13 +201,7 @@ async fn keda_reads_queue_depth_over_grpc() {
 async fn many_calls_and_streams_share_one_gateway_stream() {
     let (gw, counts) = gateway_counting().await;
     let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(keda.service())
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let addr = serve(keda).await;
     let client = ExternalScalerClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -260,13 +260,7 @@ async fn the_shared_stream_follows_a_change_of_gateway_instances() {
     let (second, seen) = gateway_counting().await;
     let gateway = GatewayClient::new(&first);
     let keda = Keda::new(gateway.clone(), vec![policy()]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(keda.service())
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let addr = serve(keda).await;
     let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
