@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuscale_autoscaler::inventory::{from_nodes, holdings, model_of_product};
+use gpuscale_autoscaler::inventory::{FromNodes, from_nodes, holdings, model_of_product};
 use gpuscale_policies::devices::{GpuReading, InstanceReading, NodeGpus};
 use gpuscale_policies::{Catalog, Cluster, GpuMode, Health, SharingMode};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -261,6 +261,17 @@ fn example() -> ([Node; 1], NodeGpus) {
     (nodes, reading)
 }
 
+/// The example node and its reading, with what `held` holds on it.
+fn example_holding(held: &[gpuscale_autoscaler::inventory::Holding]) -> FromNodes {
+    let (nodes, reading) = example();
+    from_nodes(
+        &nodes,
+        &BTreeMap::from([("gpu-a".to_string(), reading)]),
+        held,
+        &Catalog::builtin(),
+    )
+}
+
 /// The reading `gpuscale agent --fake` serves in the repository's
 /// example (`tests/data/agent-h100-node.yaml`) beside its node: GPU 0's
 /// three MIG instances are its geometry, GPU 7's ECC errors keep the
@@ -302,7 +313,6 @@ fn pod(name: &str, model: &str, node: &str, limits: serde_json::Value, phase: &s
 /// two free ones; a finished pod holds nothing.
 #[test]
 fn running_pods_are_the_gpus_workloads() {
-    let (nodes, reading) = example();
     let pods = [
         pod(
             "a",
@@ -335,12 +345,7 @@ fn running_pods_are_the_gpus_workloads() {
     ];
     let held = holdings(&pods, "inference");
     assert_eq!(held.len(), 3, "the finished pod holds nothing");
-    let inv = from_nodes(
-        &nodes,
-        &BTreeMap::from([("gpu-a".to_string(), reading)]),
-        &held,
-        &Catalog::builtin(),
-    );
+    let inv = example_holding(&held);
     let c = cluster(&inv.spec);
     let gpus = &c.nodes[0].gpus;
     assert_eq!(gpus[0].workloads.len(), 1);
@@ -954,7 +959,6 @@ fn hostile_limits_are_bounded() {
 /// a pod without GPUs, or finished, holds nothing.
 #[test]
 fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
-    let (nodes, reading) = example();
     let foreign = |name: &str, limits: serde_json::Value, phase: &str| -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ml",
@@ -996,12 +1000,7 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
     assert_eq!(held.len(), 4, "{held:#?}");
     assert_eq!(held[1].foreign.as_deref(), Some("ml/trainer-0"));
     assert_eq!(held[3].foreign.as_deref(), Some("tenant/spoof"));
-    let inv = from_nodes(
-        &nodes,
-        &BTreeMap::from([("gpu-a".to_string(), reading)]),
-        &held,
-        &Catalog::builtin(),
-    );
+    let inv = example_holding(&held);
     let c = cluster(&inv.spec);
     let gpus = &c.nodes[0].gpus;
     let unhealthy: Vec<u32> = gpus
@@ -1021,12 +1020,7 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
         );
     }
     // Without them, only GPU 7.
-    let inv = from_nodes(
-        &nodes,
-        &BTreeMap::from([("gpu-a".to_string(), example().1)]),
-        &holdings(&pods[..1], "inference"),
-        &Catalog::builtin(),
-    );
+    let inv = example_holding(&holdings(&pods[..1], "inference"));
     let c = cluster(&inv.spec);
     let n = c.nodes[0]
         .gpus

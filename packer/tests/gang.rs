@@ -102,6 +102,11 @@ fn job(name: &str, j: J) -> TrainingJob {
     TrainingJob::from_spec(name, &spec, &Catalog::builtin()).expect("valid job")
 }
 
+/// `j` at another priority.
+fn ranked(priority: Priority, j: J) -> J {
+    J { priority, ..j }
+}
+
 fn simple(workers: u32, gpw: u32, level: TopologyLevel) -> J {
     J {
         workers,
@@ -395,10 +400,7 @@ fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
         job("three", shed(4, 1)),
         job(
             "urgent",
-            J {
-                priority: Priority::Critical,
-                ..simple(1, 8, TopologyLevel::Node)
-            },
+            ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
         ),
     ];
     let gangs = place(&c, &jobs);
@@ -456,17 +458,11 @@ fn a_preempted_job_is_requeued_at_its_priority_ahead_of_lower_jobs() {
         job("victim", simple(1, 8, TopologyLevel::Node)),
         job(
             "urgent",
-            J {
-                priority: Priority::Critical,
-                ..simple(1, 8, TopologyLevel::Node)
-            },
+            ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
         ),
         job(
             "low",
-            J {
-                priority: Priority::Sheddable,
-                ..simple(1, 8, TopologyLevel::Node)
-            },
+            ranked(Priority::Sheddable, simple(1, 8, TopologyLevel::Node)),
         ),
     ];
     let gangs = place(&c, &jobs);
@@ -582,10 +578,7 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
     let models = vec![whole_model("m", Priority::Sheddable, 2)];
     let critical = job(
         "train",
-        J {
-            priority: Priority::Critical,
-            ..simple(1, 8, TopologyLevel::Node)
-        },
+        ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
     );
     let plan = joint_plan(&c, &models, std::slice::from_ref(&critical), &[("m", 12)]);
     assert_never_shared(&plan);
@@ -606,10 +599,7 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
     // waits, and the model keeps all 12.
     let huge = job(
         "huge",
-        J {
-            priority: Priority::Critical,
-            ..simple(2, 8, TopologyLevel::Any)
-        },
+        ranked(Priority::Critical, simple(2, 8, TopologyLevel::Any)),
     );
     let plan = joint_plan(&c, &models, &[huge], &[("m", 12)]);
     assert_eq!(plan.gangs[0].status, GangStatus::Pending);
@@ -1493,10 +1483,7 @@ fn replicas_a_gang_displaces_are_counted_as_moves_and_a_cluster_without_models_p
     let models = vec![whole_model("m", Priority::Standard, 1)];
     let urgent = job(
         "urgent",
-        J {
-            priority: Priority::Critical,
-            ..simple(1, 8, TopologyLevel::Node)
-        },
+        ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
     );
     let plan = joint_plan(&c, &models, std::slice::from_ref(&urgent), &[("m", 8)]);
     assert_eq!(plan.gangs[0].status, GangStatus::Starting);
@@ -1559,18 +1546,12 @@ fn a_job_below_a_reservation_never_preempts_its_way_onto_the_reserved_gpus() {
     w.spec.started_at = Some(at(&q, 0.0));
     let mut head = job(
         "head",
-        J {
-            priority: Priority::Critical,
-            ..simple(2, 8, TopologyLevel::Any)
-        },
+        ranked(Priority::Critical, simple(2, 8, TopologyLevel::Any)),
     );
     head.spec.submitted_at = Some(at(&q, -86_400.0));
     let mut low = job(
         "low",
-        J {
-            priority: Priority::Critical,
-            ..simple(1, 8, TopologyLevel::Node)
-        },
+        ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
     );
     low.spec.submitted_at = Some(at(&q, -3600.0));
     let gangs = place(&c, &[v, w, head, low]);
@@ -1645,10 +1626,7 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
         )),
         job(
             "p",
-            J {
-                priority: Priority::Critical,
-                ..simple(1, 8, TopologyLevel::Node)
-            },
+            ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
         ),
         job("l", simple(1, 4, TopologyLevel::Node)),
     ];
