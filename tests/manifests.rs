@@ -18,6 +18,10 @@
 //!   binary uses, and its flags are flags the binary has;
 //! - the controller runs 2 replicas, the central gateway 2, the sidecar is
 //!   a native sidecar, the KEDA trigger reaches gpuscale's scaler.
+//! - the NetworkPolicies, evaluated by the API's documented semantics,
+//!   let anyone reach the gateways' traffic ports, only the controller and
+//!   Prometheus the admin ports and agents, only KEDA the external scaler,
+//!   and only the central gateway the model servers.
 //!
 //! Without `kubectl` on PATH these tests fail, unless
 //! `GPUSCALE_SKIP_KUBECTL=1` says to skip them.
@@ -31,6 +35,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Service, ServiceAccount, Volume,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -278,6 +283,7 @@ fn check_type(o: &Value) -> Result<(), String> {
         "Service" => strict::<Service>(o).map(drop),
         "Deployment" => strict::<Deployment>(o).map(drop),
         "DaemonSet" => strict::<DaemonSet>(o).map(drop),
+        "NetworkPolicy" => strict::<NetworkPolicy>(o).map(drop),
         "PodDisruptionBudget" => strict::<PodDisruptionBudget>(o).map(drop),
         "CustomResourceDefinition" => strict::<CustomResourceDefinition>(o).map(drop),
         "ModelPolicy" => model_policy(o).map(drop),
@@ -1607,4 +1613,340 @@ fn the_keda_overlay_carries_the_model_services_the_controller_would_apply() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// NetworkPolicies: who may connect to what, evaluated as Kubernetes'
+// NetworkPolicy API documents it (networking.k8s.io/v1): a pod no policy
+// selects for ingress takes everything; a selected pod takes a connection
+// when some selecting policy has a rule whose `from` (absent or empty: any
+// source) and `ports` (absent or empty: any port) both match. A peer with
+// only `podSelector` means pods of the policy's namespace; with only
+// `namespaceSelector`, every pod of the matching namespaces; with both,
+// the matching pods of the matching namespaces. A named port is the
+// destination pod's container port of that name.
+
+/// A pod as a NetworkPolicy sees it.
+#[derive(Debug, Clone)]
+struct Peer {
+    what: String,
+    namespace: String,
+    namespace_labels: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
+    /// Container ports (init containers too) by name; unnamed ones under
+    /// their number.
+    ports: BTreeMap<String, i32>,
+}
+
+impl Peer {
+    fn outside(what: &str, namespace: &str, extra_ns_labels: &[(&str, &str)]) -> Peer {
+        let mut namespace_labels: BTreeMap<String, String> = extra_ns_labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        namespace_labels.insert("kubernetes.io/metadata.name".into(), namespace.into());
+        Peer {
+            what: what.into(),
+            namespace: namespace.into(),
+            namespace_labels,
+            labels: BTreeMap::from([("app".to_string(), what.to_string())]),
+            ports: BTreeMap::new(),
+        }
+    }
+}
+
+fn selects(
+    s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let by_labels = s
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = s.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.clone().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            other => panic!("label selector operator {other}"),
+        }
+    });
+    by_labels && by_expressions
+}
+
+/// Whether `dst` takes a TCP connection from `src` on `port`.
+fn admits(policies: &[NetworkPolicy], src: &Peer, dst: &Peer, port: i32) -> bool {
+    let selecting: Vec<_> = policies
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(dst.namespace.as_str()))
+        .filter(|p| {
+            let spec = p.spec.as_ref().unwrap();
+            // Without policyTypes, a policy is an ingress policy.
+            let ingress = spec
+                .policy_types
+                .as_ref()
+                .is_none_or(|t| t.iter().any(|t| t == "Ingress"));
+            ingress
+                && spec
+                    .pod_selector
+                    .as_ref()
+                    .is_none_or(|s| selects(s, &dst.labels))
+        })
+        .collect();
+    if selecting.is_empty() {
+        return true;
+    }
+    selecting.iter().any(|p| {
+        let ns = p.metadata.namespace.as_deref().unwrap();
+        p.spec
+            .as_ref()
+            .unwrap()
+            .ingress
+            .iter()
+            .flatten()
+            .any(|rule| {
+                let from = rule.from.as_deref().unwrap_or_default();
+                let ports = rule.ports.as_deref().unwrap_or_default();
+                let from_ok = from.is_empty()
+                    || from.iter().any(|peer| {
+                        // An ipBlock could match any pod's address: count it
+                        // as letting everyone in (the tests below only check
+                        // that some sources are kept out).
+                        peer.ip_block.is_some()
+                            || (match &peer.namespace_selector {
+                                Some(s) => selects(s, &src.namespace_labels),
+                                None => src.namespace == ns,
+                            } && peer
+                                .pod_selector
+                                .as_ref()
+                                .is_none_or(|s| selects(s, &src.labels)))
+                    });
+                let port_ok = ports.is_empty()
+                    || ports.iter().any(|p| {
+                        p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+                            && match &p.port {
+                                None => true,
+                                Some(IntOrString::Int(n)) => match p.end_port {
+                                    Some(end) => (*n..=end).contains(&port),
+                                    None => *n == port,
+                                },
+                                Some(IntOrString::String(name)) => {
+                                    dst.ports.get(name) == Some(&port)
+                                }
+                            }
+                    });
+                from_ok && port_ok
+            })
+    })
+}
+
+/// Every pod a target runs in the namespace `gpuscale` (its Deployments
+/// and DaemonSets), and the pods the controller's own Deployment would
+/// run for each of the target's ModelPolicies.
+fn pods_of(target: &str, objects: &[Value]) -> Vec<Peer> {
+    let ns_labels = |ns: &str| {
+        let mut labels: BTreeMap<String, String> = find(objects, "Namespace", ns)
+            .map(|o| serde_json::from_value(o["metadata"]["labels"].clone()).unwrap())
+            .unwrap_or_default();
+        labels.insert("kubernetes.io/metadata.name".into(), ns.into());
+        labels
+    };
+    let peer = |what: String, ns: &str, template: &Value| {
+        let spec: PodSpec = serde_json::from_value(template["spec"].clone()).unwrap();
+        Peer {
+            what,
+            namespace: ns.into(),
+            namespace_labels: ns_labels(ns),
+            labels: serde_json::from_value(template["metadata"]["labels"].clone())
+                .unwrap_or_default(),
+            ports: containers(&spec)
+                .flat_map(|c| c.ports.iter().flatten())
+                .map(|p| {
+                    (
+                        p.name.clone().unwrap_or(p.container_port.to_string()),
+                        p.container_port,
+                    )
+                })
+                .collect(),
+        }
+    };
+    let mut out: Vec<Peer> = objects
+        .iter()
+        .filter(|o| matches!(kind(o), "Deployment" | "DaemonSet"))
+        .filter(|o| o["metadata"]["namespace"] == "gpuscale")
+        .map(|o| peer(describe(o), "gpuscale", &o["spec"]["template"]))
+        .collect();
+    let kube = loaded(target, objects)
+        .into_iter()
+        .find_map(|(_, _, l)| match l {
+            Loaded::Autoscaler(s) => Some(s.spec.kubernetes.clone()),
+            Loaded::Gateway(_) => None,
+        })
+        .expect("the controller");
+    for o in of_kind(objects, "ModelPolicy") {
+        let model = model_policy(o).unwrap();
+        let d = controller_deployment(&model, &kube);
+        out.push(peer(
+            format!("the controller's Deployment for {}", model.name),
+            "gpuscale",
+            &d["spec"]["template"],
+        ));
+    }
+    out
+}
+
+/// Who may reach a port.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reach {
+    /// Any source (the gateways' traffic ports).
+    Anyone,
+    /// The controller and Prometheus (admin ports, the agents).
+    Admin,
+    /// KEDA's operator (the external scaler).
+    Keda,
+    /// The central gateway only (model servers).
+    Gateway,
+}
+
+/// What a pod is to these policies; labels count only in `gpuscale`.
+fn role(p: &Peer) -> &'static str {
+    if p.namespace != "gpuscale" {
+        return "other";
+    }
+    match p.labels.get("app.kubernetes.io/name").map(String::as_str) {
+        Some("gpuscale-gateway") => "gateway",
+        Some("gpuscale-controller") => "controller",
+        Some("gpuscale-agent") => "agent",
+        _ if p.labels.contains_key("gpuscale.io/model") => "model",
+        _ => "other",
+    }
+}
+
+/// Who may reach `port` (by name) of a pod of `role`: the rule the
+/// manifests must implement, from deploy/README.md.
+fn reach(role: &str, port: &str) -> Option<Reach> {
+    Some(match (role, port) {
+        ("gateway", "http") => Reach::Anyone,
+        ("gateway", "admin") | ("controller", "admin") | ("agent", "http") => Reach::Admin,
+        ("controller", "keda") => Reach::Keda,
+        // A sidecar gateway in a model-server pod.
+        ("model", "gateway") => Reach::Anyone,
+        ("model", "gateway-admin") => Reach::Admin,
+        ("model", _) => Reach::Gateway,
+        _ => return None,
+    })
+}
+
+#[test]
+fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_cluster() {
+    let Some(all) = rendered() else { return };
+    for target in [
+        "base",
+        "overlays/central",
+        "overlays/sidecar",
+        "overlays/keda",
+    ] {
+        let objects = &all[target];
+        let policies: Vec<NetworkPolicy> = of_kind(objects, "NetworkPolicy")
+            .map(|o| serde_json::from_value(o.clone()).unwrap())
+            .collect();
+        let pods = pods_of(target, objects);
+        let prometheus = Peer::outside(
+            "prometheus",
+            "monitoring",
+            &[("gpuscale.io/scrape", "true")],
+        );
+        let keda = Peer::outside("keda-operator", "keda", &[]);
+        let client = Peer::outside("web", "apps", &[]);
+        // Something else a user runs in the namespace, and a pod in a
+        // namespace that has the scrape label's key with another value.
+        let mut neighbour = Peer::outside("batch", "gpuscale", &[]);
+        neighbour.namespace_labels = pods[0].namespace_labels.clone();
+        let unlabelled = Peer::outside("grafana", "monitoring-2", &[("gpuscale.io/scrape", "no")]);
+        // Pods elsewhere wearing gpuscale's labels: labels prove nothing
+        // outside the namespace.
+        let impostors = ["gpuscale-gateway", "gpuscale-controller"].map(|n| {
+            let mut p = Peer::outside(n, "apps", &[]);
+            p.labels.insert("app.kubernetes.io/name".into(), n.into());
+            p.labels.insert("gpuscale.io/model".into(), "x".into());
+            p
+        });
+        let mut sources = vec![prometheus, keda, client, neighbour, unlabelled];
+        sources.extend(impostors);
+        sources.extend(pods.iter().cloned());
+        let mut checked = 0;
+        for dst in &pods {
+            for (port_name, &port) in &dst.ports {
+                let want = reach(role(dst), port_name).unwrap_or_else(|| {
+                    panic!(
+                        "deploy/{target}: {} port {port_name} ({port}): no rule says who may reach it; add one to `reach`",
+                        dst.what
+                    )
+                });
+                for src in &sources {
+                    let expected = match want {
+                        Reach::Anyone => true,
+                        Reach::Admin => src.what == "prometheus" || role(src) == "controller",
+                        Reach::Keda => src.what == "keda-operator",
+                        Reach::Gateway => role(src) == "gateway",
+                    };
+                    assert_eq!(
+                        admits(&policies, src, dst, port),
+                        expected,
+                        "deploy/{target}: {} → {} port {port_name} ({port}): expected {}",
+                        src.what,
+                        dst.what,
+                        if expected { "allowed" } else { "denied" }
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(
+            checked > 50,
+            "deploy/{target}: {checked} connections checked"
+        );
+    }
+}
+
+#[test]
+fn the_network_policy_check_tells_allowed_from_denied() {
+    // The evaluator itself, on policies written from the API's examples.
+    let policies: Vec<NetworkPolicy> = serde_json::from_value(serde_json::json!([
+        {"metadata": {"name": "deny", "namespace": "a"},
+         "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}},
+        {"metadata": {"name": "db", "namespace": "a"},
+         "spec": {"podSelector": {"matchLabels": {"role": "db"}},
+                  "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "api"}},
+                                         "namespaceSelector": {"matchLabels": {"team": "x"}}}],
+                               "ports": [{"port": "pg"}, {"port": 9000, "endPort": 9002}]}]}},
+    ]))
+    .unwrap();
+    let db = Peer {
+        what: "db".into(),
+        namespace: "a".into(),
+        namespace_labels: BTreeMap::new(),
+        labels: BTreeMap::from([("role".into(), "db".into())]),
+        ports: BTreeMap::from([("pg".into(), 5432)]),
+    };
+    let mut api = Peer::outside("api", "b", &[("team", "x")]);
+    api.labels = BTreeMap::from([("role".into(), "api".into())]);
+    let mut api_elsewhere = Peer::outside("api", "c", &[("team", "y")]);
+    api_elsewhere.labels = api.labels.clone();
+    let other = Peer::outside("web", "b", &[("team", "x")]);
+    assert!(admits(&policies, &api, &db, 5432));
+    assert!(admits(&policies, &api, &db, 9001));
+    assert!(!admits(&policies, &api, &db, 9003));
+    assert!(!admits(&policies, &api_elsewhere, &db, 5432));
+    assert!(!admits(&policies, &other, &db, 5432));
+    // Another pod of namespace a: only the default deny selects it.
+    let mut plain = db.clone();
+    plain.labels.clear();
+    assert!(!admits(&policies, &api, &plain, 5432));
+    // No policy in namespace b: everything is admitted.
+    assert!(admits(&policies, &db, &api, 1));
 }
