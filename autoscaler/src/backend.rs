@@ -69,6 +69,19 @@ pub const HANDOVER_STARTUPS: u32 = 2;
 /// node agents.
 pub const INVENTORY_EVERY: Duration = Duration::from_secs(30);
 
+/// The node agents read at once while the inventory is rebuilt.
+pub const AGENT_READS: usize = 64;
+
+/// The node agents' readings are waited for this long in the tick that
+/// asked for them; later ticks take them up once all are in (or
+/// [`AGENTS_DEADLINE`] has passed), so a slow or hung agent never holds
+/// up the decisions.
+pub const AGENT_WAIT: Duration = Duration::from_millis(200);
+
+/// Readings not in by this long after the rebuild began are left out (as
+/// from agents that do not answer).
+pub const AGENTS_DEADLINE: Duration = Duration::from_secs(10);
+
 /// The Service whose EndpointSlices list the node agents (`gpuscale
 /// agent`, a DaemonSet), and the path of their readings.
 pub const AGENT_SERVICE: &str = "gpuscale-agent";
@@ -113,12 +126,75 @@ pub struct KubeBackend {
     /// this period's start last.
     from_nodes: bool,
     inventory_at: Option<Duration>,
+    /// A rebuild whose agents are still being read: the nodes and pods as
+    /// listed when it began, and the task reading the agents.
+    pending_inventory: Option<PendingInventory>,
     /// The notes of the last inventory, logged when they change.
     inventory_notes: Vec<(String, String)>,
     /// The gateway instances from a Service: (service, admin port name),
     /// and whether pods are registered with them.
     gateways: Option<(String, String)>,
     registers: bool,
+}
+
+/// An inventory rebuild under way ([`KubeBackend::inventory`]).
+struct PendingInventory {
+    nodes: Vec<k8s_openapi::api::core::v1::Node>,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    readings: tokio::task::JoinHandle<BTreeMap<String, NodeGpus>>,
+}
+
+/// Every agent's `/v1/gpus` (`http://host:port` each), at most `at_once`
+/// in flight, by node name; those that fail, or have not answered by
+/// `deadline`, are logged and left out.
+pub async fn read_agents(
+    agents: Vec<String>,
+    at_once: usize,
+    deadline: Instant,
+) -> BTreeMap<String, NodeGpus> {
+    let mut readings = BTreeMap::new();
+    let mut waiting = agents.into_iter();
+    let mut reads = tokio::task::JoinSet::new();
+    let read = |a: String| async move {
+        let got = GatewayClient::new(&a).get_json("/v1/gpus").await;
+        (a, got)
+    };
+    for a in waiting.by_ref().take(at_once.max(1)) {
+        reads.spawn(read(a));
+    }
+    loop {
+        match tokio::time::timeout_at(deadline, reads.join_next()).await {
+            Ok(None) => break,
+            Ok(Some(Ok((a, got)))) => {
+                match got.map(serde_json::from_value::<NodeGpus>) {
+                    Ok(Ok(r)) => {
+                        readings.insert(r.node.clone(), r);
+                    }
+                    Ok(Err(e)) => tracing::warn!(agent = %a, "not a reading: {e}"),
+                    Err(e) => tracing::warn!(agent = %a, "{e}"),
+                }
+                if let Some(next) = waiting.next() {
+                    reads.spawn(read(next));
+                }
+            }
+            Ok(Some(Err(e))) => {
+                tracing::warn!("an agent's read failed: {e}");
+                if let Some(next) = waiting.next() {
+                    reads.spawn(read(next));
+                }
+            }
+            Err(_) => {
+                let left = reads.len() + waiting.len();
+                tracing::warn!(
+                    agents = left,
+                    "node agents that had not answered by the deadline are left out of this inventory"
+                );
+                reads.abort_all();
+                break;
+            }
+        }
+    }
+    readings
 }
 
 impl KubeBackend {
@@ -154,6 +230,7 @@ impl KubeBackend {
             versions: BTreeMap::new(),
             from_nodes: false,
             inventory_at: None,
+            pending_inventory: None,
             inventory_notes: Vec::new(),
             gateways: None,
             registers: true,
@@ -200,48 +277,42 @@ impl KubeBackend {
     /// As the leader, every [`INVENTORY_EVERY`]: the GPU nodes
     /// (`nvidia.com/gpu.present=true`) and the readings of the agents
     /// that answer, into a validated cluster. `None` between rebuilds,
-    /// and when the nodes cannot be read (the last inventory stands).
+    /// while the agents' readings are still coming in (a later tick
+    /// returns the cluster), and when the nodes cannot be read (the last
+    /// inventory stands).
+    ///
+    /// The agents are read [`AGENT_READS`] at a time on a task of their
+    /// own, within [`AGENTS_DEADLINE`]; the tick waits for them at most
+    /// [`AGENT_WAIT`]. Read one after the other inside the tick, a
+    /// thousand agents took the decisions' loop seconds every rebuild,
+    /// and each hung one up to its 5 s timeout.
     async fn inventory(&mut self, now: Duration) -> Option<Cluster> {
-        if !self.from_nodes
-            || !self.leading
-            || self
-                .inventory_at
-                .is_some_and(|t| now.saturating_sub(t) < INVENTORY_EVERY)
-        {
+        if !self.from_nodes || !self.leading {
+            // A follower builds nothing; a rebuild begun as the leader is
+            // dropped (its reading task ends on its own deadline).
+            self.pending_inventory = None;
             return None;
         }
-        self.inventory_at = Some(now);
-        let nodes = match self.kube.nodes("nvidia.com/gpu.present=true").await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("reading the GPU nodes: {e}");
+        if self.pending_inventory.is_none() {
+            if self
+                .inventory_at
+                .is_some_and(|t| now.saturating_sub(t) < INVENTORY_EVERY)
+            {
                 return None;
             }
-        };
-        let mut readings = BTreeMap::new();
-        match self.kube.service_endpoints(AGENT_SERVICE).await {
-            Ok(agents) => {
-                for a in agents {
-                    match GatewayClient::new(&a).get_json("/v1/gpus").await {
-                        Ok(v) => match serde_json::from_value::<NodeGpus>(v) {
-                            Ok(r) => {
-                                readings.insert(r.node.clone(), r);
-                            }
-                            Err(e) => tracing::warn!(agent = %a, "not a reading: {e}"),
-                        },
-                        Err(e) => tracing::warn!(agent = %a, "{e}"),
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("finding the node agents: {e}"),
+            self.inventory_at = Some(now);
+            self.pending_inventory = Some(self.begin_inventory().await?);
         }
-        let pods = match self.kube.pods().await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("reading gpuscale's pods: {e}");
-                return None;
+        let pending = self.pending_inventory.as_mut()?;
+        let readings = match tokio::time::timeout(AGENT_WAIT, &mut pending.readings).await {
+            Err(_) => return None,
+            Ok(Ok(readings)) => readings,
+            Ok(Err(e)) => {
+                tracing::warn!("reading the node agents: {e}");
+                BTreeMap::new()
             }
         };
+        let PendingInventory { nodes, pods, .. } = self.pending_inventory.take()?;
         let held = crate::inventory::holdings(&pods, self.kube.ns());
         let builtin = gpuscale_policies::Catalog::builtin();
         let inv = crate::inventory::from_nodes(&nodes, &readings, &held, &builtin);
@@ -260,6 +331,42 @@ impl KubeBackend {
                 None
             }
         }
+    }
+
+    /// A rebuild begun: the GPU nodes and the pods listed, the agents'
+    /// readings under way. `None` when the nodes or pods cannot be read.
+    async fn begin_inventory(&self) -> Option<PendingInventory> {
+        let nodes = match self.kube.nodes("nvidia.com/gpu.present=true").await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("reading the GPU nodes: {e}");
+                return None;
+            }
+        };
+        let agents = match self.kube.service_endpoints(AGENT_SERVICE).await {
+            Ok(agents) => agents,
+            Err(e) => {
+                tracing::warn!("finding the node agents: {e}");
+                Vec::new()
+            }
+        };
+        let pods = match self.kube.pods().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("reading gpuscale's pods: {e}");
+                return None;
+            }
+        };
+        let readings = tokio::spawn(read_agents(
+            agents,
+            AGENT_READS,
+            Instant::now() + AGENTS_DEADLINE,
+        ));
+        Some(PendingInventory {
+            nodes,
+            pods,
+            readings,
+        })
     }
 
     /// Takes the models from the namespace's ModelPolicies as they change

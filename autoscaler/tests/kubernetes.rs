@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuscale_autoscaler::backend::{Backend, Change, KubeBackend};
@@ -1904,6 +1904,146 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
     server.await.unwrap();
 }
 
+/// A node agent that accepts connections and never answers (NVML hung
+/// on a GPU that fell off the bus); its port.
+async fn hung_agent() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+/// A hung node agent does not hold up the tick that rebuilds the
+/// inventory: the tick returns within the agents' wait (the cluster comes
+/// in a later tick, once every agent answered or the deadline passed).
+/// Read inside the tick, it took the agent's 5 s request timeout.
+async fn a_hung_agent_does_not_hold_up_the_tick() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .inventory_from_nodes(),
+    );
+    let port = hung_agent().await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease_with(&mut handle, false).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue",
+            200,
+            nodes(vec![]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                              "ports": [{"name": "http", "port": port}],
+                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed",
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+    });
+    let began = std::time::Instant::now();
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    let took = began.elapsed();
+    assert!(
+        observed.cluster.is_none(),
+        "the hung agent's reading is not in yet"
+    );
+    // The agents' wait is 200 ms; the hung agent's own timeout is 5 s.
+    assert!(took < Duration::from_secs(3), "the tick took {took:?}");
+    server.await.unwrap();
+}
+
+/// The agents are read at most `at_once` at a time, all of them, and one
+/// that has not answered by the deadline is left out rather than waited
+/// for; one that refuses connections or sends no reading is left out too.
+#[tokio::test]
+async fn agents_are_read_a_bounded_number_at_a_time_within_a_deadline() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut agents = Vec::new();
+    for i in 0..12 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (in_flight, most) = (in_flight.clone(), most.clone());
+                tokio::spawn(async move {
+                    let svc =
+                        hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                            let (in_flight, most) = (in_flight.clone(), most.clone());
+                            async move {
+                                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                in_flight.fetch_sub(1, Ordering::SeqCst);
+                                let body =
+                                    json!({"node": format!("gpu-{i}"), "gpus": []}).to_string();
+                                Ok::<_, std::convert::Infallible>(Response::new(
+                                    http_body_util::Full::new(bytes::Bytes::from(body)),
+                                ))
+                            }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        agents.push(format!("http://127.0.0.1:{port}"));
+    }
+    // Not a reading, and a port nothing listens on.
+    let odd = stand_in_agent(json!({"hello": 1})).await;
+    agents.push(format!("http://127.0.0.1:{odd}"));
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    agents.push(format!("http://127.0.0.1:{closed}"));
+    agents.push(format!("http://127.0.0.1:{}", hung_agent().await));
+    let began = std::time::Instant::now();
+    let readings = gpuscale_autoscaler::backend::read_agents(
+        agents,
+        4,
+        tokio::time::Instant::now() + Duration::from_millis(1500),
+    )
+    .await;
+    let took = began.elapsed();
+    let nodes: Vec<&str> = readings.keys().map(String::as_str).collect();
+    let mut want: Vec<String> = (0..12).map(|i| format!("gpu-{i}")).collect();
+    want.sort();
+    assert_eq!(nodes, want);
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 4, "{most} reads at once");
+    assert!(most >= 2, "the reads overlap ({most} at once at most)");
+    // Left at the deadline, not at the hung agent's 5 s timeout.
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+}
+
 /// The gateway's instances come from its Service's EndpointSlices (the
 /// port named `admin`): each replica is registered with every instance,
 /// each taking half of the replica's limit of 32.
@@ -2267,6 +2407,7 @@ scenarios!(
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
     watched_policies_reach_the_controller_each_on_its_own,
     the_inventory_comes_from_the_nodes_and_the_agents,
+    a_hung_agent_does_not_hold_up_the_tick,
     replicas_are_registered_with_every_gateway_instance_found,
     sidecar_gateways_are_read_not_registered_with,
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
