@@ -254,6 +254,54 @@ fn hami_allocated(record: &str) -> Vec<Vec<(String, u64, u32)>> {
         .collect()
 }
 
+/// A pod cut down to what [`holdings`] reads: its name, namespace, the
+/// model label, HAMi's two annotations, the node, each container's name
+/// and resources, and the phase. The controller lists every pod bound to
+/// a node, cluster-wide, page by page, and keeps only this of each (a
+/// pod's env, volumes, managed fields and `last-applied-configuration`
+/// are most of its size), so its memory follows the GPUs' holders rather
+/// than the size of every pod in the cluster.
+pub fn slim(pod: Pod) -> Pod {
+    let keep = |map: Option<BTreeMap<String, String>>, keys: &[&str]| {
+        map.map(|m| {
+            m.into_iter()
+                .filter(|(k, _)| keys.contains(&k.as_str()))
+                .collect::<BTreeMap<_, _>>()
+        })
+        .filter(|m| !m.is_empty())
+    };
+    let meta = pod.metadata;
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            labels: keep(meta.labels, &[crate::kubernetes::MODEL_LABEL]),
+            annotations: keep(
+                meta.annotations,
+                &[gpuscale_packer::emit::HAMI_USE_UUID, HAMI_ALLOCATED],
+            ),
+            ..Default::default()
+        },
+        spec: pod.spec.map(|s| k8s_openapi::api::core::v1::PodSpec {
+            node_name: s.node_name,
+            containers: s
+                .containers
+                .into_iter()
+                .map(|c| k8s_openapi::api::core::v1::Container {
+                    name: c.name,
+                    resources: c.resources,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+        status: pod.status.map(|s| k8s_openapi::api::core::v1::PodStatus {
+            phase: s.phase,
+            ..Default::default()
+        }),
+    }
+}
+
 /// What pods bound to a node and not finished hold: those in the
 /// controller's `namespace` labelled `gpuscale.io/model` as their model's
 /// replicas, any other pod that holds GPU devices as foreign.

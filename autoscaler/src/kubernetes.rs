@@ -55,6 +55,10 @@ pub const MANAGER: &str = "gpuscale";
 pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 /// Label on everything gpuscale creates for a model.
 pub const MODEL_LABEL: &str = "gpuscale.io/model";
+
+/// Pods per page when the controller lists every pod bound to a node
+/// (kubectl's default chunk size).
+pub const PODS_PAGE: u32 = 500;
 /// Label naming the placement variant.
 pub const VARIANT_LABEL: &str = "gpuscale.io/variant";
 
@@ -1450,18 +1454,32 @@ impl Kube {
     /// list): gpuscale's say where its replicas run, and any other pod
     /// that holds GPUs (training workers, other teams' servers) keeps
     /// those GPUs out of the plans ([`crate::inventory::holdings`]).
+    ///
+    /// Page by page ([`PODS_PAGE`] a page, as kubectl and client-go's
+    /// pagers do), each pod cut down to what the inventory reads
+    /// ([`crate::inventory::slim`]) as its page arrives: a cluster's full
+    /// pods never sit in memory at once, and the API server answers from
+    /// its pages instead of one response of every pod.
     pub async fn pods(&self) -> Result<Vec<Pod>, KubeError> {
         let api: Api<Pod> = Api::all(self.client.clone());
-        Ok(self
-            .call(
-                || "list the pods bound to nodes".into(),
-                api.list(
-                    &ListParams::default()
-                        .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
-                ),
-            )
-            .await?
-            .items)
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default()
+                .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+                .limit(PODS_PAGE);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = self
+                .call(|| "list the pods bound to nodes".into(), api.list(&params))
+                .await?;
+            out.extend(page.items.into_iter().map(crate::inventory::slim));
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
     }
 
     /// gpuscale's pods on a node that hold MIG devices.

@@ -1029,3 +1029,94 @@ fn gpus_held_by_pods_gpuscale_does_not_manage_are_kept_out() {
         .count();
     assert_eq!(n, 1);
 }
+
+/// The controller keeps only what `holdings` reads of each listed pod:
+/// the holdings of the cut-down pods are those of the full ones, for
+/// gpuscale's replicas, HAMi's shares, device-plugin shares and foreign
+/// pods alike, and the rest of a pod (env, volumes, managed fields,
+/// other labels and annotations, status beyond the phase) is gone.
+#[test]
+fn a_pod_cut_down_holds_what_the_full_pod_holds() {
+    use gpuscale_autoscaler::inventory::slim;
+    let heavy = |mut p: Pod| -> Pod {
+        let mut v = serde_json::to_value(&p).unwrap();
+        v["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Apply",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:containers": {}}}}]);
+        v["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
+            json!("x".repeat(4096));
+        v["metadata"]["labels"]["app"] = json!("big");
+        v["spec"]["volumes"] = json!([{"name": "cache", "emptyDir": {}}]);
+        v["spec"]["containers"][0]["env"] = json!([{"name": "A", "value": "y".repeat(2048)}]);
+        v["spec"]["containers"][0]["image"] = json!("vllm/vllm-openai:v0.10.0");
+        v["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+        p = serde_json::from_value(v).unwrap();
+        p
+    };
+    let mut pods: Vec<Pod> = vec![
+        pod(
+            "a",
+            "llama-8b",
+            "gpu-a",
+            json!({"nvidia.com/mig-3g.40gb": "1"}),
+            "Running",
+        ),
+        pod(
+            "b",
+            "llama-8b",
+            "gpu-a",
+            json!({"nvidia.com/gpu": "1"}),
+            "Pending",
+        ),
+        pod(
+            "c",
+            "llama-8b",
+            "gpu-a",
+            json!({"nvidia.com/gpu": "1"}),
+            "Succeeded",
+        ),
+    ];
+    pods.extend(shares(3, "bge", "nvidia.com/gpu.shared"));
+    pods.push(with_annotation(
+        running("h", "bge", hami("4096", Some("30"), "1")),
+        gpuscale_autoscaler::inventory::HAMI_ALLOCATED,
+        "GPU-a1,NVIDIA,4096,30:;",
+    ));
+    pods.push(with_annotation(
+        running("u", "bge", hami("2048", None, "1")),
+        gpuscale_packer::emit::HAMI_USE_UUID,
+        "GPU-a2",
+    ));
+    pods.push(
+        serde_json::from_value(json!({
+            "metadata": {"name": "trainer-0", "namespace": "ml",
+                         "labels": {"gpuscale.io/model": "llama-8b"}},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "w",
+                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap(),
+    );
+    let full: Vec<Pod> = pods.into_iter().map(heavy).collect();
+    let cut: Vec<Pod> = full.iter().cloned().map(slim).collect();
+    let want = holdings(&full, "inference");
+    assert!(want.len() >= 8, "{want:#?}");
+    assert_eq!(holdings(&cut, "inference"), want);
+    for (f, c) in full.iter().zip(&cut) {
+        let (f, c) = (
+            serde_json::to_string(f).unwrap(),
+            serde_json::to_string(c).unwrap(),
+        );
+        assert!(c.len() * 10 < f.len(), "{c}");
+        for gone in [
+            "managedFields",
+            "last-applied",
+            "volumes",
+            "env",
+            "image",
+            "conditions",
+            "\"app\"",
+        ] {
+            assert!(!c.contains(gone), "{gone} kept: {c}");
+        }
+    }
+}

@@ -1864,12 +1864,21 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
                               "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
-        // What the pods bound to nodes hold: gpuscale's MIG instance on
-        // GPU 0.
+        // What the pods bound to nodes hold, in pages of 500: an empty
+        // first page, then gpuscale's MIG instance on GPU 0.
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed",
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "page-2"},
+                   "items": []}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500&continue=page-2",
             200,
             json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
                 {"metadata": {"name": "llama-x", "namespace": "inference",
@@ -1957,7 +1966,7 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed",
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
             200,
             json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
         )
