@@ -56,9 +56,23 @@ pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 /// Label on everything gpuscale creates for a model.
 pub const MODEL_LABEL: &str = "gpuscale.io/model";
 
-/// Pods per page when the controller lists every pod bound to a node
-/// (kubectl's default chunk size).
+/// Objects per page when the controller lists every pod bound to a node,
+/// or nodes (kubectl's default chunk size).
 pub const PODS_PAGE: u32 = 500;
+
+/// A node without its managed fields, the images it has pulled and the
+/// volumes attached to it: on a GPU node the images alone (each CUDA and
+/// model-server image under every tag it was pulled by) are often most of
+/// the object, and nothing gpuscale decides reads them.
+pub fn without_bulk(mut node: Node) -> Node {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+    }
+    node
+}
 /// Label naming the placement variant.
 pub const VARIANT_LABEL: &str = "gpuscale.io/variant";
 
@@ -1415,16 +1429,28 @@ impl Kube {
         Ok(None)
     }
 
-    /// Nodes matching a label selector.
+    /// Nodes matching a label selector, [`PODS_PAGE`] a page, each without
+    /// what no caller reads and most of a node's size: its managed fields,
+    /// the images it has pulled and the volumes attached
+    /// ([`without_bulk`]).
     pub async fn nodes(&self, selector: &str) -> Result<Vec<Node>, KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        Ok(self
-            .call(
-                || format!("list nodes {selector}"),
-                api.list(&ListParams::default().labels(selector)),
-            )
-            .await?
-            .items)
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default().labels(selector).limit(PODS_PAGE);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = self
+                .call(|| format!("list nodes {selector}"), api.list(&params))
+                .await?;
+            out.extend(page.items.into_iter().map(without_bulk));
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
     }
 
     /// A merge patch of a node (or, in dry-run mode, the write it would be).

@@ -1120,3 +1120,27 @@ fn a_pod_cut_down_holds_what_the_full_pod_holds() {
         }
     }
 }
+
+/// A node listed without its bulk (managed fields, pulled images,
+/// attached volumes) gives the same inventory as the whole node.
+#[test]
+fn a_node_without_its_bulk_gives_the_same_inventory() {
+    use gpuscale_autoscaler::kubernetes::without_bulk;
+    let (nodes, reading) = example();
+    let mut v = serde_json::to_value(&nodes[0]).unwrap();
+    v["metadata"]["managedFields"] = json!([{"manager": "kubelet", "operation": "Update"}]);
+    v["metadata"]["annotations"]["gpuscale.io/sharing"] = json!("mig,whole,fractional");
+    v["status"]["images"] = json!([{"names": ["vllm/vllm-openai@sha256:00", "vllm/vllm-openai:v0.10.0"],
+                                    "sizeBytes": 9_000_000_000u64}]);
+    v["status"]["volumesInUse"] = json!(["kubernetes.io/csi/x^vol-1"]);
+    let full: Node = serde_json::from_value(v).unwrap();
+    let cut = without_bulk(full.clone());
+    assert!(cut.status.as_ref().unwrap().images.is_none());
+    assert!(cut.metadata.managed_fields.is_none());
+    let readings = BTreeMap::from([("gpu-a".to_string(), reading)]);
+    let inv = |n: Node| {
+        let i = from_nodes(&[n], &readings, &[], &Catalog::builtin());
+        (serde_json::to_value(&i.spec).unwrap(), i.notes)
+    };
+    assert_eq!(inv(cut), inv(full));
+}

@@ -167,7 +167,7 @@ fn change(m: &Model, from: u32) -> Change {
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases?";
 const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
-const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff";
+const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff&limit=500";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-llama";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/inference/events?";
 /// Events about Nodes: the API server takes them only in `default`.
@@ -1844,7 +1844,7 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue",
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
             200,
             nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
                 "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
@@ -1947,7 +1947,7 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue",
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
             200,
             nodes(vec![]),
         )
