@@ -1155,6 +1155,8 @@ fn backfill_starts_a_short_job_in_the_gap_and_never_delays_the_head_jobs_reserva
         .map(|r| (r.node.as_str(), r.gpus))
         .collect();
     assert_eq!(nodes, vec![("n0", 8), ("n1", 8)]);
+    // A pending gang names the GPU model of its reservation.
+    assert_eq!(h.gpu_model.as_deref(), Some("H100-80GB"));
     let s = by_name(&gangs, "short");
     assert_eq!(s.status, GangStatus::Starting, "{}", s.reason);
     assert_eq!(s.workers[0].node, "n1");

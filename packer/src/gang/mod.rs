@@ -110,7 +110,9 @@ pub struct GangPlan {
     pub workers_wanted: u32,
     /// Whole GPUs each worker takes.
     pub gpus_per_worker: u32,
-    /// GPU model of every worker (placed gangs).
+    /// GPU model of every worker: where placed, or, for a pending gang,
+    /// of the GPUs reserved for it, else the one model it allows (none
+    /// when it allows several and has no reservation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
     /// Where each worker runs (empty unless running or starting).
@@ -655,6 +657,9 @@ pub fn place(
                         }
                         p.start_s = Some(t);
                         p.end_s = Some(t + d);
+                        if let Some(&n) = per.keys().next() {
+                            p.gpu_model = Some(cluster.nodes[n].gpu_model.clone());
+                        }
                         p.reserved = per
                             .iter()
                             .map(|(&n, &g)| Reserved {
@@ -809,7 +814,10 @@ fn pending_plan(job: &TrainingJob, reason: String) -> GangPlan {
         status: GangStatus::Pending,
         workers_wanted: job.spec.workers,
         gpus_per_worker: job.spec.gpus_per_worker,
-        gpu_model: None,
+        gpu_model: match job.gpu_models.as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        },
         workers: Vec::new(),
         topology: job.spec.topology.level,
         topology_mode: job.spec.topology.mode,
