@@ -17,6 +17,16 @@ use crate::catalog::{Catalog, GpuModel, MigProfile, MigSpec};
 use crate::mig::{self, Geometry, Placement};
 use crate::model::SharingMode;
 
+/// The most memory a catalogue entry may give one GPU, GiB (about 100
+/// TiB; the largest GPUs have under 300 GB).
+pub const MAX_GPU_GIB: f64 = 100_000.0;
+
+/// The most compute a catalogue entry may give one GPU, in H100-80GBs.
+pub const MAX_GPU_COMPUTE: f64 = 1_000.0;
+
+/// The highest price a catalogue entry may give one GPU, per hour.
+pub const MAX_GPU_PRICE: f64 = 10_000.0;
+
 /// The cluster file's spec.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -812,10 +822,17 @@ fn apply_overrides(
             },
         };
         model.name = o.name.clone();
-        let mut number = |field: &str, v: Option<f64>, target: &mut f64| {
+        // Above `max`: beyond any GPU there is (a unit in bytes or MiB,
+        // an exponent), which would reach the solver as a 300-digit cost.
+        let mut number = |field: &str, v: Option<f64>, max: f64, target: &mut f64| {
             if let Some(v) = v {
-                if v > 0.0 && v.is_finite() {
+                if v > 0.0 && v.is_finite() && v <= max {
                     *target = v;
+                } else if v > max && v.is_finite() {
+                    errors.push(FieldError::new(
+                        format!("{path}.{field}"),
+                        format!("{v:e} is beyond {max} for one GPU; check the unit"),
+                    ));
                 } else {
                     errors.push(FieldError::new(
                         format!("{path}.{field}"),
@@ -824,10 +841,25 @@ fn apply_overrides(
                 }
             }
         };
-        number("memoryGiB", o.memory_gib, &mut model.memory_gib);
-        number("usableGiB", o.usable_gib, &mut model.usable_gib);
-        number("compute", o.compute, &mut model.compute);
-        number("pricePerHour", o.price_per_hour, &mut model.price_per_hour);
+        number(
+            "memoryGiB",
+            o.memory_gib,
+            MAX_GPU_GIB,
+            &mut model.memory_gib,
+        );
+        number(
+            "usableGiB",
+            o.usable_gib,
+            MAX_GPU_GIB,
+            &mut model.usable_gib,
+        );
+        number("compute", o.compute, MAX_GPU_COMPUTE, &mut model.compute);
+        number(
+            "pricePerHour",
+            o.price_per_hour,
+            MAX_GPU_PRICE,
+            &mut model.price_per_hour,
+        );
         if let Some(p) = &o.product {
             model.product = p.clone();
         }

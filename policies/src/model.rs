@@ -800,6 +800,16 @@ impl PlacementOption {
     }
 }
 
+/// The most memory a replica may state, GiB (1 PiB: 64 GPUs of 192 GB
+/// are 12 TiB).
+pub const MAX_GIB: f64 = 1_048_576.0;
+
+/// The most parameters a model may state, billions (100 trillion).
+pub const MAX_PARAMS_B: f64 = 100_000.0;
+
+/// The most compute a replica may state, in H100-80GBs.
+pub const MAX_COMPUTE: f64 = 1_000.0;
+
 impl Model {
     /// Validates a policy against the catalogue. Every problem is reported,
     /// each with the field path it concerns (relative to the document).
@@ -860,6 +870,36 @@ impl Model {
                 err(
                     &format!("spec.resources.{field}"),
                     format!("must be >= 0, got {v}"),
+                );
+            }
+        }
+        // Beyond any model or GPU there is: a typo (an exponent, a unit
+        // in bytes), told as such rather than carried into plans and
+        // messages as 300-digit figures.
+        for (field, v, max, what) in [
+            ("memoryGiB", r.memory_gib, MAX_GIB, "GiB (1 PiB)"),
+            ("kvCacheGiB", r.kv_cache_gib, MAX_GIB, "GiB (1 PiB)"),
+            ("overheadGiB", r.overhead_gib, MAX_GIB, "GiB (1 PiB)"),
+            (
+                "paramsB",
+                r.params_b,
+                MAX_PARAMS_B,
+                "billion parameters (100 trillion)",
+            ),
+            (
+                "compute",
+                Some(r.compute),
+                MAX_COMPUTE,
+                "H100s of compute per replica",
+            ),
+        ] {
+            if let Some(v) = v
+                && v.is_finite()
+                && v > max
+            {
+                err(
+                    &format!("spec.resources.{field}"),
+                    format!("{v:e} is beyond {max} {what}; check the unit"),
                 );
             }
         }

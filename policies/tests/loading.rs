@@ -592,3 +592,50 @@ fn a_training_job_name_too_long_for_a_label_is_located() {
     let ok = text.replace(&name, &"j".repeat(63));
     assert!(load_sources(&[(Path::new("j.yaml"), ok.as_str())]).is_ok());
 }
+
+/// Figures beyond any model or GPU (an exponent typed by mistake, a
+/// unit in bytes) are located as such, not carried into plans as
+/// 300-digit numbers or an infinite memory.
+#[test]
+fn figures_beyond_any_model_or_gpu_are_located() {
+    let text = POLICY
+        .replace("memoryGiB: 12", "paramsB: 1e300\n    overheadGiB: 2e6")
+        .replace("compute: 0.2", "compute: 1e9");
+    let p = problems("p.yaml", &text);
+    assert_eq!(
+        located(&p),
+        [
+            (7, "spec.resources.paramsB"),
+            (8, "spec.resources.overheadGiB"),
+            (9, "spec.resources.compute"),
+        ],
+        "{p:?}"
+    );
+    for problem in &p {
+        assert!(problem.message.contains("check the unit"), "{problem}");
+        assert!(!problem.message.contains("inf"), "{problem}");
+        assert!(problem.message.len() < 200, "{problem}");
+    }
+    // At the bounds, the policy loads (and then fits no GPU: a located
+    // problem that names the need in figures, not 300 digits).
+    let p = problems(
+        "p.yaml",
+        &POLICY.replace("memoryGiB: 12", "memoryGiB: 1048576"),
+    );
+    assert_eq!(located(&p), [(6, "spec.resources")], "{p:?}");
+    assert!(p[0].message.contains("needs 1048576.00 GiB"), "{}", p[0]);
+
+    let text = format!(
+        "{}  catalog:\n    - name: H100-80GB\n      pricePerHour: 1e300\n    - name: X\n      memoryGiB: 8e12\n      compute: 1\n      pricePerHour: 2\n",
+        cluster_file("\n    - name: a\n      gpuModel: H100-80GB\n      gpuCount: 8\n")
+    );
+    let p = problems("cluster.yaml", &text);
+    assert_eq!(
+        located(&p),
+        [
+            (12, "spec.catalog[0].pricePerHour"),
+            (14, "spec.catalog[1].memoryGiB"),
+        ],
+        "{p:?}"
+    );
+}
