@@ -1045,3 +1045,80 @@ fn a_job_submitted_after_now_is_left_out_with_a_warning() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file another file names and that is not there is reported where it
+/// is named (file, line, field), with the folder the path is relative
+/// to: a scenario's cluster and policies, an autoscaler's gateway config,
+/// a gateway's policies. And a gateway file whose admin port is off
+/// loopback without a token validates with a warning that the gateway
+/// will refuse it.
+#[test]
+fn files_named_by_other_files_are_reported_where_they_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("copied.yaml");
+    std::fs::copy(root().join("bench/scenarios/bursty.yaml"), &scenario).unwrap();
+    let s = scenario.to_str().unwrap();
+    let out = gpuscale(&["validate", s]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = errors(&out);
+    assert!(e.contains(&format!("{s}:11:3: spec.cluster: ")), "{e}");
+    assert!(e.contains(&format!("{s}:12:14: spec.policies[0]: ")), "{e}");
+    assert!(e.contains("relative to"), "{e}");
+    let out = gpuscale(&[
+        "simulate",
+        "--scenario",
+        s,
+        "--report",
+        dir.path().join("r").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(errors(&out).contains(&format!("{s}:11:3: spec.cluster: ")));
+
+    let autoscaler = dir.path().join("a.yaml");
+    std::fs::write(
+        &autoscaler,
+        std::fs::read_to_string(root().join("examples/up/autoscaler.yaml"))
+            .unwrap()
+            .replace("config: gateway.yaml", "config: gatway.yaml")
+            .replace(
+                "[../policies]",
+                &format!("[{}]", root().join("examples/policies").display()),
+            )
+            .replace(
+                "../cluster.yaml",
+                root().join("examples/cluster.yaml").to_str().unwrap(),
+            ),
+    )
+    .unwrap();
+    let a = autoscaler.to_str().unwrap();
+    let out = gpuscale(&["validate", a]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        errors(&out).contains(&format!("{a}:16:5: spec.gateway.config: ")),
+        "{}",
+        errors(&out)
+    );
+
+    let gateway = dir.path().join("g.yaml");
+    std::fs::write(
+        &gateway,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  admin: 0.0.0.0:9090\n  policies: [policie]\n",
+    )
+    .unwrap();
+    let g = gateway.to_str().unwrap();
+    let out = gpuscale(&["validate", g]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        errors(&out).contains(&format!("{g}:7:14: spec.policies[0]: ")),
+        "{}",
+        errors(&out)
+    );
+    std::fs::write(
+        &gateway,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata:\n  name: g\nspec:\n  admin: 0.0.0.0:9090\n",
+    )
+    .unwrap();
+    let out = gpuscale(&["validate", g]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(errors(&out).contains("warning:") && errors(&out).contains("refuses to start"));
+}

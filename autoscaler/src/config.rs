@@ -303,6 +303,33 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     spec.cluster = spec.cluster.as_ref().map(|p| dir.join(p));
     spec.gateway.config = spec.gateway.config.as_ref().map(|p| dir.join(p));
     spec.gateway.admin_token_file = spec.gateway.admin_token_file.as_ref().map(|p| dir.join(p));
+    let mut named: Vec<(String, &Path)> = spec
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
+        .collect();
+    named.extend(
+        spec.cluster
+            .iter()
+            .map(|p| ("spec.cluster".into(), p.as_path())),
+    );
+    named.extend(
+        spec.gateway
+            .config
+            .iter()
+            .map(|p| ("spec.gateway.config".into(), p.as_path())),
+    );
+    named.extend(
+        spec.gateway
+            .admin_token_file
+            .iter()
+            .map(|p| ("spec.gateway.adminTokenFile".into(), p.as_path())),
+    );
+    let missing = doc.missing(named);
+    if !missing.is_empty() {
+        return Err(Problems(missing));
+    }
     let mut paths = spec.policies.clone();
     paths.extend(spec.cluster.iter().cloned());
     let bundle = if paths.is_empty() {

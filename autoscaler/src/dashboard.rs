@@ -216,9 +216,11 @@ pub struct ModelView {
     pub rate: f64,
     /// p95 queue wait, ms (60 s).
     pub queue_wait_p95_ms: Option<f64>,
-    /// p95 time to first token, ms.
+    /// p95 time to first token, ms, from arrival at the gateway (the
+    /// queue wait included, as its SLO counts it).
     pub ttft_p95_ms: Option<f64>,
-    /// p95 latency, ms.
+    /// p95 latency, ms, from arrival at the gateway (the queue wait
+    /// included, as its SLO counts it).
     pub latency_p95_ms: Option<f64>,
     /// Its targets.
     pub slo: SloView,
@@ -294,8 +296,8 @@ fn rate(q: Option<&serde_json::Value>) -> f64 {
 fn within(m: &Model, q: Option<&serde_json::Value>) -> Option<bool> {
     let pairs = [
         (ms(m.slo.queue_wait_p95), num(q, "queue_wait_p95_ms")),
-        (ms(m.slo.ttft_p95), num(q, "ttft_p95_ms")),
-        (ms(m.slo.latency_p95), num(q, "latency_p95_ms")),
+        (ms(m.slo.ttft_p95), num(q, "ttft_total_p95_ms")),
+        (ms(m.slo.latency_p95), num(q, "latency_total_p95_ms")),
     ];
     let mut judged = false;
     for (target, seen) in pairs {
@@ -494,8 +496,8 @@ pub fn view(
                 in_flight: num(q, "in_flight").unwrap_or(0.0),
                 rate: rate(q),
                 queue_wait_p95_ms: num(q, "queue_wait_p95_ms"),
-                ttft_p95_ms: num(q, "ttft_p95_ms"),
-                latency_p95_ms: num(q, "latency_p95_ms"),
+                ttft_p95_ms: num(q, "ttft_total_p95_ms"),
+                latency_p95_ms: num(q, "latency_total_p95_ms"),
                 slo: SloView {
                     queue_wait_p95_ms: ms(m.slo.queue_wait_p95),
                     ttft_p95_ms: ms(m.slo.ttft_p95),

@@ -126,7 +126,10 @@ fn a_model_is_judged_against_the_slo_it_declares() {
         let mut q = serde_json::json!({"waiting": 3, "server_waiting": 2, "in_flight": 5,
             "arrival_rate": {"10s": rate}});
         if let Some(l) = latency_ms {
-            q["latency_p95_ms"] = l.into();
+            // The SLO counts from arrival: the total is judged; the time
+            // after the queue alone (fast here) is not.
+            q["latency_total_p95_ms"] = l.into();
+            q["latency_p95_ms"] = 100.0.into();
         }
         serde_json::json!({"models": {"org/mid": q}})
     };

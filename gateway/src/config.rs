@@ -893,6 +893,22 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     let dir = path.parent().unwrap_or(Path::new("."));
     parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
     let policy_paths: Vec<PathBuf> = parsed.spec.policies.iter().map(|p| dir.join(p)).collect();
+    let mut named: Vec<(String, &Path)> = policy_paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
+        .collect();
+    named.extend(
+        parsed
+            .spec
+            .admin_token_file
+            .iter()
+            .map(|p| ("spec.adminTokenFile".into(), p.as_path())),
+    );
+    let missing = doc.missing(named);
+    if !missing.is_empty() {
+        return Err(Problems(missing));
+    }
     let policies = if policy_paths.is_empty() {
         Vec::new()
     } else {

@@ -731,7 +731,13 @@ impl Permit {
     /// fast it came.
     pub fn record_latency(&self, now: Instant, ok: bool) {
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
-        lock(&self.model.stats).latency.record(now, seconds);
+        // The SLO is end to end: from arrival, the queue wait included.
+        let total = now.saturating_duration_since(self.arrived).as_secs_f64();
+        {
+            let mut stats = lock(&self.model.stats);
+            stats.latency.record(now, seconds);
+            stats.latency_total.record(now, total);
+        }
         self.model.handles.latency.observe(seconds);
         if !ok {
             if let Some(c) = &self.model.handles.slo_latency {
@@ -739,17 +745,21 @@ impl Permit {
             }
             return;
         }
-        // The SLO is end to end: from arrival, the queue wait included.
-        let total = now.saturating_duration_since(self.arrived).as_secs_f64();
         SloCounter::count(&self.model.handles.slo_latency, total);
     }
 
     /// Records a stream's time to first token.
     pub fn record_ttft(&self, seconds: f64) {
-        lock(&self.model.stats).ttft.record(Instant::now(), seconds);
-        self.model.handles.ttft.observe(seconds);
+        let now = Instant::now();
         let waited = self.admitted.saturating_duration_since(self.arrived);
-        SloCounter::count(&self.model.handles.slo_ttft, seconds + waited.as_secs_f64());
+        let total = seconds + waited.as_secs_f64();
+        {
+            let mut stats = lock(&self.model.stats);
+            stats.ttft.record(now, seconds);
+            stats.ttft_total.record(now, total);
+        }
+        self.model.handles.ttft.observe(seconds);
+        SloCounter::count(&self.model.handles.slo_ttft, total);
     }
 }
 
@@ -812,8 +822,14 @@ pub struct QueueView {
     pub latency_p50_10s_ms: Option<f64>,
     /// Upstream latency p95, ms.
     pub latency_p95_ms: Option<f64>,
-    /// Time to first token p95, ms (streams).
+    /// Time to first token p95, ms (streams), from leaving the queue.
     pub ttft_p95_ms: Option<f64>,
+    /// Latency p95 from arrival at the gateway, the queue wait included,
+    /// ms: what the latency SLO is judged on (`gpuscale_slo_requests_total`).
+    pub latency_total_p95_ms: Option<f64>,
+    /// Time to first token p95 from arrival, the queue wait included, ms:
+    /// what the TTFT SLO is judged on.
+    pub ttft_total_p95_ms: Option<f64>,
 }
 
 impl QueueView {
@@ -860,6 +876,8 @@ impl crate::stats::ModelStats {
                 .quantile_within(now, 0.5, Duration::from_secs(10))),
             latency_p95_ms: ms(self.latency.quantile(now, 0.95)),
             ttft_p95_ms: ms(self.ttft.quantile(now, 0.95)),
+            latency_total_p95_ms: ms(self.latency_total.quantile(now, 0.95)),
+            ttft_total_p95_ms: ms(self.ttft_total.quantile(now, 0.95)),
             ..view
         }
     }

@@ -140,6 +140,12 @@ pub struct ModelStats {
     pub latency: Samples,
     /// Time from leaving the queue to the first body chunk of a stream.
     pub ttft: Samples,
+    /// Time from arrival at the gateway to the response's last byte, the
+    /// queue wait included: what the latency SLO counts.
+    pub latency_total: Samples,
+    /// Time from arrival to a stream's first body chunk: what the TTFT
+    /// SLO counts.
+    pub ttft_total: Samples,
 }
 
 impl ModelStats {
@@ -150,6 +156,8 @@ impl ModelStats {
             queue_wait: Samples::default(),
             latency: Samples::default(),
             ttft: Samples::default(),
+            latency_total: Samples::default(),
+            ttft_total: Samples::default(),
         }
     }
 }

@@ -142,6 +142,49 @@ async fn streams_pass_through_byte_for_byte_and_unbuffered() {
     server.stop().await;
 }
 
+/// `/v1/queues` gives the latency after the queue (the service time the
+/// autoscaler reads) and the latency from arrival (what the SLO counts,
+/// and what `gpuscale up`'s summary and the dashboard judge): a request
+/// that waited for the only slot has the second well above the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latency_from_arrival_counts_the_queue_wait() {
+    let profile = SimProfile {
+        decode_tps: 20.0, // 50 ms per token
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let gw = gateway(spec(vec![model("m", &[server.addr], 1)])).await;
+    let body = serde_json::json!({"model": "m", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let mut calls = Vec::new();
+    for _ in 0..2 {
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.traffic))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        calls.push(tokio::spawn(async move {
+            let resp = client().request(req).await.unwrap();
+            let status = resp.status();
+            resp.into_body().collect().await.unwrap();
+            status
+        }));
+    }
+    for c in calls {
+        assert_eq!(c.await.unwrap(), StatusCode::OK);
+    }
+    let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 0 && q["waiting"] == 0).await;
+    let after_queue = q["latency_p95_ms"].as_f64().unwrap();
+    let from_arrival = q["latency_total_p95_ms"].as_f64().unwrap();
+    // Each takes ~450 ms on the replica; the second waited as long first.
+    assert!(after_queue < 800.0, "{q}");
+    assert!(from_arrival > after_queue + 300.0, "{q}");
+    gw.shutdown().await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saturation_queues_with_exact_counts_then_overflows_with_429() {
     let up = gated("a", false).await;

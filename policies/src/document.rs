@@ -114,6 +114,32 @@ impl Document {
         }
     }
 
+    /// Problems for the files this document names that do not exist:
+    /// each `(field, path)` with `path` already joined to this file's
+    /// folder, located at the field that names it, so an error about a
+    /// file one document refers to says where the reference is.
+    pub fn missing<'a>(&self, named: impl IntoIterator<Item = (String, &'a Path)>) -> Vec<Problem> {
+        let folder = self
+            .file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        named
+            .into_iter()
+            .filter(|(_, path)| !path.exists())
+            .map(|(field, path)| {
+                self.problem(
+                    field,
+                    format!(
+                        "{}: no such file or folder (paths here are relative to {}, this file's folder)",
+                        path.display(),
+                        folder.display()
+                    ),
+                )
+            })
+            .collect()
+    }
+
     /// The top-level `kind` field, if it is a string.
     pub fn kind(&self) -> Option<&str> {
         self.value.get("kind").and_then(Value::as_str)

@@ -450,6 +450,19 @@ impl Scenario {
         let mut problems = check(&spec, doc);
         spec.cluster = dir.join(&spec.cluster);
         spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
+        let mut named: Vec<(String, &Path)> = spec
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
+            .collect();
+        named.push(("spec.cluster".into(), spec.cluster.as_path()));
+        let missing = doc.missing(named);
+        if !missing.is_empty() {
+            problems.extend(missing);
+            problems.sort();
+            return Err(Problems(problems));
+        }
         let mut paths = spec.policies.clone();
         paths.push(spec.cluster.clone());
         let bundle = match load::load_paths(&paths) {

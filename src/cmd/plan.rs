@@ -47,30 +47,30 @@ pub struct Args {
     #[arg(long)]
     pub keep_running: bool,
     /// Solver time limit.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
     pub time_limit: Duration,
     /// How long the whole MIP may improve on the heuristic plan (rounding,
     /// diving, the small MIP over what the dive left, part-used GPUs
     /// emptied), and, re-planning, how long the whole-cluster search for
     /// less disruption may take; within the time limit (0: node counts
     /// only).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
     pub improve_limit: Duration,
     /// Relative MIP gap at which the solver stops (0.005 = within 0.5 % of
     /// the optimal cost; 1e-4 for a tight plan, slower).
-    #[arg(long, default_value_t = 0.005)]
+    #[arg(long, default_value_t = 0.005, allow_negative_numbers = true)]
     pub mip_gap: f64,
     /// Most time-sliced shares per GPU.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=16))]
     pub max_shares: u8,
     /// Fraction of a time-sliced GPU's memory kept free.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub timeslice_headroom: f64,
     /// Most MPS partitions per GPU.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=48))]
     pub max_mps: u8,
     /// Fraction of an MPS or fractional (HAMi) GPU's memory kept free.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub isolated_headroom: f64,
     /// Most replicas on one fractional (HAMi) GPU: HAMi's
     /// `devicePlugin.deviceSplitCount` (its default is 10), for the nodes

@@ -22,16 +22,17 @@ pub struct Args {
     #[arg(long, default_value = "sim")]
     pub model: String,
     /// Share of a GPU it runs on (1 = whole; 0.43 for a 3g MIG slice).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub speed: Option<f64>,
     /// Requests running at once (more wait inside).
     #[arg(long)]
     pub max_concurrency: Option<u32>,
-    /// Output tokens per second for one request alone.
-    #[arg(long)]
+    /// Output tokens per second for one request alone (0: no decode time,
+    /// as the `instant` profile).
+    #[arg(long, allow_negative_numbers = true)]
     pub decode_tps: Option<f64>,
-    /// Prompt tokens per second.
-    #[arg(long)]
+    /// Prompt tokens per second (0: no prefill time).
+    #[arg(long, allow_negative_numbers = true)]
     pub prefill_tps: Option<f64>,
     /// Tokens of KV cache for the prefix cache (0: none; `small` holds
     /// 442,368, an 8B model on an H100).
@@ -59,10 +60,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         p.max_concurrency = c;
     }
     if let Some(d) = args.decode_tps {
-        p.decode_tps = d.max(0.0);
+        anyhow::ensure!(
+            d >= 0.0 && d.is_finite(),
+            "--decode-tps must be 0 (no decode time) or more, got {d}"
+        );
+        p.decode_tps = d;
     }
     if let Some(d) = args.prefill_tps {
-        p.prefill_tps = d.max(0.0);
+        anyhow::ensure!(
+            d >= 0.0 && d.is_finite(),
+            "--prefill-tps must be 0 (no prefill time) or more, got {d}"
+        );
+        p.prefill_tps = d;
     }
     if let Some(t) = args.prefix_cache_tokens {
         p.prefix_cache_tokens = t;

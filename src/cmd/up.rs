@@ -35,18 +35,18 @@ pub struct Args {
     #[arg(long)]
     pub load: Option<Pattern>,
     /// Peak requests per second of the built-in load, over all models.
-    #[arg(long, default_value_t = 40.0)]
+    #[arg(long, default_value_t = 40.0, allow_negative_numbers = true)]
     pub rate: f64,
     /// Seed of the built-in load.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Stop after this long (`90s`, `10m`); without it, run until Ctrl-C.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = humantime::parse_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
     /// Divide the policies' time constants (start-up times, scale-down
     /// windows, scale-to-zero delays, rate-limit periods) by this, so that
     /// minutes of behaviour show in seconds.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub speedup: f64,
     /// Address every listener binds (loopback unless you choose).
     #[arg(long, default_value = "127.0.0.1")]
@@ -63,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value_t = 9090)]
     pub gateway_admin_port: u16,
     /// Time between terminal summaries (`0s`: none).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
     pub summary_every: Duration,
 }
 
@@ -88,6 +88,12 @@ fn check_free(addr: SocketAddr, what: &str, flag: &str) -> Result<(), String> {
     }
     match std::net::TcpListener::bind(addr) {
         Ok(_) => Ok(()),
+        // The address is no interface of this machine: `--bind` is what
+        // to change, not the port.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Err(format!(
+            "gpuscale up: cannot listen on {addr} ({what}): {e}; {} is no address of this machine: choose another with --bind",
+            addr.ip()
+        )),
         Err(e) => Err(format!(
             "gpuscale up: cannot listen on {addr} ({what}): {e}; choose another with {flag}"
         )),
@@ -132,8 +138,13 @@ pub fn summary(v: &View, elapsed: Duration) -> String {
             format!("{}/{}", m.ready, m.desired),
             m.waiting,
             m.rate,
-            format!("{} / {}", ms(m.latency_p95_ms), ms(m.slo.latency_p95_ms)),
-            format!("{} / {}", ms(m.ttft_p95_ms), ms(m.slo.ttft_p95_ms)),
+            // Each figure beside its target, the slashes in one column.
+            format!(
+                "{:>7} / {:<7}",
+                ms(m.latency_p95_ms),
+                ms(m.slo.latency_p95_ms)
+            ),
+            format!("{:>7} / {:<7}", ms(m.ttft_p95_ms), ms(m.slo.ttft_p95_ms)),
         ));
     }
     out
@@ -165,11 +176,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     };
     if !(args.speedup.is_finite() && args.speedup >= 1.0) {
-        eprintln!("--speedup must be at least 1, got {}", args.speedup);
+        eprintln!(
+            "gpuscale up: error: --speedup must be at least 1, got {}",
+            args.speedup
+        );
         return Ok(ExitCode::from(2));
     }
     if !(args.rate.is_finite() && args.rate > 0.0) {
-        eprintln!("--rate must be above 0, got {}", args.rate);
+        eprintln!(
+            "gpuscale up: error: --rate must be above 0, got {}",
+            args.rate
+        );
         return Ok(ExitCode::from(2));
     }
     let mut gateway_settings = match gpuscale_gateway::config::load(&gateway_file) {

@@ -46,7 +46,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let mut problems = Vec::new();
             for file in &bundle.gateways {
                 match gpuscale_gateway::config::load(file) {
-                    Ok(settings) => gateways.push(settings),
+                    Ok(settings) => {
+                        // A token may still come from the command line or
+                        // the environment where it runs: said, not failed.
+                        if let Err(why) = settings.check_exposure() {
+                            eprintln!(
+                                "warning: {}: {why}; `gpuscale gateway` refuses to start with this file alone",
+                                file.display()
+                            );
+                        }
+                        gateways.push(settings);
+                    }
                     Err(p) => problems.extend(p.0),
                 }
             }
@@ -94,7 +104,9 @@ fn summary(
         )),
         None => out.push_str("no cluster file: checked against the built-in catalogue\n"),
     }
-    out.push_str(&format!("{} model policies:\n", bundle.models.len()));
+    if !bundle.models.is_empty() {
+        out.push_str(&format!("{} model policies:\n", bundle.models.len()));
+    }
     for m in &bundle.models {
         let options = m.options(&bundle.catalog);
         let smallest: Vec<String> = options
@@ -126,7 +138,9 @@ fn summary(
             }
         ));
     }
-    out.push_str(&format!("{} training jobs:\n", bundle.jobs.len()));
+    if !bundle.jobs.is_empty() {
+        out.push_str(&format!("{} training jobs:\n", bundle.jobs.len()));
+    }
     for j in &bundle.jobs {
         out.push_str(&format!(
             "  {:<18} {} × {} GPUs of [{}], topology {} ({:?})\n",
