@@ -622,6 +622,50 @@ fn equal_priority_inference_keeps_its_replicas_and_a_gang_waits() {
 }
 
 #[test]
+fn a_preferred_rack_is_met_by_moving_inference_before_it_is_relaxed() {
+    // Three racks, each with one free node; inference (2 replicas each)
+    // on the other node of racks r0 and r1. A 2 × 8 gang that prefers a
+    // rack, then one that requires it. On free GPUs alone no rack holds
+    // either: the first would span racks and the second would never get
+    // a reservation (inference, assumed to stay, keeps every rack short
+    // of two nodes). Inference packed again around them: the first meets
+    // its rack by moving two replicas, and the second starts or is
+    // reserved.
+    let with_m = |gpus: u32| -> Vec<(u32, &str)> { (0..gpus).map(|i| (i, "m")).collect() };
+    let c = topo_cluster(vec![
+        ("n0", "H100-80GB", 8, "r0", "z0", None, with_m(2)),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("n2", "H100-80GB", 8, "r1", "z0", None, with_m(2)),
+        ("n3", "H100-80GB", 8, "r1", "z0", None, vec![]),
+        ("n4", "H100-80GB", 8, "r2", "z0", None, vec![]),
+    ]);
+    let models = vec![whole_model("m", Priority::Standard, 1)];
+    let mut pre = job(
+        "pre",
+        J {
+            mode: TopologyMode::Preferred,
+            ..simple(2, 8, TopologyLevel::Rack)
+        },
+    );
+    pre.spec.submitted_at = Some(at(&q0(), -7200.0));
+    let mut req = job("req", simple(2, 8, TopologyLevel::Rack));
+    req.spec.submitted_at = Some(at(&q0(), -3600.0));
+    let plan = joint_plan(&c, &models, &[pre, req], &[("m", 4)]);
+    assert_never_shared(&plan);
+    assert_eq!(plan.models[0].placed, 4, "{:#?}", plan.unplaced);
+    let p = by_name(&plan.gangs, "pre");
+    assert_eq!(p.status, GangStatus::Starting, "{}", p.reason);
+    assert_eq!(p.topology_met, Some(TopologyLevel::Rack), "{}", p.reason);
+    let r = by_name(&plan.gangs, "req");
+    assert!(
+        r.status == GangStatus::Starting || r.start_s.is_some(),
+        "{:?}: {}",
+        r.status,
+        r.reason
+    );
+}
+
+#[test]
 fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
     // 6 replicas on 16 GPUs: however inference alone spreads them, moving
     // some frees a whole node for an equal-priority 1 × 8 gang, and no

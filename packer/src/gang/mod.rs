@@ -570,7 +570,15 @@ pub fn place(
             })
             .filter(|(_, v)| !v.is_empty())
             .collect();
-        match solve::best(cluster, &job, &usable, &takeable, &victims, options) {
+        match solve::best(
+            cluster,
+            &job,
+            &usable,
+            &takeable,
+            &victims,
+            options,
+            inventory.inference_movable,
+        ) {
             Some(choice) => {
                 for v in &choice.victims {
                     let gpus = runs.remove(&v.job).unwrap_or_default();

@@ -19,7 +19,9 @@
 //! [`best`] tries free GPUs first at every allowed level (narrowest
 //! first), then lower-priority inference GPUs as well, then preemption of
 //! lower-priority preemptible gangs; at each step the GPU model with the
-//! cheapest solution wins.
+//! cheapest solution wins. Where inference is packed again around the
+//! gangs, free and inference GPUs are tried together level by level, so a
+//! preferred level holds wherever moving inference can make room.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -72,9 +74,27 @@ pub fn best(
     inference: &BTreeMap<usize, Vec<u32>>,
     victims: &[Victim],
     options: &GangOptions,
+    level_first: bool,
 ) -> Option<Choice> {
     let empty_inf = BTreeMap::new();
-    for stage in [Stage::Free, Stage::Inference, Stage::Preempt] {
+    // The order of the tries: by default free GPUs at every level first,
+    // then inference's, then preemption. `level_first` (inference packed
+    // again around the gangs): free then inference GPUs at each level
+    // before the next wider one, so a preferred level is relaxed only
+    // when moving inference cannot meet it either.
+    let levels = super::levels(job);
+    let mut tries: Vec<(Stage, TopologyLevel)> = Vec::new();
+    if level_first {
+        for &level in &levels {
+            tries.push((Stage::Free, level));
+            tries.push((Stage::Inference, level));
+        }
+    } else {
+        tries.extend(levels.iter().map(|&l| (Stage::Free, l)));
+        tries.extend(levels.iter().map(|&l| (Stage::Inference, l)));
+    }
+    tries.extend(levels.iter().map(|&l| (Stage::Preempt, l)));
+    for (stage, level) in tries {
         if stage == Stage::Inference && inference.is_empty() {
             continue;
         }
@@ -91,7 +111,7 @@ pub fn best(
         } else {
             &[]
         };
-        for level in super::levels(job) {
+        {
             let mut found: Option<Choice> = None;
             for m in &job.gpu_models {
                 if let Some(c) = solve_one(cluster, job, m, level, free, inf, vs, options)
