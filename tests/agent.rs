@@ -48,12 +48,22 @@ fn a_bad_fake_reading_is_named_by_file_line_and_field() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // A located input problem: exit 1, as every command's.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.starts_with(&format!("{}:3:", f.display())),
         "{stderr}"
     );
     assert!(stderr.contains("gpus[0].index: invalid type"), "{stderr}");
+    // One that cannot be read, at :1:1.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["agent", "--once", "--fake"])
+        .arg(dir.path().join("none.yaml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("none.yaml:1:1: cannot read"), "{stderr}");
 }
 
 fn get(port: u16, path: &str) -> (u16, String) {

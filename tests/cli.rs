@@ -435,6 +435,33 @@ fn plan_with_bad_inputs_fails_cleanly() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a plan in JSON"));
+    // A --current that cannot be read is a located input problem: exit 1.
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "--current",
+        "no/such/plan.json",
+    ]);
+    refused(&out, 1, "no/such/plan.json:1:1: cannot read");
+    // A Demand found among --policies is used, and said so.
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "examples/demand.yaml",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(
+        errors(&out)
+            .contains("note: planning with the `kind: Demand` document found among --policies")
+    );
 }
 
 #[test]

@@ -46,9 +46,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         Some(f) => {
             let text = match std::fs::read_to_string(f) {
                 Ok(t) => t,
+                // An input that cannot be read, or does not parse, is a
+                // located problem: exit 1 (the README's exit codes).
                 Err(e) => {
-                    eprintln!("{}: {e}", f.display());
-                    return Ok(ExitCode::from(2));
+                    eprintln!("{}:1:1: cannot read: {e}", f.display());
+                    return Ok(ExitCode::from(1));
                 }
             };
             let de = serde_yaml_ng::Deserializer::from_str(&text);
@@ -70,7 +72,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                         .unwrap_or(&message)
                         .to_string();
                     eprintln!("{}{at}: {path}: {message}", f.display());
-                    return Ok(ExitCode::from(2));
+                    return Ok(ExitCode::from(1));
                 }
             }
         }

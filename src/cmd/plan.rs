@@ -193,9 +193,24 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         bail!("--demand {}: no `kind: Demand` document", file.display());
     }
     let mut basis = None;
+    if args.demand.is_none() && bundle.demand.is_some() {
+        let named: Vec<String> = args
+            .policies
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        eprintln!(
+            "note: planning with the `kind: Demand` document found among --policies {} (give --demand FILE to say which)",
+            named.join(" ")
+        );
+    }
     if let Some(path) = &args.current {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        // An unreadable file is a located problem (exit 1), as every
+        // input's is.
+        let text = match gpuscale_policies::load::read(path) {
+            Ok(t) => t,
+            Err(p) => return Ok(Err(super::report_problems(&[p]))),
+        };
         // JSON (`--format json`) or YAML (`--format yaml`): the same plan.
         let earlier: Plan = match serde_json::from_str(&text) {
             Ok(plan) => plan,
