@@ -75,7 +75,10 @@ pub const AGENT_READS: usize = 64;
 /// The node agents' readings are waited for this long in the tick that
 /// asked for them; later ticks take them up once all are in (or
 /// [`AGENTS_DEADLINE`] has passed), so a slow or hung agent never holds
-/// up the decisions.
+/// up the decisions. Not the first rebuild of a leadership term: that
+/// one is waited for (up to the deadline), because without an inventory
+/// the leader has no plan to act on and would place every model on
+/// whole GPUs.
 pub const AGENT_WAIT: Duration = Duration::from_millis(200);
 
 /// Readings not in by this long after the rebuild began are left out (as
@@ -129,6 +132,8 @@ pub struct KubeBackend {
     /// A rebuild whose agents are still being read: the nodes and pods as
     /// listed when it began, and the task reading the agents.
     pending_inventory: Option<PendingInventory>,
+    /// An inventory was delivered in this leadership term.
+    inventory_this_term: bool,
     /// The notes of the last inventory, logged when they change.
     inventory_notes: Vec<(String, String)>,
     /// The gateway instances from a Service: (service, admin port name),
@@ -231,6 +236,7 @@ impl KubeBackend {
             from_nodes: false,
             inventory_at: None,
             pending_inventory: None,
+            inventory_this_term: false,
             inventory_notes: Vec::new(),
             gateways: None,
             registers: true,
@@ -289,8 +295,13 @@ impl KubeBackend {
     async fn inventory(&mut self, now: Duration) -> Option<Cluster> {
         if !self.from_nodes || !self.leading {
             // A follower builds nothing; a rebuild begun as the leader is
-            // dropped (its reading task ends on its own deadline).
-            self.pending_inventory = None;
+            // dropped (its reading task is aborted), and the next term
+            // starts with a rebuild it waits for.
+            if let Some(p) = self.pending_inventory.take() {
+                p.readings.abort();
+            }
+            self.inventory_this_term = false;
+            self.inventory_at = None;
             return None;
         }
         if self.pending_inventory.is_none() {
@@ -304,7 +315,12 @@ impl KubeBackend {
             self.pending_inventory = Some(self.begin_inventory().await?);
         }
         let pending = self.pending_inventory.as_mut()?;
-        let readings = match tokio::time::timeout(AGENT_WAIT, &mut pending.readings).await {
+        let wait = if self.inventory_this_term {
+            AGENT_WAIT
+        } else {
+            AGENTS_DEADLINE + Duration::from_secs(1)
+        };
+        let readings = match tokio::time::timeout(wait, &mut pending.readings).await {
             Err(_) => return None,
             Ok(Ok(readings)) => readings,
             Ok(Err(e)) => {
@@ -323,7 +339,10 @@ impl KubeBackend {
             self.inventory_notes = inv.notes.clone();
         }
         match Cluster::from_spec("kubernetes", &inv.spec, &builtin) {
-            Ok(c) => Some(c),
+            Ok(c) => {
+                self.inventory_this_term = true;
+                Some(c)
+            }
             Err(errors) => {
                 for e in errors {
                     tracing::error!("inventory from the nodes: {}: {}", e.path, e.message);

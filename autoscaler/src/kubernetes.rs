@@ -1435,22 +1435,13 @@ impl Kube {
     /// ([`without_bulk`]).
     pub async fn nodes(&self, selector: &str) -> Result<Vec<Node>, KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut params = ListParams::default().labels(selector).limit(PODS_PAGE);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = self
-                .call(|| format!("list nodes {selector}"), api.list(&params))
-                .await?;
-            out.extend(page.items.into_iter().map(without_bulk));
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        self.paged(
+            &api,
+            ListParams::default().labels(selector),
+            &format!("list nodes {selector}"),
+            without_bulk,
+        )
+        .await
     }
 
     /// A merge patch of a node (or, in dry-run mode, the write it would be).
@@ -1488,22 +1479,54 @@ impl Kube {
     /// its pages instead of one response of every pod.
     pub async fn pods(&self) -> Result<Vec<Pod>, KubeError> {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut params = ListParams::default()
-                .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
-                .limit(PODS_PAGE);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = self
-                .call(|| "list the pods bound to nodes".into(), api.list(&params))
-                .await?;
-            out.extend(page.items.into_iter().map(crate::inventory::slim));
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                return Ok(out);
+        let params = ListParams::default()
+            .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed");
+        self.paged(
+            &api,
+            params,
+            "list the pods bound to nodes",
+            crate::inventory::slim,
+        )
+        .await
+    }
+
+    /// Every object `params` selects, [`PODS_PAGE`] a page, each mapped by
+    /// `keep` as its page arrives. A continue token that expired mid-list
+    /// (410 Gone: etcd compacted past it) starts the list again from the
+    /// beginning, once, as client-go's pager does.
+    async fn paged<K>(
+        &self,
+        api: &Api<K>,
+        params: ListParams,
+        what: &str,
+        keep: impl Fn(K) -> K,
+    ) -> Result<Vec<K>, KubeError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let mut restarted = false;
+        'list: loop {
+            let mut out = Vec::new();
+            let mut token: Option<String> = None;
+            loop {
+                let mut page_params = params.clone().limit(PODS_PAGE);
+                if let Some(t) = &token {
+                    page_params = page_params.continue_token(t);
+                }
+                let page = match self.call(|| what.to_string(), api.list(&page_params)).await {
+                    Ok(page) => page,
+                    Err(e) if token.is_some() && !restarted && e.code() == Some(410) => {
+                        tracing::info!("{what}: the continue token expired; listing again");
+                        restarted = true;
+                        continue 'list;
+                    }
+                    Err(e) => return Err(e),
+                };
+                out.extend(page.items.into_iter().map(&keep));
+                token = page.metadata.continue_.filter(|t| !t.is_empty());
+                if token.is_none() {
+                    return Ok(out);
+                }
             }
         }
     }

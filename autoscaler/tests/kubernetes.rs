@@ -1792,6 +1792,11 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
 
 /// A tiny stand-in node agent serving `reading` at `/v1/gpus`; its port.
 async fn stand_in_agent(reading: Value) -> u16 {
+    slow_agent(reading, Duration::ZERO).await
+}
+
+/// [`stand_in_agent`] answering after `delay`.
+async fn slow_agent(reading: Value, delay: Duration) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -1805,6 +1810,7 @@ async fn stand_in_agent(reading: Value) -> u16 {
                         "{}".to_string()
                     };
                     async move {
+                        tokio::time::sleep(delay).await;
                         Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
                             bytes::Bytes::from(body),
                         )))
@@ -1864,12 +1870,34 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
                               "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
-        // What the pods bound to nodes hold, in pages of 500: an empty
-        // first page, then gpuscale's MIG instance on GPU 0.
+        // What the pods bound to nodes hold, in pages of 500: a first
+        // page whose continue token then expires (410 Gone: the list
+        // starts again, once), an empty first page, then gpuscale's MIG
+        // instance on GPU 0.
+        let first = "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500";
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+            first,
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "stale"},
+                   "items": []}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            &format!("{first}&continue=stale"),
+            410,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": "The provided continue parameter is too old", "reason": "Expired",
+                   "code": 410}),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            first,
             200,
             json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "page-2"},
                    "items": []}),
@@ -1927,10 +1955,12 @@ async fn hung_agent() -> u16 {
     port
 }
 
-/// A hung node agent does not hold up the tick that rebuilds the
+/// A hung node agent does not hold up a later tick that rebuilds the
 /// inventory: the tick returns within the agents' wait (the cluster comes
 /// in a later tick, once every agent answered or the deadline passed).
-/// Read inside the tick, it took the agent's 5 s request timeout.
+/// The first rebuild of a leadership term is waited for: without it the
+/// new leader would act with no plan. Read inside the tick, a hung agent
+/// took its 5 s request timeout every rebuild.
 async fn a_hung_agent_does_not_hold_up_the_tick() {
     let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
     let (gw, _) = common::stand_in_gateway(common::quiet()).await;
@@ -1938,43 +1968,71 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
         KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
             .inventory_from_nodes(),
     );
-    let port = hung_agent().await;
+    // Slower than the later rebuilds' 200 ms wait.
+    let good = slow_agent(
+        json!({"node": "gpu-a", "gpus": []}),
+        Duration::from_millis(600),
+    )
+    .await;
+    let hung = hung_agent().await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
+    let agents = |port: u16| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+               "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                          "ports": [{"name": "http", "port": port}],
+                          "endpoints": [{"addresses": ["127.0.0.1"]}]}]})
+    };
     let server = tokio::spawn(async move {
         lease_created(&mut handle, "gpuscale-0").await;
         leader_after_lease_with(&mut handle, false).await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
-            200,
-            nodes(vec![]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-            200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                              "ports": [{"name": "http", "port": port}],
-                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
-            200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
-        )
-        .await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        for (i, port) in [good, hung].into_iter().enumerate() {
+            if i > 0 {
+                // The next rebuild, 31 s on: a leader's tick.
+                expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+                expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+            }
+            expect(
+                &mut handle,
+                Method::GET,
+                "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
+                200,
+                nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
+                    "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::GET,
+                "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+                200,
+                agents(port),
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::GET,
+                "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        }
     });
-    let began = std::time::Instant::now();
+    // The term's first rebuild: waited for, slow agent and all.
     let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    assert!(
+        observed.cluster.is_some(),
+        "the first inventory of the term"
+    );
+    // A later one whose agent hangs: the tick does not wait for it.
+    let began = std::time::Instant::now();
+    let observed = backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(31))
+        .await;
     let took = began.elapsed();
     assert!(
         observed.cluster.is_none(),

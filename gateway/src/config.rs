@@ -893,18 +893,12 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     let dir = path.parent().unwrap_or(Path::new("."));
     parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
     let policy_paths: Vec<PathBuf> = parsed.spec.policies.iter().map(|p| dir.join(p)).collect();
-    let mut named: Vec<(String, &Path)> = policy_paths
+    // (Not the admin token file: `--admin-token-file` may replace it.)
+    let named: Vec<(String, &Path)> = policy_paths
         .iter()
         .enumerate()
         .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
         .collect();
-    named.extend(
-        parsed
-            .spec
-            .admin_token_file
-            .iter()
-            .map(|p| ("spec.adminTokenFile".into(), p.as_path())),
-    );
     let missing = doc.missing(named);
     if !missing.is_empty() {
         return Err(Problems(missing));

@@ -825,10 +825,13 @@ pub struct QueueView {
     /// Time to first token p95, ms (streams), from leaving the queue.
     pub ttft_p95_ms: Option<f64>,
     /// Latency p95 from arrival at the gateway, the queue wait included,
-    /// ms: what the latency SLO is judged on (`gpuscale_slo_requests_total`).
+    /// ms, of the requests a replica answered: the measure the latency SLO
+    /// uses (`gpuscale_slo_requests_total`, which also counts refused and
+    /// timed-out requests and server errors as missed; those are not in
+    /// this quantile).
     pub latency_total_p95_ms: Option<f64>,
-    /// Time to first token p95 from arrival, the queue wait included, ms:
-    /// what the TTFT SLO is judged on.
+    /// Time to first token p95 from arrival, the queue wait included, ms
+    /// (streams a replica answered): the measure the TTFT SLO uses.
     pub ttft_total_p95_ms: Option<f64>,
 }
 

@@ -666,6 +666,50 @@ fn a_preferred_rack_is_met_by_moving_inference_before_it_is_relaxed() {
 }
 
 #[test]
+fn a_preferred_rack_never_stops_replicas_that_could_not_move() {
+    // Rack r0: n0 runs 8 replicas of a standard model (minimum 0), n1 is
+    // free; rack r1: n2 is free. A critical 2 × 8 gang prefers a rack; a
+    // standard 1 × 8 gang waits behind it. Meeting the rack would take
+    // n0, and its replicas would have nowhere to go: they would stop for
+    // a preference. The critical gang spreads over the racks on free
+    // GPUs instead, and every replica stays.
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            (0..8).map(|i| (i, "m")).collect(),
+        ),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("n2", "H100-80GB", 8, "r1", "z0", None, vec![]),
+    ]);
+    let models = vec![whole_model("m", Priority::Standard, 0)];
+    let mut pre = job(
+        "pre",
+        ranked(
+            Priority::Critical,
+            J {
+                mode: TopologyMode::Preferred,
+                ..simple(2, 8, TopologyLevel::Rack)
+            },
+        ),
+    );
+    pre.spec.submitted_at = Some(at(&q0(), -7200.0));
+    let mut w = job("w", simple(1, 8, TopologyLevel::Node));
+    w.spec.submitted_at = Some(at(&q0(), -3600.0));
+    let plan = joint_plan(&c, &models, &[pre, w], &[("m", 8)]);
+    assert_never_shared(&plan);
+    assert_eq!(plan.models[0].placed, 8, "{:#?}", plan.unplaced);
+    let p = by_name(&plan.gangs, "pre");
+    assert_eq!(p.status, GangStatus::Starting, "{}", p.reason);
+    assert_eq!(p.topology_met, Some(TopologyLevel::Zone), "{}", p.reason);
+    assert_eq!(by_name(&plan.gangs, "w").status, GangStatus::Pending);
+}
+
+#[test]
 fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
     // 6 replicas on 16 GPUs: however inference alone spreads them, moving
     // some frees a whole node for an equal-priority 1 × 8 gang, and no

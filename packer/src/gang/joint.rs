@@ -197,27 +197,43 @@ pub fn plan(
     // every inference GPU movable — the same priority order, partitions
     // and backfill reservations — and inference is packed around what the
     // gangs then take; that plan stands if no replica is lost that may not
-    // yield (one pack).
+    // yield. First with free and inference GPUs tried level by level (a
+    // preferred level met by moving inference), which stands only if
+    // every replica is kept: a preference moves replicas, never stops
+    // them. Then in the usual order, free GPUs at every level first (at
+    // most two packs).
     let mut cache: Option<(BTreeSet<GpuRef>, Plan)> = None;
     let waiting = placed.gangs.iter().any(|g| g.status == GangStatus::Pending);
-    if waiting && !inv.inference.is_empty() {
+    for level_first in [true, false] {
+        if !waiting || inv.inference.is_empty() {
+            break;
+        }
         let movable = Inventory {
             free: inv.free.clone(),
             inference: inv.inference.clone(),
             inference_movable: true,
+            level_first,
         };
         let trial = place(&base, jobs, &held, &movable, q, gang_options);
-        if !trial.from_inference.is_empty() {
+        if trial.from_inference.is_empty() {
+            // No inference GPU taken: the other order takes none either.
+            break;
+        }
+        {
             let gpus = gang_gpus(&base, &trial.gangs);
             let p = pack_from(&for_inference(&base, &gpus), models, demand, options, None)?;
-            let taker_rank = trial
-                .gangs
-                .iter()
-                .filter(|g| g.status == GangStatus::Starting)
-                .filter(|g| took_inference(&base, g, &trial.from_inference))
-                .map(|g| rank(g.priority))
-                .max()
-                .unwrap_or(0);
+            let taker_rank = if level_first {
+                0
+            } else {
+                trial
+                    .gangs
+                    .iter()
+                    .filter(|g| g.status == GangStatus::Starting)
+                    .filter(|g| took_inference(&base, g, &trial.from_inference))
+                    .map(|g| rank(g.priority))
+                    .max()
+                    .unwrap_or(0)
+            };
             if keeps(&p, taker_rank) {
                 placed = trial;
                 let moves = p.moves + displaced(&base, &starting_gpus(&base, &placed.gangs)).0;
@@ -232,6 +248,7 @@ pub fn plan(
                     }
                 }
                 cache = Some((gpus, p));
+                break;
             }
         }
     }
@@ -301,6 +318,7 @@ pub fn plan(
             },
             inference: BTreeMap::new(),
             inference_movable: false,
+            level_first: false,
         };
         placed = place(&base, jobs, &held, &narrower, q, gang_options);
         cache = None;

@@ -396,6 +396,10 @@ pub struct Inventory {
     /// that none is lost that may not yield). Otherwise only GPUs whose
     /// replicas are all less important than the job.
     pub inference_movable: bool,
+    /// Try free and inference GPUs together level by level (a preferred
+    /// level met by moving inference before it is relaxed), rather than
+    /// free GPUs at every level first ([`solve::best`]).
+    pub level_first: bool,
 }
 
 /// The outcome of [`place`].
@@ -577,7 +581,7 @@ pub fn place(
             &takeable,
             &victims,
             options,
-            inventory.inference_movable,
+            inventory.level_first,
         ) {
             Some(choice) => {
                 for v in &choice.victims {
