@@ -89,6 +89,7 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
             "--fake",
             "tests/data/agent-h100-node.yaml",
         ])
+        .env_remove("NODE_NAME")
         .current_dir(root())
         .stdout(Stdio::piped())
         .spawn()
@@ -140,4 +141,32 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
     assert!(served);
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// `--node` names the node a fake reading is served for (as NODE_NAME
+/// does in a DaemonSet); without it the file's own name stands.
+#[test]
+fn node_names_the_node_of_a_fake_reading() {
+    let once = |extra: &[&str]| -> gpuscale_policies::devices::NodeGpus {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+            .args([
+                "agent",
+                "--once",
+                "--fake",
+                "tests/data/agent-h100-node.yaml",
+            ])
+            .args(extra)
+            .env_remove("NODE_NAME")
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    assert_eq!(once(&[]).node, "gpu-a");
+    assert_eq!(once(&["--node", "gpu-b"]).node, "gpu-b");
 }

@@ -373,10 +373,18 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
             );
             r
         }
-        (Method::GET, "/v1/models") => json(serde_json::json!({
-            "object": "list",
-            "data": [{"id": sim.profile.model, "object": "model", "owned_by": "gpuscale-sim"}]
-        })),
+        (Method::GET, "/v1/models") => {
+            // As vLLM lists them: the base model, then each LoRA adapter
+            // with the base model as its parent.
+            let mut data = vec![serde_json::json!(
+                {"id": sim.profile.model, "object": "model", "owned_by": "gpuscale-sim"}
+            )];
+            for (a, _) in crate::lock(&sim.adapters).iter() {
+                data.push(serde_json::json!({"id": a, "object": "model",
+                    "owned_by": "gpuscale-sim", "parent": sim.profile.model}));
+            }
+            json(serde_json::json!({"object": "list", "data": data}))
+        }
         (Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             generate(sim, &path, req).await
         }

@@ -463,3 +463,32 @@ async fn the_queue_stream_pushes_changes_promptly() {
     drop(body);
     gw.shutdown().await;
 }
+
+/// The simulated server lists its LoRA adapters in `/v1/models` beside
+/// its base model, as vLLM does (each with the base model as parent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_server_lists_its_adapters_as_vllm_does() {
+    let server = sim::start_with_adapters(
+        SimProfile::named("instant", "base").unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        &["sql".to_string()],
+    )
+    .await
+    .unwrap();
+    let req = http::Request::get(format!("http://{}/v1/models", server.addr))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["base", "sql"]);
+    assert_eq!(v["data"][1]["parent"], "base");
+    server.stop().await;
+}

@@ -55,7 +55,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             };
             let de = serde_yaml_ng::Deserializer::from_str(&text);
             match serde_path_to_error::deserialize::<_, gpuscale_policies::devices::NodeGpus>(de) {
-                Ok(r) => Source::Fake(r),
+                // `--node` (or NODE_NAME) names the node the reading is
+                // served for; without it, the file's own name stands.
+                Ok(mut r) => {
+                    if let Some(n) = &args.node {
+                        r.node = n.clone();
+                    }
+                    Source::Fake(r)
+                }
                 Err(e) => {
                     let at = e
                         .inner()
@@ -110,8 +117,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         };
+        let serving = match &source {
+            Source::Fake(r) => r.node.clone(),
+            Source::Nvml(_, n) => n.clone(),
+        };
         println!(
-            "gpuscale agent: node {node}, listening on http://{}",
+            "gpuscale agent: node {serving}, listening on http://{}",
             listener.local_addr()?
         );
         agent::serve(listener, source, super::shutdown_signal()).await;

@@ -172,7 +172,10 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         Err(problems) => return Ok(Err(super::report_problems(&problems.0))),
     };
     let Some(mut cluster) = bundle.cluster else {
-        bail!("{}: no `kind: Cluster` document", args.cluster.display());
+        bail!(
+            "--cluster {}: no `kind: Cluster` document",
+            args.cluster.display()
+        );
     };
     // Nothing to plan is a mistake, not an empty plan: every replica the
     // cluster runs would be dropped without a word.
