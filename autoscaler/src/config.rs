@@ -303,12 +303,8 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     spec.cluster = spec.cluster.as_ref().map(|p| dir.join(p));
     spec.gateway.config = spec.gateway.config.as_ref().map(|p| dir.join(p));
     spec.gateway.admin_token_file = spec.gateway.admin_token_file.as_ref().map(|p| dir.join(p));
-    let mut named: Vec<(String, &Path)> = spec
-        .policies
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
-        .collect();
+    let mut named: Vec<(String, &Path)> =
+        document::Document::each("spec.policies", &spec.policies).collect();
     named.extend(
         spec.cluster
             .iter()

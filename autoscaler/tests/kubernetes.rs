@@ -2043,6 +2043,92 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
     server.await.unwrap();
 }
 
+/// A rebuild whose agent answers after the tick's 200 ms wait is taken up
+/// by a later tick, with no second list of nodes or pods.
+async fn a_later_tick_takes_up_a_rebuild_its_agents_finished() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .inventory_from_nodes(),
+    );
+    let reading = json!({"node": "gpu-a", "gpus": []});
+    let quick = stand_in_agent(reading.clone()).await;
+    let slow = slow_agent(reading, Duration::from_millis(600)).await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let agents = |port: u16| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+               "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                          "ports": [{"name": "http", "port": port}],
+                          "endpoints": [{"addresses": ["127.0.0.1"]}]}]})
+    };
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        leader_after_lease_with(&mut handle, false).await;
+        for (i, port) in [quick, slow].into_iter().enumerate() {
+            if i > 0 {
+                expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+                expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+            }
+            expect(
+                &mut handle,
+                Method::GET,
+                "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
+                200,
+                nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
+                    "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::GET,
+                "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+                200,
+                agents(port),
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::GET,
+                "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        }
+        // The tick that takes the finished rebuild up lists nothing more.
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+    });
+    assert!(
+        backend
+            .tick(std::slice::from_ref(&m), now)
+            .await
+            .cluster
+            .is_some()
+    );
+    let later = now + Duration::from_secs(31);
+    assert!(
+        backend
+            .tick(std::slice::from_ref(&m), later)
+            .await
+            .cluster
+            .is_none(),
+        "the slow agent has not answered within the tick's wait"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let observed = backend
+        .tick(std::slice::from_ref(&m), later + Duration::from_secs(1))
+        .await;
+    assert_eq!(observed.cluster.expect("taken up").nodes.len(), 1);
+    server.await.unwrap();
+}
+
 /// The agents are read at most `at_once` at a time, all of them, and one
 /// that has not answered by the deadline is left out rather than waited
 /// for; one that refuses connections or sends no reading is left out too.
@@ -2475,6 +2561,7 @@ scenarios!(
     watched_policies_reach_the_controller_each_on_its_own,
     the_inventory_comes_from_the_nodes_and_the_agents,
     a_hung_agent_does_not_hold_up_the_tick,
+    a_later_tick_takes_up_a_rebuild_its_agents_finished,
     replicas_are_registered_with_every_gateway_instance_found,
     sidecar_gateways_are_read_not_registered_with,
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,

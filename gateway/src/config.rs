@@ -894,12 +894,7 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
     let policy_paths: Vec<PathBuf> = parsed.spec.policies.iter().map(|p| dir.join(p)).collect();
     // (Not the admin token file: `--admin-token-file` may replace it.)
-    let named: Vec<(String, &Path)> = policy_paths
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
-        .collect();
-    let missing = doc.missing(named);
+    let missing = doc.missing(document::Document::each("spec.policies", &policy_paths));
     if !missing.is_empty() {
         return Err(Problems(missing));
     }

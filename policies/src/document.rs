@@ -114,6 +114,18 @@ impl Document {
         }
     }
 
+    /// `(field[i], path)` for each path of a list field (`spec.policies`),
+    /// for [`Document::missing`].
+    pub fn each<'a>(
+        field: &'a str,
+        paths: &'a [PathBuf],
+    ) -> impl Iterator<Item = (String, &'a Path)> + 'a {
+        paths
+            .iter()
+            .enumerate()
+            .map(move |(i, p)| (format!("{field}[{i}]"), p.as_path()))
+    }
+
     /// Problems for the files this document names that do not exist:
     /// each `(field, path)` with `path` already joined to this file's
     /// folder, located at the field that names it, so an error about a

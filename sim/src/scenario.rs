@@ -450,12 +450,8 @@ impl Scenario {
         let mut problems = check(&spec, doc);
         spec.cluster = dir.join(&spec.cluster);
         spec.policies = spec.policies.iter().map(|p| dir.join(p)).collect();
-        let mut named: Vec<(String, &Path)> = spec
-            .policies
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (format!("spec.policies[{i}]"), p.as_path()))
-            .collect();
+        let mut named: Vec<(String, &Path)> =
+            Document::each("spec.policies", &spec.policies).collect();
         named.push(("spec.cluster".into(), spec.cluster.as_path()));
         let missing = doc.missing(named);
         if !missing.is_empty() {
