@@ -1955,6 +1955,52 @@ async fn hung_agent() -> u16 {
     port
 }
 
+/// The API side of a leader's first tick and then one tick per further
+/// port, each rebuilding the inventory of node `gpu-a` (one H100) with
+/// the agent on that port.
+async fn serve_rebuilds(handle: &mut Handle, ports: &[u16]) {
+    lease_created(handle, "gpuscale-0").await;
+    leader_after_lease_with(handle, false).await;
+    for (i, &port) in ports.iter().enumerate() {
+        if i > 0 {
+            // A leader's later tick.
+            expect(handle, Method::GET, OWNED, 200, deployments(&[])).await;
+            expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        }
+        expect(
+            handle,
+            Method::GET,
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
+            200,
+            nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
+                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
+        )
+        .await;
+        expect(
+            handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                              "ports": [{"name": "http", "port": port}],
+                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
+        )
+        .await;
+        expect(
+            handle,
+            Method::GET,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+        )
+        .await;
+        expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
+    }
+}
+
 /// A hung node agent does not hold up a later tick that rebuilds the
 /// inventory: the tick returns within the agents' wait (the cluster comes
 /// in a later tick, once every agent answered or the deadline passed).
@@ -1977,51 +2023,7 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
     let hung = hung_agent().await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
-    let agents = |port: u16| {
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-               "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                          "ports": [{"name": "http", "port": port}],
-                          "endpoints": [{"addresses": ["127.0.0.1"]}]}]})
-    };
-    let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        leader_after_lease_with(&mut handle, false).await;
-        for (i, port) in [good, hung].into_iter().enumerate() {
-            if i > 0 {
-                // The next rebuild, 31 s on: a leader's tick.
-                expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
-                expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-            }
-            expect(
-                &mut handle,
-                Method::GET,
-                "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
-                200,
-                nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
-                    "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
-                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
-            )
-            .await;
-            expect(
-                &mut handle,
-                Method::GET,
-                "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-                200,
-                agents(port),
-            )
-            .await;
-            expect(
-                &mut handle,
-                Method::GET,
-                "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
-                200,
-                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
-            )
-            .await;
-            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        }
-    });
+    let server = tokio::spawn(async move { serve_rebuilds(&mut handle, &[good, hung]).await });
     // The term's first rebuild: waited for, slow agent and all.
     let observed = backend.tick(std::slice::from_ref(&m), now).await;
     assert!(
@@ -2057,49 +2059,8 @@ async fn a_later_tick_takes_up_a_rebuild_its_agents_finished() {
     let slow = slow_agent(reading, Duration::from_millis(600)).await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
-    let agents = |port: u16| {
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-               "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                          "ports": [{"name": "http", "port": port}],
-                          "endpoints": [{"addresses": ["127.0.0.1"]}]}]})
-    };
     let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        leader_after_lease_with(&mut handle, false).await;
-        for (i, port) in [quick, slow].into_iter().enumerate() {
-            if i > 0 {
-                expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
-                expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-            }
-            expect(
-                &mut handle,
-                Method::GET,
-                "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
-                200,
-                nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
-                    "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
-                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
-            )
-            .await;
-            expect(
-                &mut handle,
-                Method::GET,
-                "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-                200,
-                agents(port),
-            )
-            .await;
-            expect(
-                &mut handle,
-                Method::GET,
-                "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
-                200,
-                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
-            )
-            .await;
-            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        }
+        serve_rebuilds(&mut handle, &[quick, slow]).await;
         // The tick that takes the finished rebuild up lists nothing more.
         expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
