@@ -154,7 +154,9 @@ where
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = [0u8; 1024];
-    let n = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf))
+    // Long enough for a probe's request to arrive on a loaded node (at
+    // 50 ms a kubelet probe could be answered 503 before it was read).
+    let n = tokio::time::timeout(std::time::Duration::from_millis(250), stream.read(&mut buf))
         .await
         .ok()
         .and_then(Result::ok)
