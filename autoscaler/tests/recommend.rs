@@ -1284,3 +1284,92 @@ fn prefill_utilisation_sizes_a_model_whose_prompts_bind_before_its_queue() {
     assert_eq!(r.replicas, 3, "{}", r.reason);
     assert!(r.reason.contains("lightly loaded"), "{}", r.reason);
 }
+
+#[test]
+fn a_latency_breach_measured_on_fewer_replicas_holds_those_serving_now() {
+    // The gateway's p95s cover the last 60 s. 4 replicas, busy (32 in
+    // flight, the target), TTFT at 2× its SLO: 8 wanted. While the 4 new
+    // ones start, the count holds. Once all 8 serve, the minute's p95
+    // was measured on 4: it holds the 8 and adds nothing, for as long as
+    // the window still reaches back to 4 serving (60 s); a breach that
+    // persists after that was measured on the 8, and doubles them.
+    let mut m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    m.slo.ttft_p95 = Some(Duration::from_millis(500));
+    let at = |in_flight: f64, ready: f64| Observation {
+        in_flight,
+        ready: Some(ready),
+        ttft_p95: Some(Duration::from_millis(1000)),
+        ..Observation::default()
+    };
+    let mut c = Clock::new(&m, Tuning::default(), 4);
+    let r = c.run(1, |_| at(32.0, 4.0));
+    assert_eq!(r.replicas, 8, "{}", r.reason);
+    for s in 1..30 {
+        let r = c.run(1, |_| at(32.0, 4.0));
+        assert_eq!(r.replicas, 8, "at {s}s: {}", r.reason);
+    }
+    // From t = 30 s the 8 serve, busy (64 in flight), the p95 unchanged.
+    for s in 30..90 {
+        let r = c.run(1, |_| at(64.0, 8.0));
+        assert_eq!(r.replicas, 8, "at {s}s: {}", r.reason);
+        assert!(
+            r.reason.contains("measured on 4 serving of 8: holding"),
+            "at {s}s: {}",
+            r.reason
+        );
+    }
+    let r = c.run(1, |_| at(64.0, 8.0));
+    assert_eq!(r.replicas, 16, "at 90s: {}", r.reason);
+}
+
+#[test]
+fn a_surge_while_replicas_start_is_sized_by_the_queue() {
+    // 5 replicas decided at target 16, 4 ready (one starting, within its
+    // 30 s), after two minutes of 3 req/s at 3.5 s each. The queue holds
+    // 350 (222 waiting, 128 in flight): with the raw 10 s rate at 30 req/s
+    // (105 in service, under twice the count's 80) the queue is read as
+    // left for the starting replica, and the count holds. With the raw
+    // rate at 50 req/s (175 in service, twice the 80 and more) the surge
+    // is real: panic, sized by the queue, ⌈350 ÷ 16⌉ = 22 (it sized
+    // nothing while the starting replica capped the queue at the count).
+    let m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 16\n    startupTime: 30s\n",
+    );
+    let obs = |waiting: f64, in_flight: f64, rate: f64, ready: f64| Observation {
+        waiting,
+        in_flight,
+        arrival_rate: rate,
+        service_time: Some(3.5),
+        ready: Some(ready),
+        ..Observation::default()
+    };
+    let steady = |_| obs(0.0, 10.0, 3.0, 5.0);
+    let mut held = Clock::new(&m, Tuning::default(), 5);
+    held.run(120, steady);
+    held.run(3, |_| obs(0.0, 10.0, 3.0, 4.0));
+    let r = held.run(1, |_| obs(222.0, 128.0, 30.0, 4.0));
+    assert_eq!(r.replicas, 5, "{}", r.reason);
+    assert!(!held.state.in_panic(), "{}", r.reason);
+
+    let mut surge = Clock::new(&m, Tuning::default(), 5);
+    surge.run(120, steady);
+    surge.run(3, |_| obs(0.0, 10.0, 3.0, 4.0));
+    let r = surge.run(1, |_| obs(222.0, 128.0, 50.0, 4.0));
+    assert!(surge.state.in_panic(), "{}", r.reason);
+    assert_eq!(r.replicas, 22, "{}", r.reason);
+
+    // Panic started by the queue with every replica ready (164 on 4 × 16:
+    // ⌈164 ÷ 16⌉ = 11) goes on reading the queue as it is while the 7
+    // added ones start: 250 a second later asks for 16, as Knative's
+    // panic follows the concurrency it sees (before, the count's 11 held
+    // the queue at 176 and panic added nothing until they were ready).
+    let mut queued = Clock::new(&m, Tuning::default(), 4);
+    queued.run(120, |_| obs(0.0, 10.0, 3.0, 4.0));
+    let r = queued.run(1, |_| obs(100.0, 64.0, 3.0, 4.0));
+    assert!(queued.state.in_panic(), "{}", r.reason);
+    assert_eq!(r.replicas, 11, "{}", r.reason);
+    let r = queued.run(1, |_| obs(186.0, 64.0, 3.0, 4.0));
+    assert_eq!(r.replicas, 16, "{}", r.reason);
+}
