@@ -125,6 +125,9 @@ pub struct KubeBackend {
     /// cluster), and their resourceVersions as last handed on.
     watch: Option<PolicyWatch>,
     versions: BTreeMap<String, String>,
+    /// Which policy each served name and adapter went to, as last handed
+    /// on: the incumbent keeps a name another policy claims later.
+    served_by: BTreeMap<String, String>,
     /// The inventory comes from the nodes (no cluster file), rebuilt at
     /// this period's start last.
     from_nodes: bool,
@@ -233,6 +236,7 @@ impl KubeBackend {
             remembered_at: None,
             watch: None,
             versions: BTreeMap::new(),
+            served_by: BTreeMap::new(),
             from_nodes: false,
             inventory_at: None,
             pending_inventory: None,
@@ -409,12 +413,13 @@ impl KubeBackend {
         }
         self.versions = versions;
         let catalog = gpuscale_policies::Catalog::builtin();
-        let mut models = Vec::new();
+        let mut valid = Vec::new();
+        let mut refused = Vec::new();
         for (name, (_, listed)) in current {
             let why = match listed {
                 Ok(p) => match Model::from_policy(&p, &catalog) {
                     Ok(m) => {
-                        models.push(m);
+                        valid.push((m, p.metadata.creation_timestamp.map(|t| t.0)));
                         continue;
                     }
                     Err(errors) => errors
@@ -425,6 +430,13 @@ impl KubeBackend {
                 },
                 Err((_, e)) => e,
             };
+            refused.push((name, why));
+        }
+        let claimed = claim_served_names(valid, &self.served_by);
+        self.served_by = claimed.served_by;
+        refused.extend(claimed.left_out);
+        let models = claimed.kept;
+        for (name, why) in refused {
             tracing::error!(policy = %name, "invalid ModelPolicy, left out: {why}");
             if self.leading {
                 self.tell(
@@ -1293,4 +1305,71 @@ impl Backend {
             Backend::Kube(mut k) => k.release().await,
         }
     }
+}
+
+/// Gives each served name and LoRA adapter to one policy, since the
+/// gateway routes by name and a second policy's replicas would take the
+/// first one's requests. The policy that had a name last time keeps it;
+/// among newcomers the oldest (`creationTimestamp`), then the first by
+/// name.
+pub fn claim_served_names<T: Ord>(
+    mut models: Vec<(Model, Option<T>)>,
+    served_by: &BTreeMap<String, String>,
+) -> Claimed {
+    let incumbent = |m: &Model| {
+        m.served_names()
+            .iter()
+            .any(|(_, n)| served_by.get(*n) == Some(&m.name))
+    };
+    models.sort_by(|(a, ta), (b, tb)| {
+        incumbent(b)
+            .cmp(&incumbent(a))
+            .then_with(|| match (ta, tb) {
+                (Some(x), Some(y)) => x.cmp(y),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => std::cmp::Ordering::Equal,
+            })
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let mut kept = Vec::new();
+    let mut left_out = Vec::new();
+    let mut now: BTreeMap<String, String> = BTreeMap::new();
+    for (m, _) in models {
+        let clash = m.served_names().into_iter().find_map(|(field, n)| {
+            now.get(n)
+                .map(|owner| (field, n.to_string(), owner.clone()))
+        });
+        match clash {
+            Some((field, n, owner)) => left_out.push((
+                m.name.clone(),
+                format!(
+                    "{field}: `{n}` is already served by ModelPolicy `{owner}`; the gateway routes by name, so the two would share one model's requests"
+                ),
+            )),
+            None => {
+                for (_, n) in m.served_names() {
+                    now.insert(n.to_string(), m.name.clone());
+                }
+                kept.push(m);
+            }
+        }
+    }
+    kept.sort_by(|a, b| a.name.cmp(&b.name));
+    Claimed {
+        kept,
+        left_out,
+        served_by: now,
+    }
+}
+
+/// What [`claim_served_names`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The models kept, by name.
+    pub kept: Vec<Model>,
+    /// `(policy, why)` for each left out.
+    pub left_out: Vec<(String, String)>,
+    /// Who serves each name now.
+    pub served_by: BTreeMap<String, String>,
 }

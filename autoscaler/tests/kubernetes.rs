@@ -1700,7 +1700,15 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
         "metadata": {"resourceVersion": "10"},
         "items": [
             {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
-             "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "8"},
+             "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "8",
+                          "creationTimestamp": "2026-11-01T00:00:00Z"},
+             "spec": {"servedName": "meta-llama/Llama-3.1-8B-Instruct",
+                      "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}},
+            // A later policy claiming llama's served name (named to sort
+            // first): left out, or its replicas would take llama's requests.
+            {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+             "metadata": {"name": "a-intruder", "namespace": "inference", "resourceVersion": "11",
+                          "creationTimestamp": "2026-11-20T00:00:00Z"},
              "spec": {"servedName": "meta-llama/Llama-3.1-8B-Instruct",
                       "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}},
             {"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
@@ -1780,10 +1788,24 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
     assert_eq!(names, ["llama"]);
     models = handed.clone();
     let w = warnings.lock().unwrap().clone();
-    assert_eq!(w.len(), 1, "{w:?}");
-    assert_eq!(w[0]["type"], "Warning");
-    assert_eq!(w[0]["reason"], "InvalidPolicy");
-    assert_eq!(w[0]["regarding"]["name"], "broken");
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w.iter()
+            .all(|w| w["type"] == "Warning" && w["reason"] == "InvalidPolicy")
+    );
+    let about: BTreeSet<&str> = w
+        .iter()
+        .map(|w| w["regarding"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(about, BTreeSet::from(["a-intruder", "broken"]));
+    assert!(
+        w.iter().any(|w| w["regarding"]["name"] == "a-intruder"
+            && w["note"]
+                .as_str()
+                .unwrap()
+                .contains("is already served by ModelPolicy `llama`")),
+        "{w:?}"
+    );
     // Nothing changed since: nothing handed again.
     assert!(backend.tick(&models, now).await.policies.is_none());
     drop(backend);
@@ -2706,4 +2728,66 @@ fn an_mps_share_keeps_the_daemons_shm_and_the_policys_server_args_follow() {
     );
     // 60 GiB of weights and cache: 75Gi, above the 40Gi floor.
     assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "75Gi");
+}
+
+#[test]
+fn each_served_name_goes_to_one_policy_the_incumbent_first() {
+    use gpuscale_autoscaler::backend::claim_served_names;
+    let with_adapter = |name: &str, served: &str, adapter: &str| {
+        let mut m = model_named(name, served);
+        m.adapters = vec![adapter.to_string()];
+        m
+    };
+    // A restart (no incumbents): the older of two claims keeps the name,
+    // whatever the names sort as; the other is left out, saying why.
+    let c = claim_served_names(
+        vec![
+            (model_named("team-a", "org/chat"), Some(2)),
+            (model_named("aaa-intruder", "org/chat"), Some(5)),
+            (with_adapter("team-c", "org/code", "org/code-sql"), Some(1)),
+        ],
+        &BTreeMap::new(),
+    );
+    let (kept, out, by) = (c.kept, c.left_out, c.served_by);
+    let names: Vec<&str> = kept.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["team-a", "team-c"]);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, "aaa-intruder");
+    assert!(
+        out[0]
+            .1
+            .contains("spec.servedName: `org/chat` is already served by ModelPolicy `team-a`"),
+        "{}",
+        out[0].1
+    );
+    assert_eq!(by["org/chat"], "team-a");
+    assert_eq!(by["org/code-sql"], "team-c");
+    // The incumbent keeps its name against an older claim made later (a
+    // policy re-created with an old timestamp cannot take it), and an
+    // adapter that claims another policy's served name is left out too.
+    let c = claim_served_names(
+        vec![
+            (model_named("team-a", "org/chat"), Some(9)),
+            (model_named("old", "org/chat"), Some(0)),
+            (with_adapter("sneaky", "org/other", "org/chat"), None),
+        ],
+        &by,
+    );
+    let (kept, out) = (c.kept, c.left_out);
+    let names: Vec<&str> = kept.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["team-a"]);
+    let left: BTreeSet<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(left, BTreeSet::from(["old", "sneaky"]));
+    assert!(
+        out.iter()
+            .any(|(n, why)| n == "sneaky" && why.starts_with("spec.adapters[0]: `org/chat`"))
+    );
+    // Without timestamps, the first by name.
+    let kept = claim_served_names::<u32>(
+        vec![(model_named("b", "x"), None), (model_named("a", "x"), None)],
+        &BTreeMap::new(),
+    )
+    .kept;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].name, "a");
 }

@@ -421,6 +421,8 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     let mut models = Vec::new();
     let mut jobs = Vec::new();
     let mut names: BTreeMap<String, (PathBuf, usize)> = BTreeMap::new();
+    // Served names and adapters: policy, file, line of the first claim.
+    let mut served: BTreeMap<String, (String, PathBuf, usize)> = BTreeMap::new();
     for (doc, p) in &parsed {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
@@ -453,6 +455,26 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 Ok(m) => {
                     if let Some((_, c)) = &cluster {
                         problems.extend(check_model_fits_cluster(doc, &m, &catalog, c));
+                    }
+                    for (field, n) in m.served_names() {
+                        if let Some((other, file, line)) = served.get(n) {
+                            problems.push(doc.problem(
+                                field.as_str(),
+                                format!(
+                                    "`{n}` is already served by ModelPolicy `{other}` ({}:{line}): the gateway routes by name, so two policies would share one model's requests",
+                                    file.display()
+                                ),
+                            ));
+                        } else {
+                            served.insert(
+                                n.to_string(),
+                                (
+                                    m.name.clone(),
+                                    doc.file.clone(),
+                                    doc.position_of(&field).line,
+                                ),
+                            );
+                        }
                     }
                     policies.push((**mp).clone());
                     models.push(m);

@@ -712,6 +712,16 @@ pub struct Model {
     pub server_args: Vec<String>,
 }
 
+/// The prefix of gpuscale's own component names (`gpuscale-gateway`,
+/// `gpuscale-controller`, `gpuscale-agent`): no ModelPolicy may take it,
+/// since its pods and Services are labelled with the policy's name.
+pub const RESERVED_PREFIX: &str = "gpuscale-";
+
+/// Whether a ModelPolicy name is one gpuscale keeps for itself.
+pub fn is_reserved(name: &str) -> bool {
+    name == "gpuscale" || name.starts_with(RESERVED_PREFIX)
+}
+
 /// One way a replica could be placed, statically.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PlacementOption {
@@ -811,6 +821,21 @@ pub const MAX_PARAMS_B: f64 = 100_000.0;
 pub const MAX_COMPUTE: f64 = 1_000.0;
 
 impl Model {
+    /// The names clients reach this model by at the gateway, each with
+    /// the field that gives it: the served name and every LoRA adapter.
+    /// No two policies may share one: the gateway routes by name, so the
+    /// second policy's replicas would take the first one's requests.
+    pub fn served_names(&self) -> Vec<(String, &str)> {
+        std::iter::once(("spec.servedName".to_string(), self.served_name.as_str()))
+            .chain(
+                self.adapters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (format!("spec.adapters[{i}]"), a.as_str())),
+            )
+            .collect()
+    }
+
     /// Validates a policy against the catalogue. Every problem is reported,
     /// each with the field path it concerns (relative to the document).
     pub fn from_policy(policy: &ModelPolicy, catalog: &Catalog) -> Result<Model, Vec<FieldError>> {
@@ -824,6 +849,14 @@ impl Model {
             })
         };
         let name = policy.metadata.name.clone().unwrap_or_default();
+        if is_reserved(&name) {
+            err(
+                "metadata.name",
+                format!(
+                    "`{name}`: names starting `{RESERVED_PREFIX}` are reserved for gpuscale's own components; a policy's pods carry app.kubernetes.io/name: <policy>, and the gateway's Service and the network policies select gpuscale-gateway, gpuscale-controller and gpuscale-agent by that label"
+                ),
+            );
+        }
 
         match (r.memory_gib, r.params_b) {
             (Some(_), Some(_)) => err(

@@ -639,3 +639,80 @@ fn figures_beyond_any_model_or_gpu_are_located() {
         "{p:?}"
     );
 }
+
+#[test]
+fn two_policies_may_not_answer_to_one_name() {
+    // `b` takes `a`'s served name, `c` lists it as a LoRA adapter, `d` is
+    // named after `a`'s served name and does not set its own (the served
+    // name defaults to the policy's): the gateway routes by name, so each
+    // would take `a`'s requests. Each problem is on the second claim, at
+    // the field that makes it, and names the first.
+    let a = POLICY.replace("name: m", "name: a") + "  servedName: org/model\n";
+    let b = POLICY.replace("name: m", "name: b") + "  servedName: org/model\n";
+    let c = POLICY.replace("name: m", "name: c") + "  adapters: [org/model]\n";
+    let d = POLICY.replace("name: m", "name: d") + "  servedName: d-own\n";
+    let e = POLICY.replace("name: m", "name: d-own");
+    let p = load_sources(&[
+        (Path::new("a.yaml"), a.as_str()),
+        (Path::new("b.yaml"), b.as_str()),
+        (Path::new("c.yaml"), c.as_str()),
+        (Path::new("d.yaml"), d.as_str()),
+        (Path::new("e.yaml"), e.as_str()),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    for want in ["b.yaml:10:", "c.yaml:10:"] {
+        assert!(
+            text.iter().any(|t| t.starts_with(want)
+                && t.contains("`org/model` is already served by ModelPolicy `a` (a.yaml:10)")),
+            "{want} not in {text:#?}"
+        );
+    }
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("b.yaml:10:") && t.contains("spec.servedName"))
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("c.yaml:10:") && t.contains("spec.adapters[0]"))
+    );
+    assert!(
+        text.iter().any(|t| t.starts_with("e.yaml:")
+            && t.contains("`d-own` is already served by ModelPolicy `d` (d.yaml:10)")),
+        "{text:#?}"
+    );
+    assert_eq!(p.len(), 3, "{text:#?}");
+    // Distinct names load.
+    let c_ok = POLICY.replace("name: m", "name: c") + "  adapters: [org/model-sql]\n";
+    load_sources(&[
+        (Path::new("a.yaml"), a.as_str()),
+        (Path::new("c.yaml"), c_ok.as_str()),
+    ])
+    .unwrap_or_else(|p| panic!("{p}"));
+}
+
+#[test]
+fn gpuscale_s_own_names_are_reserved() {
+    // A policy's pods and Services carry `app.kubernetes.io/name:
+    // <policy>`, the label the gateway's Service and the network policies
+    // select gpuscale's own pods by.
+    for name in [
+        "gpuscale-gateway",
+        "gpuscale-controller",
+        "gpuscale-x",
+        "gpuscale",
+    ] {
+        let text = POLICY.replace("name: m", &format!("name: {name}"));
+        let p = problems("p.yaml", &text);
+        assert_eq!(located(&p), [(4, "metadata.name")], "{name}: {p:#?}");
+        assert!(
+            p[0].message
+                .contains("reserved for gpuscale's own components")
+        );
+    }
+    for name in ["my-gpuscale-gateway", "gpuscalex"] {
+        let text = POLICY.replace("name: m", &format!("name: {name}"));
+        load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap_or_else(|p| panic!("{p}"));
+    }
+}
