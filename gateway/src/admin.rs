@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use gpuscale_policies::model::MAX_CONCURRENCY;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -192,7 +193,11 @@ pub async fn handle(
                     );
                 }
             };
-            let endpoint = match settings.registration.check(&r.endpoint) {
+            let own = [
+                (settings.spec.listen, "traffic"),
+                (settings.spec.admin, "admin"),
+            ];
+            let endpoint = match settings.registration.check(&r.endpoint, &own) {
                 Ok(e) => e,
                 Err(e) => {
                     return error_response(
@@ -202,11 +207,13 @@ pub async fn handle(
                     );
                 }
             };
-            if r.max_concurrency == Some(0) {
+            if let Some(n) = r.max_concurrency
+                && !(1..=MAX_CONCURRENCY).contains(&n)
+            {
                 return error_response(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
-                    "maxConcurrency: must be at least 1",
+                    &format!("maxConcurrency: must be 1 to {MAX_CONCURRENCY}, got {n}"),
                 );
             }
             let unknown = || {

@@ -222,7 +222,7 @@ impl<W> Pool<W> {
             };
             group.replicas += 1;
             group.in_flight += r.in_flight;
-            group.capacity += r.limit;
+            group.capacity = group.capacity.saturating_add(r.limit);
         }
         c
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gpuscale_policies::document::{self, Problem};
 use gpuscale_policies::load::{self, Problems};
-use gpuscale_policies::model::Priority;
+use gpuscale_policies::model::{MAX_CONCURRENCY, Priority};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AdminToken;
@@ -714,9 +714,11 @@ impl Settings {
                     Endpoint::parse(r).map_err(|e| format!("spec.models[{i}].replicas[{j}]: {e}"))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            if m.max_concurrency == Some(0) {
+            if let Some(n) = m.max_concurrency
+                && !(1..=MAX_CONCURRENCY).contains(&n)
+            {
                 return Err(format!(
-                    "spec.models[{i}].maxConcurrency: must be at least 1"
+                    "spec.models[{i}].maxConcurrency: must be 1 to {MAX_CONCURRENCY}, got {n}"
                 ));
             }
             models.insert(
@@ -803,6 +805,12 @@ impl Settings {
             if value.is_zero() {
                 return Err(format!("spec.{field}: must be longer than 0s"));
             }
+        }
+        if !(1..=MAX_CONCURRENCY).contains(&spec.queue.max_concurrency) {
+            return Err(format!(
+                "spec.queue.maxConcurrency: must be 1 to {MAX_CONCURRENCY}, got {}",
+                spec.queue.max_concurrency
+            ));
         }
         if spec.registration.max_replicas_per_model == 0 {
             return Err("spec.registration.maxReplicasPerModel: must be at least 1".into());

@@ -3,13 +3,16 @@
 //! networks (loopback by default; in Kubernetes, the pod network that
 //! EndpointSlices list), never link-local (cloud metadata services live
 //! at 169.254.169.254), unspecified, multicast or broadcast, never with
-//! user information, a path, a query or another scheme; and a model
-//! holds at most `maxReplicasPerModel` replicas.
+//! user information, a path, a query or another scheme, never one of the
+//! gateway's own listeners (a request sent to itself would wait out the
+//! queue timeout); and a model holds at most `maxReplicasPerModel`
+//! replicas. An IPv4-mapped IPv6 address is stored as its IPv4 address,
+//! so that one server is one replica however it is spelt.
 //!
 //! Replicas written in the gateway's own file are the operator's word and
 //! are not held to these rules (they may use host names).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
@@ -27,6 +30,9 @@ pub enum Refused {
     /// Outside `registration.allowedNetworks`.
     #[error("{0} is outside the gateway's registration.allowedNetworks")]
     OutsideNetworks(IpAddr),
+    /// One of the gateway's own listeners.
+    #[error("{0} is the gateway's own {1} listener")]
+    Own(SocketAddr, &'static str),
 }
 
 /// The registration rules.
@@ -72,8 +78,13 @@ fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
 }
 
 impl Rules {
-    /// Checks an endpoint a client asked to register.
-    pub fn check(&self, endpoint: &str) -> Result<Endpoint, Refused> {
+    /// Checks an endpoint a client asked to register; `own` are the
+    /// gateway's listeners (traffic, admin) as bound.
+    pub fn check(
+        &self,
+        endpoint: &str,
+        own: &[(SocketAddr, &'static str)],
+    ) -> Result<Endpoint, Refused> {
         let malformed = |why: &str| Refused::Malformed(format!("`{endpoint}`: {why}"));
         let rest = endpoint
             .strip_prefix("http://")
@@ -100,7 +111,16 @@ impl Rules {
         if !self.allowed.iter().any(|n| n.contains(&ip)) {
             return Err(Refused::OutsideNetworks(ip));
         }
-        Endpoint::parse(&format!("http://{addr}")).map_err(Refused::Malformed)
+        let canonical = SocketAddr::new(ip, addr.port());
+        // A listener on an unspecified address (0.0.0.0, ::) takes every
+        // local address; of those, loopback is the one always local.
+        if let Some(&(l, which)) = own.iter().find(|(l, _)| {
+            l.port() == canonical.port()
+                && (l.ip() == ip || (l.ip().is_unspecified() && ip.is_loopback()))
+        }) {
+            return Err(Refused::Own(l, which));
+        }
+        Endpoint::parse(&format!("http://{canonical}")).map_err(Refused::Malformed)
     }
 }
 
@@ -124,10 +144,10 @@ mod tests {
             "http://10.1.2.3:80",
             "http://[::1]:9000",
         ] {
-            assert!(r.check(ok).is_ok(), "{ok}");
+            assert!(r.check(ok, &[]).is_ok(), "{ok}");
         }
         assert_eq!(
-            r.check("http://10.1.2.3:80").unwrap().url(),
+            r.check("http://10.1.2.3:80", &[]).unwrap().url(),
             "http://10.1.2.3:80"
         );
     }
@@ -160,17 +180,49 @@ mod tests {
             "http://127.0.0.1:99999",
             "http://127.0.0.1%2f:80",
         ] {
-            assert!(r.check(bad).is_err(), "{bad} was accepted");
+            assert!(r.check(bad, &[]).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn a_mapped_address_is_stored_as_ipv4_and_own_listeners_are_refused() {
+        let r = rules(&["127.0.0.0/8", "::1/128", "10.0.0.0/8"]);
+        assert_eq!(
+            r.check("http://[::ffff:127.0.0.1]:8000", &[]).unwrap(),
+            r.check("http://127.0.0.1:8000", &[]).unwrap()
+        );
+        let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:9090".parse().unwrap();
+        let own = [(bound, "traffic"), (any, "admin")];
+        assert_eq!(
+            r.check("http://127.0.0.1:8080", &own),
+            Err(Refused::Own(bound, "traffic"))
+        );
+        assert_eq!(
+            r.check("http://[::ffff:127.0.0.1]:8080", &own),
+            Err(Refused::Own(bound, "traffic"))
+        );
+        // Bound to every address: loopback reaches it.
+        assert_eq!(
+            r.check("http://127.0.0.1:9090", &own),
+            Err(Refused::Own(any, "admin"))
+        );
+        assert_eq!(
+            r.check("http://[::1]:9090", &own),
+            Err(Refused::Own(any, "admin"))
+        );
+        // Another port, or another address of a loopback-bound listener.
+        assert!(r.check("http://127.0.0.1:8081", &own).is_ok());
+        assert!(r.check("http://10.0.0.5:8080", &own).is_ok());
     }
 
     #[test]
     fn outside_the_networks_is_refused() {
         let r = rules(&["127.0.0.0/8"]);
         assert_eq!(
-            r.check("http://10.0.0.5:8000"),
+            r.check("http://10.0.0.5:8000", &[]),
             Err(Refused::OutsideNetworks("10.0.0.5".parse().unwrap()))
         );
-        assert!(r.check("http://[::1]:80").is_err());
+        assert!(r.check("http://[::1]:80", &[]).is_err());
     }
 }

@@ -117,7 +117,7 @@ fn listen_error(what: &str, addr: SocketAddr, e: std::io::Error) -> std::io::Err
 /// Fails, before binding anything, on an admin listener off loopback
 /// without a token ([`Settings::check_exposure`]), and on a port that is
 /// taken.
-pub async fn start(settings: Settings) -> std::io::Result<Running> {
+pub async fn start(mut settings: Settings) -> std::io::Result<Running> {
     settings
         .check_exposure()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -130,6 +130,10 @@ pub async fn start(settings: Settings) -> std::io::Result<Running> {
         .map_err(|e| listen_error("admin", settings.spec.admin, e))?;
     let traffic = traffic_listener.local_addr()?;
     let admin = admin_listener.local_addr()?;
+    // As bound (a port 0 chosen by the system): registration refuses
+    // the gateway's own listeners by these.
+    settings.spec.listen = traffic;
+    settings.spec.admin = admin;
     let workers = settings.spec.workers.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(usize::from)

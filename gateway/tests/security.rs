@@ -136,7 +136,8 @@ async fn a_capture_server_cannot_join_or_push_out_the_real_replicas() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registration_refuses_metadata_userinfo_foreign_networks_zero_concurrency_and_too_many() {
+async fn registration_refuses_metadata_userinfo_foreign_networks_its_own_listeners_bad_concurrency_and_too_many()
+ {
     let mut sp = spec(vec![model("m", &[], 4)]);
     sp.registration.max_replicas_per_model = 2;
     let gw = gateway(sp).await;
@@ -159,9 +160,31 @@ async fn registration_refuses_metadata_userinfo_foreign_networks_zero_concurrenc
         .await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{endpoint}");
     }
-    let zero = serde_json::json!({"model": "m", "endpoint": "http://127.0.0.1:18001", "maxConcurrency": 0});
-    let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], zero.to_string()).await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // The gateway's own listeners: a request sent there would come back
+    // to the gateway and wait out the queue timeout.
+    for own in [gw.traffic, gw.admin] {
+        let r = send(
+            gw.admin,
+            "POST",
+            "/v1/replicas",
+            &[AUTH],
+            replica_body("m", &format!("http://{own}")),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{own}");
+        assert!(
+            String::from_utf8_lossy(&r.body).contains("the gateway's own"),
+            "{own}: {:?}",
+            r.body
+        );
+    }
+    // No concurrency, or more than any server batches (a model's sum of
+    // them would overflow).
+    for n in [0u64, 65_537, 4_294_967_295] {
+        let body = serde_json::json!({"model": "m", "endpoint": "http://127.0.0.1:18001", "maxConcurrency": n});
+        let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], body.to_string()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{n}");
+    }
     for port in [18001, 18002] {
         let body = replica_body("m", &format!("http://127.0.0.1:{port}"));
         let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], body).await;
@@ -171,6 +194,14 @@ async fn registration_refuses_metadata_userinfo_foreign_networks_zero_concurrenc
     let again = replica_body("m", "http://127.0.0.1:18002");
     assert_eq!(
         send(gw.admin, "POST", "/v1/replicas", &[AUTH], again)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // Nor is it spelt as an IPv4-mapped IPv6 address.
+    let mapped = replica_body("m", "http://[::ffff:127.0.0.1]:18002");
+    assert_eq!(
+        send(gw.admin, "POST", "/v1/replicas", &[AUTH], mapped)
             .await
             .status,
         StatusCode::OK

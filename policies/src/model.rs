@@ -712,6 +712,12 @@ pub struct Model {
     pub server_args: Vec<String>,
 }
 
+/// Most requests one replica may be given at once (`maxConcurrency`, in
+/// a policy, a gateway file or a registration): far above any model
+/// server's batch (vLLM's `--max-num-seqs` defaults to 256 to 1,024), and
+/// low enough that a model's sum over its replicas stays inside a `u32`.
+pub const MAX_CONCURRENCY: u32 = 65_536;
+
 /// The prefix of gpuscale's own component names (`gpuscale-gateway`,
 /// `gpuscale-controller`, `gpuscale-agent`): no ModelPolicy may take it,
 /// since its pods and Services are labelled with the policy's name.
@@ -945,8 +951,11 @@ impl Model {
                 ),
             );
         }
-        if r.max_concurrency == 0 {
-            err("spec.resources.maxConcurrency", "must be at least 1".into());
+        if !(1..=MAX_CONCURRENCY).contains(&r.max_concurrency) {
+            err(
+                "spec.resources.maxConcurrency",
+                format!("must be 1 to {MAX_CONCURRENCY}, got {}", r.max_concurrency),
+            );
         }
         if let Some(pf) = &r.prefill {
             if !(pf.tokens_per_second > 0.0 && pf.tokens_per_second.is_finite()) {

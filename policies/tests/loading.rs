@@ -716,3 +716,13 @@ fn gpuscale_s_own_names_are_reserved() {
         load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap_or_else(|p| panic!("{p}"));
     }
 }
+
+#[test]
+fn max_concurrency_is_bounded() {
+    // Above any server's batch; the gateway sums it over a model's
+    // replicas in a u32.
+    let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: 4294967295");
+    let p = problems("p.yaml", &text);
+    assert_eq!(located(&p), [(9, "spec.resources.maxConcurrency")], "{p:#?}");
+    assert!(p[0].message.contains("must be 1 to 65536"), "{}", p[0].message);
+}
