@@ -171,6 +171,16 @@ pub fn kserve_model(rest: &str, known: impl Fn(&str) -> bool) -> Option<String> 
     let decoded = percent_encoding::percent_decode_str(rest)
         .decode_utf8()
         .ok()?;
+    // The raw target goes to the model server as it came: a dot segment,
+    // a fragment, a backslash or an encoded query, raw or encoded, could
+    // make the server read another path than the one routed here (a
+    // normalising server would take `x/../../../v1/load_lora_adapter#/infer`
+    // for its adapter-loading endpoint). No model name holds one.
+    let odd =
+        |p: &str| p.contains(['#', '\\', '?']) || p.split('/').any(|seg| seg == "." || seg == "..");
+    if odd(rest) || odd(&decoded) {
+        return None;
+    }
     let before_infer = decoded.strip_suffix("/infer")?;
     if before_infer.is_empty() {
         return None;
@@ -193,6 +203,38 @@ pub fn kserve_model(rest: &str, known: impl Fn(&str) -> bool) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kserve_path_the_server_could_read_otherwise_is_not_routed() {
+        let post = |path: &str| {
+            route(
+                &Method::POST,
+                path,
+                Some("mistralai/Mistral-7B-v0.1"),
+                b"{}",
+                |_| true,
+            )
+        };
+        for bad in [
+            "/v2/models/x/../../../v1/load_lora_adapter#/infer",
+            "/v2/models/x/..%2F..%2Fv1%2Fload_lora_adapter/infer",
+            "/v2/models/x%2F..%2F..%2Fadmin/infer",
+            "/v2/models/./infer",
+            "/v2/models/x\\..\\y/infer",
+            "/v2/models/x%3Fa=b/infer",
+            "/v2/models/x%23/infer",
+        ] {
+            assert_eq!(post(bad), Err(RouteError::NotFound), "{bad}");
+        }
+        for good in [
+            "/v2/models/x/infer",
+            "/v2/models/meta-llama%2FLlama-3.1-8B-Instruct/infer",
+            "/v2/models/meta-llama/Llama-3.1-8B-Instruct/versions/2/infer",
+            "/v2/models/a.b..c/infer",
+        ] {
+            assert!(post(good).is_ok(), "{good}");
+        }
+    }
 
     #[test]
     fn routes_by_body_header_and_path() {

@@ -723,6 +723,14 @@ fn max_concurrency_is_bounded() {
     // replicas in a u32.
     let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: 4294967295");
     let p = problems("p.yaml", &text);
-    assert_eq!(located(&p), [(9, "spec.resources.maxConcurrency")], "{p:#?}");
-    assert!(p[0].message.contains("must be 1 to 65536"), "{}", p[0].message);
+    assert_eq!(
+        located(&p),
+        [(9, "spec.resources.maxConcurrency")],
+        "{p:#?}"
+    );
+    assert!(
+        p[0].message.contains("must be 1 to 65536"),
+        "{}",
+        p[0].message
+    );
 }
