@@ -65,6 +65,12 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let settings = &shared.settings;
+    // The admin token's holder (the autoscaler) has stream places of its
+    // own, so that readers without it cannot take them all.
+    let token_holder = settings
+        .admin_token
+        .as_ref()
+        .is_some_and(|t| t.verify(req.headers().get(header::AUTHORIZATION)));
     let access = auth::classify(req.method(), req.uri().path());
     match auth::decide(
         access,
@@ -146,14 +152,19 @@ pub async fn handle(
         }
         (&Method::GET, "/v1/queues") => json(StatusCode::OK, &shared.queues()),
         (&Method::GET, "/v1/queues/stream") => {
-            let cap = settings.spec.limits.max_stream_subscribers;
+            let open = settings.spec.limits.max_stream_subscribers;
+            let cap = if token_holder {
+                open + TOKEN_STREAMS
+            } else {
+                open
+            };
             match Subscriber::join(&shared, cap) {
                 Some(sub) => stream(shared.clone(), shutdown, sub),
                 None => {
                     let mut r = error_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "overloaded",
-                        &format!("{cap} stream subscribers already (limits.maxStreamSubscribers)"),
+                        &format!("{open} stream subscribers already (limits.maxStreamSubscribers)"),
                     );
                     r.headers_mut()
                         .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
@@ -266,6 +277,12 @@ pub async fn handle(
         ),
     }
 }
+
+/// Stream places above `limits.maxStreamSubscribers` that only a request
+/// with the admin token may take: on a loopback admin port reads need no
+/// token, and 64 idle readers held every place the autoscaler's push
+/// stream needs.
+const TOKEN_STREAMS: usize = 8;
 
 /// One `/v1/queues/stream` subscriber, counted against
 /// `limits.maxStreamSubscribers` while it lives.

@@ -287,8 +287,31 @@ async fn stream_subscribers_are_capped_and_a_gone_one_frees_its_place_at_once() 
     drop(held);
     // Within a few hundred milliseconds (not at the next event).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (third, _) = open(gw.admin).await;
+    let (third, _held) = open(gw.admin).await;
     assert_eq!(third, 200);
+    // The place is taken by a reader without the token: the token's
+    // holder (the autoscaler) still gets one of its own, and a wrong
+    // token does not.
+    let with = |admin: SocketAddr, token: &'static str| async move {
+        let mut s = TcpStream::connect(admin).await.unwrap();
+        s.write_all(
+            format!(
+                "GET /v1/queues/stream HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n >= 12);
+        let status: u16 = std::str::from_utf8(&buf[9..12]).unwrap().parse().unwrap();
+        (status, s)
+    };
+    let (wrong, _) = with(gw.admin, "not-the-admin-token-at-all").await;
+    assert_eq!(wrong, 503);
+    let (holder, _kept) = with(gw.admin, common::TOKEN).await;
+    assert_eq!(holder, 200);
     gw.shutdown().await;
 }
 
