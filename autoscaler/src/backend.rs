@@ -125,9 +125,6 @@ pub struct KubeBackend {
     /// cluster), and their resourceVersions as last handed on.
     watch: Option<PolicyWatch>,
     versions: BTreeMap<String, String>,
-    /// Which policy each served name and adapter went to, as last handed
-    /// on: the incumbent keeps a name another policy claims later.
-    served_by: BTreeMap<String, String>,
     /// The inventory comes from the nodes (no cluster file), rebuilt at
     /// this period's start last.
     from_nodes: bool,
@@ -236,7 +233,6 @@ impl KubeBackend {
             remembered_at: None,
             watch: None,
             versions: BTreeMap::new(),
-            served_by: BTreeMap::new(),
             from_nodes: false,
             inventory_at: None,
             pending_inventory: None,
@@ -413,27 +409,53 @@ impl KubeBackend {
         }
         self.versions = versions;
         let catalog = gpuscale_policies::Catalog::builtin();
-        let mut valid = Vec::new();
+        let mut claims = Vec::new();
         let mut refused = Vec::new();
         for (name, (_, listed)) in current {
             let why = match listed {
-                Ok(p) => match Model::from_policy(&p, &catalog) {
-                    Ok(m) => {
-                        valid.push((m, p.metadata.creation_timestamp.map(|t| t.0)));
-                        continue;
+                Ok(p) => {
+                    // An invalid policy still holds its names: its clients
+                    // must not reach another policy's replicas meanwhile.
+                    let served = p.spec.served_name.clone().unwrap_or_else(|| name.clone());
+                    let names = std::iter::once(("spec.servedName".to_string(), served))
+                        .chain(
+                            p.spec
+                                .adapters
+                                .iter()
+                                .enumerate()
+                                .map(|(i, a)| (format!("spec.adapters[{i}]"), a.clone())),
+                        )
+                        .collect();
+                    let created = p.metadata.creation_timestamp.clone().map(|t| t.0);
+                    let (model, why) = match Model::from_policy(&p, &catalog) {
+                        Ok(m) => (Some(m), None),
+                        Err(errors) => (
+                            None,
+                            Some(
+                                errors
+                                    .iter()
+                                    .map(|e| format!("{}: {}", e.path, e.message))
+                                    .collect::<Vec<_>>()
+                                    .join("; "),
+                            ),
+                        ),
+                    };
+                    claims.push(Claim {
+                        policy: name.clone(),
+                        names,
+                        created,
+                        model,
+                    });
+                    match why {
+                        Some(why) => why,
+                        None => continue,
                     }
-                    Err(errors) => errors
-                        .iter()
-                        .map(|e| format!("{}: {}", e.path, e.message))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                },
+                }
                 Err((_, e)) => e,
             };
             refused.push((name, why));
         }
-        let claimed = claim_served_names(valid, &self.served_by);
-        self.served_by = claimed.served_by;
+        let claimed = claim_served_names(claims);
         refused.extend(claimed.left_out);
         let models = claimed.kept;
         for (name, why) in refused {
@@ -1307,60 +1329,71 @@ impl Backend {
     }
 }
 
+/// One policy's claim on the names clients reach models by.
+#[derive(Debug, Clone)]
+pub struct Claim<T> {
+    /// The policy's name.
+    pub policy: String,
+    /// `(field, name)`: its served name first, then its adapters.
+    pub names: Vec<(String, String)>,
+    /// Its `creationTimestamp`.
+    pub created: Option<T>,
+    /// The model, where the policy is valid (an invalid one still holds
+    /// its names).
+    pub model: Option<Model>,
+}
+
 /// Gives each served name and LoRA adapter to one policy, since the
 /// gateway routes by name and a second policy's replicas would take the
-/// first one's requests. The policy that had a name last time keeps it;
-/// among newcomers the oldest (`creationTimestamp`), then the first by
-/// name.
-pub fn claim_served_names<T: Ord>(
-    mut models: Vec<(Model, Option<T>)>,
-    served_by: &BTreeMap<String, String>,
-) -> Claimed {
-    let incumbent = |m: &Model| {
-        m.served_names()
-            .iter()
-            .any(|(_, n)| served_by.get(*n) == Some(&m.name))
-    };
-    models.sort_by(|(a, ta), (b, tb)| {
-        incumbent(b)
-            .cmp(&incumbent(a))
-            .then_with(|| match (ta, tb) {
-                (Some(x), Some(y)) => x.cmp(y),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => std::cmp::Ordering::Equal,
-            })
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    let mut kept = Vec::new();
-    let mut left_out = Vec::new();
-    let mut now: BTreeMap<String, String> = BTreeMap::new();
-    for (m, _) in models {
-        let clash = m.served_names().into_iter().find_map(|(field, n)| {
-            now.get(n)
-                .map(|owner| (field, n.to_string(), owner.clone()))
-        });
-        match clash {
-            Some((field, n, owner)) => left_out.push((
-                m.name.clone(),
-                format!(
-                    "{field}: `{n}` is already served by ModelPolicy `{owner}`; the gateway routes by name, so the two would share one model's requests"
-                ),
-            )),
-            None => {
-                for (_, n) in m.served_names() {
-                    now.insert(n.to_string(), m.name.clone());
+/// first one's requests. A name goes to the policy whose served name it
+/// is before one that lists it as an adapter, then to the oldest
+/// (`creationTimestamp`, set by the API server), then to the first by
+/// name: the same answer whatever the controller saw before, so a restart
+/// or a new leader keeps each name where it was. A policy is kept only
+/// with all its names; names of a policy left out stay unserved until the
+/// clash is fixed.
+pub fn claim_served_names<T: Ord>(claims: Vec<Claim<T>>) -> Claimed {
+    // Lower wins: a served name before an adapter, then the oldest (a
+    // timestamp before none), then the first by name.
+    fn rank<'a, T>(c: &'a Claim<T>, field: &str) -> (bool, bool, Option<&'a T>, &'a str) {
+        (
+            field != "spec.servedName",
+            c.created.is_none(),
+            c.created.as_ref(),
+            c.policy.as_str(),
+        )
+    }
+    let mut owner: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for (i, c) in claims.iter().enumerate() {
+        for (field, n) in &c.names {
+            match owner.get(n.as_str()) {
+                Some(&(j, f)) if rank(&claims[j], f) <= rank(c, field) => {}
+                _ => {
+                    owner.insert(n.as_str(), (i, field.as_str()));
                 }
-                kept.push(m);
             }
         }
     }
-    kept.sort_by(|a, b| a.name.cmp(&b.name));
-    Claimed {
-        kept,
-        left_out,
-        served_by: now,
+    let mut kept = Vec::new();
+    let mut left_out = Vec::new();
+    for (i, c) in claims.iter().enumerate() {
+        let Some(m) = &c.model else { continue };
+        let lost = c.names.iter().find_map(|(field, n)| {
+            let (j, _) = owner[n.as_str()];
+            (j != i).then(|| (field, n, &claims[j].policy))
+        });
+        match lost {
+            Some((field, n, by)) => left_out.push((
+                c.policy.clone(),
+                format!(
+                    "{field}: `{n}` is already served by ModelPolicy `{by}`; the gateway routes by name, so the two would share one model's requests"
+                ),
+            )),
+            None => kept.push(m.clone()),
+        }
     }
+    kept.sort_by(|a, b| a.name.cmp(&b.name));
+    Claimed { kept, left_out }
 }
 
 /// What [`claim_served_names`] decided.
@@ -1368,8 +1401,6 @@ pub fn claim_served_names<T: Ord>(
 pub struct Claimed {
     /// The models kept, by name.
     pub kept: Vec<Model>,
-    /// `(policy, why)` for each left out.
+    /// `(policy, why)` for each valid policy left out.
     pub left_out: Vec<(String, String)>,
-    /// Who serves each name now.
-    pub served_by: BTreeMap<String, String>,
 }

@@ -21,10 +21,12 @@
 //!    latency while the replicas are loaded (requests waiting, or at least
 //!    half the target in flight per replica) — a breach at light load is
 //!    the replica's own speed, which more replicas do not change — and
-//!    only when measured on the replicas serving now: a TTFT or latency
-//!    p95 whose 60 s window reaches back to fewer serving (more than the
-//!    tolerance fewer: a cold start's queue, the backlog new replicas
-//!    drained) holds them. **In transit**: replicas of the count not
+//!    only when measured on the replicas serving now: after the
+//!    recommender raised the count (within `startupTime` + 60 s), a TTFT
+//!    or latency p95 whose 60 s window reaches back to fewer serving
+//!    (more than the tolerance fewer: a cold start's queue, the backlog
+//!    the new replicas drained) holds them. A replica back from an
+//!    ejection or a move is not growth. **In transit**: replicas of the count not
 //!    ready yet, within `startupTime`, hold the count against the queue
 //!    they leave behind, unless the smoothed rate outgrows the count,
 //!    the raw rate's demand reaches `panic_threshold` × it (a surge), or
@@ -249,6 +251,8 @@ pub struct State {
     /// window, and the one in force before it: what the window's p95s
     /// were measured on.
     serving: VecDeque<(Duration, f64)>,
+    /// When a decision last raised the count.
+    rose_at: Option<Duration>,
     /// Holt's level and trend of the arrival rate, and when last updated.
     forecast: Option<(f64, f64, Duration)>,
     /// How far back the windows and rate periods reach.
@@ -494,7 +498,7 @@ pub fn recommend(
         .starting_since
         .is_some_and(|since| now.saturating_sub(since) < scaling.startup_time)
         && by_rate.max(by_forecast) <= f64::from(current) * target
-        && state.panic.is_none()
+        && state.panic.is_none_or(|(_, until)| now >= until)
         && concurrency.is_none_or(|c| c < tuning.panic_threshold * f64::from(current) * target);
     let by_queue = if in_transit {
         depth.min(f64::from(current) * target)
@@ -518,7 +522,15 @@ pub fn recommend(
     // as they are, still add. After a 10× burst on bursty's 8B model the
     // TTFT p95 of the cold start took 24 serving replicas to 40 for five
     // minutes.
-    let grown = serving_now > fewest * (1.0 + tuning.tolerance) && serving_now > fewest;
+    // Only growth this recommender decided counts (replicas it added,
+    // within their start-up and a window after): a replica back from an
+    // outlier ejection or a move is no new capacity, and counting it held
+    // the SLO term off after every such return.
+    let grown = state
+        .rose_at
+        .is_some_and(|t| now.saturating_sub(t) < scaling.startup_time + P95_WINDOW)
+        && serving_now > fewest * (1.0 + tuning.tolerance)
+        && serving_now > fewest;
     let by_prefill = match obs.prefill_busy {
         Some(u) if u > 0.0 && !in_transit && tuning.prefill_target > 0.0 => {
             serving_now * (u / tuning.prefill_target) * target
@@ -845,6 +857,7 @@ fn finish(
     let (up, down) = state.longest;
     if replicas > state.current {
         store_event(&mut state.up_events, up, now, replicas - state.current);
+        state.rose_at = Some(now);
     } else if replicas < state.current {
         store_event(&mut state.down_events, down, now, state.current - replicas);
     }

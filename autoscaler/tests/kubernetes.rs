@@ -2731,63 +2731,72 @@ fn an_mps_share_keeps_the_daemons_shm_and_the_policys_server_args_follow() {
 }
 
 #[test]
-fn each_served_name_goes_to_one_policy_the_incumbent_first() {
-    use gpuscale_autoscaler::backend::claim_served_names;
+fn each_served_name_goes_to_one_policy_the_same_whatever_came_before() {
+    use gpuscale_autoscaler::backend::{Claim, claim_served_names};
+    let claim = |m: Model, created: Option<u32>| Claim {
+        policy: m.name.clone(),
+        names: m
+            .served_names()
+            .into_iter()
+            .map(|(f, n)| (f, n.to_string()))
+            .collect(),
+        created,
+        model: Some(m),
+    };
     let with_adapter = |name: &str, served: &str, adapter: &str| {
         let mut m = model_named(name, served);
         m.adapters = vec![adapter.to_string()];
         m
     };
-    // A restart (no incumbents): the older of two claims keeps the name,
-    // whatever the names sort as; the other is left out, saying why.
-    let c = claim_served_names(
-        vec![
-            (model_named("team-a", "org/chat"), Some(2)),
-            (model_named("aaa-intruder", "org/chat"), Some(5)),
-            (with_adapter("team-c", "org/code", "org/code-sql"), Some(1)),
-        ],
-        &BTreeMap::new(),
-    );
-    let (kept, out, by) = (c.kept, c.left_out, c.served_by);
-    let names: Vec<&str> = kept.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["team-a", "team-c"]);
-    assert_eq!(out.len(), 1);
-    assert_eq!(out[0].0, "aaa-intruder");
+    let kept = |c: &gpuscale_autoscaler::backend::Claimed| -> Vec<String> {
+        c.kept.iter().map(|m| m.name.clone()).collect()
+    };
+    // The older of two claims on a served name keeps it, whatever the
+    // names sort as; the other is left out, saying why.
+    let c = claim_served_names(vec![
+        claim(model_named("team-a", "org/chat"), Some(2)),
+        claim(model_named("aaa-intruder", "org/chat"), Some(5)),
+        claim(with_adapter("team-c", "org/code", "org/code-sql"), Some(1)),
+    ]);
+    assert_eq!(kept(&c), ["team-a", "team-c"]);
+    assert_eq!(c.left_out.len(), 1);
+    assert_eq!(c.left_out[0].0, "aaa-intruder");
     assert!(
-        out[0]
+        c.left_out[0]
             .1
             .contains("spec.servedName: `org/chat` is already served by ModelPolicy `team-a`"),
         "{}",
-        out[0].1
+        c.left_out[0].1
     );
-    assert_eq!(by["org/chat"], "team-a");
-    assert_eq!(by["org/code-sql"], "team-c");
-    // The incumbent keeps its name against an older claim made later (a
-    // policy re-created with an old timestamp cannot take it), and an
-    // adapter that claims another policy's served name is left out too.
-    let c = claim_served_names(
-        vec![
-            (model_named("team-a", "org/chat"), Some(9)),
-            (model_named("old", "org/chat"), Some(0)),
-            (with_adapter("sneaky", "org/other", "org/chat"), None),
-        ],
-        &by,
-    );
-    let (kept, out) = (c.kept, c.left_out);
-    let names: Vec<&str> = kept.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["team-a"]);
-    let left: BTreeSet<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(left, BTreeSet::from(["old", "sneaky"]));
+    // An older policy that adds another's served name as an adapter does
+    // not take it: a served name goes to its policy before an adapter.
+    let c = claim_served_names(vec![
+        claim(with_adapter("old", "org/a", "org/b"), Some(1)),
+        claim(model_named("new", "org/b"), Some(9)),
+    ]);
+    assert_eq!(kept(&c), ["new"]);
     assert!(
-        out.iter()
-            .any(|(n, why)| n == "sneaky" && why.starts_with("spec.adapters[0]: `org/chat`"))
+        c.left_out[0].1.starts_with("spec.adapters[0]: `org/b`"),
+        "{:?}",
+        c.left_out
     );
+    // An invalid policy (no model) still holds its names: a newer one
+    // claiming them stays out until the clash is fixed.
+    let c = claim_served_names(vec![
+        Claim {
+            policy: "typo".into(),
+            names: vec![("spec.servedName".into(), "org/chat".into())],
+            created: Some(1),
+            model: None,
+        },
+        claim(model_named("late", "org/chat"), Some(3)),
+    ]);
+    assert!(c.kept.is_empty());
+    assert_eq!(c.left_out[0].0, "late");
     // Without timestamps, the first by name.
-    let kept = claim_served_names::<u32>(
-        vec![(model_named("b", "x"), None), (model_named("a", "x"), None)],
-        &BTreeMap::new(),
-    )
-    .kept;
-    assert_eq!(kept.len(), 1);
-    assert_eq!(kept[0].name, "a");
+    let c = claim_served_names::<u32>(vec![
+        claim(model_named("b", "x"), None),
+        claim(model_named("a", "x"), None),
+    ]);
+    assert_eq!(kept(&c), ["a"]);
 }

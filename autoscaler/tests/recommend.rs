@@ -1325,6 +1325,28 @@ fn a_latency_breach_measured_on_fewer_replicas_holds_those_serving_now() {
 }
 
 #[test]
+fn a_replica_back_from_an_ejection_is_not_growth() {
+    // 8 replicas for minutes, no decision raising them; one is ejected
+    // (7 ready) for 10 s and comes back. The TTFT breach that follows,
+    // busy, is the 8's: ×2 at once, no hold.
+    let mut m = model(
+        "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 30s\n",
+    );
+    m.slo.ttft_p95 = Some(Duration::from_millis(500));
+    let at = |ready: f64, ttft: u64| Observation {
+        in_flight: 64.0,
+        ready: Some(ready),
+        ttft_p95: Some(Duration::from_millis(ttft)),
+        ..Observation::default()
+    };
+    let mut c = Clock::new(&m, Tuning::default(), 8);
+    assert_eq!(c.run(300, |_| at(8.0, 400)).replicas, 8);
+    c.run(10, |_| at(7.0, 400));
+    let r = c.run(1, |_| at(8.0, 1000));
+    assert_eq!(r.replicas, 16, "{}", r.reason);
+}
+
+#[test]
 fn a_surge_while_replicas_start_is_sized_by_the_queue() {
     // 5 replicas decided at target 16, 4 ready (one starting, within its
     // 30 s), after two minutes of 3 req/s at 3.5 s each. The queue holds

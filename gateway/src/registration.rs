@@ -4,8 +4,9 @@
 //! EndpointSlices list), never link-local (cloud metadata services live
 //! at 169.254.169.254), unspecified, multicast or broadcast, never with
 //! user information, a path, a query or another scheme, never one of the
-//! gateway's own listeners (a request sent to itself would wait out the
-//! queue timeout); and a model holds at most `maxReplicasPerModel`
+//! gateway's own listeners at its bound address, or on loopback where it
+//! listens on every address (a request sent to itself would wait out the
+//! queue timeout; its pod IP or a Service address is not recognised); and a model holds at most `maxReplicasPerModel`
 //! replicas. An IPv4-mapped IPv6 address is stored as its IPv4 address,
 //! so that one server is one replica however it is spelt.
 //!

@@ -718,6 +718,20 @@ pub struct Model {
 /// low enough that a model's sum over its replicas stays inside a `u32`.
 pub const MAX_CONCURRENCY: u32 = 65_536;
 
+/// Why a name clients send cannot be a model's, if it cannot: the
+/// gateway's KServe route (`/v2/models/{name}/infer`) refuses paths a
+/// model server could read as another (dot segments, `#`, `?`, `\`), so
+/// such a name would be reachable on `/v1` and not there.
+pub fn unroutable(name: &str) -> Option<&'static str> {
+    if name.contains(['#', '?', '\\']) {
+        Some("holds `#`, `?` or `\\`, which a URL path cannot carry as they are")
+    } else if name.split('/').any(|seg| seg == "." || seg == "..") {
+        Some("has a `.` or `..` segment, which a URL path resolves away")
+    } else {
+        None
+    }
+}
+
 /// The prefix of gpuscale's own component names (`gpuscale-gateway`,
 /// `gpuscale-controller`, `gpuscale-agent`): no ModelPolicy may take it,
 /// since its pods and Services are labelled with the policy's name.
@@ -1088,9 +1102,14 @@ impl Model {
         }
 
         let served = spec.served_name.as_deref().unwrap_or(&name);
+        if let Some(why) = unroutable(served) {
+            err("spec.servedName", format!("`{served}` {why}"));
+        }
         for (i, a) in spec.adapters.iter().enumerate() {
             let problem = if a.trim().is_empty() {
                 Some("must not be empty".to_string())
+            } else if let Some(why) = unroutable(a) {
+                Some(format!("`{a}` {why}"))
             } else if spec.adapters[..i].contains(a) {
                 Some(format!("`{a}` is listed twice"))
             } else if a == served {

@@ -734,3 +734,11 @@ fn max_concurrency_is_bounded() {
         p[0].message
     );
 }
+
+#[test]
+fn a_name_the_kserve_route_could_not_carry_is_refused() {
+    let text = POLICY.to_owned() + "  servedName: org/../admin\n  adapters: [ok, \"a#b\"]\n";
+    let p = problems("p.yaml", &text);
+    let at: Vec<&str> = p.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(at, ["spec.servedName", "spec.adapters[1]"], "{p:#?}");
+}
