@@ -41,6 +41,9 @@ pub struct ClientIo {
     stalled: Option<Pin<Box<CoarseSleep>>>,
     // The client closed its side: nothing left to linger for.
     read_closed: bool,
+    // Bytes the client sent that were read before the connection was
+    // handed here (the over-cap check of the admin port), read first.
+    prefix: bytes::Bytes,
 }
 
 impl ClientIo {
@@ -52,7 +55,14 @@ impl ClientIo {
             limit,
             stalled: None,
             read_closed: false,
+            prefix: bytes::Bytes::new(),
         }
+    }
+
+    /// The same, reading `prefix` (already taken from the stream) first.
+    pub fn with_prefix(mut self, prefix: bytes::Bytes) -> Self {
+        self.prefix = prefix;
+        self
     }
 
     fn stream(&mut self) -> Pin<&mut TcpStream> {
@@ -173,6 +183,11 @@ impl AsyncRead for ClientIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = this.stream().poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled
@@ -197,6 +212,21 @@ mod tests {
         let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (served, _) = l.accept().await.unwrap();
         (served, client)
+    }
+
+    #[tokio::test]
+    async fn a_prefix_is_read_before_the_stream() {
+        let (served, mut client) = pair().await;
+        client.write_all(b" world").await.unwrap();
+        drop(client);
+        let mut r = ClientIo::new(served, CoarseTimer::start(), Duration::from_secs(1))
+            .with_prefix(bytes::Bytes::from_static(b"hello"));
+        let mut small = [0u8; 3];
+        r.read_exact(&mut small).await.unwrap();
+        assert_eq!(&small, b"hel");
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"lo world");
     }
 
     #[tokio::test]

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use http::{Request, Response};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -367,10 +368,39 @@ fn probe_answer(request: &[u8], shared: &Shared) -> Option<&'static [u8]> {
     }
 }
 
+/// Connections over the admin cap served anyway because their first
+/// request carries the admin token: the cap is counted before any request
+/// is read, so idle connections from anyone who can connect could
+/// otherwise keep the autoscaler out.
+const TOKEN_CONNECTIONS: usize = 16;
+
+/// Whether the request head read so far carries the admin token in its
+/// `Authorization` field.
+fn carries_token(request: &[u8], shared: &Shared) -> bool {
+    let Some(token) = shared.settings.admin_token.as_ref() else {
+        return false;
+    };
+    let head = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(request, |end| &request[..end]);
+    head.split(|&b| b == b'\n').skip(1).any(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        line.split_at_checked(14).is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case(b"authorization:")
+                && HeaderValue::from_bytes(value.trim_ascii()).is_ok_and(|v| token.verify(Some(&v)))
+        })
+    })
+}
+
 /// Answers a connection over the cap: 503, or on the admin port a probe's
-/// real answer ([`probe_answer`]).
-async fn refuse(mut stream: tokio::net::TcpStream, probes: Option<Arc<Shared>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// real answer ([`probe_answer`]); on the admin port a request with the
+/// admin token is handed back with what was read of it, to be served.
+async fn refuse(
+    mut stream: tokio::net::TcpStream,
+    admin: Option<Arc<Shared>>,
+) -> Option<(TcpStream, Bytes)> {
+    use tokio::io::AsyncReadExt;
     // Read what the client sent so far, answer, then close lingering.
     let mut buf = [0u8; 4096];
     let n = tokio::time::timeout(std::time::Duration::from_millis(50), stream.read(&mut buf))
@@ -378,10 +408,23 @@ async fn refuse(mut stream: tokio::net::TcpStream, probes: Option<Arc<Shared>>) 
         .ok()
         .and_then(Result::ok)
         .unwrap_or(0);
-    let answer = probes
-        .as_deref()
-        .and_then(|s| probe_answer(&buf[..n], s))
-        .unwrap_or(OVER_CAPACITY);
+    let answer = match admin.as_deref() {
+        Some(s) => match probe_answer(&buf[..n], s) {
+            Some(a) => a,
+            None if carries_token(&buf[..n], s) => {
+                return Some((stream, Bytes::copy_from_slice(&buf[..n])));
+            }
+            None => OVER_CAPACITY,
+        },
+        None => OVER_CAPACITY,
+    };
+    answer_and_close(stream, answer).await;
+    None
+}
+
+/// Writes `answer` (within a second), then closes lingering.
+async fn answer_and_close(mut stream: TcpStream, answer: &'static [u8]) {
+    use tokio::io::AsyncWriteExt;
     let written =
         tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(answer)).await;
     if matches!(written, Ok(Ok(()))) {
@@ -401,12 +444,30 @@ async fn serve<F, Fut>(
     mut shutdown: watch::Receiver<bool>,
     connection: F,
 ) where
-    F: Fn(TcpStream, SocketAddr, &Drain) -> Fut,
+    F: Fn(TcpStream, Bytes, SocketAddr, &Drain) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let drain = Drain::default();
+    // Over-cap connections whose request carries the admin token (admin
+    // port only), with what was read of them.
+    let (over_tx, mut over_rx) = tokio::sync::mpsc::channel::<(TcpStream, Bytes, SocketAddr)>(16);
+    let reserved = Connections::new(TOKEN_CONNECTIONS);
     loop {
         tokio::select! {
+            Some((stream, prefix, peer)) = over_rx.recv() => {
+                match reserved.open() {
+                    Some(slot) => {
+                        let conn = connection(stream, prefix, peer, &drain);
+                        tokio::spawn(async move {
+                            conn.await;
+                            drop(slot);
+                        });
+                    }
+                    None => {
+                        tokio::spawn(answer_and_close(stream, OVER_CAPACITY));
+                    }
+                }
+            }
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
@@ -428,10 +489,16 @@ async fn serve<F, Fut>(
                             "connection cap reached: answering 503"
                         );
                     });
-                    tokio::spawn(refuse(stream, probes.then(|| shared.clone())));
+                    let admin = probes.then(|| shared.clone());
+                    let tx = over_tx.clone();
+                    tokio::spawn(async move {
+                        if let Some((stream, prefix)) = refuse(stream, admin).await {
+                            let _ = tx.send((stream, prefix, peer)).await;
+                        }
+                    });
                     continue;
                 };
-                let conn = connection(stream, peer, &drain);
+                let conn = connection(stream, Bytes::new(), peer, &drain);
                 tokio::spawn(async move {
                     conn.await;
                     drop(slot);
@@ -465,7 +532,7 @@ async fn serve_traffic(
         connections,
         false,
         shutdown,
-        move |stream, peer, drain| {
+        move |stream, _prefix, peer, drain| {
             let conn = traffic::serve(stream, peer, worker.clone(), drain.clone());
             // The connection sees the drain itself, between requests.
             drain.watch(conn, |_| {})
@@ -500,13 +567,13 @@ async fn serve_admin<F, Fut>(
         connections,
         true,
         shutdown,
-        move |stream, _peer, drain| {
+        move |stream, prefix, _peer, drain| {
             let h = handler.clone();
             let service = service_fn(move |req| {
                 let h = h.clone();
                 async move { Ok::<_, std::convert::Infallible>(h(req).await) }
             });
-            let io = ClientIo::new(stream, timer.clone(), limits.write_timeout);
+            let io = ClientIo::new(stream, timer.clone(), limits.write_timeout).with_prefix(prefix);
             let conn = builder.serve_connection(TokioIo::new(io), service);
             let conn = drain.watch(conn, |c| c.graceful_shutdown());
             async move {

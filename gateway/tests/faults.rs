@@ -222,8 +222,9 @@ async fn connections_over_the_cap_get_503_and_the_rest_are_served() {
 }
 
 /// Idle or half-sent connections that fill the admin port's cap cannot
-/// fail the kubelet's probes: over the cap, `/healthz` and `/readyz` get
-/// their real answers; anything else gets 503.
+/// fail the kubelet's probes, nor keep the admin token's holder out: over
+/// the cap, `/healthz` and `/readyz` get their real answers and a request
+/// with the token is served; anything else gets 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_over_the_admin_cap_get_their_real_answer() {
     let mut sp = spec(vec![model("m", &[], 4)]);
@@ -241,6 +242,23 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     assert_eq!(raw_status(gw.admin, &get("/readyz")).await, 200);
     assert_eq!(raw_status(gw.admin, &get("/v1/queues")).await, 503);
     assert_eq!(raw_status(gw.admin, &get("/healthzz")).await, 503);
+    // The admin token's holder (the autoscaler) is served over the cap:
+    // a read, and a registration with its body.
+    let with = |path: &str, token: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nAuthorization: Bearer {token}\r\n\r\n")
+            .into_bytes()
+    };
+    assert_eq!(raw_status(gw.admin, &with("/v1/queues", TOKEN)).await, 200);
+    assert_eq!(
+        raw_status(gw.admin, &with("/v1/queues", "not-the-admin-token-at-all")).await,
+        503
+    );
+    let body = r#"{"model":"m","endpoint":"http://127.0.0.1:18001"}"#;
+    let post = format!(
+        "POST /v1/replicas HTTP/1.1\r\nhost: x\r\nauthorization: bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    assert_eq!(raw_status(gw.admin, post.as_bytes()).await, 200);
     drop(held);
     gw.shutdown().await;
 }
