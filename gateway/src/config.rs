@@ -852,6 +852,7 @@ impl Settings {
         let registration = registration::Rules {
             allowed: spec.registration.allowed_networks.clone(),
             max_replicas_per_model: spec.registration.max_replicas_per_model,
+            local: Vec::new(),
         };
         Ok(Settings {
             name: name.to_string(),

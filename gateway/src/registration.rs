@@ -4,9 +4,10 @@
 //! EndpointSlices list), never link-local (cloud metadata services live
 //! at 169.254.169.254), unspecified, multicast or broadcast, never with
 //! user information, a path, a query or another scheme, never one of the
-//! gateway's own listeners at its bound address, or on loopback where it
-//! listens on every address (a request sent to itself would wait out the
-//! queue timeout; its pod IP or a Service address is not recognised); and a model holds at most `maxReplicasPerModel`
+//! gateway's own listeners at its bound address, or on loopback or the
+//! pod's IP (`POD_IP`) where it listens on every address (a request sent
+//! to itself would wait out the queue timeout; a Service address in front
+//! of it is not recognised); and a model holds at most `maxReplicasPerModel`
 //! replicas. An IPv4-mapped IPv6 address is stored as its IPv4 address,
 //! so that one server is one replica however it is spelt.
 //!
@@ -43,6 +44,9 @@ pub struct Rules {
     pub allowed: Vec<IpNet>,
     /// Most replicas one model may have.
     pub max_replicas_per_model: usize,
+    /// This host's own addresses besides loopback, where known (the pod's
+    /// IP, from `POD_IP`): a listener on every address takes them too.
+    pub local: Vec<IpAddr>,
 }
 
 /// Why an address can never be a replica's, if it cannot.
@@ -117,7 +121,8 @@ impl Rules {
         // local address; of those, loopback is the one always local.
         if let Some(&(l, which)) = own.iter().find(|(l, _)| {
             l.port() == canonical.port()
-                && (l.ip() == ip || (l.ip().is_unspecified() && ip.is_loopback()))
+                && (l.ip() == ip
+                    || (l.ip().is_unspecified() && (ip.is_loopback() || self.local.contains(&ip))))
         }) {
             return Err(Refused::Own(l, which));
         }
@@ -133,6 +138,7 @@ mod tests {
         Rules {
             allowed: nets.iter().map(|n| n.parse().unwrap()).collect(),
             max_replicas_per_model: 4,
+            local: vec!["10.0.0.9".parse().unwrap()],
         }
     }
 
@@ -212,8 +218,14 @@ mod tests {
             r.check("http://[::1]:9090", &own),
             Err(Refused::Own(any, "admin"))
         );
+        // The pod's own IP, where the listener takes every address.
+        assert_eq!(
+            r.check("http://10.0.0.9:9090", &own),
+            Err(Refused::Own(any, "admin"))
+        );
         // Another port, or another address of a loopback-bound listener.
         assert!(r.check("http://127.0.0.1:8081", &own).is_ok());
+        assert!(r.check("http://10.0.0.9:8080", &own).is_ok());
         assert!(r.check("http://10.0.0.5:8080", &own).is_ok());
     }
 

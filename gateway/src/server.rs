@@ -135,6 +135,13 @@ pub async fn start(mut settings: Settings) -> std::io::Result<Running> {
     // the gateway's own listeners by these.
     settings.spec.listen = traffic;
     settings.spec.admin = admin;
+    // The pod's IP (the downward API's `status.podIP`, as deploy/ sets
+    // it) is one of this host's addresses a listener on 0.0.0.0 takes.
+    settings.registration.local = std::env::var("POD_IP")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .into_iter()
+        .collect();
     let workers = settings.spec.workers.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(usize::from)
