@@ -334,6 +334,14 @@ impl RequestHead {
             .map(|f| f.value(&self.raw))
     }
 
+    /// Every value of the field `name` (case-insensitive), in order.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.fields
+            .iter()
+            .filter(move |f| f.name(&self.raw).eq_ignore_ascii_case(name.as_bytes()))
+            .map(|f| f.value(&self.raw))
+    }
+
     /// The head's size in bytes, as received.
     pub fn len(&self) -> usize {
         self.raw.len()
@@ -347,9 +355,16 @@ impl RequestHead {
     /// Appends the head to forward to a replica: the method, the origin-
     /// form target, `Host: host`, the client's end-to-end fields as it
     /// sent them (not its `Host`, `Content-Length`, `Expect`, hop-by-hop
-    /// fields or those its `Connection` names) and `Content-Length:
-    /// body_len` when given (the body goes whole).
-    pub fn encode_forward(&self, out: &mut Vec<u8>, host: &[u8], body_len: Option<usize>) {
+    /// fields or those its `Connection` names), `Via: via` (after any the
+    /// client sent: RFC 9110 §7.6.3) and `Content-Length: body_len` when
+    /// given (the body goes whole).
+    pub fn encode_forward(
+        &self,
+        out: &mut Vec<u8>,
+        host: &[u8],
+        via: &[u8],
+        body_len: Option<usize>,
+    ) {
         out.extend_from_slice(self.method.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(self.target().as_bytes());
@@ -362,11 +377,27 @@ impl RequestHead {
             }
             push_field(out, f.name(&self.raw), f.value(&self.raw));
         }
+        push_field(out, b"via", via);
         if let Some(n) = body_len {
             push_field(out, b"content-length", h1::itoa(n, &mut [0u8; 20]));
         }
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// Whether the `Via` field value `value` (a list of `protocol
+/// received-by [comment]` entries, RFC 9110 §7.6.3) has an entry received
+/// by `pseudonym` (case-insensitive, as host names are).
+pub fn via_names(value: &[u8], pseudonym: &str) -> bool {
+    value.split(|&b| b == b',').any(|entry| {
+        let mut words = entry
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|w| !w.is_empty());
+        words.next();
+        words
+            .next()
+            .is_some_and(|by| by.eq_ignore_ascii_case(pseudonym.as_bytes()))
+    })
 }
 
 /// Appends `HTTP/1.1 <code> <reason>\r\n`.
@@ -445,7 +476,7 @@ mod tests {
     fn forwarded(raw: &str, body: Option<usize>) -> String {
         let head = parse(raw).unwrap().unwrap();
         let mut out = Vec::new();
-        head.encode_forward(&mut out, b"10.0.0.7:8000", body);
+        head.encode_forward(&mut out, b"10.0.0.7:8000", b"1.1 gpuscale-0a1b", body);
         String::from_utf8(out).unwrap()
     }
 
@@ -463,7 +494,7 @@ mod tests {
             forwarded(raw, Some(42)),
             "POST /v1/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.7:8000\r\n\
              Content-Type: application/json\r\nAuthorization: Bearer t\r\n\
-             content-length: 42\r\n\r\n"
+             via: 1.1 gpuscale-0a1b\r\ncontent-length: 42\r\n\r\n"
         );
         let head = parse(raw).unwrap().unwrap();
         assert_eq!(head.body, BodyLength::Length(42));
@@ -471,6 +502,45 @@ mod tests {
         assert_eq!(head.path(), "/v1/completions");
         assert_eq!(head.get("authorization"), Some(&b"Bearer t"[..]));
         assert_eq!(head.len(), raw.len());
+    }
+
+    #[test]
+    fn the_gateways_via_entry_follows_those_the_client_sent() {
+        // RFC 9110 §7.6.3: each proxy appends its entry; several field
+        // lines are one list.
+        let raw = "GET /v1/models HTTP/1.1\r\nHost: gw\r\nVia: 1.0 fred, 1.1 p.example (Apache/1.1)\r\n\r\n";
+        let f = forwarded(raw, None);
+        assert!(
+            f.ends_with(
+                "Via: 1.0 fred, 1.1 p.example (Apache/1.1)\r\nvia: 1.1 gpuscale-0a1b\r\n\r\n"
+            ),
+            "{f}"
+        );
+        let head = parse(raw).unwrap().unwrap();
+        assert_eq!(
+            head.values("via").collect::<Vec<_>>(),
+            [&b"1.0 fred, 1.1 p.example (Apache/1.1)"[..]]
+        );
+    }
+
+    #[test]
+    fn via_names_matches_the_received_by_of_any_entry_and_nothing_else() {
+        // RFC 9110 §7.6.3's example field, and ours at each place.
+        let me = "gpuscale-0a1b";
+        assert!(!via_names(b"1.0 fred, 1.1 p.example (Apache/1.1)", me));
+        assert!(via_names(b"1.1 gpuscale-0a1b", me));
+        assert!(via_names(b"1.0 fred,1.1   GPUSCALE-0A1B ", me));
+        assert!(via_names(
+            b"1.0 fred, HTTP/1.1 gpuscale-0a1b (gpuscale), 1.1 p",
+            me
+        ));
+        // Another gateway's entry, a comment naming ours, a prefix, the
+        // pseudonym as a protocol: not ours.
+        assert!(!via_names(b"1.1 gpuscale-0a1c", me));
+        assert!(!via_names(b"1.1 p.example (gpuscale-0a1b)", me));
+        assert!(!via_names(b"1.1 gpuscale-0a1bc", me));
+        assert!(!via_names(b"gpuscale-0a1b", me));
+        assert!(!via_names(b"", me));
     }
 
     #[test]

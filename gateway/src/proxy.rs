@@ -153,6 +153,9 @@ pub struct Local {
     pub close: bool,
     /// `Allow`, on a 405.
     pub allow: Option<&'static str>,
+    /// Carries this gateway's `Via` entry: the 508 for a request that came
+    /// back through it, by which the hop that sent it knows the loop.
+    pub via: bool,
 }
 
 /// An OpenAI-style JSON error of the traffic listener.
@@ -166,6 +169,7 @@ pub fn local_error(status: StatusCode, kind: &str, message: &str) -> Local {
         retry_after: None,
         close: false,
         allow: None,
+        via: false,
     }
 }
 
@@ -233,6 +237,22 @@ async fn handle_inner(
     let shared = &worker.shared;
     let spec = &shared.settings.spec;
     let local = |status, kind, message: &str| Reply::Local(local_error(status, kind, message));
+    // A request this gateway forwarded has come back to it: a replica
+    // address registered here leads to the gateway (a Service or a proxy
+    // in front of it). Refused before any queue or replica, so the loop
+    // ends here; the hop that sent it sees its own `Via` on the 508 and
+    // ejects that replica.
+    if head.values("via").any(|v| shared.via_is_mine(v)) {
+        tracing::debug!("a request came back through this gateway (its Via entry): 508");
+        let mut answer = local_error(
+            StatusCode::LOOP_DETECTED,
+            "upstream_error",
+            "the request came back to the gateway that forwarded it: a replica address \
+             registered with the gateway leads back to the gateway",
+        );
+        answer.via = true;
+        return (Reply::Local(answer), None);
+    }
     let header_model = head
         .get(shared.model_header.as_str())
         .and_then(|v| std::str::from_utf8(v).ok());
@@ -272,6 +292,7 @@ async fn handle_inner(
                 retry_after: None,
                 close: false,
                 allow: None,
+                via: false,
             };
             return (Reply::Local(list), None);
         }
@@ -348,6 +369,7 @@ async fn handle_inner(
         head.encode_forward(
             &mut out,
             permit.endpoint.host_header().as_bytes(),
+            shared.via.as_bytes(),
             with_length.then_some(bytes.len()),
         );
         let sent = worker
@@ -360,6 +382,33 @@ async fn handle_inner(
             )
             .await;
         match sent {
+            // This gateway's own 508 for this request, which came back to
+            // it through the replica's address: that address is not a
+            // model server. Nothing ran, so another replica may take it.
+            Some(Ok((head, _)))
+                if head.status == StatusCode::LOOP_DETECTED
+                    && head
+                        .fields()
+                        .any(|(n, v)| n.eq_ignore_ascii_case(b"via") && shared.via_is_mine(v)) =>
+            {
+                shared.failed(&model, permit.replica);
+                tried.push(permit.replica);
+                tracing::warn!(
+                    model = %model.settings.name,
+                    replica = %permit.endpoint,
+                    "the replica's address leads back to this gateway (the request came back \
+                     through it): not a model server; counted as a failed replica"
+                );
+                match retry(shared, &model, permit, &tried, spec.upstream.retries) {
+                    Some(p) => permit = p,
+                    None => {
+                        return (
+                            bad_gateway("could not connect to a replica"),
+                            Some(model.clone()),
+                        );
+                    }
+                }
+            }
             Some(Ok((head, body))) => {
                 permit.succeeded();
                 let explain = spec.routing.explain.then(|| explain(&permit));
@@ -393,17 +442,9 @@ async fn handle_inner(
                 shared.failed(&model, permit.replica);
                 tried.push(permit.replica);
                 tracing::debug!(model = %model.settings.name, "{e}");
-                if tried.len() as u32 > spec.upstream.retries {
-                    model.missed_after_admission();
-                    return (
-                        bad_gateway("could not connect to a replica"),
-                        Some(model.clone()),
-                    );
-                }
-                match shared.retry_elsewhere(permit, &tried) {
+                match retry(shared, &model, permit, &tried, spec.upstream.retries) {
                     Some(p) => permit = p,
                     None => {
-                        model.missed_after_admission();
                         return (
                             bad_gateway("could not connect to a replica"),
                             Some(model.clone()),
@@ -431,6 +472,28 @@ async fn handle_inner(
             }
         }
     }
+}
+
+/// Another replica for a request no replica has taken yet (its connect
+/// failed, or it came back through this gateway), within `retries`;
+/// `None`: the request has missed (the caller answers 502).
+fn retry(
+    shared: &Arc<Shared>,
+    model: &ModelState,
+    permit: Permit,
+    tried: &[crate::admission::ReplicaId],
+    retries: u32,
+) -> Option<Permit> {
+    let again = if tried.len() as u32 > retries {
+        drop(permit);
+        None
+    } else {
+        shared.retry_elsewhere(permit, tried)
+    };
+    if again.is_none() {
+        model.missed_after_admission();
+    }
+    again
 }
 
 /// A 502 whose message never names the replica or the transport error:

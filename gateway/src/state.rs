@@ -315,8 +315,33 @@ pub struct Shared {
     /// Adapter names → the served model whose replicas serve them, and the
     /// adapter's index in that model's list.
     pub adapters: BTreeMap<String, (String, u16)>,
+    /// This process's `Via` entry (`1.1 gpuscale-<random>`, RFC 9110
+    /// §7.6.3), added to every request it forwards: a request that comes
+    /// back carrying it has looped ([`crate::h1_server::via_names`]).
+    pub via: Box<str>,
     next_waiter: AtomicU64,
     origin: Instant,
+}
+
+/// The protocol part of this gateway's `Via` entry.
+const VIA_PROTOCOL: &str = "1.1 ";
+
+/// `1.1 gpuscale-<16 hex digits>`, random per process (a pseudonym, as
+/// RFC 9110 §7.6.3 allows, so no address leaks to replicas): two gateways,
+/// or two processes of one, never share it.
+fn via_entry() -> Box<str> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    // Without the OS's random source, the clock and the process id still
+    // tell processes apart (a loop is only ever through this process).
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes = (nanos ^ u64::from(std::process::id()).rotate_left(32)).to_be_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{VIA_PROTOCOL}gpuscale-{hex}").into_boxed_str()
 }
 
 impl Shared {
@@ -371,6 +396,7 @@ impl Shared {
             .collect();
         let shared = Arc::new(Shared {
             adapters,
+            via: via_entry(),
             model_header,
             priority_header,
             settings,
@@ -389,6 +415,12 @@ impl Shared {
             m.changed(&inner.pool);
         }
         shared
+    }
+
+    /// Whether a `Via` field value received names this process: the
+    /// request or response passed through this gateway already.
+    pub fn via_is_mine(&self, value: &[u8]) -> bool {
+        crate::h1_server::via_names(value, &self.via[VIA_PROTOCOL.len()..])
     }
 
     /// Waits for a slot on one of the model's replicas.

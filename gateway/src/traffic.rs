@@ -332,6 +332,9 @@ impl Connection {
         if let Some(allow) = answer.allow {
             push_field(out, b"allow", allow.as_bytes());
         }
+        if answer.via {
+            push_field(out, b"via", self.worker.shared.via.as_bytes());
+        }
         connection_field(out, http10, keep_alive && !answer.close);
         h1_server::push_length(out, answer.body.len() as u64);
         out.extend_from_slice(b"\r\n");

@@ -403,3 +403,139 @@ async fn error_bodies_never_name_a_replica() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     gw.shutdown().await;
 }
+
+/// A TCP forwarder to whatever `target` holds (a Service or an L4 proxy in
+/// front of the gateway, as a replica address may lead): the connections
+/// it accepted, and the first bytes of each.
+struct Forwarder {
+    addr: SocketAddr,
+    target: std::sync::Arc<std::sync::OnceLock<SocketAddr>>,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+async fn forwarder() -> Forwarder {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let target = std::sync::Arc::new(std::sync::OnceLock::<SocketAddr>::new());
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (t, h) = (target.clone(), heads.clone());
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let (t, h) = (t.clone(), h.clone());
+            tokio::spawn(async move {
+                let mut first = vec![0u8; 4096];
+                let Ok(n) = client.read(&mut first).await else {
+                    return;
+                };
+                h.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&first[..n]).into_owned());
+                let Some(&to) = t.get() else { return };
+                let Ok(mut server) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                if server.write_all(&first[..n]).await.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    Forwarder {
+        addr,
+        target,
+        heads,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_address_that_leads_back_to_the_gateway_ends_in_one_hop() {
+    // The registration check refuses the gateway's own listeners, but not
+    // an address in front of them. Each forwarded request carries the
+    // gateway's Via entry; one that comes back is refused with 508 before
+    // any queue, and the hop that sent it counts that replica failed and
+    // tries another.
+    let up = gated("real", true).await;
+    let front = forwarder().await;
+    let gw = gateway(spec(vec![model("m", &[front.addr, up.addr], 64)])).await;
+    front.target.set(gw.traffic).unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["server"], "real");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    {
+        let heads = front.heads.lock().unwrap();
+        // One hop per request that reached the forwarder, and not a loop:
+        // ejected after 3 failures (connections are pooled, so a
+        // connection may carry several).
+        assert!(!heads.is_empty() && heads.len() <= 4, "{heads:?}");
+        let via = heads[0]
+            .lines()
+            .find_map(|l| l.strip_prefix("via: "))
+            .unwrap_or_else(|| panic!("no Via: {}", heads[0]));
+        let pseudonym = via.trim().strip_prefix("1.1 gpuscale-").unwrap();
+        assert_eq!(pseudonym.len(), 16, "{via}");
+        assert!(pseudonym.bytes().all(|b| b.is_ascii_hexdigit()), "{via}");
+    }
+    let text = metrics(gw.admin).await;
+    let looped = sample(
+        &text,
+        "gpuscale_requests_total{model=\"unknown\",code=\"508\"}",
+    );
+    assert!(
+        looped.is_some_and(|n| (1.0..=4.0).contains(&n)),
+        "{looped:?}"
+    );
+    gw.shutdown().await;
+
+    // Only such a replica: the client's answer is a prompt 502, after
+    // the retries, not a chain of hops until a queue or a timeout ends it.
+    let front = forwarder().await;
+    let gw = gateway(spec(vec![model("m", &[front.addr], 64)])).await;
+    front.target.set(gw.traffic).unwrap();
+    let started = std::time::Instant::now();
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let text = String::from_utf8_lossy(&r.body).to_string();
+    assert!(!text.contains("gpuscale-"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(front.heads.lock().unwrap().len() <= 3);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_gateways_via_entry_passes() {
+    // A chain of two gateways (an edge gateway in front of a model
+    // gateway) is not a loop: each sees only the other's entry.
+    let up = gated("real", true).await;
+    let inner = gateway(spec(vec![model("m", &[up.addr], 8)])).await;
+    let edge = gateway(spec(vec![model("m", &[inner.traffic], 8)])).await;
+    let r = send(
+        edge.traffic,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("via", "1.1 gpuscale-0123456789abcdef"),
+        ],
+        serde_json::json!({"model": "m", "messages": []}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["server"], "real");
+    edge.shutdown().await;
+    inner.shutdown().await;
+}
