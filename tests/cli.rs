@@ -297,6 +297,26 @@ fn plan_json_has_the_documented_schema() {
     }
     assert!(plan["utilization"]["memory"].as_f64().unwrap() > 0.5);
     assert!(plan["utilization"]["compute"].as_f64().unwrap() > 0.5);
+    // Costs are sums of decimal prices: printed as such, not as their
+    // float sums' noise (`57.99999999999998`), the plan's and the
+    // baselines' alike.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let costs: Vec<&str> = text
+        .split("\"cost_per_hour\":")
+        .skip(1)
+        .map(|rest| {
+            rest.trim_start()
+                .split([',', '}', '\n'])
+                .next()
+                .unwrap()
+                .trim()
+        })
+        .collect();
+    assert!(costs.len() >= 3, "{costs:?}");
+    for cost in costs {
+        let decimals = cost.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 6, "cost_per_hour {cost}");
+    }
     let gpus = plan["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 64);
     let mig = gpus.iter().find(|g| g["mode"] == "mig").unwrap();

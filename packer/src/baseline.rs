@@ -89,7 +89,7 @@ impl Tally {
     fn figures(&self) -> BaselineFigures {
         BaselineFigures {
             gpus_used: self.gpus,
-            cost_per_hour: self.cost,
+            cost_per_hour: crate::plan::dollars(self.cost),
             utilization: Utilization {
                 memory: if self.usable > 0.0 {
                     self.memory / self.usable

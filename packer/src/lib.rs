@@ -605,6 +605,7 @@ fn figures(
         })
         .collect();
 
+    let cost = plan::dollars(cost);
     let mut plan = Plan {
         gpus_used: used,
         lp_bound_gpus: (solved.lp_gpus - 1e-6).ceil().max(0.0) as u32,

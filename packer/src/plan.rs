@@ -235,6 +235,13 @@ pub struct Pool {
     pub lp_gpus: f64,
 }
 
+/// A sum of prices per hour to the micro-dollar: the catalogue's prices
+/// are decimal, their float sum is not (`57.99999999999998`), and plans
+/// are read, compared and diffed as JSON.
+pub fn dollars(sum: f64) -> f64 {
+    (sum * 1e6).round() / 1e6
+}
+
 /// A baseline's figures, for comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BaselineFigures {
