@@ -287,6 +287,7 @@ async fn run_replica(
     }
     let mut child = match command
         .args(["--model", &model.served_name])
+        .args(model.adapters.iter().flat_map(|a| ["--lora", a.as_str()]))
         .args(["--max-concurrency", &model.max_concurrency.to_string()])
         // The pipe is the lifeline: if this process dies, however it dies,
         // the server sees its stdin close and exits.

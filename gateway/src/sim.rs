@@ -497,6 +497,16 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         }
     };
     let model = r.model.clone().unwrap_or_else(|| sim.profile.model.clone());
+    // As vLLM answers a model it does not serve (neither its served name
+    // nor a LoRA adapter it has): 404, so a request routed to the wrong
+    // replicas shows, instead of being served as if it were right.
+    if model != sim.profile.model && !crate::lock(&sim.adapters).iter().any(|(a, _)| *a == model) {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("The model `{model}` does not exist."),
+        );
+    }
     let chat = path == "/v1/chat/completions";
     let embeddings = path == "/v1/embeddings";
     let prompt_chars = if chat {

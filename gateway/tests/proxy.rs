@@ -490,5 +490,26 @@ async fn the_simulated_server_lists_its_adapters_as_vllm_does() {
         .collect();
     assert_eq!(ids, ["base", "sql"]);
     assert_eq!(v["data"][1]["parent"], "base");
+    // It serves those two and no other name, as vLLM answers a model it
+    // does not have: 404, `NotFoundError`.
+    for (model, status) in [
+        ("base", StatusCode::OK),
+        ("sql", StatusCode::OK),
+        ("other", StatusCode::NOT_FOUND),
+    ] {
+        let body = serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 1});
+        let a = send(
+            server.addr,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(a.status, status, "{model}");
+        if status == StatusCode::NOT_FOUND {
+            assert_eq!(a.json()["error"]["type"], "NotFoundError");
+        }
+    }
     server.stop().await;
 }
