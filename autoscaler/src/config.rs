@@ -354,6 +354,13 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if spec.interval > Duration::from_secs(3600) {
         bad("spec.interval", "must be at most 1h");
     }
+    if spec
+        .local
+        .startup_time
+        .is_some_and(|t| t > Duration::from_secs(24 * 3600))
+    {
+        bad("spec.local.startupTime", "must be at most 24h");
+    }
     if spec.local.max_replicas_per_model == 0 {
         bad("spec.local.maxReplicasPerModel", "must be at least 1");
     }
@@ -586,6 +593,21 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_local_start_up_time_past_a_day_is_refused() {
+        let spec = |t: &str| -> AutoscalerSpec {
+            serde_yaml_ng::from_str(&format!(
+                "gateway: {{config: g.yaml}}\nlocal: {{startupTime: {t}}}\n"
+            ))
+            .unwrap()
+        };
+        let fields = |s: &AutoscalerSpec| -> Vec<String> {
+            check_settings(s).into_iter().map(|(f, _)| f).collect()
+        };
+        assert_eq!(fields(&spec("500000000000y")), ["spec.local.startupTime"]);
+        assert!(fields(&spec("24h")).is_empty());
     }
 
     #[test]

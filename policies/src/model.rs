@@ -1051,6 +1051,32 @@ impl Model {
         }
 
         let s = &spec.scaling;
+        // Beyond any real cold start or idle period: such a value is a
+        // typo, and a clock it is added to overflows.
+        for (field, value, most, limit) in [
+            (
+                "startupTime",
+                s.startup_time,
+                Duration::from_secs(24 * 3600),
+                "24h",
+            ),
+            (
+                "scaleToZeroAfter",
+                s.scale_to_zero_after,
+                Duration::from_secs(30 * 24 * 3600),
+                "30d",
+            ),
+        ] {
+            if value > most {
+                err(
+                    &format!("spec.scaling.{field}"),
+                    format!(
+                        "must be at most {limit}, got {}",
+                        humantime::format_duration(value)
+                    ),
+                );
+            }
+        }
         if s.max_replicas == 0 {
             err("spec.scaling.maxReplicas", "must be at least 1".into());
         }

@@ -742,3 +742,23 @@ fn a_name_the_kserve_route_could_not_carry_is_refused() {
     let at: Vec<&str> = p.iter().map(|p| p.path.as_str()).collect();
     assert_eq!(at, ["spec.servedName", "spec.adapters[1]"], "{p:#?}");
 }
+
+#[test]
+fn a_start_up_time_or_idle_period_past_any_real_one_is_located() {
+    // `gpuscale up` once added such a startupTime to a clock and panicked.
+    let policy =
+        format!("{POLICY}  scaling:\n    startupTime: 500000000000y\n    scaleToZeroAfter: 31d\n");
+    let p = problems("m.yaml", &policy);
+    assert_eq!(
+        located(&p),
+        vec![
+            (11, "spec.scaling.startupTime"),
+            (12, "spec.scaling.scaleToZeroAfter")
+        ],
+        "{p:#?}"
+    );
+    assert!(p[0].to_string().contains("at most 24h"), "{}", p[0]);
+    assert!(p[1].to_string().contains("at most 30d"), "{}", p[1]);
+    let fine = format!("{POLICY}  scaling:\n    startupTime: 24h\n    scaleToZeroAfter: 30d\n");
+    assert!(load_sources(&[(Path::new("m.yaml"), fine.as_str())]).is_ok());
+}
