@@ -76,7 +76,8 @@ fn get(port: u16, path: &str) -> (u16, String) {
     )
     .unwrap();
     let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
+    s.read_to_string(&mut text)
+        .unwrap_or_else(|e| panic!("GET {path}: {e} (read so far: {text:?})"));
     let status = text.split(' ').nth(1).unwrap().parse().unwrap();
     (status, text.split_once("\r\n\r\n").unwrap().1.to_string())
 }
