@@ -118,10 +118,13 @@ fn validate_missing_path_is_an_error_not_a_panic() {
     for path in [&dir, &empty] {
         let out = gpuscale(&["validate", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{}", path.display());
-        assert!(
-            errors(&out).contains("no gpuscale document"),
-            "{}",
-            errors(&out)
+        assert_eq!(
+            errors(&out),
+            format!(
+                "{}:1:1: apiVersion: no gpuscale document (apiVersion gpuscale.io/v1alpha1) to \
+                 check\n1 problem(s) found\n",
+                path.display()
+            )
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -1168,4 +1171,16 @@ fn files_named_by_other_files_are_reported_where_they_are_named() {
     let out = gpuscale(&["validate", g]);
     assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     assert!(errors(&out).contains("warning:") && errors(&out).contains("refuses to start"));
+}
+
+#[test]
+fn the_solver_log_goes_to_stderr_and_stdout_keeps_the_plan() {
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json", "--solver-log"]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not the plan's JSON ({e})"));
+    assert!(plan["gpus_used"].as_u64().unwrap() > 0);
+    assert!(errors(&out).contains("HiGHS"), "{}", errors(&out));
 }

@@ -101,7 +101,7 @@ pub struct PackOptions {
     /// node annotation in the Kubernetes inventory) takes precedence; this
     /// is for nodes that do not state one.
     pub fractional_max_shares: u32,
-    /// Let HiGHS write its log to stdout (for diagnosing slow solves).
+    /// Let HiGHS write its log to stderr (for diagnosing slow solves).
     pub solver_log: bool,
     /// A re-plan keeps every running replica where it is whenever that
     /// places every wanted replica (replicas beyond the demand leave in

@@ -77,7 +77,7 @@ pub struct Args {
     /// whose `hamiSplitCount` the cluster file does not state.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub hami_split_count: u32,
-    /// Let HiGHS print its log on stdout (mixed with the plan), to diagnose slow solves.
+    /// Let HiGHS print its log on stderr (stdout keeps the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
     /// Namespace of the training jobs' PodGroups and worker pods.

@@ -32,13 +32,19 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 && bundle.autoscalers.is_empty()
                 && bundle.scenarios.is_empty()
             {
-                let named: Vec<String> =
-                    args.paths.iter().map(|p| p.display().to_string()).collect();
-                eprintln!(
-                    "{}: no gpuscale document (apiVersion gpuscale.io/v1alpha1) to check",
-                    named.join(", ")
-                );
-                return Ok(ExitCode::from(1));
+                // In the located form of every other problem, one per path.
+                let problems: Vec<String> = args
+                    .paths
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{}:1:1: apiVersion: no gpuscale document (apiVersion \
+                             gpuscale.io/v1alpha1) to check",
+                            p.display()
+                        )
+                    })
+                    .collect();
+                return Ok(super::report_problems(&problems));
             }
             // Gateway files are checked by the gateway's own loader (which
             // also reads the policies they name).

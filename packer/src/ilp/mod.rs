@@ -1246,7 +1246,9 @@ fn least_disruption(
         problem.add_constraint(c);
     }
     // Out of time or nodes before a solution: `None`.
-    Ok(problem.solve().ok().map(|sol| read_counts(&sol, &v)))
+    Ok(solve_logged(problem, options)
+        .ok()
+        .map(|sol| read_counts(&sol, &v)))
 }
 
 /// Branch-and-bound nodes phase 2 may use.
@@ -1277,7 +1279,7 @@ fn mip(
     let mut problem = configure(vars.minimise(objective).using(highs), options, start)?
         .set_option("mip_max_nodes", nodes);
     add_rows(&mut problem, &v, classes, demand_, floors);
-    Ok(match problem.solve() {
+    Ok(match solve_logged(problem, options) {
         Ok(sol) => (
             Some(read_counts(&sol, &v)),
             !matches!(sol.status(), SolutionStatus::TimeLimit),
@@ -1286,13 +1288,44 @@ fn mip(
     })
 }
 
+/// Solves `problem`; with `solver_log`, HiGHS's log is copied to stderr
+/// after the solve. Not to its console, which is stdout, where the plan
+/// goes (`plan --solver-log --format json > plan.json`), nor with
+/// good_lp's `set_verbose`, whose developer level prints to stdout past
+/// any log file; and not straight to `/dev/stderr`, which HiGHS opens for
+/// writing, truncating a stderr redirected to a file. So to a file of its
+/// own (created afresh, with a random name), then copied.
+fn solve_logged(
+    problem: HighsProblem,
+    options: &PackOptions,
+) -> Result<good_lp::solvers::highs::HighsSolution, good_lp::ResolutionError> {
+    if !options.solver_log {
+        return problem.solve();
+    }
+    let Ok(file) = tempfile::Builder::new()
+        .prefix("gpuscale-highs-")
+        .suffix(".log")
+        .tempfile()
+    else {
+        eprintln!("--solver-log: no temporary file for HiGHS's log; solving without it");
+        return problem.solve();
+    };
+    let problem = problem
+        .set_option("output_flag", true)
+        .set_option("log_to_console", false)
+        .set_option("log_file", file.path().to_string_lossy().into_owned());
+    let solved = problem.solve();
+    if let Ok(text) = std::fs::read_to_string(file.path()) {
+        eprint!("{text}");
+    }
+    solved
+}
+
 fn configure(
     problem: good_lp::solvers::highs::HighsProblem,
     options: &PackOptions,
     start: Instant,
 ) -> Result<good_lp::solvers::highs::HighsProblem, PackError> {
-    let mut problem = problem;
-    problem.set_verbose(options.solver_log);
     let left = options
         .time_limit
         .saturating_sub(start.elapsed())
