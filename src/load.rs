@@ -384,6 +384,16 @@ pub async fn drive(
             }
         });
     }
+    while tasks.try_join_next().is_some() {}
+    if !tasks.is_empty() {
+        // Said, so a run past its `--duration` is not a mystery: models
+        // started from zero answer after their cold start.
+        eprintln!(
+            "load: stopped; waiting up to {} for the answers to the {} requests in flight",
+            humantime::format_duration(grace),
+            tasks.len()
+        );
+    }
     let waited =
         tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
     if waited.is_err() {

@@ -33,8 +33,9 @@ enum Command {
     /// autoscaler, packer, simulated model servers and the dashboard
     /// (`examples/up/`; `--load burst` for built-in traffic).
     Up(Box<cmd::up::Args>),
-    /// Pack model replicas onto MIG slices, time-sliced shares and whole GPUs
-    /// (ILP); print the plan, emit the NVIDIA configuration.
+    /// Pack model replicas onto MIG slices, time-sliced or MPS shares,
+    /// fractional (HAMi) GPUs and whole GPUs (ILP), and training gangs
+    /// beside them; print the plan, emit the NVIDIA and HAMi configuration.
     Plan(Box<cmd::plan::Args>),
     /// Show the training queue like `squeue --start`: running and pending
     /// jobs by priority, reserved starts, and why each job waits.
@@ -62,7 +63,7 @@ enum Command {
     Agent(cmd::agent::Args),
     /// Replay a scenario (a trace or generated load) through gpuscale, HPA,
     /// KEDA, Knative and static provisioning in simulated time; write
-    /// report.json and report.md.
+    /// report.json, report.md and its plots (SVG and PNG).
     Simulate(cmd::simulate::Args),
 }
 

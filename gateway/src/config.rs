@@ -685,6 +685,20 @@ impl Settings {
         policies: &[gpuscale_policies::Model],
     ) -> Result<Settings, String> {
         let q = spec.queue;
+        // At 0s a request that finds no free slot is refused at once: a
+        // queue that holds nothing (`maxQueue: 0` says that plainly).
+        let zero = "must be above 0s (at 0s every request that finds no free slot gets 503 at \
+                    once; `maxQueue: 0` is the way to say no queue)";
+        if q.queue_timeout.is_zero() {
+            return Err(format!("spec.queue.queueTimeout: {zero}"));
+        }
+        if let Some(i) = spec
+            .models
+            .iter()
+            .position(|m| m.queue_timeout.is_some_and(|t| t.is_zero()))
+        {
+            return Err(format!("spec.models[{i}].queueTimeout: {zero}"));
+        }
         let mut models = BTreeMap::new();
         for p in policies {
             models.insert(
@@ -922,6 +936,39 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_queue_timeout_is_refused_where_it_is_written() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"queue": {"queueTimeout": "0s"}})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("spec.queue.queueTimeout: must be above 0s"),
+            "{e}"
+        );
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"models": [{"name": "a"}, {"name": "b", "queueTimeout": "0ms"}]})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("spec.models[1].queueTimeout: must be above 0s"),
+            "{e}"
+        );
+        assert!(
+            Settings::from_spec(
+                "g",
+                spec(serde_json::json!({"queue": {"queueTimeout": "1ms"}})),
+                &[]
+            )
+            .is_ok()
+        );
+    }
 
     #[test]
     fn upstream_metrics_is_every_models_default_and_an_entry_overrides_it() {

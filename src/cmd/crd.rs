@@ -9,13 +9,26 @@ use kube::CustomResourceExt;
 /// Arguments of `crd`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = super::Format::Yaml)]
-    pub format: super::Format,
+    /// Output format (a manifest: no table).
+    #[arg(long, value_enum, default_value_t = CrdFormat::Yaml)]
+    pub format: CrdFormat,
+}
+
+/// The formats a manifest is printed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrdFormat {
+    /// YAML (`kubectl apply -f -`).
+    Yaml,
+    /// JSON.
+    Json,
 }
 
 /// Prints the CRD.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    super::print_data(&ModelPolicy::crd(), args.format)?;
+    let format = match args.format {
+        CrdFormat::Yaml => super::Format::Yaml,
+        CrdFormat::Json => super::Format::Json,
+    };
+    super::print_data(&ModelPolicy::crd(), format)?;
     Ok(ExitCode::SUCCESS)
 }
