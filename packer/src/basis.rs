@@ -56,6 +56,14 @@ pub struct Basis {
     pub lp_cost: f64,
     /// The LP lower bound on GPUs.
     pub lp_gpus: f64,
+    /// The cost of the plan HiGHS proved within `proven_gap` of the best
+    /// for this demand (against its branch-and-bound bound, which can be
+    /// tighter than `lp_cost`); `None`: not proven so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proven_cost: Option<f64>,
+    /// The relative gap of that proof.
+    #[serde(default)]
+    pub proven_gap: f64,
 }
 
 /// One class of the basis: its key, its catalogue facts and its nodes.
@@ -103,7 +111,24 @@ impl Basis {
             policies: policies_digest(models, options),
             lp_cost: solved.lp_cost,
             lp_gpus: solved.lp_gpus,
+            proven_cost: solved
+                .optimal
+                .then(|| crate::ilp::counts_cost(classes, models, &solved.counts)),
+            proven_gap: options.mip_rel_gap,
         }
+    }
+
+    /// Whether a plan of `cost` for `demand` (parallel to `models`) is
+    /// as good as the one this basis's solve proved within the gap
+    /// `mip_rel_gap` allows: the same demand, no dearer, and proven
+    /// within that gap or a tighter one.
+    pub fn proves(&self, models: &[Model], demand: &[u32], cost: f64, mip_rel_gap: f64) -> bool {
+        let same = self.demand.len() == models.len()
+            && models
+                .iter()
+                .zip(demand)
+                .all(|(m, &d)| self.demand.get(&m.name) == Some(&d));
+        same && self.proven_gap <= mip_rel_gap && self.proven_cost.is_some_and(|p| cost <= p + 1e-6)
     }
 
     /// Whether the bound holds for `demand` over `classes`: the same

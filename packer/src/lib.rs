@@ -343,7 +343,11 @@ fn on_top(
     let lp_cost = prior.lp_cost;
     let solved = ilp::Solved {
         counts,
-        optimal: cost <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9,
+        // Within the gap of the bound, or no dearer than the plan the
+        // prior's solve proved for this same demand (a re-plan of an
+        // unchanged plan stays proven).
+        optimal: cost <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9
+            || prior.proves(models, wanted, cost, options.mip_rel_gap),
         lp_cost,
         lp_gpus: prior.lp_gpus,
         lp_class_gpus,
