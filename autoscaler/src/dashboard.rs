@@ -434,9 +434,11 @@ fn nodes(cluster: &Cluster, models: &[Model], plan: Option<&Plan>) -> Vec<NodeVi
                                 .collect()
                         })
                         .unwrap_or_default();
-                    let memory_used: f64 = parts.iter().map(|p| p.memory_gib).sum::<f64>()
+                    // (`+ 0.0`: an empty float sum is −0.0, which JSON shows.)
+                    let memory_used: f64 = (parts.iter().map(|p| p.memory_gib).sum::<f64>() + 0.0)
                         / usable.max(f64::MIN_POSITIVE);
-                    let compute_used: f64 = parts.iter().map(|p| p.compute_share).sum();
+                    let compute_used: f64 =
+                        parts.iter().map(|p| p.compute_share).sum::<f64>() + 0.0;
                     let gang = gp.and_then(|gp| gp.gang.clone());
                     GpuView {
                         index: g.index,

@@ -140,13 +140,18 @@ impl Document {
             .into_iter()
             .filter(|(_, path)| !path.exists())
             .map(|(field, path)| {
+                // (An absolute path was not joined to the folder: no note.)
+                let note = if path.starts_with(folder) {
+                    format!(
+                        " (paths here are relative to {}, this file's folder)",
+                        folder.display()
+                    )
+                } else {
+                    String::new()
+                };
                 self.problem(
                     field,
-                    format!(
-                        "{}: no such file or folder (paths here are relative to {}, this file's folder)",
-                        path.display(),
-                        folder.display()
-                    ),
+                    format!("{}: no such file or folder{note}", path.display()),
                 )
             })
             .collect()

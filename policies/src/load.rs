@@ -167,8 +167,11 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
             path.clear();
         }
         let message = e.inner().to_string();
-        // serde reports an unknown field at its parent; name the field.
-        if let Some(rest) = message.strip_prefix("unknown field `")
+        // serde reports an unknown or a missing field at its parent; name
+        // the field (a missing one is then located at its parent).
+        if let Some(rest) = message
+            .strip_prefix("unknown field `")
+            .or_else(|| message.strip_prefix("missing field `"))
             && let Some(field) = rest.split('`').next()
             && !path.ends_with(field)
         {

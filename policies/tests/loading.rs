@@ -762,3 +762,16 @@ fn a_start_up_time_or_idle_period_past_any_real_one_is_located() {
     let fine = format!("{POLICY}  scaling:\n    startupTime: 24h\n    scaleToZeroAfter: 30d\n");
     assert!(load_sources(&[(Path::new("m.yaml"), fine.as_str())]).is_ok());
 }
+
+#[test]
+fn a_missing_field_is_named_in_the_path() {
+    let policy = POLICY.replace("    maxConcurrency: 8\n", "");
+    let p = problems("m.yaml", &policy);
+    assert_eq!(
+        located(&p),
+        vec![(6, "spec.resources.maxConcurrency")],
+        "{p:#?}"
+    );
+    let p = problems("m.yaml", &POLICY.replace("metadata:\n  name: m\n", ""));
+    assert_eq!(p[0].path, "metadata", "{p:#?}");
+}

@@ -13,8 +13,9 @@ use crate::engine::{Outcome, Point};
 pub struct ModelFigures {
     /// Requests that arrived.
     pub requests: u64,
-    /// Share served within every SLO target (rejections count as misses).
-    pub slo_attainment: f64,
+    /// Share served within every SLO target (rejections count as misses);
+    /// `None` (null) for a model no request reached.
+    pub slo_attainment: Option<f64>,
     /// Answered 429 or 503.
     pub rejected: u64,
     /// End-to-end p95, seconds.
@@ -166,7 +167,8 @@ impl Figures {
                         k.clone(),
                         ModelFigures {
                             requests: m.requests,
-                            slo_attainment: r6(share(m.within_slo, m.requests)),
+                            slo_attainment: (m.requests > 0)
+                                .then(|| r6(share(m.within_slo, m.requests))),
                             rejected: m.rejected,
                             p95_latency_s: m.latency.quantile(0.95).map(r6),
                         },

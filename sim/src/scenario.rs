@@ -598,7 +598,9 @@ impl Scenario {
             });
         }
         if !problems.is_empty() {
+            // A trace two workloads read has its problem once.
             problems.sort();
+            problems.dedup();
             return Err(Problems(problems));
         }
         Ok(Scenario {

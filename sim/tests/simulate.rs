@@ -310,6 +310,27 @@ spec:
     );
     let p = Scenario::load(&t).unwrap_err().0;
     assert!(p[0].to_string().contains("bad.csv:3:3"), "{}", p[0]);
+    // Read by two workloads, its problem is said once.
+    let t = write(
+        d,
+        "t2.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {name: t}\nspec:\n  duration: 1h\n  cluster: cluster.yaml\n  policies: [a.yaml]\n  workloads:\n    - model: chat-a\n      arrivals: {trace: {file: bad.csv}}\n    - model: chat-a\n      arrivals: {trace: {file: bad.csv}}\n",
+    );
+    let p = Scenario::load(&t).unwrap_err().0;
+    assert_eq!(p.len(), 1, "{p:#?}");
+    // A missing absolute path is not said to be relative to anything.
+    let t = write(
+        d,
+        "t3.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {name: t}\nspec:\n  duration: 1h\n  cluster: /no/such/cluster.yaml\n  policies: [a.yaml]\n  workloads: []\n",
+    );
+    let p = Scenario::load(&t).unwrap_err().0;
+    let text = p[0].to_string();
+    assert!(
+        text.contains("/no/such/cluster.yaml: no such file or folder"),
+        "{text}"
+    );
+    assert!(!text.contains("relative to"), "{text}");
 }
 
 #[test]
@@ -510,4 +531,26 @@ fn a_scenario_with_no_arrivals_reports_and_plots() {
     let plots = gpuscale_sim::plot::write(&r, &out).unwrap();
     assert!(!plots.is_empty());
     assert!(out.join("latency-cdf.svg").exists());
+}
+
+#[test]
+fn a_model_no_request_reached_has_no_attainment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = small(dir.path(), 5);
+    write(dir.path(), "c.yaml", &policy("idle-c", "", 8));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("policies: [a.yaml, b.yaml]"));
+    let text = text.replace(
+        "policies: [a.yaml, b.yaml]",
+        "policies: [a.yaml, b.yaml, c.yaml]",
+    );
+    std::fs::write(&file, text).unwrap();
+    let mut scenario = Scenario::load(&file).unwrap();
+    scenario.spec.compare = vec![gpuscale_sim::PolicyKind::Gpuscale];
+    scenario.spec.placements = vec![gpuscale_sim::PlacementKind::WholeGpu];
+    let r = simulate(&scenario, &mut |_, _, _| {});
+    let models = &r.runs[0].models;
+    assert_eq!(models["idle-c"].requests, 0);
+    assert_eq!(models["idle-c"].slo_attainment, None, "null, not 100 %");
+    assert!(models["chat-a"].slo_attainment.is_some_and(|a| a > 0.0));
 }
