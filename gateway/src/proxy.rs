@@ -399,15 +399,10 @@ async fn handle_inner(
                     "the replica's address leads back to this gateway (the request came back \
                      through it): not a model server; counted as a failed replica"
                 );
-                match retry(shared, &model, permit, &tried, spec.upstream.retries) {
-                    Some(p) => permit = p,
-                    None => {
-                        return (
-                            bad_gateway("could not connect to a replica"),
-                            Some(model.clone()),
-                        );
-                    }
-                }
+                let Some(p) = retry(shared, &model, permit, &tried, spec.upstream.retries) else {
+                    return (bad_gateway(NO_REPLICA), Some(model.clone()));
+                };
+                permit = p;
             }
             Some(Ok((head, body))) => {
                 permit.succeeded();
@@ -442,15 +437,10 @@ async fn handle_inner(
                 shared.failed(&model, permit.replica);
                 tried.push(permit.replica);
                 tracing::debug!(model = %model.settings.name, "{e}");
-                match retry(shared, &model, permit, &tried, spec.upstream.retries) {
-                    Some(p) => permit = p,
-                    None => {
-                        return (
-                            bad_gateway("could not connect to a replica"),
-                            Some(model.clone()),
-                        );
-                    }
-                }
+                let Some(p) = retry(shared, &model, permit, &tried, spec.upstream.retries) else {
+                    return (bad_gateway(NO_REPLICA), Some(model.clone()));
+                };
+                permit = p;
             }
             Some(Err(e)) => {
                 shared.failed(&model, permit.replica);
@@ -473,6 +463,9 @@ async fn handle_inner(
         }
     }
 }
+
+/// The 502's message when no replica took the request.
+const NO_REPLICA: &str = "could not connect to a replica";
 
 /// Another replica for a request no replica has taken yet (its connect
 /// failed, or it came back through this gateway), within `retries`;
