@@ -62,7 +62,8 @@ pub struct Args {
     /// up for the run; `/v1/queues`, the gateway's `/metrics`).
     #[arg(long, default_value_t = 9090)]
     pub gateway_admin_port: u16,
-    /// Time between terminal summaries (`0s`: none).
+    /// Time between terminal summaries (`0s`: none while it runs, only the
+    /// final one at exit).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
     pub summary_every: Duration,
 }
