@@ -166,7 +166,7 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
         if path == "." {
             path.clear();
         }
-        let message = e.inner().to_string();
+        let message = not_finite(e.inner().to_string());
         // serde reports an unknown or a missing field at its parent; name
         // the field (a missing one is then located at its parent).
         if let Some(rest) = message
@@ -183,6 +183,24 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
         }
         doc.problem(path, message)
     })
+}
+
+/// `.nan`, `.inf` and `1e400` reach the typed layer as text (JSON has
+/// no such numbers), so serde calls them strings; say what they are.
+fn not_finite(message: String) -> String {
+    let text = message
+        .strip_prefix("invalid type: string \"")
+        .and_then(|rest| rest.split_once('"'))
+        .map(|(text, _)| text);
+    match text {
+        Some(text)
+            if matches!(yaml_rust2::Yaml::from_str(text), yaml_rust2::Yaml::Real(_))
+                && !text.parse::<f64>().is_ok_and(f64::is_finite) =>
+        {
+            format!("`{text}` is not a finite number")
+        }
+        _ => message,
+    }
 }
 
 /// Kubernetes names: a DNS-1123 subdomain.

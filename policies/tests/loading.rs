@@ -775,3 +775,29 @@ fn a_missing_field_is_named_in_the_path() {
     let p = problems("m.yaml", &POLICY.replace("metadata:\n  name: m\n", ""));
     assert_eq!(p[0].path, "metadata", "{p:#?}");
 }
+
+#[test]
+fn a_number_that_is_not_finite_is_called_so() {
+    for (text, shown) in [
+        (".nan", ".nan"),
+        (".inf", ".inf"),
+        ("-.inf", "-.inf"),
+        ("1e400", "1e400"),
+    ] {
+        let policy = POLICY.replace("compute: 0.2", &format!("compute: {text}"));
+        let p = problems("m.yaml", &policy);
+        assert_eq!(located(&p), vec![(8, "spec.resources.compute")], "{p:#?}");
+        assert!(
+            p[0].message
+                .contains(&format!("`{shown}` is not a finite number")),
+            "{}",
+            p[0]
+        );
+    }
+    // A quoted number is still a string where a number belongs.
+    let p = problems(
+        "m.yaml",
+        &POLICY.replace("compute: 0.2", "compute: \"0.2\""),
+    );
+    assert!(p[0].message.contains("invalid type: string"), "{}", p[0]);
+}
