@@ -21,8 +21,10 @@ use http::{Method, StatusCode};
 
 use crate::h1::{self, Field};
 
-/// Requests with more header fields than this get 431.
-pub const MAX_REQUEST_HEADERS: usize = 100;
+/// Requests with more header fields than this get 431: one fewer than
+/// the 100 of hyper (vLLM's servers) and of this gateway's own replica
+/// side, since the forwarded head gains a `Via` field.
+pub const MAX_REQUEST_HEADERS: usize = 99;
 
 /// How the request body is framed (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,14 +391,17 @@ impl RequestHead {
 /// received-by [comment]` entries, RFC 9110 §7.6.3) has an entry received
 /// by `pseudonym` (case-insensitive, as host names are).
 pub fn via_names(value: &[u8], pseudonym: &str) -> bool {
-    value.split(|&b| b == b',').any(|entry| {
+    via_received_by(value).any(|by| by.eq_ignore_ascii_case(pseudonym.as_bytes()))
+}
+
+/// The received-by of each entry of a `Via` field value.
+pub fn via_received_by(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b',').filter_map(|entry| {
         let mut words = entry
             .split(|b| b.is_ascii_whitespace())
             .filter(|w| !w.is_empty());
         words.next();
-        words
-            .next()
-            .is_some_and(|by| by.eq_ignore_ascii_case(pseudonym.as_bytes()))
+        words.next()
     })
 }
 
@@ -649,11 +654,15 @@ mod tests {
             parse(&long[..8500]).unwrap_err(),
             RequestError::TooLarge { limit: 8192 }
         );
-        let many: String = (0..101).map(|i| format!("x-{i}: 1\r\n")).collect();
+        // 99 fields at most: the forwarded head gains a Via, and the
+        // replica (hyper) allows 100.
+        let many: String = (0..100).map(|i| format!("x-{i}: 1\r\n")).collect();
         assert_eq!(
             parse(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err(),
             RequestError::TooManyFields
         );
+        let most: String = (0..98).map(|i| format!("x-{i}: 1\r\n")).collect();
+        assert!(parse(&format!("GET / HTTP/1.1\r\nhost: g\r\n{most}\r\n")).is_ok());
         assert!(matches!(
             parse("GET / HTTP/1.1\r\nbad header: x\r\n\r\n"),
             Err(RequestError::Syntax(_))

@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 
 use crate::affinity::{self, Hint, Policy};
 use crate::h1::RawResponse;
-use crate::h1_server::RequestHead;
+use crate::h1_server::{self, RequestHead};
 use crate::metrics::CodeLabels;
 use crate::route::{self, Route, RouteError};
 use crate::state::{ModelState, Permit, Reject, Shared};
@@ -369,7 +369,11 @@ async fn handle_inner(
         head.encode_forward(
             &mut out,
             permit.endpoint.host_header().as_bytes(),
-            shared.via.as_bytes(),
+            if head.http10 {
+                shared.via10.as_bytes()
+            } else {
+                shared.via.as_bytes()
+            },
             with_length.then_some(bytes.len()),
         );
         let sent = worker
@@ -385,12 +389,7 @@ async fn handle_inner(
             // This gateway's own 508 for this request, which came back to
             // it through the replica's address: that address is not a
             // model server. Nothing ran, so another replica may take it.
-            Some(Ok((head, _)))
-                if head.status == StatusCode::LOOP_DETECTED
-                    && head
-                        .fields()
-                        .any(|(n, v)| n.eq_ignore_ascii_case(b"via") && shared.via_is_mine(v)) =>
-            {
+            Some(Ok((answer, _))) if looped(shared, head, &answer) => {
                 shared.failed(&model, permit.replica);
                 tried.push(permit.replica);
                 tracing::warn!(
@@ -462,6 +461,28 @@ async fn handle_inner(
             }
         }
     }
+}
+
+/// Whether a replica's answer is a 508 for a loop through this request's
+/// own path: its `Via` names this gateway, or a gateway the request came
+/// through (an edge gateway in front of this one, which a replica's
+/// address here leads back to). Either way the replica's address is
+/// wrong, and no replica ran the request.
+fn looped(shared: &Shared, request: &RequestHead, answer: &RawResponse) -> bool {
+    answer.status == StatusCode::LOOP_DETECTED
+        && answer
+            .fields()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(b"via"))
+            .any(|(_, v)| {
+                shared.via_is_mine(v)
+                    || h1_server::via_received_by(v).any(|by| {
+                        std::str::from_utf8(by).is_ok_and(|by| {
+                            request
+                                .values("via")
+                                .any(|came| h1_server::via_names(came, by))
+                        })
+                    })
+            })
 }
 
 /// The 502's message when no replica took the request.

@@ -319,6 +319,9 @@ pub struct Shared {
     /// §7.6.3), added to every request it forwards: a request that comes
     /// back carrying it has looped ([`crate::h1_server::via_names`]).
     pub via: Box<str>,
+    /// The same for a request received as HTTP/1.0 (`1.0 gpuscale-…`:
+    /// the protocol is the received message's).
+    pub via10: Box<str>,
     next_waiter: AtomicU64,
     origin: Instant,
 }
@@ -394,9 +397,11 @@ impl Shared {
                     .map(|(i, a)| (a.clone(), (m.name.clone(), i as u16)))
             })
             .collect();
+        let via = via_entry();
         let shared = Arc::new(Shared {
             adapters,
-            via: via_entry(),
+            via10: format!("1.0 {}", &via[VIA_PROTOCOL.len()..]).into_boxed_str(),
+            via,
             model_header,
             priority_header,
             settings,

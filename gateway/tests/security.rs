@@ -539,3 +539,64 @@ async fn another_gateways_via_entry_passes() {
     edge.shutdown().await;
     inner.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_through_an_edge_gateway_is_retried_by_the_gateway_whose_replica_leads_back() {
+    // client → edge → model gateway → (a replica address that leads back
+    // to the edge). The edge refuses the looped request with 508; the
+    // model gateway sees on it the Via of a gateway its request came
+    // through, counts that replica failed and serves from the real one.
+    let up = gated("real", true).await;
+    let front = forwarder().await;
+    let model_gw = gateway(spec(vec![model("m", &[front.addr, up.addr], 64)])).await;
+    let edge = gateway(spec(vec![model("m", &[model_gw.traffic], 64)])).await;
+    front.target.set(edge.traffic).unwrap();
+    for _ in 0..20 {
+        let r = post_model(edge.traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["server"], "real");
+    }
+    assert!(front.heads.lock().unwrap().len() <= 4);
+    // The model gateway counted no 508 as an answer of its model.
+    let text = metrics(model_gw.admin).await;
+    assert_eq!(
+        sample(&text, "gpuscale_requests_total{model=\"m\",code=\"508\"}"),
+        None
+    );
+    edge.shutdown().await;
+    model_gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_received_as_http_1_0_is_forwarded_with_via_1_0() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let front = forwarder().await;
+    let up = gated("real", true).await;
+    front.target.set(up.addr).unwrap();
+    let gw = gateway(spec(vec![model("m", &[front.addr], 8)])).await;
+    let body = serde_json::json!({"model": "m", "messages": []}).to_string();
+    let mut s = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+        "{answer}"
+    );
+    let heads = front.heads.lock().unwrap().clone();
+    assert!(heads[0].contains("\r\nvia: 1.0 gpuscale-"), "{}", heads[0]);
+    gw.shutdown().await;
+}
