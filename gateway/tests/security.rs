@@ -404,6 +404,21 @@ async fn error_bodies_never_name_a_replica() {
     gw.shutdown().await;
 }
 
+/// `n` requests for `m` at `traffic`, each answered 200 by the upstream
+/// named "real".
+async fn served_by_real(traffic: SocketAddr, n: usize) {
+    for _ in 0..n {
+        let r = post_model(traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["server"], "real");
+    }
+}
+
 /// A TCP forwarder to whatever `target` holds (a Service or an L4 proxy in
 /// front of the gateway, as a replica address may lead): the connections
 /// it accepted, and the first bytes of each.
@@ -460,16 +475,7 @@ async fn a_replica_address_that_leads_back_to_the_gateway_ends_in_one_hop() {
     let gw = gateway(spec(vec![model("m", &[front.addr, up.addr], 64)])).await;
     front.target.set(gw.traffic).unwrap();
     let started = std::time::Instant::now();
-    for _ in 0..20 {
-        let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
-        assert_eq!(
-            r.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&r.body)
-        );
-        assert_eq!(r.json()["server"], "real");
-    }
+    served_by_real(gw.traffic, 20).await;
     assert!(started.elapsed() < Duration::from_secs(10));
     {
         let heads = front.heads.lock().unwrap();
@@ -551,16 +557,7 @@ async fn a_loop_through_an_edge_gateway_is_retried_by_the_gateway_whose_replica_
     let model_gw = gateway(spec(vec![model("m", &[front.addr, up.addr], 64)])).await;
     let edge = gateway(spec(vec![model("m", &[model_gw.traffic], 64)])).await;
     front.target.set(edge.traffic).unwrap();
-    for _ in 0..20 {
-        let r = post_model(edge.traffic, "/v1/chat/completions", "m").await;
-        assert_eq!(
-            r.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&r.body)
-        );
-        assert_eq!(r.json()["server"], "real");
-    }
+    served_by_real(edge.traffic, 20).await;
     assert!(front.heads.lock().unwrap().len() <= 4);
     // The model gateway counted no 508 as an answer of its model.
     let text = metrics(model_gw.admin).await;
