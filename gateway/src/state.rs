@@ -581,7 +581,7 @@ impl Shared {
     }
 
     /// Records a transport failure on a replica (it may be ejected).
-    pub fn failed(&self, model: &ModelState, replica: ReplicaId) {
+    pub fn failed(&self, model: &Arc<ModelState>, replica: ReplicaId) {
         model.handles.upstream_errors.inc();
         let up = &self.settings.spec.upstream;
         let mut inner = lock(&model.inner);
@@ -592,6 +592,16 @@ impl Shared {
             up.eject_for,
         ) {
             tracing::warn!(model = %model.settings.name, "replica ejected for {:?}", up.eject_for);
+            // Requests queued meanwhile get the replica back when its
+            // ejection ends: nothing else may free a slot before their
+            // queue timeout (with every replica ejected, they waited it
+            // out and got 503).
+            let (m, after) = (model.clone(), up.eject_for);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let mut inner = lock(&m.inner);
+                m.dispatch(&mut inner);
+            });
         }
     }
 

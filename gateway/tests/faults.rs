@@ -535,3 +535,60 @@ async fn overload_at_ten_times_capacity_answers_every_request_run_after_run() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_while_every_replica_is_ejected_is_served_when_the_ejection_ends() {
+    // The only replica refuses connections: one 502, and it is ejected
+    // for a second. It then comes up at the same address. A request that
+    // arrived during the ejection waited in the queue; it is handed the
+    // replica when the ejection ends, not left to its queue timeout
+    // (20 s here; before, nothing woke it and it got 503 then).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut sp = spec(vec![model("m", &[addr], 1)]);
+    sp.upstream.eject_after_failures = 1;
+    sp.upstream.eject_for = Duration::from_secs(1);
+    sp.queue.queue_timeout = Duration::from_secs(20);
+    let gw = gateway(sp).await;
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = br#"{"server":"late"}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+                let _ = s.write_all(body).await;
+            });
+        }
+    });
+    let started = Instant::now();
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["server"], "late");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    gw.shutdown().await;
+}
