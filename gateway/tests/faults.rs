@@ -577,14 +577,9 @@ async fn a_request_queued_while_every_replica_is_ejected_is_served_when_the_ejec
         }
     });
     let started = Instant::now();
-    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
-    assert_eq!(
-        r.status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
-    assert_eq!(r.json()["server"], "late");
+    post_model(gw.traffic, "/v1/chat/completions", "m")
+        .await
+        .assert_served_by("late");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",

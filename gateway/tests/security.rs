@@ -408,14 +408,9 @@ async fn error_bodies_never_name_a_replica() {
 /// named "real".
 async fn served_by_real(traffic: SocketAddr, n: usize) {
     for _ in 0..n {
-        let r = post_model(traffic, "/v1/chat/completions", "m").await;
-        assert_eq!(
-            r.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&r.body)
-        );
-        assert_eq!(r.json()["server"], "real");
+        post_model(traffic, "/v1/chat/completions", "m")
+            .await
+            .assert_served_by("real");
     }
 }
 
@@ -535,13 +530,7 @@ async fn another_gateways_via_entry_passes() {
         serde_json::json!({"model": "m", "messages": []}).to_string(),
     )
     .await;
-    assert_eq!(
-        r.status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
-    assert_eq!(r.json()["server"], "real");
+    r.assert_served_by("real");
     edge.shutdown().await;
     inner.shutdown().await;
 }

@@ -144,6 +144,18 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// Asserts a 200 whose JSON names `server` (the upstreams of
+    /// [`gated`] and the tests' own say who answered).
+    pub fn assert_served_by(&self, server: &str) {
+        assert_eq!(
+            self.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(self.json()["server"], server);
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
