@@ -402,24 +402,22 @@ impl<W> Pool<W> {
 
     /// A request to `replica` failed at the transport level: after
     /// `eject_after` consecutive failures it gets no traffic for
-    /// `eject_for`. Returns whether this ejected it.
+    /// `eject_for`. Returns the replica's endpoint when this ejected it.
     pub fn record_failure(
         &mut self,
         replica: ReplicaId,
         now: Instant,
         eject_after: u32,
         eject_for: Duration,
-    ) -> bool {
-        let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) else {
-            return false;
-        };
+    ) -> Option<&Endpoint> {
+        let r = self.replicas.iter_mut().find(|r| r.id == replica)?;
         r.failures += 1;
         if eject_after > 0 && r.failures >= eject_after {
             r.failures = 0;
             r.ejected_until = Some(now + eject_for);
-            return true;
+            return Some(&r.endpoint);
         }
-        false
+        None
     }
 
     /// A request to `replica` got a response: its failure count restarts.
@@ -620,8 +618,14 @@ mod tests {
         let mut p: Pool<u32> = Pool::new(10, 4);
         let a = p.add_replica(ep(1), None);
         let b = p.add_replica(ep(2), None);
-        assert!(!p.record_failure(a, now, 2, Duration::from_secs(5)));
-        assert!(p.record_failure(a, now, 2, Duration::from_secs(5)));
+        assert!(
+            p.record_failure(a, now, 2, Duration::from_secs(5))
+                .is_none()
+        );
+        assert!(
+            p.record_failure(a, now, 2, Duration::from_secs(5))
+                .is_some()
+        );
         assert_eq!(p.ejected(now), 1);
         for _ in 0..4 {
             assert_eq!(p.acquire(now, Hint::default()).unwrap().replica, b);
@@ -781,7 +785,10 @@ mod tests {
         p.acquire(now, Hint::default()).unwrap();
         p.acquire(now, Hint::default()).unwrap();
         p.acquire(now, Hint::default()).unwrap();
-        assert!(p.record_failure(b, now, 1, Duration::from_secs(10)));
+        assert!(
+            p.record_failure(b, now, 1, Duration::from_secs(10))
+                .is_some()
+        );
         p.remove_replica(&ep(1));
         let c = p.census(now);
         assert_eq!(

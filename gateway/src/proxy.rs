@@ -399,7 +399,7 @@ async fn handle_inner(
                      through it): not a model server; counted as a failed replica"
                 );
                 let Some(p) = retry(shared, &model, permit, &tried, spec.upstream.retries) else {
-                    return (bad_gateway(NO_REPLICA), Some(model.clone()));
+                    return (bad_gateway(LOOPED), Some(model.clone()));
                 };
                 permit = p;
             }
@@ -487,6 +487,8 @@ fn looped(shared: &Shared, request: &RequestHead, answer: &RawResponse) -> bool 
 
 /// The 502's message when no replica took the request.
 const NO_REPLICA: &str = "could not connect to a replica";
+const LOOPED: &str = "the replica's address leads back to a gateway this request came through \
+                      (a request loop), and no other replica could take it";
 
 /// Another replica for a request no replica has taken yet (its connect
 /// failed, or it came back through this gateway), within `retries`;

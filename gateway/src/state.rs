@@ -585,13 +585,19 @@ impl Shared {
         model.handles.upstream_errors.inc();
         let up = &self.settings.spec.upstream;
         let mut inner = lock(&model.inner);
-        if inner.pool.record_failure(
+        if let Some(endpoint) = inner.pool.record_failure(
             replica,
             Instant::now(),
             up.eject_after_failures,
             up.eject_for,
         ) {
-            tracing::warn!(model = %model.settings.name, "replica ejected for {:?}", up.eject_for);
+            tracing::warn!(
+                model = %model.settings.name,
+                replica = %endpoint,
+                "replica ejected for {:?} after {} failures in a row",
+                up.eject_for,
+                up.eject_after_failures
+            );
             // Requests queued meanwhile get the replica back when its
             // ejection ends: nothing else may free a slot before their
             // queue timeout (with every replica ejected, they waited it

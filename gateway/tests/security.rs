@@ -507,6 +507,7 @@ async fn a_replica_address_that_leads_back_to_the_gateway_ends_in_one_hop() {
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     let text = String::from_utf8_lossy(&r.body).to_string();
     assert!(!text.contains("gpuscale-"), "{text}");
+    assert!(text.contains("request loop"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(front.heads.lock().unwrap().len() <= 3);
     gw.shutdown().await;
