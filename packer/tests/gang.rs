@@ -753,6 +753,63 @@ fn inference_spread_over_every_node_is_packed_again_to_free_one_for_a_gang() {
 }
 
 #[test]
+fn of_two_gangs_that_cannot_both_move_inference_the_first_starts_and_the_second_reserves() {
+    // Two 8-GPU nodes; a sheddable model at its minimum of 3 runs on both
+    // (2 + 1). Two critical 1 × 8 gangs: together they would leave the
+    // model no GPU, so one starts (the model's replica on its node moves)
+    // and the other waits with a reservation at the first one's end.
+    // Before, neither started nor reserved anything.
+    let c = topo_cluster(vec![
+        (
+            "n0",
+            "H100-80GB",
+            8,
+            "r0",
+            "z0",
+            None,
+            vec![(0, "m"), (1, "m")],
+        ),
+        ("n1", "H100-80GB", 8, "r0", "z0", None, vec![(0, "m")]),
+    ]);
+    let models = vec![whole_model("m", Priority::Sheddable, 3)];
+    let jobs = [
+        job(
+            "a",
+            ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
+        ),
+        job(
+            "b",
+            ranked(Priority::Critical, simple(1, 8, TopologyLevel::Node)),
+        ),
+    ];
+    for running in [true, false] {
+        let cluster = if running {
+            c.clone()
+        } else {
+            common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)])
+        };
+        let plan = joint_plan(&cluster, &models, &jobs, &[("m", 3)]);
+        assert_never_shared(&plan);
+        assert_eq!(plan.models[0].placed, 3, "the minimum is kept");
+        let starting: Vec<&GangPlan> = plan
+            .gangs
+            .iter()
+            .filter(|g| g.status == GangStatus::Starting)
+            .collect();
+        assert_eq!(starting.len(), 1, "running {running}: {:#?}", plan.gangs);
+        let waiting = plan
+            .gangs
+            .iter()
+            .find(|g| g.status == GangStatus::Pending)
+            .expect("the other gang waits");
+        assert!(
+            waiting.start_s.is_some() && !waiting.reserved.is_empty(),
+            "running {running}: the waiting gang has a reservation: {waiting:#?}"
+        );
+    }
+}
+
+#[test]
 fn a_running_gang_keeps_its_gpus_and_a_replan_from_the_plan_changes_nothing() {
     let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
     let models = vec![whole_model("m", Priority::Standard, 1)];

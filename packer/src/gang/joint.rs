@@ -11,9 +11,12 @@
 //!    would hand out shares of the gang's GPUs).
 //! 4. The guard: no model may end below `min(minReplicas, what full
 //!    placed)`, and none may lose replicas to a gang of its own or lower
-//!    priority. When step 3 breaks it, the gangs that took inference GPUs
-//!    wait instead, then every gang started on a node inference used; in
-//!    the end the plan is `full` with only the running gangs.
+//!    priority. When step 3 breaks it, the least important gang that
+//!    took inference GPUs is left to free GPUs and the queue placed again
+//!    (one gang at a time, so that the others still start); then the
+//!    gangs that took inference GPUs wait instead, then every gang
+//!    started on a node inference used; in the end the plan is `full`
+//!    with only the running gangs.
 //!
 //! Replicas lost to a gang are named in its `preempts`, and in the plan's
 //! `unplaced` with the gang as the reason.
@@ -31,6 +34,10 @@ use super::{
 use crate::basis::Basis;
 use crate::plan::{GangSlot, GpuPlan, Mode, Plan, Unplaced};
 use crate::{PackError, PackOptions, emit, pack_from};
+
+/// Most gangs left to free GPUs, one per trial, when the gangs that move
+/// inference cannot all do so (each trial packs inference once).
+const MAX_LEFT_TO_FREE_GPUS: usize = 8;
 
 /// The cluster inference is packed on: `taken` GPUs out of use (marked
 /// unhealthy, so the packer never places on them and GPU indices stay
@@ -174,6 +181,8 @@ pub fn plan(
     let full = pack_from(&inf0, models, demand, options, basis)?;
     let inv = inventory(&inf0, &full, models);
     let mut placed = place(&base, jobs, &held, &inv, q, gang_options);
+    // The inventory `placed` came from.
+    let mut source = inv.clone();
 
     let full_placed = placed_by_model(&full);
     let mins: BTreeMap<&str, u32> = models
@@ -204,38 +213,49 @@ pub fn plan(
     // most two packs).
     let mut cache: Option<(BTreeSet<GpuRef>, Plan)> = None;
     let waiting = placed.gangs.iter().any(|g| g.status == GangStatus::Pending);
-    for level_first in [true, false] {
+    'orders: for level_first in [true, false] {
         if !waiting || inv.inference.is_empty() {
             break;
         }
-        let movable = Inventory {
-            free: inv.free.clone(),
-            inference: inv.inference.clone(),
-            inference_movable: true,
-            level_first,
-        };
-        let trial = place(&base, jobs, &held, &movable, q, gang_options);
-        if trial.from_inference.is_empty() {
-            // No inference GPU taken: the other order takes none either.
-            break;
-        }
-        {
+        // When the gangs that move inference would together push a model
+        // below what it keeps, the least important of them is left to
+        // free GPUs and the queue placed again (it then waits with a
+        // reservation, or starts elsewhere): one gang that fits is
+        // better than none.
+        let mut free_only: BTreeSet<String> = BTreeSet::new();
+        for _ in 0..=MAX_LEFT_TO_FREE_GPUS {
+            let movable = Inventory {
+                free: inv.free.clone(),
+                inference: inv.inference.clone(),
+                inference_movable: true,
+                level_first,
+                free_only: free_only.clone(),
+            };
+            let trial = place(&base, jobs, &held, &movable, q, gang_options);
+            if trial.from_inference.is_empty() {
+                if free_only.is_empty() {
+                    // No inference GPU taken: the other order takes none
+                    // either.
+                    break 'orders;
+                }
+                break;
+            }
             let gpus = gang_gpus(&base, &trial.gangs);
             let p = pack_from(&for_inference(&base, &gpus), models, demand, options, None)?;
+            let takers: Vec<&GangPlan> = trial
+                .gangs
+                .iter()
+                .filter(|g| g.status == GangStatus::Starting)
+                .filter(|g| took_inference(&base, g, &trial.from_inference))
+                .collect();
             let taker_rank = if level_first {
                 0
             } else {
-                trial
-                    .gangs
-                    .iter()
-                    .filter(|g| g.status == GangStatus::Starting)
-                    .filter(|g| took_inference(&base, g, &trial.from_inference))
-                    .map(|g| rank(g.priority))
-                    .max()
-                    .unwrap_or(0)
+                takers.iter().map(|g| rank(g.priority)).max().unwrap_or(0)
             };
             if keeps(&p, taker_rank) {
                 placed = trial;
+                source = movable;
                 let moves = p.moves + displaced(&base, &starting_gpus(&base, &placed.gangs)).0;
                 for g in &mut placed.gangs {
                     if g.status == GangStatus::Starting
@@ -248,7 +268,15 @@ pub fn plan(
                     }
                 }
                 cache = Some((gpus, p));
-                break;
+                break 'orders;
+            }
+            // The gangs are in the order placed (priority order): the
+            // last taker is the least important.
+            match takers.last() {
+                Some(g) => {
+                    free_only.insert(g.name.clone());
+                }
+                None => break,
             }
         }
     }
@@ -294,6 +322,21 @@ pub fn plan(
         if ok {
             break (p, lost);
         }
+        // The least important gang that took inference GPUs is left to
+        // free GPUs, and the queue placed again from the same inventory.
+        let last_taker = placed
+            .gangs
+            .iter()
+            .filter(|g| g.status == GangStatus::Starting)
+            .rfind(|g| took_inference(&base, g, &placed.from_inference));
+        if let Some(g) = last_taker
+            && source.free_only.len() < MAX_LEFT_TO_FREE_GPUS
+        {
+            source.free_only.insert(g.name.clone());
+            placed = place(&base, jobs, &held, &source, q, gang_options);
+            cache = None;
+            continue;
+        }
         // Place the queue again, with less to take: no inference GPU;
         // then only nodes inference does not use (a worker beside it
         // changes its node's sharing); then no free GPU at all (the
@@ -319,6 +362,7 @@ pub fn plan(
             inference: BTreeMap::new(),
             inference_movable: false,
             level_first: false,
+            free_only: BTreeSet::new(),
         };
         placed = place(&base, jobs, &held, &narrower, q, gang_options);
         cache = None;

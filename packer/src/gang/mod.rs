@@ -400,6 +400,11 @@ pub struct Inventory {
     /// level met by moving inference before it is relaxed), rather than
     /// free GPUs at every level first ([`solve::best`]).
     pub level_first: bool,
+    /// Jobs that may take no inference GPU in this pass, whatever their
+    /// priority: the caller's way to let only the more important of
+    /// several gangs move inference when all of them together would push
+    /// a model below what it must keep.
+    pub free_only: BTreeSet<String>,
 }
 
 /// The outcome of [`place`].
@@ -560,9 +565,10 @@ pub fn place(
             })
             .filter(|v| !v.gpus.is_empty())
             .collect();
+        let free_only = inventory.free_only.contains(&job.name);
         let takeable: BTreeMap<usize, Vec<u32>> = inference
             .iter()
-            .filter(|(n, _)| allowed.contains(n))
+            .filter(|(n, _)| !free_only && allowed.contains(n))
             .map(|(n, gs)| {
                 (
                     *n,
