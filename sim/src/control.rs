@@ -275,6 +275,13 @@ impl Hpa {
     fn sync_model(&mut self, m: &Model, now: Duration, current: u32, min: u32) -> u32 {
         let s = &self.settings;
         let st = self.state.entry(m.name.clone()).or_default();
+        // `recordInitialRecommendation`: the first reconcile records the
+        // current count, so the scale-down window holds it for 300 s (an
+        // HPA created with the simulation does not shrink a warm start on
+        // its first, empty scrape).
+        if st.recommendations.is_empty() {
+            st.recommendations.push((now, current));
+        }
         // `GetExternalPerPodMetricReplicas`: ratio to the target per pod.
         let Some(usage) = st.scraped else {
             return current;
@@ -580,6 +587,16 @@ impl Kpa {
             st.panic_since = None;
             st.max_panic_pods = 0;
         }
+        // The simulation starts empty, while a KPA that ran before it
+        // would hold a stable window of the load then: no scale-down
+        // until the window holds the simulation's own full minute (the
+        // same warm start gpuscale's and HPA's windows get).
+        let warming = now < s.stable_window;
+        let desired_stable = if warming {
+            desired_stable.max(current)
+        } else {
+            desired_stable
+        };
         let mut desired = desired_stable;
         if st.panic_since.is_some() {
             desired = desired.max(desired_panic);

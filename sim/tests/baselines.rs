@@ -89,6 +89,42 @@ fn hpa_waits_the_300_second_window_before_scaling_down_and_ignores_ten_percent()
 }
 
 #[test]
+fn hpa_records_the_current_count_at_its_first_sync_and_holds_it_for_the_window() {
+    // Upstream `recordInitialRecommendation`: the first reconcile of a
+    // new HPA stores the target's current replicas as a recommendation,
+    // so a warm start of 6 with a load that asks for 2 stays at 6 until
+    // that recommendation leaves the 300 s scale-down window. The first
+    // sync is at 5 s (the scrape lag); a recommendation stands while its
+    // time is after `now - 300 s`, so 5 s no longer counts at 305 s.
+    let m = model(1, 100, 10.0, 10);
+    let mut hpa = Hpa::new(std::slice::from_ref(&m), HpaSettings::default());
+    let mut n = 6;
+    let changes = drive(&mut hpa, &mut n, 0, 400, |_| 20.0);
+    assert_eq!(changes, vec![(305, 2)]);
+}
+
+#[test]
+fn kpa_keeps_a_warm_start_until_its_stable_window_holds_a_minute() {
+    // The simulation starts with nothing in flight; a KPA that ran
+    // before it would average a minute of the load then. 4 replicas at
+    // target 7 each: the load ramps from 0 to 28 over 10 s. Without the
+    // warm start, the first tick's empty window halved the count (the
+    // `max-scale-down-rate` of 2).
+    let m = model(1, 100, 5.0, 10);
+    let mut kpa = Kpa::new(std::slice::from_ref(&m), KpaSettings::default());
+    let mut n = 4;
+    let ramp = |t: u64| (t as f64 * 2.8).min(28.0);
+    assert!(drive(&mut kpa, &mut n, 0, 120, ramp).is_empty());
+    // After the first minute the window decides. The load falls to 7 at
+    // 120 s: with k samples of 7 and 60 − k of 28 in the stable window,
+    // the count is ⌈(28 (60 − k) + 7 k) / 60 / 7⌉ = ⌈4 − k / 20⌉, which
+    // reaches 3 at k = 20 (the 2 s tick at 140 s, k = 21), 2 at k = 40
+    // (160 s) and 1 at k = 60 (180 s).
+    let changes = drive(&mut kpa, &mut n, 120, 300, |_| 7.0);
+    assert_eq!(changes, vec![(140, 3), (160, 2), (180, 1)]);
+}
+
+#[test]
 fn keda_activates_at_its_poll_and_goes_to_zero_after_the_cooldown() {
     let m = model(0, 10, 5.0, 10);
     let mut keda = Keda::new(
