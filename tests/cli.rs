@@ -1072,6 +1072,63 @@ fn a_current_plan_made_for_another_cluster_is_refused() {
 }
 
 #[test]
+fn a_running_job_with_timestamps_after_now_keeps_its_gpus() {
+    // Every GPU of the node runs `runner`, whose submittedAt and startedAt
+    // are after --now (clocks disagree, or a stale --now): it is running
+    // all the same, and `waiter` may not be planned onto its GPUs. Before,
+    // `runner` was left out and `waiter` started on its busy GPUs.
+    let dir = tempfile::tempdir().unwrap();
+    let gpus: String = (0..8)
+        .map(|i| format!("        - {{index: {i}, mode: whole, workloads: [{{model: runner}}]}}\n"))
+        .collect();
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {{name: c}}\nspec:\n  nodes:\n    - name: n-0\n      gpuModel: H100-80GB\n      gpuCount: 8\n      gpus:\n{gpus}"
+        ),
+    )
+    .unwrap();
+    let jobs = dir.path().join("jobs.yaml");
+    std::fs::write(
+        &jobs,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: runner}\nspec: {workers: 1, gpusPerWorker: 8, priority: critical, preemptible: false, estimatedRuntime: 10h, submittedAt: 2026-12-03T10:00:00Z, startedAt: 2026-12-03T10:30:00Z}\n---\napiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: waiter}\nspec: {workers: 1, gpusPerWorker: 8, priority: sheddable, estimatedRuntime: 1h, submittedAt: 2026-12-01T10:00:00Z}\n",
+    )
+    .unwrap();
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policies",
+        jobs.to_str().unwrap(),
+        "--now",
+        "2026-12-03T09:00:00Z",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gang = |name: &str| {
+        plan["gangs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in {plan:#}"))
+    };
+    assert_eq!(gang("runner")["status"], "running", "{plan:#}");
+    assert_eq!(gang("waiter")["status"], "pending", "{plan:#}");
+    // Started "after now": taken as started now, so it ends 10 h later.
+    assert_eq!(
+        gang("runner")["start_s"].as_f64(),
+        Some(1_796_288_400.0),
+        "{plan:#}"
+    );
+    assert!(errors(&out).contains("kept as running"), "{}", errors(&out));
+}
+
+#[test]
 fn a_job_submitted_after_now_is_left_out_with_a_warning() {
     let (dir, job_text) = job_file("future", "later", "  submittedAt: 2030-01-01T00:00:00Z\n");
     let out = gpuscale(&[

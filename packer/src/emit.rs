@@ -257,6 +257,11 @@ pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plu
 /// topology-aware scheduling read for the `rack` level (no standard label
 /// exists; `gpuscale.io/rack`, as the controller's inventory reads it).
 pub const RACK_LABEL: &str = "gpuscale.io/rack";
+/// The node label of a node's NVLink domain (GPU Feature Discovery's
+/// clique, set there on multi-node NVLink systems; written from the
+/// cluster's `nvlinkDomain` where declared, for Kueue's `nvlink-domain`
+/// level).
+pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
 /// HAMi's annotation choosing how it picks a GPU on a node.
@@ -425,6 +430,9 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
             }
             if let Some(rack) = &n.rack {
                 labels.insert(RACK_LABEL, Some(rack.clone()));
+            }
+            if let Some(domain) = &n.nvlink_domain {
+                labels.insert(CLIQUE_LABEL, Some(domain.clone()));
             }
             (n.name.as_str(), labels)
         })

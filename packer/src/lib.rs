@@ -670,6 +670,7 @@ fn figures(
             hami: decoded.hami_nodes.contains(&n.name),
             hami_capable: n.sharing.contains(&SharingMode::Fractional),
             rack: n.rack.clone(),
+            nvlink_domain: n.nvlink_domain.clone(),
             hami_split_count: decoded
                 .hami_nodes
                 .contains(&n.name)

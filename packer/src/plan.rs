@@ -188,6 +188,12 @@ pub struct NodePlan {
     /// and no standard label carries it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack: Option<String>,
+    /// The node's NVLink domain, when the cluster says (labelled
+    /// `nvidia.com/gpu.clique`, which Kueue reads for the `nvlink-domain`
+    /// level; GPU Feature Discovery sets it only on multi-node NVLink
+    /// systems).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
     /// On a HAMi node, the most replicas the plan put on one of its GPUs
     /// may reach: the node's `hamiSplitCount`, else the packer's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -437,6 +437,33 @@ fn preemption_frees_the_topology_at_the_least_lost_gpu_hours() {
     assert_eq!(u.workers[0].node, "n1");
     let names: Vec<&str> = u.preempts.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, vec!["three", "two"]);
+
+    // With start times the work actually lost counts. `one` (8 GPUs, no
+    // checkpoints) started 10 minutes ago: 8 × 1/6 = 1.33 GPU-h. `two`
+    // and `three` (4 GPUs each) started 9 h 50 min ago, checkpointing
+    // every 10 h and every hour: 4 × 9 5/6 + 4 × 5/6 = 42.67. `one` again.
+    let ago = |minutes: f64| {
+        Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(q0().now - minutes * 60.0))
+    };
+    let mut jobs3 = jobs2.clone();
+    jobs3[0].spec.started_at = ago(10.0);
+    jobs3[1].spec.started_at = ago(590.0);
+    jobs3[2].spec.started_at = ago(590.0);
+    let gangs = place(&c, &jobs3);
+    let u = by_name(&gangs, "urgent");
+    assert_eq!(u.workers[0].node, "n0", "{gangs:#?}");
+    assert_eq!(u.preempts.len(), 1);
+    assert_eq!(u.preempts[0].name, "one");
+    assert!(
+        (u.preempts[0].lost_gpu_hours - 8.0 / 6.0).abs() < 1e-6,
+        "{:?}",
+        u.preempts
+    );
+    assert!(
+        u.preempts[0].reason.contains("frees the node"),
+        "{}",
+        u.preempts[0].reason
+    );
 }
 
 #[test]
@@ -863,6 +890,17 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
         docs[1]["template"]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"],
         "g"
     );
+    // Kueue's plain-Pod group: its name and size, on every worker.
+    for d in &docs[1..] {
+        assert_eq!(
+            d["template"]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"],
+            "g"
+        );
+        assert_eq!(
+            d["template"]["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"],
+            "2"
+        );
+    }
     let volcano = artefacts::kubernetes(&gangs[0], "ml", artefacts::GangScheduler::Volcano);
     assert_eq!(volcano[0]["apiVersion"], "scheduling.volcano.sh/v1beta1");
     assert_eq!(volcano[1]["template"]["spec"]["schedulerName"], "volcano");

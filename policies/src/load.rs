@@ -429,6 +429,14 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                         ));
                     }
                 }
+                for (k, model) in part.gpu_models.iter().enumerate() {
+                    if !c.nodes.iter().any(|n| &n.gpu_model == model) {
+                        errors.push(FieldError::new(
+                            format!("spec.partitions[{i}].gpuModels[{k}]"),
+                            format!("cluster `{}` has no node of GPU model {model}", c.name),
+                        ));
+                    }
+                }
             }
         }
         if errors.is_empty() {
@@ -722,6 +730,39 @@ fn check_job_fits_cluster(
         }
     );
     let workers = j.spec.workers;
+    let nodes: Vec<_> = c
+        .nodes
+        .iter()
+        .filter(|n| j.gpu_models.contains(&n.gpu_model))
+        .collect();
+    if nodes.is_empty() {
+        return Some(doc.problem(
+            if j.spec.gpu_models.is_empty() {
+                "spec.workers"
+            } else {
+                "spec.gpuModels"
+            },
+            format!(
+                "{needs}; cluster `{}` has no node of {}",
+                c.name,
+                if j.gpu_models.len() == 1 {
+                    format!("GPU model {}", j.gpu_models[0])
+                } else {
+                    format!("GPU models [{}]", j.gpu_models.join(", "))
+                }
+            ),
+        ));
+    }
+    let largest = nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0);
+    if largest < per_worker {
+        return Some(doc.problem(
+            "spec.gpusPerWorker",
+            format!(
+                "{needs}; a worker's GPUs are on one node, and the largest node of cluster `{}` with them has {largest}",
+                c.name
+            ),
+        ));
+    }
     if most(TopologyLevel::Any, false) < workers {
         return Some(doc.problem(
             "spec.workers",

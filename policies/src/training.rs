@@ -617,7 +617,12 @@ impl TrainingJob {
         }
         let mut gpu_models = Vec::new();
         for (i, g) in spec.gpu_models.iter().enumerate() {
-            if catalog.get(g).is_some() {
+            if spec.gpu_models[..i].contains(g) {
+                errors.push(FieldError::new(
+                    format!("spec.gpuModels[{i}]"),
+                    format!("`{g}` is listed twice"),
+                ));
+            } else if catalog.get(g).is_some() {
                 gpu_models.push(g.clone());
             } else {
                 errors.push(FieldError::new(
@@ -640,22 +645,20 @@ impl TrainingJob {
                 errors.push(FieldError::new(field, "must be longer than zero"));
             }
         }
-        if spec.account.as_deref() == Some("") {
-            errors.push(FieldError::new("spec.account", "must not be empty"));
-        }
-        if spec.topology.level == TopologyLevel::Node
-            && spec.topology.mode == TopologyMode::Required
-            && spec.workers > 1
+        if let (Some(submitted), Some(started)) = (spec.submitted_at, spec.started_at)
+            && started < submitted
         {
             errors.push(FieldError::new(
-                "spec.topology.level",
+                "spec.startedAt",
                 format!(
-                    "topology `node` (required) puts every worker on one node, but there are {} \
-                     workers: use one worker with {} GPUs, or a wider level",
-                    spec.workers,
-                    spec.workers.saturating_mul(spec.gpus_per_worker)
+                    "{} is before submittedAt ({}): a job starts after it is submitted",
+                    humantime::format_rfc3339_seconds(started),
+                    humantime::format_rfc3339_seconds(submitted)
                 ),
             ));
+        }
+        if spec.account.as_deref() == Some("") {
+            errors.push(FieldError::new("spec.account", "must not be empty"));
         }
         if let Some(t) = &spec.template {
             errors.extend(check_template(t, spec.gpus_per_worker));

@@ -578,6 +578,38 @@ spec:
         p[0]
     );
     assert!(run(&job("  partition: all\n")).is_empty());
+    // Several workers on one node, required: Kueue's
+    // `podset-required-topology: kubernetes.io/hostname` puts every pod on
+    // one node, which holds 2 × 4 GPUs here (it used to be refused for
+    // having more than one worker).
+    let small = |spec: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 2\n  gpusPerWorker: 4\n{spec}"
+        )
+    };
+    assert!(run(&small("  topology: {level: node, mode: required}\n")).is_empty());
+    let p = run(&job("  topology: {level: node, mode: required}\n"));
+    assert!(
+        p.len() == 1
+            && p[0].contains("spec.topology.level")
+            && p[0].contains("holds 1 such worker"),
+        "{p:#?}"
+    );
+    // A GPU model the cluster lacks is named as such, and a worker wider
+    // than any node is told so.
+    let p = run(&job("  gpuModels: [B200]\n"));
+    assert!(
+        p.len() == 1
+            && p[0].contains("spec.gpuModels")
+            && p[0].contains("has no node of GPU model B200"),
+        "{p:#?}"
+    );
+    let wide = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: j}\nspec:\n  workers: 1\n  gpusPerWorker: 16\n";
+    let p = run(wide);
+    assert!(
+        p.len() == 1 && p[0].contains("spec.gpusPerWorker") && p[0].contains("has 8"),
+        "{p:#?}"
+    );
 }
 
 #[test]

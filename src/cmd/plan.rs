@@ -292,9 +292,40 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         "packing"
     );
     let now = args.now.unwrap_or_else(std::time::SystemTime::now);
-    // A job submitted after `now` is not in the queue yet (a scheduler
-    // cannot know of it): it is left out, and said so.
+    // A job that runs (a GPU's workloads name it) is running whatever its
+    // timestamps say: its GPUs are busy. One started after `now` counts
+    // as started now.
+    let runs = |name: &str| {
+        cluster
+            .nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .flat_map(|g| &g.workloads)
+            .any(|w| w.model == name)
+    };
+    for j in &mut bundle.jobs {
+        if let Some(t) = j.spec.started_at
+            && t > now
+        {
+            tracing::warn!(
+                job = %j.name,
+                started_at = %humantime::format_rfc3339_seconds(t),
+                "startedAt is after --now: taken as started at --now"
+            );
+            j.spec.started_at = Some(now);
+        }
+    }
+    // A job submitted after `now` that does not run is not in the queue
+    // yet (a scheduler cannot know of it): it is left out, and said so.
     bundle.jobs.retain(|j| match j.spec.submitted_at {
+        Some(t) if t > now && runs(&j.name) => {
+            tracing::warn!(
+                job = %j.name,
+                submitted_at = %humantime::format_rfc3339_seconds(t),
+                "submitted after --now, but its GPUs run it: kept as running"
+            );
+            true
+        }
         Some(t) if t > now => {
             tracing::warn!(
                 job = %j.name,

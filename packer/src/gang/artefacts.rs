@@ -20,7 +20,11 @@
 //!   is a list of real objects that `kubectl apply -f gangs/` accepts.
 //! - Kueue's topology-aware scheduling annotations on the pod template:
 //!   `kueue.x-k8s.io/podset-required-topology` (or `-preferred-`) with the
-//!   node label of the level ([`level_label`]).
+//!   node label of the level ([`level_label`]), and its plain-Pod group:
+//!   the label `kueue.x-k8s.io/pod-group-name` and the annotation
+//!   `kueue.x-k8s.io/pod-group-total-count` (the workers), so that Kueue
+//!   admits the workers as one Workload once the cluster adds its
+//!   `kueue.x-k8s.io/queue-name` label.
 //! - The `sbatch` directives of the same placement.
 
 use gpuscale_policies::training::{GPU_RESOURCE, TopologyLevel, TopologyMode};
@@ -45,7 +49,7 @@ pub enum GangScheduler {
 pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
     match level {
         TopologyLevel::Node => Some("kubernetes.io/hostname"),
-        TopologyLevel::NvlinkDomain => Some("nvidia.com/gpu.clique"),
+        TopologyLevel::NvlinkDomain => Some(crate::emit::CLIQUE_LABEL),
         TopologyLevel::Rack => Some(crate::emit::RACK_LABEL),
         TopologyLevel::Zone => Some("topology.kubernetes.io/zone"),
         TopologyLevel::Any => None,
@@ -91,8 +95,16 @@ pub fn kubernetes(
         };
         annotations.insert(key.into(), json!(label));
     }
+    // Kueue's plain-Pod integration admits the workers as one Workload
+    // only when they name their group and its size (with a
+    // `kueue.x-k8s.io/queue-name` label the cluster adds).
+    annotations.insert(
+        "kueue.x-k8s.io/pod-group-total-count".into(),
+        json!(g.workers_wanted.to_string()),
+    );
     let mut labels = serde_json::Map::new();
     labels.insert("gpuscale.io/training-job".into(), json!(g.name));
+    labels.insert("kueue.x-k8s.io/pod-group-name".into(), json!(g.name));
     let scheduler_name = match scheduler {
         GangScheduler::Coscheduling => {
             labels.insert("scheduling.x-k8s.io/pod-group".into(), json!(g.name));
@@ -255,6 +267,12 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
     if let Some(secs) = g.estimated_runtime_s {
         let m = secs.div_ceil(60);
         s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
+        // Slurm's `--time` is a limit; gpuscale's queue keeps a job past
+        // its estimate running (Kubernetes ends nothing at an estimate).
+        s.push_str(
+            "# --time is the job's estimatedRuntime: Slurm ends the job there, while gpuscale's \
+             queue expects an overdue job to end any moment\n",
+        );
     }
     // What the plan stops for it: Slurm preempts by its own rules
     // (PreemptType, QOS), so the plan's choice is written down, not done.

@@ -407,6 +407,23 @@ pub struct Inventory {
     pub free_only: BTreeSet<String>,
 }
 
+/// GPU-hours a preemption at `now_s` loses: the work since the job's last
+/// checkpoint when it started at a known time (its checkpoints every
+/// `checkpointInterval` from its start; without checkpoints, everything
+/// since its start); otherwise the worst case of
+/// [`TrainingJob::preemption_cost_gpu_hours`].
+pub fn lost_gpu_hours(job: &TrainingJob, now_s: f64) -> f64 {
+    let Some(started) = job.spec.started_at else {
+        return job.preemption_cost_gpu_hours();
+    };
+    let elapsed = (now_s - queue::epoch(started)).max(0.0);
+    let since = match job.spec.checkpoint_interval {
+        Some(c) if c.as_secs_f64() > 0.0 => elapsed % c.as_secs_f64(),
+        _ => elapsed,
+    };
+    f64::from(job.total_gpus()) * since / 3600.0
+}
+
 /// The outcome of [`place`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Placed {
@@ -561,7 +578,7 @@ pub fn place(
                     .filter(|g| allowed.contains(&g.0))
                     .copied()
                     .collect(),
-                lost_gpu_hours: jobs[*vi].preemption_cost_gpu_hours(),
+                lost_gpu_hours: lost_gpu_hours(&jobs[*vi], q.now),
             })
             .filter(|v| !v.gpus.is_empty())
             .collect();
@@ -785,9 +802,12 @@ pub fn starting(
             count: v.gpus.len() as u32,
             lost_gpu_hours: v.lost_gpu_hours,
             reason: format!(
-                "{} priority, preemptible; the set of victims that frees the {} at the least lost GPU-hours",
+                "{} priority, preemptible; the set of victims that frees {} at the least lost GPU-hours",
                 format!("{:?}", jobs[v.job].spec.priority).to_lowercase(),
-                choice.level
+                match choice.level {
+                    TopologyLevel::Any => "the GPUs".to_string(),
+                    level => format!("the {level}"),
+                }
             ),
         })
         .collect();
