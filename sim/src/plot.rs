@@ -263,7 +263,7 @@ fn cost<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> Result<
     let lo_att = r
         .runs
         .iter()
-        .map(|f| f.slo_attainment * 100.0)
+        .filter_map(|f| f.slo_attainment.map(|a| a * 100.0))
         .fold(100.0_f64, f64::min)
         .min(95.0)
         .floor();
@@ -286,7 +286,10 @@ fn cost<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> Result<
         .map_err(err)?;
     for (i, f) in r.runs.iter().enumerate() {
         let col = colour(i / 2);
-        let point = (f.gpu_hours, f.slo_attainment * 100.0);
+        let Some(attainment) = f.slo_attainment else {
+            continue;
+        };
+        let point = (f.gpu_hours, attainment * 100.0);
         let label = format!("{}/{}", f.policy, f.placement);
         let shape = f.placement == "packer";
         chart

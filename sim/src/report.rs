@@ -39,8 +39,9 @@ pub struct Figures {
     pub rejected_429: u64,
     /// Of those, 503.
     pub timed_out_503: u64,
-    /// Share of requests served within every SLO target of their model.
-    pub slo_attainment: f64,
+    /// Share of requests served within every SLO target of their model
+    /// (`null` when none arrived).
+    pub slo_attainment: Option<f64>,
     /// The same over the models whose SLO declares no cold-start
     /// allowance (the hot ones, when some declare one).
     pub slo_attainment_hot: Option<f64>,
@@ -138,7 +139,7 @@ impl Figures {
             rejected: o.rejected_full + o.timed_out,
             rejected_429: o.rejected_full,
             timed_out_503: o.timed_out,
-            slo_attainment: r6(share(o.within_slo, o.requests)),
+            slo_attainment: (o.requests > 0).then(|| r6(share(o.within_slo, o.requests))),
             slo_attainment_hot: attainment(o, false),
             slo_attainment_cold: attainment(o, true),
             p50_latency_s: q(&o.latency, 0.5),
@@ -240,10 +241,14 @@ impl Report {
         for f in &self.runs {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2} % | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} ({}) | {} / {}; {} / {} |",
+                "| {} | {} | {} | {:.2} | ${:.2} | {:.1} % | {:.1} % | {} | {} | {} | {} | {} ({}) | {} / {}; {} / {} |",
                 f.policy,
                 f.placement,
-                f.slo_attainment * 100.0,
+                f.slo_attainment
+                    .map_or("– (no requests)".to_string(), |a| format!(
+                        "{:.2} %",
+                        a * 100.0
+                    )),
                 f.gpu_hours,
                 f.cost,
                 f.utilization_memory * 100.0,

@@ -510,11 +510,22 @@ impl Scenario {
             let Some(m) = models.iter().position(|m| m.name == w.model) else {
                 problems.push(doc.problem(
                     at("model"),
-                    format!(
-                        "no model policy `{}` among {}",
-                        w.model,
-                        models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
+                    if models.is_empty() {
+                        format!(
+                            "no model policy `{}`: `spec.policies` hold no ModelPolicy",
+                            w.model
+                        )
+                    } else {
+                        format!(
+                            "no model policy `{}` among {}",
+                            w.model,
+                            models
+                                .iter()
+                                .map(|m| m.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    },
                 ));
                 continue;
             };
@@ -528,12 +539,18 @@ impl Scenario {
                 }
             } else if let Some(t) = &a.trace {
                 match trace(&t.file, at("arrivals.trace.file")) {
-                    Ok(tr) => Process::Trace {
-                        trace: tr,
-                        speedup: t.speedup,
-                        share: t.share,
-                        copies: t.copies,
-                    },
+                    Ok(tr) => {
+                        if let Some(why) = replay_problem(&tr, t, spec.duration.as_secs_f64()) {
+                            problems.push(doc.problem(at("arrivals.trace"), why));
+                            continue;
+                        }
+                        Process::Trace {
+                            trace: tr,
+                            speedup: t.speedup,
+                            share: t.share,
+                            copies: t.copies,
+                        }
+                    }
                     Err(p) => {
                         problems.push(p);
                         continue;
@@ -685,8 +702,11 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             if !(g.rate >= 0.0 && g.rate.is_finite()) {
                 bad(at("arrivals.gamma.rate"), "must be a rate ≥ 0 per second");
             }
-            if !positive(g.cv) {
-                bad(at("arrivals.gamma.cv"), "must be more than 0");
+            if !(positive(g.cv) && g.cv <= MAX_CV) {
+                bad(
+                    at("arrivals.gamma.cv"),
+                    &format!("must be more than 0 and at most {MAX_CV}"),
+                );
             }
         }
         if let Some(t) = &a.trace {
@@ -794,6 +814,40 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     }
     out
 }
+
+/// Why replaying `trace` as `t` says over `duration` seconds would bring
+/// more requests than the simulator holds (or visit more rows than it
+/// would ever finish): looped as [`crate::arrivals`] loops it.
+fn replay_problem(trace: &Trace, t: &TraceSpec, duration: f64) -> Option<String> {
+    let rows = trace.rows.len().max(1) as f64;
+    let span = trace.span() / t.speedup;
+    let period = span + span / rows;
+    let passes = if period > 0.0 && period.is_finite() {
+        (duration / period).ceil().max(1.0)
+    } else {
+        f64::INFINITY
+    };
+    let visited = passes * rows;
+    let requests = visited * t.share * f64::from(t.copies);
+    (visited > MAX_ARRIVALS as f64 || requests > MAX_ARRIVALS as f64).then(|| {
+        format!(
+            "replays the trace's {} rows {passes:.3e} times over `spec.duration` (speedup {}), \
+             each row kept with probability {} and {} copies: up to {requests:.3e} requests, more \
+             than the {MAX_ARRIVALS} per workload the simulator holds in memory (lower the \
+             speedup, the copies or the duration)",
+            trace.rows.len(),
+            t.speedup,
+            t.share,
+            t.copies,
+        )
+    })
+}
+
+/// The largest coefficient of variation of Gamma gaps: 20 is a shape of
+/// 1/400, already one arrival in a hundred carrying most of the gaps'
+/// time (serving studies use CVs up to about 8); far beyond it the gaps
+/// underflow to zero and a stream is a handful of giant clumps.
+const MAX_CV: f64 = 20.0;
 
 /// Longest scenario.
 const MAX_DURATION: Duration = Duration::from_secs(31 * 86_400);

@@ -386,12 +386,20 @@ spec:
     assert_eq!(strict.completed, strict.requests);
     // Without: no model declares one, so there is no "cold" figure.
     assert_eq!(strict.slo_attainment_cold, None);
-    assert_eq!(strict.slo_attainment_hot, Some(strict.slo_attainment));
-    assert!(strict.slo_attainment < 0.5, "{}", strict.slo_attainment);
+    assert_eq!(strict.slo_attainment_hot, strict.slo_attainment);
+    assert!(
+        strict.slo_attainment.unwrap() < 0.5,
+        "{:?}",
+        strict.slo_attainment
+    );
     // With: the cold start is forgiven, nothing else changes.
     assert_eq!(allowed.slo_attainment_hot, None);
-    assert_eq!(allowed.slo_attainment_cold, Some(allowed.slo_attainment));
-    assert!(allowed.slo_attainment > 0.99, "{}", allowed.slo_attainment);
+    assert_eq!(allowed.slo_attainment_cold, allowed.slo_attainment);
+    assert!(
+        allowed.slo_attainment.unwrap() > 0.99,
+        "{:?}",
+        allowed.slo_attainment
+    );
     assert_eq!(allowed.gpu_hours, strict.gpu_hours);
 }
 
@@ -460,7 +468,11 @@ fn a_prefill_bound_model_is_sized_by_prefill_utilisation_when_scraped() {
     let (on_r, off_r) = (on, off);
     let (on, off) = (&on_r.runs[0], &off_r.runs[0]);
     let last = |r: &gpuscale_sim::report::Report| r.curves[0].series.last().map(|p| p.replicas);
-    assert!(on.slo_attainment >= 0.99, "{}", on.slo_attainment);
+    assert!(
+        on.slo_attainment.unwrap() >= 0.99,
+        "{:?}",
+        on.slo_attainment
+    );
     assert!(off.slo_attainment < on.slo_attainment);
     // Sized for prefill, not run to maxReplicas (8).
     assert!(last(&on_r) <= Some(3), "{:?}", last(&on_r));
@@ -504,6 +516,49 @@ fn scenarios_past_the_simulators_bounds_are_located() {
             .any(|p| p.path == "spec.workloads[0].arrivals.steps[0].at"),
         "{p:#?}"
     );
+    // Gamma gaps beyond a CV of 20 (a CV of 10⁶ once ran out of memory).
+    let wild = write(
+        d,
+        "wild.yaml",
+        &text.replace("gamma: {rate: 1, cv: 3}", "gamma: {rate: 1, cv: 1000000}"),
+    );
+    let p = Scenario::load(&wild).unwrap_err().0;
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.workloads[1].arrivals.gamma.cv"
+                && p.position.line == 18
+                && p.message.contains("at most 20")),
+        "{p:#?}"
+    );
+    // A trace replayed a trillion times faster loops for ever (it ran
+    // out of memory): refused, located, with the count it would bring.
+    write(
+        d,
+        "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,10\n60,10,10\n",
+    );
+    for (arrivals, what) in [
+        ("{trace: {file: t.csv, speedup: 1000000000000}}", "speedup"),
+        (
+            "{trace: {file: t.csv, copies: 10000, speedup: 10000}}",
+            "copies",
+        ),
+    ] {
+        let fast = write(
+            d,
+            "fast.yaml",
+            &text
+                .replace("{gamma: {rate: 1, cv: 3}}", arrivals)
+                .replace("      tokens: {prompt: 200, output: 40}\n", ""),
+        );
+        let p = Scenario::load(&fast).unwrap_err().0;
+        assert!(
+            p.iter()
+                .any(|p| p.path == "spec.workloads[1].arrivals.trace"
+                    && p.message.contains("holds in memory")),
+            "{what}: {p:#?}"
+        );
+    }
 }
 
 #[test]
