@@ -391,6 +391,12 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
     if !(t.prefill_target.is_finite() && t.prefill_target > 0.0) {
         bad("spec.tuning.prefillTarget", "must be above 0");
     }
+    if t.depth_smoothing > Duration::from_secs(600) {
+        bad(
+            "spec.tuning.depthSmoothing",
+            "must be at most 10m (a longer smoothing hides the load for minutes)",
+        );
+    }
     let p = &spec.packer;
     if !(p.mip_gap.is_finite() && (0.0..1.0).contains(&p.mip_gap)) {
         bad("spec.packer.mipGap", "must be at least 0 and below 1");

@@ -8,11 +8,14 @@
 //!    consecutive failures go to the fallback replicas if configured.
 //!    Never to zero on missing data.
 //! 2. **Demand**: queue depth (waiting + in flight) ÷ the per-replica
-//!    target, and the arrival rate's smoothed level (Holt's level, about
-//!    20 s) × observed service time (Little's law) ÷ the same target; the
-//!    larger. **Predictive**: Holt's linear trend on the arrival rate
-//!    (smoothed per second, however often it is asked; the trend over
-//!    about 50 s), forecast `startupTime` ahead, can only add. **SLO**: a
+//!    target, the depth smoothed over `depthSmoothing` (5 s) while nothing
+//!    waits and it stays under `panicThreshold` × the capacity, read as
+//!    it is otherwise. With `rateTerms` (off by default) also the arrival
+//!    rate's smoothed level (Holt's level, about 20 s) × observed service
+//!    time (Little's law) ÷ the same target, and Holt's linear trend on
+//!    the arrival rate (smoothed per second, however often it is asked;
+//!    the trend over about 50 s) forecast `startupTime` ahead; the
+//!    largest. **SLO**: a
 //!    p95 (queue wait, time to first token, latency) over its target adds
 //!    capacity in proportion (at most ×2); one within 80 % of its target
 //!    blocks scale-down. Capacity is added in proportion to the replicas
@@ -121,6 +124,22 @@ pub struct Tuning {
     /// concurrency allows, so a model of long prompts on a small share is
     /// bound by prefill before its queue-depth target is reached.
     pub prefill_target: f64,
+    /// Time constant of the queue depth's smoothing (5 s; 0s reads it as
+    /// it is). Requests in flight under a replica's concurrency are a
+    /// utilisation signal, noisy on a bursty trace: sized as read on
+    /// every push, each clump above the target added a replica that the
+    /// 300 s scale-down window then kept. The depth is read as it is
+    /// while requests wait, or once it reaches `panicThreshold` × the
+    /// capacity (Knative's stable and panic windows, in the same spirit).
+    #[serde(with = "humantime_serde")]
+    pub depth_smoothing: Duration,
+    /// Also size by the arrival rate: its smoothed level × the observed
+    /// service time (Little's law), and Holt's forecast `startupTime`
+    /// ahead (off by default: on the simulator's azure-conv, fleet-1000
+    /// and marketplace scenarios these terms held 14–24 % more GPU-hours
+    /// for no attainment; `bench/README.md`). The raw rate still starts
+    /// panic either way.
+    pub rate_terms: bool,
 }
 
 impl Default for Tuning {
@@ -135,6 +154,8 @@ impl Default for Tuning {
             forecast_beta: 0.02,
             slo_max_step: 2.0,
             prefill_target: 0.7,
+            depth_smoothing: Duration::from_secs(5),
+            rate_terms: false,
         }
     }
 }
@@ -255,6 +276,8 @@ pub struct State {
     rose_at: Option<Duration>,
     /// Holt's level and trend of the arrival rate, and when last updated.
     forecast: Option<(f64, f64, Duration)>,
+    /// The smoothed queue depth and when last updated.
+    depth: Option<(f64, Duration)>,
     /// How far back the windows and rate periods reach.
     horizon: Duration,
     /// The count the state started from is recorded as a recommendation
@@ -500,10 +523,25 @@ pub fn recommend(
         && by_rate.max(by_forecast) <= f64::from(current) * target
         && state.panic.is_none_or(|(_, until)| now >= until)
         && concurrency.is_none_or(|c| c < tuning.panic_threshold * f64::from(current) * target);
-    let by_queue = if in_transit {
-        depth.min(f64::from(current) * target)
-    } else {
+    // The depth as sized: smoothed, unless requests wait or it reaches
+    // the panic threshold (a surge is read as it is).
+    let smoothed_depth = smooth_depth(state, tuning, depth, now);
+    let surge = depth >= tuning.panic_threshold * f64::from(current) * target;
+    let sized_depth = if obs.waiting > 0.0 || surge {
         depth
+    } else {
+        smoothed_depth
+    };
+    let by_queue = if in_transit {
+        sized_depth.min(f64::from(current) * target)
+    } else {
+        sized_depth
+    };
+    let rate_demand = by_rate;
+    let (by_rate, by_forecast) = if tuning.rate_terms {
+        (by_rate, by_forecast)
+    } else {
+        (0.0, 0.0)
     };
     // The replicas serving now: ready ones of the current count.
     // Prefill: the replicas serving, each at the target utilisation of
@@ -539,15 +577,20 @@ pub fn recommend(
     };
     let mut total = by_queue.max(by_rate).max(by_forecast).max(by_prefill);
     let mut why = format!(
-        "{} waiting + {} in flight over target {}/replica",
+        "{} waiting + {} in flight{} over target {}/replica",
         obs.waiting.round(),
         obs.in_flight.round(),
+        if (depth - sized_depth).abs() >= 0.5 {
+            format!(" ({sized_depth:.1} smoothed)")
+        } else {
+            String::new()
+        },
         trim(target)
     );
-    if in_transit && depth > by_queue {
+    if in_transit && sized_depth > by_queue {
         let _ = write!(
             why,
-            "; {starting} starting for a demand of {by_rate:.1}: the queue waits for them"
+            "; {starting} starting for a demand of {rate_demand:.1}: the queue waits for them"
         );
     } else if by_rate > by_queue && by_rate >= by_forecast {
         let _ = write!(
@@ -728,11 +771,12 @@ pub fn recommend(
     let raw = ceil_u32(demand).clamp(floor, ceiling);
 
     // Panic, on the queue or on the 10 s rate. It sizes by the demand
-    // above and the queue as it is now (Knative sizes panic by the
-    // concurrency its 6 s window saw), not by the raw rate's Little's
+    // above and the queue as it is now, unsmoothed (Knative sizes panic by
+    // the concurrency its 6 s window saw), not by the raw rate's Little's
     // law: a few seconds' burst of short requests is not a service time's
     // worth of them.
     let capacity = f64::from(current) * target;
+    let by_queue = if in_transit { by_queue } else { depth };
     if by_queue.max(concurrency.unwrap_or(0.0)) >= tuning.panic_threshold * capacity {
         let since = state.panic.map_or(now, |(s, _)| s);
         state.panic = Some((since, now + tuning.stable_window));
@@ -872,6 +916,21 @@ fn finish(
         reason,
         mode,
     }
+}
+
+/// The queue depth smoothed with time constant `tuning.depth_smoothing`
+/// (per second, however often it is asked), updated with `depth`.
+fn smooth_depth(state: &mut State, tuning: &Tuning, depth: f64, now: Duration) -> f64 {
+    let tau = tuning.depth_smoothing.as_secs_f64();
+    let value = match state.depth {
+        Some((avg, at)) if tau > 0.0 => {
+            let dt = now.saturating_sub(at).as_secs_f64();
+            avg + (1.0 - (-dt / tau).exp()) * (depth - avg)
+        }
+        _ => depth,
+    };
+    state.depth = Some((value, now));
+    value
 }
 
 /// Holt's linear trend, updated with this observation; returns the

@@ -287,10 +287,14 @@ proptest! {
         ));
         m.scale_up = up.clone();
         m.scale_down = down.clone();
+        // The specification sizes on the depth as read: the rules are
+        // what is compared here, the depth's smoothing (gpuscale's own
+        // conditioning of the signal, tested on its own) is off.
         let tuning = Tuning {
             fallback_replicas: case.fallback,
             fallback_after: case.fallback_after,
             stable_window: Duration::from_secs(case.stable_window),
+            depth_smoothing: Duration::ZERO,
             ..Tuning::default()
         };
         let mut state = State::new(start);
@@ -693,8 +697,10 @@ fn the_forecast_scales_ahead_of_a_rising_rate() {
         "    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n    startupTime: 60s\n",
     );
     // Arrivals rise by 1 req/s every second; each request holds a slot 2 s.
+    // The rate terms are opt-in (`rateTerms`).
     let tuning = Tuning {
         panic_threshold: f64::INFINITY,
+        rate_terms: true,
         ..Tuning::default()
     };
     let mut state = State::new(1);
@@ -1047,7 +1053,13 @@ proptest! {
         let mut m = model("    minReplicas: 1\n    maxReplicas: 40\n    targetQueueDepth: 8\n");
         m.scale_up = up;
         m.scale_down = down;
-        let tuning = no_panic();
+        // The smoothed depth (a 5 s time constant) is not remembered: a
+        // controller that restarts reads the depth as it is at its first
+        // call. The windows and rate limits are, and are compared here.
+        let tuning = Tuning {
+            depth_smoothing: Duration::ZERO,
+            ..no_panic()
+        };
         let mut state = State::new(start);
         let mut now = 1000u64;
         for (dt, depth) in before {
@@ -1157,6 +1169,44 @@ fn a_burst_of_seconds_in_the_rate_window_is_sized_by_the_smoothed_rate_not_its_p
 }
 
 #[test]
+fn a_clump_in_flight_is_smoothed_and_a_sustained_rise_or_a_wait_is_not() {
+    // 2 replicas at target 8, 16 in flight. A one-second clump to 24 in
+    // flight (nothing waits, under the panic threshold of 32): smoothed
+    // over 5 s it reads 16 + (1 − e^(−1/5)) × 8 ≈ 17.5, within the 10 %
+    // tolerance of 16, so the count holds; read as it is (0 s) it asks
+    // for 3, which the 300 s scale-down window then keeps.
+    let m = model("    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n");
+    let flight = |n: f64| Observation {
+        in_flight: n,
+        ..Observation::default()
+    };
+    for (smoothing, after_clump) in [(Duration::from_secs(5), 2), (Duration::ZERO, 3)] {
+        let tuning = Tuning {
+            depth_smoothing: smoothing,
+            ..Tuning::default()
+        };
+        let mut c = Clock::new(&m, tuning, 2);
+        assert_eq!(c.run(60, |_| flight(16.0)).replicas, 2);
+        c.run(1, |_| flight(24.0));
+        let r = c.run(60, |_| flight(16.0));
+        assert_eq!(r.replicas, after_clump, "{smoothing:?}: {}", r.reason);
+    }
+    // Held at 24 the smoothed depth follows within seconds: 3 replicas.
+    let mut c = Clock::new(&m, Tuning::default(), 2);
+    c.run(60, |_| flight(16.0));
+    let r = c.run(20, |_| flight(24.0));
+    assert_eq!(r.replicas, 3, "{}", r.reason);
+    // Requests waiting are read as they are, at once.
+    let mut c = Clock::new(&m, Tuning::default(), 2);
+    c.run(60, |_| flight(16.0));
+    let r = c.run(1, |_| Observation {
+        waiting: 8.0,
+        ..flight(16.0)
+    });
+    assert_eq!(r.replicas, 3, "{}", r.reason);
+}
+
+#[test]
 fn a_queue_left_by_replicas_still_starting_holds_the_count_and_a_surge_still_panics() {
     // 2 req/s of requests that hold a slot 10 s: 20 in service, 3
     // replicas at target 8. Then all three are moved (a consolidation):
@@ -1196,11 +1246,13 @@ fn a_queue_left_by_replicas_still_starting_holds_the_count_and_a_surge_still_pan
     let r = ready.run(1, |_| at(70.0, 2.0, 3.0));
     assert!(ready.state.in_panic() && r.replicas >= 9, "{}", r.reason);
 
+    // Panic then follows the queue as it is (20 more waiting a second):
+    // 60 waiting two seconds on is 8 replicas' worth.
     let mut surge = Clock::new(&m, Tuning::default(), 3);
     surge.run(120, steady);
     surge.run(10, |i| at(2.0 * i as f64, 2.0, 0.0));
-    let r = surge.run(1, |_| at(20.0, 20.0, 0.0));
-    assert!(surge.state.in_panic() && r.replicas > 3, "{}", r.reason);
+    let r = surge.run(3, |i| at(20.0 + 20.0 * i as f64, 20.0, 0.0));
+    assert!(surge.state.in_panic() && r.replicas >= 8, "{}", r.reason);
 }
 
 #[test]
