@@ -165,6 +165,11 @@ pub struct Outcome {
     /// Per burst onset: seconds from the burst's first request until the
     /// replicas of that decision serve.
     pub reaction_ready: Vec<f64>,
+    /// Decisions whose counts the cluster could not hold: the placement
+    /// placed fewer replicas of some model than the autoscaler asked.
+    pub capacity_shortfalls: u64,
+    /// The most replicas (over all models) one such decision was short.
+    pub capacity_short_most: u32,
     /// Per model policy name.
     pub models: BTreeMap<String, ModelOutcome>,
     /// The time series.
@@ -381,6 +386,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     if setup.initial.values().any(|&n| n > 0) {
         let mut desired = setup.initial.clone();
         let slots = placer.place(&desired, 0.0);
+        short_of(&desired, &slots, &mut out);
         autoscaler.placed(placer.plan(), &mut desired);
         let claimed = claimed_gpus(models, &slots, &rt);
         for (i, m) in models.iter().enumerate() {
@@ -772,6 +778,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                     }
                     if desired != current {
                         let slots = placer.place(&desired, now);
+                        short_of(&desired, &slots, &mut out);
                         autoscaler.placed(placer.plan(), &mut desired);
                         let claimed = claimed_gpus(models, &slots, &rt);
                         for (i, m) in models.iter().enumerate() {
@@ -1057,6 +1064,22 @@ fn apply(
     while rt[m].outgoing.len() > starting {
         let r = rt[m].outgoing.remove(0);
         retire(r, reps, rt, g, placer);
+    }
+}
+
+/// Counts a decision the placement could not hold in full.
+fn short_of(
+    desired: &BTreeMap<String, u32>,
+    slots: &BTreeMap<String, Vec<crate::placement::Slot>>,
+    out: &mut Outcome,
+) {
+    let short: u32 = desired
+        .iter()
+        .map(|(m, &n)| n.saturating_sub(slots.get(m).map_or(0, |s| s.len() as u32)))
+        .sum();
+    if short > 0 {
+        out.capacity_shortfalls += 1;
+        out.capacity_short_most = out.capacity_short_most.max(short);
     }
 }
 

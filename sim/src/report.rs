@@ -93,6 +93,13 @@ pub struct Figures {
     /// Median seconds from a burst's onset (its first request) until that
     /// decision's replicas serve.
     pub reaction_ready_s: Option<f64>,
+    /// Decisions whose counts the cluster could not hold (the placement
+    /// placed fewer replicas than the autoscaler asked), and the most
+    /// replicas one was short: misses then are the cluster's, not the
+    /// autoscaler's.
+    pub capacity_shortfalls: u64,
+    /// The most replicas one such decision was short.
+    pub capacity_short_most: u32,
     /// Per model policy.
     pub models: BTreeMap<String, ModelFigures>,
 }
@@ -160,6 +167,8 @@ impl Figures {
             reaction_from_step_s: median(&o.reaction_decision_step).map(r6),
             reaction_from_overload_s: median(&o.reaction_decision_overload).map(r6),
             reaction_ready_s: median(&o.reaction_ready).map(r6),
+            capacity_shortfalls: o.capacity_shortfalls,
+            capacity_short_most: o.capacity_short_most,
             models: o
                 .models
                 .iter()
@@ -283,6 +292,28 @@ impl Report {
                     f.placement,
                     pct(f.slo_attainment_hot),
                     pct(f.slo_attainment_cold)
+                );
+            }
+        }
+        let short: Vec<&Figures> = self
+            .runs
+            .iter()
+            .filter(|f| f.capacity_shortfalls > 0)
+            .collect();
+        if !short.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n**The cluster could not hold every count asked for** (its misses are partly the cluster's, not the autoscaler's):\n"
+            );
+            for f in short {
+                let _ = writeln!(
+                    s,
+                    "- {}/{}: {} decision{} placed fewer replicas than asked, at most {} short",
+                    f.policy,
+                    f.placement,
+                    f.capacity_shortfalls,
+                    if f.capacity_shortfalls == 1 { "" } else { "s" },
+                    f.capacity_short_most
                 );
             }
         }

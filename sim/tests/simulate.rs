@@ -562,6 +562,42 @@ fn scenarios_past_the_simulators_bounds_are_located() {
 }
 
 #[test]
+fn a_cluster_too_small_for_the_counts_asked_is_reported() {
+    // One GPU and whole-GPU placement for two models of minReplicas 1:
+    // one of them can never be placed, which the report says (before, a
+    // run looked like the autoscaler's own doing).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = std::fs::read_to_string(small(d, 3)).unwrap();
+    write(
+        d,
+        "cluster.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n    - {name: h, gpuModel: H100-80GB, gpuCount: 1, sharing: [whole]}\n",
+    );
+    let file = write(
+        d,
+        "tiny.yaml",
+        &text
+            .replace("duration: 6m", "duration: 1m")
+            .replace("at: 2m", "at: 30s")
+            .replace("for: 2m", "for: 10s")
+            .replace(
+                "spec:\n  seed",
+                "spec:\n  compare: [static-peak]\n  placements: [whole-gpu]\n  seed",
+            ),
+    );
+    let scenario = Scenario::load(&file).unwrap();
+    let r = simulate(&scenario, &mut |_, _, _| {});
+    let f = &r.runs[0];
+    assert!(
+        f.capacity_shortfalls >= 1 && f.capacity_short_most >= 1,
+        "{f:?}"
+    );
+    let md = r.markdown(&[]);
+    assert!(md.contains("could not hold every count"), "{md}");
+}
+
+#[test]
 fn a_scenario_with_no_arrivals_reports_and_plots() {
     // Rates of 0 are valid: nothing arrives, and the report (its latency
     // CDF on a log axis included) is still written; it once looped in

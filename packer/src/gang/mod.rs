@@ -534,7 +534,7 @@ pub fn place(
                     with_note(
                         &note,
                         format!(
-                            "waits: partition `{partition}` GPU limit ({used} of {limit} held, needs {})",
+                            "waits: partition `{partition}` GPU limit of {limit}: {used} held when its turn came (by jobs running or ahead of it), it needs {}; no reservation while over a limit, as in Slurm",
                             job.total_gpus()
                         ),
                     ),
