@@ -738,6 +738,12 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             }
         }
         for (k, s) in a.steps.iter().enumerate() {
+            if s.length.is_zero() {
+                bad(
+                    at(&format!("arrivals.steps[{k}].for")),
+                    "must be longer than 0s",
+                );
+            }
             if !(s.factor >= 0.0 && s.factor.is_finite()) {
                 bad(at(&format!("arrivals.steps[{k}].factor")), "must be ≥ 0");
             }

@@ -516,6 +516,14 @@ fn scenarios_past_the_simulators_bounds_are_located() {
             .any(|p| p.path == "spec.workloads[0].arrivals.steps[0].at"),
         "{p:#?}"
     );
+    // A step of no length is a typo, not a burst.
+    let empty = write(d, "empty.yaml", &text.replace("for: 2m", "for: 0s"));
+    let p = Scenario::load(&empty).unwrap_err().0;
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.workloads[0].arrivals.steps[0].for"),
+        "{p:#?}"
+    );
     // Gamma gaps beyond a CV of 20 (a CV of 10⁶ once ran out of memory).
     let wild = write(
         d,
