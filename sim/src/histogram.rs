@@ -36,6 +36,13 @@ fn bucket(x: f64) -> usize {
         .min((BUCKETS - 1) as f64) as usize
 }
 
+/// The largest duration the histogram tells apart, seconds (about 10⁵):
+/// longer ones are counted in its last bucket, and a quantile there reads
+/// as this bound.
+pub fn top() -> f64 {
+    upper(BUCKETS - 1)
+}
+
 /// Upper bound of bucket `i`, seconds.
 fn upper(i: usize) -> f64 {
     FIRST * GROWTH.powi(i as i32)

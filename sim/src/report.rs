@@ -225,7 +225,23 @@ pub struct Report {
 }
 
 fn opt(x: Option<f64>) -> String {
-    x.map_or("–".to_string(), |v| format!("{v:.2}"))
+    match x {
+        None => "–".to_string(),
+        // The histogram's last bucket holds everything longer.
+        Some(v) if v >= crate::histogram::top() * (1.0 - 1e-9) => format!("≥ {v:.0}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+/// Seconds as written: whole seconds without decimals, others with up to
+/// three.
+fn seconds(x: f64) -> String {
+    let r = (x * 1000.0).round() / 1000.0;
+    if r.fract() == 0.0 {
+        format!("{r:.0}")
+    } else {
+        format!("{r}")
+    }
 }
 
 impl Report {
@@ -236,8 +252,11 @@ impl Report {
         let _ = writeln!(s, "# Simulation: {}\n", self.scenario);
         let _ = writeln!(
             s,
-            "{} requests over {:.0} s on {} GPUs, seed {}.\n",
-            self.requests, self.duration_s, self.cluster_gpus, self.seed
+            "{} requests over {} s on {} GPUs, seed {}.\n",
+            self.requests,
+            seconds(self.duration_s),
+            self.cluster_gpus,
+            self.seed
         );
         let _ = writeln!(
             s,
@@ -328,5 +347,23 @@ impl Report {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clamped_quantile_and_a_fractional_duration_read_as_they_are() {
+        // A latency past the histogram's last bucket is "at least" it,
+        // not a value; 1.5 s is not "2 s".
+        let mut h = crate::histogram::Histogram::default();
+        h.record(1e9);
+        let p = h.quantile(0.5);
+        assert!(opt(p).starts_with("≥ "), "{}", opt(p));
+        assert_eq!(opt(Some(1.234)), "1.23");
+        assert_eq!(seconds(1.5), "1.5");
+        assert_eq!(seconds(3600.0), "3600");
     }
 }
