@@ -11,7 +11,7 @@
 //! across documents (duplicate names, workloads naming unknown policies,
 //! tensor-parallel degrees or gangs larger than any node of the cluster).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -599,6 +599,14 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         && !names.is_empty()
     {
         problems.extend(unknown_workloads(doc, &names));
+        let job_names: BTreeSet<&str> = parsed
+            .iter()
+            .filter_map(|(_, p)| match p {
+                Parsed::Job(n, _) => Some(n.as_str()),
+                _ => None,
+            })
+            .collect();
+        problems.extend(shared_job_gpus(doc, &job_names));
     }
 
     if problems.is_empty() {
@@ -641,6 +649,43 @@ fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>)
                         format!(
                             "GPU {} of node `{}` runs `{model}`, which no ModelPolicy or TrainingJob defines",
                             gpu["index"], node["name"].as_str().unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// GPUs where a training job runs beside another workload, located at
+/// the job's `model` field: a gang's GPUs are whole, never shared with
+/// inference or another job (a time-sliced GPU would hand out shares of
+/// one).
+fn shared_job_gpus(doc: &Document, jobs: &BTreeSet<&str>) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let nodes = doc.value["spec"]["nodes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, node) in nodes.iter().enumerate() {
+        let gpus = node["gpus"].as_array().cloned().unwrap_or_default();
+        for (j, gpu) in gpus.iter().enumerate() {
+            let workloads = gpu["workloads"].as_array().cloned().unwrap_or_default();
+            if workloads.len() < 2 {
+                continue;
+            }
+            for (k, w) in workloads.iter().enumerate() {
+                let name = w["model"].as_str().unwrap_or_default();
+                if jobs.contains(name) {
+                    out.push(doc.problem(
+                        format!("spec.nodes[{i}].gpus[{j}].workloads[{k}].model"),
+                        format!(
+                            "GPU {} of node `{}` runs training job `{name}` beside {} other workload{}; a gang's GPUs are whole, never shared",
+                            gpu["index"],
+                            node["name"].as_str().unwrap_or_default(),
+                            workloads.len() - 1,
+                            if workloads.len() == 2 { "" } else { "s" }
                         ),
                     ));
                 }

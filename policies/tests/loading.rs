@@ -518,6 +518,37 @@ fn a_zero_slo_target_is_located() {
 }
 
 #[test]
+fn a_training_job_on_a_shared_gpu_is_located() {
+    // A time-sliced GPU running a training job's worker and a model's
+    // replica: a gang's GPUs are whole, so the file is wrong.
+    let cluster = cluster_file(
+        "
+    - name: h
+      gpuModel: H100-80GB
+      gpuCount: 2
+      gpus:
+        - {index: 0, mode: timeslice, workloads: [{model: tj}, {model: m}]}
+        - {index: 1, mode: whole, workloads: [{model: tj}]}
+",
+    );
+    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: tj}\nspec: {workers: 1, gpusPerWorker: 2}\n";
+    let p = match load_sources(&[
+        (Path::new("c.yaml"), cluster.as_str()),
+        (Path::new("m.yaml"), POLICY),
+        (Path::new("j.yaml"), job),
+    ]) {
+        Ok(_) => panic!("a shared gang GPU passed"),
+        Err(p) => p.0,
+    };
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.nodes[0].gpus[0].workloads[0].model"
+                && p.message.contains("never shared")),
+        "{p:#?}"
+    );
+}
+
+#[test]
 fn a_gang_no_domain_or_partition_can_ever_hold_is_located() {
     // Two 8-GPU H100 nodes, each its own NVLink domain, one rack.
     let cluster = cluster_file(
