@@ -629,9 +629,20 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     }
 }
 
-/// Workloads in the cluster document that name no loaded policy or job,
-/// located at their `model` field.
-fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>) -> Vec<Problem> {
+/// One workload as the cluster document writes it: where (node, GPU and
+/// workload indices), on which GPU, the node's name, the name it runs,
+/// and how many workloads its GPU runs.
+struct WrittenWorkload {
+    at: String,
+    gpu: serde_json::Value,
+    node: String,
+    name: String,
+    on_gpu: usize,
+}
+
+/// Every workload of the cluster document, in order, located at its
+/// `model` field.
+fn written_workloads(doc: &Document) -> Vec<WrittenWorkload> {
     let mut out = Vec::new();
     let nodes = doc.value["spec"]["nodes"]
         .as_array()
@@ -642,20 +653,35 @@ fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>)
         for (j, gpu) in gpus.iter().enumerate() {
             let workloads = gpu["workloads"].as_array().cloned().unwrap_or_default();
             for (k, w) in workloads.iter().enumerate() {
-                let model = w["model"].as_str().unwrap_or_default();
-                if !known.contains_key(model) {
-                    out.push(doc.problem(
-                        format!("spec.nodes[{i}].gpus[{j}].workloads[{k}].model"),
-                        format!(
-                            "GPU {} of node `{}` runs `{model}`, which no ModelPolicy or TrainingJob defines",
-                            gpu["index"], node["name"].as_str().unwrap_or_default()
-                        ),
-                    ));
-                }
+                out.push(WrittenWorkload {
+                    at: format!("spec.nodes[{i}].gpus[{j}].workloads[{k}].model"),
+                    gpu: gpu["index"].clone(),
+                    node: node["name"].as_str().unwrap_or_default().to_string(),
+                    name: w["model"].as_str().unwrap_or_default().to_string(),
+                    on_gpu: workloads.len(),
+                });
             }
         }
     }
     out
+}
+
+/// Workloads in the cluster document that name no loaded policy or job,
+/// located at their `model` field.
+fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>) -> Vec<Problem> {
+    written_workloads(doc)
+        .into_iter()
+        .filter(|w| !known.contains_key(&w.name))
+        .map(|w| {
+            doc.problem(
+                w.at,
+                format!(
+                    "GPU {} of node `{}` runs `{}`, which no ModelPolicy or TrainingJob defines",
+                    w.gpu, w.node, w.name
+                ),
+            )
+        })
+        .collect()
 }
 
 /// GPUs where a training job runs beside another workload, located at
@@ -663,36 +689,23 @@ fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>)
 /// inference or another job (a time-sliced GPU would hand out shares of
 /// one).
 fn shared_job_gpus(doc: &Document, jobs: &BTreeSet<&str>) -> Vec<Problem> {
-    let mut out = Vec::new();
-    let nodes = doc.value["spec"]["nodes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for (i, node) in nodes.iter().enumerate() {
-        let gpus = node["gpus"].as_array().cloned().unwrap_or_default();
-        for (j, gpu) in gpus.iter().enumerate() {
-            let workloads = gpu["workloads"].as_array().cloned().unwrap_or_default();
-            if workloads.len() < 2 {
-                continue;
-            }
-            for (k, w) in workloads.iter().enumerate() {
-                let name = w["model"].as_str().unwrap_or_default();
-                if jobs.contains(name) {
-                    out.push(doc.problem(
-                        format!("spec.nodes[{i}].gpus[{j}].workloads[{k}].model"),
-                        format!(
-                            "GPU {} of node `{}` runs training job `{name}` beside {} other workload{}; a gang's GPUs are whole, never shared",
-                            gpu["index"],
-                            node["name"].as_str().unwrap_or_default(),
-                            workloads.len() - 1,
-                            if workloads.len() == 2 { "" } else { "s" }
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-    out
+    written_workloads(doc)
+        .into_iter()
+        .filter(|w| w.on_gpu > 1 && jobs.contains(w.name.as_str()))
+        .map(|w| {
+            let others = w.on_gpu - 1;
+            doc.problem(
+                w.at,
+                format!(
+                    "GPU {} of node `{}` runs training job `{}` beside {others} other workload{}; a gang's GPUs are whole, never shared",
+                    w.gpu,
+                    w.node,
+                    w.name,
+                    if others == 1 { "" } else { "s" }
+                ),
+            )
+        })
+        .collect()
 }
 
 fn check_model_fits_cluster(
