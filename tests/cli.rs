@@ -712,6 +712,7 @@ fn simulate_writes_the_report_and_its_plots() {
             "utilization_memory",
             "utilization_compute",
             "scale_events",
+            "slo_missed",
         ] {
             assert!(
                 json["policies"][name][field].is_number(),
@@ -721,7 +722,13 @@ fn simulate_writes_the_report_and_its_plots() {
         }
     }
     let md = std::fs::read_to_string(report.join("report.md")).unwrap();
-    for plot in ["replicas", "latency-cdf", "utilization", "cost-attainment"] {
+    for plot in [
+        "replicas",
+        "latency-cdf",
+        "utilization",
+        "misses",
+        "cost-attainment",
+    ] {
         assert!(md.contains(&format!("({plot}.svg)")), "{md}");
         let png = std::fs::read(report.join(format!("{plot}.png"))).unwrap();
         assert_eq!(&png[..4], b"\x89PNG", "{plot}.png");

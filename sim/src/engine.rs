@@ -97,6 +97,10 @@ pub struct Point {
     pub utilization_memory: f64,
     /// Compute utilisation of those GPUs now.
     pub utilization_compute: f64,
+    /// Requests that arrived over the last step and missed an SLO target
+    /// of their model or were turned away (429, 503): where a run's
+    /// misses were.
+    pub missed: u64,
 }
 
 /// Per-model figures of a run.
@@ -174,8 +178,44 @@ pub struct Outcome {
     pub models: BTreeMap<String, ModelOutcome>,
     /// The time series.
     pub series: Vec<Point>,
+    /// Requests that missed an SLO target or were turned away, all.
+    pub missed: u64,
+    /// Of those, the ones that arrived in the first [`STEP_WINDOW_S`]
+    /// seconds of a step burst (`None`: the scenario has no steps). A
+    /// reactive autoscaler's misses there are its reaction plus a cold
+    /// start, whatever it does after.
+    pub missed_in_steps: Option<u64>,
+    /// Misses per series step, by arrival (index `ceil(arrival / step)`,
+    /// the point whose step the arrival falls in).
+    missed_by_step: Vec<u64>,
     /// Simulated seconds until the last request was answered.
     pub end: f64,
+}
+
+/// How long after a step burst's scheduled start its misses are counted
+/// as the burst's (`Outcome::missed_in_steps`): a minute, longer than
+/// the scenarios' cold starts plus a reaction.
+pub const STEP_WINDOW_S: f64 = 60.0;
+
+impl Outcome {
+    /// A request that arrived at `arrival` missed (an SLO target, or it
+    /// was turned away).
+    fn miss(&mut self, arrival: f64, setup: &Setup<'_>) {
+        self.missed += 1;
+        let b = (arrival / setup.series_step.max(1e-9)).ceil().max(0.0) as usize;
+        if self.missed_by_step.len() <= b {
+            self.missed_by_step.resize(b + 1, 0);
+        }
+        self.missed_by_step[b] += 1;
+        if let Some(n) = self.missed_in_steps.as_mut()
+            && setup
+                .onsets
+                .iter()
+                .any(|o| arrival >= o.step && arrival < o.step + STEP_WINDOW_S)
+        {
+            *n += 1;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -361,7 +401,10 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
         seq += 1;
         heap.push(Reverse((ns(t), seq, e)));
     };
-    let mut out = Outcome::default();
+    let mut out = Outcome {
+        missed_in_steps: (!setup.onsets.is_empty()).then_some(0),
+        ..Outcome::default()
+    };
     for m in models {
         out.models.insert(
             m.name.clone(),
@@ -569,7 +612,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         Event::Timeout { model: m, req: id },
                     ),
                     Enqueued::Rejected(r) => {
-                        reject(&mut pending, &mut out, models, m, r, false);
+                        reject(&mut pending, &mut out, setup, m, r, false);
                     }
                     Enqueued::Displaced(r) => {
                         push(
@@ -577,7 +620,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                             now + setup.queue_timeout,
                             Event::Timeout { model: m, req: id },
                         );
-                        reject(&mut pending, &mut out, models, m, r, false);
+                        reject(&mut pending, &mut out, setup, m, r, false);
                     }
                 },
             }
@@ -635,6 +678,8 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                 }
                 if ok {
                     out.within_slo += 1;
+                } else {
+                    out.miss(p.arrival, setup);
                 }
                 let id = r.id;
                 let draining_idle = r.state == RepState::Draining && r.running == 0;
@@ -721,7 +766,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
             }
             Event::Timeout { model, req } => {
                 if rt[model].pool.remove_waiter(req).is_some() {
-                    reject(&mut pending, &mut out, models, model, req, true);
+                    reject(&mut pending, &mut out, setup, model, req, true);
                 }
             }
             Event::Tick | Event::Decide => {
@@ -834,6 +879,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         gpus: g.on,
                         utilization_memory: ratio(g.allocated, g.usable),
                         utilization_compute: ratio(g.busy, g.compute),
+                        missed: 0,
                     });
                     series_arrivals = 0;
                     series_next += step;
@@ -865,7 +911,14 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     let left: Vec<u64> = pending.keys().copied().collect();
     for req in left {
         let m = setup.workload_models[pending[&req].workload];
-        reject(&mut pending, &mut out, models, m, req, true);
+        reject(&mut pending, &mut out, setup, m, req, true);
+    }
+    // Each point's misses: those of the requests that arrived over its
+    // step (points fall on whole steps).
+    let step = setup.series_step.max(1e-9);
+    for point in &mut out.series {
+        let b = (point.t / step).round() as usize;
+        point.missed = out.missed_by_step.get(b).copied().unwrap_or(0);
     }
     out
 }
@@ -886,14 +939,16 @@ fn ready_count(reps: &[Rep], rt: &ModelRt) -> u32 {
 fn reject(
     pending: &mut HashMap<u64, Pending>,
     out: &mut Outcome,
-    models: &[Model],
+    setup: &Setup<'_>,
     m: usize,
     req: u64,
     timeout: bool,
 ) {
-    if pending.remove(&req).is_none() {
+    let Some(p) = pending.remove(&req) else {
         return;
-    }
+    };
+    out.miss(p.arrival, setup);
+    let models = setup.models;
     if timeout {
         out.timed_out += 1;
     } else {
@@ -1199,6 +1254,12 @@ mod tests {
     /// [`run_moves`] with each replica holding `memory` GiB of its GPU's 79
     /// and requests of `output` tokens (100 a second).
     fn run_moves_with(same_gpu: bool, memory: f64, output: u32) -> Outcome {
+        run_moves_onsets(same_gpu, memory, output, &[])
+    }
+
+    /// [`run_moves_with`] with step bursts at `onsets` (for the misses
+    /// counted in a step's first minute; the script ignores them).
+    fn run_moves_onsets(same_gpu: bool, memory: f64, output: u32, onsets: &[Onset]) -> Outcome {
         let text = format!(
             "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: m}}\nspec:\n  resources: {{memoryGiB: {memory}, compute: 1, maxConcurrency: 8}}\n"
         );
@@ -1239,11 +1300,44 @@ mod tests {
             queue_timeout: 5.0,
             scrape: false,
             cold_start: &cold,
-            onsets: &[],
+            onsets,
             series_step: 60.0,
             initial: &BTreeMap::from([("m".to_string(), 1)]),
         };
         run(&setup, &mut Script, &mut Moves { same_gpu, memory })
+    }
+
+    #[test]
+    fn misses_are_counted_by_arrival_in_the_series_and_in_a_steps_first_minute() {
+        // Nothing serves from 60 s to 90 s (the move of the test below):
+        // requests that arrive then and wait past the 5 s timeout are the
+        // run's only misses (the model declares no SLO target).
+        let onset = Onset {
+            model: 0,
+            step: 60.0,
+            first_request: 60.0,
+        };
+        let out = run_moves_onsets(true, 20.0, 10, &[onset]);
+        assert!(out.missed >= 40, "{}", out.missed);
+        assert_eq!(out.missed, out.requests - out.within_slo);
+        assert_eq!(out.missed, out.timed_out + out.rejected_full);
+        // Points every 60 s, each holding the arrivals of the step before
+        // it: every miss arrived in (60, 120].
+        let by_t: Vec<(f64, u64)> = out.series.iter().map(|p| (p.t, p.missed)).collect();
+        assert_eq!(
+            by_t,
+            vec![(0.0, 0), (60.0, 0), (120.0, out.missed), (180.0, 0)]
+        );
+        assert_eq!(out.missed_in_steps, Some(out.missed));
+        // A step that starts after them holds none of them; with no step
+        // the figure is not there at all.
+        let later = Onset {
+            step: 120.0,
+            ..onset
+        };
+        let out = run_moves_onsets(true, 20.0, 10, &[later]);
+        assert_eq!(out.missed_in_steps, Some(0));
+        assert_eq!(run_moves(true).missed_in_steps, None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The report's plots (plotters), each written as SVG and PNG: replicas
-//! against load over time, the latency CDF, utilisation over time, and
-//! GPU-hours against SLO attainment. Text is drawn with DejaVu Sans,
+//! against load over time, the latency CDF, utilisation over time, SLO
+//! misses over time, and GPU-hours against SLO attainment. Text is drawn with DejaVu Sans,
 //! embedded (`assets/`, Bitstream Vera licence), so PNGs render the same
 //! on any machine.
 
@@ -45,6 +45,7 @@ enum Kind {
     Replicas,
     Cdf,
     Utilisation,
+    Misses,
     Cost,
 }
 
@@ -56,7 +57,32 @@ fn draw<DB: DrawingBackend>(
     match kind {
         Kind::Replicas => replicas(r, area),
         Kind::Cdf => cdf(r, area),
-        Kind::Utilisation => utilisation(r, area),
+        Kind::Utilisation => over_time(
+            r,
+            area,
+            "memory utilisation of GPUs in use",
+            "% of usable memory allocated",
+            Some(100.0),
+            SeriesLabelPosition::LowerRight,
+            |p| p.utilization_memory * 100.0,
+        ),
+        Kind::Misses => {
+            let step = r
+                .curves
+                .iter()
+                .find_map(|c| (c.series.len() > 1).then(|| c.series[1].t - c.series[0].t))
+                .unwrap_or(1.0)
+                .max(1e-9);
+            over_time(
+                r,
+                area,
+                "SLO misses over time (by arrival)",
+                "requests/s missed or turned away",
+                None,
+                SeriesLabelPosition::UpperRight,
+                move |p| p.missed as f64 / step,
+            )
+        }
         Kind::Cost => cost(r, area),
     }
 }
@@ -212,24 +238,38 @@ fn cdf<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> Result<(
     area.present().map_err(err)
 }
 
-fn utilisation<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+/// Each headline run's `value` of its series over time; the y axis up to
+/// `top`, or to the highest value when `None`.
+fn over_time<DB: DrawingBackend>(
+    r: &Report,
+    area: DrawingArea<DB, Shift>,
+    title: &str,
+    y_desc: &str,
+    top: Option<f64>,
+    legend: SeriesLabelPosition,
+    value: impl Fn(&crate::engine::Point) -> f64,
+) -> Result<(), String> {
     area.fill(&WHITE).map_err(err)?;
     let runs = headline(r);
     let end = r.duration_s / 60.0;
+    let top = top.unwrap_or_else(|| {
+        runs.iter()
+            .flat_map(|(_, c)| c.series.iter().map(&value))
+            .fold(0.0_f64, f64::max)
+            .max(1.0)
+            * 1.1
+    });
     let mut chart = ChartBuilder::on(&area)
-        .caption(
-            format!("{}: memory utilisation of GPUs in use", r.scenario),
-            ("sans-serif", 22),
-        )
+        .caption(format!("{}: {title}", r.scenario), ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(56)
-        .build_cartesian_2d(0.0..end, 0.0..100.0)
+        .build_cartesian_2d(0.0..end, 0.0..top)
         .map_err(err)?;
     chart
         .configure_mesh()
         .x_desc("minutes")
-        .y_desc("% of usable memory allocated")
+        .y_desc(y_desc)
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(err)?;
@@ -237,9 +277,7 @@ fn utilisation<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> 
         let col = colour(i);
         chart
             .draw_series(LineSeries::new(
-                c.series
-                    .iter()
-                    .map(|p| (p.t / 60.0, p.utilization_memory * 100.0)),
+                c.series.iter().map(|p| (p.t / 60.0, value(p))),
                 col.stroke_width(2),
             ))
             .map_err(err)?
@@ -248,7 +286,7 @@ fn utilisation<DB: DrawingBackend>(r: &Report, area: DrawingArea<DB, Shift>) -> 
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(legend)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 13))
@@ -319,6 +357,7 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<(String, String)>, Strin
         ("Replicas against load", "replicas", Kind::Replicas),
         ("Latency CDF", "latency-cdf", Kind::Cdf),
         ("Utilisation over time", "utilization", Kind::Utilisation),
+        ("SLO misses over time", "misses", Kind::Misses),
         (
             "GPU-hours against SLO attainment",
             "cost-attainment",

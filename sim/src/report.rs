@@ -100,6 +100,12 @@ pub struct Figures {
     pub capacity_shortfalls: u64,
     /// The most replicas one such decision was short.
     pub capacity_short_most: u32,
+    /// Requests that missed an SLO target of their model or were turned
+    /// away (429, 503).
+    pub slo_missed: u64,
+    /// Of those, the ones that arrived in the first 60 s of a step burst
+    /// (`null` when the scenario has no steps).
+    pub slo_missed_in_steps: Option<u64>,
     /// Per model policy.
     pub models: BTreeMap<String, ModelFigures>,
 }
@@ -169,6 +175,8 @@ impl Figures {
             reaction_ready_s: median(&o.reaction_ready).map(r6),
             capacity_shortfalls: o.capacity_shortfalls,
             capacity_short_most: o.capacity_short_most,
+            slo_missed: o.missed,
+            slo_missed_in_steps: o.missed_in_steps,
             models: o
                 .models
                 .iter()
@@ -333,6 +341,30 @@ impl Report {
                     f.capacity_shortfalls,
                     if f.capacity_shortfalls == 1 { "" } else { "s" },
                     f.capacity_short_most
+                );
+            }
+        }
+        if self.runs.iter().any(|f| f.slo_missed_in_steps.is_some()) {
+            let _ = writeln!(
+                s,
+                "\n**Where the misses were**: requests that missed an SLO target or were turned away, and of them those that arrived in the first {} s of a step burst (a reactive autoscaler's reaction and a cold start; the plot *SLO misses over time* shows the rest):\n",
+                seconds(crate::engine::STEP_WINDOW_S)
+            );
+            for f in &self.runs {
+                let inside = f.slo_missed_in_steps.unwrap_or(0);
+                let _ = writeln!(
+                    s,
+                    "- {}/{}: {} missed, {} of them ({:.1} %) in a step's first {} s",
+                    f.policy,
+                    f.placement,
+                    f.slo_missed,
+                    inside,
+                    if f.slo_missed == 0 {
+                        0.0
+                    } else {
+                        inside as f64 / f.slo_missed as f64 * 100.0
+                    },
+                    seconds(crate::engine::STEP_WINDOW_S)
                 );
             }
         }
