@@ -54,7 +54,7 @@ pub const MANAGER: &str = "gpuscale";
 /// The node label the GPU Operator's mig-manager applies.
 pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 /// Label on everything gpuscale creates for a model.
-pub const MODEL_LABEL: &str = "gpuscale.io/model";
+pub const MODEL_LABEL: &str = gpuscale_packer::emit::MODEL_LABEL;
 
 /// Objects per page when the controller lists every pod bound to a node,
 /// or nodes (kubectl's default chunk size).
@@ -74,7 +74,7 @@ pub fn without_bulk(mut node: Node) -> Node {
     node
 }
 /// Label naming the placement variant.
-pub const VARIANT_LABEL: &str = "gpuscale.io/variant";
+pub const VARIANT_LABEL: &str = gpuscale_packer::emit::VARIANT_LABEL;
 
 /// Settings of the Kubernetes backend (`spec.kubernetes`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -205,12 +205,17 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         MODEL_LABEL: model.name,
         VARIANT_LABEL: variant.name,
     });
+    // The plan's pod labels (HAMi's webhook opt-out) beside gpuscale's.
+    let mut pod_labels = labels.clone();
+    for (k, v) in &variant.labels {
+        pod_labels[k] = serde_json::json!(v);
+    }
     let limits: BTreeMap<&String, String> = variant
         .resources
         .iter()
         .map(|(k, v)| (k, v.to_string()))
         .collect();
-    let mut template_metadata = serde_json::json!({"labels": labels});
+    let mut template_metadata = serde_json::json!({"labels": pod_labels});
     if !variant.annotations.is_empty() {
         // Fractional variants: HAMi's placement annotations.
         template_metadata["annotations"] = serde_json::json!(variant.annotations);
@@ -337,7 +342,7 @@ fn pod_spec(
         }));
         mounts.push(serde_json::json!({"name": "model-cache", "mountPath": HF_HOME}));
     }
-    serde_json::json!({
+    let mut pod = serde_json::json!({
         "nodeSelector": variant.node_selector,
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
@@ -377,7 +382,11 @@ fn pod_spec(
             "volumeMounts": mounts,
         }],
         "volumes": volumes,
-    })
+    });
+    if let Some(affinity) = gpuscale_packer::emit::affinity(variant) {
+        pod["affinity"] = affinity;
+    }
+    pod
 }
 
 /// The variant a model runs as before any plan: whole GPUs (its first
@@ -405,6 +414,8 @@ pub fn whole_gpu_variant(model: &Model, replicas: u32) -> Variant {
         .into(),
         node_selector,
         annotations: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        node_affinity: None,
         replicas,
         tensor_parallel: model.tensor_parallel.first().copied().unwrap_or(1),
         memory_fraction: None,

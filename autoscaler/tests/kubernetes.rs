@@ -297,6 +297,8 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
         )]
         .into(),
         annotations: Default::default(),
+        labels: Default::default(),
+        node_affinity: None,
         replicas: 3,
         tensor_parallel: 1,
         memory_fraction: None,
@@ -409,6 +411,16 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
         resources: [("nvidia.com/gpu".to_string(), 2)].into(),
         node_selector: Default::default(),
         annotations: Default::default(),
+        // The plan's opt-out of HAMi's webhook and its node affinity (off
+        // HAMi's nodes and a gang's node) reach the pod template.
+        labels: [("hami.io/webhook".to_string(), "ignore".to_string())].into(),
+        node_affinity: Some(
+            serde_json::from_value(json!({
+                "matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["on"]}],
+                "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}],
+            }))
+            .unwrap(),
+        ),
         replicas: 1,
         tensor_parallel: 2,
         memory_fraction: None,
@@ -423,6 +435,20 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
         )
         .await;
         let pod = &body["spec"]["template"]["spec"];
+        let labels = &body["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["hami.io/webhook"], "ignore");
+        assert_eq!(labels["gpuscale.io/variant"], "llama-h100-80gb-tp2");
+        assert_eq!(
+            body["spec"]["selector"],
+            json!({"matchLabels": {"gpuscale.io/variant": "llama-h100-80gb-tp2"}})
+        );
+        assert_eq!(
+            pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
+            json!({"nodeSelectorTerms": [{
+                "matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["on"]}],
+                "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}],
+            }]})
+        );
         let c = &pod["containers"][0];
         assert_eq!(
             c["args"],
@@ -577,6 +603,8 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
             ),
         ]
         .into(),
+        labels: Default::default(),
+        node_affinity: None,
         replicas: 2,
         tensor_parallel: 1,
         memory_fraction: None,
@@ -2687,6 +2715,8 @@ fn an_mps_share_keeps_the_daemons_shm_and_the_policys_server_args_follow() {
         )]
         .into(),
         annotations: Default::default(),
+        labels: Default::default(),
+        node_affinity: None,
         replicas: 2,
         tensor_parallel: 1,
         memory_fraction: Some(0.475),

@@ -264,6 +264,15 @@ pub const RACK_LABEL: &str = "gpuscale.io/rack";
 pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
+/// The label on everything gpuscale deploys for a model (its policy's
+/// name), as the Kubernetes backend's Deployments carry it.
+pub const MODEL_LABEL: &str = "gpuscale.io/model";
+/// The label naming a model's placement variant (its Deployment).
+pub const VARIANT_LABEL: &str = "gpuscale.io/variant";
+/// The pod label HAMi's admission webhook skips pods by (its
+/// `objectSelector`): pods asking for whole GPUs as `nvidia.com/gpu`,
+/// HAMi's resource name too, stay with the default scheduler.
+pub const HAMI_WEBHOOK_LABEL: (&str, &str) = ("hami.io/webhook", "ignore");
 /// HAMi's annotation choosing how it picks a GPU on a node.
 pub const HAMI_GPU_POLICY: &str = "hami.io/gpu-scheduler-policy";
 
@@ -347,6 +356,50 @@ fn quote_yaml11_booleans(text: &str) -> String {
         out.push_str(end);
     }
     out
+}
+
+/// A variant's pod `affinity`: its node-affinity term as the one required
+/// term (`None` without one).
+pub fn affinity(v: &crate::plan::Variant) -> Option<serde_json::Value> {
+    v.node_affinity.as_ref().map(|term| {
+        serde_json::json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]},
+        }})
+    })
+}
+
+/// A variant as a strategic-merge patch of its Deployment (no
+/// `apiVersion` or `kind`): its name and labels, the replicas, and the pod
+/// template's parts the plan decides — the pods' labels (gpuscale's and
+/// the variant's own), annotations (HAMi's, which HAMi reads from the pod,
+/// not from the Deployment), node selector, required node affinity, and
+/// the `model-server` container's resource limits.
+pub fn variant_patch(model: &str, v: &crate::plan::Variant) -> serde_json::Value {
+    let labels = BTreeMap::from([
+        (MODEL_LABEL.to_string(), model.to_string()),
+        (VARIANT_LABEL.to_string(), v.name.clone()),
+    ]);
+    let mut pod_labels = labels.clone();
+    pod_labels.extend(v.labels.clone());
+    let mut pod_metadata = serde_json::json!({"labels": pod_labels});
+    if !v.annotations.is_empty() {
+        pod_metadata["annotations"] = serde_json::json!(v.annotations);
+    }
+    let mut pod_spec = serde_json::json!({
+        "nodeSelector": v.node_selector,
+        "containers": [{"name": "model-server", "resources": {"limits": v.resources}}],
+    });
+    if let Some(affinity) = affinity(v) {
+        pod_spec["affinity"] = affinity;
+    }
+    serde_json::json!({
+        "metadata": {"name": v.name, "labels": labels},
+        "spec": {
+            "replicas": v.replicas,
+            "selector": {"matchLabels": {VARIANT_LABEL: v.name}},
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
+        },
+    })
 }
 
 /// Every file `plan --emit DIR` writes: (relative path, contents).
@@ -441,17 +494,10 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
 
     for m in &plan.models {
         for v in &m.variants {
-            let mut snippet = serde_json::json!({
-                "variant": v.name,
-                "model": m.name,
-                "replicas": v.replicas,
-                "nodeSelector": v.node_selector,
-                "resources": {"limits": v.resources},
-            });
-            if !v.annotations.is_empty() {
-                snippet["annotations"] = serde_json::json!(v.annotations);
-            }
-            out.push((format!("variants/{}.yaml", v.name), to_yaml(&snippet)?));
+            out.push((
+                format!("variants/{}.yaml", v.name),
+                to_yaml(&variant_patch(&m.name, v))?,
+            ));
         }
     }
     Ok(out)

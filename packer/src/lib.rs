@@ -428,6 +428,12 @@ fn figures(
     // The GPUs each fractional variant's replicas are on.
     let mut fractional_gpus: BTreeMap<String, std::collections::BTreeSet<(&str, u32)>> =
         BTreeMap::new();
+    // Nodes that may run HAMi: whole-GPU pods must then stay out of its
+    // webhook's and its nodes' way (`plan::Variant::labels`).
+    let hami_nodes = cluster.nodes.iter().any(|n| {
+        n.sharing
+            .contains(&gpuscale_policies::SharingMode::Fractional)
+    });
     for g in &decoded.gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
@@ -460,6 +466,8 @@ fn figures(
             let mut resources = BTreeMap::new();
             let mut tensor_parallel = 1;
             let mut memory_fraction = None;
+            let mut labels = BTreeMap::new();
+            let mut node_affinity = None;
             let suffix = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
@@ -531,6 +539,13 @@ fn figures(
                     let k = r.group_size.unwrap_or(1);
                     tensor_parallel = k;
                     resources.insert("nvidia.com/gpu".to_string(), k);
+                    if hami_nodes {
+                        labels.insert(
+                            emit::HAMI_WEBHOOK_LABEL.0.to_string(),
+                            emit::HAMI_WEBHOOK_LABEL.1.to_string(),
+                        );
+                        node_affinity = Some(plan::off_hami_nodes());
+                    }
                     format!("tp{k}")
                 }
             };
@@ -547,6 +562,8 @@ fn figures(
                     resources,
                     node_selector,
                     annotations: BTreeMap::new(),
+                    labels,
+                    node_affinity,
                     replicas: 0,
                     tensor_parallel,
                     memory_fraction,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use gpuscale_policies::{Cluster, Placement};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm};
 use serde::{Deserialize, Serialize};
 
 /// How a GPU is used in a plan.
@@ -105,6 +106,23 @@ pub struct Variant {
     /// the plan chose).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Pod labels: on a cluster with HAMi nodes, whole-GPU variants carry
+    /// `hami.io/webhook: ignore`. Their pods ask for `nvidia.com/gpu`,
+    /// HAMi's resource name too, and HAMi's admission webhook would hand
+    /// them to its scheduler, which takes only HAMi's nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The pods' required node affinity, one term (ANDed with
+    /// `node_selector`): whole-GPU variants stay off HAMi's nodes (`gpu
+    /// NotIn [on]`, where HAMi's device plugin counts `nvidia.com/gpu` by
+    /// its splits) and off nodes where a training gang holds GPUs
+    /// (`metadata.name NotIn`, one value each, as the API server
+    /// requires); the replicas planned on such a node are a variant of
+    /// their own, pinned to it (`metadata.name In`). Otherwise the default
+    /// scheduler could bind a whole-GPU replica to a GPU the plan gave a
+    /// gang, and the gang, pinned per worker, would never start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<NodeSelectorTerm>,
     /// Replicas of this variant.
     pub replicas: u32,
     /// GPUs one replica spans (tensor parallelism, whole or fractional
@@ -435,7 +453,110 @@ pub struct ReplicaPart {
     pub memory_gib: f64,
 }
 
+impl Variant {
+    /// Whether its pods take whole GPUs from the NVIDIA device plugin
+    /// (`nvidia.com/gpu` without HAMi's memory limit).
+    pub fn whole_gpus(&self) -> bool {
+        self.resources.contains_key("nvidia.com/gpu")
+            && !self.resources.contains_key(crate::emit::HAMI_MEMORY)
+    }
+}
+
+/// One node requirement of a node-affinity term.
+fn requirement(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.to_string(),
+        operator: operator.to_string(),
+        values: Some(values),
+    }
+}
+
+/// The affinity term that keeps whole-GPU pods off HAMi's nodes (`gpu
+/// NotIn [on]`, the label HAMi's device plugin selects).
+pub fn off_hami_nodes() -> NodeSelectorTerm {
+    NodeSelectorTerm {
+        match_expressions: Some(vec![requirement(
+            crate::emit::HAMI_NODE_LABEL.0,
+            "NotIn",
+            vec![crate::emit::HAMI_NODE_LABEL.1.to_string()],
+        )]),
+        match_fields: None,
+    }
+}
+
 impl Plan {
+    /// Keeps whole-GPU inference variants off the nodes where a training
+    /// gang holds GPUs ([`Variant::node_affinity`]): each excludes those
+    /// nodes by name, and its replicas planned on one of them become a
+    /// variant of their own pinned there (`<variant>-<node>`), with the
+    /// count planned there. Variants left with no replica are dropped.
+    pub fn keep_whole_gpus_off_gangs(&mut self) {
+        let gang_nodes: std::collections::BTreeSet<&str> = self
+            .gpus
+            .iter()
+            .filter(|g| g.gang.is_some())
+            .map(|g| g.node.as_str())
+            .collect();
+        if gang_nodes.is_empty() {
+            return;
+        }
+        // Whole-GPU replicas on those nodes: (model, GPU model, GPUs per
+        // replica, node) → replica numbers.
+        let mut there: BTreeMap<(&str, &str, u32, &str), std::collections::BTreeSet<u32>> =
+            BTreeMap::new();
+        for g in self.gpus.iter().filter(|g| {
+            g.gang.is_none() && g.mode == Mode::Whole && gang_nodes.contains(g.node.as_str())
+        }) {
+            for r in &g.replicas {
+                there
+                    .entry((
+                        r.model.as_str(),
+                        g.gpu_model.as_str(),
+                        r.group_size.unwrap_or(1),
+                        g.node.as_str(),
+                    ))
+                    .or_default()
+                    .insert(r.replica);
+            }
+        }
+        for m in &mut self.models {
+            let mut pinned = Vec::new();
+            for v in m.variants.iter_mut().filter(|v| v.whole_gpus()) {
+                let before = v.node_affinity.clone().unwrap_or_default();
+                let mut term = before.clone();
+                let fields = term.match_fields.get_or_insert_with(Vec::new);
+                for &n in &gang_nodes {
+                    fields.push(requirement("metadata.name", "NotIn", vec![n.to_string()]));
+                    let count = there
+                        .get(&(m.name.as_str(), v.gpu_model.as_str(), v.tensor_parallel, n))
+                        .map_or(0, |r| r.len() as u32);
+                    if count == 0 {
+                        continue;
+                    }
+                    v.replicas = v.replicas.saturating_sub(count);
+                    let mut on = before.clone();
+                    on.match_fields
+                        .get_or_insert_with(Vec::new)
+                        .push(requirement("metadata.name", "In", vec![n.to_string()]));
+                    pinned.push(Variant {
+                        name: crate::emit::bounded_name(
+                            format!("{}-{n}", v.name)
+                                .to_lowercase()
+                                .replace(['.', '+', '_'], "-"),
+                        ),
+                        replicas: count,
+                        node_affinity: Some(on),
+                        ..v.clone()
+                    });
+                }
+                v.node_affinity = Some(term);
+            }
+            m.variants.retain(|v| v.replicas > 0);
+            m.variants.extend(pinned);
+            m.variants.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+    }
+
     /// Every placed replica's parts, by (model policy name, replica
     /// number), each replica's parts in (node, index) order. The one
     /// place that says how fast a replica runs on its share: the

@@ -635,6 +635,68 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
 }
 
 #[test]
+fn whole_gpu_replicas_cannot_take_a_gangs_gpus() {
+    // A 1 × 4 gang and 10 whole-GPU replicas on 16 GPUs: a node holds the
+    // gang and some replicas. The device plugin hands out any free GPU
+    // of a node, so the variant that may go anywhere keeps off the gang's
+    // node, and the replicas planned there are a variant pinned to it,
+    // with exactly their count: the gang's GPUs are never free to them.
+    let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
+    let models = vec![whole_model("m", Priority::Standard, 1)];
+    let plan = joint_plan(
+        &c,
+        &models,
+        &[job("train", simple(1, 4, TopologyLevel::Node))],
+        &[("m", 10)],
+    );
+    assert_never_shared(&plan);
+    let g = by_name(&plan.gangs, "train");
+    assert_eq!(g.status, GangStatus::Starting);
+    let gang_node = g.workers[0].node.clone();
+    // Replicas per node as placed.
+    let mut per_node: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for gpu in plan.gpus.iter().filter(|g| g.gang.is_none()) {
+        for r in &gpu.replicas {
+            per_node
+                .entry(gpu.node.clone())
+                .or_default()
+                .insert(r.replica);
+        }
+    }
+    let beside = per_node.get(&gang_node).map_or(0, |r| r.len() as u32);
+    assert!(beside > 0, "no replica beside the gang: {:#?}", plan.gpus);
+    let variants = &plan.models[0].variants;
+    assert_eq!(variants.iter().map(|v| v.replicas).sum::<u32>(), 10);
+    let names = |v: &gpuscale_packer::Variant, op: &str| -> Vec<String> {
+        v.node_affinity
+            .iter()
+            .flat_map(|t| t.match_fields.iter().flatten())
+            .filter(|r| r.key == "metadata.name" && r.operator == op)
+            .flat_map(|r| {
+                // The API server takes one value per node-field requirement.
+                assert_eq!(r.values.as_ref().map(Vec::len), Some(1));
+                r.values.clone().unwrap()
+            })
+            .collect()
+    };
+    let pinned: Vec<_> = variants
+        .iter()
+        .filter(|v| names(v, "In") == vec![gang_node.clone()])
+        .collect();
+    assert_eq!(pinned.len(), 1, "{variants:#?}");
+    assert_eq!(pinned[0].replicas, beside);
+    assert!(pinned[0].name.ends_with(&format!("-{gang_node}")));
+    for v in variants.iter().filter(|v| v.name != pinned[0].name) {
+        assert_eq!(names(v, "NotIn"), vec![gang_node.clone()], "{}", v.name);
+        assert_eq!(v.replicas, 10 - beside);
+    }
+    // Without a gang: one variant, no affinity.
+    let plan = joint_plan(&c, &models, &[], &[("m", 10)]);
+    assert_eq!(plan.models[0].variants.len(), 1);
+    assert_eq!(plan.models[0].variants[0].node_affinity, None);
+}
+
+#[test]
 fn equal_priority_inference_keeps_its_replicas_and_a_gang_waits() {
     let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
     let models = vec![whole_model("m", Priority::Standard, 2)];

@@ -1055,6 +1055,53 @@ fn check_emitted(plan: &Plan, cluster: &Cluster) {
             } else {
                 assert!(v.annotations.is_empty(), "{}", v.name);
             }
+            // Whole GPUs on a cluster with HAMi nodes: out of HAMi's
+            // webhook (its resource name is `nvidia.com/gpu` too) and off
+            // its nodes, where its device plugin counts that resource by
+            // splits. Fractional pods are HAMi's own.
+            let hami_cluster = cluster
+                .nodes
+                .iter()
+                .any(|n| n.sharing.contains(&SharingMode::Fractional));
+            let whole = v.resources.contains_key("nvidia.com/gpu")
+                && !v.resources.contains_key("nvidia.com/gpumem");
+            let ignored = v.labels.get("hami.io/webhook").map(String::as_str) == Some("ignore");
+            let off_hami = v.node_affinity.as_ref().is_some_and(|t| {
+                t.match_expressions.iter().flatten().any(|r| {
+                    r.key == "gpu"
+                        && r.operator == "NotIn"
+                        && r.values.as_deref() == Some(&["on".to_string()][..])
+                })
+            });
+            assert_eq!(ignored, whole && hami_cluster, "{}", v.name);
+            assert_eq!(off_hami, whole && hami_cluster, "{}", v.name);
+            // The emitted file is a Deployment patch the API's own types
+            // read, with the plan's pod labels, affinity and limits.
+            let (_, text) = files
+                .iter()
+                .find(|(p, _)| p == &format!("variants/{}.yaml", v.name))
+                .expect("a file per variant");
+            let mut value: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
+            value["apiVersion"] = "apps/v1".into();
+            value["kind"] = "Deployment".into();
+            let d: k8s_openapi::api::apps::v1::Deployment =
+                serde_json::from_value(value).unwrap_or_else(|e| panic!("{}: {e}", v.name));
+            let spec = d.spec.unwrap();
+            assert_eq!(spec.replicas, Some(v.replicas as i32));
+            let template = spec.template;
+            let pod = template.spec.unwrap();
+            let labels = template.metadata.unwrap().labels.unwrap();
+            assert_eq!(labels["gpuscale.io/variant"], v.name);
+            assert_eq!(labels["gpuscale.io/model"], m.name);
+            assert_eq!(
+                pod.affinity
+                    .and_then(|a| a.node_affinity)
+                    .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+                    .map(|r| r.node_selector_terms),
+                v.node_affinity.clone().map(|t| vec![t])
+            );
+            let limits = pod.containers[0].resources.clone().unwrap().limits.unwrap();
+            assert_eq!(limits.len(), v.resources.len(), "{}", v.name);
         }
     }
 }

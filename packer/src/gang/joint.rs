@@ -465,6 +465,7 @@ pub fn plan(
             .cmp(&node_index(&base, &b.node))
             .then(a.index.cmp(&b.index))
     });
+    plan.keep_whole_gpus_off_gangs();
     let (_, names) = emit::mig_parted(&plan);
     for n in &mut plan.nodes {
         if let Some(name) = names.get(&n.name) {
