@@ -37,7 +37,9 @@
 //!    the concurrency it sees).
 //! 3. **Activation** (KEDA): at zero, activate only when the queue is
 //!    strictly above `activationQueueDepth`, and then to the size the queue
-//!    asks for, not 1. To zero only when `minReplicas` is 0 and the model
+//!    asks for, not 1; a model with `minReplicas` above 0 found at zero
+//!    (nothing running yet) goes to its minimum at once, queue or not.
+//!    To zero only when `minReplicas` is 0 and the model
 //!    has been idle (at or under the activation threshold) for
 //!    `scaleToZeroAfter`.
 //! 4. **Panic** (Knative): the queue or the raw 10 s rate's demand ≥
@@ -723,6 +725,24 @@ pub fn recommend(
     // recorded as a recommendation, so the scale-down window right after
     // it holds it as HPA's would.
     if current == 0 {
+        // A model with a minimum is brought to it whatever the queue says
+        // (a fresh install, a Deployment deleted or scaled to zero by
+        // hand): `minReplicas` is a capacity guarantee, not a ceiling on
+        // activation.
+        if !active && scaling.min_replicas > 0 {
+            let replicas = floor.min(ceiling);
+            record(state, now, replicas);
+            return finish(
+                state,
+                now,
+                replicas,
+                Mode::Normal,
+                format!(
+                    "{why} → {replicas} {} (minReplicas; none running)",
+                    plural(replicas)
+                ),
+            );
+        }
         if !active {
             return finish(
                 state,

@@ -110,7 +110,9 @@ struct Case {
 ///   hold;
 /// - at zero: KEDA's activation (strictly above the activation threshold),
 ///   sized by the queue (`ceil(queue / target)` within min/max: gpuscale's
-///   documented departure from KEDA's 0 → 1);
+///   documented departure from KEDA's 0 → 1); not active, a `minReplicas`
+///   above 0 sets the count to it (KEDA's executor with
+///   `minReplicaCount` > 0 and no idle count);
 /// - to zero: KEDA's cooldown (`minReplicas` 0, idle — at or under the
 ///   threshold — for `scaleToZeroAfter`), the idle spell counted from the
 ///   first read after an outage (gpuscale's departure from KEDA, whose
@@ -170,10 +172,17 @@ impl Spec {
         }
         let by_queue = (f64::from(depth) / f64::from(c.target)).ceil() as i32;
         if self.current == 0 {
-            if !active {
+            if !active && c.min == 0 {
                 return 0;
             }
-            let to = by_queue.clamp(floor, ceiling);
+            // KEDA's executor (`scale_scaledobjects.go`): no active
+            // trigger and fewer replicas than `minReplicaCount` (no idle
+            // count) sets the target to the minimum.
+            let to = if active {
+                by_queue.clamp(floor, ceiling)
+            } else {
+                floor.min(ceiling)
+            };
             self.hpa.recommendations.push(hpa::Recommendation {
                 time: now,
                 replicas: to,
@@ -525,6 +534,34 @@ fn from_zero_the_queue_sizes_the_first_decision() {
         Duration::ZERO,
     );
     assert_eq!((r.replicas, r.mode), (0, Mode::Idle));
+}
+
+#[test]
+fn a_model_with_a_minimum_found_at_zero_goes_to_it_without_traffic() {
+    // A fresh install (no Deployment yet), or a Deployment scaled to zero
+    // by hand: minReplicas is a guarantee, so the first decision restores
+    // it with nothing queued, and the count then holds.
+    let m = model("    minReplicas: 2\n    maxReplicas: 10\n    targetQueueDepth: 8\n");
+    let mut state = State::new(0);
+    let tuning = Tuning::default();
+    for t in [0, 1, 30, 600] {
+        let r = recommend(
+            Some(&queue(0.0)),
+            &m,
+            &tuning,
+            &mut state,
+            Duration::from_secs(t),
+        );
+        assert_eq!(r.replicas, 2, "at {t} s: {}", r.reason);
+        assert_ne!(r.mode, Mode::Idle);
+        if t == 0 {
+            assert!(r.reason.contains("minReplicas"), "{}", r.reason);
+        }
+    }
+    // With traffic already queued it sizes by the queue, as from zero.
+    let mut state = State::new(0);
+    let r = recommend(Some(&queue(40.0)), &m, &tuning, &mut state, Duration::ZERO);
+    assert_eq!((r.replicas, r.mode), (5, Mode::Activating));
 }
 
 #[test]
