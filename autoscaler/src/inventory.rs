@@ -9,7 +9,7 @@
 //! | `nvidia.com/gpu.count` | GPUs on the node |
 //! | `nvidia.com/gpu.memory` (MiB) | checked against the catalogue model |
 //! | `nvidia.com/mig.config`, `nvidia.com/mig.config.state` | whether MIG geometries are set (and settled) |
-//! | `topology.kubernetes.io/zone`, `gpuscale.io/rack`, `nvidia.com/gpu.clique` | zone, rack, NVLink domain |
+//! | `topology.kubernetes.io/zone`, `gpuscale.io/rack`, `gpuscale.io/nvlink-domain` (else GFD's `nvidia.com/gpu.clique`) | zone, rack, NVLink domain |
 //! | annotation `gpuscale.io/sharing` (`mig, timeslice, whole`) | the sharing the node may be set up for (default `mig, whole`: what the controller sets up itself) |
 //! | condition `Ready` | a node not ready has no usable GPU |
 //! | the agent's reading | per GPU: UUID, MIG mode and instances with their start slots, uncorrectable ECC errors, memory the driver reserves, the MIG profiles' measured memory |
@@ -1084,7 +1084,10 @@ pub fn from_nodes(
             count: None,
             zone: labels.get(ZONE).cloned(),
             rack: labels.get(RACK).cloned(),
-            nvlink_domain: labels.get(CLIQUE).cloned(),
+            nvlink_domain: labels
+                .get(gpuscale_packer::emit::NVLINK_DOMAIN_LABEL)
+                .or_else(|| labels.get(CLIQUE))
+                .cloned(),
             labels: labels
                 .iter()
                 .filter(|(k, _)| !k.starts_with("nvidia.com/") && !k.starts_with("feature.node"))

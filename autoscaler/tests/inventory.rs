@@ -58,12 +58,19 @@ fn gfd_labels_give_the_node_its_gpus_model_and_topology() {
             "gpu-a",
             json!({"nvidia.com/gpu.clique": "7b2c.1", "gpuscale.io/rack": "r12"}),
         ),
+        // gpuscale's own NVLink-domain label (what `plan --emit` writes)
+        // is read before GFD's clique.
+        h100(
+            "gpu-b",
+            json!({"nvidia.com/gpu.clique": "7b2c.1", "gpuscale.io/nvlink-domain": "hgx-b"}),
+        ),
         // Not a GPU node: left out without a word.
         node("cpu-0", json!({"kubernetes.io/hostname": "cpu-0"}), true),
     ];
     let inv = from_nodes(&nodes, &BTreeMap::new(), &[], &Catalog::builtin());
     assert!(inv.notes.is_empty(), "{:?}", inv.notes);
-    assert_eq!(inv.spec.nodes.len(), 1);
+    assert_eq!(inv.spec.nodes.len(), 2);
+    assert_eq!(inv.spec.nodes[1].nvlink_domain.as_deref(), Some("hgx-b"));
     let n = &inv.spec.nodes[0];
     assert_eq!(n.gpu_model, "H100-80GB");
     assert_eq!(n.gpu_count, 8);
@@ -72,7 +79,7 @@ fn gfd_labels_give_the_node_its_gpus_model_and_topology() {
     assert_eq!(n.nvlink_domain.as_deref(), Some("7b2c.1"));
     assert!(n.gpus.is_empty(), "all free and healthy: {:?}", n.gpus);
     let c = cluster(&inv.spec);
-    assert_eq!(c.gpu_count(), 8);
+    assert_eq!(c.gpu_count(), 16);
     assert!(
         c.nodes[0]
             .gpus

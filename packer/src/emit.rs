@@ -257,11 +257,13 @@ pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plu
 /// topology-aware scheduling read for the `rack` level (no standard label
 /// exists; `gpuscale.io/rack`, as the controller's inventory reads it).
 pub const RACK_LABEL: &str = "gpuscale.io/rack";
-/// The node label of a node's NVLink domain (GPU Feature Discovery's
-/// clique, set there on multi-node NVLink systems; written from the
-/// cluster's `nvlinkDomain` where declared, for Kueue's `nvlink-domain`
-/// level).
-pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+/// The node label of a node's NVLink domain, written from the cluster's
+/// `nvlinkDomain` where declared (Kueue's `nvlink-domain` level reads
+/// it). gpuscale's own key: GPU Feature Discovery owns
+/// `nvidia.com/gpu.clique` (`<cluster UUID>.<clique ID>` on multi-node
+/// NVLink systems), which the controller's inventory reads where this one
+/// is absent and never writes.
+pub const NVLINK_DOMAIN_LABEL: &str = "gpuscale.io/nvlink-domain";
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
 /// The label on everything gpuscale deploys for a model (its policy's
@@ -485,7 +487,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
                 labels.insert(RACK_LABEL, Some(rack.clone()));
             }
             if let Some(domain) = &n.nvlink_domain {
-                labels.insert(CLIQUE_LABEL, Some(domain.clone()));
+                labels.insert(NVLINK_DOMAIN_LABEL, Some(domain.clone()));
             }
             (n.name.as_str(), labels)
         })

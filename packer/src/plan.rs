@@ -207,9 +207,8 @@ pub struct NodePlan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack: Option<String>,
     /// The node's NVLink domain, when the cluster says (labelled
-    /// `nvidia.com/gpu.clique`, which Kueue reads for the `nvlink-domain`
-    /// level; GPU Feature Discovery sets it only on multi-node NVLink
-    /// systems).
+    /// `gpuscale.io/nvlink-domain`, which Kueue reads for the
+    /// `nvlink-domain` level).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_domain: Option<String>,
     /// On a HAMi node, the most replicas the plan put on one of its GPUs

@@ -1106,6 +1106,9 @@ fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
     let pt: PodTemplate = serde_json::from_value(bare[1].clone()).expect("a core/v1 PodTemplate");
     let tspec = pt.template.unwrap().spec.unwrap();
     assert_eq!(tspec.scheduler_name.as_deref(), Some("volcano"));
+    // Stored as it is written: the API server would default a template's
+    // policy to `Always`, and a bare worker must not train again.
+    assert_eq!(tspec.restart_policy.as_deref(), Some("Never"));
     assert_eq!(
         tspec.containers[0]
             .resources

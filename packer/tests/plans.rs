@@ -1020,6 +1020,19 @@ fn check_emitted(plan: &Plan, cluster: &Cluster) {
             "{}",
             node.name
         );
+        // The NVLink domain under gpuscale's key; GFD's clique is its own.
+        let domain = cluster
+            .nodes
+            .iter()
+            .find(|n| n.name == node.name)
+            .and_then(|n| n.nvlink_domain.as_deref());
+        assert_eq!(
+            l.get("gpuscale.io/nvlink-domain").map(Option::as_deref),
+            domain.map(Some),
+            "{}",
+            node.name
+        );
+        assert!(!l.contains_key("nvidia.com/gpu.clique"), "{}", node.name);
         assert_eq!(
             l.get("nvidia.com/gpu.deploy.device-plugin")
                 .map(Option::as_deref),

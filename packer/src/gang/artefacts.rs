@@ -43,13 +43,13 @@ pub enum GangScheduler {
 }
 
 /// The node label Kueue reads for a topology level: the hostname, the
-/// NVLink clique GPU Feature Discovery sets (`nvidia.com/gpu.clique`), a
-/// rack label the cluster must set (`gpuscale.io/rack`: there is no
-/// standard one), and the well-known zone label.
+/// NVLink domain gpuscale labels (`gpuscale.io/nvlink-domain`, from the
+/// cluster's `nvlinkDomain`), a rack label (`gpuscale.io/rack`: there is
+/// no standard one), and the well-known zone label.
 pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
     match level {
         TopologyLevel::Node => Some("kubernetes.io/hostname"),
-        TopologyLevel::NvlinkDomain => Some(crate::emit::CLIQUE_LABEL),
+        TopologyLevel::NvlinkDomain => Some(crate::emit::NVLINK_DOMAIN_LABEL),
         TopologyLevel::Rack => Some(crate::emit::RACK_LABEL),
         TopologyLevel::Zone => Some("topology.kubernetes.io/zone"),
         TopologyLevel::Any => None,
@@ -134,7 +134,13 @@ pub fn kubernetes(
                 "metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "template": {
                     "metadata": {"labels": labels, "annotations": annotations},
-                    "spec": placement.onto(json!({"containers": [{"name": "worker"}]})),
+                    // A bare worker pod must not restart (it would train
+                // again): the API server defaults a template's policy to
+                // `Always`.
+                "spec": placement.onto(json!({
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "worker"}],
+                })),
                 },
             }),
         });
