@@ -239,13 +239,40 @@ spec:
         },
     );
 
-    // SIGTERM: replicas deregistered, drained and stopped; exit 0.
+    // SIGTERM: the gateway drains first, while the replicas serve: a
+    // request in flight finishes, one sent after the signal gets 503
+    // with `Retry-After` at once (not a queue for replicas already gone);
+    // then the replicas are deregistered, drained and stopped; exit 0.
+    let long = {
+        let traffic = traffic.clone();
+        std::thread::spawn(move || {
+            let body = r#"{"model":"test/chat","max_tokens":300,"messages":[{"role":"user","content":"hi"}]}"#;
+            http(&traffic, "POST", "/v1/chat/completions", body).map(|r| r.0)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
     let mut child = stop.0.take().unwrap();
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(term.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    let (code, body) = http(
+        &traffic,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"test/chat","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(long.join().unwrap().unwrap(), 200, "the request in flight");
     let group = child.id();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");

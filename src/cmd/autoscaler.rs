@@ -298,17 +298,22 @@ impl Loop {
         })
     }
 
-    /// Stops every replica (deregistered, drained), the listeners and the
-    /// gateway.
+    /// Stops the embedded gateway, then every replica (deregistered,
+    /// drained) and the listeners. The gateway drains first, while the
+    /// replicas still serve: `/readyz` and new requests get 503 (with
+    /// `Retry-After`) at once, and what is queued or in flight finishes
+    /// on the replicas. Stopped the other way round, requests that came
+    /// after the signal queued for replicas already gone and got no
+    /// answer at all.
     pub(crate) async fn stop(self) {
+        if let Some(g) = self.gateway {
+            g.shutdown().await;
+        }
         let _ = self.stop.send(true);
         let _ = self.run.await;
         let _ = self.admin_task.await;
         if let Some(t) = self.keda_task {
             let _ = t.await;
-        }
-        if let Some(g) = self.gateway {
-            g.shutdown().await;
         }
     }
 }
