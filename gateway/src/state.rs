@@ -38,6 +38,19 @@ pub enum Reject {
 }
 
 impl Reject {
+    /// Every reason, for the counters that start at 0.
+    pub const ALL: [Reject; 4] = [
+        Reject::QueueFull,
+        Reject::Displaced,
+        Reject::Timeout,
+        Reject::ShuttingDown,
+    ];
+
+    /// The codes besides 200 the gateway answers a model's requests with
+    /// itself (refused: 429, 503; the upstream failed or timed out: 502,
+    /// 504), whose `requests_total` series start at 0.
+    pub const CODES: [u16; 4] = [429, 502, 503, 504];
+
     /// Label value for `gpuscale_rejections_total`.
     pub fn reason(self) -> &'static str {
         match self {
@@ -141,6 +154,20 @@ impl Handles {
         m.queue_limit
             .get_or_create(l)
             .set(i64::try_from(settings.max_queue).unwrap_or(i64::MAX));
+        // Refusals at 0 for every reason and code, so an increase() sees
+        // the first wave of them.
+        for r in Reject::ALL {
+            let _ = m.rejections.get_or_create(&ReasonLabels {
+                model: l.model.clone(),
+                reason: r.reason().into(),
+            });
+        }
+        for code in Reject::CODES {
+            let _ = m.requests.get_or_create(&CodeLabels {
+                model: l.model.clone(),
+                code,
+            });
+        }
         Handles {
             slo_queue_wait: SloCounter::new(m, &l.model, "queue_wait", settings.slo.queue_wait),
             slo_latency: SloCounter::new(m, &l.model, "latency", settings.slo.latency),
@@ -155,6 +182,7 @@ impl Handles {
             // before the first event.
             upstream_errors: m.upstream_errors.get_or_create(l).clone(),
             scale_signals: m.scale_signals.get_or_create(l).clone(),
+
             routes: Reason::ALL.map(|r| {
                 m.route_decisions
                     .get_or_create(&ReasonLabels {

@@ -200,6 +200,17 @@ async fn error_and_signal_counters_exist_at_zero() {
         Some(0.0),
         "{text}"
     );
+    // Refusals too, for every reason and the codes the gateway answers a
+    // model's requests with itself: an increase() over the first wave of
+    // 429s needs the series before it.
+    for reason in ["queue_full", "displaced", "queue_timeout", "shutting_down"] {
+        let name = format!("gpuscale_rejections_total{{model=\"m\",reason=\"{reason}\"}}");
+        assert_eq!(sample(&text, &name), Some(0.0), "{name}: {text}");
+    }
+    for code in [429, 502, 503, 504] {
+        let name = format!("gpuscale_requests_total{{model=\"m\",code=\"{code}\"}}");
+        assert_eq!(sample(&text, &name), Some(0.0), "{name}: {text}");
+    }
     gw.shutdown().await;
 }
 
