@@ -975,6 +975,14 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
         err.contains("--port and --admin-port are both 127.0.0.1:28999"),
         "{err}"
     );
+    // A rate past what one process can both send and serve: refused,
+    // naming the limit.
+    let out = gpuscale(&["up", "--load", "steady", "--rate", "1e9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("above 2000 requests/s"),
+        "{out:?}"
+    );
     // An unknown load pattern: the choices, exit 2 (clap's usage error).
     let out = gpuscale(&["up", "--load", "spiky"]);
     assert_eq!(out.status.code(), Some(2));

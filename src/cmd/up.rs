@@ -23,6 +23,9 @@ use crate::load::{self, Arrivals, Pattern, Totals};
 /// What `up` reads with no `--config`.
 pub const DEFAULT_CONFIG: &str = "examples/up/autoscaler.yaml";
 
+/// The most requests per second the built-in load sends (`--rate`).
+const MAX_RATE: f64 = 2000.0;
+
 /// Arguments of `up`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -34,7 +37,8 @@ pub struct Args {
     /// time). Without it the gateway waits for your own requests.
     #[arg(long)]
     pub load: Option<Pattern>,
-    /// Peak requests per second of the built-in load, over all models.
+    /// Peak requests per second of the built-in load, over all models
+    /// (at most 2,000).
     #[arg(long, default_value_t = 40.0, allow_negative_numbers = true)]
     pub rate: f64,
     /// Seed of the built-in load.
@@ -186,6 +190,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !(args.rate.is_finite() && args.rate > 0.0) {
         eprintln!(
             "gpuscale up: error: --rate must be above 0, got {}",
+            args.rate
+        );
+        return Ok(ExitCode::from(2));
+    }
+    if args.rate > MAX_RATE {
+        eprintln!(
+            "gpuscale up: error: --rate {} is above {MAX_RATE} requests/s: the built-in load runs in this process beside the gateway and every simulated server, and past that it measures the machine, not the autoscaler (send more from a load generator of your own)",
             args.rate
         );
         return Ok(ExitCode::from(2));
