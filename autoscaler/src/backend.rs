@@ -281,7 +281,7 @@ impl KubeBackend {
     }
 
     /// As the leader, every [`INVENTORY_EVERY`]: the GPU nodes
-    /// (`nvidia.com/gpu.present=true`) and the readings of the agents
+    /// (`spec.kubernetes.nodeSelector`) and the readings of the agents
     /// that answer, into a validated cluster. `None` between rebuilds,
     /// while the agents' readings are still coming in (a later tick
     /// returns the cluster), and when the nodes cannot be read (the last
@@ -355,7 +355,7 @@ impl KubeBackend {
     /// A rebuild begun: the GPU nodes and the pods listed, the agents'
     /// readings under way. `None` when the nodes or pods cannot be read.
     async fn begin_inventory(&self) -> Option<PendingInventory> {
-        let nodes = match self.kube.nodes("nvidia.com/gpu.present=true").await {
+        let nodes = match self.kube.nodes(&self.kube.spec().node_selector).await {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!("reading the GPU nodes: {e}");

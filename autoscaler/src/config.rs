@@ -419,6 +419,12 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
         bad("spec.packer.hamiSplitCount", "must be between 1 and 1000");
     }
     let k = &spec.kubernetes;
+    if let Err(e) = k.pool_labels() {
+        bad(
+            "spec.kubernetes.nodeSelector",
+            &format!("{e}: equality terms only, `key=value[,key=value…]`"),
+        );
+    }
     if k.lease_duration < Duration::from_secs(2) {
         bad("spec.kubernetes.leaseDuration", "must be at least 2s");
     }

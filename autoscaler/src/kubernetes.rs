@@ -130,6 +130,43 @@ pub struct KubeSpec {
     /// user given a writable `HOME`, which the pod gives it under
     /// `/cache`).
     pub run_as_user: i64,
+    /// The GPU nodes gpuscale manages, as equality terms
+    /// `key=value[,key=value…]`: the label selector the inventory lists
+    /// nodes by, and labels every model-server pod it creates selects.
+    /// A node outside it is never planned on, cordoned or reconfigured.
+    /// The default, `nvidia.com/gpu.present=true,gpuscale.io/managed=true`,
+    /// hands a GPU node over only once it is labelled
+    /// `gpuscale.io/managed=true`.
+    pub node_selector: String,
+}
+
+/// The default [`KubeSpec::node_selector`].
+pub const MANAGED_NODES: &str = "nvidia.com/gpu.present=true,gpuscale.io/managed=true";
+
+impl KubeSpec {
+    /// [`KubeSpec::node_selector`]'s terms as labels; `Err` names the
+    /// first term that is not `key=value` (set-based and `!=` terms
+    /// cannot be a pod's node selector).
+    pub fn pool_labels(&self) -> Result<BTreeMap<String, String>, String> {
+        let mut out = BTreeMap::new();
+        for term in self.node_selector.split(',').map(str::trim) {
+            let ok = term
+                .split_once('=')
+                .filter(|(k, v)| {
+                    !k.is_empty() && !k.ends_with('!') && !v.starts_with('=') && !v.contains('=')
+                })
+                .filter(|(k, v)| {
+                    !k.contains(char::is_whitespace) && !v.contains(char::is_whitespace)
+                });
+            match ok {
+                Some((k, v)) => {
+                    out.insert(k.to_string(), v.to_string());
+                }
+                None => return Err(format!("`{term}` is not `key=value`")),
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Default for KubeSpec {
@@ -150,6 +187,7 @@ impl Default for KubeSpec {
             shm_size: "2Gi".into(),
             startup_timeout: Duration::from_secs(15 * 60),
             run_as_user: 65532,
+            node_selector: MANAGED_NODES.into(),
         }
     }
 }
@@ -342,8 +380,13 @@ fn pod_spec(
         }));
         mounts.push(serde_json::json!({"name": "model-cache", "mountPath": HF_HOME}));
     }
+    // The managed pool's labels beside the variant's own (product,
+    // device-plugin config): a replica never lands on a GPU node
+    // gpuscale does not manage.
+    let mut node_selector = spec.pool_labels().unwrap_or_default();
+    node_selector.extend(variant.node_selector.clone());
     let mut pod = serde_json::json!({
-        "nodeSelector": variant.node_selector,
+        "nodeSelector": node_selector,
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
         "terminationGracePeriodSeconds": 90,

@@ -542,11 +542,16 @@ spec:
             pod["containers"][0]["resources"]["limits"],
             json!({"nvidia.com/mig-1g.10gb.shared": "1"})
         );
+        // The variant's selectors and the managed pool's labels
+        // (`nodeSelector`): a replica never lands on a GPU node gpuscale
+        // was not given.
         assert_eq!(
             pod["nodeSelector"],
             json!({
                 "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
                 "nvidia.com/device-plugin.config": "mig-1g.10gb-timeslice-3",
+                "nvidia.com/gpu.present": "true",
+                "gpuscale.io/managed": "true",
             })
         );
         // Time-slicing isolates no memory, and vLLM would take 90 % of
@@ -1900,7 +1905,7 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500",
             200,
             nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
                 "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
@@ -2020,7 +2025,7 @@ async fn serve_rebuilds(handle: &mut Handle, ports: &[u16]) {
         expect(
             handle,
             Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue&limit=500",
+            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500",
             200,
             nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
                 "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
@@ -2829,4 +2834,40 @@ fn each_served_name_goes_to_one_policy_the_same_whatever_came_before() {
         claim(model_named("a", "x"), None),
     ]);
     assert_eq!(kept(&c), ["a"]);
+}
+
+#[test]
+fn the_managed_pool_is_equality_terms_only() {
+    let spec = |s: &str| KubeSpec {
+        node_selector: s.into(),
+        ..KubeSpec::default()
+    };
+    // The default hands a GPU node over only once it is labelled.
+    assert_eq!(
+        KubeSpec::default().pool_labels().unwrap(),
+        BTreeMap::from([
+            ("nvidia.com/gpu.present".to_string(), "true".to_string()),
+            ("gpuscale.io/managed".to_string(), "true".to_string()),
+        ])
+    );
+    assert_eq!(
+        spec("pool=inference, nvidia.com/gpu.present=true")
+            .pool_labels()
+            .unwrap()
+            .len(),
+        2
+    );
+    // What a pod's nodeSelector cannot say is refused, naming the term.
+    for bad in [
+        "pool!=a",
+        "pool in (a,b)",
+        "pool",
+        "=a",
+        "pool==a",
+        "a=b=c",
+        "",
+    ] {
+        let e = spec(bad).pool_labels().unwrap_err();
+        assert!(e.contains('`'), "{bad}: {e}");
+    }
 }
