@@ -419,6 +419,18 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
         bad("spec.packer.hamiSplitCount", "must be between 1 and 1000");
     }
     let k = &spec.kubernetes;
+    let r = &k.server_resources;
+    for (field, request, limit) in [
+        ("cpu", r.cpu, r.cpu_limit),
+        ("memoryGib", r.memory_gib, r.memory_limit_gib),
+    ] {
+        if !(request.is_finite() && request > 0.0 && limit.is_finite() && limit >= request) {
+            bad(
+                &format!("spec.kubernetes.serverResources.{field}"),
+                "must be above 0, and its limit at least it",
+            );
+        }
+    }
     if let Err(e) = k.pool_labels() {
         bad(
             "spec.kubernetes.nodeSelector",

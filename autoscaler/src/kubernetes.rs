@@ -138,6 +138,73 @@ pub struct KubeSpec {
     /// hands a GPU node over only once it is labelled
     /// `gpuscale.io/managed=true`.
     pub node_selector: String,
+    /// Host CPU and memory of a model-server pod.
+    pub server_resources: ServerResources,
+}
+
+/// Host CPU and memory of a model-server pod, per GPU it holds (a MIG
+/// slice or a share counts as one; a tensor-parallel replica over `k`
+/// GPUs gets `k` times as much), as requests and limits: vLLM holds tens
+/// of GiB of host memory while it loads, and a pod without requests is
+/// BestEffort, the first evicted under memory pressure and refused
+/// where a compute ResourceQuota applies. No CPU limit unless set above
+/// the request (the default limit is twice it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServerResources {
+    /// CPU cores requested per GPU.
+    pub cpu: f64,
+    /// CPU cores at most per GPU.
+    pub cpu_limit: f64,
+    /// Memory requested per GPU, GiB.
+    pub memory_gib: f64,
+    /// Memory at most per GPU, GiB.
+    pub memory_limit_gib: f64,
+}
+
+impl Default for ServerResources {
+    fn default() -> Self {
+        ServerResources {
+            cpu: 4.0,
+            cpu_limit: 8.0,
+            memory_gib: 16.0,
+            memory_limit_gib: 32.0,
+        }
+    }
+}
+
+impl ServerResources {
+    /// `(requests, limits)` for a pod holding `gpus` GPUs, as Kubernetes
+    /// quantities (`4`, `2500m`; `16Gi`, `12288Mi`).
+    pub fn quantities(&self, gpus: u32) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let k = f64::from(gpus.max(1));
+        let cpu = |c: f64| {
+            let m = (c * k * 1000.0).round() as u64;
+            if m % 1000 == 0 {
+                (m / 1000).to_string()
+            } else {
+                format!("{m}m")
+            }
+        };
+        let memory = |g: f64| {
+            let mib = (g * k * 1024.0).round() as u64;
+            if mib % 1024 == 0 {
+                format!("{}Gi", mib / 1024)
+            } else {
+                format!("{mib}Mi")
+            }
+        };
+        (
+            BTreeMap::from([
+                ("cpu".to_string(), cpu(self.cpu)),
+                ("memory".to_string(), memory(self.memory_gib)),
+            ]),
+            BTreeMap::from([
+                ("cpu".to_string(), cpu(self.cpu_limit)),
+                ("memory".to_string(), memory(self.memory_limit_gib)),
+            ]),
+        )
+    }
 }
 
 /// The default [`KubeSpec::node_selector`].
@@ -188,6 +255,7 @@ impl Default for KubeSpec {
             startup_timeout: Duration::from_secs(15 * 60),
             run_as_user: 65532,
             node_selector: MANAGED_NODES.into(),
+            server_resources: ServerResources::default(),
         }
     }
 }
@@ -326,6 +394,10 @@ fn pod_spec(
     spec: &KubeSpec,
     limits: BTreeMap<&String, String>,
 ) -> serde_json::Value {
+    let (requests, host_limits) = spec.server_resources.quantities(variant.tensor_parallel);
+    let mut limits: BTreeMap<String, String> =
+        limits.into_iter().map(|(k, v)| (k.clone(), v)).collect();
+    limits.extend(host_limits);
     let uid = spec.run_as_user;
     let startup_failures = spec
         .startup_timeout
@@ -412,7 +484,7 @@ fn pod_spec(
             "livenessProbe": {"httpGet": health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
             "readinessProbe": {"httpGet": health},
             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
-            "resources": {"limits": limits},
+            "resources": {"requests": requests, "limits": limits},
             "securityContext": {
                 "runAsNonRoot": true,
                 "runAsUser": uid,

@@ -318,7 +318,7 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
         let pod = &body["spec"]["template"]["spec"];
         assert_eq!(
             pod["containers"][0]["resources"]["limits"],
-            json!({"nvidia.com/mig-3g.40gb": "1"})
+            json!({"nvidia.com/mig-3g.40gb": "1", "cpu": "8", "memory": "32Gi"})
         );
         assert_eq!(
             pod["containers"][0]["args"],
@@ -461,7 +461,14 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
                 "2"
             ])
         );
-        assert_eq!(c["resources"]["limits"], json!({"nvidia.com/gpu": "2"}));
+        // Host CPU and memory per GPU held: twice the defaults for two.
+        assert_eq!(
+            c["resources"],
+            json!({
+                "requests": {"cpu": "8", "memory": "32Gi"},
+                "limits": {"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"},
+            })
+        );
         let volumes = pod["volumes"].as_array().unwrap();
         assert_eq!(
             volumes[3..],
@@ -540,7 +547,7 @@ spec:
         let pod = &body["spec"]["template"]["spec"];
         assert_eq!(
             pod["containers"][0]["resources"]["limits"],
-            json!({"nvidia.com/mig-1g.10gb.shared": "1"})
+            json!({"nvidia.com/mig-1g.10gb.shared": "1", "cpu": "8", "memory": "32Gi"})
         );
         // The variant's selectors and the managed pool's labels
         // (`nodeSelector`): a replica never lands on a GPU node gpuscale
@@ -633,7 +640,7 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
         assert!(body["metadata"].get("annotations").is_none());
         assert_eq!(
             template["spec"]["containers"][0]["resources"]["limits"],
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "21463", "nvidia.com/gpucores": "35"})
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "21463", "nvidia.com/gpucores": "35", "cpu": "8", "memory": "32Gi"})
         );
         assert_eq!(template["spec"]["nodeSelector"]["gpu"], "on");
     });
@@ -917,7 +924,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
             json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}})).await;
         assert_eq!(
             d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"],
-            json!({"nvidia.com/gpu": "1"})
+            json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "32Gi"})
         );
         let s = expect(
             &mut handle,
@@ -2870,4 +2877,27 @@ fn the_managed_pool_is_equality_terms_only() {
         let e = spec(bad).pool_labels().unwrap_err();
         assert!(e.contains('`'), "{bad}: {e}");
     }
+}
+
+#[test]
+fn host_resources_scale_with_the_gpus_a_replica_holds() {
+    use gpuscale_autoscaler::kubernetes::ServerResources;
+    let r = ServerResources {
+        cpu: 2.5,
+        cpu_limit: 4.0,
+        memory_gib: 12.5,
+        memory_limit_gib: 16.0,
+    };
+    let (requests, limits) = r.quantities(1);
+    assert_eq!(requests["cpu"], "2500m");
+    assert_eq!(requests["memory"], "12800Mi");
+    assert_eq!(limits["cpu"], "4");
+    assert_eq!(limits["memory"], "16Gi");
+    let (requests, limits) = r.quantities(4);
+    assert_eq!(requests["cpu"], "10");
+    assert_eq!(requests["memory"], "50Gi");
+    assert_eq!(
+        (limits["cpu"].as_str(), limits["memory"].as_str()),
+        ("16", "64Gi")
+    );
 }
