@@ -180,7 +180,7 @@ impl ServerResources {
         let k = f64::from(gpus.max(1));
         let cpu = |c: f64| {
             let m = (c * k * 1000.0).round() as u64;
-            if m % 1000 == 0 {
+            if m.is_multiple_of(1000) {
                 (m / 1000).to_string()
             } else {
                 format!("{m}m")
@@ -188,7 +188,7 @@ impl ServerResources {
         };
         let memory = |g: f64| {
             let mib = (g * k * 1024.0).round() as u64;
-            if mib % 1024 == 0 {
+            if mib.is_multiple_of(1024) {
                 format!("{}Gi", mib / 1024)
             } else {
                 format!("{mib}Mi")
