@@ -1950,3 +1950,38 @@ fn the_network_policy_check_tells_allowed_from_denied() {
     // No policy in namespace b: everything is admitted.
     assert!(admits(&policies, &db, &api, 1));
 }
+
+/// The gateway's policy files and the ModelPolicy objects stay in step in
+/// every rendering: a file without an object (the KEDA overlay once kept
+/// e5-mistral-7b's) is a model the gateway lists and queues requests for
+/// that nothing ever starts.
+#[test]
+fn the_gateways_policy_files_are_the_model_policies() {
+    let Some(all) = rendered() else { return };
+    for (target, objects) in all {
+        let Some(cm) =
+            of_kind(objects, "ConfigMap").find(|o| name(o).starts_with("gpuscale-policies"))
+        else {
+            continue;
+        };
+        let data: BTreeMap<String, String> =
+            serde_json::from_value(cm["data"].clone()).unwrap_or_default();
+        let files: BTreeSet<String> = data
+            .values()
+            .flat_map(|text| {
+                text.split("\n---")
+                    .filter_map(|doc| serde_yaml_ng::from_str::<Value>(doc).ok())
+                    .filter(|d| d["kind"] == "ModelPolicy")
+                    .map(|d| d["metadata"]["name"].as_str().unwrap_or("").to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let objects: BTreeSet<String> = of_kind(objects, "ModelPolicy")
+            .map(|o| name(o).to_string())
+            .collect();
+        assert_eq!(
+            files, objects,
+            "{target}: the gateway's policies and the ModelPolicy objects"
+        );
+    }
+}
