@@ -76,6 +76,7 @@ pub async fn handle(
         access,
         settings.spec.admin.ip().is_loopback(),
         settings.admin_token.as_ref(),
+        settings.read_token.as_ref(),
         req.headers().get(header::AUTHORIZATION),
     ) {
         Verdict::Allow => {}

@@ -10,8 +10,10 @@
 //!   need the token; with no token configured they are refused outright;
 //! - read endpoints (`/metrics`, `/v1/queues`, `/v1/replicas`, the stream,
 //!   and any unknown path) need it when the admin listener is not on a
-//!   loopback address. The gateway refuses to start with such a listener
-//!   and no token ([`crate::config::Settings::check_exposure`]).
+//!   loopback address, where the read-only token (`spec.readTokenFile`,
+//!   a scraper's) serves as well. The gateway refuses to start with such
+//!   a listener and neither token
+//!   ([`crate::config::Settings::check_exposure`]).
 
 use std::path::Path;
 
@@ -159,29 +161,27 @@ pub enum Verdict {
     NoTokenConfigured,
 }
 
-/// Whether a request of class `access` may go on.
+/// Whether a request of class `access` may go on. The admin `token`
+/// allows everything; the `read` token reads and changes nothing.
 pub fn decide(
     access: Access,
     admin_on_loopback: bool,
     token: Option<&AdminToken>,
+    read: Option<&AdminToken>,
     authorization: Option<&HeaderValue>,
 ) -> Verdict {
-    let checked = |t: &AdminToken| {
-        if t.verify(authorization) {
-            Verdict::Allow
-        } else {
-            Verdict::Unauthorized
-        }
-    };
+    let verified = |t: Option<&AdminToken>| t.is_some_and(|t| t.verify(authorization));
     match (access, token) {
         (Access::Open, _) => Verdict::Allow,
         (Access::Write, None) => Verdict::NoTokenConfigured,
-        (Access::Write, Some(t)) => checked(t),
+        (Access::Write, Some(t)) if verified(Some(t)) => Verdict::Allow,
+        (Access::Write, Some(_)) => Verdict::Unauthorized,
         (Access::Read, _) if admin_on_loopback => Verdict::Allow,
-        (Access::Read, Some(t)) => checked(t),
-        // Not reachable once `check_exposure` passed; refuse rather than
-        // serve an exposed listener unauthenticated.
-        (Access::Read, None) => Verdict::Unauthorized,
+        (Access::Read, _) if verified(token) || verified(read) => Verdict::Allow,
+        // Neither token (none configured is not reachable once
+        // `check_exposure` passed): refuse rather than serve an exposed
+        // listener unauthenticated.
+        (Access::Read, _) => Verdict::Unauthorized,
     }
 }
 
@@ -230,27 +230,62 @@ mod tests {
     #[test]
     fn the_rule_matrix() {
         let t = AdminToken::from_secret(SECRET).unwrap();
+        const READER: &str = "fedcba9876543210fedcba";
+        let r = AdminToken::from_secret(READER).unwrap();
         let good = header(&format!("Bearer {SECRET}"));
+        let reader = header(&format!("Bearer {READER}"));
         let bad = header("Bearer wrong-token-wrong-token");
         use Access::*;
         use Verdict::*;
         for loopback in [true, false] {
-            assert_eq!(decide(Open, loopback, None, None), Allow);
-            assert_eq!(decide(Open, loopback, Some(&t), None), Allow);
-            assert_eq!(
-                decide(Write, loopback, None, Some(&good)),
-                NoTokenConfigured
-            );
-            assert_eq!(decide(Write, loopback, Some(&t), None), Unauthorized);
-            assert_eq!(decide(Write, loopback, Some(&t), Some(&bad)), Unauthorized);
-            assert_eq!(decide(Write, loopback, Some(&t), Some(&good)), Allow);
-            assert_eq!(decide(Read, loopback, Some(&t), Some(&good)), Allow);
+            for read in [None, Some(&r)] {
+                assert_eq!(decide(Open, loopback, None, read, None), Allow);
+                assert_eq!(decide(Open, loopback, Some(&t), read, None), Allow);
+                assert_eq!(
+                    decide(Write, loopback, None, read, Some(&good)),
+                    NoTokenConfigured
+                );
+                assert_eq!(decide(Write, loopback, Some(&t), read, None), Unauthorized);
+                assert_eq!(
+                    decide(Write, loopback, Some(&t), read, Some(&bad)),
+                    Unauthorized
+                );
+                assert_eq!(decide(Write, loopback, Some(&t), read, Some(&good)), Allow);
+                assert_eq!(decide(Read, loopback, Some(&t), read, Some(&good)), Allow);
+                // The read token never changes anything.
+                assert_eq!(
+                    decide(Write, loopback, Some(&t), read, Some(&reader)),
+                    Unauthorized
+                );
+                assert_eq!(
+                    decide(Write, loopback, None, read, Some(&reader)),
+                    NoTokenConfigured
+                );
+            }
         }
-        assert_eq!(decide(Read, true, None, None), Allow);
-        assert_eq!(decide(Read, true, Some(&t), None), Allow);
-        assert_eq!(decide(Read, false, Some(&t), None), Unauthorized);
-        assert_eq!(decide(Read, false, Some(&t), Some(&bad)), Unauthorized);
-        assert_eq!(decide(Read, false, None, None), Unauthorized);
+        assert_eq!(decide(Read, true, None, None, None), Allow);
+        assert_eq!(decide(Read, true, Some(&t), None, None), Allow);
+        assert_eq!(decide(Read, false, Some(&t), None, None), Unauthorized);
+        assert_eq!(
+            decide(Read, false, Some(&t), None, Some(&bad)),
+            Unauthorized
+        );
+        assert_eq!(decide(Read, false, None, None, None), Unauthorized);
+        // Off loopback the read token reads, with or without an admin token.
+        assert_eq!(
+            decide(Read, false, Some(&t), Some(&r), Some(&reader)),
+            Allow
+        );
+        assert_eq!(decide(Read, false, None, Some(&r), Some(&reader)), Allow);
+        assert_eq!(
+            decide(Read, false, None, Some(&r), Some(&bad)),
+            Unauthorized
+        );
+        // Without a read token configured, its value is no credential.
+        assert_eq!(
+            decide(Read, false, Some(&t), None, Some(&reader)),
+            Unauthorized
+        );
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub struct GatewaySpec {
     /// be on loopback.
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
+    /// A file holding a second bearer token that reads the admin API
+    /// (`/metrics`, `/v1/queues`, …) and changes nothing: what Prometheus
+    /// holds, so a scraper's credential cannot register a replica (which
+    /// would receive clients' prompts). Relative to this file.
+    #[serde(default)]
+    pub read_token_file: Option<PathBuf>,
     /// What the discovery API may register.
     #[serde(default)]
     pub registration: RegistrationSpec,
@@ -643,6 +649,8 @@ pub struct Settings {
     pub models: BTreeMap<String, ModelSettings>,
     /// The admin API's token, if one is configured.
     pub admin_token: Option<AdminToken>,
+    /// The read-only token, if one is configured.
+    pub read_token: Option<AdminToken>,
     /// What the discovery API may register.
     pub registration: registration::Rules,
     /// Where priority classes come from.
@@ -667,7 +675,10 @@ impl Settings {
     /// Refuses an admin listener off loopback without a token: anyone who
     /// can reach it could read queues and replica addresses.
     pub fn check_exposure(&self) -> Result<(), String> {
-        if !self.spec.admin.ip().is_loopback() && self.admin_token.is_none() {
+        if !self.spec.admin.ip().is_loopback()
+            && self.admin_token.is_none()
+            && self.read_token.is_none()
+        {
             return Err(format!(
                 "spec.admin: {} is not a loopback address, and no admin token is set: \
                  give one with --admin-token-file, GPUSCALE_ADMIN_TOKEN_FILE or spec.adminTokenFile",
@@ -835,6 +846,12 @@ impl Settings {
             }
             None => None,
         };
+        let read_token = match &spec.read_token_file {
+            Some(f) => {
+                Some(AdminToken::from_file(f).map_err(|e| format!("spec.readTokenFile: {e}"))?)
+            }
+            None => None,
+        };
         let mut keys = Vec::new();
         for (i, k) in spec.priorities.api_keys.iter().enumerate() {
             let digest = hex_digest(&k.sha256).ok_or_else(|| {
@@ -873,6 +890,7 @@ impl Settings {
             spec,
             models,
             admin_token,
+            read_token,
             registration,
             priorities,
             balance,
@@ -915,6 +933,7 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     let mut parsed: GatewayDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
+    parsed.spec.read_token_file = parsed.spec.read_token_file.map(|f| dir.join(f));
     let policy_paths: Vec<PathBuf> = parsed.spec.policies.iter().map(|p| dir.join(p)).collect();
     // (Not the admin token file: `--admin-token-file` may replace it.)
     let missing = doc.missing(document::Document::each("spec.policies", &policy_paths));

@@ -100,6 +100,41 @@ async fn the_authentication_matrix() {
     }
 }
 
+/// A scraper's read-only token on an exposed admin listener: it reads
+/// `/metrics` and the queues, and registers nothing, whether or not an
+/// admin token is configured beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_token_reads_and_changes_nothing() {
+    const READER: &str = "fedcba9876543210-read-only";
+    let reader = ("authorization", "Bearer fedcba9876543210-read-only");
+    let up = gated("real", true).await;
+    for admin_token in [Some(TOKEN), None] {
+        let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+        sp.admin = "0.0.0.0:0".parse().unwrap();
+        let mut settings = Settings::from_spec("test", sp, &[]).unwrap();
+        settings.admin_token = admin_token.map(|t| AdminToken::from_secret(t).unwrap());
+        settings.read_token = Some(AdminToken::from_secret(READER).unwrap());
+        let gw = gpuscale_gateway::start(settings).await.unwrap();
+        let a = reach(gw.admin);
+        let case = format!("admin token {}", admin_token.is_some());
+        for path in ["/metrics", "/v1/queues"] {
+            let r = send(a, "GET", path, &[reader], Bytes::new()).await;
+            assert_eq!(r.status, StatusCode::OK, "{case} {path}");
+            let r = send(a, "GET", path, &[], Bytes::new()).await;
+            assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{case} {path}");
+        }
+        let other = gated("other", true).await;
+        let body = replica_body("m", &format!("http://{}", other.addr));
+        let r = send(a, "POST", "/v1/replicas", &[reader], body).await;
+        assert!(
+            matches!(r.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN),
+            "{case}: {}",
+            r.status
+        );
+        gw.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_admin_listener_without_a_token_does_not_start() {
     let mut sp = spec(vec![model("m", &[], 4)]);
