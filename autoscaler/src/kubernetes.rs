@@ -316,11 +316,6 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
     for (k, v) in &variant.labels {
         pod_labels[k] = serde_json::json!(v);
     }
-    let limits: BTreeMap<&String, String> = variant
-        .resources
-        .iter()
-        .map(|(k, v)| (k, v.to_string()))
-        .collect();
     let mut template_metadata = serde_json::json!({"labels": pod_labels});
     if !variant.annotations.is_empty() {
         // Fractional variants: HAMi's placement annotations.
@@ -338,7 +333,7 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             "selector": {"matchLabels": {VARIANT_LABEL: variant.name}},
             "template": {
                 "metadata": template_metadata,
-                "spec": pod_spec(model, variant, spec, limits),
+                "spec": pod_spec(model, variant, spec),
             },
         },
     });
@@ -388,16 +383,15 @@ pub fn server_args(model: &Model, variant: &Variant, spec: &KubeSpec) -> Vec<Str
 /// endpoints are removed before the server stops; the Hugging Face token
 /// as a file (`hfTokenSecret`) and a shared cache (`modelCacheClaim`)
 /// when configured.
-fn pod_spec(
-    model: &Model,
-    variant: &Variant,
-    spec: &KubeSpec,
-    limits: BTreeMap<&String, String>,
-) -> serde_json::Value {
-    let (requests, host_limits) = spec.server_resources.quantities(variant.tensor_parallel);
-    let mut limits: BTreeMap<String, String> =
-        limits.into_iter().map(|(k, v)| (k.clone(), v)).collect();
-    limits.extend(host_limits);
+fn pod_spec(model: &Model, variant: &Variant, spec: &KubeSpec) -> serde_json::Value {
+    // The device the plan gave it, and host CPU and memory per GPU held.
+    let (requests, mut limits) = spec.server_resources.quantities(variant.tensor_parallel);
+    limits.extend(
+        variant
+            .resources
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string())),
+    );
     let uid = spec.run_as_user;
     let startup_failures = spec
         .startup_timeout
