@@ -102,9 +102,10 @@ fn the_gpu_map_draws_mig_instances_at_their_slots_with_their_replicas() {
                 "4g.40gb" => assert_eq!(p.start, Some(0)),
                 other => panic!("unexpected profile {other}"),
             }
-            // An `Ng` profile has N of the GPU's 7 compute slices.
-            let n: f64 = profile[..1].parse().unwrap();
-            assert!((p.compute_share - n / 7.0).abs() < 1e-9, "{p:?}");
+            // An H100's 3g instance has 60 of its 132 SMs, its 4g 64
+            // (`nvidia-smi mig -lgip`), not 3 or 4 sevenths.
+            let sms = if profile == "3g.40gb" { 60.0 } else { 64.0 };
+            assert!((p.compute_share - sms / 132.0).abs() < 1e-9, "{p:?}");
             assert!((p.memory_gib - 30.0).abs() < 1e-9);
         }
         let mem: f64 = g.parts.iter().map(|p| p.memory_gib).sum::<f64>() / g.memory_gib;

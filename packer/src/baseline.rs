@@ -208,8 +208,7 @@ fn mig_fit(m: &Model, gpu: &GpuModel, placed: &[Placement]) -> Option<Placement>
         .filter(|p| {
             !p.media_extensions
                 && p.usable_gib + 1e-9 >= m.memory_gib
-                && gpu.compute * f64::from(p.compute_slices) / f64::from(spec.compute_slices) + 1e-9
-                    >= m.compute
+                && p.compute(gpu.compute) + 1e-9 >= m.compute
         })
         .collect();
     profiles.sort_by(|a, b| {

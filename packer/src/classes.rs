@@ -522,7 +522,7 @@ fn add_slot_types(class: &mut Class, models: &[Model], options: &PackOptions) {
             class.slot_types.push(slot(
                 SlotKind::Mig(p.name.clone()),
                 p.usable_gib,
-                class.compute * f64::from(p.compute_slices) / f64::from(spec.compute_slices),
+                p.compute(class.compute),
             ));
         }
     }
@@ -532,8 +532,7 @@ fn add_slot_types(class: &mut Class, models: &[Model], options: &PackOptions) {
         .filter(|_| class.allows.contains(&SharingMode::MigTimeslice))
     {
         for p in spec.profiles.iter().filter(|p| !p.media_extensions) {
-            let compute =
-                class.compute * f64::from(p.compute_slices) / f64::from(spec.compute_slices);
+            let compute = p.compute(class.compute);
             for n in 2..=options.max_timeslice_replicas {
                 class.slot_types.push(slot(
                     SlotKind::MigShare(p.name.clone(), n),

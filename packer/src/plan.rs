@@ -588,13 +588,11 @@ impl Plan {
                 let (what, speed) = match g.mode {
                     Mode::Mig => {
                         let profile = r.profile.clone().unwrap_or_default();
-                        let slices = gm
+                        let share = gm
                             .mig
                             .as_ref()
-                            .and_then(|m| {
-                                Some((m.profile(&profile)?.compute_slices, m.compute_slices))
-                            })
-                            .map_or(1.0, |(p, all)| f64::from(p) / f64::from(all));
+                            .and_then(|m| m.profile(&profile))
+                            .map_or(1.0, |p| p.compute_fraction);
                         let n = match shared.get(g.node.as_str()) {
                             Some(&(p, n)) if p == profile => n.max(1),
                             _ => 1,
@@ -610,7 +608,7 @@ impl Plan {
                                 geometry.join(","),
                                 r.start.unwrap_or(0)
                             ),
-                            gm.compute * slices / f64::from(n),
+                            gm.compute * share / f64::from(n),
                         )
                     }
                     Mode::Timeslice => {

@@ -178,8 +178,7 @@ fn search_node(
                             slots.push(Slot {
                                 gpu: g,
                                 memory: prof.usable_gib,
-                                compute: gpu.compute * f64::from(prof.compute_slices)
-                                    / f64::from(spec.compute_slices),
+                                compute: prof.compute(gpu.compute),
                                 mode: SharingMode::Mig,
                             });
                         }
@@ -188,8 +187,7 @@ fn search_node(
                         let spec = gpu.mig.as_ref().unwrap();
                         for p in geometry.placements() {
                             let prof = spec.profile(&p.profile).unwrap();
-                            let compute = gpu.compute * f64::from(prof.compute_slices)
-                                / f64::from(spec.compute_slices);
+                            let compute = prof.compute(gpu.compute);
                             if p.profile == *shared {
                                 for _ in 0..*n {
                                     slots.push(Slot {

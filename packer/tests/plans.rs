@@ -90,8 +90,7 @@ fn check_rules(
                     let placement = g.geometry.iter().find(|p| p.start == start).unwrap();
                     assert_eq!(Some(&placement.profile), r.profile.as_ref());
                     let prof = spec.profile(&placement.profile).unwrap();
-                    let compute = gpu.compute * f64::from(prof.compute_slices)
-                        / f64::from(spec.compute_slices);
+                    let compute = prof.compute(gpu.compute);
                     let e = per_instance.entry(start).or_insert((0, 0.0, 0.0));
                     e.0 += 1;
                     e.1 += m.memory_gib;

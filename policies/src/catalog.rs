@@ -37,6 +37,22 @@
 //!   Where the assumption and the hardware may differ, override `usableGiB`
 //!   in the cluster file. A replica planned into a slice it does not fit
 //!   fails with an out-of-memory error, so round down.
+//! - **MIG compute** (`compute_fraction`): the streaming multiprocessors
+//!   (SMs) of the instance, from the `SM` column of `nvidia-smi mig -lgip`,
+//!   divided by the SMs of the whole GPU with MIG off. A slice is not a
+//!   seventh of the GPU: Hopper's 1g instance has 16 of 132 SMs (0.121, not
+//!   0.143), its 4g 64 (0.485, not 0.571) and its 3g 60 (0.455, not 0.429);
+//!   on Ampere the 7g instance has 98 of the A100's 108 SMs.
+//!   - Hopper (H100-80GB, H200-141GB), 132 SMs: 1g 16, 1g with two memory
+//!     slots 26, 2g 32, 3g 60, 4g 64, 7g 132. Measured on a real H200 (the
+//!     recorded `-lgip` in `tests/data/nvidia-h200/`) and the same in the
+//!     MIG User Guide's H100-80GB listing.
+//!   - Ampere (A100-40GB, A100-80GB), 108 SMs: 1g 14 (with one or two
+//!     memory slots), 2g 28, 3g 42, 4g 56, 7g 98, from public `-lgip`
+//!     output of A100s.
+//!   - A30-24GB, 56 SMs: 1g 14, 2g 28, 4g 56 (a quarter per slice).
+//!   - H100-94GB (H100 NVL, 132 SMs) and B200: Hopper's fractions, an
+//!     assumption until measured.
 //! - **Price** (`price_per_hour`): an **assumption** — a round, typical 2025
 //!   cloud on-demand price per GPU in USD. Every deployment should override it
 //!   with its own cost; the packer only compares prices, it never bills.
@@ -73,9 +89,18 @@ pub struct MigProfile {
     /// Whether this is a `+me` profile (takes the GPU's media extensions;
     /// at most one per GPU).
     pub media_extensions: bool,
+    /// The instance's share of the whole GPU's compute: its SMs over the
+    /// GPU's with MIG off (see the module docs), not `compute_slices / 7`.
+    pub compute_fraction: f64,
 }
 
 impl MigProfile {
+    /// The compute of one instance, in the catalogue's unit (1.0 = one
+    /// H100-80GB), on a GPU whose whole compute is `gpu_compute`.
+    pub fn compute(&self, gpu_compute: f64) -> f64 {
+        gpu_compute * self.compute_fraction
+    }
+
     /// The device-plugin resource name in the "mixed" strategy,
     /// e.g. `nvidia.com/mig-3g.40gb`.
     pub fn resource_name(&self) -> String {
@@ -160,7 +185,60 @@ fn usable_for(nominal_gb: u32, slots: u8) -> f64 {
     (f64::from(nominal_gb) * fraction * 100.0).round() / 100.0
 }
 
-fn profile(c: u8, slots: u8, nominal: u32, starts: &[u8], me: bool) -> MigProfile {
+/// SMs of a GPU's MIG instances and of the whole GPU with MIG off (the
+/// module docs give the sources).
+struct Sms {
+    /// SMs of the whole GPU with MIG off.
+    gpu: u32,
+    /// SMs of an instance, by (compute slices, memory slots).
+    instances: &'static [((u8, u8), u32)],
+}
+
+impl Sms {
+    fn fraction(&self, c: u8, slots: u8) -> f64 {
+        let sms = self
+            .instances
+            .iter()
+            .find(|(k, _)| *k == (c, slots))
+            .map(|(_, n)| *n)
+            .expect("every built-in profile has its SMs");
+        f64::from(sms) / f64::from(self.gpu)
+    }
+}
+
+/// Hopper (H100, H200): 132 SMs.
+const HOPPER_SMS: Sms = Sms {
+    gpu: 132,
+    instances: &[
+        ((1, 1), 16),
+        ((1, 2), 26),
+        ((2, 2), 32),
+        ((3, 4), 60),
+        ((4, 4), 64),
+        ((7, 8), 132),
+    ],
+};
+
+/// Ampere A100: 108 SMs, 98 of them in MIG's 7g instance.
+const A100_SMS: Sms = Sms {
+    gpu: 108,
+    instances: &[
+        ((1, 1), 14),
+        ((1, 2), 14),
+        ((2, 2), 28),
+        ((3, 4), 42),
+        ((4, 4), 56),
+        ((7, 8), 98),
+    ],
+};
+
+/// A30: 56 SMs, 14 per slice.
+const A30_SMS: Sms = Sms {
+    gpu: 56,
+    instances: &[((1, 1), 14), ((2, 2), 28), ((4, 4), 56)],
+};
+
+fn profile(sms: &Sms, c: u8, slots: u8, nominal: u32, starts: &[u8], me: bool) -> MigProfile {
     MigProfile {
         name: format!("{c}g.{nominal}gb{}", if me { "+me" } else { "" }),
         compute_slices: c,
@@ -168,38 +246,40 @@ fn profile(c: u8, slots: u8, nominal: u32, starts: &[u8], me: bool) -> MigProfil
         usable_gib: usable_for(nominal, slots),
         starts: starts.to_vec(),
         media_extensions: me,
+        compute_fraction: sms.fraction(c, slots),
     }
 }
 
 /// The placement rules of an 8-slot, 7-slice GPU (A100, H100, H200, B200).
-fn eight_slot_mig(n: MigNames) -> MigSpec {
+fn eight_slot_mig(n: MigNames, sms: &Sms) -> MigSpec {
     let ones: &[u8] = &[0, 1, 2, 3, 4, 5, 6];
     MigSpec {
         memory_slots: 8,
         compute_slices: 7,
         profiles: vec![
-            profile(1, 1, n.one, ones, false),
-            profile(1, 1, n.one, ones, true),
-            profile(1, 2, n.two, &[0, 2, 4, 6], false),
-            profile(2, 2, n.two, &[0, 2, 4], false),
-            profile(3, 4, n.four, &[0, 4], false),
-            profile(4, 4, n.four, &[0], false),
-            profile(7, 8, n.eight, &[0], false),
+            profile(sms, 1, 1, n.one, ones, false),
+            profile(sms, 1, 1, n.one, ones, true),
+            profile(sms, 1, 2, n.two, &[0, 2, 4, 6], false),
+            profile(sms, 2, 2, n.two, &[0, 2, 4], false),
+            profile(sms, 3, 4, n.four, &[0, 4], false),
+            profile(sms, 4, 4, n.four, &[0], false),
+            profile(sms, 7, 8, n.eight, &[0], false),
         ],
     }
 }
 
 /// A30-24GB: 4 memory slots and 4 compute slices.
 fn a30_mig() -> MigSpec {
+    let sms = &A30_SMS;
     MigSpec {
         memory_slots: 4,
         compute_slices: 4,
         profiles: vec![
-            profile(1, 1, 6, &[0, 1, 2, 3], false),
-            profile(1, 1, 6, &[0, 1, 2, 3], true),
-            profile(2, 2, 12, &[0, 2], false),
-            profile(2, 2, 12, &[0, 2], true),
-            profile(4, 4, 24, &[0], false),
+            profile(sms, 1, 1, 6, &[0, 1, 2, 3], false),
+            profile(sms, 1, 1, 6, &[0, 1, 2, 3], true),
+            profile(sms, 2, 2, 12, &[0, 2], false),
+            profile(sms, 2, 2, 12, &[0, 2], true),
+            profile(sms, 4, 4, 24, &[0], false),
         ],
     }
 }
@@ -244,7 +324,7 @@ impl Catalog {
                     tflops: 312.0,
                     price: 1.80,
                 },
-                Some(eight_slot_mig(names(5, 10, 20, 40))),
+                Some(eight_slot_mig(names(5, 10, 20, 40), &A100_SMS)),
             ),
             model(
                 Row {
@@ -254,7 +334,7 @@ impl Catalog {
                     tflops: 312.0,
                     price: 2.20,
                 },
-                Some(eight_slot_mig(names(10, 20, 40, 80))),
+                Some(eight_slot_mig(names(10, 20, 40, 80), &A100_SMS)),
             ),
             model(
                 Row {
@@ -264,7 +344,7 @@ impl Catalog {
                     tflops: 989.0,
                     price: 3.00,
                 },
-                Some(eight_slot_mig(names(10, 20, 40, 80))),
+                Some(eight_slot_mig(names(10, 20, 40, 80), &HOPPER_SMS)),
             ),
             model(
                 Row {
@@ -274,7 +354,7 @@ impl Catalog {
                     tflops: 835.0,
                     price: 3.20,
                 },
-                Some(eight_slot_mig(names(12, 24, 47, 94))),
+                Some(eight_slot_mig(names(12, 24, 47, 94), &HOPPER_SMS)),
             ),
             model(
                 Row {
@@ -284,7 +364,7 @@ impl Catalog {
                     tflops: 989.0,
                     price: 3.80,
                 },
-                Some(eight_slot_mig(names(18, 35, 71, 141))),
+                Some(eight_slot_mig(names(18, 35, 71, 141), &HOPPER_SMS)),
             ),
             model(
                 Row {
@@ -294,7 +374,7 @@ impl Catalog {
                     tflops: 2250.0,
                     price: 5.50,
                 },
-                Some(eight_slot_mig(names(23, 45, 90, 180))),
+                Some(eight_slot_mig(names(23, 45, 90, 180), &HOPPER_SMS)),
             ),
             model(
                 Row {
@@ -418,7 +498,7 @@ impl fmt::Display for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:<11} {:>9} {:>9} {:>8} {:>7}  MIG PROFILES (usable GiB)",
+            "{:<11} {:>9} {:>9} {:>8} {:>7}  MIG PROFILES (usable GiB, share of the GPU's SMs)",
             "MODEL", "MEM GiB", "USABLE", "COMPUTE", "$/h"
         )?;
         for m in self.models() {
@@ -427,7 +507,12 @@ impl fmt::Display for Catalog {
                 Some(mig) => mig
                     .profiles
                     .iter()
-                    .map(|p| format!("{} ({:.2})", p.name, p.usable_gib))
+                    .map(|p| {
+                        format!(
+                            "{} ({:.2}, {:.3})",
+                            p.name, p.usable_gib, p.compute_fraction
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
             };
@@ -498,6 +583,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a100_instances_have_the_sms_that_nvidia_smi_lists() {
+        // `nvidia-smi mig -lgip` on an A100-SXM4-40GB: the SM column, of
+        // the 108 SMs the A100 has with MIG off.
+        let listed = [
+            ("1g.5gb", 14.0),
+            ("1g.10gb", 14.0),
+            ("2g.10gb", 28.0),
+            ("3g.20gb", 42.0),
+            ("4g.20gb", 56.0),
+            ("7g.40gb", 98.0),
+        ];
+        let c = Catalog::builtin();
+        let mig = c.get("A100-40GB").unwrap().mig.as_ref().unwrap();
+        for (name, sms) in listed {
+            let p = mig.profile(name).unwrap();
+            assert!((p.compute_fraction - sms / 108.0).abs() < 1e-12, "{name}");
+        }
+        // A 7g instance is not the whole A100: ten SMs stay dark.
+        assert!(mig.profile("7g.40gb").unwrap().compute(1.0) < 0.91);
+    }
+
     /// The oracle is the hardware: `nvidia-smi mig -lgip` and `-lgipp` of
     /// a real H200 (driver 580.159.04), recorded in `tests/data/`.
     #[test]
@@ -524,6 +631,20 @@ mod tests {
             assert_eq!(p.starts, *starts, "{name}: -lgipp's starts");
             let slices: u8 = name.split('g').next().unwrap().parse().unwrap();
             assert_eq!(p.compute_slices, slices, "{name}");
+            // -lgip's SM column over the 132 SMs of the whole GPU (the
+            // 7g instance holds them all on Hopper).
+            let sms: f64 = include_str!("../../tests/data/nvidia-h200/lgip.txt")
+                .lines()
+                .find(|l| l.split_whitespace().nth(3) == Some(name.as_str()))
+                .and_then(|l| l.split_whitespace().nth(8))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                (p.compute_fraction - sms / 132.0).abs() < 1e-12,
+                "{name}: {} against -lgip's {sms} of 132 SMs",
+                p.compute_fraction
+            );
             // -lgip's Free/Total with nothing created: the most instances
             // of the profile the GPU holds at once.
             let total: usize = include_str!("../../tests/data/nvidia-h200/lgip.txt")

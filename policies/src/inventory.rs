@@ -72,6 +72,11 @@ pub struct GpuModelOverride {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub mig_usable_gib: BTreeMap<String, f64>,
+    /// Share of the whole GPU's compute per MIG profile name, in (0, 1]:
+    /// the instance's SMs over the GPU's with MIG off (the `SM` column of
+    /// `nvidia-smi mig -lgip` over the GPU's SM count).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_compute_fraction: BTreeMap<String, f64>,
 }
 
 /// Health of a GPU.
@@ -872,8 +877,25 @@ fn apply_overrides(
                 ),
             ));
         }
-        for (profile, &gib) in &o.mig_usable_gib {
-            let field = format!("{path}.migUsableGiB.{profile}");
+        let fractions = o.mig_compute_fraction.iter().map(|(p, &f)| (p, f, true));
+        for (profile, value, is_fraction) in o
+            .mig_usable_gib
+            .iter()
+            .map(|(p, &g)| (p, g, false))
+            .chain(fractions)
+        {
+            let field = if is_fraction {
+                format!("{path}.migComputeFraction.{profile}")
+            } else {
+                format!("{path}.migUsableGiB.{profile}")
+            };
+            if is_fraction && !(value > 0.0 && value <= 1.0) {
+                errors.push(FieldError::new(
+                    field,
+                    format!("must be in (0, 1] (the instance's SMs over the GPU's), got {value}"),
+                ));
+                continue;
+            }
             match model.mig.as_mut().map(|m: &mut MigSpec| {
                 m.profiles
                     .iter_mut()
@@ -887,7 +909,11 @@ fn apply_overrides(
                 )),
                 Some(found) => {
                     for p in found {
-                        p.usable_gib = gib;
+                        if is_fraction {
+                            p.compute_fraction = value;
+                        } else {
+                            p.usable_gib = value;
+                        }
                     }
                 }
             }
@@ -1165,6 +1191,7 @@ mod tests {
                     name: "H100-80GB".into(),
                     price_per_hour: Some(2.0),
                     mig_usable_gib: [("1g.10gb".to_string(), 9.5)].into(),
+                    mig_compute_fraction: [("4g.40gb".to_string(), 0.5)].into(),
                     ..Default::default()
                 },
                 GpuModelOverride {
@@ -1188,6 +1215,36 @@ mod tests {
                 .usable_gib,
             9.5
         );
+        let mig = h.mig.as_ref().unwrap();
+        assert_eq!(mig.profile("4g.40gb").unwrap().compute(3.0), 1.5);
+        assert!((mig.profile("3g.40gb").unwrap().compute_fraction - 60.0 / 132.0).abs() < 1e-12);
         assert_eq!(c.catalog.get("H100-80GB-custom").unwrap().compute, 0.9);
+    }
+
+    #[test]
+    fn a_mig_compute_fraction_is_a_share_of_the_gpu() {
+        for (value, ok) in [(0.0, false), (1.2, false), (f64::NAN, false), (1.0, true)] {
+            let spec = ClusterSpec {
+                catalog: vec![GpuModelOverride {
+                    name: "B200".into(),
+                    mig_compute_fraction: [("1g.23gb".to_string(), value)].into(),
+                    ..Default::default()
+                }],
+                nodes: vec![],
+            };
+            let got = Cluster::from_spec("c", &spec, &Catalog::builtin());
+            match got {
+                Ok(_) => assert!(ok, "{value} accepted"),
+                Err(errors) => {
+                    assert!(!ok, "{value} refused: {errors:?}");
+                    assert_eq!(errors[0].path, "spec.catalog[0].migComputeFraction.1g.23gb");
+                    assert!(
+                        errors[0].message.contains("(0, 1]"),
+                        "{}",
+                        errors[0].message
+                    );
+                }
+            }
+        }
     }
 }

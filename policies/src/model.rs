@@ -1219,8 +1219,7 @@ impl Model {
             let single = self.tensor_parallel.contains(&1);
             if single && let Some(mig) = &gpu.mig {
                 for prof in &mig.profiles {
-                    let compute = gpu.compute * f64::from(prof.compute_slices)
-                        / f64::from(mig.compute_slices);
+                    let compute = prof.compute(gpu.compute);
                     if prof.media_extensions || !self.fits(prof.usable_gib, compute, 1) {
                         continue;
                     }
@@ -1402,7 +1401,8 @@ mod tests {
         };
         let m = Model::from_policy(&policy(res(19.0, 0.2), placement), &c).unwrap();
         let profiles = mig_profiles(&m, &c);
-        // 1g.20gb has the memory but only 1/7 of the compute (0.143 < 0.2).
+        // 1g.20gb has the memory but 26 of the H100's 132 SMs
+        // (`nvidia-smi mig -lgip`): 0.197 < 0.2.
         assert_eq!(profiles, ["2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]);
 
         let whole = PlacementPolicy {
@@ -1465,9 +1465,16 @@ mod tests {
         p.spec.slo.ttft_p95 = Some(Duration::from_millis(400));
         let m = Model::from_policy(&p, &c).unwrap();
         assert!((m.compute - 0.453_666).abs() < 1e-5, "{}", m.compute);
-        // 3g.40gb gives 3/7 = 0.43 of an H100: not enough any more.
+        // 2g.20gb's 32 of 132 SMs are not enough any more; 3g.40gb's 60
+        // (0.4545, not 3/7 = 0.43) just are.
         let profiles = mig_profiles(&m, &c);
-        assert_eq!(profiles, ["4g.40gb", "7g.80gb"]);
+        assert_eq!(profiles, ["3g.40gb", "4g.40gb", "7g.80gb"]);
+        // At 399 ms it needs a hair more (0.4548) and the 3g is out too.
+        p.spec.slo.ttft_p95 = Some(Duration::from_millis(399));
+        let m = Model::from_policy(&p, &c).unwrap();
+        assert!(m.compute > 60.0 / 132.0, "{}", m.compute);
+        assert_eq!(mig_profiles(&m, &c), ["4g.40gb", "7g.80gb"]);
+        p.spec.slo.ttft_p95 = Some(Duration::from_millis(400));
         // A declared compute above it stays.
         p.spec.resources.compute = 0.6;
         assert_eq!(Model::from_policy(&p, &c).unwrap().compute, 0.6);

@@ -59,6 +59,7 @@ const KEYS: &[&str] = &[
     "count",
     "catalog",
     "migUsableGiB",
+    "migComputeFraction",
     "priority",
     "bogus",
 ];

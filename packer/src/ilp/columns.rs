@@ -76,7 +76,7 @@ const CLOSE_ENOUGH: f64 = 1e-3;
 
 /// Branch-and-bound nodes per pricing knapsack (past it the root's bound
 /// stands in for the bound).
-const KNAPSACK_NODES: u64 = 50_000;
+const KNAPSACK_NODES: u64 = 200_000;
 
 /// Nodes per knapsack in the rounds that only look for good mixes; a
 /// round that finds none prices again with [`KNAPSACK_NODES`].
