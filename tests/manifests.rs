@@ -55,6 +55,9 @@ const TARGETS: &[&str] = &[
 /// never checked in: deploy/README.md).
 const ADMIN_SECRET: &str = "gpuscale-admin-token";
 
+/// The read-only token Secret every gateway mounts, for Prometheus.
+const READ_SECRET: &str = "gpuscale-read-token";
+
 /// The user every container runs as (distroless's `nonroot`).
 const NONROOT: i64 = 65532;
 
@@ -663,7 +666,8 @@ fn no_secret_is_a_literal_and_the_admin_token_is_a_mounted_secret() {
     let mut problems = Vec::new();
     for (target, objects) in all {
         assert!(
-            find(objects, "Secret", ADMIN_SECRET).is_none(),
+            find(objects, "Secret", ADMIN_SECRET).is_none()
+                && find(objects, "Secret", READ_SECRET).is_none(),
             "deploy/{target}: the admin token Secret must not be checked in"
         );
         for d in deployments(objects) {
@@ -810,21 +814,24 @@ fn config_map_files(
 }
 
 /// A Secret's files: not in the manifests (created by hand), so a made-up
-/// token for the admin Secret's `token` key.
+/// token for the admin or the read Secret's `token` key.
 fn secret_files(
     secret: &str,
     items: Option<&[k8s_openapi::api::core::v1::KeyToPath]>,
 ) -> Vec<(String, String)> {
-    assert_eq!(
-        secret, ADMIN_SECRET,
-        "a gpuscale container mounts Secret {secret}; only {ADMIN_SECRET} is documented"
-    );
-    let token = "0123456789abcdef0123456789abcdef\n".to_string();
+    let token = match secret {
+        ADMIN_SECRET => "0123456789abcdef0123456789abcdef\n",
+        READ_SECRET => "fedcba9876543210fedcba9876543210\n",
+        _ => panic!(
+            "a gpuscale container mounts Secret {secret}; only {ADMIN_SECRET} and {READ_SECRET} are documented"
+        ),
+    }
+    .to_string();
     match items {
         None => vec![("token".into(), token)],
         Some(items) => {
             for i in items {
-                assert_eq!(i.key, "token", "Secret {ADMIN_SECRET} has one key, `token`");
+                assert_eq!(i.key, "token", "Secret {secret} has one key, `token`");
             }
             items
                 .iter()
@@ -999,6 +1006,11 @@ fn load_container(objects: &[Value], d: &Deployment, c: &Container) -> Result<Lo
             s.check_exposure()?;
             if s.admin_token.is_none() {
                 return Err("the gateway has no admin token (spec.adminTokenFile)".into());
+            }
+            // Prometheus scrapes with the read-only token
+            // (deploy/prometheus/scrape.yaml), never the admin one.
+            if s.read_token.is_none() {
+                return Err("the gateway has no read token (spec.readTokenFile)".into());
             }
             let admin = admin_port(c).ok_or("no container port named admin")?;
             if i32::from(s.spec.admin.port()) != admin {
@@ -1855,11 +1867,17 @@ fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_clust
             .map(|o| serde_json::from_value(o.clone()).unwrap())
             .collect();
         let pods = pods_of(target, objects);
-        let prometheus = Peer::outside(
+        let mut prometheus = Peer::outside(
             "prometheus",
             "monitoring",
             &[("gpuscale.io/scrape", "true")],
         );
+        // prometheus-operator's label on the Prometheus pods.
+        prometheus
+            .labels
+            .insert("app.kubernetes.io/name".into(), "prometheus".into());
+        // Anything else in Prometheus's namespace stays out.
+        let grafana = Peer::outside("grafana", "monitoring", &[("gpuscale.io/scrape", "true")]);
         let keda = Peer::outside("keda-operator", "keda", &[]);
         let client = Peer::outside("web", "apps", &[]);
         // Something else a user runs in the namespace, and a pod in a
@@ -1875,7 +1893,7 @@ fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_clust
             p.labels.insert("gpuscale.io/model".into(), "x".into());
             p
         });
-        let mut sources = vec![prometheus, keda, client, neighbour, unlabelled];
+        let mut sources = vec![prometheus, grafana, keda, client, neighbour, unlabelled];
         sources.extend(impostors);
         sources.extend(pods.iter().cloned());
         let mut checked = 0;
@@ -1984,4 +2002,165 @@ fn the_gateways_policy_files_are_the_model_policies() {
             "{target}: the gateway's policies and the ModelPolicy objects"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// deploy/prometheus/scrape.yaml: the jobs applied as Prometheus applies them
+// to what its Kubernetes discovery (`role: pod`) finds: one target per
+// container port (init containers too), with the labels
+// `__meta_kubernetes_namespace`, `__meta_kubernetes_pod_label_<name>`
+// (the label's name with every character outside [a-zA-Z0-9_] made `_`)
+// and `__meta_kubernetes_pod_container_port_name`; `relabel_configs` in
+// order, where `keep` keeps a target whose source labels' values, joined
+// by `;`, match the regex anchored at both ends (RE2), `drop` the
+// opposite, and `replace` (the default action) only sets a label.
+
+/// The shipped scrape jobs.
+fn scrape_jobs() -> Vec<serde_yaml_ng::Value> {
+    let path = root().join("deploy/prometheus/scrape.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Whether `job` keeps the target with discovered labels `labels`.
+fn job_keeps(job: &serde_yaml_ng::Value, labels: &BTreeMap<String, String>) -> bool {
+    for r in job["relabel_configs"].as_sequence().into_iter().flatten() {
+        let action = r["action"].as_str().unwrap_or("replace");
+        let joined = r["source_labels"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|l| labels.get(l.as_str().unwrap()).cloned().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(r["separator"].as_str().unwrap_or(";"));
+        let re =
+            regex::Regex::new(&format!("^(?:{})$", r["regex"].as_str().unwrap_or("(.*)"))).unwrap();
+        match action {
+            "keep" if !re.is_match(&joined) => return false,
+            "drop" if re.is_match(&joined) => return false,
+            "keep" | "drop" | "replace" => {}
+            other => panic!("relabel action {other}: not modelled here"),
+        }
+    }
+    true
+}
+
+#[test]
+fn the_shipped_scrape_jobs_reach_every_metrics_port_and_nothing_else() {
+    let Some(all) = rendered() else { return };
+    let jobs = scrape_jobs();
+    let name_of = |j: &serde_yaml_ng::Value| j["job_name"].as_str().unwrap().to_string();
+    for job in &jobs {
+        let sd = &job["kubernetes_sd_configs"][0];
+        assert_eq!(sd["role"].as_str(), Some("pod"), "{}", name_of(job));
+        assert_eq!(
+            sd["namespaces"]["names"][0].as_str(),
+            Some("gpuscale"),
+            "{}",
+            name_of(job)
+        );
+    }
+    let sanitize = |k: &str| -> String {
+        k.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mut reached = BTreeSet::new();
+    for target in [
+        "base",
+        "overlays/central",
+        "overlays/sidecar",
+        "overlays/keda",
+    ] {
+        let objects = &all[target];
+        for pod in pods_of(target, objects) {
+            for (port_name, port) in &pod.ports {
+                let mut labels: BTreeMap<String, String> = pod
+                    .labels
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            format!("__meta_kubernetes_pod_label_{}", sanitize(k)),
+                            v.clone(),
+                        )
+                    })
+                    .collect();
+                labels.insert("__meta_kubernetes_namespace".into(), pod.namespace.clone());
+                // An unnamed port is listed under its number (`Peer`).
+                if port_name.parse::<i32>().is_err() {
+                    labels.insert(
+                        "__meta_kubernetes_pod_container_port_name".into(),
+                        port_name.clone(),
+                    );
+                }
+                let kept: Vec<String> = jobs
+                    .iter()
+                    .filter(|j| job_keeps(j, &labels))
+                    .map(name_of)
+                    .collect();
+                let want: &[&str] = match (role(&pod), port_name.as_str()) {
+                    ("gateway", "admin") => &["gpuscale-gateway"],
+                    ("model", "gateway-admin") => &["gpuscale-sidecar-gateway"],
+                    ("controller", "admin") => &["gpuscale-controller"],
+                    ("agent", "http") => &["gpuscale-agent"],
+                    _ => &[],
+                };
+                assert_eq!(
+                    kept, want,
+                    "deploy/{target}: {} port {port_name} ({port}) is scraped by {kept:?}",
+                    pod.what
+                );
+                reached.extend(kept);
+            }
+        }
+    }
+    let every: BTreeSet<String> = jobs.iter().map(name_of).collect();
+    assert_eq!(reached, every, "a job that reaches nothing");
+    // The gateways need a token off loopback: the read-only one, which
+    // can change nothing; the controller and the agents need none.
+    for job in &jobs {
+        let file = job["authorization"]["credentials_file"].as_str();
+        if name_of(job).contains("gateway") {
+            let file = file.unwrap_or_else(|| panic!("{}: no credentials_file", name_of(job)));
+            assert!(file.ends_with("/gpuscale-read-token/read-token"), "{file}");
+        } else {
+            assert_eq!(file, None, "{}", name_of(job));
+        }
+    }
+}
+
+#[test]
+fn the_relabel_model_keeps_and_drops_as_prometheus_does() {
+    let job: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        "relabel_configs:\n\
+         - {source_labels: [a, b], regex: x;y, action: keep}\n\
+         - {source_labels: [c], regex: 'z.*', action: drop}\n\
+         - {source_labels: [a], target_label: d}\n",
+    )
+    .unwrap();
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(job_keeps(&job, &labels(&[("a", "x"), ("b", "y")])));
+    // Anchored at both ends, and an absent label is the empty string.
+    assert!(!job_keeps(&job, &labels(&[("a", "xx"), ("b", "y")])));
+    assert!(!job_keeps(&job, &labels(&[("a", "x"), ("b", "yy")])));
+    assert!(!job_keeps(&job, &labels(&[("a", "x")])));
+    assert!(!job_keeps(
+        &job,
+        &labels(&[("a", "x"), ("b", "y"), ("c", "zq")])
+    ));
+    assert!(job_keeps(
+        &job,
+        &labels(&[("a", "x"), ("b", "y"), ("c", "qz")])
+    ));
 }

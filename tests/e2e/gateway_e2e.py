@@ -10,9 +10,13 @@ Checks, in order:
      scraping the admin port answers the PromQL query
      `gpuscale_queue_depth{model="sim-model"}` with the queue depth that
      `/v1/queues` reports. The admin listener is exposed (0.0.0.0) as in
-     Kubernetes, so it needs the admin token: Prometheus reads it from a
-     file (`authorization.credentials_file`), and a request without it
-     gets 401;
+     Kubernetes, so it needs a token: Prometheus runs the job shipped in
+     deploy/prometheus/scrape.yaml, with the read-only token from a file
+     (`authorization.credentials_file`), and a request without a token
+     gets 401. Debian's Prometheus has no Kubernetes discovery, so the
+     job's `kubernetes_sd_configs` become `static_configs` carrying the
+     labels that discovery would give the gateway's two ports: its
+     relabelling keeps the admin port and drops the traffic port;
   4. SIGTERM: `/readyz` turns 503 at once while the gateway still
      answers (drain.announce), then it exits 0.
 
@@ -29,6 +33,8 @@ import tempfile
 import threading
 import time
 import urllib.error
+
+import yaml
 import urllib.parse
 import urllib.request
 
@@ -91,6 +97,10 @@ def main():
         token_file = os.path.join(work, "admin-token")
         with open(token_file, "w") as f:
             f.write(token + "\n")
+        read_token = "e2e-read-" + os.urandom(16).hex()
+        read_token_file = os.path.join(work, "read-token")
+        with open(read_token_file, "w") as f:
+            f.write(read_token + "\n")
         config = os.path.join(work, "gateway.yaml")
         with open(config, "w") as f:
             f.write(f"""apiVersion: gpuscale.io/v1alpha1
@@ -101,6 +111,7 @@ spec:
   listen: 127.0.0.1:{gw_port}
   admin: 0.0.0.0:{admin_port}
   adminTokenFile: admin-token
+  readTokenFile: read-token
   drain:
     announce: 2s
     timeout: 1s
@@ -159,18 +170,30 @@ spec:
         print("promtool check metrics: ok")
 
         # 3. Prometheus scrapes the gateway; PromQL sees the queue.
+        shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               "..", "..", "deploy", "prometheus", "scrape.yaml")
+        with open(shipped) as f:
+            jobs = yaml.safe_load(f)
+        job = next(j for j in jobs if j["job_name"] == "gpuscale-gateway")
+        del job["kubernetes_sd_configs"]
+        pod = {"__meta_kubernetes_namespace": "gpuscale",
+               "__meta_kubernetes_pod_name": "gpuscale-gateway-7d9c-x2x",
+               "__meta_kubernetes_pod_label_app_kubernetes_io_name": "gpuscale-gateway"}
+        job["static_configs"] = [
+            {"targets": [f"127.0.0.1:{admin_port}"],
+             "labels": {**pod, "__meta_kubernetes_pod_container_port_name": "admin"}},
+            {"targets": [f"127.0.0.1:{gw_port}"],
+             "labels": {**pod, "__meta_kubernetes_pod_container_port_name": "http"}},
+        ]
+        job["authorization"]["credentials_file"] = read_token_file
         prom_config = os.path.join(work, "prometheus.yml")
         with open(prom_config, "w") as f:
-            f.write(f"""global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: gpuscale-gateway
-    authorization:
-      credentials_file: {token_file}
-    static_configs:
-      - targets: ["127.0.0.1:{admin_port}"]
-""")
+            yaml.safe_dump({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                            "scrape_configs": [job]}, f)
+        check = subprocess.run(["promtool", "check", "config", prom_config],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise SystemExit(f"promtool check config: {check.stdout}{check.stderr}")
         start("prometheus", ["prometheus", f"--config.file={prom_config}",
                              f"--storage.tsdb.path={os.path.join(work, 'tsdb')}",
                              f"--web.listen-address=127.0.0.1:{prom_port}"])
@@ -181,7 +204,17 @@ scrape_configs:
         def target_up():
             targets = json.loads(get(prom + "/api/v1/targets")[1])["data"]["activeTargets"]
             return bool(targets) and targets[0]["health"] == "up", targets
-        wait_until("prometheus to scrape the gateway", target_up)
+        targets = wait_until("prometheus to scrape the gateway", target_up)
+        # The relabelling kept the admin port only, named its pod, and the
+        # read token was enough.
+        assert [t["scrapeUrl"] for t in targets] == [f"http://127.0.0.1:{admin_port}/metrics"], \
+            targets
+        assert targets[0]["labels"]["pod"] == "gpuscale-gateway-7d9c-x2x", targets[0]["labels"]
+        dropped = json.loads(get(prom + "/api/v1/targets?state=dropped")[1])["data"]
+        assert [t["discoveredLabels"]["__address__"] for t in dropped["droppedTargets"]] \
+            == [f"127.0.0.1:{gw_port}"], dropped
+        print("deploy/prometheus/scrape.yaml's gateway job: the admin port scraped with the "
+              "read token, the traffic port dropped")
 
         # Hold the queue: 1 runs, 7 wait, each ~30 s (3,000 tokens at 100/s),
         # so the depth stays put while Prometheus scrapes it.
