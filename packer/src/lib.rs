@@ -529,10 +529,21 @@ fn figures(
                         emit::HAMI_NODE_LABEL.0.to_string(),
                         emit::HAMI_NODE_LABEL.1.to_string(),
                     );
-                    if k == 1 {
-                        "fractional".to_string()
-                    } else {
-                        format!("fractional-tp{k}")
+                    let uuid = cluster
+                        .nodes
+                        .iter()
+                        .find(|n| n.name == g.node)
+                        .and_then(|n| n.gpus.get(g.index as usize))
+                        .and_then(|x| x.uuid.as_deref());
+                    match (k, uuid) {
+                        // One variant per GPU where its UUID is known,
+                        // pinned to it alone (`emit::hami_annotations`)
+                        // with its exact count: HAMi's own pick among
+                        // several GPUs is greedy and cannot always
+                        // rebuild a mix packed to 95–99 % of the cores.
+                        (1, Some(_)) => format!("fractional-{}-{}", g.node, g.index),
+                        (1, None) => "fractional".to_string(),
+                        _ => format!("fractional-tp{k}"),
                     }
                 }
                 Mode::Whole | Mode::Idle => {

@@ -1055,7 +1055,14 @@ fn check_emitted(plan: &Plan, cluster: &Cluster) {
                         .map(String::as_str),
                     Some("binpack")
                 );
-                if k == 1 {
+                let pinned = v
+                    .annotations
+                    .get("nvidia.com/use-gpuuuid")
+                    .is_some_and(|u| !u.contains(','));
+                if k == 1 && pinned {
+                    // One GPU's variant, named after it.
+                    assert!(v.name.contains("-fractional-"), "{}", v.name);
+                } else if k == 1 {
                     assert!(v.name.ends_with("-fractional"), "{}", v.name);
                 } else {
                     assert!(
@@ -1796,4 +1803,72 @@ fn long_variant_names_are_bounded_and_distinct() {
         plan.nodes
     );
     check_rules(&plan, &cluster, &models, &PackOptions::default(), &demand);
+}
+
+#[test]
+fn fractional_replicas_are_pinned_to_their_planned_gpu_where_its_uuid_is_known() {
+    // HAMi picks a GPU among those `nvidia.com/use-gpuuuid` lists, greedily:
+    // with several listed it can fill them in another order than the plan
+    // and leave a replica no room. One variant per GPU, listing that GPU
+    // alone with its exact count, leaves it no choice.
+    let mut cluster = common::cluster_allowing(
+        &[("n1", "L40S", 4), ("n2", "L40S", 4)],
+        &[SharingMode::Fractional],
+    );
+    for n in &mut cluster.nodes {
+        for g in &mut n.gpus {
+            g.uuid = Some(format!("GPU-{}-{}", n.name, g.index));
+        }
+    }
+    let modes = [SharingMode::Fractional];
+    let models = vec![
+        common::model("a", 9.0, 0.05, &modes, &[1], &[]),
+        common::model("b", 13.0, 0.08, &modes, &[1], &[]),
+        common::model("c", 5.0, 0.03, &modes, &[1], &[]),
+    ];
+    let demand = BTreeMap::from([("a".into(), 5), ("b".into(), 4), ("c".into(), 6)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan, &cluster);
+    // What the plan puts where: (model, node, index) → replicas.
+    let mut planned: BTreeMap<(String, String, u32), u32> = BTreeMap::new();
+    for g in &plan.gpus {
+        for r in &g.replicas {
+            *planned
+                .entry((r.model.clone(), g.node.clone(), g.index))
+                .or_default() += 1;
+        }
+    }
+    assert!(
+        planned
+            .keys()
+            .map(|(_, n, i)| (n, i))
+            .collect::<BTreeSet<_>>()
+            .len()
+            >= 2,
+        "{planned:?}"
+    );
+    let mut emitted: BTreeMap<(String, String, u32), u32> = BTreeMap::new();
+    for m in &plan.models {
+        for v in &m.variants {
+            let uuids = &v.annotations["nvidia.com/use-gpuuuid"];
+            assert!(!uuids.contains(','), "{}: {uuids}", v.name);
+            let (node, index) = uuids
+                .strip_prefix("GPU-")
+                .and_then(|x| x.rsplit_once('-'))
+                .unwrap();
+            assert!(
+                v.name.ends_with(&format!("-fractional-{node}-{index}")),
+                "{}",
+                v.name
+            );
+            emitted.insert(
+                (m.name.clone(), node.to_string(), index.parse().unwrap()),
+                v.replicas,
+            );
+        }
+    }
+    assert_eq!(emitted, planned);
 }
