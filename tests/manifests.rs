@@ -2164,3 +2164,76 @@ fn the_relabel_model_keeps_and_drops_as_prometheus_does() {
         &labels(&[("a", "x"), ("b", "y"), ("c", "qz")])
     ));
 }
+
+/// Every pod that takes a GPU, in every rendering (the manifests' own and
+/// the Deployments the controller makes for their ModelPolicies), goes
+/// only to nodes gpuscale manages and tolerates the GPU nodes' taint, as
+/// the controller's settings say (`spec.kubernetes.nodeSelector`,
+/// `spec.kubernetes.tolerations`).
+#[test]
+fn every_gpu_pod_selects_the_managed_pool_and_tolerates_the_gpu_taint() {
+    let Some(all) = rendered() else { return };
+    for target in [
+        "base",
+        "overlays/central",
+        "overlays/sidecar",
+        "overlays/keda",
+    ] {
+        let objects = &all[target];
+        let kube = loaded(target, objects)
+            .into_iter()
+            .find_map(|(_, _, l)| match l {
+                Loaded::Autoscaler(s) => Some(s.spec.kubernetes.clone()),
+                Loaded::Gateway(_) => None,
+            })
+            .expect("the controller");
+        assert!(
+            !kube.tolerations.is_empty(),
+            "deploy/{target}: no toleration"
+        );
+        let pool = kube.pool_labels().unwrap();
+        let mut templates: Vec<(String, Value)> = objects
+            .iter()
+            .filter(|o| matches!(kind(o), "Deployment" | "DaemonSet"))
+            .map(|o| (describe(o), o["spec"]["template"].clone()))
+            .collect();
+        for o in of_kind(objects, "ModelPolicy") {
+            let model = model_policy(o).unwrap();
+            let d = controller_deployment(&model, &kube);
+            templates.push((
+                format!("the controller's Deployment for {}", model.name),
+                d["spec"]["template"].clone(),
+            ));
+        }
+        let mut gpu_pods = 0;
+        for (what, template) in templates {
+            let spec: PodSpec = serde_json::from_value(template["spec"].clone()).unwrap();
+            let takes_gpu = containers(&spec).any(|c| {
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/")))
+            });
+            if !takes_gpu {
+                continue;
+            }
+            gpu_pods += 1;
+            let selector = spec.node_selector.clone().unwrap_or_default();
+            for (k, v) in &pool {
+                assert_eq!(
+                    selector.get(k),
+                    Some(v),
+                    "deploy/{target}: {what} does not select {k}={v}"
+                );
+            }
+            let tolerations = spec.tolerations.clone().unwrap_or_default();
+            for t in &kube.tolerations {
+                assert!(
+                    tolerations.contains(t),
+                    "deploy/{target}: {what} does not tolerate {t:?}"
+                );
+            }
+        }
+        assert!(gpu_pods > 0, "deploy/{target}: no pod takes a GPU");
+    }
+}

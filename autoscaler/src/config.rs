@@ -431,6 +431,14 @@ pub fn check_settings(spec: &AutoscalerSpec) -> Vec<(String, String)> {
             );
         }
     }
+    for (i, t) in k.tolerations.iter().enumerate() {
+        if let Err((field, message)) = crate::kubernetes::check_toleration(t) {
+            bad(
+                &format!("spec.kubernetes.tolerations[{i}].{field}"),
+                &message,
+            );
+        }
+    }
     if let Err(e) = k.pool_labels() {
         bad(
             "spec.kubernetes.nodeSelector",
@@ -632,6 +640,34 @@ mod tests {
         };
         assert_eq!(fields(&spec("500000000000y")), ["spec.local.startupTime"]);
         assert!(fields(&spec("24h")).is_empty());
+    }
+
+    #[test]
+    fn tolerations_default_to_the_gpu_taint_and_bad_ones_are_located() {
+        let spec = |k: &str| -> AutoscalerSpec {
+            serde_yaml_ng::from_str(&format!("gateway: {{config: g.yaml}}\nkubernetes: {k}\n"))
+                .unwrap()
+        };
+        let fields = |s: &AutoscalerSpec| -> Vec<String> {
+            check_settings(s).into_iter().map(|(f, _)| f).collect()
+        };
+        let default = spec("{}");
+        assert_eq!(
+            serde_json::to_value(&default.kubernetes.tolerations).unwrap(),
+            serde_json::json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+        );
+        assert!(spec("{tolerations: []}").kubernetes.tolerations.is_empty());
+        let bad = spec(
+            "{tolerations: [{key: a, operator: Exists}, {key: b, operator: Exists, value: x}, \
+             {key: c, effect: Sometimes}]}",
+        );
+        assert_eq!(
+            fields(&bad),
+            [
+                "spec.kubernetes.tolerations[1].value",
+                "spec.kubernetes.tolerations[2].effect"
+            ]
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ use gpuscale_policies::model::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Service, Toleration};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -140,6 +140,59 @@ pub struct KubeSpec {
     pub node_selector: String,
     /// Host CPU and memory of a model-server pod.
     pub server_resources: ServerResources,
+    /// Taints of the GPU nodes every model-server pod tolerates. GPU node
+    /// pools are commonly tainted `nvidia.com/gpu:NoSchedule` (GKE taints
+    /// them so; many operators do) to keep other pods off, and not every
+    /// API server runs the `ExtendedResourceToleration` admission plugin
+    /// that would add the toleration to pods asking for `nvidia.com/gpu`.
+    /// The default tolerates that taint; `[]` tolerates none.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// The default [`KubeSpec::tolerations`]: the `nvidia.com/gpu` taint, any
+/// value, effect `NoSchedule` (the toleration the GPU Operator's own
+/// DaemonSets carry).
+pub fn gpu_tolerations() -> Vec<Toleration> {
+    vec![Toleration {
+        key: Some("nvidia.com/gpu".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    }]
+}
+
+/// What is wrong with a toleration, as the API server's validation says
+/// it (`validateTolerations`): `Exists` takes no value; an empty key
+/// needs `Exists`; a `tolerationSeconds` only with `NoExecute`. `Err`:
+/// (field, message).
+pub fn check_toleration(t: &Toleration) -> Result<(), (&'static str, String)> {
+    let operator = t.operator.as_deref().unwrap_or("Equal");
+    if !matches!(operator, "Exists" | "Equal") {
+        return Err(("operator", format!("`{operator}`: must be Exists or Equal")));
+    }
+    let effect = t.effect.as_deref().unwrap_or("");
+    if !matches!(effect, "" | "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err((
+            "effect",
+            format!(
+                "`{effect}`: must be NoSchedule, PreferNoSchedule or NoExecute (or empty: all)"
+            ),
+        ));
+    }
+    let key = t.key.as_deref().unwrap_or("");
+    if key.is_empty() && operator != "Exists" {
+        return Err((
+            "operator",
+            "an empty key matches every taint only with Exists".into(),
+        ));
+    }
+    if operator == "Exists" && !t.value.as_deref().unwrap_or("").is_empty() {
+        return Err(("value", "must be empty when operator is Exists".into()));
+    }
+    if t.toleration_seconds.is_some() && effect != "NoExecute" {
+        return Err(("tolerationSeconds", "only with effect NoExecute".into()));
+    }
+    Ok(())
 }
 
 /// Host CPU and memory of a model-server pod, per GPU it holds (a MIG
@@ -256,6 +309,7 @@ impl Default for KubeSpec {
             run_as_user: 65532,
             node_selector: MANAGED_NODES.into(),
             server_resources: ServerResources::default(),
+            tolerations: gpu_tolerations(),
         }
     }
 }
@@ -494,6 +548,9 @@ fn pod_spec(model: &Model, variant: &Variant, spec: &KubeSpec) -> serde_json::Va
     });
     if let Some(affinity) = gpuscale_packer::emit::affinity(variant) {
         pod["affinity"] = affinity;
+    }
+    if !spec.tolerations.is_empty() {
+        pod["tolerations"] = serde_json::json!(spec.tolerations);
     }
     pod
 }

@@ -561,6 +561,11 @@ spec:
                 "gpuscale.io/managed": "true",
             })
         );
+        // GPU nodes tainted `nvidia.com/gpu:NoSchedule` take it.
+        assert_eq!(
+            pod["tolerations"],
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+        );
         // Time-slicing isolates no memory, and vLLM would take 90 % of
         // the slice: each of the 3 takes (1 − 0.1 headroom) / 3 of it
         // (vLLM's `--gpu-memory-utilization` is per instance).
@@ -2877,6 +2882,58 @@ fn the_managed_pool_is_equality_terms_only() {
         let e = spec(bad).pool_labels().unwrap_err();
         assert!(e.contains('`'), "{bad}: {e}");
     }
+}
+
+#[test]
+fn tolerations_are_checked_as_the_api_server_checks_them() {
+    use gpuscale_autoscaler::kubernetes::check_toleration;
+    use k8s_openapi::api::core::v1::Toleration;
+    let t = |key: &str, operator: &str, value: &str, effect: &str, seconds: Option<i64>| {
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Toleration {
+            key: some(key),
+            operator: some(operator),
+            value: some(value),
+            effect: some(effect),
+            toleration_seconds: seconds,
+        }
+    };
+    // From the API's rules (core/v1 validation, validateTolerations).
+    assert!(check_toleration(&t("nvidia.com/gpu", "Exists", "", "NoSchedule", None)).is_ok());
+    assert!(
+        check_toleration(&t("pool", "", "gpu", "", None)).is_ok(),
+        "Equal is the default"
+    );
+    assert!(
+        check_toleration(&t("", "Exists", "", "", None)).is_ok(),
+        "every taint"
+    );
+    assert!(check_toleration(&t("k", "NoExecute", "", "NoExecute", Some(30))).is_err());
+    assert_eq!(
+        check_toleration(&t("", "Equal", "v", "", None))
+            .unwrap_err()
+            .0,
+        "operator"
+    );
+    assert_eq!(
+        check_toleration(&t("k", "Exists", "v", "", None))
+            .unwrap_err()
+            .0,
+        "value"
+    );
+    assert_eq!(
+        check_toleration(&t("k", "Exists", "", "Never", None))
+            .unwrap_err()
+            .0,
+        "effect"
+    );
+    assert_eq!(
+        check_toleration(&t("k", "Exists", "", "NoSchedule", Some(5)))
+            .unwrap_err()
+            .0,
+        "tolerationSeconds"
+    );
+    assert!(check_toleration(&t("k", "Exists", "", "NoExecute", Some(5))).is_ok());
 }
 
 #[test]
