@@ -316,6 +316,11 @@ struct Gauges {
     compute_seconds: f64,
     busy_seconds: f64,
     last: f64,
+    /// When the serving image is (or will be) on each node: pulled once
+    /// per node, as the kubelet keeps images (`IfNotPresent`, the
+    /// Kubernetes backend's pull policy); a second replica started during
+    /// the pull waits for the same pull.
+    images: HashMap<String, f64>,
 }
 
 impl Gauges {
@@ -1081,7 +1086,14 @@ fn apply(
         rt[m].live.insert(s.key.clone(), r);
         out.replica_starts += 1;
         if g.fits(s, placer) {
-            let cold = if warm { 0.0 } else { cold_start(setup, m) };
+            let cold = if warm {
+                for (node, _) in &s.gpus {
+                    g.images.insert(node.clone(), now);
+                }
+                0.0
+            } else {
+                cold_start(setup, m, &s.gpus, now, g)
+            };
             begin(r, reps, g, placer);
             push(now + cold, Event::Ready { rep: r });
         } else {
@@ -1138,12 +1150,28 @@ fn short_of(
     }
 }
 
-/// A model's cold start (image pull and weight load), seconds.
-fn cold_start(setup: &Setup<'_>, m: usize) -> f64 {
-    setup
-        .cold_start
-        .of(setup.models[m].memory_gib)
-        .as_secs_f64()
+/// A replica's cold start on `gpus` at `now` (the image pull, where a
+/// node lacks the image, then the weight load), seconds. Without the
+/// per-node cache (`imageCache: false`) every start pulls.
+fn cold_start(
+    setup: &Setup<'_>,
+    m: usize,
+    gpus: &[(String, u32)],
+    now: f64,
+    g: &mut Gauges,
+) -> f64 {
+    let spec = setup.cold_start;
+    let load = spec.load(setup.models[m].memory_gib).as_secs_f64();
+    let pull = spec.image_pull.as_secs_f64();
+    if !spec.image_cache || gpus.is_empty() {
+        return pull + load;
+    }
+    let mut image = now;
+    for (node, _) in gpus {
+        let at = *g.images.entry(node.clone()).or_insert(now + pull);
+        image = image.max(at);
+    }
+    image - now + load
 }
 
 /// A waiting (or new) replica takes its memory and starts.
@@ -1173,8 +1201,9 @@ fn start_waiting(
                 continue;
             }
             if g.fits(&reps[r].slot, placer) {
+                let cold = cold_start(setup, m, &reps[r].slot.gpus, now, g);
                 begin(r, reps, g, placer);
-                push(now + cold_start(setup, m), Event::Ready { rep: r });
+                push(now + cold, Event::Ready { rep: r });
             } else {
                 model.waiting.push(r);
             }
@@ -1254,12 +1283,20 @@ mod tests {
     /// [`run_moves`] with each replica holding `memory` GiB of its GPU's 79
     /// and requests of `output` tokens (100 a second).
     fn run_moves_with(same_gpu: bool, memory: f64, output: u32) -> Outcome {
-        run_moves_onsets(same_gpu, memory, output, &[])
+        run_moves_onsets(same_gpu, memory, output, &[], false)
     }
 
     /// [`run_moves_with`] with step bursts at `onsets` (for the misses
     /// counted in a step's first minute; the script ignores them).
-    fn run_moves_onsets(same_gpu: bool, memory: f64, output: u32, onsets: &[Onset]) -> Outcome {
+    /// `image_cache`: the node keeps the image the first replica pulled
+    /// (every start after it loads weights only, here at once).
+    fn run_moves_onsets(
+        same_gpu: bool,
+        memory: f64,
+        output: u32,
+        onsets: &[Onset],
+        image_cache: bool,
+    ) -> Outcome {
         let text = format!(
             "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: m}}\nspec:\n  resources: {{memoryGiB: {memory}, compute: 1, maxConcurrency: 8}}\n"
         );
@@ -1287,6 +1324,7 @@ mod tests {
         }];
         let cold = ColdStartSpec {
             image_pull: Duration::from_secs(30),
+            image_cache,
             load_gib_per_second: 1e9,
         };
         let setup = Setup {
@@ -1317,7 +1355,7 @@ mod tests {
             step: 60.0,
             first_request: 60.0,
         };
-        let out = run_moves_onsets(true, 20.0, 10, &[onset]);
+        let out = run_moves_onsets(true, 20.0, 10, &[onset], false);
         assert!(out.missed >= 40, "{}", out.missed);
         assert_eq!(out.missed, out.requests - out.within_slo);
         assert_eq!(out.missed, out.timed_out + out.rejected_full);
@@ -1335,9 +1373,75 @@ mod tests {
             step: 120.0,
             ..onset
         };
-        let out = run_moves_onsets(true, 20.0, 10, &[later]);
+        let out = run_moves_onsets(true, 20.0, 10, &[later], false);
         assert_eq!(out.missed_in_steps, Some(0));
         assert_eq!(run_moves(true).missed_in_steps, None);
+    }
+
+    #[test]
+    fn a_node_pulls_the_image_once() {
+        // The replica that starts warm left the image on n0: the moved
+        // replicas load only their weights there (at once here), so
+        // nothing goes without a replica and nothing times out — where
+        // every start pulling leaves 30 s with none (the test below).
+        let out = run_moves_onsets(true, 20.0, 10, &[], true);
+        assert_eq!(out.replica_moves, 1);
+        assert_eq!(out.timed_out, 0);
+        assert_eq!(out.completed, 360);
+        let pulling = run_moves_onsets(true, 20.0, 10, &[], false);
+        assert!(pulling.timed_out >= 40, "{}", pulling.timed_out);
+    }
+
+    #[test]
+    fn a_replica_started_during_a_pull_waits_for_that_pull() {
+        let models = gpuscale_policies::load::load_sources(&[(
+            std::path::Path::new("m.yaml"),
+            "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: m}\nspec:\n  resources: {memoryGiB: 20, compute: 1, maxConcurrency: 8}\n",
+        )])
+        .unwrap()
+        .models;
+        let cold = ColdStartSpec {
+            image_pull: Duration::from_secs(20),
+            image_cache: true,
+            load_gib_per_second: 2.0,
+        };
+        let setup = Setup {
+            models: &models,
+            workload_models: &[],
+            services: &[],
+            priorities: &[],
+            arrivals: &[],
+            duration: 1.0,
+            max_queue: 1,
+            queue_timeout: 1.0,
+            scrape: false,
+            cold_start: &cold,
+            onsets: &[],
+            series_step: 1.0,
+            initial: &BTreeMap::new(),
+        };
+        let mut g = Gauges::default();
+        let on = |node: &str| vec![(node.to_string(), 0)];
+        // The first on n0 pulls (20 s) and loads 20 GiB at 2 GiB/s (10 s).
+        assert_eq!(cold_start(&setup, 0, &on("n0"), 100.0, &mut g), 30.0);
+        // 5 s later on n0: the rest of the same pull, then its own load.
+        assert_eq!(cold_start(&setup, 0, &on("n0"), 105.0, &mut g), 25.0);
+        // After the pull: the load only. Another node pulls.
+        assert_eq!(cold_start(&setup, 0, &on("n0"), 200.0, &mut g), 10.0);
+        assert_eq!(cold_start(&setup, 0, &on("n1"), 200.0, &mut g), 30.0);
+        // Across two nodes: the later of their images.
+        let both = vec![("n0".to_string(), 1), ("n2".to_string(), 0)];
+        assert_eq!(cold_start(&setup, 0, &both, 210.0, &mut g), 30.0);
+        // Without the cache every start pulls.
+        let pulls = ColdStartSpec {
+            image_cache: false,
+            ..cold.clone()
+        };
+        let setup = Setup {
+            cold_start: &pulls,
+            ..setup
+        };
+        assert_eq!(cold_start(&setup, 0, &on("n0"), 300.0, &mut g), 30.0);
     }
 
     #[test]

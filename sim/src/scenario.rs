@@ -216,9 +216,14 @@ impl Default for GatewaySpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ColdStartSpec {
-    /// Pulling the serving image (cached images: set 0).
+    /// Pulling the serving image, on a node that does not have it.
     #[serde(with = "humantime_serde")]
     pub image_pull: Duration,
+    /// Whether a node keeps the image once pulled (the kubelet's cache;
+    /// every model serves from the one image, as the Kubernetes backend's
+    /// `spec.kubernetes.image`): a replica on a node that has it loads
+    /// only its weights. `false`: every start pulls.
+    pub image_cache: bool,
     /// GiB of replica memory loaded per second.
     #[serde(rename = "loadGiBPerSecond")]
     pub load_gib_per_second: f64,
@@ -228,15 +233,22 @@ impl Default for ColdStartSpec {
     fn default() -> Self {
         ColdStartSpec {
             image_pull: Duration::from_secs(20),
+            image_cache: true,
             load_gib_per_second: 2.0,
         }
     }
 }
 
 impl ColdStartSpec {
-    /// Cold start of a replica of `memory_gib`.
+    /// Cold start of a replica of `memory_gib` on a node without the
+    /// image.
     pub fn of(&self, memory_gib: f64) -> Duration {
-        self.image_pull + Duration::from_secs_f64(memory_gib / self.load_gib_per_second)
+        self.image_pull + self.load(memory_gib)
+    }
+
+    /// Loading the weights of a replica of `memory_gib`.
+    pub fn load(&self, memory_gib: f64) -> Duration {
+        Duration::from_secs_f64(memory_gib / self.load_gib_per_second)
     }
 }
 

@@ -389,8 +389,14 @@ fn simulate_with(
     settings.insert(
         "cold start".into(),
         format!(
-            "image pull {:?} + replica memory at {} GiB/s",
-            spec.cold_start.image_pull, spec.cold_start.load_gib_per_second
+            "image pull {:?} {} + replica memory at {} GiB/s",
+            spec.cold_start.image_pull,
+            if spec.cold_start.image_cache {
+                "once per node (the kubelet keeps it)"
+            } else {
+                "at every start"
+            },
+            spec.cold_start.load_gib_per_second
         ),
     );
     Report {
