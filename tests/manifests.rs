@@ -1867,17 +1867,20 @@ fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_clust
             .map(|o| serde_json::from_value(o.clone()).unwrap())
             .collect();
         let pods = pods_of(target, objects);
-        let mut prometheus = Peer::outside(
-            "prometheus",
-            "monitoring",
-            &[("gpuscale.io/scrape", "true")],
-        );
+        let mut prometheus = Peer::outside("prometheus", "monitoring", &[]);
         // prometheus-operator's label on the Prometheus pods.
         prometheus
             .labels
             .insert("app.kubernetes.io/name".into(), "prometheus".into());
         // Anything else in Prometheus's namespace stays out.
-        let grafana = Peer::outside("grafana", "monitoring", &[("gpuscale.io/scrape", "true")]);
+        let grafana = Peer::outside("grafana", "monitoring", &[]);
+        // A namespace's owner can label it and its pods at will: a pod
+        // dressed as Prometheus in a namespace wearing every label but
+        // the name the API server gives it stays out.
+        let mut spoof = Peer::outside("spoof", "evil", &[("gpuscale.io/scrape", "true")]);
+        spoof
+            .labels
+            .insert("app.kubernetes.io/name".into(), "prometheus".into());
         let keda = Peer::outside("keda-operator", "keda", &[]);
         let client = Peer::outside("web", "apps", &[]);
         // Something else a user runs in the namespace, and a pod in a
@@ -1893,7 +1896,9 @@ fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_clust
             p.labels.insert("gpuscale.io/model".into(), "x".into());
             p
         });
-        let mut sources = vec![prometheus, grafana, keda, client, neighbour, unlabelled];
+        let mut sources = vec![
+            prometheus, grafana, spoof, keda, client, neighbour, unlabelled,
+        ];
         sources.extend(impostors);
         sources.extend(pods.iter().cloned());
         let mut checked = 0;
@@ -2092,6 +2097,7 @@ fn the_shipped_scrape_jobs_reach_every_metrics_port_and_nothing_else() {
                     })
                     .collect();
                 labels.insert("__meta_kubernetes_namespace".into(), pod.namespace.clone());
+                labels.insert("__meta_kubernetes_pod_phase".into(), "Running".into());
                 // An unnamed port is listed under its number (`Peer`).
                 if port_name.parse::<i32>().is_err() {
                     labels.insert(
@@ -2122,6 +2128,22 @@ fn the_shipped_scrape_jobs_reach_every_metrics_port_and_nothing_else() {
     }
     let every: BTreeSet<String> = jobs.iter().map(name_of).collect();
     assert_eq!(reached, every, "a job that reaches nothing");
+    // A pod that has ended keeps its address (an evicted gateway): no job
+    // scrapes it.
+    for phase in ["Failed", "Succeeded"] {
+        let ended = BTreeMap::from([
+            (
+                "__meta_kubernetes_pod_label_app_kubernetes_io_name".to_string(),
+                "gpuscale-gateway".to_string(),
+            ),
+            (
+                "__meta_kubernetes_pod_container_port_name".to_string(),
+                "admin".to_string(),
+            ),
+            ("__meta_kubernetes_pod_phase".to_string(), phase.to_string()),
+        ]);
+        assert!(jobs.iter().all(|j| !job_keeps(j, &ended)), "{phase}");
+    }
     // The gateways need a token off loopback: the read-only one, which
     // can change nothing; the controller and the agents need none.
     for job in &jobs {
