@@ -58,6 +58,15 @@ const ADMIN_SECRET: &str = "gpuscale-admin-token";
 /// The read-only token Secret every gateway mounts, for Prometheus.
 const READ_SECRET: &str = "gpuscale-read-token";
 
+/// The renderings that run gpuscale (the base and its overlays; not the
+/// GPU Operator's one-off ConfigMap).
+const DEPLOYABLE: &[&str] = &[
+    "base",
+    "overlays/central",
+    "overlays/sidecar",
+    "overlays/keda",
+];
+
 /// The user every container runs as (distroless's `nonroot`).
 const NONROOT: i64 = 65532;
 
@@ -1310,6 +1319,17 @@ fn the_rbac_has_one_rule_per_resource_with_sorted_verbs() {
 
 /// The fields the controller applies to its Deployment for `model` before
 /// any plan (`kubernetes::whole_gpu_variant`).
+/// The controller's Kubernetes settings in a rendering, as it loads them.
+fn controller_kube(target: &str, objects: &[Value]) -> gpuscale_autoscaler::kubernetes::KubeSpec {
+    loaded(target, objects)
+        .into_iter()
+        .find_map(|(_, _, l)| match l {
+            Loaded::Autoscaler(s) => Some(s.spec.kubernetes.clone()),
+            Loaded::Gateway(_) => None,
+        })
+        .expect("the controller")
+}
+
 fn controller_deployment(
     model: &gpuscale_policies::Model,
     kube: &gpuscale_autoscaler::kubernetes::KubeSpec,
@@ -1566,12 +1586,7 @@ fn the_initial_mig_parted_config_is_the_one_the_controller_maintains() {
         serde_json::json!([{"devices": "all", "mig-enabled": false}])
     );
     // Created once, not applied with the rest: the controller owns it.
-    for target in [
-        "base",
-        "overlays/central",
-        "overlays/sidecar",
-        "overlays/keda",
-    ] {
+    for &target in DEPLOYABLE {
         assert!(
             find(
                 &all[target],
@@ -1792,13 +1807,7 @@ fn pods_of(target: &str, objects: &[Value]) -> Vec<Peer> {
         .filter(|o| o["metadata"]["namespace"] == "gpuscale")
         .map(|o| peer(describe(o), "gpuscale", &o["spec"]["template"]))
         .collect();
-    let kube = loaded(target, objects)
-        .into_iter()
-        .find_map(|(_, _, l)| match l {
-            Loaded::Autoscaler(s) => Some(s.spec.kubernetes.clone()),
-            Loaded::Gateway(_) => None,
-        })
-        .expect("the controller");
+    let kube = controller_kube(target, objects);
     for o in of_kind(objects, "ModelPolicy") {
         let model = model_policy(o).unwrap();
         let d = controller_deployment(&model, &kube);
@@ -1856,12 +1865,7 @@ fn reach(role: &str, port: &str) -> Option<Reach> {
 #[test]
 fn network_policies_keep_admin_ports_and_model_servers_off_the_rest_of_the_cluster() {
     let Some(all) = rendered() else { return };
-    for target in [
-        "base",
-        "overlays/central",
-        "overlays/sidecar",
-        "overlays/keda",
-    ] {
+    for &target in DEPLOYABLE {
         let objects = &all[target];
         let policies: Vec<NetworkPolicy> = of_kind(objects, "NetworkPolicy")
             .map(|o| serde_json::from_value(o.clone()).unwrap())
@@ -2077,12 +2081,7 @@ fn the_shipped_scrape_jobs_reach_every_metrics_port_and_nothing_else() {
             .collect()
     };
     let mut reached = BTreeSet::new();
-    for target in [
-        "base",
-        "overlays/central",
-        "overlays/sidecar",
-        "overlays/keda",
-    ] {
+    for &target in DEPLOYABLE {
         let objects = &all[target];
         for pod in pods_of(target, objects) {
             for (port_name, port) in &pod.ports {
@@ -2195,20 +2194,9 @@ fn the_relabel_model_keeps_and_drops_as_prometheus_does() {
 #[test]
 fn every_gpu_pod_selects_the_managed_pool_and_tolerates_the_gpu_taint() {
     let Some(all) = rendered() else { return };
-    for target in [
-        "base",
-        "overlays/central",
-        "overlays/sidecar",
-        "overlays/keda",
-    ] {
+    for &target in DEPLOYABLE {
         let objects = &all[target];
-        let kube = loaded(target, objects)
-            .into_iter()
-            .find_map(|(_, _, l)| match l {
-                Loaded::Autoscaler(s) => Some(s.spec.kubernetes.clone()),
-                Loaded::Gateway(_) => None,
-            })
-            .expect("the controller");
+        let kube = controller_kube(target, objects);
         assert!(
             !kube.tolerations.is_empty(),
             "deploy/{target}: no toleration"
