@@ -6,6 +6,18 @@
 //! `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
 //! `vllm:lora_requests_info`).
 //!
+//! And the KServe v2 (Open Inference Protocol) REST routes that the
+//! gateway forwards, as KServe's model servers and Triton answer them:
+//! `POST /v2/models/{name}[/versions/{v}]/infer`, `GET /v2/health/live`,
+//! `GET /v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]/ready`
+//! and the model's metadata, `GET /v2/models/{name}[/versions/{v}]`. An
+//! inference request's tensors are checked as such a server checks them
+//! (every input has a name, a shape of non-negative integers, a datatype
+//! of the protocol's and as many data elements as its shape holds; else
+//! 400 with the protocol's `{"error": …}`); it runs like an embedding: one
+//! prefill, of its elements ÷ 4 tokens (a prompt character's weight), no
+//! decode, and it answers one FP32 output tensor of shape `[1, 8]`.
+//!
 //! Latency model: [`SimProfile`], which is
 //! [`gpuscale_policies::serving::ServiceProfile`] — the one the trace-driven
 //! simulator (`gpuscale simulate`) uses too, so a simulated replica and a
@@ -388,12 +400,206 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
         (Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             generate(sim, &path, req).await
         }
+        (Method::GET, "/v2/health/live") => json(serde_json::json!({"live": true})),
+        (Method::GET, "/v2/health/ready") => json(serde_json::json!({"ready": true})),
+        (method, p) if p.starts_with("/v2/models/") => {
+            let rest = &p["/v2/models/".len()..];
+            kserve(sim, &method, rest, req).await
+        }
         _ => error_response(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "no such endpoint",
         ),
     }
+}
+
+/// The protocol's error answer: `{"error": message}`.
+fn kserve_error(status: StatusCode, message: &str) -> Response<Body> {
+    let mut r = json(serde_json::json!({ "error": message }));
+    *r.status_mut() = status;
+    r
+}
+
+/// The Open Inference Protocol's tensor datatypes.
+const KSERVE_DATATYPES: [&str; 13] = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
+    "FP32", "FP64", "BYTES",
+];
+
+/// One input tensor of an inference request.
+#[derive(Deserialize)]
+struct KserveInput {
+    name: String,
+    shape: Vec<u64>,
+    datatype: String,
+    data: serde_json::Value,
+}
+
+/// An inference request (`parameters` and `outputs` are accepted and not
+/// used: the simulated model has one output).
+#[derive(Deserialize)]
+struct KserveRequest {
+    #[serde(default)]
+    id: Option<String>,
+    inputs: Vec<KserveInput>,
+}
+
+/// Data elements of a tensor's `data`, flattened (nested arrays are the
+/// protocol's row-major form).
+fn elements(v: &serde_json::Value) -> u64 {
+    match v {
+        serde_json::Value::Array(a) => a.iter().map(elements).sum(),
+        _ => 1,
+    }
+}
+
+/// The input elements of a KServe v2 inference request, or why it is
+/// not one.
+fn kserve_elements(body: &[u8]) -> Result<(Option<String>, u64), String> {
+    let r: KserveRequest =
+        serde_json::from_slice(body).map_err(|e| format!("invalid inference request: {e}"))?;
+    if r.inputs.is_empty() {
+        return Err("invalid inference request: no inputs".into());
+    }
+    let mut total: u64 = 0;
+    for (i, input) in r.inputs.iter().enumerate() {
+        if input.name.is_empty() {
+            return Err(format!("input {i}: empty name"));
+        }
+        if !KSERVE_DATATYPES.contains(&input.datatype.as_str()) {
+            return Err(format!(
+                "input '{}': unknown datatype '{}'",
+                input.name, input.datatype
+            ));
+        }
+        let expected = input
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| format!("input '{}': shape too large", input.name))?;
+        let got = elements(&input.data);
+        if got != expected {
+            return Err(format!(
+                "input '{}': shape {:?} holds {expected} elements, data has {got}",
+                input.name, input.shape
+            ));
+        }
+        total = total.saturating_add(got);
+    }
+    Ok((r.id, total))
+}
+
+/// The KServe v2 routes under `/v2/models/` (`rest` follows it).
+async fn kserve(
+    sim: Arc<Sim>,
+    method: &Method,
+    rest: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let served = |name: &str| {
+        name == sim.profile.model || crate::lock(&sim.adapters).iter().any(|(a, _)| a == name)
+    };
+    let decoded = percent_encoding::percent_decode_str(rest)
+        .decode_utf8_lossy()
+        .into_owned();
+    // `{name}[/versions/{v}]` and what follows it (`infer`, `ready`,
+    // nothing for the metadata).
+    let (target, action) = if *method == Method::POST {
+        match decoded.strip_suffix("/infer") {
+            Some(name) => (name.to_string(), "infer"),
+            None => return kserve_error(StatusCode::NOT_FOUND, "no such endpoint"),
+        }
+    } else if let Some(name) = decoded.strip_suffix("/ready") {
+        (name.to_string(), "ready")
+    } else {
+        (decoded.clone(), "metadata")
+    };
+    let (name, version) = match target.rsplit_once("/versions/") {
+        Some((n, v)) if !served(&target) && !v.contains('/') => {
+            (n.to_string(), Some(v.to_string()))
+        }
+        _ => (target, None),
+    };
+    if !served(&name) {
+        return kserve_error(StatusCode::NOT_FOUND, &format!("Model {name} is not found"));
+    }
+    match (method.clone(), action) {
+        (Method::GET, "ready") => json(serde_json::json!({"name": name, "ready": true})),
+        (Method::GET, "metadata") => json(serde_json::json!({
+            "name": name,
+            "versions": version.into_iter().collect::<Vec<_>>(),
+            "platform": "gpuscale-sim",
+            "inputs": [],
+            "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 8]}]
+        })),
+        (Method::POST, "infer") => infer(sim, name, version, req).await,
+        _ => kserve_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+    }
+}
+
+/// A KServe v2 inference: one prefill, no decode (module docs).
+async fn infer(
+    sim: Arc<Sim>,
+    model: String,
+    version: Option<String>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    sim.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let Ok(body) = Limited::new(req.into_body(), 16 << 20).collect().await else {
+        return kserve_error(StatusCode::BAD_REQUEST, "bad body");
+    };
+    let (id, elements) = match kserve_elements(&body.to_bytes()) {
+        Ok(parsed) => parsed,
+        Err(e) => return kserve_error(StatusCode::BAD_REQUEST, &e),
+    };
+    let tokens = u32::try_from(elements.div_ceil(4))
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let mut guard = CancelGuard {
+        counters: sim.counters.clone(),
+        armed: true,
+    };
+    let permit = {
+        let _waiting = Gauge::up(&sim.counters.waiting);
+        let held = sim.counters.waiting.load(Ordering::Relaxed)
+            + sim.counters.running.load(Ordering::Relaxed);
+        sim.counters
+            .peak_in_flight
+            .fetch_max(held, Ordering::Relaxed);
+        match sim.slots.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => {
+                guard.armed = false;
+                return kserve_error(StatusCode::SERVICE_UNAVAILABLE, "closed");
+            }
+        }
+    };
+    let prefill = {
+        let now = sim.origin.elapsed().as_secs_f64();
+        let took = sim.profile.prefill(tokens).as_secs_f64();
+        let end = crate::lock(&sim.lane).book(now, took);
+        Duration::from_secs_f64((end - now).max(0.0))
+    };
+    let running = Running::start(&sim, u64::from(tokens), &model);
+    {
+        let _running = Gauge::up(&sim.counters.running);
+        pause(prefill).await;
+    }
+    drop((permit, running));
+    guard.armed = false;
+    sim.counters.completed.fetch_add(1, Ordering::Relaxed);
+    let id = id.unwrap_or_else(|| format!("sim-{}", sim.next_id.fetch_add(1, Ordering::Relaxed)));
+    let data: Vec<f64> = (0..8).map(|k| (k as f64 * 0.37).sin()).collect();
+    let mut answer = serde_json::json!({
+        "model_name": model,
+        "id": id,
+        "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 8], "data": data}]
+    });
+    if let Some(v) = version {
+        answer["model_version"] = v.into();
+    }
+    json(answer)
 }
 
 fn json(v: serde_json::Value) -> Response<Body> {

@@ -513,3 +513,104 @@ async fn the_simulated_server_lists_its_adapters_as_vllm_does() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kserve_v2_inference_reaches_the_simulated_server_through_the_gateway() {
+    // The Open Inference Protocol's REST form, as KServe documents it.
+    let name = "org/resnet-50";
+    let server = sim::start(
+        SimProfile::named("instant", name).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let gw = gateway(spec(vec![model(name, &[server.addr], 4)])).await;
+    let request = serde_json::json!({
+        "id": "req-7",
+        "inputs": [{"name": "input0", "shape": [2, 3], "datatype": "FP32",
+                    "data": [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]}]
+    })
+    .to_string();
+    let json = [("content-type", "application/json")];
+    for (path, version) in [
+        ("/v2/models/org/resnet-50/infer", None),
+        ("/v2/models/org%2Fresnet-50/infer", None),
+        ("/v2/models/org/resnet-50/versions/3/infer", Some("3")),
+    ] {
+        let r = send(gw.traffic, "POST", path, &json, request.clone()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let v = r.json();
+        assert_eq!(v["model_name"], name, "{path}");
+        assert_eq!(v["id"], "req-7", "{path}");
+        assert_eq!(v["model_version"].as_str(), version, "{path}");
+        let out = &v["outputs"][0];
+        assert_eq!(out["datatype"], "FP32");
+        assert_eq!(out["shape"], serde_json::json!([1, 8]));
+        assert_eq!(out["data"].as_array().map(Vec::len), Some(8));
+    }
+    // A tensor whose data does not fill its shape, an unknown datatype, no
+    // inputs: 400 with the protocol's error object, from the server.
+    for (body, says) in [
+        (
+            r#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[1,2,3]}]}"#,
+            "holds 4 elements, data has 3",
+        ),
+        (
+            r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FLOAT","data":[1]}]}"#,
+            "unknown datatype 'FLOAT'",
+        ),
+        (r#"{"inputs":[]}"#, "no inputs"),
+        (
+            r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[]}]}"#,
+            "invalid",
+        ),
+    ] {
+        let r = send(
+            gw.traffic,
+            "POST",
+            "/v2/models/org/resnet-50/infer",
+            &json,
+            body,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}");
+        let error = r.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(error.contains(says), "{body}: {error}");
+    }
+    // Health, readiness and metadata on the server itself.
+    let direct = |path: &'static str| send(server.addr, "GET", path, &[], "");
+    assert_eq!(direct("/v2/health/live").await.json()["live"], true);
+    assert_eq!(direct("/v2/health/ready").await.json()["ready"], true);
+    assert_eq!(
+        direct("/v2/models/org/resnet-50/ready").await.json()["ready"],
+        true
+    );
+    let meta = direct("/v2/models/org/resnet-50/versions/3").await.json();
+    assert_eq!(meta["name"], name);
+    assert_eq!(meta["versions"], serde_json::json!(["3"]));
+    let missing = send(
+        server.addr,
+        "POST",
+        "/v2/models/other/infer",
+        &json,
+        request,
+    )
+    .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.json()["error"].as_str().unwrap().contains("other"));
+    // The three inferences served, the refused ones not.
+    assert_eq!(
+        server
+            .counters
+            .completed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    gw.shutdown().await;
+    server.stop().await;
+}
