@@ -1279,3 +1279,82 @@ fn a_re_plan_of_an_unchanged_plan_keeps_its_proof() {
     assert_eq!(again["cost_per_hour"], first["cost_per_hour"]);
     assert_eq!(again["optimal"], true);
 }
+
+#[test]
+fn a_config_file_of_another_kind_is_a_usage_error_with_its_place() {
+    // As `plan --demand` with no Demand: exit 2, the file and line named.
+    for (args, says) in [
+        (
+            &["up", "--config", "examples/cluster.yaml"][..],
+            "examples/cluster.yaml:",
+        ),
+        (
+            &[
+                "simulate",
+                "--scenario",
+                "examples/cluster.yaml",
+                "--report",
+                "target/never",
+            ][..],
+            "kind: expected `Scenario`",
+        ),
+        (
+            &["autoscaler", "--config", "examples/local/policies.yaml"][..],
+            "expected one `kind: Autoscaler` document, found 2",
+        ),
+        (
+            &["gateway", "--config", "examples/cluster.yaml"][..],
+            "kind: expected `Gateway`, found `Cluster`",
+        ),
+    ] {
+        refused(&gpuscale(args), 2, says);
+    }
+    // A problem inside the right kind of file stays exit 1.
+    let dir = std::env::temp_dir().join(format!("gpuscale-kind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("scenario.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {name: x}\nspec: {durationn: 1h}\n",
+    )
+    .unwrap();
+    let out = gpuscale(&[
+        "simulate",
+        "--scenario",
+        bad.to_str().unwrap(),
+        "--report",
+        "target/never",
+    ]);
+    refused(&out, 1, "scenario.yaml:4");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_gateway_file_that_exposes_its_admin_port_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("gpuscale-exposed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("examples/local/gateway.yaml")).unwrap();
+    let text = text.replace("admin: 127.0.0.1:9090", "admin: 0.0.0.0:9090");
+    assert!(
+        text.contains("0.0.0.0:9090"),
+        "the example sets its admin address"
+    );
+    let file = dir.join("gateway.yaml");
+    std::fs::write(&file, text).unwrap();
+    // The policies it names, beside it.
+    std::fs::copy(
+        root().join("examples/local/policies.yaml"),
+        dir.join("policies.yaml"),
+    )
+    .unwrap();
+    let out = gpuscale(&["gateway", "--config", file.to_str().unwrap()]);
+    refused(
+        &out,
+        2,
+        &format!(
+            "{}: spec.admin: 0.0.0.0:9090 is not a loopback address",
+            file.display()
+        ),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

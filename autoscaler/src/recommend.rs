@@ -806,16 +806,24 @@ pub fn recommend(
         state.panic = None;
     }
     if let Some((since, _)) = state.panic {
+        let wanted = ceil_u32(demand).max(ceil_u32(by_queue / target));
         let raw = raw.max(ceil_u32(by_queue / target).clamp(floor, ceiling));
         let replicas = raw.max(current).min(ceiling.max(current));
         record(state, now, replicas);
+        // Held at maxReplicas with more wanted: said, as the other paths
+        // say which bound held the count.
+        let capped = if wanted > replicas && replicas == ceiling {
+            format!("{wanted} wanted; maxReplicas; ")
+        } else {
+            String::new()
+        };
         return finish(
             state,
             now,
             replicas,
             Mode::Panic,
             format!(
-                "{why} → {replicas} {} (panic since {})",
+                "{why} → {replicas} {} ({capped}panic since {})",
                 plural(replicas),
                 clock(since)
             ),

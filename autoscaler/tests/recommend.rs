@@ -366,6 +366,27 @@ fn a_ten_fold_burst_is_acted_on_within_a_second() {
 }
 
 #[test]
+fn a_panic_held_at_max_replicas_says_so() {
+    // 40 waiting at 4 per replica want 10; maxReplicas 6 holds the count.
+    let m = model("    minReplicas: 1\n    maxReplicas: 6\n    targetQueueDepth: 4\n");
+    let tuning = Tuning::default();
+    let mut state = State::new(1);
+    let r = recommend(Some(&queue(40.0)), &m, &tuning, &mut state, secs(1.0));
+    assert_eq!((r.replicas, r.mode), (6, Mode::Panic), "{}", r.reason);
+    assert!(
+        r.reason.contains("(10 wanted; maxReplicas; panic since"),
+        "{}",
+        r.reason
+    );
+    // Under the bound nothing is said of it.
+    let m = model("    minReplicas: 1\n    maxReplicas: 20\n    targetQueueDepth: 4\n");
+    let mut state = State::new(1);
+    let r = recommend(Some(&queue(40.0)), &m, &tuning, &mut state, secs(1.0));
+    assert_eq!(r.replicas, 10, "{}", r.reason);
+    assert!(!r.reason.contains("maxReplicas"), "{}", r.reason);
+}
+
+#[test]
 fn a_noisy_steady_queue_changes_at_most_once_per_ten_minutes() {
     let m = model("    minReplicas: 1\n    maxReplicas: 100\n    targetQueueDepth: 8\n");
     let tuning = Tuning::default();

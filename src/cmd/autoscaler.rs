@@ -60,7 +60,7 @@ pub enum Backend {
 }
 
 fn print_problems(problems: &gpuscale_policies::load::Problems) -> ExitCode {
-    super::report_problems(&problems.0)
+    super::report_load_problems(&problems.0)
 }
 
 /// Who this process is in the leader election: the pod's name from the

@@ -29,7 +29,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut settings = match gpuscale_gateway::config::load(&args.config) {
         Ok(s) => s,
-        Err(problems) => return Ok(super::report_problems(&problems.0)),
+        Err(problems) => return Ok(super::report_load_problems(&problems.0)),
     };
     if let Some(l) = args.listen {
         settings.spec.listen = l;
@@ -52,6 +52,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             }
         }
+    }
+    // Refused here, named by its file, rather than by the server's start.
+    if let Err(why) = settings.check_exposure() {
+        eprintln!("{}: {why}", args.config.display());
+        return Ok(ExitCode::from(2));
     }
     // One event loop per thread: this one runs the first traffic worker,
     // the admin listener and the scraper; the gateway starts the others.

@@ -27,6 +27,30 @@ pub enum Format {
 /// count, and gives the exit code of bad input (1). Stdout stays for the
 /// command's data: `plan --format json > plan.json` never writes errors
 /// into the plan.
+/// Whether a single-document file's load failed only because it is not
+/// the document its flag asks for (another `kind`, or not exactly one
+/// document): a usage error, exit 2, as `plan --demand` with no `kind:
+/// Demand` is, though still printed with its place in the file.
+pub fn wrong_document(problems: &[gpuscale_policies::document::Problem]) -> bool {
+    !problems.is_empty()
+        && problems.iter().all(|p| {
+            p.path == "kind" || (p.path.is_empty() && p.message.starts_with("expected one `kind: "))
+        })
+}
+
+/// [`report_problems`] for a config file's load: exit 2 where the file
+/// is not the document asked for ([`wrong_document`]), else 1.
+pub fn report_load_problems(
+    problems: &[gpuscale_policies::document::Problem],
+) -> std::process::ExitCode {
+    let code = report_problems(problems);
+    if wrong_document(problems) {
+        std::process::ExitCode::from(2)
+    } else {
+        code
+    }
+}
+
 pub fn report_problems<P: std::fmt::Display>(problems: &[P]) -> std::process::ExitCode {
     use std::io::Write;
     let mut err = std::io::stderr().lock();

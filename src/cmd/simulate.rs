@@ -29,7 +29,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let scenario = match Scenario::load(&args.scenario) {
         Ok(s) => s,
-        Err(problems) => return Ok(super::report_problems(&problems.0)),
+        Err(problems) => return Ok(super::report_load_problems(&problems.0)),
     };
     std::fs::create_dir_all(&args.report)
         .with_context(|| format!("cannot create {}", args.report.display()))?;

@@ -170,7 +170,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     args.config.display()
                 );
             }
-            return Ok(ExitCode::from(1));
+            return Ok(ExitCode::from(if super::wrong_document(&p.0) {
+                2
+            } else {
+                1
+            }));
         }
     };
     let Some(gateway_file) = settings.spec.gateway.config.clone() else {
