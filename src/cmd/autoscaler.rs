@@ -196,9 +196,11 @@ impl Loop {
                 ))
             }
             Backend::Kube => {
-                let kube_client = kube::Client::try_default()
-                    .await
-                    .context("connecting to Kubernetes (kubeconfig or in-cluster)")?;
+                // kube's error says every cause it tried in its own
+                // message; its source chain would say them again.
+                let kube_client = kube::Client::try_default().await.map_err(|e| {
+                    anyhow::anyhow!("connecting to Kubernetes (kubeconfig or in-cluster): {e}")
+                })?;
                 let identity = identity();
                 tracing::info!(%identity, "leader election identity");
                 let k = Kube::new(
