@@ -959,7 +959,11 @@ pub fn solve(
         let near = |w: &Counts| {
             counts_cost(classes, models, w) <= lp_cost * (1.0 + 2.0 * options.mip_rel_gap) + 1e-9
         };
+        // (Not in a re-plan, whose phase 2 weighs disruption against the
+        // cost phase 1 reaches: a cheaper plan from elsewhere makes it
+        // move more.)
         if clocked
+            && !has_current
             && warm.as_ref().is_some_and(|w| !within_gap(w) && near(w))
             && let Some(parts) = &whole_parts
         {
