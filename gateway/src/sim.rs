@@ -556,31 +556,10 @@ async fn infer(
     let tokens = u32::try_from(elements.div_ceil(4))
         .unwrap_or(u32::MAX)
         .max(1);
-    let mut guard = CancelGuard {
-        counters: sim.counters.clone(),
-        armed: true,
+    let Some((mut guard, permit)) = admit(&sim).await else {
+        return kserve_error(StatusCode::SERVICE_UNAVAILABLE, "closed");
     };
-    let permit = {
-        let _waiting = Gauge::up(&sim.counters.waiting);
-        let held = sim.counters.waiting.load(Ordering::Relaxed)
-            + sim.counters.running.load(Ordering::Relaxed);
-        sim.counters
-            .peak_in_flight
-            .fetch_max(held, Ordering::Relaxed);
-        match sim.slots.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => {
-                guard.armed = false;
-                return kserve_error(StatusCode::SERVICE_UNAVAILABLE, "closed");
-            }
-        }
-    };
-    let prefill = {
-        let now = sim.origin.elapsed().as_secs_f64();
-        let took = sim.profile.prefill(tokens).as_secs_f64();
-        let end = crate::lock(&sim.lane).book(now, took);
-        Duration::from_secs_f64((end - now).max(0.0))
-    };
+    let prefill = book_prefill(&sim, sim.profile.prefill(tokens));
     let running = Running::start(&sim, u64::from(tokens), &model);
     {
         let _running = Gauge::up(&sim.counters.running);
@@ -609,6 +588,37 @@ fn json(v: serde_json::Value) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// Waits for one of the server's slots, counted as waiting meanwhile:
+/// the slot, and the guard that counts the request cancelled if its
+/// client goes away before the end; `None` once the server has closed.
+async fn admit(sim: &Arc<Sim>) -> Option<(CancelGuard, tokio::sync::OwnedSemaphorePermit)> {
+    let mut guard = CancelGuard {
+        counters: sim.counters.clone(),
+        armed: true,
+    };
+    let _waiting = Gauge::up(&sim.counters.waiting);
+    let held =
+        sim.counters.waiting.load(Ordering::Relaxed) + sim.counters.running.load(Ordering::Relaxed);
+    sim.counters
+        .peak_in_flight
+        .fetch_max(held, Ordering::Relaxed);
+    match sim.slots.clone().acquire_owned().await {
+        Ok(permit) => Some((guard, permit)),
+        Err(_) => {
+            guard.armed = false;
+            None
+        }
+    }
+}
+
+/// Books a prefill of `took` behind those already booked on this replica
+/// (one at a time): how long from now until it is done.
+fn book_prefill(sim: &Sim, took: Duration) -> Duration {
+    let now = sim.origin.elapsed().as_secs_f64();
+    let end = crate::lock(&sim.lane).book(now, took.as_secs_f64());
+    Duration::from_secs_f64((end - now).max(0.0))
 }
 
 /// Counts a request as cancelled unless disarmed (dropped with the
@@ -757,31 +767,10 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
             .unwrap_or(sim.profile.default_max_tokens)
             .min(8192)
     };
-    let mut guard = CancelGuard {
-        counters: sim.counters.clone(),
-        armed: true,
+    let Some((mut guard, permit)) = admit(&sim).await else {
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "server_error", "closed");
     };
-    let permit = {
-        let _waiting = Gauge::up(&sim.counters.waiting);
-        let held = sim.counters.waiting.load(Ordering::Relaxed)
-            + sim.counters.running.load(Ordering::Relaxed);
-        sim.counters
-            .peak_in_flight
-            .fetch_max(held, Ordering::Relaxed);
-        match sim.slots.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => {
-                guard.armed = false;
-                return error_response(StatusCode::SERVICE_UNAVAILABLE, "server_error", "closed");
-            }
-        }
-    };
-    // The prefill queues behind those already booked on this replica.
-    let prefill = {
-        let now = sim.origin.elapsed().as_secs_f64();
-        let end = crate::lock(&sim.lane).book(now, prefill.as_secs_f64());
-        Duration::from_secs_f64((end - now).max(0.0))
-    };
+    let prefill = book_prefill(&sim, prefill);
     let running = Running::start(
         &sim,
         u64::from(prompt_tokens) + u64::from(max_tokens),
