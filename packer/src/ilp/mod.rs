@@ -593,12 +593,14 @@ fn lp_with_floors(
 /// the counts are whole or [`DIVES`] rounds have passed. Each round the
 /// fixed GPUs are paid for, so the LP fills them and re-balances the
 /// rest: what is left to round up at the end is small. The relaxation's
-/// values at the end, for [`round`], and the floors fixed.
+/// values at the end, for [`round`], and the floors fixed; with `steps`,
+/// also each round's relaxation rounded (consecutive equal ones once).
 fn dive(
     classes: &[Class],
     models: &[Model],
     demand_: &[u32],
     first: Relaxed,
+    mut steps: Option<&mut Vec<Counts>>,
 ) -> Result<(Relaxed, Vec<Vec<u32>>), PackError> {
     let mut relaxed = first;
     let mut floors: Vec<Vec<u32>> = relaxed.n.iter().map(|ns| vec![0; ns.len()]).collect();
@@ -636,6 +638,12 @@ fn dive(
         // proven in 0.1 s).
         let (_, _, again) =
             lp_with_floors(classes, models, demand_, by_price, Some(&floors), None)?;
+        if let Some(steps) = steps.as_deref_mut()
+            && let Some(rounded) = round(classes, models, demand_, &again)
+            && steps.last() != Some(&rounded)
+        {
+            steps.push(rounded);
+        }
         relaxed = again;
     }
     Ok((relaxed, floors))
@@ -842,11 +850,19 @@ pub fn solve(
     let mut warm = round(classes, models, demand_, &relaxed);
     let mut floors = None;
     let mut whole_parts = None;
+    let mut dive_steps = Vec::new();
     if !warm.as_ref().is_some_and(|w| {
         counts_cost(classes, models, w) <= lp_cost * (1.0 + options.mip_rel_gap) + 1e-9
     }) {
         whole_parts = Some(whole_parts_of(&relaxed));
-        let (dived, fixed) = dive(classes, models, demand_, relaxed)?;
+        let collect = !has_current && classes.iter().any(|c| c.fractional.is_some());
+        let (dived, fixed) = dive(
+            classes,
+            models,
+            demand_,
+            relaxed,
+            collect.then_some(&mut dive_steps),
+        )?;
         floors = Some(fixed);
         if let Some(d) = round(classes, models, demand_, &dived)
             && warm
@@ -882,6 +898,13 @@ pub fn solve(
     let mut polished_cost = None;
     if !has_current {
         keep_cheapest(&mut polished, warm.as_ref().and_then(polish), models, false);
+        // And every round of the dive rounded: on 1,000 GPUs with
+        // fractional GPUs the dive's end emptied to $380.6 (1.44 % above
+        // the bound) where its sixth round's emptied to $378.4 (0.85 %),
+        // in 0.18 s for all twelve.
+        for step in dive_steps.iter().filter(|s| Some(*s) != warm.as_ref()) {
+            keep_cheapest(&mut polished, polish(step), models, false);
+        }
         polished_cost = warm.as_ref().map(|w| counts_cost(classes, models, w));
         if let Some((_, counts, mixes)) = &polished
             && within_gap(counts)
