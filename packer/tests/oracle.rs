@@ -311,6 +311,19 @@ impl Search<'_> {
         if allowed && m.tensor_parallel.contains(&1) {
             for s in 0..self.slots.len() {
                 let slot = self.slots[s];
+                // Symmetry: of a GPU's free slots alike (size, compute,
+                // mode), only the first is tried; the others lead to the
+                // same placements with the indices swapped. (Without it one
+                // drawn instance ran for over ten minutes.)
+                let alike = |o: &Slot| {
+                    o.gpu == slot.gpu
+                        && o.memory == slot.memory
+                        && o.compute == slot.compute
+                        && o.mode == slot.mode
+                };
+                if (0..s).any(|e| !self.used_slots[e] && alike(&self.slots[e])) {
+                    continue;
+                }
                 if self.used_slots[s]
                     || !m.sharing.contains(&slot.mode)
                     || m.memory_gib > slot.memory + 1e-9
