@@ -1310,9 +1310,8 @@ fn a_config_file_of_another_kind_is_a_usage_error_with_its_place() {
         refused(&gpuscale(args), 2, says);
     }
     // A problem inside the right kind of file stays exit 1.
-    let dir = std::env::temp_dir().join(format!("gpuscale-kind-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("scenario.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("scenario.yaml");
     std::fs::write(
         &bad,
         "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {name: x}\nspec: {durationn: 1h}\n",
@@ -1326,25 +1325,23 @@ fn a_config_file_of_another_kind_is_a_usage_error_with_its_place() {
         "target/never",
     ]);
     refused(&out, 1, "scenario.yaml:4");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_gateway_file_that_exposes_its_admin_port_is_refused_by_name() {
-    let dir = std::env::temp_dir().join(format!("gpuscale-exposed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(root().join("examples/local/gateway.yaml")).unwrap();
     let text = text.replace("admin: 127.0.0.1:9090", "admin: 0.0.0.0:9090");
     assert!(
         text.contains("0.0.0.0:9090"),
         "the example sets its admin address"
     );
-    let file = dir.join("gateway.yaml");
+    let file = dir.path().join("gateway.yaml");
     std::fs::write(&file, text).unwrap();
     // The policies it names, beside it.
     std::fs::copy(
         root().join("examples/local/policies.yaml"),
-        dir.join("policies.yaml"),
+        dir.path().join("policies.yaml"),
     )
     .unwrap();
     let out = gpuscale(&["gateway", "--config", file.to_str().unwrap()]);
@@ -1356,5 +1353,4 @@ fn a_gateway_file_that_exposes_its_admin_port_is_refused_by_name() {
             file.display()
         ),
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
