@@ -934,6 +934,25 @@ pub fn solve(
     // loaded machine): node counts, not the clock, then decide the plan
     // unless the solve's own limit is reached.
     let clocked = !options.improve_limit.is_zero();
+    // The MIPs over what the dive left search only for plans cheaper than
+    // the best at hand (or as cheap): HiGHS's `objective_bound` prunes
+    // every node whose bound is above it, and ends the search when its
+    // root is. On 1,000 GPUs with fractional GPUs the MIP over the dive's
+    // floors spent its second at the root for a bound ($379.7) above the
+    // emptied dive's $378.4; time-sliced MIG's looser MIP then found
+    // $552.2 within the gap where it found nothing in the same time
+    // (bench/README, *Sub-MIPs cut off at the best plan at hand*). Not
+    // the whole MIP: there the same cutoff changed HiGHS's path for the
+    // worse as often as for the better.
+    let incumbent = |warm: &Option<Counts>, polished: &Option<Polished>| {
+        let w = warm.as_ref().map(|w| counts_cost(classes, models, w));
+        let p = polished.as_ref().map(|p| counts_cost(&p.0, models, &p.1));
+        match (w, p) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(|c| c + 1e-6 * c.abs().max(1.0))
+    };
     let improve = improving(options, start);
     if let Some(floors) = &floors {
         let (mut residual, _) = mip(
@@ -944,6 +963,7 @@ pub fn solve(
             start,
             Some(floors),
             RESIDUAL_NODES,
+            incumbent(&warm, &polished),
         )?;
         if residual.is_none() {
             // Floors of device-plugin configs can leave whole nodes split
@@ -966,6 +986,7 @@ pub fn solve(
                 start,
                 Some(&loose),
                 RESIDUAL_NODES,
+                incumbent(&warm, &polished),
             )?
             .0;
         }
@@ -998,6 +1019,7 @@ pub fn solve(
                 start,
                 Some(parts),
                 RESIDUAL_NODES,
+                incumbent(&warm, &polished),
             )?;
             warm = cheaper(warm, looser);
         }
@@ -1026,7 +1048,7 @@ pub fn solve(
     // search adds only slow its proof); its plan is emptied too (in a
     // re-plan only when it beat the plans before it, as above).
     let (full, proved) = if clocked || warm.is_none() {
-        mip(classes, models, demand_, &improve, start, None, i32::MAX)?
+        mip(classes, models, demand_, &improve, start, None, i32::MAX, None)?
     } else {
         (None, false)
     };
@@ -1338,7 +1360,9 @@ const RESIDUAL_NODES: i32 = 200;
 /// The cost MIP over the classes' patterns, with `n ≥ floors` when given,
 /// within `nodes` branch-and-bound nodes and the time limit: its solution
 /// (none found in the limits, or none with those floors: `None`) and
-/// whether HiGHS proved it within the gap.
+/// whether HiGHS proved it within the gap. With `cutoff`, HiGHS searches
+/// only for plans costing at most that (its `objective_bound`): what it
+/// returns above it, if anything, is a start it found on the way.
 fn mip(
     classes: &[Class],
     models: &[Model],
@@ -1347,6 +1371,7 @@ fn mip(
     start: Instant,
     floors: Option<&[Vec<u32>]>,
     nodes: i32,
+    cutoff: Option<f64>,
 ) -> Result<(Option<Counts>, bool), PackError> {
     let mut vars = ProblemVariables::new();
     let v = build_vars(&mut vars, classes, models, demand_, true);
@@ -1356,6 +1381,9 @@ fn mip(
     // rounded solution is compared with, never given to, HiGHS.
     let mut problem = configure(vars.minimise(objective).using(highs), options, start)?
         .set_option("mip_max_nodes", nodes);
+    if let Some(cutoff) = cutoff {
+        problem = problem.set_option("objective_bound", cutoff);
+    }
     add_rows(&mut problem, &v, classes, demand_, floors);
     Ok(match solve_logged(problem, options) {
         Ok(sol) => (
