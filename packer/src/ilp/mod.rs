@@ -1048,7 +1048,16 @@ pub fn solve(
     // search adds only slow its proof); its plan is emptied too (in a
     // re-plan only when it beat the plans before it, as above).
     let (full, proved) = if clocked || warm.is_none() {
-        mip(classes, models, demand_, &improve, start, None, i32::MAX, None)?
+        mip(
+            classes,
+            models,
+            demand_,
+            &improve,
+            start,
+            None,
+            i32::MAX,
+            None,
+        )?
     } else {
         (None, false)
     };
@@ -1363,6 +1372,7 @@ const RESIDUAL_NODES: i32 = 200;
 /// whether HiGHS proved it within the gap. With `cutoff`, HiGHS searches
 /// only for plans costing at most that (its `objective_bound`): what it
 /// returns above it, if anything, is a start it found on the way.
+#[allow(clippy::too_many_arguments)]
 fn mip(
     classes: &[Class],
     models: &[Model],
