@@ -1067,6 +1067,19 @@ impl KubeBackend {
     ) -> Result<(), KubeError> {
         let owned = self.kube.owned().await?;
         self.owned = owned.iter().map(|o| o.name.clone()).collect();
+        // A dry run beside another controller (KEDA mode: KEDA scales the
+        // model server's own Deployment): a model with no Deployment of
+        // gpuscale's starts from the replicas that Deployment runs, as
+        // gpuscale would if it were in charge. Only read, never written.
+        let observed_elsewhere = if self.kube.dry_run()
+            && models
+                .iter()
+                .any(|m| !owned.iter().any(|o| o.model == m.name))
+        {
+            self.kube.observed().await?
+        } else {
+            BTreeMap::new()
+        };
         for m in models {
             let mine: Vec<&Owned> = owned.iter().filter(|o| o.model == m.name).collect();
             let read: Vec<VariantNow> = mine
@@ -1079,7 +1092,11 @@ impl KubeBackend {
                 })
                 .collect();
             // The decision, not the replicas a hand-over holds above it.
-            let n = handover::decided(&read);
+            let n = if mine.is_empty() {
+                observed_elsewhere.get(&m.name).copied().unwrap_or(0)
+            } else {
+                handover::decided(&read)
+            };
             // Variants that run now are the ones a later change scales to
             // zero when the plan moves off them.
             self.variants.insert(

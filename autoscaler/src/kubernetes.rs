@@ -916,6 +916,23 @@ pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
     out
 }
 
+/// Replicas per model of the Deployments in a list that another
+/// controller owns but that serve a gpuscale model (labelled
+/// `gpuscale.io/model`, not gpuscale's): in KEDA mode, the model server's
+/// Deployment that KEDA scales. `spec.replicas` summed per model (absent
+/// means 1, the API server's default).
+pub fn observed_deployments(deployments: &[Deployment]) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for d in deployments.iter().filter(|d| !owned_by_us(&d.metadata)) {
+        let Some(model) = d.metadata.labels.as_ref().and_then(|l| l.get(MODEL_LABEL)) else {
+            continue;
+        };
+        let n = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
+        *out.entry(model.clone()).or_insert(0) += n;
+    }
+    out
+}
+
 /// The name of a model's headless Service (a DNS-1035 label: `gpuscale-`
 /// and the policy name, other characters as `-`, at most 63).
 pub fn service_name(model: &str) -> String {
@@ -1361,6 +1378,24 @@ impl Kube {
             )
             .await?;
         Ok(owned_deployments(&list.items))
+    }
+
+    /// What runs per model in Deployments gpuscale does not own but that
+    /// carry its model label ([`observed_deployments`]; one list call).
+    /// Read only in a dry run, where another controller (KEDA) scales the
+    /// model server: the decisions then start from what runs, not from 0.
+    /// Never written to.
+    pub async fn observed(&self) -> Result<BTreeMap<String, u32>, KubeError> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
+        let list = self
+            .call(
+                || "list deployments".into(),
+                api.list(&ListParams::default().labels(&format!(
+                    "{MODEL_LABEL},app.kubernetes.io/managed-by!={MANAGER}"
+                ))),
+            )
+            .await?;
+        Ok(observed_deployments(&list.items))
     }
 
     /// A Deployment by name, if there is one.

@@ -1729,6 +1729,75 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
     silent(&mut handle, 200, "a write after adopting the live count").await;
 }
 
+/// Deployments of the model server that another controller owns (KEDA
+/// mode: the user's Deployment, labelled with the model, that KEDA
+/// scales): the list that finds them.
+const OBSERVED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=gpuscale.io%2Fmodel%2Capp.kubernetes.io%2Fmanaged-by%21%3Dgpuscale";
+
+/// A dry run beside KEDA: gpuscale owns no Deployment of the model, and
+/// KEDA runs 4 replicas of the user's. The decisions start from those 4
+/// (quiet load: held by the scale-down window), not from 0 (which would
+/// read as a model just created, sent to its minimum), and nothing is
+/// written to the cluster or told to the gateway.
+async fn a_dry_run_beside_keda_starts_from_the_replicas_keda_runs() {
+    use gpuscale_autoscaler::controller::Controller;
+    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
+    let settings = common::settings(
+        &gw,
+        "  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
+        "  kubernetes: {namespace: inference}\n",
+    );
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", true);
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
+    let mut controller = Controller::new(settings, gateway, backend);
+    let report = controller.report();
+    let keda_runs = |n: u32| {
+        json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": [
+            {"metadata": {"name": "llama", "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/name": "llama"}},
+             "spec": {"replicas": n, "selector": {"matchLabels": {"app.kubernetes.io/name": "llama"}},
+                      "template": {"metadata": {}}}}]})
+    };
+    let server = tokio::spawn(async move {
+        // No lease in a dry run: it reads, and leads its own decisions.
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        expect(&mut handle, Method::GET, OBSERVED, 200, keda_runs(4)).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+            200,
+            policy_reply(),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    controller.tick().await;
+    let mut handle = server.await.unwrap();
+    let d = report.decisions();
+    let latest = d["llama"].latest.as_ref().unwrap();
+    assert_eq!(latest.desired, 4, "{}", latest.reason);
+    assert_eq!(latest.mode, Mode::Normal, "{}", latest.reason);
+    silent(&mut handle, 200, "a write in a dry run").await;
+
+    // KEDA scales to 2: the next tick works from 2.
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
+        expect(&mut handle, Method::GET, OBSERVED, 200, keda_runs(2)).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    controller.tick().await;
+    let mut handle = server.await.unwrap();
+    let d = report.decisions();
+    assert_eq!(d["llama"].latest.as_ref().unwrap().desired, 2);
+    silent(&mut handle, 200, "a write in a dry run").await;
+    assert!(gw_state.seen.lock().unwrap().is_empty());
+}
+
 /// Policies from the cluster are watched (a kube-runtime reflector: a
 /// list, then a watch): the backend hands the controller the models once
 /// the first list is in, and again only when a policy changes. A policy
@@ -2586,6 +2655,7 @@ scenarios!(
     a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons,
     the_mig_parted_configmap_keeps_configs_other_nodes_name,
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
+    a_dry_run_beside_keda_starts_from_the_replicas_keda_runs,
     watched_policies_reach_the_controller_each_on_its_own,
     the_inventory_comes_from_the_nodes_and_the_agents,
     a_hung_agent_does_not_hold_up_the_tick,
