@@ -1249,6 +1249,8 @@ fn the_controller_runs_two_replicas_with_its_pod_name_as_identity() {
             })
             .map(|b| b["roleRef"]["name"].as_str().unwrap_or("").to_string())
             .collect();
+        // A dry run writes no Event about Nodes (nor anything else).
+        let dry_run = command_line(c).is_ok_and(|(_, flags)| flags.contains_key("--dry-run"));
         let expected: BTreeSet<String> = [
             "gpuscale-controller",
             "gpuscale-mig",
@@ -1256,6 +1258,7 @@ fn the_controller_runs_two_replicas_with_its_pod_name_as_identity() {
             "gpuscale-nodes",
         ]
         .into_iter()
+        .filter(|r| !(dry_run && *r == "gpuscale-node-events"))
         .map(String::from)
         .collect();
         assert_eq!(bound, expected, "deploy/{target}");
@@ -1281,6 +1284,70 @@ fn the_central_gateway_runs_two_replicas() {
         .is_some()
     );
     assert!(find(&all["overlays/sidecar"], "Deployment", "gpuscale-gateway").is_none());
+}
+
+/// (role, apiGroup, resource, verb) for every rule of the Roles and
+/// ClusterRoles of a rendering.
+fn grants(objects: &[Value]) -> BTreeSet<(String, String, String, String)> {
+    let mut out = BTreeSet::new();
+    for o in of_kind(objects, "Role").chain(of_kind(objects, "ClusterRole")) {
+        for r in o["rules"].as_array().into_iter().flatten() {
+            for g in r["apiGroups"].as_array().into_iter().flatten() {
+                for res in r["resources"].as_array().into_iter().flatten() {
+                    for v in r["verbs"].as_array().into_iter().flatten() {
+                        out.insert((
+                            name(o).to_string(),
+                            g.as_str().unwrap_or("").to_string(),
+                            res.as_str().unwrap_or("").to_string(),
+                            v.as_str().unwrap_or("").to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A controller run with `--dry-run` sends only reads (the mock API
+/// server test `dry_run_sends_no_write`; in a dry run no Lease is written
+/// either), so its roles grant exactly the reads — `get`, `list`, `watch`,
+/// the API server's read verbs — that the base grants, and no write.
+/// Every other rendering grants what the base grants.
+#[test]
+fn a_dry_run_controller_is_granted_the_reads_and_nothing_else() {
+    let Some(all) = rendered() else { return };
+    let reads = ["get", "list", "watch"];
+    let base = grants(&all["base"]);
+    // In a dry run no lease is taken (each replica decides on its own),
+    // nor read.
+    let base_reads: BTreeSet<_> = base
+        .iter()
+        .filter(|g| reads.contains(&g.3.as_str()) && g.2 != "leases")
+        .cloned()
+        .collect();
+    for (target, objects) in all {
+        let Some(o) = find(objects, "Deployment", "gpuscale-controller") else {
+            continue;
+        };
+        let d: Deployment = serde_json::from_value(o.clone()).unwrap();
+        let c = &pod_spec(&d).containers[0];
+        let (_, flags) = command_line(c).unwrap_or_else(|e| panic!("deploy/{target}: {e}"));
+        let granted = grants(objects);
+        if flags.contains_key("--dry-run") {
+            let writes: Vec<_> = granted
+                .iter()
+                .filter(|g| !reads.contains(&g.3.as_str()))
+                .collect();
+            assert!(
+                writes.is_empty(),
+                "deploy/{target} runs --dry-run and grants writes: {writes:?}"
+            );
+            assert_eq!(granted, base_reads, "deploy/{target}: the base's reads");
+        } else {
+            assert_eq!(granted, base, "deploy/{target}: the base's roles");
+        }
+    }
 }
 
 #[test]
