@@ -1134,6 +1134,22 @@ impl KubeBackend {
         self.advance_handoffs(now).await
     }
 
+    /// The ready endpoints of each model's Service (one list call for
+    /// them all), by model.
+    async fn endpoints(
+        &self,
+        models: &[Model],
+    ) -> Result<BTreeMap<String, BTreeSet<String>>, KubeError> {
+        let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+        Ok(self
+            .kube
+            .endpoints_of(&names)
+            .await?
+            .into_iter()
+            .map(|(m, e)| (m, e.into_iter().collect()))
+            .collect())
+    }
+
     /// The ready endpoints of each model's Service, registered with the
     /// gateway (and those gone, removed).
     async fn discover(&mut self, models: &[Model]) -> Result<(), KubeError> {
@@ -1141,9 +1157,9 @@ impl KubeBackend {
         if !self.registers {
             // Sidecar gateways: each fronts its own pod's model server;
             // the ready endpoints are counted, not registered.
+            let mut found = self.endpoints(models).await?;
             for m in models {
-                let found: BTreeSet<String> =
-                    self.kube.endpoints(&m.name).await?.into_iter().collect();
+                let found: BTreeSet<String> = found.remove(&m.name).unwrap_or_default();
                 self.registered.insert(m.served_name.clone(), found);
             }
             return Ok(());
@@ -1152,8 +1168,9 @@ impl KubeBackend {
         // it no longer lists (it restarted, someone removed it) is
         // registered again below. Unreadable: trust what was registered.
         let listed = self.gateway.replica_list().await.ok();
+        let mut all_found = self.endpoints(models).await?;
         for m in models {
-            let found: BTreeSet<String> = self.kube.endpoints(&m.name).await?.into_iter().collect();
+            let found = all_found.remove(&m.name).unwrap_or_default();
             let known = self.registered.entry(m.served_name.clone()).or_default();
             if let Some(listed) = &listed {
                 let there = listed.get(&m.served_name);

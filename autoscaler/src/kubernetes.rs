@@ -933,6 +933,16 @@ pub fn observed_deployments(deployments: &[Deployment]) -> BTreeMap<String, u32>
     out
 }
 
+/// The label the EndpointSlice controller puts on every slice, naming
+/// its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Most Services whose EndpointSlices one list call selects (the
+/// selector's length grows with them; 50 names of up to 63 characters
+/// stay within the 8 KiB that proxies in front of API servers commonly
+/// take as a request line).
+pub const SLICE_LIST_SERVICES: usize = 50;
+
 /// The name of a model's headless Service (a DNS-1035 label: `gpuscale-`
 /// and the policy name, other characters as `-`, at most 63).
 pub fn service_name(model: &str) -> String {
@@ -1842,9 +1852,61 @@ impl Kube {
     }
 
     /// Ready endpoints of a model's pods, from its Service's
-    /// EndpointSlices.
+    /// EndpointSlices ([`Kube::endpoints_of`] for one model).
     pub async fn endpoints(&self, model: &str) -> Result<Vec<String>, KubeError> {
-        self.service_endpoints(&service_name(model)).await
+        let mut of = self.endpoints_of(&[model]).await?;
+        Ok(of.remove(model).unwrap_or_default())
+    }
+
+    /// Ready endpoints of each model's pods, from the EndpointSlices of
+    /// the models' Services: one list call per [`SLICE_LIST_SERVICES`]
+    /// models (a set-based selector, `kubernetes.io/service-name in
+    /// (…)`), not one per model, every tick; each slice goes to its
+    /// Service by the same label. Every model asked for has an entry.
+    pub async fn endpoints_of(
+        &self,
+        models: &[&str],
+    ) -> Result<BTreeMap<String, Vec<String>>, KubeError> {
+        // (Two policy names could make one Service name: both read it.)
+        let mut services: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for &m in models {
+            services.entry(service_name(m)).or_default().push(m);
+        }
+        let names: Vec<&String> = services.keys().collect();
+        let mut slices: BTreeMap<&str, Vec<EndpointSlice>> = BTreeMap::new();
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), self.ns());
+        for chunk in names.chunks(SLICE_LIST_SERVICES) {
+            let set = chunk
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            let list = self
+                .call(
+                    || format!("list endpointslices of {set}"),
+                    api.list(
+                        &ListParams::default().labels(&format!("{SERVICE_NAME_LABEL} in ({set})")),
+                    ),
+                )
+                .await?;
+            for slice in list.items {
+                let service = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL));
+                for &model in service.and_then(|s| services.get(s)).into_iter().flatten() {
+                    slices.entry(model).or_default().push(slice.clone());
+                }
+            }
+        }
+        Ok(models
+            .iter()
+            .map(|&m| {
+                let ready = slices.get(m).map_or_else(Vec::new, |s| ready_endpoints(s));
+                (m.to_string(), ready)
+            })
+            .collect())
     }
 
     /// Ready endpoints of a Service in the namespace, from its
@@ -1871,9 +1933,7 @@ impl Kube {
         let slices = self
             .call(
                 || format!("list endpointslices of {service}"),
-                api.list(
-                    &ListParams::default().labels(&format!("kubernetes.io/service-name={service}")),
-                ),
+                api.list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"))),
             )
             .await?;
         Ok(slices.items)

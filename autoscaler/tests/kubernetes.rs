@@ -168,7 +168,9 @@ const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gp
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases?";
 const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
 const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff&limit=500";
-const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-llama";
+/// The EndpointSlices of the models' Services, one list call for them all
+/// (`kubernetes.io/service-name in (gpuscale-llama)`).
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28gpuscale-llama%29";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/inference/events?";
 /// Events about Nodes: the API server takes them only in `default`.
 const NODE_EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
@@ -229,7 +231,7 @@ fn slices(addresses: &[&str]) -> Value {
         .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-           "items": [{"metadata": {"name": "gpuscale-llama-abc"}, "addressType": "IPv4",
+           "items": [{"metadata": {"name": "gpuscale-llama-abc", "labels": {"kubernetes.io/service-name": "gpuscale-llama"}}, "addressType": "IPv4",
                       "ports": [{"name": "http", "port": 8000}], "endpoints": endpoints}]})
 }
 
@@ -780,14 +782,14 @@ async fn endpoint_slices_give_the_ready_replicas() {
             SLICES,
             200,
             json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "a"}, "addressType": "IPv4",
+                   "items": [{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "gpuscale-llama"}}, "addressType": "IPv4",
                               "ports": [{"name": "metrics", "port": 9400}, {"name": "http", "port": 8000}],
                               "endpoints": [
                                   {"addresses": ["10.0.0.7"], "conditions": {"ready": true}},
                                   {"addresses": ["10.0.0.8"], "conditions": {"ready": false}},
                                   {"addresses": ["10.0.0.9"]},
                                   {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}]},
-                             {"metadata": {"name": "b"}, "addressType": "IPv6",
+                             {"metadata": {"name": "b", "labels": {"kubernetes.io/service-name": "gpuscale-llama"}}, "addressType": "IPv6",
                               "ports": [{"name": "http", "port": 8000}],
                               "endpoints": [{"addresses": ["fd00::7"], "conditions": {"ready": true}}]}]}),
         )
@@ -804,6 +806,57 @@ async fn endpoint_slices_give_the_ready_replicas() {
     );
     server.await.unwrap();
     assert!(ready_endpoints(&[]).is_empty());
+}
+
+/// The EndpointSlices of many models' Services: one list call per 50
+/// Services (a set-based selector), each slice given to its Service by
+/// its `kubernetes.io/service-name` label; a slice of another Service in
+/// the answer is no model's; a model with no slice has no endpoint.
+async fn many_models_endpoints_take_one_list_per_fifty_services() {
+    let (k, mut handle) = kube(false);
+    let models: Vec<String> = (0..51).map(|i| format!("m{i:02}")).collect();
+    let slice = |service: &str, address: &str| {
+        json!({"metadata": {"name": format!("{service}-x"), "labels": {"kubernetes.io/service-name": service}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 8000}],
+               "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]})
+    };
+    let first: Vec<String> = models[..50]
+        .iter()
+        .map(|m| format!("gpuscale-{m}"))
+        .collect();
+    let first_path = format!(
+        "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28{}%29",
+        first.join("%2C")
+    );
+    let items = json!([
+        slice("gpuscale-m00", "10.0.0.1"),
+        slice("gpuscale-m07", "10.0.0.7"),
+        slice("gpuscale-m07", "10.0.0.8"),
+        slice("someone-else", "10.9.9.9")
+    ]);
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET, &first_path, 200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {}, "items": items})).await;
+        expect(&mut handle, Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28gpuscale-m50%29",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [slice("gpuscale-m50", "10.0.5.0")]})).await;
+        handle
+    });
+    let names: Vec<&str> = models.iter().map(String::as_str).collect();
+    let found = k.endpoints_of(&names).await.unwrap();
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "a third list").await;
+    assert_eq!(found.len(), 51);
+    assert_eq!(found["m00"], ["http://10.0.0.1:8000"]);
+    assert_eq!(
+        found["m07"],
+        ["http://10.0.0.7:8000", "http://10.0.0.8:8000"]
+    );
+    assert_eq!(found["m50"], ["http://10.0.5.0:8000"]);
+    assert!(found["m01"].is_empty());
+    assert!(!found.values().flatten().any(|e| e.contains("10.9.9.9")));
 }
 
 /// Policies are decoded one by one: one that does not decode is reported
@@ -1005,16 +1058,15 @@ async fn a_failed_status_write_stops_no_scaling() {
             .await;
         }
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        for s in ["gpuscale-llama", "gpuscale-mistral"] {
-            expect(
-                &mut handle,
-                Method::GET,
-                &format!("/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3D{s}"),
-                200,
-                slices(&[]),
-            )
-            .await;
-        }
+        // One list for both models' Services.
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28gpuscale-llama%2Cgpuscale-mistral%29",
+            200,
+            slices(&[]),
+        )
+        .await;
         for p in ["llama", "mistral"] {
             expect(
                 &mut handle,
@@ -2645,6 +2697,7 @@ scenarios!(
     a_decision_event_and_the_status_patch,
     dry_run_sends_no_write,
     endpoint_slices_give_the_ready_replicas,
+    many_models_endpoints_take_one_list_per_fifty_services,
     a_policy_that_does_not_decode_does_not_fail_the_list,
     the_backend_leads_discovers_and_applies_a_decision,
     a_failed_status_write_stops_no_scaling,
