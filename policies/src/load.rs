@@ -166,7 +166,7 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
         if path == "." {
             path.clear();
         }
-        let message = not_finite(e.inner().to_string());
+        let message = whole_number(not_finite(e.inner().to_string()));
         // serde reports an unknown or a missing field at its parent; name
         // the field (a missing one is then located at its parent).
         if let Some(rest) = message
@@ -200,6 +200,59 @@ fn not_finite(message: String) -> String {
             format!("`{text}` is not a finite number")
         }
         _ => message,
+    }
+}
+
+/// serde's words for a number where a whole number of a range belongs
+/// (`invalid type: floating point `1e+20`, expected u32`: a count too
+/// large for 64-bit integers reaches the typed layer as a float), said in
+/// the field's terms.
+fn whole_number(message: String) -> String {
+    let range = |ty: &str| -> Option<(i128, i128)> {
+        Some(match ty {
+            "u8" => (0, u8::MAX.into()),
+            "u16" => (0, u16::MAX.into()),
+            "u32" => (0, u32::MAX.into()),
+            "u64" => (0, u64::MAX.into()),
+            "usize" => (0, usize::MAX as i128),
+            "i32" => (i32::MIN.into(), i32::MAX.into()),
+            "i64" => (i64::MIN.into(), i64::MAX.into()),
+            _ => return None,
+        })
+    };
+    let parsed = message
+        .strip_prefix("invalid type: floating point `")
+        .map(|rest| {
+            // Whole but past 64 bits (`1e+20`): out of range, not a fraction.
+            let whole = rest
+                .split('`')
+                .next()
+                .and_then(|n| n.parse::<f64>().ok())
+                .is_some_and(|n| n.is_finite() && n.fract() == 0.0);
+            (
+                rest,
+                if whole {
+                    "is out of range"
+                } else {
+                    "is not a whole number"
+                },
+            )
+        })
+        .or_else(|| {
+            message
+                .strip_prefix("invalid value: integer `")
+                .map(|rest| (rest, "is out of range"))
+        })
+        .and_then(|(rest, what)| {
+            let (number, rest) = rest.split_once('`')?;
+            let ty = rest.strip_prefix(", expected ")?;
+            Some((number, what, range(ty)?))
+        });
+    match parsed {
+        Some((number, what, (min, max))) => {
+            format!("`{number}` {what}: expected a whole number from {min} to {max}")
+        }
+        None => message,
     }
 }
 

@@ -839,6 +839,41 @@ fn a_missing_field_is_named_in_the_path() {
     assert_eq!(p[0].path, "metadata", "{p:#?}");
 }
 
+/// A count too large for any integer (read as a float), a fraction and
+/// a negative count where a whole number of a range belongs: each said in
+/// those terms, with the range, at its field.
+#[test]
+fn a_count_out_of_range_names_the_range() {
+    for (from, to, line, path, said) in [
+        (
+            "maxConcurrency: 8",
+            "maxConcurrency: 99999999999999999999",
+            9,
+            "spec.resources.maxConcurrency",
+            "`1e+20` is out of range: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "maxConcurrency: 8",
+            "maxConcurrency: 2.5",
+            9,
+            "spec.resources.maxConcurrency",
+            "`2.5` is not a whole number: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "maxConcurrency: 8",
+            "maxConcurrency: -1",
+            9,
+            "spec.resources.maxConcurrency",
+            "`-1` is out of range: expected a whole number from 0 to 4294967295",
+        ),
+    ] {
+        assert_eq!(POLICY.matches(from).count(), 1);
+        let p = problems("m.yaml", &POLICY.replace(from, to));
+        assert_eq!(located(&p), vec![(line, path)], "{p:#?}");
+        assert!(p[0].message.contains(said), "{}", p[0]);
+    }
+}
+
 #[test]
 fn a_number_that_is_not_finite_is_called_so() {
     for (text, shown) in [
