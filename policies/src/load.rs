@@ -222,38 +222,31 @@ fn whole_number(message: String) -> String {
     };
     let parsed = message
         .strip_prefix("invalid type: floating point `")
-        .map(|rest| {
-            // Whole but past 64 bits (`1e+20`): out of range, not a fraction.
-            let whole = rest
-                .split('`')
-                .next()
-                .and_then(|n| n.parse::<f64>().ok())
-                .is_some_and(|n| n.is_finite() && n.fract() == 0.0);
-            (
-                rest,
-                if whole {
-                    "is out of range"
-                } else {
-                    "is not a whole number"
-                },
-            )
-        })
+        .map(|rest| (rest, true))
         .or_else(|| {
             message
                 .strip_prefix("invalid value: integer `")
-                .map(|rest| (rest, "is out of range"))
+                .map(|rest| (rest, false))
         })
-        .and_then(|(rest, what)| {
+        .and_then(|(rest, float)| {
             let (number, rest) = rest.split_once('`')?;
             let ty = rest.strip_prefix(", expected ")?;
-            Some((number, what, range(ty)?))
+            Some((number, float, range(ty)?))
         });
-    match parsed {
-        Some((number, what, (min, max))) => {
-            format!("`{number}` {what}: expected a whole number from {min} to {max}")
-        }
-        None => message,
-    }
+    let Some((number, float, (min, max))) = parsed else {
+        return message;
+    };
+    let value = number.parse::<f64>().ok().filter(|n| n.is_finite());
+    let what = match value {
+        // Whole but past what the field holds (`1e+20`: past 64 bits, so
+        // read as a float), or a negative count.
+        Some(n) if n.fract() == 0.0 && (n < min as f64 || n > max as f64) => "is out of range",
+        // Whole and in range, but a float in the document (`8.0`).
+        Some(n) if float && n.fract() == 0.0 => "is not written as a whole number",
+        _ if float => "is not a whole number",
+        _ => "is out of range",
+    };
+    format!("`{number}` {what}: expected a whole number from {min} to {max}")
 }
 
 /// Kubernetes names: a DNS-1123 subdomain.

@@ -861,6 +861,13 @@ fn a_count_out_of_range_names_the_range() {
         ),
         (
             "maxConcurrency: 8",
+            "maxConcurrency: 8.0",
+            9,
+            "spec.resources.maxConcurrency",
+            "`8.0` is not written as a whole number: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "maxConcurrency: 8",
             "maxConcurrency: -1",
             9,
             "spec.resources.maxConcurrency",

@@ -1073,24 +1073,31 @@ pub fn solve(
         // the whole MIP's emptied plan stands, as it did.
         keep_cheapest(&mut polished, polish(f), models, true);
     }
-    let Some(unpolished) = cheaper(full, warm) else {
-        return Err(PackError::Solver(
-            "no integer solution within the limits".into(),
-        ));
-    };
-    let mut phase1 = unpolished;
+    // The emptied plan where it is cheaper, or where the MIPs found none
+    // (those over what the dive left search only below it, and the whole
+    // MIP may run out of time): its counts are over the grown classes.
     let mut added: Vec<Vec<Mix>> = vec![Vec::new(); classes.len()];
     let owned;
-    let classes: &[Class] = match polished.filter(|(g, counts, _)| {
-        counts_cost(g, models, counts) < counts_cost(classes, models, &phase1) - 1e-9
-    }) {
-        Some((grown, counts, mixes)) => {
-            phase1 = counts;
+    let (phase1, classes): (Counts, &[Class]) = match (cheaper(full, warm), polished) {
+        (Some(unpolished), Some((grown, counts, mixes)))
+            if counts_cost(&grown, models, &counts)
+                < counts_cost(classes, models, &unpolished) - 1e-9 =>
+        {
             added = mixes;
             owned = grown;
-            &owned
+            (counts, &owned)
         }
-        None => classes,
+        (Some(unpolished), _) => (unpolished, classes),
+        (None, Some((grown, counts, mixes))) => {
+            added = mixes;
+            owned = grown;
+            (counts, &owned)
+        }
+        (None, None) => {
+            return Err(PackError::Solver(
+                "no integer solution within the limits".into(),
+            ));
+        }
     };
     optimal |= within_gap(&phase1);
 
