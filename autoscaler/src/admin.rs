@@ -155,8 +155,10 @@ where
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = [0u8; 1024];
     // Long enough for a probe's request to arrive on a loaded node (at
-    // 50 ms a kubelet probe could be answered 503 before it was read).
-    let n = tokio::time::timeout(std::time::Duration::from_millis(250), stream.read(&mut buf))
+    // 50 ms a kubelet probe could be answered 503 before it was read; at
+    // 250 ms the agent's test saw it once, with two builds beside it on
+    // two cores), and short of the kubelet's default probe timeout (1 s).
+    let n = tokio::time::timeout(std::time::Duration::from_millis(500), stream.read(&mut buf))
         .await
         .ok()
         .and_then(Result::ok)
