@@ -257,6 +257,19 @@ fn scale_reply(replicas: u32) -> Value {
            "spec": {"replicas": replicas}, "status": {"replicas": 1}})
 }
 
+/// The read of the policy's status (the memory a last leader left; none
+/// here) that a controller makes on becoming leader.
+async fn policy_read(handle: &mut Handle) {
+    expect(
+        handle,
+        Method::GET,
+        "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+        200,
+        policy_reply(),
+    )
+    .await;
+}
+
 fn policy_reply() -> Value {
     json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "metadata": {"name": "llama"},
            "spec": {"resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})
@@ -914,14 +927,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
             deployments(&[("llama", 1)]),
         )
         .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
-            200,
-            policy_reply(),
-        )
-        .await;
+        policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
         handle
@@ -1136,14 +1142,7 @@ async fn a_deployment_gpuscale_did_not_create_is_not_adopted() {
     let server = tokio::spawn(async move {
         lease_created(&mut handle, "gpuscale-0").await;
         expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
-            200,
-            policy_reply(),
-        )
-        .await;
+        policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         expect(
@@ -1457,14 +1456,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
             deployments(&[("llama", 1)]),
         )
         .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
-            200,
-            policy_reply(),
-        )
-        .await;
+        policy_read(&mut handle).await;
         expect(
             &mut handle,
             Method::GET,
@@ -1708,12 +1700,18 @@ async fn the_mig_parted_configmap_keeps_configs_other_nodes_name() {
     server.await.unwrap();
 }
 
-/// A controller that takes over (a restart, a leader change) reads the
-/// live count before anything else it does as leader, and the memory the
-/// last leader left; at 6 replicas in a quiet spell it holds 6 (the
-/// scale-down window), where one that started from `minReplicas` would
-/// have scaled to 1 at once.
-async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
+/// A controller of model `llama` (1 to 10 replicas, 8 in flight each) on
+/// the Kubernetes backend over the mock, in front of a quiet stand-in
+/// gateway: the controller, its report, the mock's handle, the gateway.
+async fn quiet_controller(
+    identity: &str,
+    dry_run: bool,
+) -> (
+    gpuscale_autoscaler::controller::Controller,
+    gpuscale_autoscaler::controller::Report,
+    Handle,
+    common::StandIn,
+) {
     use gpuscale_autoscaler::controller::Controller;
     let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
     let settings = common::settings(
@@ -1721,11 +1719,22 @@ async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
         "  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
         "  kubernetes: {namespace: inference}\n",
     );
-    let (k, mut handle) = kube_with(spec(), "gpuscale-1", false);
+    let (k, handle) = kube_with(spec(), identity, dry_run);
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
     let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
-    let mut controller = Controller::new(settings, gateway, backend);
+    let controller = Controller::new(settings, gateway, backend);
     let report = controller.report();
+    (controller, report, handle, gw_state)
+}
+
+/// A controller that takes over (a restart, a leader change) reads the
+/// live count before anything else it does as leader, and the memory the
+/// last leader left; at 6 replicas in a quiet spell it holds 6 (the
+/// scale-down window), where one that started from `minReplicas` would
+/// have scaled to 1 at once.
+async fn a_controller_taking_over_reads_the_live_count_first_and_holds_it() {
+    let (mut controller, report, mut handle, gw_state) =
+        quiet_controller("gpuscale-1", false).await;
     // The last leader recommended 6 a minute ago.
     let a_minute_ago =
         humantime::format_rfc3339_millis(std::time::SystemTime::now() - Duration::from_secs(60))
@@ -1792,18 +1801,7 @@ const OBSERVED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSel
 /// read as a model just created, sent to its minimum), and nothing is
 /// written to the cluster or told to the gateway.
 async fn a_dry_run_beside_keda_starts_from_the_replicas_keda_runs() {
-    use gpuscale_autoscaler::controller::Controller;
-    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
-    let settings = common::settings(
-        &gw,
-        "  scaling:\n    minReplicas: 1\n    maxReplicas: 10\n    targetQueueDepth: 8\n",
-        "  kubernetes: {namespace: inference}\n",
-    );
-    let (k, mut handle) = kube_with(spec(), "gpuscale-0", true);
-    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
-    let backend = Backend::Kube(KubeBackend::new(k, gateway.clone()));
-    let mut controller = Controller::new(settings, gateway, backend);
-    let report = controller.report();
+    let (mut controller, report, mut handle, gw_state) = quiet_controller("gpuscale-0", true).await;
     let keda_runs = |n: u32| {
         json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": [
             {"metadata": {"name": "llama", "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/name": "llama"}},
@@ -1814,14 +1812,7 @@ async fn a_dry_run_beside_keda_starts_from_the_replicas_keda_runs() {
         // No lease in a dry run: it reads, and leads its own decisions.
         expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
         expect(&mut handle, Method::GET, OBSERVED, 200, keda_runs(4)).await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
-            200,
-            policy_reply(),
-        )
-        .await;
+        policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         handle
