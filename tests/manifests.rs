@@ -1249,8 +1249,11 @@ fn the_controller_runs_two_replicas_with_its_pod_name_as_identity() {
             })
             .map(|b| b["roleRef"]["name"].as_str().unwrap_or("").to_string())
             .collect();
-        // A dry run writes no Event about Nodes (nor anything else).
+        // A dry run writes no Event about Nodes (nor anything else); a
+        // controller that packs nothing touches no Node and no MIG
+        // ConfigMap.
         let dry_run = command_line(c).is_ok_and(|(_, flags)| flags.contains_key("--dry-run"));
+        let packs = controller_kube(target, objects).pack;
         let expected: BTreeSet<String> = [
             "gpuscale-controller",
             "gpuscale-mig",
@@ -1259,6 +1262,7 @@ fn the_controller_runs_two_replicas_with_its_pod_name_as_identity() {
         ]
         .into_iter()
         .filter(|r| !(dry_run && *r == "gpuscale-node-events"))
+        .filter(|r| packs || *r == "gpuscale-controller")
         .map(String::from)
         .collect();
         assert_eq!(bound, expected, "deploy/{target}");
@@ -1312,8 +1316,12 @@ fn grants(objects: &[Value]) -> BTreeSet<(String, String, String, String)> {
 /// A controller run with `--dry-run` sends only reads (the mock API
 /// server test `dry_run_sends_no_write`; in a dry run no Lease is written
 /// either), so its roles grant exactly the reads — `get`, `list`, `watch`,
-/// the API server's read verbs — that the base grants, and no write.
-/// Every other rendering grants what the base grants.
+/// the API server's read verbs — that the base grants, and no write. A
+/// controller that packs nothing (`pack: false`, sidecar mode) is granted
+/// its own Role only: the base's without Pods and evictions (the mock
+/// test `a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node`
+/// compares that Role with its requests). Every other rendering grants
+/// what the base grants.
 #[test]
 fn a_dry_run_controller_is_granted_the_reads_and_nothing_else() {
     let Some(all) = rendered() else { return };
@@ -1344,6 +1352,20 @@ fn a_dry_run_controller_is_granted_the_reads_and_nothing_else() {
                 "deploy/{target} runs --dry-run and grants writes: {writes:?}"
             );
             assert_eq!(granted, base_reads, "deploy/{target}: the base's reads");
+        } else if !controller_kube(target, objects).pack {
+            let packless: BTreeSet<_> = base
+                .iter()
+                .filter(|g| g.0 == "gpuscale-controller" && !g.2.starts_with("pods"))
+                .cloned()
+                .collect();
+            assert!(
+                !granted.iter().any(|g| g.2.starts_with("node")),
+                "deploy/{target} packs nothing and is granted Nodes"
+            );
+            assert_eq!(
+                granted, packless,
+                "deploy/{target}: the base's controller Role without Pods"
+            );
         } else {
             assert_eq!(granted, base, "deploy/{target}: the base's roles");
         }

@@ -1131,7 +1131,14 @@ impl KubeBackend {
             self.remembered_at = Some(now);
             observed.took_over = true;
         }
-        self.advance_handoffs(now).await
+        // A controller that packs nothing (`pack: false`, sidecar mode)
+        // changes no MIG geometry, so it has no hand-off to move on and
+        // reads no Node (its RBAC grants none: deploy/overlays/sidecar).
+        if self.kube.spec().pack {
+            self.advance_handoffs(now).await
+        } else {
+            Ok(())
+        }
     }
 
     /// The ready endpoints of each model's Service (one list call for

@@ -108,8 +108,9 @@ pub struct KubeSpec {
     pub gpu_operator_namespace: String,
     /// Pack replicas with the packer (one Deployment per placement
     /// variant, MIG geometries set on nodes). `false`: one Deployment per
-    /// model, named after its policy, scaled through `/scale` and nothing
-    /// else (sidecar mode: the Deployment you write, with its sidecar).
+    /// model, named after its policy (applied with the fields gpuscale
+    /// manages, scaled through `/scale`), no MIG change and no Node read
+    /// (sidecar mode: the Deployment you write, with its sidecar).
     pub pack: bool,
     /// A Secret whose key `token` holds a Hugging Face token, for gated
     /// models: mounted read-only as a file and named by `HF_TOKEN_PATH`

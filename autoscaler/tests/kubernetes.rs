@@ -2656,6 +2656,152 @@ async fn a_mig_drain_ends_the_hold_of_the_variant_it_evicts() {
     silent(&mut handle, 100, "another write").await;
 }
 
+/// Sidecar mode's controller (`pack: false`): a whole term — elected,
+/// policies listed and watched, a model's first Deployment applied and
+/// scaled, the decision recorded, the lease released — reads no Node and
+/// no Pod (no MIG hand-off to move on, no inventory), and the rules its
+/// requests need are exactly the Role of `deploy/overlays/sidecar/rbac.yaml`.
+async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
+    let packless = KubeSpec {
+        pack: false,
+        ..spec()
+    };
+    let (k, mut handle) = kube_with(packless, "gpuscale-0", false);
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .watching_policies(),
+    );
+    let policies = json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicyList",
+        "metadata": {"resourceVersion": "10"},
+        "items": [{"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+             "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "8",
+                          "creationTimestamp": "2026-11-01T00:00:00Z"},
+             "spec": {"servedName": "meta-llama/Llama-3.1-8B-Instruct",
+                      "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}}]});
+    let sent = Arc::new(Mutex::new(Vec::<(String, String, String)>::new()));
+    let unexpected = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (record, strays) = (sent.clone(), unexpected.clone());
+    // The watch runs beside the ticks: answered by path, not in order.
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path_and_query().unwrap().to_string();
+            let method = req.method().clone();
+            let ct = req
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            let entry = (method.to_string(), path.clone(), ct);
+            SENT.lock().unwrap().push(entry.clone());
+            record.lock().unwrap().push(entry);
+            let deployment = "/apis/apps/v1/namespaces/inference/deployments/llama";
+            let named = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
+            let (status, reply) = match (&method, path.as_str()) {
+                (_, p)
+                    if p.starts_with(
+                        "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?",
+                    ) =>
+                {
+                    if p.contains("watch=true") {
+                        held.push(send);
+                        continue;
+                    }
+                    (200, policies.clone())
+                }
+                (&Method::GET, LEASE) => (404, status_reply(404, "NotFound")),
+                (&Method::POST, LEASES) => {
+                    (201, lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"))
+                }
+                (&Method::PUT, p) if p == format!("{LEASE}?") => {
+                    (200, lease("", "2026-11-29T18:20:02.000000Z", "2"))
+                }
+                (&Method::GET, OWNED) => (200, deployments(&[])),
+                // Not listed as gpuscale's: read before it is applied.
+                (&Method::GET, p) if p == deployment => (404, status_reply(404, "NotFound")),
+                (&Method::PATCH, p) if p == format!("{deployment}/scale?") => (200, scale_reply(5)),
+                (&Method::PATCH, p) if p.starts_with(deployment) => (200, named),
+                (&Method::PATCH, SERVICE) => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
+                ),
+                (&Method::GET, SLICES) => (200, slices(&["10.0.0.7"])),
+                (&Method::POST, EVENTS) => (201, event_reply()),
+                (&Method::PATCH, STATUS) => (200, policy_reply()),
+                (
+                    &Method::GET,
+                    "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama",
+                ) => (404, status_reply(404, "NotFound")),
+                _ => {
+                    strays.lock().unwrap().push(format!("{method} {path}"));
+                    (403, status_reply(403, "Forbidden"))
+                }
+            };
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let now = Duration::from_secs(1_795_976_401);
+    let mut models = vec![model()];
+    let mut handed = None;
+    for _ in 0..50 {
+        let observed = backend.tick(&models, now).await;
+        if let Some(p) = observed.policies {
+            handed = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    models = handed.unwrap_or_else(|| {
+        panic!(
+            "the watched policies, once listed (requests outside sidecar mode's role: {:?})",
+            unexpected.lock().unwrap()
+        )
+    });
+    assert_eq!(models.len(), 1);
+    backend
+        .apply(&[change(&models[0], 0)], None, None, now)
+        .await;
+    assert_eq!(
+        backend.desired()["llama"],
+        5,
+        "{:#?} {:?}",
+        sent.lock().unwrap(),
+        unexpected.lock().unwrap()
+    );
+    backend.tick(&models, now + Duration::from_secs(1)).await;
+    backend.shutdown().await;
+    server.abort();
+    let strays = unexpected.lock().unwrap().clone();
+    assert!(
+        strays.is_empty(),
+        "requests outside sidecar mode's role: {strays:?}"
+    );
+    let sent = sent.lock().unwrap().clone();
+    for write in [
+        "/deployments/llama/scale?",
+        "/deployments/llama?",
+        "/status?",
+    ] {
+        assert!(
+            sent.iter()
+                .any(|(m, p, _)| m == "PATCH" && p.contains(write)),
+            "no PATCH of {write} in {sent:#?}"
+        );
+    }
+    assert_eq!(
+        rbac::needed_by(&sent),
+        rbac::granted_by("deploy/overlays/sidecar/rbac.yaml"),
+        "deploy/overlays/sidecar/rbac.yaml differs from what a controller that packs nothing needs"
+    );
+}
+
 /// Runs each scenario as its own test, and all of them in one test that
 /// then derives the RBAC rules the requests need.
 macro_rules! scenarios {
@@ -2709,6 +2855,7 @@ scenarios!(
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
     a_decision_before_the_next_tick_sees_the_hold_it_wrote,
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
+    a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,
 );
 
 /// RBAC from the recorded requests, as the API server authorises them
@@ -2727,10 +2874,14 @@ mod rbac {
     pub type Rule = (String, String, String, String);
 
     pub fn needed() -> BTreeSet<Rule> {
-        let sent = super::SENT.lock().unwrap().clone();
+        needed_by(&super::SENT.lock().unwrap())
+    }
+
+    /// The rules `sent` (method, path with query, content type) needs.
+    pub fn needed_by(sent: &[(String, String, String)]) -> BTreeSet<Rule> {
         let mut out = BTreeSet::new();
         for (method, path, content_type) in sent {
-            let (path, query) = path.split_once('?').unwrap_or((&path, ""));
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
             let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
             let (group, rest) = match parts[0] {
                 "api" => (String::new(), &parts[2..]),
@@ -2780,8 +2931,14 @@ mod rbac {
     }
 
     pub fn granted() -> BTreeSet<Rule> {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
-        let text = std::fs::read_to_string(&path).expect("deploy/base/rbac.yaml");
+        granted_by("deploy/base/rbac.yaml")
+    }
+
+    /// The rules the Roles and ClusterRoles in `file` (from the
+    /// repository's root) grant.
+    pub fn granted_by(file: &str) -> BTreeSet<Rule> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+        let text = std::fs::read_to_string(&path).expect(file);
         let mut out = BTreeSet::new();
         for doc in serde_yaml_ng::Deserializer::from_str(&text) {
             let v: Value = serde::Deserialize::deserialize(doc).unwrap();
