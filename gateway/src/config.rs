@@ -119,6 +119,12 @@ fn default_priority_header() -> String {
 pub struct Limits {
     /// Largest request body read, bytes (413 above).
     pub max_body_bytes: usize,
+    /// Request bytes the traffic listener holds at once across all its
+    /// connections: bodies (from their `Content-Length`, or as chunks
+    /// arrive) until their request is answered, and heads past their
+    /// first 16 KiB while they arrive. A request that would go past it
+    /// gets 503 with `Retry-After` before its bytes are read (`budget`).
+    pub max_buffered_bytes: usize,
     /// Largest request head, bytes as received (431 above; at least
     /// 8,192, the admin listener's hyper floor).
     pub max_header_bytes: usize,
@@ -152,6 +158,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: 4 * 1024 * 1024,
+            max_buffered_bytes: 256 * 1024 * 1024,
             max_header_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
@@ -810,6 +817,13 @@ impl Settings {
         }
         if spec.limits.max_header_bytes < 8192 {
             return Err("spec.limits.maxHeaderBytes: must be at least 8192".into());
+        }
+        let largest = spec.limits.max_body_bytes.max(spec.limits.max_header_bytes);
+        if spec.limits.max_buffered_bytes < largest {
+            return Err(format!(
+                "spec.limits.maxBufferedBytes: must be at least maxBodyBytes and maxHeaderBytes \
+                 ({largest}), or no request of the largest size could be read"
+            ));
         }
         for (field, value) in [
             ("maxConnections", spec.limits.max_connections),

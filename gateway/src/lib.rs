@@ -20,7 +20,8 @@
 //! [`drain`] (graceful shutdown), [`upstream`] (per-worker connection pools
 //! to replicas and the HTTP/1.1 client on them, over the pure head
 //! encoding, parsing and chunked decoding in [`h1`]), [`timer`] (the coarse
-//! per-connection timer); configuration in [`config`].
+//! per-connection timer), [`budget`] (the request bytes held across
+//! connections); configuration in [`config`].
 //!
 //! Built on tokio, httparse, and hyper 1 for the admin listener; never
 //! imports `kube`.
@@ -29,6 +30,7 @@ pub mod admin;
 pub mod admission;
 pub mod affinity;
 pub mod auth;
+pub mod budget;
 pub mod client_io;
 pub mod config;
 pub mod drain;

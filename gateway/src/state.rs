@@ -336,6 +336,9 @@ pub struct Shared {
     pub shutting_down: AtomicBool,
     /// `/v1/queues/stream` subscribers now.
     pub stream_subscribers: std::sync::atomic::AtomicUsize,
+    /// The request bytes the traffic listener holds
+    /// (`limits.maxBufferedBytes`).
+    pub buffered: Arc<crate::budget::Budget>,
     /// The header that names the model (parsed once).
     pub model_header: http::HeaderName,
     /// The header that sets the priority class (parsed once).
@@ -426,6 +429,7 @@ impl Shared {
             })
             .collect();
         let via = via_entry();
+        let buffered = crate::budget::Budget::new(settings.spec.limits.max_buffered_bytes);
         let shared = Arc::new(Shared {
             adapters,
             via10: format!("1.0 {}", &via[VIA_PROTOCOL.len()..]).into_boxed_str(),
@@ -440,6 +444,7 @@ impl Shared {
             signals: broadcast::channel(256).0,
             shutting_down: AtomicBool::new(false),
             stream_subscribers: std::sync::atomic::AtomicUsize::new(0),
+            buffered,
             next_waiter: AtomicU64::new(0),
             origin,
         });

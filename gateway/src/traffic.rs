@@ -36,6 +36,7 @@ use http_body::Body as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::budget::{Budget, HEAD_ALLOWANCE, Held};
 use crate::client_io::ClientIo;
 use crate::drain::Drain;
 use crate::h1::{Chunked, Decoded, Framing};
@@ -45,6 +46,24 @@ use crate::timer::CoarseSleep;
 
 /// The smallest free space a read is given.
 const READ_SPACE: usize = 4 * 1024;
+
+/// The answer to a request whose bytes would take the budget past
+/// `limits.maxBufferedBytes` (given before they are read, so the
+/// connection closes after it).
+fn over_budget(budget: &Budget) -> Local {
+    let mut answer = local_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        &format!(
+            "the gateway already holds its limit of request bytes ({} bytes, \
+             limits.maxBufferedBytes); retry later",
+            budget.limit()
+        ),
+    );
+    answer.retry_after = Some(1);
+    answer.close = true;
+    answer
+}
 
 /// Serves one client connection until it closes, times out, fails, or
 /// the drain (`closing`) finds it between requests.
@@ -88,17 +107,16 @@ impl Connection {
             let head = match self.read_head(&limits).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return,
-                Err(e) => {
-                    let mut answer =
-                        local_error(e.status(), "invalid_request_error", &e.to_string());
-                    answer.close = true;
+                Err(answer) => {
                     proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
                     self.write_local(&answer, false, false, false).await;
                     return;
                 }
             };
-            let body = match self.read_body(&head, &limits).await {
-                Ok(body) => body,
+            // The body's bytes stay counted in the budget until the
+            // request has its answer (a queued request holds them).
+            let (body, held) = match self.read_body(&head, &limits).await {
+                Ok(read) => read,
                 Err(Some(answer)) => {
                     proxy::count_unrouted(&self.worker.shared, answer.status.as_u16());
                     self.write_local(&answer, head.http10, false, false).await;
@@ -124,6 +142,7 @@ impl Connection {
                     () = gone => return,
                 }
             };
+            drop(held);
             let keep_alive = head.keep_alive && !self.closing.is_closing();
             let head_request = head.method == Method::HEAD;
             let kept = match reply {
@@ -145,17 +164,27 @@ impl Connection {
 
     /// Reads until a whole head is in the buffer. `Ok(None)`: the client
     /// closed, the header-read timeout passed, or the drain began.
+    /// `Err`: the answer to give, and close (a head that does not parse,
+    /// or one that outgrows the budget).
     async fn read_head(
         &mut self,
         limits: &crate::config::Limits,
-    ) -> Result<Option<RequestHead>, h1_server::RequestError> {
+    ) -> Result<Option<RequestHead>, Local> {
         let mut deadline: Option<CoarseSleep> = None;
         let mut parse = true;
+        // A head past its first bytes takes its largest size from the
+        // budget while it arrives.
+        let mut held = Held::none(&self.worker.shared.buffered);
         loop {
             if parse
                 && !self.buf.is_empty()
-                && let Some(head) =
-                    h1_server::parse_request(&mut self.buf, limits.max_header_bytes)?
+                && let Some(head) = h1_server::parse_request(&mut self.buf, limits.max_header_bytes)
+                    .map_err(|e| {
+                        let mut answer =
+                            local_error(e.status(), "invalid_request_error", &e.to_string());
+                        answer.close = true;
+                        answer
+                    })?
             {
                 return Ok(Some(head));
             }
@@ -175,6 +204,9 @@ impl Connection {
                     Poll::Pending
                 }
             });
+            if self.buf.len() >= HEAD_ALLOWANCE && !held.grow_to(limits.max_header_bytes + 1) {
+                return Err(over_budget(&self.worker.shared.buffered));
+            }
             grow_for_head(&mut self.buf, limits.max_header_bytes);
             let before = self.buf.len();
             tokio::select! {
@@ -209,14 +241,18 @@ impl Connection {
         }
     }
 
-    /// The whole body. `Err(Some)`: the answer to give, and close;
-    /// `Err(None)`: the connection failed.
+    /// The whole body, and its bytes taken from the budget (`Err(Some)`
+    /// with a 503 when they would go past it, before they are read).
+    /// `Err(Some)`: the answer to give, and close; `Err(None)`: the
+    /// connection failed.
     async fn read_body(
         &mut self,
         head: &RequestHead,
         limits: &crate::config::Limits,
-    ) -> Result<Bytes, Option<Local>> {
+    ) -> Result<(Bytes, Held), Option<Local>> {
         let max = limits.max_body_bytes;
+        let budget = self.worker.shared.buffered.clone();
+        let mut held = Held::none(&budget);
         let too_large = || {
             let mut answer = local_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -240,12 +276,15 @@ impl Connection {
         };
         let mut deadline = None;
         match head.body {
-            BodyLength::None => Ok(Bytes::new()),
+            BodyLength::None => Ok((Bytes::new(), held)),
             BodyLength::Length(n) => {
                 if n > max as u64 {
                     return Err(too_large());
                 }
                 let n = n as usize;
+                if !held.grow(n) {
+                    return Err(Some(over_budget(&budget)));
+                }
                 if self.buf.len() < n && head.expect_continue && self.buf.is_empty() {
                     self.continue_100().await?;
                 }
@@ -258,7 +297,7 @@ impl Connection {
                     let want = n - self.buf.len();
                     self.read_more(sleep, want).await.map_err(stopped)?;
                 }
-                Ok(self.buf.split_to(n).freeze())
+                Ok((self.buf.split_to(n).freeze(), held))
             }
             BodyLength::Chunked => {
                 if head.expect_continue && self.buf.is_empty() {
@@ -272,9 +311,12 @@ impl Connection {
                             if body.len() + data.len() > max {
                                 return Err(too_large());
                             }
+                            if !held.grow(data.len()) {
+                                return Err(Some(over_budget(&budget)));
+                            }
                             body.extend_from_slice(&data);
                         }
-                        Ok(Decoded::End) => return Ok(body.freeze()),
+                        Ok(Decoded::End) => return Ok((body.freeze(), held)),
                         Ok(Decoded::NeedMore) => {
                             let sleep = deadline.get_or_insert_with(|| {
                                 self.worker

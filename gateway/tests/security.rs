@@ -622,3 +622,145 @@ async fn a_request_received_as_http_1_0_is_forwarded_with_via_1_0() {
     assert!(heads[0].contains("\r\nvia: 1.0 gpuscale-"), "{}", heads[0]);
     gw.shutdown().await;
 }
+
+/// Reads what has arrived on `tcp` within `ms` (empty: nothing).
+async fn answer_within(tcp: &mut tokio::net::TcpStream, ms: u64) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    match tokio::time::timeout(Duration::from_millis(ms), tcp.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A connection that sent a request head announcing `length` body bytes
+/// (or a chunked body) and `sent` bytes of it, and holds there.
+async fn holding(traffic: SocketAddr, length: Option<usize>, sent: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(traffic).await.unwrap();
+    let framing = match length {
+        Some(n) => format!("content-length: {n}"),
+        None => "transfer-encoding: chunked".to_string(),
+    };
+    let mut req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
+    )
+    .into_bytes();
+    match length {
+        Some(_) => req.extend(std::iter::repeat_n(b' ', sent)),
+        None if sent > 0 => {
+            req.extend(format!("{sent:x}\r\n").into_bytes());
+            req.extend(std::iter::repeat_n(b' ', sent));
+            req.extend(b"\r\n");
+        }
+        None => {}
+    }
+    tcp.write_all(&req).await.unwrap();
+    tcp
+}
+
+/// Bodies held by slow clients count against one budget across
+/// connections (`limits.maxBufferedBytes`): past it a request gets 503
+/// with `Retry-After` before its body is read, whether its length is
+/// announced or its chunks arrive, and the budget comes back when a
+/// holder goes away. (The attack: a few hundred connections each sending
+/// 4 MiB − 1 of a 4 MiB body took the gateway to 1.4 GB; in a container
+/// with a 1 GiB limit, an OOM kill and every queued request lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_large_bodies_cannot_take_the_gateways_memory() {
+    let up = gated("real", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.max_body_bytes = 1 << 20;
+    sp.limits.max_buffered_bytes = (5 << 20) / 2;
+    sp.limits.body_read_timeout = Duration::from_secs(20);
+    let gw = start_with(sp, Some(TOKEN)).await;
+    // Two holders take 2 MiB of the 2.5.
+    let mut a = holding(gw.traffic, Some(1 << 20), 100).await;
+    let mut b = holding(gw.traffic, Some(1 << 20), 100).await;
+    assert_eq!(
+        answer_within(&mut a, 200).await,
+        "",
+        "the first two wait for their bodies"
+    );
+    assert_eq!(answer_within(&mut b, 50).await, "");
+    // A third announced megabyte: answered at once, its body unread.
+    let mut c = holding(gw.traffic, Some(1 << 20), 0).await;
+    let refused = answer_within(&mut c, 2000).await.to_ascii_lowercase();
+    assert!(refused.starts_with("http/1.1 503"), "{refused}");
+    assert!(refused.contains("retry-after: 1"), "{refused}");
+    assert!(refused.contains("maxbufferedbytes"), "{refused}");
+    // A chunked body grows into the half megabyte left, then past it.
+    let mut d = holding(gw.traffic, None, 400 << 10).await;
+    assert_eq!(
+        answer_within(&mut d, 300).await,
+        "",
+        "400 KiB fit in what is left"
+    );
+    {
+        use tokio::io::AsyncWriteExt;
+        let chunk = 200 << 10;
+        let mut more = format!("{chunk:x}\r\n").into_bytes();
+        more.extend(std::iter::repeat_n(b' ', chunk));
+        more.extend(b"\r\n");
+        d.write_all(&more).await.unwrap();
+    }
+    let refused = answer_within(&mut d, 2000).await.to_ascii_lowercase();
+    assert!(refused.starts_with("http/1.1 503"), "{refused}");
+    // Requests within the budget are served meanwhile.
+    let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+    assert_eq!(r.status, StatusCode::OK);
+    // A holder goes away: its megabyte comes back.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut e = holding(gw.traffic, Some(1 << 20), 10).await;
+    assert_eq!(
+        answer_within(&mut e, 300).await,
+        "",
+        "taken from what a left"
+    );
+    drop((b, c, d, e));
+    gw.shutdown().await;
+}
+
+#[test]
+fn a_budget_below_one_request_of_the_largest_size_is_refused() {
+    let mut sp = spec(vec![]);
+    sp.limits.max_buffered_bytes = sp.limits.max_body_bytes - 1;
+    let e = Settings::from_spec("test", sp, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("spec.limits.maxBufferedBytes"), "{e}");
+}
+
+/// A request head that grows past its first 16 KiB takes its largest size
+/// from the same budget while it arrives: with the budget held by a slow
+/// body, it gets 503 rather than growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_head_takes_from_the_same_budget() {
+    use tokio::io::AsyncWriteExt;
+    let up = gated("real", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.max_body_bytes = 1 << 20;
+    sp.limits.max_buffered_bytes = (1 << 20) + (32 << 10);
+    let gw = start_with(sp, Some(TOKEN)).await;
+    // A head of 20 KiB fits while the budget is free...
+    let partial = format!(
+        "GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: {}",
+        "p".repeat(20 << 10)
+    );
+    let mut free = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    free.write_all(partial.as_bytes()).await.unwrap();
+    assert_eq!(answer_within(&mut free, 300).await, "");
+    free.write_all(b"\r\n\r\n").await.unwrap();
+    let ok = answer_within(&mut free, 2000).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // ...and not while a slow body holds it.
+    let body = holding(gw.traffic, Some(1 << 20), 10).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut late = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    late.write_all(partial.as_bytes()).await.unwrap();
+    let refused = answer_within(&mut late, 2000).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    drop((body, late));
+    gw.shutdown().await;
+}
