@@ -67,7 +67,9 @@ pub struct GatewaySpec {
     /// `priority`.
     #[serde(default)]
     pub policies: Vec<PathBuf>,
-    /// Header that names the model, overriding the body's `model` field.
+    /// Header that names the model, overriding the body's `model` field
+    /// (or the KServe path) where that names no model served here; a
+    /// request whose body or path names another served model is refused.
     #[serde(default = "default_model_header")]
     pub model_header: String,
     /// Header that sets a request's priority class: honoured only from

@@ -278,6 +278,7 @@ async fn handle_inner(
         }
     };
     let prompt = routed.prompt;
+    let named = routed.named;
     let name = match routed.route {
         Route::ListModels => {
             let data: Vec<serde_json::Value> = shared
@@ -308,6 +309,26 @@ async fn handle_inner(
             None,
         );
     };
+    // The header chose one served model and the request names another:
+    // its queue, priority and concurrency would be the header's while the
+    // replica runs the request's model (on a server that hosts both).
+    if let Some(named) = &named
+        && let Some((other, _)) = shared.model_for(named)
+        && !Arc::ptr_eq(other, &model)
+    {
+        return (
+            local(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!(
+                    "the `{}` header names the model `{name}` and the request the model \
+                     `{named}`: send one model (or leave the header out)",
+                    shared.model_header
+                ),
+            ),
+            None,
+        );
+    }
     let rules = &shared.settings.priorities;
     let priority = if rules.is_empty() {
         // The default: no trusted source, no keys, no routes; no header

@@ -55,6 +55,13 @@ pub struct Routed<'a> {
     pub route: Route,
     /// Its prompt (empty for KServe and embeddings).
     pub prompt: Prompt<'a>,
+    /// The model the body or the path names, where the model header
+    /// named another: the caller refuses the request when both are
+    /// models it serves (the header would move the request into another
+    /// model's queue, priority and concurrency while the replica runs the
+    /// one the request names), and routes by the header otherwise (a name
+    /// only the model server knows).
+    pub named: Option<String>,
 }
 
 /// Routes a request. `header_model` is the model header's value, if any;
@@ -92,6 +99,7 @@ pub fn route_request<'a>(
     let plain = |route| Routed {
         route,
         prompt: Prompt::default(),
+        named: None,
     };
     match path {
         "/v1/models" => {
@@ -133,14 +141,18 @@ pub fn route_request<'a>(
                     prompt: field.prompt,
                 }
             };
-            let model = match (header, field.model) {
-                (Some(m), _) => m.to_string(),
-                (None, Some(m)) if !m.is_empty() => m.into_owned(),
+            let (model, named) = match (header, field.model) {
+                (Some(m), Some(b)) if !b.is_empty() && b != m => {
+                    (m.to_string(), Some(b.into_owned()))
+                }
+                (Some(m), _) => (m.to_string(), None),
+                (None, Some(m)) if !m.is_empty() => (m.into_owned(), None),
                 _ => return Err(RouteError::NoModel),
             };
             Ok(Routed {
                 route: Route::Model(model),
                 prompt,
+                named,
             })
         }
         _ => {
@@ -151,12 +163,13 @@ pub fn route_request<'a>(
             if method != Method::POST {
                 return Err(RouteError::MethodNotAllowed);
             }
-            Ok(plain(Route::Model(
-                header_model
-                    .map(str::trim)
-                    .filter(|m| !m.is_empty())
-                    .map_or(name, str::to_string),
-            )))
+            match header_model.map(str::trim).filter(|m| !m.is_empty()) {
+                Some(m) if m != name => Ok(Routed {
+                    named: Some(name),
+                    ..plain(Route::Model(m.to_string()))
+                }),
+                _ => Ok(plain(Route::Model(name))),
+            }
         }
     }
 }

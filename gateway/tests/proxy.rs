@@ -27,8 +27,48 @@ async fn routes_by_body_header_and_path() {
     assert_eq!(r.json()["server"], "a");
     assert_eq!(r.json()["path"], "/v1/chat/completions");
 
-    // The header overrides the body.
+    // The header routes a request whose body names a model the gateway
+    // does not serve (a name only the model server knows)...
+    let body = serde_json::json!({"model": "b-alias", "prompt": "x"}).to_string();
+    let r = send(
+        gw.traffic,
+        "POST",
+        "/v1/completions",
+        &[("x-gpuscale-model", "m-b")],
+        body,
+    )
+    .await;
+    assert_eq!(r.json()["server"], "b");
+    // ...but not one whose body or path names another served model: it
+    // would wait in m-b's queue, at m-b's priority and concurrency, for
+    // a replica that runs m-a (on a server hosting both). Refused, and
+    // nothing forwarded.
     let body = serde_json::json!({"model": "m-a", "prompt": "x"}).to_string();
+    let r = send(
+        gw.traffic,
+        "POST",
+        "/v1/completions",
+        &[("x-gpuscale-model", "m-b")],
+        body,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("`m-b`") && message.contains("`m-a`"),
+        "{message}"
+    );
+    let r = send(
+        gw.traffic,
+        "POST",
+        "/v2/models/m-a/infer",
+        &[("x-gpuscale-model", "m-b")],
+        "{}",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // The same model both ways is no conflict.
+    let body = serde_json::json!({"model": "m-b", "prompt": "x"}).to_string();
     let r = send(
         gw.traffic,
         "POST",
@@ -75,7 +115,7 @@ async fn routes_by_body_header_and_path() {
     .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(a.received.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(b.received.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(b.received.load(std::sync::atomic::Ordering::SeqCst), 3);
     gw.shutdown().await;
 }
 

@@ -356,7 +356,8 @@ async fn an_api_key_sets_its_class_and_may_be_allowed_the_header() {
 
 /// Route classes follow the model a request resolved to: neither a
 /// percent-encoded name nor a model header naming another model moves a
-/// request out of its route's class or into another route's.
+/// request out of its route's class or into another route's (a header
+/// naming another served model than the path is refused outright).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_class_follows_the_model_not_the_bytes_of_the_path() {
     let up = gated("a", false).await;
@@ -379,17 +380,18 @@ async fn a_route_class_follows_the_model_not_the_bytes_of_the_path() {
     };
     // `%6D` is `m`: still m's route, sheddable.
     let encoded = queued(vec![], "/v2/models/%6D/infer");
-    // vip's path, but the header sends it to m: m's class, not vip's.
+    // vip's path, but the header names m: two served models, refused.
     let borrowed = queued(vec![("x-gpuscale-model", "m")], "/v2/models/vip/infer");
-    let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 2).await;
-    assert_eq!(q["waiting_by_priority"]["sheddable"], 2, "{q}");
+    assert_eq!(borrowed.await.unwrap().status, StatusCode::BAD_REQUEST);
+    let q = wait_queue(gw.admin, "m", |q| q["waiting"] == 1).await;
+    assert_eq!(q["waiting_by_priority"]["sheddable"], 1, "{q}");
     assert_eq!(
         q["waiting_by_priority"]["critical"].as_u64().unwrap_or(0),
         0,
         "{q}"
     );
     up.gate.add_permits(100);
-    for t in [busy, encoded, borrowed] {
+    for t in [busy, encoded] {
         assert_eq!(t.await.unwrap().status, StatusCode::OK);
     }
     gw.shutdown().await;
