@@ -217,6 +217,17 @@ where
     }
 }
 
+/// Why a request to the loopback-bound listener comes from a web page
+/// it must not answer ([`gpuscale_policies::listener::refusal`]).
+fn browser_refusal<B>(req: &http::Request<B>) -> Option<&'static str> {
+    let field = |name| {
+        req.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+    };
+    gpuscale_policies::listener::refusal(field(header::HOST), field(header::ORIGIN))
+}
+
 /// [`serve`] with another header-read timeout.
 pub async fn serve_with(
     addr: SocketAddr,
@@ -226,6 +237,9 @@ pub async fn serve_with(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    // Bound to loopback: what a browser page sends there (a rebound DNS
+    // name, another origin) is refused (`gpuscale_policies::listener`).
+    let loopback = bound.ip().is_loopback();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let streams = Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS));
     let task = tokio::spawn(async move {
@@ -256,6 +270,11 @@ pub async fn serve_with(
                             let stopping = stopping.clone();
                             let streams = streams.clone();
                             async move {
+                                if loopback
+                                    && let Some(why) = browser_refusal(&req)
+                                {
+                                    return Ok::<_, Infallible>(respond(StatusCode::FORBIDDEN, "text/plain", format!("{why}\n")));
+                                }
                                 // Read-only: anything but GET and HEAD is refused.
                                 if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
                                     let mut r = respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "the admin port is read-only: GET only\n".to_string());
@@ -337,7 +356,7 @@ mod tests {
         assert!(started.elapsed() >= std::time::Duration::from_millis(250));
         // A whole request is still served.
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
             .await
             .unwrap();
         let n = s.read(&mut buf).await.unwrap();

@@ -240,7 +240,7 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
     for method in ["POST", "PUT", "DELETE", "PATCH"] {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(
-            format!("{method} /v1/dashboard HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            format!("{method} /v1/dashboard HTTP/1.1\r\nhost: localhost\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
                 .as_bytes(),
         )
         .await
@@ -255,7 +255,7 @@ async fn the_admin_port_serves_the_page_the_view_and_its_event_stream() {
     }
     // Two events in a row on one connection.
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: x\r\n\r\n")
+    s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut got = String::new();
@@ -281,7 +281,7 @@ async fn dashboard_streams_are_capped_so_health_checks_always_get_through() {
         let mut held = Vec::new();
         for _ in 0..n {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: x\r\n\r\n")
+            s.write_all(b"GET /v1/dashboard/events HTTP/1.1\r\nhost: localhost\r\n\r\n")
                 .await
                 .unwrap();
             let mut buf = [0u8; 64];
@@ -338,4 +338,39 @@ fn replicas_that_found_no_gpu_are_shown_with_their_model() {
     assert_eq!(v.summary.unplaced, 1);
     let placed: usize = v.nodes[0].gpus.iter().map(|g| g.parts.len()).sum();
     assert_eq!(placed, 4);
+}
+
+/// The admin listener on loopback (the dashboard of `gpuscale up`)
+/// refuses what a web page's browser sends there: a `Host` of a DNS name
+/// rebound to 127.0.0.1 (the page would read the dashboard as its own
+/// origin's) and another origin's `Origin`; its own page's requests
+/// (same origin) are served.
+#[tokio::test]
+async fn a_rebound_name_or_another_origin_cannot_read_the_dashboard() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _stop) = admin().await;
+    let port = addr.port();
+    let get = |fields: String| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET /v1/dashboard HTTP/1.1\r\n{fields}connection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        text
+    };
+    let rebound = get(format!("host: attacker.example:{port}\r\n")).await;
+    assert!(rebound.starts_with("HTTP/1.1 403"), "{rebound}");
+    let cross = get(format!(
+        "host: 127.0.0.1:{port}\r\norigin: http://evil.example\r\n"
+    ))
+    .await;
+    assert!(cross.starts_with("HTTP/1.1 403"), "{cross}");
+    let own = get(format!(
+        "host: 127.0.0.1:{port}\r\norigin: http://127.0.0.1:{port}\r\n"
+    ))
+    .await;
+    assert!(own.starts_with("HTTP/1.1 200"), "{own}");
 }

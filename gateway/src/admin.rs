@@ -65,6 +65,20 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let settings = &shared.settings;
+    // Bound to loopback: what a browser page sends there (a rebound DNS
+    // name, another origin) is refused (`gpuscale_policies::listener`).
+    if settings.spec.admin.ip().is_loopback() {
+        let field = |name| {
+            req.headers()
+                .get(name)
+                .map(|v: &HeaderValue| v.to_str().unwrap_or("\u{fffd}"))
+        };
+        if let Some(why) =
+            gpuscale_policies::listener::refusal(field(header::HOST), field(header::ORIGIN))
+        {
+            return error_response(StatusCode::FORBIDDEN, "permission_error", why);
+        }
+    }
     // The admin token's holder (the autoscaler) has stream places of its
     // own, so that readers without it cannot take them all.
     let token_holder = settings

@@ -253,6 +253,18 @@ async fn handle_inner(
         answer.via = true;
         return (Reply::Local(answer), None);
     }
+    // Bound to loopback: what a browser page sends there (a rebound DNS
+    // name, a cross-origin POST that needs no preflight) is refused
+    // (`gpuscale_policies::listener`).
+    if spec.listen.ip().is_loopback() {
+        let field = |name| {
+            head.get(name)
+                .map(|v| std::str::from_utf8(v).unwrap_or("\u{fffd}"))
+        };
+        if let Some(why) = gpuscale_policies::listener::refusal(field("host"), field("origin")) {
+            return (local(StatusCode::FORBIDDEN, "permission_error", why), None);
+        }
+    }
     let header_model = head
         .get(shared.model_header.as_str())
         .and_then(|v| std::str::from_utf8(v).ok());

@@ -104,7 +104,7 @@ async fn the_header_limit_holds_to_the_byte() {
     let body = r#"{"model":"m"}"#;
     let head = |pad: usize| {
         format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nx-pad: {}\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\nx-pad: {}\r\n\r\n",
             body.len(),
             "a".repeat(pad)
         )
@@ -224,7 +224,7 @@ async fn connections_over_the_cap_get_503_and_the_rest_are_served() {
     let a = TcpStream::connect(gw.traffic).await.unwrap();
     let b = TcpStream::connect(gw.traffic).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let req = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}";
+    let req = b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}";
     assert_eq!(raw_status(gw.traffic, req).await, 503);
     drop((a, b));
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -248,7 +248,7 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
         held.push(s);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes();
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").into_bytes();
     assert_eq!(raw_status(gw.admin, &get("/healthz")).await, 200);
     assert_eq!(raw_status(gw.admin, &get("/readyz")).await, 200);
     assert_eq!(raw_status(gw.admin, &get("/v1/queues")).await, 503);
@@ -256,7 +256,7 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     // The admin token's holder (the autoscaler) is served over the cap:
     // a read, and a registration with its body.
     let with = |path: &str, token: &str| {
-        format!("GET {path} HTTP/1.1\r\nhost: x\r\nAuthorization: Bearer {token}\r\n\r\n")
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n")
             .into_bytes()
     };
     assert_eq!(raw_status(gw.admin, &with("/v1/queues", TOKEN)).await, 200);
@@ -266,7 +266,7 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     );
     let body = r#"{"model":"m","endpoint":"http://127.0.0.1:18001"}"#;
     let post = format!(
-        "POST /v1/replicas HTTP/1.1\r\nhost: x\r\nauthorization: bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/replicas HTTP/1.1\r\nhost: localhost\r\nauthorization: bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     assert_eq!(raw_status(gw.admin, post.as_bytes()).await, 200);
@@ -281,7 +281,8 @@ async fn head_on_an_admin_read_is_its_get_without_a_body() {
     for path in ["/healthz", "/v1/queues", "/metrics"] {
         let mut s = TcpStream::connect(gw.admin).await.unwrap();
         s.write_all(
-            format!("HEAD {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            format!("HEAD {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await
         .unwrap();
@@ -300,7 +301,7 @@ async fn stream_subscribers_are_capped_and_a_gone_one_frees_its_place_at_once() 
     let gw = gateway(sp).await;
     let open = |admin: SocketAddr| async move {
         let mut s = TcpStream::connect(admin).await.unwrap();
-        s.write_all(b"GET /v1/queues/stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /v1/queues/stream HTTP/1.1\r\nhost: localhost\r\n\r\n")
             .await
             .unwrap();
         let mut buf = [0u8; 256];
@@ -325,7 +326,7 @@ async fn stream_subscribers_are_capped_and_a_gone_one_frees_its_place_at_once() 
         let mut s = TcpStream::connect(admin).await.unwrap();
         s.write_all(
             format!(
-                "GET /v1/queues/stream HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n"
+                "GET /v1/queues/stream HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {token}\r\n\r\n"
             )
             .as_bytes(),
         )
@@ -379,7 +380,7 @@ async fn a_client_that_stops_reading_frees_its_replica_slot() {
     let gw = gateway(sp).await;
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     s.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}",
+        b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}",
     )
     .await
     .unwrap();
@@ -438,7 +439,7 @@ async fn overload_client(traffic: SocketAddr, budget: Arc<AtomicU64>, out: Arc<O
         }
         let send = conn.as_mut().unwrap();
         let req = http::Request::post("/v1/chat/completions")
-            .header("host", "gw")
+            .header("host", "localhost")
             .header("content-type", "application/json")
             .body(Full::new(body.clone()))
             .unwrap();

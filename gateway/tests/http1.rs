@@ -123,7 +123,7 @@ async fn setup() -> (Gated, gpuscale_gateway::Running) {
 
 fn post(body: &str, extra: &str) -> String {
     format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
         body.len()
     )
 }
@@ -135,7 +135,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     let (up, gw) = setup().await;
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     let three = format!(
-        "{}{}GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n",
+        "{}{}GET /v1/models HTTP/1.1\r\nhost: localhost\r\n\r\n",
         post(BODY, ""),
         post(r#"{"model":"m","prompt":"a longer one"}"#, "")
     );
@@ -176,7 +176,7 @@ async fn expect_100_continue_is_answered_before_the_body_is_sent() {
     // Too large by its length: refused at once, without a 100 and
     // without waiting for the body.
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
-    let head = "POST /v1/completions HTTP/1.1\r\nhost: gw\r\nexpect: 100-continue\r\ncontent-length: 999999999\r\n\r\n";
+    let head = "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\nexpect: 100-continue\r\ncontent-length: 999999999\r\n\r\n";
     s.write_all(head.as_bytes()).await.unwrap();
     let mut buf = BytesMut::new();
     let r = read_response(&mut s, &mut buf, false).await;
@@ -191,7 +191,7 @@ async fn a_chunked_request_body_is_decoded_and_forwarded_with_its_length() {
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     let (a, b) = BODY.split_at(10);
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n\
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\r\n\
          {:x};ext=1\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\nx-trailer: 1\r\n\r\n",
         a.len(),
         b.len()
@@ -214,11 +214,11 @@ async fn smuggling_framings_are_refused_and_the_connection_closed() {
     // last coding other than chunked; differing lengths; two Hosts.
     let (up, gw) = setup().await;
     for bad in [
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n0\r\n\r\n",
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked, identity\r\n\r\n",
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 4\r\ncontent-length: 5\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n0\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked, identity\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: 4\r\ncontent-length: 5\r\n\r\n",
         "POST /v1/completions HTTP/1.1\r\nhost: a\r\nhost: b\r\ncontent-length: 0\r\n\r\n",
-        "POST /v1/completions HTTP/1.1\r\nhost: gw\r\nbad name: 1\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\nbad name: 1\r\n\r\n",
     ] {
         let mut s = TcpStream::connect(gw.traffic).await.unwrap();
         s.write_all(bad.as_bytes()).await.unwrap();
@@ -283,7 +283,7 @@ async fn connection_close_an_absolute_target_and_head_are_served_as_http_says() 
     // HEAD (RFC 9110 §9.3.2): GET's head, with GET's length, and no body.
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     s.write_all(
-        b"HEAD /v1/models HTTP/1.1\r\nhost: gw\r\n\r\nGET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n",
+        b"HEAD /v1/models HTTP/1.1\r\nhost: localhost\r\n\r\nGET /v1/models HTTP/1.1\r\nhost: localhost\r\n\r\n",
     )
     .await
     .unwrap();
@@ -301,7 +301,7 @@ async fn connection_close_an_absolute_target_and_head_are_served_as_http_says() 
     );
     // A 405 names the methods the path takes (RFC 9110 §15.5.6).
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
-    s.write_all(b"DELETE /v1/models HTTP/1.1\r\nhost: gw\r\n\r\nGET /v1/completions HTTP/1.1\r\nhost: gw\r\n\r\n")
+    s.write_all(b"DELETE /v1/models HTTP/1.1\r\nhost: localhost\r\n\r\nGET /v1/completions HTTP/1.1\r\nhost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut buf = BytesMut::new();
@@ -318,9 +318,9 @@ async fn no_host_and_unsupported_codings_are_refused() {
     // RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400; §6.1: a
     // transfer coding the server does not know, a 501.
     for (raw, status) in [
-        (post(BODY, "").replace("host: gw\r\n", ""), 400),
+        (post(BODY, "").replace("host: localhost\r\n", ""), 400),
         (
-            "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+            "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
                 .to_string(),
             501,
         ),
@@ -336,7 +336,7 @@ async fn no_host_and_unsupported_codings_are_refused() {
     let mut s = TcpStream::connect(gw.traffic).await.unwrap();
     let req = post(BODY, "")
         .replace("HTTP/1.1", "HTTP/1.0")
-        .replace("host: gw\r\n", "");
+        .replace("host: localhost\r\n", "");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = BytesMut::new();
     assert_eq!(read_response(&mut s, &mut buf, false).await.status, 200);
@@ -452,7 +452,7 @@ async fn hop_by_hop_fields_stop_at_the_gateway_both_ways() {
         "te:",
         "proxy-authorization",
         "connection:",
-        "host: gw",
+        "host: localhost",
     ] {
         assert!(
             !forwarded.contains(hop),

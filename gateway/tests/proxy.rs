@@ -388,7 +388,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     let mut tcp = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
     let body = r#"{"model":"m","stream":true,"max_tokens":200,"prompt":"hi"}"#;
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     tcp.write_all(req.as_bytes()).await.unwrap();
@@ -453,7 +453,7 @@ async fn body_and_header_limits() {
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
     let huge = "y".repeat(20_000);
     let mut tcp = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
-    let req = format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {huge}\r\n\r\n");
+    let req = format!("GET /v1/models HTTP/1.1\r\nhost: localhost\r\nx-big: {huge}\r\n\r\n");
     let _ = tcp.write_all(req.as_bytes()).await;
     let mut buf = Vec::new();
     let _ = tcp.read_to_end(&mut buf).await;

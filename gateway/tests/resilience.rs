@@ -158,7 +158,7 @@ async fn shutdown_drains_requests_in_flight_and_refuses_new_ones() {
         Ok(mut tcp) => {
             let body = r#"{"model":"m","prompt":"x"}"#;
             let req = format!(
-                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{body}",
                 body.len()
             );
             let _ = tcp.write_all(req.as_bytes()).await;

@@ -645,7 +645,7 @@ async fn holding(traffic: SocketAddr, length: Option<usize>, sent: usize) -> tok
         None => "transfer-encoding: chunked".to_string(),
     };
     let mut req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
     )
     .into_bytes();
     match length {
@@ -747,7 +747,7 @@ async fn a_large_head_takes_from_the_same_budget() {
     let gw = start_with(sp, Some(TOKEN)).await;
     // A head of 20 KiB fits while the budget is free...
     let partial = format!(
-        "GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: {}",
+        "GET /v1/models HTTP/1.1\r\nhost: localhost\r\nx-pad: {}",
         "p".repeat(20 << 10)
     );
     let mut free = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
@@ -764,5 +764,61 @@ async fn a_large_head_takes_from_the_same_budget() {
     let refused = answer_within(&mut late, 2000).await;
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     drop((body, late));
+    gw.shutdown().await;
+}
+
+/// Listeners bound to loopback answer only what command-line clients
+/// send there: a web page in a browser on the same machine can reach
+/// `127.0.0.1` too, through a DNS name rebound to it (its `Host` names
+/// the page's domain) or with a cross-origin POST that needs no CORS
+/// preflight (`text/plain`; its `Origin` names the page). Both are
+/// refused with 403 before routing (nothing forwarded, no scale-up),
+/// and a listener bound off loopback does not look (Services and proxies
+/// reach it under any name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_page_cannot_use_the_loopback_listeners() {
+    let up = gated("real", true).await;
+    let gw = start_with(spec(vec![model("m", &[up.addr], 4)]), Some(TOKEN)).await;
+    let body = r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#;
+    let rebound = [("host", "attacker.example:8080")];
+    let cross = [
+        ("origin", "http://evil.example"),
+        ("content-type", "text/plain"),
+    ];
+    for headers in [&rebound[..], &cross[..]] {
+        let r = send(gw.traffic, "POST", "/v1/chat/completions", headers, body).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{headers:?}");
+        let text = String::from_utf8_lossy(&r.body).to_string();
+        assert!(text.contains("loopback"), "{text}");
+        let r = send(gw.admin, "GET", "/v1/replicas", headers, Bytes::new()).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "admin {headers:?}");
+    }
+    assert_eq!(up.received.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // curl and the SDKs: a loopback Host, no Origin.
+    for host in ["localhost:8080", "127.0.0.1", "[::1]:9"] {
+        let r = send(
+            gw.traffic,
+            "POST",
+            "/v1/chat/completions",
+            &[("host", host)],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{host}");
+    }
+    gw.shutdown().await;
+    // Bound off loopback, any name is served.
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.listen = "0.0.0.0:0".parse().unwrap();
+    let gw = start_with(sp, Some(TOKEN)).await;
+    let r = send(
+        reach(gw.traffic),
+        "POST",
+        "/v1/chat/completions",
+        &rebound,
+        body,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
     gw.shutdown().await;
 }

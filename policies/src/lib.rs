@@ -14,6 +14,9 @@
 //! - [`inventory`]: the cluster inventory (nodes, topology labels, GPUs and
 //!   their current state);
 //! - [`devices`]: what the node agent reads of a node's GPUs through NVML;
+//! - [`listener`]: what a listener bound to loopback answers (the rule
+//!   against DNS rebinding and cross-origin pages, shared by the gateway
+//!   and the autoscaler);
 //! - [`document`] and [`load`]: reading YAML and JSON into validated types,
 //!   with every problem reported at its file, line, column and field path.
 //!
@@ -26,6 +29,7 @@ pub mod catalog;
 pub mod devices;
 pub mod document;
 pub mod inventory;
+pub mod listener;
 pub mod load;
 pub mod mig;
 pub mod model;

@@ -109,9 +109,11 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
 pub async fn admin_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
     let status = text.split(' ').nth(1).unwrap().parse().unwrap();
