@@ -187,6 +187,10 @@ pub async fn start(profile: SimProfile, addr: SocketAddr) -> std::io::Result<Sim
     start_with_adapters(profile, addr, &[]).await
 }
 
+/// Connections a simulated server keeps open at once (more are closed
+/// as they arrive).
+pub const MAX_CONNECTIONS: usize = 4096;
+
 /// Binds `addr` and serves, with LoRA adapters: a request whose `model`
 /// names one runs as that adapter and shows in `vllm:lora_requests_info`.
 pub async fn start_with_adapters(
@@ -215,10 +219,27 @@ pub async fn start_with_adapters(
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(10));
         let graceful = GracefulShutdown::new();
+        let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            // Out of file descriptors and the like: back
+                            // off, as the gateway does, rather than spin
+                            // on the error at full CPU.
+                            tracing::debug!("sim-server accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    // Over the cap the connection is closed at once: the
+                    // client sees it end rather than wait.
+                    let Ok(slot) = connections.clone().try_acquire_owned() else {
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let sim = sim.clone();
                     let service = service_fn(move |req| {
@@ -228,6 +249,7 @@ pub async fn start_with_adapters(
                     let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
                     let mut stop = rx.clone();
                     tokio::spawn(async move {
+                        let _slot = slot;
                         tokio::select! {
                             _ = conn => {}
                             _ = stop.changed() => {}
