@@ -1399,14 +1399,14 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
         s.read_to_string(&mut text).ok()?;
         Some(text)
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while get().is_none_or(|t| !t.starts_with("HTTP/1.1 200")) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the sim-server did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let serving = |why: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while get().is_none_or(|t| !t.starts_with("HTTP/1.1 200")) {
+            assert!(std::time::Instant::now() < deadline, "{why}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    serving("the sim-server did not start");
     let held: Vec<_> = (0..60)
         .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
         .collect();
@@ -1422,14 +1422,7 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
         used < 0.5,
         "{used} CPU seconds in 2 s with its descriptors taken"
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while get().is_none_or(|t| !t.starts_with("HTTP/1.1 200")) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no answer after the connections closed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    serving("no answer after the connections closed");
     child.kill().unwrap();
     child.wait().unwrap();
 }

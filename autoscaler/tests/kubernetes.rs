@@ -1841,6 +1841,33 @@ async fn a_dry_run_beside_keda_starts_from_the_replicas_keda_runs() {
     assert!(gw_state.seen.lock().unwrap().is_empty());
 }
 
+/// Answers a request of the mock with `status` and a JSON `reply`.
+fn answer(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, reply: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(reply).unwrap()))
+            .unwrap(),
+    );
+}
+
+/// Ticks until the backend hands over the watched policies (their first
+/// list in), for at most a second.
+async fn first_policies(
+    backend: &mut Backend,
+    models: &[Model],
+    now: Duration,
+) -> Option<Vec<Model>> {
+    for _ in 0..50 {
+        if let Some(p) = backend.tick(models, now).await.policies {
+            return Some(p);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 /// Policies from the cluster are watched (a kube-runtime reflector: a
 /// list, then a watch): the backend hands the controller the models once
 /// the first list is in, and again only when a policy changes. A policy
@@ -1920,26 +1947,12 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
             } else {
                 panic!("unexpected {method} {path}");
             };
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap(),
-            );
+            answer(send, status, &reply);
         }
     });
     let now = Duration::from_secs(1_795_976_401);
     let mut models = vec![model()];
-    let mut handed = None;
-    for _ in 0..50 {
-        let observed = backend.tick(&models, now).await;
-        if let Some(p) = observed.policies {
-            handed = Some(p);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let handed = first_policies(&mut backend, &models, now).await;
     let handed = handed.expect("the watched policies, once listed");
     let names: Vec<&str> = handed.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, ["llama"]);
@@ -2738,26 +2751,12 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
                     (403, status_reply(403, "Forbidden"))
                 }
             };
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap(),
-            );
+            answer(send, status, &reply);
         }
     });
     let now = Duration::from_secs(1_795_976_401);
     let mut models = vec![model()];
-    let mut handed = None;
-    for _ in 0..50 {
-        let observed = backend.tick(&models, now).await;
-        if let Some(p) = observed.policies {
-            handed = Some(p);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let handed = first_policies(&mut backend, &models, now).await;
     models = handed.unwrap_or_else(|| {
         panic!(
             "the watched policies, once listed (requests outside sidecar mode's role: {:?})",

@@ -29,54 +29,30 @@ async fn routes_by_body_header_and_path() {
 
     // The header routes a request whose body names a model the gateway
     // does not serve (a name only the model server knows)...
-    let body = serde_json::json!({"model": "b-alias", "prompt": "x"}).to_string();
-    let r = send(
-        gw.traffic,
-        "POST",
-        "/v1/completions",
-        &[("x-gpuscale-model", "m-b")],
-        body,
-    )
-    .await;
+    let traffic = gw.traffic;
+    let with_header = |path: &'static str, body_model: Option<&str>| {
+        let body = body_model.map_or("{}".to_string(), |m| {
+            serde_json::json!({"model": m, "prompt": "x"}).to_string()
+        });
+        async move { send(traffic, "POST", path, &[("x-gpuscale-model", "m-b")], body).await }
+    };
+    let r = with_header("/v1/completions", Some("b-alias")).await;
     assert_eq!(r.json()["server"], "b");
     // ...but not one whose body or path names another served model: it
     // would wait in m-b's queue, at m-b's priority and concurrency, for
     // a replica that runs m-a (on a server hosting both). Refused, and
     // nothing forwarded.
-    let body = serde_json::json!({"model": "m-a", "prompt": "x"}).to_string();
-    let r = send(
-        gw.traffic,
-        "POST",
-        "/v1/completions",
-        &[("x-gpuscale-model", "m-b")],
-        body,
-    )
-    .await;
+    let r = with_header("/v1/completions", Some("m-a")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let message = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(
         message.contains("`m-b`") && message.contains("`m-a`"),
         "{message}"
     );
-    let r = send(
-        gw.traffic,
-        "POST",
-        "/v2/models/m-a/infer",
-        &[("x-gpuscale-model", "m-b")],
-        "{}",
-    )
-    .await;
+    let r = with_header("/v2/models/m-a/infer", None).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     // The same model both ways is no conflict.
-    let body = serde_json::json!({"model": "m-b", "prompt": "x"}).to_string();
-    let r = send(
-        gw.traffic,
-        "POST",
-        "/v1/completions",
-        &[("x-gpuscale-model", "m-b")],
-        body,
-    )
-    .await;
+    let r = with_header("/v1/completions", Some("m-b")).await;
     assert_eq!(r.json()["server"], "b");
 
     // KServe v2 by path.
