@@ -132,6 +132,9 @@ pub struct KubeBackend {
     /// A rebuild whose agents are still being read: the nodes and pods as
     /// listed when it began, and the task reading the agents.
     pending_inventory: Option<PendingInventory>,
+    /// The pods bound to nodes, watched from the first term that builds
+    /// an inventory on (and kept after it, so a later term starts warm).
+    pods: Option<crate::kubernetes::PodWatch>,
     /// An inventory was delivered in this leadership term.
     inventory_this_term: bool,
     /// The notes of the last inventory, logged when they change.
@@ -236,6 +239,7 @@ impl KubeBackend {
             from_nodes: false,
             inventory_at: None,
             pending_inventory: None,
+            pods: None,
             inventory_this_term: false,
             inventory_notes: Vec::new(),
             gateways: None,
@@ -311,6 +315,10 @@ impl KubeBackend {
             {
                 return None;
             }
+            if !self.pods_listed().await {
+                // Tried again next tick, not in 30 s.
+                return None;
+            }
             self.inventory_at = Some(now);
             self.pending_inventory = Some(self.begin_inventory().await?);
         }
@@ -352,8 +360,29 @@ impl KubeBackend {
         }
     }
 
-    /// A rebuild begun: the GPU nodes and the pods listed, the agents'
-    /// readings under way. `None` when the nodes or pods cannot be read.
+    /// Whether the pod watch has its first list in (started here if need
+    /// be). The first inventory of a term waits for it up to
+    /// [`AGENTS_DEADLINE`], as for the agents: without it the leader has
+    /// no plan; later ones do not wait.
+    async fn pods_listed(&mut self) -> bool {
+        let watch = match &self.pods {
+            Some(w) => w,
+            None => self.pods.insert(self.kube.watch_pods()),
+        };
+        let wait = if self.inventory_this_term {
+            Duration::ZERO
+        } else {
+            AGENTS_DEADLINE
+        };
+        if watch.listed_within(wait).await {
+            return true;
+        }
+        tracing::info!("the pods bound to nodes are still being listed: no inventory yet");
+        false
+    }
+
+    /// A rebuild begun: the GPU nodes listed, the pods as watched, the
+    /// agents' readings under way. `None` when the nodes cannot be read.
     async fn begin_inventory(&self) -> Option<PendingInventory> {
         let nodes = match self.kube.nodes(&self.kube.spec().node_selector).await {
             Ok(n) => n,
@@ -369,13 +398,7 @@ impl KubeBackend {
                 Vec::new()
             }
         };
-        let pods = match self.kube.pods().await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("reading gpuscale's pods: {e}");
-                return None;
-            }
-        };
+        let pods = self.pods.as_ref()?.current()?;
         let readings = tokio::spawn(read_agents(
             agents,
             AGENT_READS,

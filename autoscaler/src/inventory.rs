@@ -256,8 +256,8 @@ fn hami_allocated(record: &str) -> Vec<Vec<(String, u64, u32)>> {
 
 /// A pod cut down to what [`holdings`] reads: its name, namespace, the
 /// model label, HAMi's two annotations, the node, each container's name
-/// and resources, and the phase. The controller lists every pod bound to
-/// a node, cluster-wide, page by page, and keeps only this of each (a
+/// and resources, and the phase. The controller watches every pod bound
+/// to a node, cluster-wide, and keeps only this of each (a
 /// pod's env, volumes, managed fields and `last-applied-configuration`
 /// are most of its size), so its memory follows the GPUs' holders rather
 /// than the size of every pod in the cluster.

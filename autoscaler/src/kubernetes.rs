@@ -56,9 +56,12 @@ pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 /// Label on everything gpuscale creates for a model.
 pub const MODEL_LABEL: &str = gpuscale_packer::emit::MODEL_LABEL;
 
-/// Objects per page when the controller lists every pod bound to a node,
-/// or nodes (kubectl's default chunk size).
+/// Objects per page when the controller lists nodes, or the pods bound to
+/// nodes for its watch (kubectl's default chunk size).
 pub const PODS_PAGE: u32 = 500;
+
+/// The pods the inventory reads: bound to a node and not finished.
+pub const POD_FIELDS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
 /// A node without its managed fields, the images it has pulled and the
 /// volumes attached to it: on a GPU node the images alone (each CUDA and
@@ -1208,18 +1211,118 @@ fn decode(o: &DynamicObject) -> Listed {
         .map_err(|e| (name, e.to_string()))
 }
 
-/// The namespace's ModelPolicies as a kube-runtime reflector keeps them
-/// (a list, then a watch, re-listed after a gap, with kube's default
-/// backoff). Stops when dropped.
-pub struct PolicyWatch {
-    store: kube::runtime::reflector::Store<DynamicObject>,
+/// Objects as a kube-runtime reflector keeps them: a list, then a watch,
+/// re-listed after a gap, with kube's default backoff. Stops when
+/// dropped.
+struct Reflected<K: kube::Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store: kube::runtime::reflector::Store<K>,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for PolicyWatch {
+impl<K: kube::Resource + Clone + 'static> Drop for Reflected<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl<K: kube::Resource + Clone + 'static> Reflected<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    /// The objects now; `None` until the first list has arrived (an
+    /// empty store before it is nothing known, not nothing there).
+    fn current(&self) -> Option<Vec<std::sync::Arc<K>>> {
+        self.ready
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| self.store.state())
+    }
+}
+
+/// Starts a reflector of `api`'s objects into `writer`'s store, each
+/// changed by `modify` as it arrives; `what` names them in warnings.
+fn reflect<K>(
+    api: Api<K>,
+    writer: kube::runtime::reflector::store::Writer<K>,
+    config: kube::runtime::watcher::Config,
+    what: &'static str,
+    modify: impl FnMut(&mut K) + Send + 'static,
+) -> Reflected<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    use kube::runtime::{WatchStreamExt, watcher};
+    let store = writer.as_reader();
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ready.clone();
+    let task = tokio::spawn(async move {
+        use tokio_stream::StreamExt;
+        let stream = watcher(api, config)
+            .modify(modify)
+            .default_backoff()
+            .reflect(writer);
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    flag.store(true, std::sync::atomic::Ordering::Release);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("watching {what}: {e}"),
+            }
+        }
+    });
+    Reflected { store, ready, task }
+}
+
+/// The namespace's ModelPolicies as a reflector keeps them.
+pub struct PolicyWatch {
+    reflected: Reflected<DynamicObject>,
+}
+
+/// The pods bound to nodes, cluster-wide, as a reflector keeps them
+/// ([`Kube::watch_pods`]).
+pub struct PodWatch {
+    reflected: Reflected<Pod>,
+}
+
+impl PodWatch {
+    /// Whether the first list has arrived, waiting up to `within` for it.
+    pub async fn listed_within(&self, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            if self
+                .reflected
+                .ready
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The pods now (slim); `None` until the first list has arrived.
+    pub fn current(&self) -> Option<Vec<Pod>> {
+        self.reflected
+            .current()
+            .map(|pods| pods.iter().map(|p| (**p).clone()).collect())
     }
 }
 
@@ -1228,12 +1331,9 @@ impl PolicyWatch {
     /// its own, by name; `None` until the first list has arrived (an
     /// empty store then is no policy, not a deleted one).
     pub fn current(&self) -> Option<BTreeMap<String, (String, Listed)>> {
-        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
         Some(
-            self.store
-                .state()
+            self.reflected
+                .current()?
                 .iter()
                 .map(|o| {
                     (
@@ -1347,30 +1447,42 @@ impl Kube {
 
     /// Starts watching the namespace's ModelPolicies.
     pub fn watch_policies(&self) -> PolicyWatch {
-        use kube::runtime::{WatchStreamExt, reflector, watcher};
         let ar = ApiResource::erase::<ModelPolicy>(&());
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &ar);
-        let writer = reflector::store::Writer::new(ar);
-        let store = writer.as_reader();
-        let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = ready.clone();
-        let task = tokio::spawn(async move {
-            use tokio_stream::StreamExt;
-            let stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer);
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::InitDone) => {
-                        flag.store(true, std::sync::atomic::Ordering::Release);
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("watching ModelPolicies: {e}"),
-                }
-            }
-        });
-        PolicyWatch { store, ready, task }
+        let writer = kube::runtime::reflector::store::Writer::new(ar);
+        let reflected = reflect(
+            api,
+            writer,
+            kube::runtime::watcher::Config::default(),
+            "ModelPolicies",
+            |_| {},
+        );
+        PolicyWatch { reflected }
+    }
+
+    /// Starts watching every pod bound to a node and not finished, in
+    /// every namespace, each kept cut down to what the inventory reads
+    /// ([`crate::inventory::slim`]): gpuscale's say where its replicas
+    /// run, and any other pod that holds GPUs (training workers, other
+    /// teams' servers) keeps those GPUs out of the plans
+    /// ([`crate::inventory::holdings`]). One list ([`PODS_PAGE`] a page,
+    /// re-listed only after a gap), then changes as they happen: on a
+    /// cluster of a hundred thousand pods, listing them all every
+    /// inventory (every 30 s) was the API server's largest load from
+    /// gpuscale, and now only what changes crosses the wire.
+    pub fn watch_pods(&self) -> PodWatch {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let config = kube::runtime::watcher::Config::default()
+            .fields(POD_FIELDS)
+            .page_size(PODS_PAGE);
+        let reflected = reflect(
+            api,
+            kube::runtime::reflector::store::Writer::default(),
+            config,
+            "pods",
+            |pod: &mut Pod| *pod = crate::inventory::slim(std::mem::take(pod)),
+        );
+        PodWatch { reflected }
     }
 
     /// The Deployments gpuscale owns in the namespace (one list call, by
@@ -1688,29 +1800,6 @@ impl Kube {
         )
         .await?;
         Ok(None)
-    }
-
-    /// Every pod bound to a node and not finished, in every namespace (one
-    /// list): gpuscale's say where its replicas run, and any other pod
-    /// that holds GPUs (training workers, other teams' servers) keeps
-    /// those GPUs out of the plans ([`crate::inventory::holdings`]).
-    ///
-    /// Page by page ([`PODS_PAGE`] a page, as kubectl and client-go's
-    /// pagers do), each pod cut down to what the inventory reads
-    /// ([`crate::inventory::slim`]) as its page arrives: a cluster's full
-    /// pods never sit in memory at once, and the API server answers from
-    /// its pages instead of one response of every pod.
-    pub async fn pods(&self) -> Result<Vec<Pod>, KubeError> {
-        let api: Api<Pod> = Api::all(self.client.clone());
-        let params = ListParams::default()
-            .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed");
-        self.paged(
-            &api,
-            params,
-            "list the pods bound to nodes",
-            crate::inventory::slim,
-        )
-        .await
     }
 
     /// Every object `params` selects, [`PODS_PAGE`] a page, each mapped by

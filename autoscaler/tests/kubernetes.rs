@@ -48,6 +48,85 @@ fn kube_with(spec: KubeSpec, identity: &str, dry_run: bool) -> (Kube, Handle) {
     (Kube::new(client, spec, identity.into(), dry_run), handle)
 }
 
+/// The mock API server split in two by path: the pods' list and watch
+/// (a reflector beside the ticks, [`Kube::watch_pods`]) go to a handle
+/// of their own, so that every other request still comes in the order a
+/// scenario states.
+#[derive(Clone)]
+struct ByPath {
+    main: tower_test::mock::Mock<Request<Body>, Response<Body>>,
+    pods: tower_test::mock::Mock<Request<Body>, Response<Body>>,
+}
+
+impl tower_service::Service<Request<Body>> for ByPath {
+    type Response = Response<Body>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = tower_test::mock::future::ResponseFuture<Response<Body>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        match self.main.poll_ready(cx) {
+            std::task::Poll::Ready(Ok(())) => self.pods.poll_ready(cx),
+            other => other,
+        }
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        if req.uri().path() == "/api/v1/pods" {
+            self.pods.call(req)
+        } else {
+            self.main.call(req)
+        }
+    }
+}
+
+/// [`kube_with`], with the pods' requests on a second handle.
+fn kube_with_pods(spec: KubeSpec, identity: &str) -> (Kube, Handle, Handle) {
+    let (main, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (pods, pods_handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(ByPath { main, pods }, "inference");
+    (
+        Kube::new(client, spec, identity.into(), false),
+        handle,
+        pods_handle,
+    )
+}
+
+/// The pods' side of the API server: every list answered with `items`
+/// (one page), every watch held open with nothing to say.
+fn pods_api(mut handle: Handle, items: Value) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path_and_query().unwrap().to_string();
+            SENT.lock()
+                .unwrap()
+                .push(("GET".into(), path.clone(), String::new()));
+            assert!(
+                path.contains(&format!("fieldSelector={PODS_FIELDS}")),
+                "{path}"
+            );
+            if path.contains("watch=true") {
+                held.push(send);
+                continue;
+            }
+            assert!(path.contains("limit=500"), "{path}");
+            answer(
+                send,
+                200,
+                &json!({"apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": "5"}, "items": items}),
+            );
+        }
+    })
+}
+
+/// The pods' field selector, as sent: bound to a node, not finished.
+const PODS_FIELDS: &str =
+    "spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed";
+
 /// A Kubernetes backend over the mock, in front of a stand-in gateway.
 async fn backend_with(spec: KubeSpec, identity: &str) -> (Backend, Handle, common::StandIn) {
     let (k, handle) = kube_with(spec, identity, false);
@@ -2021,7 +2100,18 @@ async fn slow_agent(reading: Value, delay: Duration) -> u16 {
 /// the GPU nodes' labels and the node agents' readings (found through the
 /// `gpuscale-agent` Service's EndpointSlices), every 30 s.
 async fn the_inventory_comes_from_the_nodes_and_the_agents() {
-    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (k, mut handle, pods) = kube_with_pods(spec(), "gpuscale-0");
+    // What the pods bound to nodes hold (a watch beside the ticks):
+    // gpuscale's MIG instance on GPU 0.
+    let _pods = pods_api(
+        pods,
+        json!([{"metadata": {"name": "llama-x", "namespace": "inference",
+                             "labels": {"gpuscale.io/model": "llama",
+                                        "app.kubernetes.io/managed-by": "gpuscale"}},
+                "spec": {"nodeName": "gpu-a", "containers": [{"name": "model-server",
+                    "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]},
+                "status": {"phase": "Running"}}]),
+    );
     let (gw, _) = common::stand_in_gateway(common::quiet()).await;
     let mut backend = Backend::Kube(
         KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
@@ -2039,40 +2129,16 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
     let server = tokio::spawn(async move {
         lease_created(&mut handle, "gpuscale-0").await;
         leader_after_lease_with(&mut handle, false).await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500",
-            200,
-            nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
-                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                "nvidia.com/mig.config": "gpuscale-0000000001"}},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-            200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                              "ports": [{"name": "http", "port": port}],
-                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
-        )
-        .await;
-        // What the pods bound to nodes hold, in pages of 500: a first
-        // page whose continue token then expires (410 Gone: the list
-        // starts again, once), an empty first page, then gpuscale's MIG
-        // instance on GPU 0.
-        let first = "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500";
+        // The GPU nodes in pages of 500: a first page whose continue
+        // token then expires (410 Gone: the list starts again, once), an
+        // empty first page, then the node.
+        let first = "/api/v1/nodes?&labelSelector=nvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500";
         expect(
             &mut handle,
             Method::GET,
             first,
             200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "stale"},
+            json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"continue": "stale"},
                    "items": []}),
         )
         .await;
@@ -2091,22 +2157,31 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
             Method::GET,
             first,
             200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "page-2"},
+            json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"continue": "page-2"},
                    "items": []}),
         )
         .await;
         expect(
             &mut handle,
             Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500&continue=page-2",
+            &format!("{first}&continue=page-2"),
             200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
-                {"metadata": {"name": "llama-x", "namespace": "inference",
-                              "labels": {"gpuscale.io/model": "llama",
-                                         "app.kubernetes.io/managed-by": "gpuscale"}},
-                 "spec": {"nodeName": "gpu-a", "containers": [{"name": "model-server",
-                     "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]},
-                 "status": {"phase": "Running"}}]}),
+            nodes(vec![json!({"metadata": {"name": "gpu-a", "labels": {
+                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/mig.config": "gpuscale-0000000001"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
+        )
+        .await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+            200,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                              "ports": [{"name": "http", "port": port}],
+                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
@@ -2181,14 +2256,6 @@ async fn serve_rebuilds(handle: &mut Handle, ports: &[u16]) {
                               "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
         )
         .await;
-        expect(
-            handle,
-            Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
-            200,
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
-        )
-        .await;
         expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
     }
 }
@@ -2200,7 +2267,8 @@ async fn serve_rebuilds(handle: &mut Handle, ports: &[u16]) {
 /// new leader would act with no plan. Read inside the tick, a hung agent
 /// took its 5 s request timeout every rebuild.
 async fn a_hung_agent_does_not_hold_up_the_tick() {
-    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (k, mut handle, pods) = kube_with_pods(spec(), "gpuscale-0");
+    let _pods = pods_api(pods, json!([]));
     let (gw, _) = common::stand_in_gateway(common::quiet()).await;
     let mut backend = Backend::Kube(
         KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
@@ -2240,7 +2308,8 @@ async fn a_hung_agent_does_not_hold_up_the_tick() {
 /// A rebuild whose agent answers after the tick's 200 ms wait is taken up
 /// by a later tick, with no second list of nodes or pods.
 async fn a_later_tick_takes_up_a_rebuild_its_agents_finished() {
-    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (k, mut handle, pods) = kube_with_pods(spec(), "gpuscale-0");
+    let _pods = pods_api(pods, json!([]));
     let (gw, _) = common::stand_in_gateway(common::quiet()).await;
     let mut backend = Backend::Kube(
         KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
