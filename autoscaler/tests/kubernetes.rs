@@ -96,9 +96,20 @@ fn kube_with_pods(spec: KubeSpec, identity: &str) -> (Kube, Handle, Handle) {
 
 /// The pods' side of the API server: every list answered with `items`
 /// (one page), every watch held open with nothing to say.
-fn pods_api(mut handle: Handle, items: Value) -> tokio::task::JoinHandle<()> {
+fn pods_api(handle: Handle, items: Value) -> tokio::task::JoinHandle<()> {
+    pods_api_with(handle, items, Vec::new())
+}
+
+/// [`pods_api`], the first watch answered with `events` (watch events,
+/// one JSON object a line) before it ends; later watches held open.
+fn pods_api_with(
+    mut handle: Handle,
+    items: Value,
+    events: Vec<Value>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut held = Vec::new();
+        let mut events = Some(events).filter(|e| !e.is_empty());
         while let Some((req, send)) = handle.next_request().await {
             let path = req.uri().path_and_query().unwrap().to_string();
             SENT.lock()
@@ -109,7 +120,18 @@ fn pods_api(mut handle: Handle, items: Value) -> tokio::task::JoinHandle<()> {
                 "{path}"
             );
             if path.contains("watch=true") {
-                held.push(send);
+                if let Some(events) = events.take() {
+                    let lines: String = events.iter().map(|e| format!("{e}\n")).collect();
+                    send.send_response(
+                        Response::builder()
+                            .status(200)
+                            .header("content-type", "application/json")
+                            .body(Body::from(lines.into_bytes()))
+                            .unwrap(),
+                    );
+                } else {
+                    held.push(send);
+                }
                 continue;
             }
             assert!(path.contains("limit=500"), "{path}");
@@ -2351,6 +2373,46 @@ async fn a_later_tick_takes_up_a_rebuild_its_agents_finished() {
     server.await.unwrap();
 }
 
+/// A pod that starts after the first list reaches the next inventory
+/// through the watch, with no list of the pods again: a training worker
+/// that takes GPU 0 of `gpu-a` between two rebuilds keeps that GPU out
+/// of the second one.
+async fn a_pod_started_after_the_list_reaches_the_next_inventory() {
+    let (k, mut handle, pods) = kube_with_pods(spec(), "gpuscale-0");
+    let worker = json!({"metadata": {"name": "trainer-0", "namespace": "training",
+                                     "resourceVersion": "6"},
+                        "spec": {"nodeName": "gpu-a", "containers": [{"name": "worker",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                        "status": {"phase": "Running"}});
+    let _pods = pods_api_with(
+        pods,
+        json!([]),
+        vec![json!({"type": "ADDED", "object": worker})],
+    );
+    let (gw, _) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .inventory_from_nodes(),
+    );
+    let agent = stand_in_agent(json!({"node": "gpu-a", "gpus": []})).await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move { serve_rebuilds(&mut handle, &[agent, agent]).await });
+    let first = backend.tick(std::slice::from_ref(&m), now).await;
+    let gpu = |c: &gpuscale_policies::Cluster| c.nodes[0].gpus[0].health;
+    // The watch's event may come before or after the first rebuild read
+    // the store; by the second it is in.
+    let _ = first.cluster.expect("the first inventory");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(31))
+        .await
+        .cluster
+        .expect("the second inventory");
+    assert_eq!(gpu(&second), gpuscale_policies::Health::Unhealthy);
+    server.await.unwrap();
+}
+
 /// The agents are read at most `at_once` at a time, all of them, and one
 /// that has not answered by the deadline is left out rather than waited
 /// for; one that refuses connections or sends no reading is left out too.
@@ -2918,6 +2980,7 @@ scenarios!(
     the_inventory_comes_from_the_nodes_and_the_agents,
     a_hung_agent_does_not_hold_up_the_tick,
     a_later_tick_takes_up_a_rebuild_its_agents_finished,
+    a_pod_started_after_the_list_reaches_the_next_inventory,
     replicas_are_registered_with_every_gateway_instance_found,
     sidecar_gateways_are_read_not_registered_with,
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
