@@ -424,6 +424,9 @@ pub async fn serve(
     });
     let mut stop = std::pin::pin!(stop);
     let slots = Arc::new(tokio::sync::Semaphore::new(AGENT_MAX_CONNECTIONS));
+    // Bound to loopback: what a browser page sends there (a rebound DNS
+    // name, another origin) is refused (`gpuscale_policies::listener`).
+    let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
     let mut failed: Option<(std::time::Instant, u64)> = None;
     loop {
         let (stream, _): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
@@ -461,7 +464,27 @@ pub async fn serve(
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let cache = cache.clone();
                     async move {
+                        let field = |name| {
+                            req.headers()
+                                .get(name)
+                                .map(|v: &hyper::header::HeaderValue| {
+                                    v.to_str().unwrap_or("\u{fffd}")
+                                })
+                        };
+                        let refused = loopback
+                            .then(|| {
+                                gpuscale_policies::listener::refusal(
+                                    field(hyper::header::HOST),
+                                    field(hyper::header::ORIGIN),
+                                )
+                            })
+                            .flatten();
                         let (status, ctype, body) = match (req.method(), req.uri().path()) {
+                            _ if refused.is_some() => (
+                                StatusCode::FORBIDDEN,
+                                "text/plain",
+                                format!("{}\n", refused.unwrap_or_default()),
+                            ),
                             (&Method::GET, "/healthz") => {
                                 (StatusCode::OK, "text/plain", "ok\n".to_string())
                             }

@@ -72,7 +72,7 @@ fn get(port: u16, path: &str) -> (u16, String) {
         .unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
@@ -123,6 +123,16 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
     assert!(metrics.contains("GPU_I_PROFILE=\"3g.40gb\""), "{metrics}");
     assert_eq!(get(port, "/healthz").0, 200);
     assert_eq!(get(port, "/readyz").0, 200);
+    // On loopback, a page's rebound DNS name is refused.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /v1/gpus HTTP/1.1\r\nhost: attacker.example\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
     // Connections beyond the agent's cap (64) get 503, except the probes,
     // which get their real answers; it serves again when the idle ones go.
     // Up to three tries, each with a fresh set of 64 held connections:
@@ -151,7 +161,8 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
     let served = (0..50).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let _ =
+            s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
         text.starts_with("HTTP/1.1 200")
