@@ -1426,3 +1426,106 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// What a fuzzing pass of the command line found panicking, hanging or
+/// filling memory: each is now a located error and exit 1 (2 for a
+/// flag), and no panic (`gpuscale()` fails on one).
+#[test]
+fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let top = root().display().to_string();
+    let cases = [
+        // Durations that overflowed a clock reading or a sum.
+        (
+            write(
+                "autoscaler.yaml",
+                "apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {name: a}\nspec:\n  kubernetes: {renewDeadline: 18446744073709551615s}\n",
+            ),
+            "5:16: spec.kubernetes.renewDeadline: `",
+        ),
+        (
+            write(
+                "gateway.yaml",
+                "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {name: g}\nspec:\n  limits: {requestTimeout: 300000000000y}\n  models: [{name: m}]\n",
+            ),
+            "5:12: spec.limits.requestTimeout: `300000000000years` is longer than",
+        ),
+        // A replica count no plan or baseline could hold in memory.
+        (
+            write(
+                "policy.yaml",
+                "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: m}\nspec:\n  resources: {memoryGiB: 5, compute: 0.01, maxConcurrency: 4}\n  scaling: {minReplicas: 3, maxReplicas: 4294967295}\n",
+            ),
+            "spec.scaling.maxReplicas: must be at most 1000000",
+        ),
+        // Speeds and a shape that overflowed a duration or a gamma.
+        (
+            write(
+                "scenario.yaml",
+                &format!(
+                    "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {{name: s}}\nspec:\n  duration: 1m\n  cluster: {top}/bench/scenarios/cluster-64.yaml\n  policies: [{top}/bench/scenarios/zoo/chat.yaml]\n  workloads:\n    - model: llama-3-1-8b\n      arrivals: {{gamma: {{rate: 2, cv: 1e-300}}}}\n      tokens: {{prompt: 128, output: 16}}\n      service: {{prefillTps: 1e-300, decodeTps: 100, batchSlowdown: 1e300}}\n"
+                ),
+            ),
+            "spec.workloads[0].service.prefillTps: must be at least 0.01",
+        ),
+    ];
+    for (file, expected) in &cases {
+        let out = gpuscale(&["validate", file]);
+        assert_eq!(out.status.code(), Some(1), "{file}: {}", errors(&out));
+        assert!(errors(&out).contains(expected), "{file}: {}", errors(&out));
+    }
+    let out = gpuscale(&["validate", &cases[3].0]);
+    for field in ["arrivals.gamma.cv", "service.batchSlowdown"] {
+        assert!(errors(&out).contains(field), "{}", errors(&out));
+    }
+    // Two links to `.` doubled the walk at every level (it hung).
+    let tree = dir.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    std::fs::copy(
+        root().join("examples/demand.yaml"),
+        tree.join("demand.yaml"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(".", tree.join("a")).unwrap();
+    std::os::unix::fs::symlink(".", tree.join("b")).unwrap();
+    let out = gpuscale(&["validate", tree.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert_eq!(
+        errors(&out)
+            .matches("no ModelPolicy named `llama-3-1-8b`")
+            .count(),
+        1,
+        "each file once: {}",
+        errors(&out)
+    );
+    // A device read until memory ran out.
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--cluster",
+            "examples/cluster.yaml",
+            "--policies",
+            "examples/policies",
+            "--demand",
+            "examples/demand.yaml",
+        ];
+        args.extend_from_slice(extra);
+        gpuscale(&args)
+    };
+    let out = plan(&["--current", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("/dev/zero:1:1: cannot read: not a regular file"),
+        "{}",
+        errors(&out)
+    );
+    // A flag's duration that overflowed the solver's deadline.
+    let out = plan(&["--time-limit", "18446744073709551615s"]);
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(errors(&out).contains("--time-limit"), "{}", errors(&out));
+}

@@ -39,7 +39,7 @@ pub struct AutoscalerSpec {
     /// Where the signals come from.
     pub gateway: GatewayRef,
     /// Decision interval when nothing pushes an event.
-    #[serde(default = "one_second", with = "humantime_serde")]
+    #[serde(default = "one_second", with = "gpuscale_policies::duration")]
     pub interval: Duration,
     /// How often a re-plan may move running replicas to save GPUs (a move
     /// is a cold start); between, re-plans keep every running replica
@@ -47,7 +47,7 @@ pub struct AutoscalerSpec {
     /// re-plan may move — on the Azure trace that costs fewer GPU-hours
     /// and fewer cold starts than keeping for 10 minutes (`bench/README.md`,
     /// Simulator).
-    #[serde(default = "consolidate_every", with = "humantime_serde")]
+    #[serde(default = "consolidate_every", with = "gpuscale_policies::duration")]
     pub consolidate_every: Duration,
     /// Admin listener: `/metrics`, `/healthz`, `/v1/decisions`.
     #[serde(default = "default_admin")]
@@ -206,10 +206,10 @@ pub struct LocalSpec {
     /// Simulated server profile (`instant`, `small`, `tiny`).
     pub profile: String,
     /// Start-up delay of a replica; default: the policy's `startupTime`.
-    #[serde(with = "humantime_serde::option")]
+    #[serde(with = "gpuscale_policies::duration::option")]
     pub startup_time: Option<Duration>,
     /// Time a removed replica gets to finish its requests.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub drain_time: Duration,
     /// Most replicas of one model the local machine runs.
     pub max_replicas_per_model: u32,
@@ -638,8 +638,15 @@ mod tests {
         let fields = |s: &AutoscalerSpec| -> Vec<String> {
             check_settings(s).into_iter().map(|(f, _)| f).collect()
         };
-        assert_eq!(fields(&spec("500000000000y")), ["spec.local.startupTime"]);
+        assert_eq!(fields(&spec("2days")), ["spec.local.startupTime"]);
         assert!(fields(&spec("24h")).is_empty());
+        // Past a year it does not even read (`gpuscale_policies::duration`).
+        assert!(
+            serde_yaml_ng::from_str::<AutoscalerSpec>(
+                "gateway: {config: g.yaml}\nlocal: {startupTime: 500000000000y}\n"
+            )
+            .is_err()
+        );
     }
 
     #[test]

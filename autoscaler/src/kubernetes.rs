@@ -92,18 +92,18 @@ pub struct KubeSpec {
     /// The Lease that elects the active controller.
     pub lease_name: String,
     /// How long a lease lasts without renewal.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub lease_duration: Duration,
     /// How long the leader goes on acting after its last renewal of the
     /// lease (shorter than `leaseDuration`, client-go's `RenewDeadline`).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub renew_deadline: Duration,
     /// How often the lease is renewed or tried (client-go's
     /// `RetryPeriod`).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub retry_period: Duration,
     /// The deadline of every API call, retries included.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub request_timeout: Duration,
     /// Namespace of the GPU Operator, where its MIG manager reads the
     /// mig-parted ConfigMap (`gpuscale-mig-parted-config`; point the
@@ -128,7 +128,7 @@ pub struct KubeSpec {
     pub shm_size: String,
     /// How long a model server may take to download and load before
     /// Kubernetes restarts it (its startup probe: `/health` every 10 s).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub startup_timeout: Duration,
     /// The model server's user and group (non-root; vLLM runs as any
     /// user given a writable `HOME`, which the pod gives it under

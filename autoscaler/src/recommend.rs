@@ -104,7 +104,7 @@ pub struct Tuning {
     pub panic_threshold: f64,
     /// Panic ends once demand has stayed under the threshold this long
     /// (Knative's stable window: 60 s).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub stable_window: Duration,
     /// Consecutive failed reads before the fallback applies (KEDA's
     /// `failureThreshold`: 3).
@@ -133,7 +133,7 @@ pub struct Tuning {
     /// 300 s scale-down window then kept. The depth is read as it is
     /// while requests wait, or once it reaches `panicThreshold` × the
     /// capacity (Knative's stable and panic windows, in the same spirit).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub depth_smoothing: Duration,
     /// Also size by the arrival rate: its smoothed level × the observed
     /// service time (Little's law), and Holt's forecast `startupTime`

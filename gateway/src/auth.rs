@@ -82,7 +82,10 @@ impl AdminToken {
     /// Reads a token file (a trailing newline is ignored); a file every user
     /// may read is warned about.
     pub fn from_file(path: &Path) -> Result<AdminToken, String> {
-        let text = std::fs::read_to_string(path)
+        // A token is a line; a file far longer (a device such as
+        // /dev/zero among them) is refused before it fills memory.
+        let text = gpuscale_policies::load::read_limited(path, 64 * 1024)
+            .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 text".to_string()))
             .map_err(|e| format!("reading the admin token file {}: {e}", path.display()))?;
         #[cfg(unix)]
         if let Ok(meta) = std::fs::metadata(path) {

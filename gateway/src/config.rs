@@ -131,21 +131,21 @@ pub struct Limits {
     /// 8,192, the admin listener's hyper floor).
     pub max_header_bytes: usize,
     /// Time a client has to send its request head.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub header_read_timeout: Duration,
     /// Time a client has to send its body.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub body_read_timeout: Duration,
     /// Time from leaving the queue to the upstream's response head.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub request_timeout: Duration,
     /// Longest pause between two chunks of an upstream response body.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub stream_idle_timeout: Duration,
     /// Longest a response write may make no progress (a client that
     /// stops reading): the connection is closed and the replica's slot
     /// freed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub write_timeout: Duration,
     /// Client connections open at once on the traffic port; above it a
     /// new connection gets 503 and is closed.
@@ -249,10 +249,10 @@ pub struct RoutePrioritySpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct DrainSpec {
     /// Time to keep accepting after SIGTERM.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub announce: Duration,
     /// Time requests in flight get to finish after that.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub timeout: Duration,
 }
 
@@ -272,23 +272,23 @@ pub struct UpstreamSpec {
     /// Other replicas tried when connecting fails (nothing was sent yet).
     pub retries: u32,
     /// Time to connect to a replica.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub connect_timeout: Duration,
     /// How long a kept-alive connection to a replica may sit unused before
     /// the gateway closes it rather than reuse it. Below the model
     /// server's own keep-alive timeout (uvicorn, under vLLM, closes after
     /// 5 s), so the gateway never sends on a connection the server is
     /// closing.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub idle_timeout: Duration,
     /// Consecutive failures that eject a replica.
     pub eject_after_failures: u32,
     /// How long an ejected replica gets no traffic.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub eject_for: Duration,
     /// How often each replica's `/metrics` is scraped (when its model sets
     /// `metrics`).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub scrape_interval: Duration,
     /// Model-server metrics of every model's replicas, unless its entry in
     /// `models` sets its own (`none` by default: nothing is scraped).
@@ -339,7 +339,7 @@ pub struct RoutingSpec {
     pub explain: bool,
     /// How long an adapter seen in a replica's metrics counts as loaded
     /// there.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub adapter_memory: Duration,
 }
 
@@ -397,7 +397,7 @@ pub struct QueueSpec {
     /// Requests that may wait per model (429 above).
     pub max_queue: usize,
     /// Longest wait (503 after).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub queue_timeout: Duration,
     /// Concurrency per replica when neither the model nor its policy says.
     pub max_concurrency: u32,
@@ -444,7 +444,7 @@ pub struct ModelSpec {
     #[serde(default)]
     pub max_queue: Option<usize>,
     /// Longest wait.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "gpuscale_policies::duration::option")]
     pub queue_timeout: Option<Duration>,
     /// Priority class of requests that do not set one.
     #[serde(default)]

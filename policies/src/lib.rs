@@ -17,6 +17,7 @@
 //! - [`listener`]: what a listener bound to loopback answers (the rule
 //!   against DNS rebinding and cross-origin pages, shared by the gateway
 //!   and the autoscaler);
+//! - [`duration`]: durations as written in files and flags, bounded;
 //! - [`document`] and [`load`]: reading YAML and JSON into validated types,
 //!   with every problem reported at its file, line, column and field path.
 //!
@@ -28,6 +29,7 @@
 pub mod catalog;
 pub mod devices;
 pub mod document;
+pub mod duration;
 pub mod inventory;
 pub mod listener;
 pub mod load;

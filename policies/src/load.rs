@@ -115,15 +115,33 @@ pub fn files_under(path: &Path) -> Result<Vec<PathBuf>, Problem> {
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
+    // Each directory once, however many links lead to it: two links to
+    // `.` in a directory made the walk double at every level.
+    let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| io(e, path))?
+    walk(path, &mut seen, &mut out).map_err(|(e, p)| io(e, &p))?;
+    Ok(out)
+}
+
+/// The files of [`files_under`] below `dir`, each directory (by its
+/// canonical path) walked once.
+fn walk(
+    dir: &Path,
+    seen: &mut std::collections::BTreeSet<PathBuf>,
+    out: &mut Vec<PathBuf>,
+) -> Result<(), (std::io::Error, PathBuf)> {
+    let canonical = std::fs::canonicalize(dir).map_err(|e| (e, dir.to_path_buf()))?;
+    if !seen.insert(canonical) {
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| (e, dir.to_path_buf()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
-            out.extend(files_under(&p)?);
+            walk(&p, seen, out)?;
         } else if matches!(
             p.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml" | "json")
@@ -131,7 +149,39 @@ pub fn files_under(path: &Path) -> Result<Vec<PathBuf>, Problem> {
             out.push(p);
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Reads at most `limit` bytes of `file`: a regular file or a pipe; a
+/// device (`/dev/zero`, `/dev/urandom`: endless) or a directory is refused,
+/// and a file that turns out longer than `limit` while it is read (a
+/// pipe, or one still growing) is refused when the limit is passed, not
+/// after it has filled memory. The error is the message only.
+pub fn read_limited(file: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(file).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    #[cfg(unix)]
+    let pipe = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+    #[cfg(not(unix))]
+    let pipe = false;
+    if !meta.is_file() && !pipe {
+        return Err("cannot read: not a regular file".into());
+    }
+    if meta.len() > limit {
+        return Err(format!(
+            "file is {} bytes; the limit is {limit}",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("file is more than {limit} bytes, the limit"));
+    }
+    Ok(bytes)
 }
 
 /// Reads a text file (at most [`MAX_FILE_BYTES`], UTF-8), errors located at
@@ -143,14 +193,7 @@ pub fn read(file: &Path) -> Result<String, Problem> {
         path: String::new(),
         message,
     };
-    let meta = std::fs::metadata(file).map_err(|e| problem(format!("cannot read: {e}")))?;
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(problem(format!(
-            "file is {} bytes; the limit is {MAX_FILE_BYTES}",
-            meta.len()
-        )));
-    }
-    let bytes = std::fs::read(file).map_err(|e| problem(format!("cannot read: {e}")))?;
+    let bytes = read_limited(file, MAX_FILE_BYTES).map_err(problem)?;
     String::from_utf8(bytes).map_err(|e| {
         problem(format!(
             "not UTF-8 text (invalid byte at offset {})",

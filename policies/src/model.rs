@@ -718,6 +718,11 @@ pub struct Model {
 /// low enough that a model's sum over its replicas stays inside a `u32`.
 pub const MAX_CONCURRENCY: u32 = 65_536;
 
+/// Most replicas one model may scale to (`scaling.maxReplicas`): a
+/// million, far above any cluster's GPUs and MIG slices, and small enough
+/// that every plan and baseline over them stays in memory.
+pub const MAX_REPLICAS: u32 = 1_000_000;
+
 /// Why a name clients send cannot be a model's, if it cannot: the
 /// gateway's KServe route (`/v2/models/{name}/infer`) refuses paths a
 /// model server could read as another (dot segments, `#`, `?`, `\`), so
@@ -1079,6 +1084,15 @@ impl Model {
         }
         if s.max_replicas == 0 {
             err("spec.scaling.maxReplicas", "must be at least 1".into());
+        }
+        if s.max_replicas > MAX_REPLICAS {
+            err(
+                "spec.scaling.maxReplicas",
+                format!(
+                    "must be at most {MAX_REPLICAS} (more replicas than any cluster holds), got {}",
+                    s.max_replicas
+                ),
+            );
         }
         if s.min_replicas > s.max_replicas {
             err(

@@ -16,6 +16,13 @@
 
 use std::time::Duration;
 
+/// `x` seconds as a duration, within [0, 10⁹ s] (about 31 years): the
+/// callers' checks keep real values far inside, and an extreme one
+/// saturates rather than panics.
+fn secs(x: f64) -> Duration {
+    Duration::from_secs_f64(if x.is_nan() { 0.0 } else { x.clamp(0.0, 1e9) })
+}
+
 /// How fast one replica serves, on a whole GPU or a share of one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceProfile {
@@ -132,6 +139,15 @@ impl ServiceProfile {
         }
     }
 
+    /// The slowest speeds the latency model takes (tokens per second; 0
+    /// is "no time"): below them a single token would take longer than
+    /// anything gpuscale measures.
+    pub const MIN_TPS: f64 = 0.01;
+
+    /// The largest per-request slowdown it takes (10: each other request
+    /// in the batch makes every token 11 times slower).
+    pub const MAX_BATCH_SLOWDOWN: f64 = 10.0;
+
     /// Profile names [`ServiceProfile::named`] knows.
     pub const NAMES: [&'static str; 3] = ["instant", "small", "tiny"];
 
@@ -140,7 +156,7 @@ impl ServiceProfile {
         if self.prefill_tps <= 0.0 {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64(f64::from(prompt_tokens) / (self.prefill_tps * self.speed))
+        secs(f64::from(prompt_tokens) / (self.prefill_tps * self.speed))
     }
 
     /// Time per output token with `running` requests in the batch.
@@ -149,7 +165,7 @@ impl ServiceProfile {
             return Duration::ZERO;
         }
         let slow = 1.0 + self.batch_slowdown * f64::from(running.saturating_sub(1));
-        Duration::from_secs_f64(slow / (self.decode_tps * self.speed))
+        secs(slow / (self.decode_tps * self.speed))
     }
 
     /// Service time of one request once its prefill ran: prefill of `prompt_tokens`, then

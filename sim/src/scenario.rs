@@ -714,10 +714,10 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             if !(g.rate >= 0.0 && g.rate.is_finite()) {
                 bad(at("arrivals.gamma.rate"), "must be a rate ≥ 0 per second");
             }
-            if !(positive(g.cv) && g.cv <= MAX_CV) {
+            if !(g.cv >= MIN_CV && g.cv <= MAX_CV) {
                 bad(
                     at("arrivals.gamma.cv"),
-                    &format!("must be more than 0 and at most {MAX_CV}"),
+                    &format!("must be at least {MIN_CV} and at most {MAX_CV}"),
                 );
             }
         }
@@ -822,12 +822,24 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             ("service.prefillTps", s.prefill_tps),
             ("service.decodeTps", s.decode_tps),
         ] {
-            if !positive(v) {
-                bad(at(f), "must be more than 0 tokens per second");
+            if !(v >= ServiceProfile::MIN_TPS && v.is_finite()) {
+                bad(
+                    at(f),
+                    &format!(
+                        "must be at least {} tokens per second",
+                        ServiceProfile::MIN_TPS
+                    ),
+                );
             }
         }
-        if !(s.batch_slowdown >= 0.0 && s.batch_slowdown.is_finite()) {
-            bad(at("service.batchSlowdown"), "must be ≥ 0");
+        if !(s.batch_slowdown >= 0.0 && s.batch_slowdown <= ServiceProfile::MAX_BATCH_SLOWDOWN) {
+            bad(
+                at("service.batchSlowdown"),
+                &format!(
+                    "must be from 0 to {} (the slowdown per other request in the batch)",
+                    ServiceProfile::MAX_BATCH_SLOWDOWN
+                ),
+            );
         }
     }
     out
@@ -866,6 +878,9 @@ fn replay_problem(trace: &Trace, t: &TraceSpec, duration: f64) -> Option<String>
 /// time (serving studies use CVs up to about 8); far beyond it the gaps
 /// underflow to zero and a stream is a handful of giant clumps.
 const MAX_CV: f64 = 20.0;
+/// The least: the gamma's shape is 1/cv², 10,000 here (as regular as
+/// arrivals get; below, the shape overflows).
+const MIN_CV: f64 = 0.01;
 
 /// Longest scenario.
 const MAX_DURATION: Duration = Duration::from_secs(31 * 86_400);

@@ -39,14 +39,28 @@ pub struct TraceError {
     pub message: String,
 }
 
+/// The largest trace file read: 1 GiB (the Azure conversation trace is
+/// 0.7 MB; its week-long siblings are tens of MB).
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
+
 impl Trace {
     /// Reads a trace file.
     pub fn read(file: &Path) -> Result<Trace, TraceError> {
-        let text = std::fs::read_to_string(file).map_err(|e| TraceError {
+        let failed = |message: String| TraceError {
             file: file.to_path_buf(),
             line: 1,
             column: 1,
-            message: format!("cannot read the trace: {e}"),
+            message: match message.strip_prefix("cannot read: ") {
+                Some(why) => format!("cannot read the trace: {why}"),
+                None => format!("the trace: {message}"),
+            },
+        };
+        let bytes = gpuscale_policies::load::read_limited(file, MAX_TRACE_BYTES).map_err(failed)?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            failed(format!(
+                "not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ))
         })?;
         Trace::parse(file, &text)
     }

@@ -47,14 +47,14 @@ pub struct Args {
     #[arg(long)]
     pub keep_running: bool,
     /// Solver time limit.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
+    #[arg(long, default_value = "30s", value_parser = gpuscale_policies::duration::parse, allow_hyphen_values = true)]
     pub time_limit: Duration,
     /// How long the whole MIP may improve on the heuristic plan (rounding,
     /// diving, the small MIP over what the dive left, part-used GPUs
     /// emptied), and, re-planning, how long the whole-cluster search for
     /// less disruption may take; within the time limit (0: node counts
     /// only).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
+    #[arg(long, default_value = "1s", value_parser = gpuscale_policies::duration::parse, allow_hyphen_values = true)]
     pub improve_limit: Duration,
     /// Relative MIP gap at which the solver stops (0.005 = within 0.5 % of
     /// the optimal cost; 1e-4 for a tight plan, slower).

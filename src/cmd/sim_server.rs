@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use gpuscale_gateway::sim::{self, SimProfile};
+use gpuscale_policies::serving::ServiceProfile;
 
 /// Arguments of `sim-server`.
 #[derive(Debug, clap::Args)]
@@ -61,15 +62,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(d) = args.decode_tps {
         anyhow::ensure!(
-            d >= 0.0 && d.is_finite(),
-            "--decode-tps must be 0 (no decode time) or more, got {d}"
+            d == 0.0 || (d >= ServiceProfile::MIN_TPS && d.is_finite()),
+            "--decode-tps must be 0 (no decode time) or at least {}, got {d}",
+            ServiceProfile::MIN_TPS
         );
         p.decode_tps = d;
     }
     if let Some(d) = args.prefill_tps {
         anyhow::ensure!(
-            d >= 0.0 && d.is_finite(),
-            "--prefill-tps must be 0 (no prefill time) or more, got {d}"
+            d == 0.0 || (d >= ServiceProfile::MIN_TPS && d.is_finite()),
+            "--prefill-tps must be 0 (no prefill time) or at least {}, got {d}",
+            ServiceProfile::MIN_TPS
         );
         p.prefill_tps = d;
     }

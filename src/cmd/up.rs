@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Stop after this long (`90s`, `10m`); without it, run until Ctrl-C.
-    #[arg(long, value_parser = humantime::parse_duration, allow_hyphen_values = true)]
+    #[arg(long, value_parser = gpuscale_policies::duration::parse, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
     /// Divide the policies' time constants (start-up times, scale-down
     /// windows, scale-to-zero delays, rate-limit periods) by this, so that
@@ -68,7 +68,7 @@ pub struct Args {
     pub gateway_admin_port: u16,
     /// Time between terminal summaries (`0s`: none while it runs, only the
     /// final one at exit).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, allow_hyphen_values = true)]
+    #[arg(long, default_value = "5s", value_parser = gpuscale_policies::duration::parse, allow_hyphen_values = true)]
     pub summary_every: Duration,
 }
 
