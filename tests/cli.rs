@@ -1528,4 +1528,36 @@ fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
     let out = plan(&["--time-limit", "18446744073709551615s"]);
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
     assert!(errors(&out).contains("--time-limit"), "{}", errors(&out));
+    // An edited `--current` plan is held to a cluster file's checks: two
+    // 7g instances on one H100 went on into the emitted mig-parted
+    // config, and MIG on an L40S into a node label.
+    let out = plan(&["--format", "json"]);
+    let mut current: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpus = current["gpus"].as_array_mut().unwrap();
+    let mig = gpus.iter().position(|g| g["mode"] == "mig").unwrap();
+    gpus[mig]["geometry"] = serde_json::json!([{"profile": "7g.80gb", "start": 0},
+                                               {"profile": "7g.80gb", "start": 0}]);
+    let l40s = gpus.iter().position(|g| g["gpu_model"] == "L40S").unwrap();
+    gpus[l40s]["mode"] = "mig".into();
+    gpus[l40s]["geometry"] = serde_json::json!([{"profile": "3g.40gb", "start": 0}]);
+    let edited = write("current.json", &current.to_string());
+    let out = plan(&[
+        "--current",
+        &edited,
+        "--emit",
+        dir.path().join("emit").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    let text = errors(&out);
+    assert!(
+        text.contains(&format!(
+            "gpus[{mig}].geometry: `7g.80gb` at slot 0 overlaps"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("gpus[{l40s}].mode: L40S does not support MIG")),
+        "{text}"
+    );
+    assert!(!dir.path().join("emit").exists(), "nothing emitted");
 }

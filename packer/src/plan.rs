@@ -349,6 +349,109 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// What is wrong with this plan as the state of `cluster` running
+    /// `models` (`--current PLAN.json`), each as (field path, why): a GPU
+    /// the node does not have or listed twice, a GPU model other than the
+    /// node's, a MIG geometry the GPU model cannot hold (or MIG on a GPU
+    /// without it), share counts below 2, a replica of a model not
+    /// loaded or on an unhealthy GPU, a tensor-parallel group larger than
+    /// the node. GPUs on nodes the cluster no longer has are not checked
+    /// (their replicas are planned again). Read from a file a user may
+    /// have edited, a plan is held to the checks a cluster file gets:
+    /// unchecked, an impossible geometry went on into the emitted
+    /// mig-parted config.
+    pub fn problems_against(&self, cluster: &Cluster, models: &[&str]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            let at = |field: &str| format!("gpus[{i}].{field}");
+            let Some(node) = cluster.nodes.iter().find(|n| n.name == g.node) else {
+                continue;
+            };
+            if g.index as usize >= node.gpus.len() {
+                out.push((
+                    at("index"),
+                    format!(
+                        "node {} has {} GPUs (0..{})",
+                        node.name,
+                        node.gpus.len(),
+                        node.gpus.len().saturating_sub(1)
+                    ),
+                ));
+                continue;
+            }
+            if !seen.insert((g.node.as_str(), g.index)) {
+                out.push((
+                    at("index"),
+                    format!("GPU {} of node {} is listed twice", g.index, g.node),
+                ));
+            }
+            if g.gpu_model != node.gpu_model {
+                out.push((
+                    at("gpu_model"),
+                    format!(
+                        "node {} has {}, not {}",
+                        node.name, node.gpu_model, g.gpu_model
+                    ),
+                ));
+            }
+            match (
+                g.mode,
+                cluster
+                    .catalog
+                    .get(&node.gpu_model)
+                    .and_then(|m| m.mig.as_ref()),
+            ) {
+                (Mode::Mig, None) => out.push((
+                    at("mode"),
+                    format!("{} does not support MIG", node.gpu_model),
+                )),
+                (Mode::Mig, Some(spec)) => {
+                    if let Err(e) = gpuscale_policies::mig::validate(spec, &g.geometry) {
+                        out.push((at("geometry"), e.to_string()));
+                    }
+                }
+                _ if !g.geometry.is_empty() => {
+                    out.push((at("geometry"), "a geometry is only for mode `mig`".into()));
+                }
+                _ => {}
+            }
+            for (field, n) in [
+                ("timeslice_replicas", g.timeslice_replicas),
+                ("mps_replicas", g.mps_replicas),
+            ] {
+                if n.is_some_and(|n| n < 2) {
+                    out.push((at(field), "a shared GPU has at least 2 shares".into()));
+                }
+            }
+            if g.unhealthy && !g.replicas.is_empty() {
+                out.push((at("replicas"), "an unhealthy GPU runs nothing".into()));
+            }
+            for (r, slot) in g.replicas.iter().enumerate() {
+                if !models.contains(&slot.model.as_str()) {
+                    out.push((
+                        format!("gpus[{i}].replicas[{r}].model"),
+                        format!("no model policy `{}` is loaded", slot.model),
+                    ));
+                }
+                if slot
+                    .group_size
+                    .is_some_and(|k| k == 0 || k as usize > node.gpus.len())
+                {
+                    out.push((
+                        format!("gpus[{i}].replicas[{r}].group_size"),
+                        format!(
+                            "a tensor-parallel group is 1 to {} GPUs on node {}",
+                            node.gpus.len(),
+                            node.name
+                        ),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// The cluster as it will be once this plan is applied: the current
     /// state for an incremental re-plan (`--current PLAN.json`). GPUs the
     /// plan does not mention keep their state.

@@ -252,6 +252,20 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
                 "--current places replicas on nodes the cluster no longer has: they are planned again"
             );
         }
+        let names: Vec<&str> = bundle.models.iter().map(|m| m.name.as_str()).collect();
+        let problems = earlier.problems_against(&cluster, &names);
+        if !problems.is_empty() {
+            let located: Vec<gpuscale_policies::Problem> = problems
+                .into_iter()
+                .map(|(field, message)| gpuscale_policies::Problem {
+                    file: path.clone(),
+                    position: gpuscale_policies::document::Position { line: 1, column: 1 },
+                    path: field,
+                    message,
+                })
+                .collect();
+            return Ok(Err(super::report_problems(&located)));
+        }
         cluster = earlier.apply_to(&cluster);
         // Gangs that ran (or started) in the earlier plan started then.
         for job in &mut bundle.jobs {
