@@ -783,8 +783,23 @@ fn apply_overrides(
     errors: &mut Vec<FieldError>,
 ) -> Catalog {
     let mut catalog = builtin.clone();
+    let mut named = BTreeSet::new();
     for (i, o) in overrides.iter().enumerate() {
         let path = format!("spec.catalog[{i}]");
+        if o.name.trim().is_empty() {
+            errors.push(FieldError::new(format!("{path}.name"), "must not be empty"));
+            continue;
+        }
+        if !named.insert(o.name.as_str()) {
+            errors.push(FieldError::new(
+                format!("{path}.name"),
+                format!(
+                    "`{}` is overridden twice; give one entry per GPU model",
+                    o.name
+                ),
+            ));
+            continue;
+        }
         let start = match (&o.base, builtin.get(&o.name)) {
             (Some(base), _) => match builtin.get(base) {
                 Some(b) => Some(b.clone()),
@@ -868,6 +883,15 @@ fn apply_overrides(
         if let Some(p) = &o.product {
             model.product = p.clone();
         }
+        if model.usable_gib <= 0.0 {
+            errors.push(FieldError::new(
+                format!("{path}.usableGiB"),
+                format!(
+                    "usable memory would be {} GiB (memoryGiB less the 0.4 GiB the driver keeps): give memoryGiB above 0.4, or usableGiB",
+                    model.usable_gib
+                ),
+            ));
+        }
         if model.usable_gib > model.memory_gib {
             errors.push(FieldError::new(
                 format!("{path}.usableGiB"),
@@ -895,6 +919,26 @@ fn apply_overrides(
                     format!("must be in (0, 1] (the instance's SMs over the GPU's), got {value}"),
                 ));
                 continue;
+            }
+            // An instance holds at most its memory slots' share of the
+            // GPU's memory: a 3g.40gb slice given 500 GiB had a 53 GiB
+            // model planned into it.
+            if !is_fraction
+                && let Some(spec) = model.mig.as_ref()
+                && let Some(p) = spec.profile(profile)
+            {
+                let most = model.memory_gib * f64::from(p.memory_slots)
+                    / f64::from(spec.memory_slots.max(1));
+                if !(value > 0.0 && value <= most) {
+                    errors.push(FieldError::new(
+                        field,
+                        format!(
+                            "must be more than 0 and at most {most:.2} GiB ({} of {}'s {} memory slots of {} GiB), got {value}",
+                            p.memory_slots, o.name, spec.memory_slots, model.memory_gib
+                        ),
+                    ));
+                    continue;
+                }
             }
             match model.mig.as_mut().map(|m: &mut MigSpec| {
                 m.profiles
@@ -1219,6 +1263,65 @@ mod tests {
         assert_eq!(mig.profile("4g.40gb").unwrap().compute(3.0), 1.5);
         assert!((mig.profile("3g.40gb").unwrap().compute_fraction - 60.0 / 132.0).abs() < 1e-12);
         assert_eq!(c.catalog.get("H100-80GB-custom").unwrap().compute, 0.9);
+    }
+
+    /// Overrides that planned a model into a slice it does not fit, or
+    /// gave a GPU negative usable memory, are refused at their field.
+    #[test]
+    fn overrides_beyond_the_gpu_are_refused() {
+        let fields = |catalog: Vec<GpuModelOverride>| -> Vec<String> {
+            let spec = ClusterSpec {
+                catalog,
+                nodes: vec![],
+            };
+            Cluster::from_spec("c", &spec, &Catalog::builtin())
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.path)
+                .collect()
+        };
+        let h100 = |profile: &str, gib: f64| GpuModelOverride {
+            name: "H100-80GB".into(),
+            mig_usable_gib: [(profile.to_string(), gib)].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(vec![h100("3g.40gb", 500.0)]),
+            ["spec.catalog[0].migUsableGiB.3g.40gb"]
+        );
+        assert_eq!(
+            fields(vec![h100("1g.10gb", -5.0)]),
+            ["spec.catalog[0].migUsableGiB.1g.10gb"]
+        );
+        // 4 of 8 memory slots of 80 GiB: 40 at most.
+        assert!(fields(vec![h100("3g.40gb", 39.5)]).is_empty());
+        assert_eq!(
+            fields(vec![GpuModelOverride {
+                name: "TinyGPU".into(),
+                memory_gib: Some(0.1),
+                compute: Some(1.0),
+                price_per_hour: Some(1.0),
+                ..Default::default()
+            }]),
+            ["spec.catalog[0].usableGiB"]
+        );
+        assert_eq!(
+            fields(vec![GpuModelOverride {
+                name: "".into(),
+                ..Default::default()
+            }]),
+            ["spec.catalog[0].name"]
+        );
+        let price = |p: f64| GpuModelOverride {
+            name: "H100-80GB".into(),
+            price_per_hour: Some(p),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(vec![price(2.0), price(3.0)]),
+            ["spec.catalog[1].name"]
+        );
     }
 
     #[test]
