@@ -797,20 +797,42 @@ impl Settings {
             .keys()
             .map(|k| (k.as_str(), format!("the model `{k}`")))
             .collect();
+        // Where a model's adapter is written: its entry in spec.models
+        // (the line the loader then points at), else its policy.
+        let at = |model: &str, adapter: Option<&str>| -> String {
+            match spec.models.iter().position(|s| s.name == model) {
+                Some(i) => match adapter
+                    .and_then(|a| spec.models[i].adapters.iter().position(|x| x == a))
+                {
+                    Some(j) => format!("spec.models[{i}].adapters[{j}]"),
+                    None => format!("spec.models[{i}].adapters"),
+                },
+                None => "spec.policies".to_string(),
+            }
+        };
         for m in models.values() {
             for a in &m.adapters {
                 if a.trim().is_empty() {
-                    return Err(format!("adapters of `{}`: a name is empty", m.name));
+                    return Err(format!(
+                        "{}: an adapter name of `{}` is empty",
+                        at(&m.name, Some(a)),
+                        m.name
+                    ));
                 }
                 if let Some(other) = names.insert(a, format!("an adapter of `{}`", m.name)) {
                     return Err(format!(
-                        "adapters of `{}`: `{a}` is already {other}",
+                        "{}: `{a}` (an adapter of `{}`) is already {other}",
+                        at(&m.name, Some(a)),
                         m.name
                     ));
                 }
             }
             if m.adapters.len() > usize::from(u16::MAX) {
-                return Err(format!("adapters of `{}`: at most 65535", m.name));
+                return Err(format!(
+                    "{}: `{}` has more than 65535 adapters",
+                    at(&m.name, None),
+                    m.name
+                ));
             }
         }
         let balance = spec.routing.balance()?;
@@ -1002,6 +1024,32 @@ mod tests {
                 &[]
             )
             .is_ok()
+        );
+    }
+
+    /// An adapter's problem is named by its entry, so the loader points
+    /// at its line (it pointed at the document's start).
+    #[test]
+    fn an_adapter_problem_names_its_entry() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"models": [{"name": "a"}, {"name": "b", "adapters": ["x", " "]}]})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.starts_with("spec.models[1].adapters[1]: "), "{e}");
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"models": [{"name": "a"}, {"name": "b", "adapters": ["a"]}]})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with(
+                "spec.models[1].adapters[0]: `a` (an adapter of `b`) is already the model `a`"
+            ),
+            "{e}"
         );
     }
 

@@ -475,6 +475,13 @@ impl Cluster {
                     "a node has one device-plugin config: it cannot share whole GPUs (time-slicing or MPS) and run several workloads on one MIG instance",
                 ));
             }
+            // Node names are Kubernetes node names (DNS-1123 subdomains):
+            // they go into node selectors, affinities and the variant
+            // names of Deployments pinned to a node.
+            if let Some(why) = crate::load::check_name(&n.name) {
+                errors.push(FieldError::new(format!("{path}.name"), why));
+                continue;
+            }
             for k in 0..count {
                 let node_name = if n.count.is_some() {
                     format!("{}-{k}", n.name)
@@ -1263,6 +1270,20 @@ mod tests {
         assert_eq!(mig.profile("4g.40gb").unwrap().compute(3.0), 1.5);
         assert!((mig.profile("3g.40gb").unwrap().compute_fraction - 60.0 / 132.0).abs() < 1e-12);
         assert_eq!(c.catalog.get("H100-80GB-custom").unwrap().compute, 0.9);
+    }
+
+    /// Node names are Kubernetes node names: they reach node selectors,
+    /// affinities and pinned variants' Deployment names.
+    #[test]
+    fn a_node_name_kubernetes_would_refuse_is_refused() {
+        for bad in ["H100 Node #1", "a/b", "", "gpu_0"] {
+            let errors = one_node(node(bad, vec![])).err().unwrap_or_default();
+            assert!(
+                errors.iter().any(|e| e.path == "spec.nodes[0].name"),
+                "{bad:?}: {errors:?}"
+            );
+        }
+        assert!(one_node(node("gpu-a.rack-1", vec![])).is_ok());
     }
 
     /// Overrides that planned a model into a slice it does not fit, or

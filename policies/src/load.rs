@@ -293,7 +293,7 @@ fn whole_number(message: String) -> String {
 }
 
 /// Kubernetes names: a DNS-1123 subdomain.
-fn check_name(name: &str) -> Option<String> {
+pub(crate) fn check_name(name: &str) -> Option<String> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name
