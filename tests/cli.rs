@@ -1505,15 +1505,7 @@ fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
     );
     // A device read until memory ran out.
     let plan = |extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "--cluster",
-            "examples/cluster.yaml",
-            "--policies",
-            "examples/policies",
-            "--demand",
-            "examples/demand.yaml",
-        ];
+        let mut args = PLAN_ARGS.to_vec();
         args.extend_from_slice(extra);
         gpuscale(&args)
     };

@@ -1942,6 +1942,21 @@ async fn a_dry_run_beside_keda_starts_from_the_replicas_keda_runs() {
     assert!(gw_state.seen.lock().unwrap().is_empty());
 }
 
+/// A request of the mock as the RBAC check reads it (method, path with
+/// query, content type), recorded in [`SENT`].
+fn recorded(req: &Request<Body>) -> (String, String, String) {
+    let entry = (
+        req.method().to_string(),
+        req.uri().path_and_query().unwrap().to_string(),
+        req.headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default(),
+    );
+    SENT.lock().unwrap().push(entry.clone());
+    entry
+}
+
 /// Answers a request of the mock with `status` and a JSON `reply`.
 fn answer(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, reply: &Value) {
     send.send_response(
@@ -2005,16 +2020,7 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
     let server = tokio::spawn(async move {
         let mut held = Vec::new();
         while let Some((req, send)) = handle.next_request().await {
-            let path = req.uri().path_and_query().unwrap().to_string();
-            let method = req.method().to_string();
-            let ct = req
-                .headers()
-                .get("content-type")
-                .map(|v| v.to_str().unwrap().to_string())
-                .unwrap_or_default();
-            SENT.lock()
-                .unwrap()
-                .push((method.clone(), path.clone(), ct));
+            let (method, path, _) = recorded(&req);
             let body = req.into_body().collect_bytes().await.unwrap();
             let (status, reply) = if path
                 .starts_with("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?")
@@ -2830,15 +2836,8 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
     let server = tokio::spawn(async move {
         let mut held = Vec::new();
         while let Some((req, send)) = handle.next_request().await {
-            let path = req.uri().path_and_query().unwrap().to_string();
-            let method = req.method().clone();
-            let ct = req
-                .headers()
-                .get("content-type")
-                .map(|v| v.to_str().unwrap().to_string())
-                .unwrap_or_default();
-            let entry = (method.to_string(), path.clone(), ct);
-            SENT.lock().unwrap().push(entry.clone());
+            let entry = recorded(&req);
+            let (method, path) = (req.method().clone(), entry.1.clone());
             record.lock().unwrap().push(entry);
             let deployment = "/apis/apps/v1/namespaces/inference/deployments/llama";
             let named = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
