@@ -2201,17 +2201,7 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
         )
         .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-            200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                              "ports": [{"name": "http", "port": port}],
-                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
-        )
-        .await;
+        agents_found(&mut handle, port).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // The next tick, within 30 s: no rebuild.
         expect(&mut handle, Method::GET, OWNED, 200, deployments(&[])).await;
@@ -2234,6 +2224,22 @@ async fn the_inventory_comes_from_the_nodes_and_the_agents() {
         .await;
     assert!(observed.cluster.is_none());
     server.await.unwrap();
+}
+
+/// The `gpuscale-agent` Service's EndpointSlices: one agent on loopback
+/// at `port`.
+async fn agents_found(handle: &mut Handle, port: u16) {
+    expect(
+        handle,
+        Method::GET,
+        "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
+        200,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+               "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
+                          "ports": [{"name": "http", "port": port}],
+                          "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
+    )
+    .await;
 }
 
 /// A node agent that accepts connections and never answers (NVML hung
@@ -2273,17 +2279,7 @@ async fn serve_rebuilds(handle: &mut Handle, ports: &[u16]) {
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})]),
         )
         .await;
-        expect(
-            handle,
-            Method::GET,
-            "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name%3Dgpuscale-agent",
-            200,
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                   "items": [{"metadata": {"name": "gpuscale-agent-x"}, "addressType": "IPv4",
-                              "ports": [{"name": "http", "port": port}],
-                              "endpoints": [{"addresses": ["127.0.0.1"]}]}]}),
-        )
-        .await;
+        agents_found(handle, port).await;
         expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
     }
 }
