@@ -334,6 +334,14 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
             doc.problem("spec.policies", "no model policy found there"),
         ]));
     }
+    // A cluster file that holds no Cluster (policies only, say): without
+    // this the controller ran with nothing to pack on and said nothing.
+    if spec.cluster.is_some() && bundle.as_ref().is_none_or(|b| b.cluster.is_none()) {
+        return Err(Problems(vec![doc.problem(
+            "spec.cluster",
+            "no `kind: Cluster` document found there",
+        )]));
+    }
     let (models, cluster) = bundle.map_or((Vec::new(), None), |b| (b.models, b.cluster));
     Ok(Settings {
         name: parsed.metadata.name,
@@ -543,6 +551,50 @@ fn known_profile(p: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{AutoscalerSpec, check_settings, is_quantity};
+
+    #[test]
+    fn a_cluster_file_without_a_cluster_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        let policies = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/local/policies.yaml"
+        ))
+        .unwrap();
+        std::fs::write(dir.path().join("policies.yaml"), &policies).unwrap();
+        let file = dir.path().join("autoscaler.yaml");
+        let write = |cluster: &str| {
+            std::fs::write(
+                &file,
+                format!(
+                    "apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: a}}\n\
+                     spec:\n  policies: [policies.yaml]\n  cluster: {cluster}\n  \
+                     gateway: {{admin: 'http://127.0.0.1:9090'}}\n"
+                ),
+            )
+            .unwrap();
+        };
+        // The policies file named as the cluster: it loaded, and the
+        // controller ran with nothing to pack on.
+        write("policies.yaml");
+        let e = super::load(&file).unwrap_err().0;
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].path, "spec.cluster");
+        assert_eq!(e[0].position.line, 6);
+        assert!(
+            e[0].message.contains("no `kind: Cluster`"),
+            "{}",
+            e[0].message
+        );
+        std::fs::write(
+            dir.path().join("cluster.yaml"),
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  \
+             nodes:\n    - {name: n0, gpuModel: H100-80GB, gpuCount: 8}\n",
+        )
+        .unwrap();
+        write("cluster.yaml");
+        let s = super::load(&file).unwrap();
+        assert!(s.cluster.is_some());
+    }
 
     #[test]
     fn tuning_out_of_bounds_is_named_by_field() {

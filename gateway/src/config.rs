@@ -719,6 +719,20 @@ impl Settings {
         {
             return Err(format!("spec.models[{i}].queueTimeout: {zero}"));
         }
+        // One port for both listeners: the second bind fails at start-up,
+        // after `validate` said the file was fine.
+        let (listen, admin) = (spec.listen, spec.admin);
+        if listen.port() != 0
+            && listen.port() == admin.port()
+            && (listen.ip() == admin.ip()
+                || listen.ip().is_unspecified()
+                || admin.ip().is_unspecified())
+        {
+            return Err(format!(
+                "spec.admin: {admin} is also spec.listen ({listen}): the traffic and admin \
+                 listeners need ports of their own"
+            ));
+        }
         let mut models = BTreeMap::new();
         for p in policies {
             models.insert(
@@ -737,6 +751,18 @@ impl Settings {
             );
         }
         for (i, m) in spec.models.iter().enumerate() {
+            if let Some(why) = gpuscale_policies::model::unroutable(&m.name) {
+                return Err(format!(
+                    "spec.models[{i}].name: `{}` {why}",
+                    gpuscale_policies::model::shown(&m.name)
+                ));
+            }
+            if let Some(j) = spec.models[..i].iter().position(|x| x.name == m.name) {
+                return Err(format!(
+                    "spec.models[{i}].name: `{}` is listed twice (spec.models[{j}] too)",
+                    gpuscale_policies::model::shown(&m.name)
+                ));
+            }
             let base = models
                 .remove(&m.name)
                 .unwrap_or(ModelSettings::from_queue(&m.name, &q));
@@ -775,6 +801,12 @@ impl Settings {
             );
         }
         if let Some(s) = &spec.sidecar {
+            if let Some(why) = gpuscale_policies::model::unroutable(&s.model) {
+                return Err(format!(
+                    "spec.sidecar.model: `{}` {why}",
+                    gpuscale_policies::model::shown(&s.model)
+                ));
+            }
             let upstream =
                 Endpoint::parse(&s.upstream).map_err(|e| format!("spec.sidecar.upstream: {e}"))?;
             let m = models
@@ -1025,6 +1057,60 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_model_name_no_client_can_send_or_given_twice_is_refused() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        for (models, says) in [
+            (
+                serde_json::json!([{"name": ""}]),
+                "spec.models[0].name: `` is empty",
+            ),
+            (
+                serde_json::json!([{"name": "a"}, {"name": "a?b"}]),
+                "spec.models[1].name: `a?b` holds",
+            ),
+            (
+                serde_json::json!([{"name": "a"}, {"name": "b"}, {"name": "a"}]),
+                "spec.models[2].name: `a` is listed twice (spec.models[0] too)",
+            ),
+        ] {
+            let e = Settings::from_spec("g", spec(serde_json::json!({"models": models})), &[])
+                .unwrap_err();
+            assert!(e.starts_with(says), "{e}");
+        }
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"sidecar": {"model": "a\nb", "upstream": "127.0.0.1:1"}})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("spec.sidecar.model: `a\\nb` holds a control"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_port_for_both_listeners_is_refused() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        for (listen, admin, bad) in [
+            ("127.0.0.1:9000", "127.0.0.1:9000", true),
+            ("0.0.0.0:9000", "127.0.0.1:9000", true),
+            ("127.0.0.1:9000", "127.0.0.1:9001", false),
+            ("127.0.0.1:0", "127.0.0.1:0", false),
+        ] {
+            let r = Settings::from_spec(
+                "g",
+                spec(serde_json::json!({"listen": listen, "admin": admin})),
+                &[],
+            );
+            assert_eq!(r.is_err(), bad, "{listen} {admin}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.starts_with("spec.admin: "), "{e}");
+            }
+        }
     }
 
     /// An adapter's problem is named by its entry, so the loader points

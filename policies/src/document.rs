@@ -251,10 +251,18 @@ impl Builder {
     fn attach(&mut self, value: Value, anchor: usize, mark: &Marker, added: usize) {
         self.nodes = self.nodes.saturating_add(added);
         if self.nodes > MAX_NODES {
-            self.fail(
-                mark,
-                format!("document expands to more than {MAX_NODES} values (alias bomb?)"),
-            );
+            let why = if added > 1 {
+                // An alias repeats its anchor's values: nested ones
+                // multiply (a "billion laughs" document).
+                format!(
+                    "this alias takes the document past {MAX_NODES} values (each alias counts the values it repeats)"
+                )
+            } else {
+                format!(
+                    "the document holds more than {MAX_NODES} values: split it into several files, or write identical nodes as one template (`count`)"
+                )
+            };
+            self.fail(mark, why);
             return;
         }
         if anchor > 0 {
@@ -443,6 +451,10 @@ pub fn parse_json(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
 
 /// Parses by file extension: `.json` as JSON, anything else as YAML.
 pub fn parse(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
+    // A byte-order mark (Windows editors write one) starts the stream, as
+    // YAML and JSON allow; left in, it became part of the first key and
+    // the file was said to lack `apiVersion`.
+    let source = source.strip_prefix('\u{feff}').unwrap_or(source);
     match file.extension().and_then(|e| e.to_str()) {
         Some("json") => parse_json(file, source),
         _ => parse_yaml(file, source),
@@ -452,6 +464,20 @@ pub fn parse(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_order_mark_starts_the_stream_and_is_not_a_key() {
+        for name in ["bom.yaml", "bom.json"] {
+            let text = if name.ends_with("json") {
+                "\u{feff}{\"apiVersion\": \"v\", \"kind\": \"K\"}"
+            } else {
+                "\u{feff}apiVersion: v\nkind: K\n"
+            };
+            let d = parse(Path::new(name), text).unwrap();
+            assert_eq!(d.len(), 1);
+            assert_eq!(d[0].kind(), Some("K"), "{name}");
+        }
+    }
 
     fn docs(src: &str) -> Vec<Document> {
         parse_yaml(Path::new("t.yaml"), src).unwrap()
@@ -511,7 +537,14 @@ mod tests {
             ));
         }
         let e = parse_yaml(Path::new("t.yaml"), &bomb).unwrap_err();
-        assert!(e.message.contains("more than"), "{e}");
+        assert!(
+            e.message.contains("this alias takes the document past"),
+            "{e}"
+        );
+        // Plain values past the limit: no alias to blame.
+        let flat = format!("v: [{}]\n", vec!["1"; MAX_NODES + 1].join(","));
+        let e = parse_yaml(Path::new("flat.yaml"), &flat).unwrap_err();
+        assert!(e.message.contains("split it into several files"), "{e}");
     }
 
     #[test]

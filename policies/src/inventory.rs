@@ -425,9 +425,13 @@ impl Cluster {
                     ),
                 ));
             }
-            for (field, v) in [
-                ("timesliceReplicas", n.timeslice_replicas),
-                ("mpsReplicas", n.mps_replicas),
+            for (field, v, mode) in [
+                (
+                    "timesliceReplicas",
+                    n.timeslice_replicas,
+                    SharingMode::Timeslice,
+                ),
+                ("mpsReplicas", n.mps_replicas, SharingMode::Mps),
             ] {
                 if let Some(v) = v
                     && v < 2
@@ -435,6 +439,18 @@ impl Cluster {
                     errors.push(FieldError::new(
                         format!("{path}.{field}"),
                         format!("must be at least 2 (shares per GPU), got {v}"),
+                    ));
+                } else if v.is_some() && !n.sharing.contains(&mode) {
+                    // The device plugin's config says what the node runs:
+                    // a plan would not share it that way, and would count
+                    // its shares as free whole GPUs.
+                    errors.push(FieldError::new(
+                        format!("{path}.{field}"),
+                        format!(
+                            "is the node's device-plugin config, so the node must allow `{}` (its `sharing` is [{}])",
+                            mode,
+                            sharing_list(&n.sharing)
+                        ),
                     ));
                 }
             }
@@ -570,6 +586,22 @@ fn validate_gpus(
                 format!("GPU {} is listed twice", g.index),
             ));
             continue;
+        }
+        // The UUID goes into HAMi's comma-separated `use-gpuuuid`
+        // annotation: one holding a comma would pin replicas to GPUs the
+        // plan did not choose.
+        if let Some(u) = &g.uuid
+            && (u.is_empty()
+                || u.len() > 128
+                || !u.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        {
+            errors.push(FieldError::new(
+                format!("{gp}.uuid"),
+                format!(
+                    "`{}` is not a GPU UUID (letters, digits and `-`, at most 128, as `nvidia-smi -L` prints GPU-5fd4bd05-…)",
+                    crate::model::shown(u)
+                ),
+            ));
         }
         match g.mode {
             GpuMode::Mig if !n.sharing.contains(&SharingMode::Mig) => {
@@ -1095,6 +1127,43 @@ mod tests {
         );
         assert!(errors[2].message.contains("does not allow `fractional`"));
         assert!(errors[4].message.contains("does not allow `mig`"));
+
+        // A UUID that would add a GPU to HAMi's pinning annotation.
+        let mut n = node("n", vec![]);
+        n.gpus = vec![GpuState {
+            uuid: Some("GPU-a,GPU-b".into()),
+            ..state(0, GpuMode::Free)
+        }];
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![n],
+        };
+        let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.nodes[0].gpus[0].uuid");
+
+        // A device-plugin config for sharing the node does not allow.
+        for (ts, mps, field, mode) in [
+            (None, Some(4), "mpsReplicas", "mps"),
+            (Some(3), None, "timesliceReplicas", "timeslice"),
+        ] {
+            let mut n = node("n", vec![]);
+            n.sharing = vec![SharingMode::Mig, SharingMode::Whole];
+            n.timeslice_replicas = ts;
+            n.mps_replicas = mps;
+            let spec = ClusterSpec {
+                catalog: vec![],
+                nodes: vec![n],
+            };
+            let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_eq!(errors[0].path, format!("spec.nodes[0].{field}"));
+            assert!(
+                errors[0].message.contains(&format!("must allow `{mode}`")),
+                "{}",
+                errors[0].message
+            );
+        }
     }
 
     fn mig_gpu(index: u32, workloads: &[(&str, u8)]) -> GpuState {

@@ -723,17 +723,42 @@ pub const MAX_CONCURRENCY: u32 = 65_536;
 /// that every plan and baseline over them stays in memory.
 pub const MAX_REPLICAS: u32 = 1_000_000;
 
-/// Why a name clients send cannot be a model's, if it cannot: the
-/// gateway's KServe route (`/v2/models/{name}/infer`) refuses paths a
-/// model server could read as another (dot segments, `#`, `?`, `\`), so
-/// such a name would be reachable on `/v1` and not there.
+/// Why a name clients send cannot be a model's, if it cannot: empty,
+/// padded with white space or holding a control character (no JSON body
+/// a client sends names it so, and a header cannot carry a newline),
+/// longer than [`MAX_NAME_BYTES`]; and the gateway's KServe route
+/// (`/v2/models/{name}/infer`) refuses paths a model server could read as
+/// another (dot segments, `#`, `?`, `\`), so such a name would be
+/// reachable on `/v1` and not there.
 pub fn unroutable(name: &str) -> Option<&'static str> {
-    if name.contains(['#', '?', '\\']) {
+    if name.trim().is_empty() {
+        Some("is empty")
+    } else if name.trim() != name {
+        Some("starts or ends with white space, which clients do not send")
+    } else if name.chars().any(char::is_control) {
+        Some("holds a control character (a newline, a tab), which no header or URL carries")
+    } else if name.len() > MAX_NAME_BYTES {
+        Some("is longer than 256 bytes")
+    } else if name.contains(['#', '?', '\\']) {
         Some("holds `#`, `?` or `\\`, which a URL path cannot carry as they are")
     } else if name.split('/').any(|seg| seg == "." || seg == "..") {
         Some("has a `.` or `..` segment, which a URL path resolves away")
     } else {
         None
+    }
+}
+
+/// The longest served name, adapter or model name a client may route by,
+/// in bytes: Hugging Face repository ids are at most 96 characters.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// A name as an error message shows it: control characters escaped, and
+/// cut to its first 64 characters.
+pub fn shown(name: &str) -> String {
+    let escaped: String = name.chars().flat_map(char::escape_debug).collect();
+    match escaped.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &escaped[..at]),
+        None => escaped,
     }
 }
 
@@ -1143,13 +1168,13 @@ impl Model {
 
         let served = spec.served_name.as_deref().unwrap_or(&name);
         if let Some(why) = unroutable(served) {
-            err("spec.servedName", format!("`{served}` {why}"));
+            err("spec.servedName", format!("`{}` {why}", shown(served)));
         }
         for (i, a) in spec.adapters.iter().enumerate() {
             let problem = if a.trim().is_empty() {
                 Some("must not be empty".to_string())
             } else if let Some(why) = unroutable(a) {
-                Some(format!("`{a}` {why}"))
+                Some(format!("`{}` {why}", shown(a)))
             } else if spec.adapters[..i].contains(a) {
                 Some(format!("`{a}` is listed twice"))
             } else if a == served {

@@ -346,6 +346,9 @@ impl Default for PriorityWeights {
     }
 }
 
+/// The largest priority weight: Slurm's `PriorityWeight*` are 32-bit.
+pub const MAX_WEIGHT: f64 = 4_294_967_295.0;
+
 /// `kind: TrainingQueue`: partitions, fair share and priority weights.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -477,10 +480,13 @@ impl TrainingQueueSpec {
             ("fairShare", w.fair_share),
             ("age", w.age),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
+            // Slurm's PriorityWeight* are 32-bit; far past that, the
+            // weighted sum of four factors overflows to infinity and every
+            // job ties.
+            if !(v.is_finite() && (0.0..=MAX_WEIGHT).contains(&v)) {
                 errors.push(FieldError::new(
                     format!("spec.weights.{field}"),
-                    format!("must be zero or more, got {v}"),
+                    format!("must be 0 to 4294967295 (Slurm's range), got {v}"),
                 ));
             }
         }

@@ -294,9 +294,21 @@ spec:
   fairShare:
     accounts:
       - {name: nlp, shares: 0}
+  weights: {qos: 1e308, age: 4294967295}
 ";
     let p = load_sources(&[(Path::new("q.yaml"), queue)]).unwrap_err().0;
     let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    // A weight past Slurm's 32-bit range made every job's priority
+    // infinite (a tie); the largest 32-bit weight is still one.
+    assert!(
+        text.iter().any(|t| t.starts_with("q.yaml:11:")
+            && t.contains("spec.weights.qos: must be 0 to 4294967295")),
+        "{text:#?}"
+    );
+    assert!(
+        !text.iter().any(|t| t.contains("spec.weights.age")),
+        "{text:#?}"
+    );
     for want in [
         "spec.partitions[1].name: partition `dev` is defined twice",
         "spec.partitions[1].default: only one partition may be the default",
@@ -316,7 +328,8 @@ spec:
             "- {name: dev, default: true, gpuModels: [Z9000]}",
             "- {name: prod}",
         )
-        .replace("shares: 0", "shares: 1");
+        .replace("shares: 0", "shares: 1")
+        .replace("qos: 1e308", "qos: 1");
     let job = "\
 apiVersion: gpuscale.io/v1alpha1
 kind: TrainingJob
@@ -804,6 +817,35 @@ fn a_name_the_kserve_route_could_not_carry_is_refused() {
     let p = problems("p.yaml", &text);
     let at: Vec<&str> = p.iter().map(|p| p.path.as_str()).collect();
     assert_eq!(at, ["spec.servedName", "spec.adapters[1]"], "{p:#?}");
+}
+
+#[test]
+fn an_empty_padded_multi_line_or_endless_served_name_is_refused_and_shown_short() {
+    // Each was accepted: the gateway then had a model no client can name
+    // (an empty or padded `model`, a header with a newline) and echoed a
+    // 100,000-character name into every message about it.
+    let long = "m".repeat(100_000);
+    for (served, says) in [
+        ("\"\"", "is empty"),
+        ("\"   \"", "is empty"),
+        ("\" org/model\"", "white space"),
+        ("\"org/mo\\ndel\"", "control character"),
+        (long.as_str(), "longer than 256 bytes"),
+    ] {
+        let p = problems("p.yaml", &format!("{POLICY}  servedName: {served}\n"));
+        assert_eq!(
+            located(&p),
+            [(10, "spec.servedName")],
+            "{served:.20}: {p:#?}"
+        );
+        assert!(p[0].message.contains(says), "{}", p[0].message);
+        assert!(p[0].message.len() < 300, "{}", p[0].message.len());
+        assert!(!p[0].message.contains('\n'), "{}", p[0].message);
+    }
+    // And a name of 256 bytes is still one.
+    let fine = "o".repeat(256);
+    let text = format!("{POLICY}  servedName: {fine}\n");
+    assert!(load_sources(&[(Path::new("p.yaml"), text.as_str())]).is_ok());
 }
 
 #[test]

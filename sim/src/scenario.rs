@@ -688,6 +688,18 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     if spec.placements.is_empty() {
         bad("spec.placements".into(), "name at least one placement");
     }
+    // A run named twice ran twice and wrote two runs of one name into
+    // report.json (the later hiding the earlier in `policies`).
+    for (i, c) in spec.compare.iter().enumerate() {
+        if spec.compare[..i].contains(c) {
+            bad(format!("spec.compare[{i}]"), "is listed twice");
+        }
+    }
+    for (i, p) in spec.placements.iter().enumerate() {
+        if spec.placements[..i].contains(p) {
+            bad(format!("spec.placements[{i}]"), "is listed twice");
+        }
+    }
     if spec.workloads.is_empty() {
         bad("spec.workloads".into(), "give at least one workload");
     }

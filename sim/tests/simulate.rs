@@ -516,6 +516,25 @@ fn scenarios_past_the_simulators_bounds_are_located() {
             .any(|p| p.path == "spec.workloads[0].arrivals.steps[0].at"),
         "{p:#?}"
     );
+    // An autoscaler or a placement named twice ran twice.
+    let twice = write(
+        d,
+        "twice.yaml",
+        &text.replace(
+            "  policies: [a.yaml, b.yaml]\n",
+            "  policies: [a.yaml, b.yaml]\n  compare: [hpa, gpuscale, hpa]\n  placements: [packer, packer]\n",
+        ),
+    );
+    let p = Scenario::load(&twice).unwrap_err().0;
+    let located: Vec<(usize, &str)> = p
+        .iter()
+        .map(|p| (p.position.line, p.path.as_str()))
+        .collect();
+    assert_eq!(
+        located,
+        [(9, "spec.compare[2]"), (10, "spec.placements[1]")],
+        "{p:#?}"
+    );
     // A step of no length is a typo, not a burst.
     let empty = write(d, "empty.yaml", &text.replace("for: 2m", "for: 0s"));
     let p = Scenario::load(&empty).unwrap_err().0;
