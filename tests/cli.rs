@@ -273,6 +273,75 @@ const PLAN_ARGS: [&str; 7] = [
 ];
 
 #[test]
+fn plan_spares_fill_idle_room_and_change_nothing_else() {
+    // One run (two could differ where the solver's clock cuts a search):
+    // the spares sit only on GPUs the wanted replicas use, never on a
+    // time-sliced or whole one, and the variants count them apart.
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--format", "json", "--spares"]);
+    let out = gpuscale(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpus = plan["gpus"].as_array().unwrap();
+    let mut used = 0;
+    let mut spares: std::collections::BTreeMap<String, u64> = Default::default();
+    for g in gpus {
+        let replicas = g["replicas"].as_array().unwrap();
+        let (spare, wanted): (Vec<_>, Vec<_>) = replicas.iter().partition(|r| r["spare"] == true);
+        used += u64::from(!wanted.is_empty());
+        if !spare.is_empty() {
+            assert!(!wanted.is_empty(), "a spare alone on {g}");
+            let mode = g["mode"].as_str().unwrap();
+            assert!(
+                ["fractional", "mps", "mig"].contains(&mode),
+                "a spare on a {mode} GPU"
+            );
+        }
+        for r in spare {
+            *spares
+                .entry(r["model"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(plan["gpus_used"].as_u64(), Some(used));
+    // The example's plan leaves room on a HAMi GPU.
+    assert!(!spares.is_empty(), "no spare in the example's idle room");
+    for m in plan["models"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let sum = |key: &str| -> u64 {
+            m["variants"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v[key].as_u64().unwrap_or(0))
+                .sum()
+        };
+        let mine = spares.get(name).copied().unwrap_or(0);
+        assert_eq!(sum("spares"), mine, "{name}");
+        assert_eq!(
+            sum("replicas"),
+            m["placed"].as_u64().unwrap() + mine,
+            "{name}"
+        );
+        assert!(mine <= m["placed"].as_u64().unwrap(), "{name}");
+    }
+    let mut args = PLAN_ARGS.to_vec();
+    args.push("--spares");
+    let out = gpuscale(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("spare replicas (+) in room the GPUs in use leave idle: "),
+        "{text}"
+    );
+    assert!(text.contains(" spare  "), "{text}");
+}
+
+#[test]
 fn plan_json_has_the_documented_schema() {
     let mut args = PLAN_ARGS.to_vec();
     args.extend(["--format", "json", "--compare"]);
@@ -580,11 +649,13 @@ fn gateway_config(listen: &str, admin: &str) -> String {
 
 #[test]
 fn a_taken_traffic_port_is_a_clear_error_and_exit_2() {
-    // One port for both listeners: both named, not "another process".
+    // One port for both listeners in the file: refused where it is
+    // written (`validate` says so too), not at the second bind.
     let out = gateway_that_must_exit(&gateway_config("127.0.0.1:28998", "127.0.0.1:28998"), &[]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("are both 127.0.0.1:28998"),
+        err.contains(":7:") && err.contains("spec.admin: 127.0.0.1:28998 is also spec.listen"),
         "{out:?}"
     );
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -952,6 +1023,84 @@ fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gpuscale up` on one HAMi node with two replicas of a 30 %-compute
+/// model wanted: the GPU's cores hold a third, which the local backend
+/// runs as a spare (3 serving, 2 wanted); `spares: false` runs two.
+#[test]
+fn up_runs_a_spare_in_the_idle_room_of_a_fractional_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  \
+         nodes:\n    - {name: h0, gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional]}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("policy.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: chat}\nspec:\n  \
+         servedName: demo/chat\n  resources: {memoryGiB: 10, compute: 0.3, maxConcurrency: 4}\n  \
+         placement: {sharing: [fractional]}\n  \
+         scaling: {minReplicas: 2, maxReplicas: 6, targetQueueDepth: 4, startupTime: 2s}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("gateway.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {name: up}\nspec:\n  \
+         policies: [policy.yaml]\n  registration: {allowedNetworks: [127.0.0.0/8]}\n",
+    )
+    .unwrap();
+    for (spares, want) in [("true", "3/2"), ("false", "2/2")] {
+        let config = d.join(format!("autoscaler-{spares}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: Autoscaler\nmetadata: {{name: up}}\nspec:\n  \
+                 policies: [policy.yaml]\n  cluster: cluster.yaml\n  gateway: {{config: gateway.yaml}}\n  \
+                 interval: 1s\n  admin: 127.0.0.1:9091\n  packer: {{spares: {spares}}}\n  \
+                 local: {{profile: small, warmStart: true, maxReplicasPerModel: 8}}\n"
+            ),
+        )
+        .unwrap();
+        let out = gpuscale(&[
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--duration",
+            "6s",
+            "--summary-every",
+            "0s",
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--gateway-admin-port",
+            "0",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let row = text
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with("chat "))
+            .unwrap_or("");
+        assert!(
+            row.contains(&format!(" {want} ")),
+            "spares {spares}: {row:?} in {text}"
+        );
+        assert_eq!(
+            row.contains("(+1 spare in idle room)"),
+            spares == "true",
+            "{row:?}"
+        );
+    }
 }
 
 #[test]
@@ -1379,15 +1528,26 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
         .unwrap()
         .port();
     let bin = env!("CARGO_BIN_EXE_gpuscale");
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -n 40 && exec {bin} sim-server --port {port} --profile instant"
-        ))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    /// Kills the server when the test ends, a failed assertion included
+    /// (a panic before the kill left it running).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Killed(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n 40 && exec {bin} sim-server --port {port} --profile instant"
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let addr = format!("127.0.0.1:{port}");
     let get = || -> Option<String> {
         let mut s = std::net::TcpStream::connect(&addr).ok()?;
@@ -1412,9 +1572,9 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
         .collect();
     assert!(held.len() >= 40, "{} connections", held.len());
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let before = cpu_seconds(child.id());
+    let before = cpu_seconds(child.0.id());
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let used = cpu_seconds(child.id()) - before;
+    let used = cpu_seconds(child.0.id()) - before;
     drop(held);
     // Spinning on the failed accept used about 2 CPU seconds here; a
     // back-off of 50 ms between tries uses a few milliseconds.
@@ -1423,8 +1583,7 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
         "{used} CPU seconds in 2 s with its descriptors taken"
     );
     serving("no answer after the connections closed");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 }
 
 /// What a fuzzing pass of the command line found panicking, hanging or

@@ -38,6 +38,10 @@ pub struct Change {
     /// The recommender's memory after it (persisted with the decision
     /// where the backend persists anything).
     pub memory: Option<ScalingMemory>,
+    /// Spare replicas the plan adds (`gpuscale_packer::spare`): the local
+    /// backend runs them beside `rec.replicas`; on Kubernetes they are in
+    /// the plan's variants.
+    pub spares: u32,
 }
 
 /// What a reconciliation observed, per policy name.
@@ -669,8 +673,14 @@ impl KubeBackend {
             self.kube.apply_deployment(model, v).await?;
             self.owned.insert(v.name.clone());
             let (n, held) = counts.get(&v.name).copied().unwrap_or((v.replicas, None));
-            self.scale_held(&model.name, &v.name, n, held, was_held.contains(&v.name))
-                .await?;
+            self.scale_held(
+                &model.name,
+                &v.name,
+                (n, v.spares),
+                held,
+                was_held.contains(&v.name),
+            )
+            .await?;
             applied.insert(v.name.clone());
         }
         // Variants the plan no longer uses go to zero (once their
@@ -685,7 +695,7 @@ impl KubeBackend {
                 return Err(lost());
             }
             let (n, held) = counts.get(gone).copied().unwrap_or((0, None));
-            self.scale_held(&model.name, gone, n, held, was_held.contains(gone))
+            self.scale_held(&model.name, gone, (n, 0), held, was_held.contains(gone))
                 .await?;
             if n > 0 {
                 held_on.insert(gone.clone());
@@ -734,7 +744,7 @@ impl KubeBackend {
         &mut self,
         model: &str,
         name: &str,
-        count: u32,
+        (count, spares): (u32, u32),
         held: Option<Held>,
         was_held: bool,
     ) -> Result<(), KubeError> {
@@ -749,12 +759,14 @@ impl KubeBackend {
                 v.replicas = count;
                 v.ready = v.ready.min(count);
                 v.held = held;
+                v.spares = spares;
             }
             None => read.push(VariantNow {
                 name: name.to_string(),
                 replicas: count,
                 ready: 0,
                 held,
+                spares,
             }),
         }
         Ok(())
@@ -763,14 +775,16 @@ impl KubeBackend {
     /// Ends the hand-over holds of `variants` (those held): each goes to
     /// the count the plan gave it.
     async fn end_holds(&mut self, variants: &BTreeSet<String>) -> Result<(), KubeError> {
-        let held: Vec<(String, String, u32)> = self
+        let held: Vec<(String, String, (u32, u32))> = self
             .read
             .iter()
             .flat_map(|(m, vs)| vs.iter().map(move |v| (m, v)))
             .filter(|(_, v)| variants.contains(&v.name))
             .filter_map(|(m, v)| {
-                v.held
-                    .map(|h| (m.clone(), v.name.clone(), h.planned.min(v.replicas)))
+                v.held.map(|h| {
+                    let planned = h.planned.min(v.replicas);
+                    (m.clone(), v.name.clone(), (planned, v.spares.min(planned)))
+                })
             })
             .collect();
         for (model, name, planned) in held {
@@ -1112,6 +1126,7 @@ impl KubeBackend {
                     replicas: o.replicas,
                     ready: o.ready,
                     held: o.held,
+                    spares: o.spares,
                 })
                 .collect();
             // The decision, not the replicas a hand-over holds above it.
@@ -1327,7 +1342,7 @@ impl Backend {
         match self {
             Backend::Local(l) => {
                 for c in changes {
-                    l.scale(&c.model, c.rec.replicas);
+                    l.scale_with_spares(&c.model, c.rec.replicas, c.spares);
                 }
             }
             Backend::Kube(k) => k.apply(changes, plan, before, now).await,

@@ -97,6 +97,13 @@ pub struct PackerSpec {
     /// (`--hami-split-count`; a node's `hami.io/node-nvidia-register` or
     /// a cluster file's `hamiSplitCount` wins).
     pub hami_split_count: u32,
+    /// Spare replicas in the room GPUs in use leave idle (fractional,
+    /// MPS, empty MIG instances; `gpuscale_packer::spare`): up to one per
+    /// replica placed, never a GPU more (default on). The local backend
+    /// runs them beside the wanted ones; on Kubernetes they are in the
+    /// variants' Deployments, each annotated with its count
+    /// (`gpuscale.io/spares`) so the live count read back leaves them out.
+    pub spares: bool,
 }
 
 impl Default for PackerSpec {
@@ -109,6 +116,7 @@ impl Default for PackerSpec {
             max_mps: o.max_mps_replicas,
             isolated_headroom: o.mps_memory_headroom,
             hami_split_count: o.fractional_max_shares,
+            spares: true,
         }
     }
 }

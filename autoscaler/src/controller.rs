@@ -377,6 +377,12 @@ pub struct Controller {
     last_consolidation: Option<Instant>,
     /// Whether a round has placed yet.
     placed_once: bool,
+    /// The last plan with its spare replicas, when the backend runs them
+    /// (`self.plan` is the plan without: what the next re-plan starts
+    /// from).
+    filled: Option<Plan>,
+    /// Spare replicas per model, as last applied.
+    spares: BTreeMap<String, u32>,
 }
 
 /// Per model, the speed of each placed replica in replica order, as a
@@ -491,6 +497,8 @@ impl Controller {
             last_decision: None,
             last_consolidation: None,
             placed_once: false,
+            filled: None,
+            spares: BTreeMap::new(),
         }
     }
 
@@ -744,6 +752,11 @@ impl Controller {
             before_plan = Some(self.place(cluster.clone(), &mut desired, &mut recs).await);
         }
         let ready = self.backend.ready(&self.settings.models);
+        let spares = self
+            .filled
+            .as_ref()
+            .map(gpuscale_packer::spare::count)
+            .unwrap_or_default();
         let mut changes = Vec::new();
         let mut views = Vec::new();
         for m in &self.settings.models.clone() {
@@ -760,14 +773,22 @@ impl Controller {
                 .ready
                 .get_or_create(&label)
                 .set(i64::from(ready.get(&m.name).copied().unwrap_or(0)));
-            if before.get(&m.name).copied().unwrap_or(0) != want {
-                tracing::info!(model = %m.name, replicas = want, mode = ?rec.mode, "{}", rec.reason);
+            let spare = spares.get(&m.name).copied().unwrap_or(0);
+            let spares_changed = self.spares.get(&m.name).copied().unwrap_or(0) != spare;
+            if before.get(&m.name).copied().unwrap_or(0) != want || spares_changed {
+                if spares_changed {
+                    tracing::info!(model = %m.name, spares = spare, "spare replicas in room GPUs in use leave idle");
+                }
                 changes.push(Change {
                     model: m.clone(),
                     from: before.get(&m.name).copied().unwrap_or(0),
                     rec: rec.clone(),
                     memory: self.states.get(&m.name).map(|s| s.memory(now)),
+                    spares: spare,
                 });
+            }
+            if before.get(&m.name).copied().unwrap_or(0) != want {
+                tracing::info!(model = %m.name, replicas = want, mode = ?rec.mode, "{}", rec.reason);
                 self.metrics
                     .desired
                     .get_or_create(&label)
@@ -815,10 +836,13 @@ impl Controller {
             }
         }
         if !changes.is_empty() {
+            // The plan with its spares: the variants' counts include them.
+            let plan = self.filled.as_ref().or(self.plan.as_ref());
             self.backend
-                .apply(&changes, self.plan.as_ref(), before_plan.as_ref(), now)
+                .apply(&changes, plan, before_plan.as_ref(), now)
                 .await;
         }
+        self.spares = spares;
     }
 
     /// Packs the wanted counts from the last plan; a model whose replicas
@@ -855,6 +879,7 @@ impl Controller {
             keep_running: keep,
             ..self.settings.spec.packer.options()
         };
+        let options_used = options.clone();
         let solved = tokio::task::spawn_blocking(move || {
             pack_from(&on, &models, &wanted, &options, basis.as_ref())
         })
@@ -867,8 +892,23 @@ impl Controller {
             }
         };
         match solved {
-            Ok(plan) => {
-                crate::decide::take_placement(&plan, desired, recs, &mut self.states);
+            Ok(base) => {
+                crate::decide::take_placement(&base, desired, recs, &mut self.states);
+                // Spares fill the room the plan's GPUs leave idle; the
+                // next re-plan starts from the plan without them.
+                let plan = if self.settings.spec.packer.spares {
+                    let filled = gpuscale_packer::spare::fill(
+                        &base,
+                        &current,
+                        &self.settings.models,
+                        &options_used,
+                        self.filled.as_ref(),
+                    );
+                    self.filled = Some(filled.clone());
+                    filled
+                } else {
+                    base.clone()
+                };
                 tracing::info!(
                     gpus = plan.gpus_used,
                     moves = plan.moves,
@@ -906,7 +946,7 @@ impl Controller {
                     self.backend
                         .placed(&speeds(&plan, cluster, &self.settings.models));
                 }
-                self.plan = Some(plan);
+                self.plan = Some(base);
             }
             Err(e) => tracing::error!("packing failed, counts applied unplaced: {e}"),
         }

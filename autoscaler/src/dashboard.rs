@@ -208,6 +208,9 @@ pub struct ModelView {
     /// Replicas the last plan could not place (the decision's count is
     /// what was placed).
     pub unplaced: u32,
+    /// Spare replicas the last plan runs beside the wanted ones, in room
+    /// its GPUs leave idle (`gpuscale_packer::spare`).
+    pub spares: u32,
     /// Requests waiting (gateway and servers).
     pub waiting: f64,
     /// Requests on replicas.
@@ -492,6 +495,14 @@ pub fn view(
                         .iter()
                         .filter(|u| u.model == m.name)
                         .map(|u| u.replicas)
+                        .sum()
+                }),
+                spares: plan.map_or(0, |p| {
+                    p.models
+                        .iter()
+                        .filter(|x| x.name == m.name)
+                        .flat_map(|x| &x.variants)
+                        .map(|v| v.spares)
                         .sum()
                 }),
                 waiting: num(q, "waiting").unwrap_or(0.0) + num(q, "server_waiting").unwrap_or(0.0),

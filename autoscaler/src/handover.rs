@@ -37,15 +37,21 @@ pub struct VariantNow {
     pub ready: u32,
     /// Its hold, when the plan scaled it down in a move.
     pub held: Option<Held>,
+    /// Of its replicas, the spares (`gpuscale_packer::spare`).
+    pub spares: u32,
 }
 
 /// The count the plan decided for a model: what its variants run, less
-/// what holds keep above their plan (a restarted or new leader reads the
-/// decision, not the hand-over).
+/// what holds keep above their plan and less their spares (a restarted
+/// or new leader reads the decision, not the hand-over or the spares).
 pub fn decided(variants: &[VariantNow]) -> u32 {
     variants
         .iter()
-        .map(|v| v.held.map_or(v.replicas, |h| h.planned.min(v.replicas)))
+        .map(|v| {
+            v.held
+                .map_or(v.replicas, |h| h.planned.min(v.replicas))
+                .saturating_sub(v.spares)
+        })
         .sum()
 }
 
@@ -149,7 +155,18 @@ mod tests {
             replicas,
             ready,
             held: held.map(|(planned, until)| Held { planned, until }),
+            spares: 0,
         }
+    }
+
+    #[test]
+    fn the_decided_count_leaves_spares_out() {
+        let mut a = v("a", 4, 4, None);
+        a.spares = 1;
+        let mut b = v("b", 3, 3, Some((1, 99)));
+        b.spares = 1;
+        // a: 4 − 1 spare; b: held at 3 for a plan of 1, of which 1 spare.
+        assert_eq!(decided(&[a, b]), 3);
     }
 
     fn held(planned: u32, until: u64) -> Option<Held> {

@@ -379,14 +379,22 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         // Fractional variants: HAMi's placement annotations.
         template_metadata["annotations"] = serde_json::json!(variant.annotations);
     }
+    let mut metadata = serde_json::json!({
+        "name": variant.name,
+        "namespace": spec.namespace,
+        "labels": labels,
+    });
+    if variant.spares > 0 {
+        // Of its replicas, how many are spares: the live count read back
+        // leaves them out ([`Owned::spares`]). Applied without it, the
+        // annotation goes (server-side apply drops a field its manager
+        // no longer sends).
+        metadata["annotations"] = serde_json::json!({SPARES: variant.spares.to_string()});
+    }
     let value = serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": variant.name,
-            "namespace": spec.namespace,
-            "labels": labels,
-        },
+        "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": {VARIANT_LABEL: variant.name}},
             "template": {
@@ -587,6 +595,7 @@ pub fn whole_gpu_variant(model: &Model, replicas: u32) -> Variant {
         labels: BTreeMap::new(),
         node_affinity: None,
         replicas,
+        spares: 0,
         tensor_parallel: model.tensor_parallel.first().copied().unwrap_or(1),
         memory_fraction: None,
     }
@@ -846,7 +855,14 @@ pub struct Owned {
     /// plan scaled it down in a move and its replicas serve until their
     /// successors are ready.
     pub held: Option<Held>,
+    /// Of `replicas`, the spares ([`SPARES`]; 0 without it).
+    pub spares: u32,
 }
+
+/// Annotation on a variant Deployment: how many of its replicas are
+/// spares (`gpuscale_packer::spare`), which the count the controller
+/// reads back leaves out.
+pub const SPARES: &str = "gpuscale.io/spares";
 
 /// Annotation on a variant Deployment the plan scaled down in a move: the
 /// count the plan gave it (its replicas above that serve until the
@@ -913,6 +929,13 @@ pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
                     .unwrap_or(0)
                     .max(0) as u32,
                 held: held_of(&d.metadata),
+                spares: d
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(SPARES))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
             })
         })
         .collect();

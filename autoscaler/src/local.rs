@@ -48,6 +48,8 @@ struct Pool {
     replicas: Vec<Replica>,
     /// The count asked for (capped).
     wanted: u32,
+    /// Spare replicas run beside them (`gpuscale_packer::spare`).
+    spares: u32,
 }
 
 /// What one reconciliation found and did, per policy name.
@@ -132,10 +134,21 @@ impl LocalBackend {
         self.scale_with(model, replicas, false);
     }
 
+    /// Brings a model to `replicas` wanted and `spares` more (spare
+    /// replicas last, so a scale-down stops them first), all capped at
+    /// `maxReplicasPerModel`; [`LocalBackend::desired`] stays `replicas`.
+    pub fn scale_with_spares(&mut self, model: &Model, replicas: u32, spares: u32) {
+        self.pools.entry(model.name.clone()).or_default().spares = spares;
+        self.scale_with(model, replicas, false);
+    }
+
     fn scale_with(&mut self, model: &Model, replicas: u32, warm: bool) {
-        let replicas = replicas.min(self.spec.max_replicas_per_model);
+        let wanted = replicas.min(self.spec.max_replicas_per_model);
         let pool = self.pools.entry(model.name.clone()).or_default();
-        pool.wanted = replicas;
+        pool.wanted = wanted;
+        let replicas = wanted
+            .saturating_add(pool.spares)
+            .min(self.spec.max_replicas_per_model);
         while pool.replicas.len() > replicas as usize {
             if let Some(mut r) = pool.replicas.pop()
                 && let Some(stop) = r.stop.take()

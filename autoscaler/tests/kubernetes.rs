@@ -262,6 +262,7 @@ fn change(m: &Model, from: u32) -> Change {
         from,
         rec: rec(),
         memory: None,
+        spares: 0,
     }
 }
 
@@ -416,6 +417,7 @@ async fn a_variant_is_a_server_side_applied_deployment_requesting_its_device() {
         labels: Default::default(),
         node_affinity: None,
         replicas: 3,
+        spares: 0,
         tensor_parallel: 1,
         memory_fraction: None,
     };
@@ -538,6 +540,7 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
             .unwrap(),
         ),
         replicas: 1,
+        spares: 0,
         tensor_parallel: 2,
         memory_fraction: None,
     };
@@ -739,6 +742,7 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
         labels: Default::default(),
         node_affinity: None,
         replicas: 2,
+        spares: 0,
         tensor_parallel: 1,
         memory_fraction: None,
     };
@@ -827,6 +831,55 @@ async fn a_decision_event_and_the_status_patch() {
 
 /// The API limits a note to 1,024 bytes; reasons hold `→` (3 bytes) and
 /// `×` (2 bytes), so a cut by characters overflows.
+/// A variant's spare replicas are annotated on its Deployment, and the
+/// count read back from the Deployments leaves them out: a restarted
+/// controller starts from the decision, not from decision + spares.
+#[test]
+fn a_variants_spares_are_annotated_and_left_out_of_the_count_read_back() {
+    use gpuscale_autoscaler::handover::{VariantNow, decided};
+    use gpuscale_autoscaler::kubernetes::{SPARES, deployment, owned_deployments};
+    let variant = |spares: u32| Variant {
+        name: "llama-h100-80gb-fractional".into(),
+        gpu_model: "H100-80GB".into(),
+        resources: [("nvidia.com/gpu".to_string(), 1)].into(),
+        node_selector: Default::default(),
+        annotations: Default::default(),
+        labels: Default::default(),
+        node_affinity: None,
+        replicas: 3,
+        spares,
+        tensor_parallel: 1,
+        memory_fraction: None,
+    };
+    let d = deployment(&model(), &variant(1), &spec());
+    let annotations = d.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations.get(SPARES).map(String::as_str), Some("1"));
+    // Without spares, no annotation (an apply without it removes it).
+    assert!(
+        deployment(&model(), &variant(0), &spec())
+            .metadata
+            .annotations
+            .is_none()
+    );
+
+    // Read back at its three replicas: two decided, one spare.
+    let mut live = d;
+    live.spec.as_mut().unwrap().replicas = Some(3);
+    let owned = owned_deployments(&[live]);
+    assert_eq!((owned[0].replicas, owned[0].spares), (3, 1));
+    let now: Vec<VariantNow> = owned
+        .iter()
+        .map(|o| VariantNow {
+            name: o.name.clone(),
+            replicas: o.replicas,
+            ready: o.ready,
+            held: o.held,
+            spares: o.spares,
+        })
+        .collect();
+    assert_eq!(decided(&now), 2);
+}
+
 #[test]
 fn an_event_note_is_cut_at_1024_bytes_on_a_character_boundary() {
     use gpuscale_autoscaler::kubernetes::note;
@@ -3132,6 +3185,7 @@ fn an_mps_share_keeps_the_daemons_shm_and_the_policys_server_args_follow() {
         labels: Default::default(),
         node_affinity: None,
         replicas: 2,
+        spares: 0,
         tensor_parallel: 1,
         memory_fraction: Some(0.475),
     };

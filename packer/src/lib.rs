@@ -42,6 +42,7 @@ pub mod emit;
 pub mod gang;
 pub mod ilp;
 pub mod plan;
+pub mod spare;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -408,21 +409,33 @@ fn kept(
     Some(plan)
 }
 
-fn figures(
+/// What a plan's GPUs add up to: GPUs in use, their cost and
+/// utilisation, replicas placed per model (spares not counted) and each
+/// model's variants (spares counted in `replicas` and in `spares`).
+pub(crate) struct Tally {
+    used: u32,
+    cost: f64,
+    utilization: Utilization,
+    placed: BTreeMap<String, u32>,
+    variants: BTreeMap<String, Vec<plan::Variant>>,
+}
+
+/// Adds up `gpus` ([`Tally`]); `mig_timeslice_nodes` holds the
+/// time-sliced MIG profile and `N` per node name.
+pub(crate) fn tally(
     cluster: &Cluster,
     models: &[Model],
-    wanted: &[u32],
-    solved: &ilp::Solved,
-    decoded: decode::Decoded,
+    gpus: &[GpuPlan],
+    mig_timeslice_nodes: &BTreeMap<String, (String, u8)>,
     options: &PackOptions,
-) -> Plan {
+) -> Tally {
     let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
     let mut used = 0u32;
     let mut cost = 0.0;
     let (mut memory, mut usable, mut compute, mut capacity) = (0.0, 0.0, 0.0, 0.0);
     let mut dominant = 0.0;
     let mut variants: BTreeMap<(String, String), plan::Variant> = BTreeMap::new();
-    let mut placed: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut placed: BTreeMap<String, u32> = BTreeMap::new();
     // A tensor-parallel replica is listed on each of its GPUs; count it once.
     let mut groups_seen: std::collections::BTreeSet<(&str, &str, u32)> = Default::default();
     // The GPUs each fractional variant's replicas are on.
@@ -434,7 +447,7 @@ fn figures(
         n.sharing
             .contains(&gpuscale_policies::SharingMode::Fractional)
     });
-    for g in &decoded.gpus {
+    for g in gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
         }
@@ -471,8 +484,7 @@ fn figures(
             let suffix = match g.mode {
                 Mode::Mig => {
                     let profile = r.profile.clone().unwrap_or_default();
-                    let shared = decoded
-                        .mig_timeslice_nodes
+                    let shared = mig_timeslice_nodes
                         .get(&g.node)
                         .filter(|(p, _)| *p == profile.trim_end_matches("+me"));
                     match shared {
@@ -576,6 +588,7 @@ fn figures(
                     labels,
                     node_affinity,
                     replicas: 0,
+                    spares: 0,
                     tensor_parallel,
                     memory_fraction,
                 });
@@ -589,15 +602,63 @@ fn figures(
                 || groups_seen.insert((g.node.as_str(), r.model.as_str(), r.replica));
             if first_gpu_of_group {
                 v.replicas += 1;
-                *placed.entry(m.name.as_str()).or_insert(0) += 1;
+                if r.spare {
+                    v.spares += 1;
+                } else {
+                    *placed.entry(m.name.clone()).or_insert(0) += 1;
+                }
             }
         }
     }
-    for v in variants.values_mut() {
+    let mut by_model: BTreeMap<String, Vec<plan::Variant>> = BTreeMap::new();
+    for ((model, _), mut v) in variants {
         if let Some(on) = fractional_gpus.get(&v.name) {
             v.annotations = emit::hami_annotations(cluster, on);
         }
+        by_model.entry(model).or_default().push(v);
     }
+    Tally {
+        used,
+        cost,
+        utilization: Utilization {
+            memory: if usable > 0.0 { memory / usable } else { 0.0 },
+            compute: if capacity > 0.0 {
+                compute / capacity
+            } else {
+                0.0
+            },
+            dominant: if used > 0 {
+                dominant / f64::from(used)
+            } else {
+                0.0
+            },
+        },
+        placed,
+        variants: by_model,
+    }
+}
+
+fn figures(
+    cluster: &Cluster,
+    models: &[Model],
+    wanted: &[u32],
+    solved: &ilp::Solved,
+    decoded: decode::Decoded,
+    options: &PackOptions,
+) -> Plan {
+    let Tally {
+        used,
+        cost,
+        utilization,
+        placed,
+        mut variants,
+    } = tally(
+        cluster,
+        models,
+        &decoded.gpus,
+        &decoded.mig_timeslice_nodes,
+        options,
+    );
     let model_plans: Vec<ModelPlan> = models
         .iter()
         .enumerate()
@@ -605,11 +666,7 @@ fn figures(
             name: m.name.clone(),
             wanted: wanted[i],
             placed: placed.get(m.name.as_str()).copied().unwrap_or(0),
-            variants: variants
-                .iter()
-                .filter(|((model, _), _)| model == &m.name)
-                .map(|(_, v)| v.clone())
-                .collect(),
+            variants: variants.remove(&m.name).unwrap_or_default(),
         })
         .collect();
     let unplaced: Vec<Unplaced> = model_plans
@@ -650,19 +707,7 @@ fn figures(
         },
         lp_bound_known: true,
         optimal: solved.optimal,
-        utilization: Utilization {
-            memory: if usable > 0.0 { memory / usable } else { 0.0 },
-            compute: if capacity > 0.0 {
-                compute / capacity
-            } else {
-                0.0
-            },
-            dominant: if used > 0 {
-                dominant / f64::from(used)
-            } else {
-                0.0
-            },
-        },
+        utilization,
         moves: decoded.moves,
         reconfigured_gpus: decoded.reconfigured,
         solve_ms: 0.0,

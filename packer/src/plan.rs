@@ -42,6 +42,10 @@ pub struct ReplicaSlot {
     /// GPUs of the replica's tensor-parallel group (mode `whole`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_size: Option<u32>,
+    /// A spare: placed in room the GPU in use left, beyond the replicas
+    /// wanted ([`crate::spare`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare: bool,
 }
 
 /// One GPU of the plan.
@@ -123,8 +127,12 @@ pub struct Variant {
     /// gang, and the gang, pinned per worker, would never start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_affinity: Option<NodeSelectorTerm>,
-    /// Replicas of this variant.
+    /// Replicas of this variant, spares included.
     pub replicas: u32,
+    /// Of `replicas`, the spares ([`crate::spare`]): room left on GPUs in
+    /// use, not demand.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spares: u32,
     /// GPUs one replica spans (tensor parallelism, whole or fractional
     /// GPUs): the model server's `--tensor-parallel-size`. 1 on a MIG
     /// slice or a share.
@@ -150,6 +158,10 @@ fn one() -> u32 {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One of `n` equal shares of a device's memory less `headroom`, rounded

@@ -5,7 +5,10 @@
 //! its share: the compute it gets, in H100-80GB units, summed over its
 //! GPUs (a 3g MIG slice of an H100 3/7; a GPU time-sliced or split by MPS
 //! `N` ways `1/N` of it, the worst case when every share is busy; a HAMi
-//! share its `gpucores` percentage).
+//! share its `gpucores` percentage). With spares on, the packer's plan
+//! also runs spare replicas in the room its GPUs in use leave idle
+//! ([`gpuscale_packer::spare`]), as the controller does; the next re-plan
+//! starts from the plan without them.
 
 use std::collections::BTreeMap;
 
@@ -86,6 +89,10 @@ pub struct PackerPlacer {
     models: Vec<Model>,
     options: PackOptions,
     plan: Option<Plan>,
+    /// The last plan with its spares ([`gpuscale_packer::spare`]), when
+    /// they are on.
+    filled: Option<Plan>,
+    spares: bool,
     figures: BTreeMap<String, (f64, f64, f64)>,
     last: BTreeMap<String, Vec<Slot>>,
     /// Solves that failed (the previous placement stays).
@@ -112,6 +119,8 @@ impl PackerPlacer {
             models,
             options,
             plan: None,
+            filled: None,
+            spares: false,
             figures,
             last: BTreeMap::new(),
             failures: 0,
@@ -119,6 +128,13 @@ impl PackerPlacer {
             consolidate_every: consolidate_every.as_secs_f64(),
             last_consolidation: None,
         }
+    }
+
+    /// With spare replicas in the room the plan's GPUs leave idle
+    /// ([`gpuscale_packer::spare`]), or without.
+    pub fn with_spares(mut self, spares: bool) -> Self {
+        self.spares = spares;
+        self
     }
 
     fn slots(&self, plan: &Plan) -> BTreeMap<String, Vec<Slot>> {
@@ -178,7 +194,19 @@ impl Placer for PackerPlacer {
                     "re-plan"
                 );
                 self.solve_ms += plan.solve_ms;
-                self.last = self.slots(&plan);
+                if self.spares {
+                    let filled = gpuscale_packer::spare::fill(
+                        &plan,
+                        &self.cluster,
+                        &self.models,
+                        &options,
+                        self.filled.as_ref(),
+                    );
+                    self.last = self.slots(&filled);
+                    self.filled = Some(filled);
+                } else {
+                    self.last = self.slots(&plan);
+                }
                 self.plan = Some(plan);
             }
             Err(_) => self.failures += 1,

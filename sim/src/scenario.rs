@@ -162,6 +162,12 @@ pub struct ScenarioSpec {
     /// move.
     #[serde(default = "consolidate_every", with = "humantime_serde")]
     pub consolidate_every: Duration,
+    /// Whether the packer's placement runs spare replicas in the room its
+    /// GPUs in use leave idle (the controller's `spec.packer.spares`,
+    /// on by default; `gpuscale_packer::spare`), for every autoscaler it
+    /// places for.
+    #[serde(default = "yes")]
+    pub spares: bool,
     /// Whether gpuscale also decides on the gateway's pushes (on every
     /// arrival, at most every 100 ms, as the controller does), not only on
     /// its tick. On by default; a scenario without bursts may turn it off

@@ -237,12 +237,15 @@ fn simulate_with(
             PolicyKind::StaticPeak => Box::new(Static::new(peaks[&placement].clone())),
         };
         let mut placer: Box<dyn Placer> = match placement {
-            PlacementKind::Packer => Box::new(PackerPlacer::new(
-                scenario.cluster.clone(),
-                models.clone(),
-                options.clone(),
-                spec.consolidate_every,
-            )),
+            PlacementKind::Packer => Box::new(
+                PackerPlacer::new(
+                    scenario.cluster.clone(),
+                    models.clone(),
+                    options.clone(),
+                    spec.consolidate_every,
+                )
+                .with_spares(spec.spares),
+            ),
             PlacementKind::WholeGpu => Box::new(WholeGpuPlacer::new(&scenario.cluster, models)),
         };
         let setup = Setup {
@@ -328,7 +331,7 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {}{} with the default tuning; the packer re-plans on every change (time limit {}, improvement {}), moving running replicas at most once per {} (consolidateEvery) and keeping them in place otherwise", show(spec.tick), if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, show(spec.pack_time_limit), show(spec.pack_improve_limit), show(spec.consolidate_every)),
+        format!("recommend() per model every {}{} with the default tuning; the packer re-plans on every change (time limit {}, improvement {}), moving running replicas at most once per {} (consolidateEvery) and keeping them in place otherwise{}", show(spec.tick), if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, show(spec.pack_time_limit), show(spec.pack_improve_limit), show(spec.consolidate_every), if spec.spares { "; spare replicas in the room its GPUs in use leave idle (fractional, MPS, empty MIG instances), for every autoscaler on the packer" } else { "; no spare replicas (spares: false)" }),
     );
     settings.insert(
         "hpa".into(),

@@ -46,6 +46,13 @@ pub struct Args {
     /// moves replicas whenever that saves more than the MIP gap.
     #[arg(long)]
     pub keep_running: bool,
+    /// Fill the room the plan's GPUs leave idle (fractional GPUs below
+    /// their caps, MPS partitions unused, empty MIG instances) with spare
+    /// replicas of the models placed, as the controller does
+    /// (`spec.packer.spares`): never a GPU more. Marked `+` in the table,
+    /// `"spare": true` in JSON.
+    #[arg(long)]
+    pub spares: bool,
     /// Solver time limit.
     #[arg(long, default_value = "30s", value_parser = gpuscale_policies::duration::parse, allow_hyphen_values = true)]
     pub time_limit: Duration,
@@ -364,6 +371,9 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         &options,
         basis.as_ref(),
     )?;
+    if args.spares {
+        plan = gpuscale_packer::spare::fill(&plan, &cluster, &bundle.models, &options, None);
+    }
     if args.compare {
         plan.baselines = Some(Baselines {
             whole_gpu: baseline::whole_gpu(&cluster, &bundle.models, &demand),
@@ -510,10 +520,15 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
             .map(|s| format!("{} worker {}", s.job, s.worker));
         let replicas: Vec<String> = gang
             .into_iter()
-            .chain(g.replicas.iter().map(|r| match (&r.profile, r.group_size) {
-                (Some(p), _) => format!("{}#{} ({p})", r.model, r.replica),
-                (None, Some(k)) if k > 1 => format!("{}#{} (tp{k})", r.model, r.replica),
-                _ => format!("{}#{}", r.model, r.replica),
+            .chain(g.replicas.iter().map(|r| {
+                let spare = if r.spare { "+" } else { "" };
+                match (&r.profile, r.group_size) {
+                    (Some(p), _) => format!("{spare}{}#{} ({p})", r.model, r.replica),
+                    (None, Some(k)) if k > 1 => {
+                        format!("{spare}{}#{} (tp{k})", r.model, r.replica)
+                    }
+                    _ => format!("{spare}{}#{}", r.model, r.replica),
+                }
             }))
             .collect();
         rows.push([
@@ -597,6 +612,14 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         "replicas moved {}, GPUs reconfigured {}, solved in {:.0} ms\n",
         plan.moves, plan.reconfigured_gpus, plan.solve_ms
     ));
+    let spares = gpuscale_packer::spare::count(plan);
+    if !spares.is_empty() {
+        let each: Vec<String> = spares.iter().map(|(m, n)| format!("{m} {n}")).collect();
+        out.push_str(&format!(
+            "spare replicas (+) in room the GPUs in use leave idle: {}\n",
+            each.join(", ")
+        ));
+    }
     for m in &plan.models {
         let variants: Vec<String> = m
             .variants
@@ -610,11 +633,17 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
                 format!("{}×[{}]", v.replicas, res.join(", "))
             })
             .collect();
+        let spares: u32 = m.variants.iter().map(|v| v.spares).sum();
         out.push_str(&format!(
-            "  {:<18} {}/{} placed  {}\n",
+            "  {:<18} {}/{} placed{}  {}\n",
             m.name,
             m.placed,
             m.wanted,
+            if spares > 0 {
+                format!(" +{spares} spare")
+            } else {
+                String::new()
+            },
             variants.join(" ")
         ));
     }

@@ -137,6 +137,13 @@ pub fn summary(v: &View, elapsed: Duration) -> String {
         if m.unplaced > 0 {
             flag.push_str(&format!(" ({} more found no GPU)", m.unplaced));
         }
+        if m.spares > 0 {
+            flag.push_str(&format!(
+                " (+{} spare{} in idle room)",
+                m.spares,
+                if m.spares == 1 { "" } else { "s" }
+            ));
+        }
         out.push_str(&format!(
             "  {:<20} {:>9} {:>6.0} {:>7.1}  {:>17}  {:>17}{flag}\n",
             m.name,

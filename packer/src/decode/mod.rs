@@ -353,6 +353,7 @@ fn decode_with(
                     profile,
                     start,
                     group_size: group.map(|(k, _)| k),
+                    spare: false,
                 });
             }
             out.gpus.push(GpuPlan {
