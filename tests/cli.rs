@@ -272,13 +272,12 @@ const PLAN_ARGS: [&str; 7] = [
     "examples/demand.yaml",
 ];
 
-#[test]
-fn plan_spares_fill_idle_room_and_change_nothing_else() {
-    // One run (two could differ where the solver's clock cuts a search):
-    // the spares sit only on GPUs the wanted replicas use, never on a
-    // time-sliced or whole one, and the variants count them apart.
+/// `gpuscale plan` on the examples with `extra` flags, as JSON (exit 0),
+/// and the text it printed.
+fn plan_json(extra: &[&str]) -> (serde_json::Value, String) {
     let mut args = PLAN_ARGS.to_vec();
-    args.extend(["--format", "json", "--spares"]);
+    args.extend(["--format", "json"]);
+    args.extend(extra);
     let out = gpuscale(&args);
     assert_eq!(
         out.status.code(),
@@ -286,7 +285,16 @@ fn plan_spares_fill_idle_room_and_change_nothing_else() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (serde_json::from_str(&text).unwrap(), text)
+}
+
+#[test]
+fn plan_spares_fill_idle_room_and_change_nothing_else() {
+    // One run (two could differ where the solver's clock cuts a search):
+    // the spares sit only on GPUs the wanted replicas use, never on a
+    // time-sliced or whole one, and the variants count them apart.
+    let (plan, _) = plan_json(&["--spares"]);
     let gpus = plan["gpus"].as_array().unwrap();
     let mut used = 0;
     let mut spares: std::collections::BTreeMap<String, u64> = Default::default();
@@ -343,16 +351,7 @@ fn plan_spares_fill_idle_room_and_change_nothing_else() {
 
 #[test]
 fn plan_json_has_the_documented_schema() {
-    let mut args = PLAN_ARGS.to_vec();
-    args.extend(["--format", "json", "--compare"]);
-    let out = gpuscale(&args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (plan, text) = plan_json(&["--compare"]);
     for field in [
         "gpus_used",
         "lp_bound_gpus",
@@ -372,7 +371,6 @@ fn plan_json_has_the_documented_schema() {
     // Costs are sums of decimal prices: printed as such, not as their
     // float sums' noise (`57.99999999999998`), the plan's and the
     // baselines' alike.
-    let text = String::from_utf8_lossy(&out.stdout);
     let costs: Vec<&str> = text
         .split("\"cost_per_hour\":")
         .skip(1)

@@ -1119,16 +1119,7 @@ impl KubeBackend {
         };
         for m in models {
             let mine: Vec<&Owned> = owned.iter().filter(|o| o.model == m.name).collect();
-            let read: Vec<VariantNow> = mine
-                .iter()
-                .map(|o| VariantNow {
-                    name: o.name.clone(),
-                    replicas: o.replicas,
-                    ready: o.ready,
-                    held: o.held,
-                    spares: o.spares,
-                })
-                .collect();
+            let read: Vec<VariantNow> = mine.iter().map(|&o| VariantNow::from(o)).collect();
             // The decision, not the replicas a hand-over holds above it.
             let n = if mine.is_empty() {
                 observed_elsewhere.get(&m.name).copied().unwrap_or(0)

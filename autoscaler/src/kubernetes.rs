@@ -859,6 +859,18 @@ pub struct Owned {
     pub spares: u32,
 }
 
+impl From<&Owned> for crate::handover::VariantNow {
+    fn from(o: &Owned) -> Self {
+        crate::handover::VariantNow {
+            name: o.name.clone(),
+            replicas: o.replicas,
+            ready: o.ready,
+            held: o.held,
+            spares: o.spares,
+        }
+    }
+}
+
 /// Annotation on a variant Deployment: how many of its replicas are
 /// spares (`gpuscale_packer::spare`), which the count the controller
 /// reads back leaves out.

@@ -867,16 +867,7 @@ fn a_variants_spares_are_annotated_and_left_out_of_the_count_read_back() {
     live.spec.as_mut().unwrap().replicas = Some(3);
     let owned = owned_deployments(&[live]);
     assert_eq!((owned[0].replicas, owned[0].spares), (3, 1));
-    let now: Vec<VariantNow> = owned
-        .iter()
-        .map(|o| VariantNow {
-            name: o.name.clone(),
-            replicas: o.replicas,
-            ready: o.ready,
-            held: o.held,
-            spares: o.spares,
-        })
-        .collect();
+    let now: Vec<VariantNow> = owned.iter().map(VariantNow::from).collect();
     assert_eq!(decided(&now), 2);
 }
 

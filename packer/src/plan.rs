@@ -671,6 +671,18 @@ impl Plan {
         }
     }
 
+    /// The nodes that time-slice a MIG profile: node name → (profile,
+    /// shares per instance).
+    pub fn mig_timeslices(&self) -> BTreeMap<&str, (&str, u8)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| {
+                let t = n.mig_timeslice.as_ref()?;
+                Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
+            })
+            .collect()
+    }
+
     /// Every placed replica's parts, by (model policy name, replica
     /// number), each replica's parts in (node, index) order. The one
     /// place that says how fast a replica runs on its share: the
@@ -682,15 +694,7 @@ impl Plan {
         models: &[gpuscale_policies::Model],
     ) -> BTreeMap<(String, u32), Vec<ReplicaPart>> {
         let mut parts: BTreeMap<(String, u32), Vec<ReplicaPart>> = BTreeMap::new();
-        // Nodes that time-slice a MIG profile: (profile, shares).
-        let shared: BTreeMap<&str, (&str, u8)> = self
-            .nodes
-            .iter()
-            .filter_map(|n| {
-                let t = n.mig_timeslice.as_ref()?;
-                Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
-            })
-            .collect();
+        let shared = self.mig_timeslices();
         for g in &self.gpus {
             let Some(gm) = cluster.catalog.get(&g.gpu_model) else {
                 continue;

@@ -95,14 +95,7 @@ pub fn fill(
                 .map(move |&n| (cluster.nodes[n].name.as_str(), c))
         })
         .collect();
-    let shared: BTreeMap<&str, (&str, u8)> = plan
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            let t = n.mig_timeslice.as_ref()?;
-            Some((n.name.as_str(), (t.profile.as_str(), t.replicas)))
-        })
-        .collect();
+    let shared = plan.mig_timeslices();
     let by_name: BTreeMap<&str, &Model> = models.iter().map(|m| (m.name.as_str(), m)).collect();
     let class_idx: Vec<Option<usize>> = plan
         .gpus
@@ -234,13 +227,9 @@ pub fn fill(
             break;
         }
     }
-    let mig_nodes: BTreeMap<String, (String, u8)> = plan
-        .nodes
+    let mig_nodes: BTreeMap<String, (String, u8)> = shared
         .iter()
-        .filter_map(|n| {
-            let t = n.mig_timeslice.as_ref()?;
-            Some((n.name.clone(), (t.profile.clone(), t.replicas)))
-        })
+        .map(|(n, (p, k))| (n.to_string(), (p.to_string(), *k)))
         .collect();
     let mut t = crate::tally(cluster, models, &out.gpus, &mig_nodes, options);
     debug_assert_eq!(t.used, plan.gpus_used);
