@@ -291,62 +291,115 @@ fn plan_json(extra: &[&str]) -> (serde_json::Value, String) {
 
 #[test]
 fn plan_spares_fill_idle_room_and_change_nothing_else() {
-    // One run (two could differ where the solver's clock cuts a search):
-    // the spares sit only on GPUs the wanted replicas use, never on a
-    // time-sliced or whole one, and the variants count them apart.
-    let (plan, _) = plan_json(&["--spares"]);
-    let gpus = plan["gpus"].as_array().unwrap();
-    let mut used = 0;
-    let mut spares: std::collections::BTreeMap<String, u64> = Default::default();
-    for g in gpus {
-        let replicas = g["replicas"].as_array().unwrap();
-        let (spare, wanted): (Vec<_>, Vec<_>) = replicas.iter().partition(|r| r["spare"] == true);
-        used += u64::from(!wanted.is_empty());
-        if !spare.is_empty() {
-            assert!(!wanted.is_empty(), "a spare alone on {g}");
-            let mode = g["mode"].as_str().unwrap();
-            assert!(
-                ["fractional", "mps", "mig"].contains(&mode),
-                "a spare on a {mode} GPU"
+    /// Spares only on GPUs the wanted replicas use, never on a time-sliced
+    /// or whole one, and the variants count them apart; per model.
+    fn spares_of(plan: &serde_json::Value) -> std::collections::BTreeMap<String, u64> {
+        let mut used = 0;
+        let mut spares: std::collections::BTreeMap<String, u64> = Default::default();
+        for g in plan["gpus"].as_array().unwrap() {
+            let replicas = g["replicas"].as_array().unwrap();
+            let (spare, wanted): (Vec<_>, Vec<_>) =
+                replicas.iter().partition(|r| r["spare"] == true);
+            used += u64::from(!wanted.is_empty());
+            if !spare.is_empty() {
+                assert!(!wanted.is_empty(), "a spare alone on {g}");
+                let mode = g["mode"].as_str().unwrap();
+                assert!(
+                    ["fractional", "mps", "mig"].contains(&mode),
+                    "a spare on a {mode} GPU"
+                );
+            }
+            for r in spare {
+                *spares
+                    .entry(r["model"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            }
+        }
+        assert_eq!(plan["gpus_used"].as_u64(), Some(used));
+        for m in plan["models"].as_array().unwrap() {
+            let name = m["name"].as_str().unwrap();
+            let sum = |key: &str| -> u64 {
+                m["variants"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v[key].as_u64().unwrap_or(0))
+                    .sum()
+            };
+            let mine = spares.get(name).copied().unwrap_or(0);
+            assert_eq!(sum("spares"), mine, "{name}");
+            assert_eq!(
+                sum("replicas"),
+                m["placed"].as_u64().unwrap() + mine,
+                "{name}"
             );
+            assert!(mine <= m["placed"].as_u64().unwrap(), "{name}");
         }
-        for r in spare {
-            *spares
-                .entry(r["model"].as_str().unwrap().to_string())
-                .or_default() += 1;
+        spares
+    }
+    // The examples (whether their plan leaves idle room depends on where
+    // the solver's clock stops its search): the rules hold.
+    let (plan, _) = plan_json(&["--spares"]);
+    spares_of(&plan);
+
+    // One HAMi node; two replicas at 30 % of the cores each leave room
+    // for a third: one spare, in the table and in JSON.
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let cluster = write(
+        "cluster.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  \
+         nodes:\n    - {name: h0, gpuModel: H100-80GB, gpuCount: 2, sharing: [fractional]}\n",
+    );
+    let policy = |compute: f64| {
+        write(
+            "policy.yaml",
+            &format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: chat}}\n\
+                 spec:\n  resources: {{memoryGiB: 10, compute: {compute}, maxConcurrency: 4}}\n  \
+                 placement: {{sharing: [fractional]}}\n  scaling: {{minReplicas: 2, maxReplicas: 6}}\n"
+            ),
+        )
+    };
+    let run = |policies: &str, json: bool| {
+        let mut args = vec![
+            "plan",
+            "--cluster",
+            &cluster,
+            "--policies",
+            policies,
+            "--spares",
+        ];
+        if json {
+            args.extend(["--format", "json"]);
         }
-    }
-    assert_eq!(plan["gpus_used"].as_u64(), Some(used));
-    // The example's plan leaves room on a HAMi GPU.
-    assert!(!spares.is_empty(), "no spare in the example's idle room");
-    for m in plan["models"].as_array().unwrap() {
-        let name = m["name"].as_str().unwrap();
-        let sum = |key: &str| -> u64 {
-            m["variants"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v[key].as_u64().unwrap_or(0))
-                .sum()
-        };
-        let mine = spares.get(name).copied().unwrap_or(0);
-        assert_eq!(sum("spares"), mine, "{name}");
-        assert_eq!(
-            sum("replicas"),
-            m["placed"].as_u64().unwrap() + mine,
-            "{name}"
-        );
-        assert!(mine <= m["placed"].as_u64().unwrap(), "{name}");
-    }
-    let mut args = PLAN_ARGS.to_vec();
-    args.push("--spares");
-    let out = gpuscale(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
+        let out = gpuscale(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+        out
+    };
+    let p = policy(0.3);
+    let plan: serde_json::Value = serde_json::from_slice(&run(&p, true).stdout).unwrap();
+    assert_eq!(spares_of(&plan), [("chat".to_string(), 1)].into());
+    let text = String::from_utf8_lossy(&run(&p, false).stdout).into_owned();
+    assert!(text.contains("+chat#2"), "{text}");
+    assert!(text.contains("2/2 placed +1 spare"), "{text}");
     assert!(
-        text.contains("spare replicas (+) in room the GPUs in use leave idle: "),
+        text.contains("spare replicas (+) in room the GPUs in use leave idle: chat 1"),
         "{text}"
     );
-    assert!(text.contains(" spare  "), "{text}");
+    // At half the cores each, two fill the GPU: no spare, and it says so.
+    let p = policy(0.5);
+    let out = run(&p, false);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("spare"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--spares: no spare replica fits"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

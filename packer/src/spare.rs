@@ -6,7 +6,8 @@
 //! use: a fractional (HAMi) GPU below its memory and SM caps (HAMi-core
 //! holds each container to its `gpucores`), MPS partitions unused (MPS
 //! holds each client to its share of the SMs), MIG instances with nothing
-//! on them. That room is powered and paid for either way. [`fill`] puts
+//! on them (not of a profile the node time-slices). That room is powered
+//! and paid for either way. [`fill`] puts
 //! *spare* replicas of running models there, never on a GPU the plan
 //! leaves idle, so a plan with spares uses exactly the GPUs and costs
 //! exactly what it did. A spare serves like any replica: it adds compute
@@ -25,7 +26,10 @@
 //! zero stays at zero), critical before standard before sheddable, one
 //! spare per model per round while any fits; at most as many spares as
 //! the model has replicas placed (one doubling, the step HPA's default
-//! scale-up allows per period), and never above its `maxReplicas`.
+//! scale-up allows per period), and never above its `maxReplicas`; not
+//! tensor-parallel replicas (a spare takes one GPU's room). A plan that
+//! leaves any wanted replica unplaced gets none: room a wanted replica
+//! could not take is not idle.
 
 use std::collections::BTreeMap;
 
@@ -84,6 +88,12 @@ pub fn fill(
     previous: Option<&Plan>,
 ) -> Plan {
     let mut out = plan.clone();
+    // Room a wanted replica could not be put in is not idle: no spare
+    // goes before a replica the plan left unplaced (a search cut short
+    // can leave a container slot free beside one).
+    if !plan.unplaced.is_empty() {
+        return out;
+    }
     let classes = classes::build(cluster, models, options);
     let class_of: BTreeMap<&str, usize> = classes
         .iter()
@@ -285,11 +295,15 @@ fn room(
         Mode::Mig => {
             let mut free = Vec::new();
             for p in &g.geometry {
-                // An instance with nothing on it. (Where the node
-                // time-slices its profile, an instance with replicas on it
-                // has no room: its free shares are its replicas' time, as
-                // on a time-sliced GPU; an empty one takes one spare.)
-                if g.replicas.iter().any(|r| r.start == Some(p.start)) {
+                // An instance with nothing on it, of a profile the node
+                // does not time-slice: a pod of a time-sliced profile asks
+                // for any share of any instance of it
+                // (`nvidia.com/mig-<profile>.shared`), so a spare meant for
+                // an empty instance could share another's time with its
+                // replicas.
+                if g.replicas.iter().any(|r| r.start == Some(p.start))
+                    || shared.is_some_and(|(sp, _)| sp == p.profile.trim_end_matches("+me"))
+                {
                     continue;
                 }
                 let Some(t) = class.instance_slot(&p.profile, shared) else {

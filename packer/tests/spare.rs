@@ -131,6 +131,18 @@ fn check(base: &Plan, filled: &Plan, cluster: &Cluster, models: &[Model], option
                         .find(|p| Some(p.start) == r.start)
                         .expect("an instance of the geometry");
                     assert_eq!(r.profile.as_deref(), Some(at.profile.as_str()));
+                    // Not an instance of a profile its node time-slices:
+                    // its pod would ask for any share of any instance.
+                    let sliced = base
+                        .nodes
+                        .iter()
+                        .find(|n| n.name == b.node)
+                        .and_then(|n| n.mig_timeslice.as_ref());
+                    assert!(
+                        sliced.is_none_or(|t| t.profile != at.profile.trim_end_matches("+me")),
+                        "a spare on a time-sliced {} instance",
+                        at.profile
+                    );
                     let p = spec.profile(&at.profile).unwrap();
                     let m = by_name[r.model.as_str()];
                     assert!(
@@ -146,8 +158,16 @@ fn check(base: &Plan, filled: &Plan, cluster: &Cluster, models: &[Model], option
         }
     }
     // Per model: the same replicas placed, at most as many spares as
-    // placed and never past maxReplicas; its variants count them.
+    // placed and never past maxReplicas; its variants count them. None at
+    // all beside a wanted replica left unplaced.
     let spares = spare::count(filled);
+    if !base.unplaced.is_empty() {
+        assert!(
+            spares.is_empty(),
+            "spares {spares:?} beside {:?}",
+            base.unplaced
+        );
+    }
     for (mp, was) in filled.models.iter().zip(&base.models) {
         assert_eq!((mp.wanted, mp.placed), (was.wanted, was.placed));
         let s = spares.get(&mp.name).copied().unwrap_or(0);

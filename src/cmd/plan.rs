@@ -373,6 +373,11 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     )?;
     if args.spares {
         plan = gpuscale_packer::spare::fill(&plan, &cluster, &bundle.models, &options, None);
+        if gpuscale_packer::spare::count(&plan).is_empty() {
+            tracing::warn!(
+                "--spares: no spare replica fits: no GPU in use has idle room where its sharing holds each replica to its share (HAMi, MPS, an empty MIG instance), or a wanted replica is unplaced"
+            );
+        }
     }
     if args.compare {
         plan.baselines = Some(Baselines {
