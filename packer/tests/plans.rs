@@ -847,25 +847,6 @@ proptest! {
     }
 }
 
-const ALL_MODES: [SharingMode; 6] = [
-    SharingMode::Mig,
-    SharingMode::Timeslice,
-    SharingMode::Mps,
-    SharingMode::Fractional,
-    SharingMode::Whole,
-    SharingMode::MigTimeslice,
-];
-
-/// A subset of the sharing modes, from a bit mask.
-fn modes(mask: u8) -> Vec<SharingMode> {
-    ALL_MODES
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| mask & (1 << i) != 0)
-        .map(|(_, &m)| m)
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -886,23 +867,8 @@ proptest! {
         // Tensor-parallel degrees: single GPUs, either, or groups only
         // (those models twice as large, so they need their groups).
         const DEGREES: [&[u32]; 3] = [&[1], &[1, 2], &[2, 4]];
-        let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, &(g, n, mask, _))| {
-                // A node time-slices MIG instances only where it runs MIG.
-                let mut m = modes(mask);
-                if m.contains(&SharingMode::MigTimeslice) && !m.contains(&SharingMode::Mig) {
-                    m.push(SharingMode::Mig);
-                }
-                (format!("n{i}"), g, n, m)
-            })
-            .collect();
-        let each: Vec<(&str, &str, u32, &[SharingMode])> = named
-            .iter()
-            .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
-            .collect();
-        let mut cluster = common::cluster_each(&each);
+        let masks: Vec<(&str, u32, u8)> = nodes.iter().map(|&(g, n, mask, _)| (g, n, mask)).collect();
+        let mut cluster = common::cluster_of_masks(&masks);
         // HAMi's split count stated on some fractional nodes (0: not).
         for (node, &(_, _, _, split)) in cluster.nodes.iter_mut().zip(&nodes) {
             if split > 0 && node.sharing.contains(&SharingMode::Fractional) {
@@ -912,7 +878,7 @@ proptest! {
         let mut models = Vec::new();
         let mut demand = BTreeMap::new();
         for (i, &(memory, compute, mask, want, tp)) in specs.iter().enumerate() {
-            let sharing = modes(mask);
+            let sharing = common::modes(mask);
             let name = format!("m{i}");
             let scale = if tp == 2 { 2.0 } else { 1.0 };
             if let Some(m) = common::try_model(&name, memory * scale, compute * scale, &sharing, DEGREES[tp], &[]) {

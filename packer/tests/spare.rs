@@ -12,24 +12,6 @@ use gpuscale_packer::{PackOptions, pack, pack_from, spare};
 use gpuscale_policies::{Cluster, Model, SharingMode};
 use proptest::prelude::*;
 
-const ALL_MODES: [SharingMode; 6] = [
-    SharingMode::Mig,
-    SharingMode::Timeslice,
-    SharingMode::Whole,
-    SharingMode::Mps,
-    SharingMode::Fractional,
-    SharingMode::MigTimeslice,
-];
-
-fn modes(mask: u8) -> Vec<SharingMode> {
-    ALL_MODES
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| mask & (1 << i) != 0)
-        .map(|(_, &m)| m)
-        .collect()
-}
-
 /// Everything a plan with spares must keep of the plan without them, and
 /// every limit the sharing mechanisms enforce.
 fn check(base: &Plan, filled: &Plan, cluster: &Cluster, models: &[Model], options: &PackOptions) {
@@ -200,27 +182,12 @@ proptest! {
         ),
         specs in prop::collection::vec((0.5f64..40.0, 0.01f64..0.6, 1u8..64, 0u32..=5, 1u32..=8), 1..=5),
     ) {
-        let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, &(g, n, mask))| {
-                let mut m = modes(mask);
-                if m.contains(&SharingMode::MigTimeslice) && !m.contains(&SharingMode::Mig) {
-                    m.push(SharingMode::Mig);
-                }
-                (format!("n{i}"), g, n, m)
-            })
-            .collect();
-        let each: Vec<(&str, &str, u32, &[SharingMode])> = named
-            .iter()
-            .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
-            .collect();
-        let cluster = common::cluster_each(&each);
+        let cluster = common::cluster_of_masks(&nodes);
         let mut models = Vec::new();
         let mut demand = BTreeMap::new();
         for (i, &(memory, compute, mask, want, most)) in specs.iter().enumerate() {
             let name = format!("m{i}");
-            if let Some(mut m) = common::try_model(&name, memory, compute, &modes(mask), &[1], &[]) {
+            if let Some(mut m) = common::try_model(&name, memory, compute, &common::modes(mask), &[1], &[]) {
                 m.scaling.max_replicas = most;
                 demand.insert(name, want.min(most));
                 models.push(m);

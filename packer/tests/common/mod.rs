@@ -120,3 +120,44 @@ pub fn slice_sharing_embed() -> Model {
         &[],
     )
 }
+
+/// Every sharing mode, in the order of [`modes`]'s mask bits.
+pub const ALL_MODES: [SharingMode; 6] = [
+    SharingMode::Mig,
+    SharingMode::Timeslice,
+    SharingMode::Mps,
+    SharingMode::Fractional,
+    SharingMode::Whole,
+    SharingMode::MigTimeslice,
+];
+
+/// The sharing modes a bit mask selects from [`ALL_MODES`].
+pub fn modes(mask: u8) -> Vec<SharingMode> {
+    ALL_MODES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, &m)| m)
+        .collect()
+}
+
+/// A cluster of nodes `n0`, `n1`, … from (GPU model, GPUs, sharing mask):
+/// a node that time-slices MIG instances runs MIG too.
+pub fn cluster_of_masks(nodes: &[(&str, u32, u8)]) -> Cluster {
+    let named: Vec<(String, &str, u32, Vec<SharingMode>)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &(g, n, mask))| {
+            let mut m = modes(mask);
+            if m.contains(&SharingMode::MigTimeslice) && !m.contains(&SharingMode::Mig) {
+                m.push(SharingMode::Mig);
+            }
+            (format!("n{i}"), g, n, m)
+        })
+        .collect();
+    let each: Vec<(&str, &str, u32, &[SharingMode])> = named
+        .iter()
+        .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
+        .collect();
+    cluster_each(&each)
+}
