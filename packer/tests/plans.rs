@@ -142,16 +142,7 @@ fn check_rules(
                 // The device plugin gives each MPS client 1/N of the memory
                 // and of the SMs.
                 for r in &g.replicas {
-                    let m = by_name[r.model.as_str()];
-                    assert!(m.sharing.contains(&SharingMode::Mps));
-                    assert!(
-                        m.memory_gib
-                            <= gpu.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n)
-                                + 1e-9
-                    );
-                    assert!(
-                        m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9
-                    );
+                    common::assert_fits_mps_partition(by_name[r.model.as_str()], gpu, options, n);
                 }
             }
             Mode::Fractional => {

@@ -86,16 +86,7 @@ fn check(base: &Plan, filled: &Plan, cluster: &Cluster, models: &[Model], option
                 let n = b.mps_replicas.unwrap();
                 assert!(b.replicas.len() <= usize::from(n));
                 for r in spares {
-                    let m = by_name[r.model.as_str()];
-                    assert!(
-                        m.memory_gib
-                            <= gpu.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n)
-                                + 1e-9
-                    );
-                    assert!(
-                        m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9
-                    );
-                    assert!(m.sharing.contains(&SharingMode::Mps));
+                    common::assert_fits_mps_partition(by_name[r.model.as_str()], gpu, options, n);
                 }
             }
             Mode::Mig => {

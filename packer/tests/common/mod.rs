@@ -7,7 +7,7 @@ use gpuscale_policies::inventory::{ClusterSpec, NodeSpec};
 use gpuscale_policies::model::{
     ModelPolicySpec, PlacementPolicy, ReplicaResources, ScalingPolicy, SloTargets, WorkloadSelector,
 };
-use gpuscale_policies::{Catalog, Cluster, Model, ModelPolicy, Priority, SharingMode};
+use gpuscale_policies::{Catalog, Cluster, GpuModel, Model, ModelPolicy, Priority, SharingMode};
 
 pub fn cluster(nodes: &[(&str, &str, u32)]) -> Cluster {
     cluster_allowing(nodes, &gpuscale_policies::inventory::node_sharing())
@@ -160,4 +160,30 @@ pub fn cluster_of_masks(nodes: &[(&str, u32, u8)]) -> Cluster {
         .map(|(a, g, n, s)| (a.as_str(), *g, *n, s.as_slice()))
         .collect();
     cluster_each(&each)
+}
+
+/// A replica of `m` fits one of `n` MPS partitions of `gpu`: the device
+/// plugin gives each MPS client 1/N of the memory (less headroom) and of
+/// the SMs (within the cap), and the model allows MPS.
+pub fn assert_fits_mps_partition(
+    m: &Model,
+    gpu: &GpuModel,
+    options: &gpuscale_packer::PackOptions,
+    n: u8,
+) {
+    assert!(
+        m.sharing.contains(&SharingMode::Mps),
+        "{} does not allow MPS",
+        m.name
+    );
+    assert!(
+        m.memory_gib <= gpu.usable_gib * (1.0 - options.mps_memory_headroom) / f64::from(n) + 1e-9,
+        "{} over an MPS partition's memory",
+        m.name
+    );
+    assert!(
+        m.compute <= gpu.compute * options.mps_compute_cap / f64::from(n) + 1e-9,
+        "{} over an MPS partition's compute",
+        m.name
+    );
 }
