@@ -485,6 +485,34 @@ fn plan_table_emit_and_replan_from_an_earlier_plan() {
     assert!(mig["mig-configs"][config].is_array(), "{config}");
     assert!(dir.join("device-plugin-config.yaml").exists());
     assert!(std::fs::read_dir(dir.join("variants")).unwrap().count() > 5);
+    // The policy's `selector.matchLabels` (the example's Llama-8B:
+    // `app.kubernetes.io/name: llama-3-1-8b`) label every pod of the
+    // model's variants, beside gpuscale's own; the Deployments select
+    // their pods by gpuscale's variant label alone.
+    let mut llama = 0;
+    for entry in std::fs::read_dir(dir.join("variants")).unwrap() {
+        let path = entry.unwrap().path();
+        let patch: serde_json::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let pod = &patch["spec"]["template"]["metadata"]["labels"];
+        let own = patch["metadata"]["labels"]["gpuscale.io/model"] == "llama-3-1-8b";
+        assert_eq!(
+            pod["app.kubernetes.io/name"] == "llama-3-1-8b",
+            own,
+            "{}: {pod}",
+            path.display()
+        );
+        assert_eq!(
+            patch["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect::<Vec<_>>()),
+            Some(vec!["gpuscale.io/variant".to_string()]),
+            "{}",
+            path.display()
+        );
+        llama += usize::from(own);
+    }
+    assert!(llama > 0);
 
     // Re-plan from the plan just made: nothing moves.
     let mut args = PLAN_ARGS.to_vec();

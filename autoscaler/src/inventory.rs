@@ -1082,11 +1082,13 @@ pub fn from_nodes(
         let mut spec = NodeSpec {
             name: name.clone(),
             count: None,
-            zone: labels.get(ZONE).cloned(),
-            rack: labels.get(RACK).cloned(),
+            // An empty label value (valid in Kubernetes) names no domain.
+            zone: labels.get(ZONE).filter(|v| !v.is_empty()).cloned(),
+            rack: labels.get(RACK).filter(|v| !v.is_empty()).cloned(),
             nvlink_domain: labels
                 .get(gpuscale_packer::emit::NVLINK_DOMAIN_LABEL)
                 .or_else(|| labels.get(CLIQUE))
+                .filter(|v| !v.is_empty())
                 .cloned(),
             labels: labels
                 .iter()

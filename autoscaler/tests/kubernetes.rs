@@ -872,6 +872,47 @@ fn a_variants_spares_are_annotated_and_left_out_of_the_count_read_back() {
 }
 
 #[test]
+fn a_policys_selector_labels_every_pod_of_its_variants_and_selects_nothing() {
+    // `spec.selector.matchLabels`, through a real plan: the pods carry
+    // them; the Deployment's own labels and its selector stay gpuscale's.
+    use gpuscale_autoscaler::kubernetes::deployment;
+    let files = [
+        (
+            Path::new("m.yaml"),
+            "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata:\n  name: llama\nspec:\n  selector:\n    matchLabels: {team: chat, app.kubernetes.io/name: llama}\n  resources:\n    memoryGiB: 21\n    compute: 0.3\n    maxConcurrency: 32\n",
+        ),
+        (
+            Path::new("c.yaml"),
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: c\nspec:\n  nodes:\n    - {name: n0, gpuModel: H100-80GB, gpuCount: 2}\n",
+        ),
+    ];
+    let bundle = gpuscale_policies::load::load_sources(&files).unwrap();
+    let plan = gpuscale_packer::pack(
+        bundle.cluster.as_ref().unwrap(),
+        &bundle.models,
+        &[("llama".to_string(), 2)].into(),
+        &Default::default(),
+    )
+    .unwrap();
+    let variants = &plan.models[0].variants;
+    assert!(!variants.is_empty());
+    for v in variants {
+        let d = deployment(&bundle.models[0], v, &spec());
+        let body = serde_json::to_value(&d).unwrap();
+        let pod = &body["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(pod["team"], "chat", "{pod}");
+        assert_eq!(pod["app.kubernetes.io/name"], "llama", "{pod}");
+        assert_eq!(pod["gpuscale.io/model"], "llama", "{pod}");
+        assert_eq!(pod["gpuscale.io/variant"], v.name.as_str(), "{pod}");
+        assert_eq!(
+            body["spec"]["selector"],
+            json!({"matchLabels": {"gpuscale.io/variant": v.name}})
+        );
+        assert!(body["metadata"]["labels"].get("team").is_none());
+    }
+}
+
+#[test]
 fn an_event_note_is_cut_at_1024_bytes_on_a_character_boundary() {
     use gpuscale_autoscaler::kubernetes::note;
     let long = "a → b × ".repeat(200);

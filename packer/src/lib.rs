@@ -479,7 +479,9 @@ pub(crate) fn tally(
             let mut resources = BTreeMap::new();
             let mut tensor_parallel = 1;
             let mut memory_fraction = None;
-            let mut labels = BTreeMap::new();
+            // The policy's pod labels (`spec.selector.matchLabels`) on
+            // every variant; validation keeps gpuscale's own keys out.
+            let mut labels = m.pod_labels.clone();
             let mut node_affinity = None;
             let suffix = match g.mode {
                 Mode::Mig => {

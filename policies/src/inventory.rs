@@ -396,6 +396,33 @@ impl Cluster {
                     "a node template (`count`) cannot carry per-GPU state; list such nodes one by one",
                 ));
             }
+            // Zone, rack and NVLink domain are node label values
+            // (`topology.kubernetes.io/zone`, and the rack and domain labels
+            // `node-labels.yaml` sets), and `labels` are labels.
+            for (field, v) in [
+                ("zone", &n.zone),
+                ("rack", &n.rack),
+                ("nvlinkDomain", &n.nvlink_domain),
+            ] {
+                if let Some(v) = v {
+                    let why = if v.is_empty() {
+                        Some("must not be empty (leave the field out)".to_string())
+                    } else {
+                        crate::labels::value_problem(v)
+                    };
+                    if let Some(why) = why {
+                        errors.push(FieldError::new(format!("{path}.{field}"), why));
+                    }
+                }
+            }
+            for (k, v) in &n.labels {
+                let at = format!("{path}.labels.{}", crate::model::shown(k));
+                if let Some(why) = crate::labels::key_problem(k) {
+                    errors.push(FieldError::new(at, format!("the key {why}")));
+                } else if let Some(why) = crate::labels::value_problem(v) {
+                    errors.push(FieldError::new(at, why));
+                }
+            }
             let configs = [
                 n.timeslice_replicas.is_some(),
                 n.mps_replicas.is_some(),

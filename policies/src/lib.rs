@@ -13,6 +13,7 @@
 //! - [`training`]: training job specs for gang placement;
 //! - [`inventory`]: the cluster inventory (nodes, topology labels, GPUs and
 //!   their current state);
+//! - [`labels`]: Kubernetes label syntax, and the keys gpuscale keeps;
 //! - [`devices`]: what the node agent reads of a node's GPUs through NVML;
 //! - [`listener`]: what a listener bound to loopback answers (the rule
 //!   against DNS rebinding and cross-origin pages, shared by the gateway
@@ -31,6 +32,7 @@ pub mod devices;
 pub mod document;
 pub mod duration;
 pub mod inventory;
+pub mod labels;
 pub mod listener;
 pub mod load;
 pub mod mig;

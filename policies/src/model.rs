@@ -57,7 +57,9 @@ pub struct ModelPolicySpec {
     /// the policy's `metadata.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_name: Option<String>,
-    /// Which workload serves this model (labels of its pods).
+    /// Labels of the model's pods: every pod gpuscale runs for the model
+    /// carries them beside its own (what your Services, NetworkPolicies
+    /// and monitors select the model's pods by).
     #[serde(default)]
     pub selector: WorkloadSelector,
     /// What one replica needs.
@@ -120,11 +122,13 @@ pub fn reserved_flag(arg: &str) -> Option<&'static str> {
     })
 }
 
-/// Labels that select the serving workload's pods.
+/// Labels of the model's pods (Kubernetes label syntax; not gpuscale's
+/// own `gpuscale.io/…` keys, `app.kubernetes.io/managed-by` or
+/// `hami.io/webhook`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadSelector {
-    /// Label key → value, all of which must match.
+    /// Label key → value, each set on every pod of the model.
     #[serde(default)]
     pub match_labels: BTreeMap<String, String>,
 }
@@ -710,6 +714,10 @@ pub struct Model {
     pub adapters: Vec<String>,
     /// More model-server arguments (`spec.serverArgs`).
     pub server_args: Vec<String>,
+    /// Labels every pod of the model carries, beside gpuscale's own
+    /// (`spec.selector.matchLabels`: what your Services and monitors
+    /// select the model's pods by).
+    pub pod_labels: BTreeMap<String, String>,
 }
 
 /// Most requests one replica may be given at once (`maxConcurrency`, in
@@ -747,6 +755,9 @@ pub fn unroutable(name: &str) -> Option<&'static str> {
         None
     }
 }
+
+/// The label gpuscale sets to a policy's name on the model's pods.
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
 
 /// The longest served name, adapter or model name a client may route by,
 /// in bytes: Hugging Face repository ids are at most 96 characters.
@@ -1166,6 +1177,29 @@ impl Model {
             }
         }
 
+        // The selector's labels go on every pod gpuscale runs for the
+        // model (a Service or a monitor of yours selects them): the API
+        // server's label rules, and none of gpuscale's own keys.
+        for (k, v) in &spec.selector.match_labels {
+            let path = format!("spec.selector.matchLabels.{}", crate::model::shown(k));
+            if let Some(why) = crate::labels::key_problem(k) {
+                err(&path, format!("the key {why}"));
+            } else if let Some(why) = crate::labels::reserved(k) {
+                err(&path, format!("is kept by gpuscale: {why}"));
+            } else if let Some(why) = crate::labels::value_problem(v) {
+                err(&path, why);
+            } else if k == NAME_LABEL && *v != name {
+                // gpuscale's Services, network policies and disruption
+                // budgets select its own pods by this label (policy names
+                // starting `gpuscale-` are refused for that reason).
+                err(
+                    &path,
+                    format!(
+                        "must be the policy's name, `{name}`: gpuscale labels the model's pods so, and selects its own components' pods by this label"
+                    ),
+                );
+            }
+        }
         let served = spec.served_name.as_deref().unwrap_or(&name);
         if let Some(why) = unroutable(served) {
             err("spec.servedName", format!("`{}` {why}", shown(served)));
@@ -1226,6 +1260,7 @@ impl Model {
             priority: spec.priority,
             adapters: spec.adapters.clone(),
             server_args: spec.server_args.clone(),
+            pod_labels: spec.selector.match_labels.clone(),
         };
         model.sharing.sort_unstable();
         model.sharing.dedup();

@@ -948,3 +948,86 @@ fn a_number_that_is_not_finite_is_called_so() {
     );
     assert!(p[0].message.contains("invalid type: string"), "{}", p[0]);
 }
+
+#[test]
+fn selector_labels_follow_the_api_servers_rules_and_keep_off_gpuscales_own() {
+    // `spec.selector.matchLabels` go on every pod gpuscale runs for the
+    // model: a key or value the API server refuses, one of gpuscale's
+    // own keys (which select and tell apart the pods it runs), or a name
+    // label other than the policy's, is refused at its line.
+    let text = POLICY.to_owned()
+        + "  selector:\n    matchLabels:\n      app.kubernetes.io/name: gpuscale-controller\n      team: \"a b\"\n      gpuscale.io/variant: other\n      Example.com/x: y\n";
+    let p = problems("p.yaml", &text);
+    assert_eq!(
+        located(&p),
+        [
+            (12, "spec.selector.matchLabels.app.kubernetes.io/name"),
+            (13, "spec.selector.matchLabels.team"),
+            (14, "spec.selector.matchLabels.gpuscale.io/variant"),
+            (15, "spec.selector.matchLabels.Example.com/x"),
+        ],
+        "{p:#?}"
+    );
+    // `app.kubernetes.io/name` is the policy's name or nothing: gpuscale's
+    // network policies let `gpuscale-controller` pods in.
+    assert!(
+        p[0].message.contains("policy's name, `m`"),
+        "{}",
+        p[0].message
+    );
+    assert!(
+        p[1].message.contains("not a label value"),
+        "{}",
+        p[1].message
+    );
+    assert!(
+        p[2].message.contains("kept by gpuscale"),
+        "{}",
+        p[2].message
+    );
+    assert!(p[3].message.contains("DNS-1123"), "{}", p[3].message);
+    // The valid one alone loads, and the model carries it.
+    let fine =
+        POLICY.to_owned() + "  selector:\n    matchLabels:\n      app.kubernetes.io/name: m\n";
+    let b = load_sources(&[(Path::new("p.yaml"), fine.as_str())]).unwrap();
+    assert_eq!(
+        b.models[0]
+            .pod_labels
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("m")
+    );
+}
+
+#[test]
+fn node_topology_values_and_labels_are_label_values() {
+    // The rack and NVLink domain become node label values in
+    // `node-labels.yaml`, the zone is one: each is refused at its line
+    // when the API server would refuse it.
+    let text = cluster_file(
+        "
+    - name: a
+      gpuModel: H100-80GB
+      gpuCount: 8
+      rack: \"rack 1\"
+      nvlinkDomain: \"\"
+      zone: eu-west-1a
+      labels: {pool: \"-gpu\", ok: fine}
+",
+    );
+    let p = problems("cluster.yaml", &text);
+    assert_eq!(
+        located(&p),
+        [
+            (10, "spec.nodes[0].rack"),
+            (11, "spec.nodes[0].nvlinkDomain"),
+            (13, "spec.nodes[0].labels.pool"),
+        ],
+        "{p:?}"
+    );
+    let fixed = text
+        .replace("\"rack 1\"", "rack-1")
+        .replace("      nvlinkDomain: \"\"\n", "")
+        .replace("\"-gpu\"", "gpu");
+    assert!(load_sources(&[(Path::new("c.yaml"), fixed.as_str())]).is_ok());
+}
