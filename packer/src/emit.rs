@@ -162,7 +162,7 @@ pub fn mig_parted(plan: &Plan) -> (MigPartedConfig, BTreeMap<String, String>) {
 }
 
 /// The node label GPU Feature Discovery sets to the GPU's product name.
-pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+pub use gpuscale_policies::inventory::PRODUCT_LABEL;
 
 /// The node label that picks the device plugin's config for the node.
 pub const DEVICE_PLUGIN_CONFIG_LABEL: &str = "nvidia.com/device-plugin.config";
@@ -253,17 +253,7 @@ pub const HAMI_NODE_LABEL: (&str, &str) = ("gpu", "on");
 /// serves the node's GPUs instead).
 pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
 
-/// The node label of a node's rack, which gang placement and Kueue's
-/// topology-aware scheduling read for the `rack` level (no standard label
-/// exists; `gpuscale.io/rack`, as the controller's inventory reads it).
-pub const RACK_LABEL: &str = "gpuscale.io/rack";
-/// The node label of a node's NVLink domain, written from the cluster's
-/// `nvlinkDomain` where declared (Kueue's `nvlink-domain` level reads
-/// it). gpuscale's own key: GPU Feature Discovery owns
-/// `nvidia.com/gpu.clique` (`<cluster UUID>.<clique ID>` on multi-node
-/// NVLink systems), which the controller's inventory reads where this one
-/// is absent and never writes.
-pub const NVLINK_DOMAIN_LABEL: &str = "gpuscale.io/nvlink-domain";
+pub use gpuscale_policies::inventory::{NVLINK_DOMAIN_LABEL, RACK_LABEL};
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
 /// The label on everything gpuscale deploys for a model (its policy's

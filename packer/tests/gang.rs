@@ -243,6 +243,22 @@ fn two_interleaved_gangs_restart_as_one_whole_gang_and_one_that_waits() {
         "{}",
         waiting.reason
     );
+    // The pods of both still hold their GPUs until deleted: the gang that
+    // starts names each, four GPUs of its own old pods and four of the
+    // other's, so the operator deletes them first.
+    let named: Vec<(&str, u32)> = starting[0]
+        .preempts
+        .iter()
+        .map(|p| (p.name.as_str(), p.count))
+        .collect();
+    assert_eq!(named, [("a", 4), ("b", 4)], "{:#?}", starting[0].preempts);
+    assert!(
+        starting[0].preempts.iter().all(|p| p
+            .reason
+            .contains("kubectl delete pods -l gpuscale.io/training-job=")),
+        "{:#?}",
+        starting[0].preempts
+    );
 }
 
 #[test]
@@ -1000,7 +1016,7 @@ gpuModels: [H100-80GB]
 topology: {level: rack, mode: required}
 template:
   metadata:
-    labels: {app: trainer, gpuscale.io/worker: "spoofed"}
+    labels: {app: trainer}
   spec:
     affinity:
       nodeAffinity:
@@ -1049,11 +1065,7 @@ fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
         assert_eq!(meta.namespace.as_deref(), Some("ml"));
         let labels = meta.labels.as_ref().unwrap();
         assert_eq!(labels["app"], "trainer", "the template's labels stay");
-        assert_eq!(
-            labels["gpuscale.io/worker"],
-            i.to_string(),
-            "the plan's win"
-        );
+        assert_eq!(labels["gpuscale.io/worker"], i.to_string());
         assert_eq!(labels["scheduling.x-k8s.io/pod-group"], "t");
         let spec = pod.spec.unwrap();
         assert_eq!(
@@ -1168,6 +1180,164 @@ fn worker_templates_that_fight_the_placement_are_refused() {
         )
         .is_empty()
     );
+    // What the API server refuses (a restart policy it does not know,
+    // container names that are not DNS-1123 labels or are taken twice, a
+    // label key with a space), a device the plan did not count (a MIG
+    // slice, GPUs on an init container), the keys the placement sets (a
+    // stale group would put the worker in another gang), and required
+    // rules about other pods that the pinned workers could not meet.
+    assert_eq!(
+        with("  spec: {restartPolicy: Sometimes, containers: [{name: w, image: i}]}"),
+        ["spec.template.spec.restartPolicy"]
+    );
+    assert_eq!(
+        with(
+            "  spec: {containers: [{name: Bad_Name, image: i}, {name: c, image: i}, {name: c, image: i}]}"
+        ),
+        [
+            "spec.template.spec.containers[0].name",
+            "spec.template.spec.containers[2].name"
+        ]
+    );
+    assert_eq!(
+        with(
+            "  metadata: {labels: {\"bad key\": x, gpuscale.io/worker: \"7\"}, annotations: {scheduling.k8s.io/group-name: other}}\n  spec: {containers: [{name: w, image: i}]}"
+        ),
+        [
+            "spec.template.metadata.labels.bad key",
+            "spec.template.metadata.labels.gpuscale.io/worker",
+            "spec.template.metadata.annotations.scheduling.k8s.io/group-name"
+        ]
+    );
+    assert_eq!(
+        with(
+            "  spec: {initContainers: [{name: i, image: i, resources: {limits: {nvidia.com/gpu: 1}}}], \
+             containers: [{name: w, image: i, resources: {limits: {nvidia.com/mig-1g.10gb: 1}}}]}"
+        ),
+        [
+            "spec.template.spec.initContainers[0].resources.limits.nvidia.com/gpu",
+            "spec.template.spec.containers[0].resources.limits.nvidia.com/mig-1g.10gb"
+        ]
+    );
+    let anti = "  spec:\n    containers: [{name: w, image: i}]\n    affinity: {podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: [{topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app: t}}}]}}\n    topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule}]";
+    assert_eq!(
+        with(anti),
+        [
+            "spec.template.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+            "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable"
+        ]
+    );
+    // Preferred rules only score nodes: kept.
+    assert!(
+        with(&anti
+            .replace("requiredDuringSchedulingIgnoredDuringExecution: [{", "preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {")
+            .replace("{app: t}}}]}}", "{app: t}}}}]}}")
+            .replace("DoNotSchedule", "ScheduleAnyway"))
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_templates_node_rules_choose_among_the_nodes_gpuscale_knows() {
+    // kube-scheduler's rules on the labels the cluster gives: the
+    // nodeSelector (all of it) and the required node affinity (any term),
+    // evaluated on each node's labels, name, zone, rack and GPU product;
+    // a label every node carries and gpuscale does not track is met.
+    let mut c = topo_cluster(vec![
+        ("a0", "H100-80GB", 8, "r0", "z0", None, vec![]),
+        ("a1", "H100-80GB", 8, "r1", "z0", None, vec![]),
+        ("b0", "H100-80GB", 8, "r2", "z1", None, vec![]),
+        ("b1", "H100-80GB", 8, "r3", "z1", None, vec![]),
+    ]);
+    for n in &mut c.nodes {
+        if n.name != "a0" {
+            n.labels.insert("pool".into(), "train".into());
+        }
+    }
+    let with = |template: &str| {
+        let y = format!(
+            "workers: 1\ngpusPerWorker: 8\ngpuModels: [H100-80GB]\ntemplate:\n  spec:\n    containers: [{{name: w, image: i}}]\n{template}"
+        );
+        let spec: TrainingJobSpec = serde_yaml_ng::from_str(&y).unwrap();
+        let j = TrainingJob::from_spec("j", &spec, &Catalog::builtin()).expect("valid job");
+        q0().allowed_nodes(&c, &j)
+            .into_iter()
+            .map(|n| c.nodes[n].name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        with("    nodeSelector: {pool: train, kubernetes.io/os: linux}"),
+        ["a1", "b0", "b1"]
+    );
+    let terms = |t: &str| {
+        format!(
+            "    affinity: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: {{nodeSelectorTerms: {t}}}}}}}"
+        )
+    };
+    // Terms are ORed, a term's expressions ANDed.
+    assert_eq!(
+        with(&terms(
+            "[{matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [z1]}, {key: gpuscale.io/rack, operator: NotIn, values: [r2]}]}, {matchFields: [{key: metadata.name, operator: In, values: [a0]}]}]"
+        )),
+        ["a0", "b1"]
+    );
+    assert_eq!(
+        with(&terms(
+            "[{matchExpressions: [{key: pool, operator: DoesNotExist}, {key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H100-80GB-HBM3]}]}]"
+        )),
+        ["a0"]
+    );
+    // And the job waits where no node meets them, placed nowhere else.
+    let y = "workers: 1\ngpusPerWorker: 8\ngpuModels: [H100-80GB]\ntemplate:\n  spec:\n    containers: [{name: w, image: i}]\n    nodeSelector: {pool: train}\n";
+    let spec: TrainingJobSpec = serde_yaml_ng::from_str(y).unwrap();
+    let j = TrainingJob::from_spec("j", &spec, &Catalog::builtin()).unwrap();
+    let gangs = place(&c, &[j]);
+    assert!(
+        gangs[0].workers.iter().all(|w| w.node != "a0"),
+        "{gangs:#?}"
+    );
+}
+
+#[test]
+fn a_jobs_namespace_is_where_its_objects_go() {
+    let c = topo_cluster(vec![("a0", "H100-80GB", 8, "r0", "z0", None, vec![])]);
+    let mut j = job("t", simple(1, 8, TopologyLevel::Node));
+    j.namespace = Some("team-ml".into());
+    let gangs = place(&c, &[j, job("u", simple(1, 8, TopologyLevel::Node))]);
+    for (name, ns) in [("t", "team-ml"), ("u", "ml")] {
+        for d in artefacts::kubernetes(
+            by_name(&gangs, name),
+            "ml",
+            artefacts::GangScheduler::Coscheduling,
+        ) {
+            assert_eq!(d["metadata"]["namespace"], ns, "{d}");
+        }
+    }
+}
+
+#[test]
+fn slurm_gets_the_planned_hosts_of_an_uneven_gang_and_never_an_unlimited_time() {
+    let mut g = GangPlan {
+        name: "w3".into(),
+        workers_wanted: 3,
+        gpus_per_worker: 3,
+        status: GangStatus::Starting,
+        estimated_runtime_s: Some(0),
+        ..GangPlan::default()
+    };
+    for (w, node) in ["a-0", "a-0", "a-1"].into_iter().enumerate() {
+        g.workers.push(gang::Worker {
+            worker: w as u32,
+            node: node.into(),
+            gpus: vec![0, 1, 2],
+        });
+    }
+    let s = artefacts::sbatch(&g).unwrap();
+    assert!(s.contains("#SBATCH --distribution=arbitrary\n"), "{s}");
+    assert!(s.contains("in order: a-0 a-0 a-1\n"), "{s}");
+    assert!(!s.contains("--ntasks-per-node"), "{s}");
+    // `--time=0` is no limit to Slurm: a sub-minute estimate is a minute.
+    assert!(s.contains("#SBATCH --time=0:01:00\n"), "{s}");
 }
 
 /// A node that may run HAMi and now holds a gang's worker gets HAMi's

@@ -273,7 +273,46 @@ impl Node {
     pub fn allows(&self, mode: SharingMode) -> bool {
         mode == SharingMode::Whole || self.sharing.contains(&mode)
     }
+
+    /// The node labels gpuscale knows the node by: its `labels`, its name
+    /// (`kubernetes.io/hostname`), zone, rack and NVLink domain, and its
+    /// GPUs' product (`nvidia.com/gpu.product`, from `catalog`).
+    pub fn known_labels(&self, catalog: &Catalog) -> BTreeMap<String, String> {
+        let mut out = self.labels.clone();
+        out.insert(HOSTNAME_LABEL.into(), self.name.clone());
+        for (key, value) in [
+            (ZONE_LABEL, &self.zone),
+            (RACK_LABEL, &self.rack),
+            (NVLINK_DOMAIN_LABEL, &self.nvlink_domain),
+        ] {
+            if let Some(v) = value {
+                out.insert(key.into(), v.clone());
+            }
+        }
+        if let Some(gpu) = catalog.get(&self.gpu_model) {
+            out.insert(PRODUCT_LABEL.into(), gpu.product.clone());
+        }
+        out
+    }
 }
+
+/// The node label of a node's name.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// The node label of a node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// GPU Feature Discovery's label of a node's GPU product.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// The node label of a node's rack, which gang placement and Kueue's
+/// topology-aware scheduling read for the `rack` level (no standard label
+/// exists; `gpuscale.io/rack`, as the controller's inventory reads it).
+pub const RACK_LABEL: &str = "gpuscale.io/rack";
+/// The node label of a node's NVLink domain, written from the cluster's
+/// `nvlinkDomain` where declared (Kueue's `nvlink-domain` level reads
+/// it). gpuscale's own key: GPU Feature Discovery owns
+/// `nvidia.com/gpu.clique` (`<cluster UUID>.<clique ID>` on multi-node
+/// NVLink systems), which the controller's inventory reads where this one
+/// is absent and never writes.
+pub const NVLINK_DOMAIN_LABEL: &str = "gpuscale.io/nvlink-domain";
 
 /// Most nodes one template (`count`) stands for: 160,000 GPUs of 8, twice
 /// the packer's largest reference cluster.

@@ -292,6 +292,25 @@ fn whole_number(message: String) -> String {
     format!("`{number}` {what}: expected a whole number from {min} to {max}")
 }
 
+/// Why `ns` is not a Kubernetes namespace, if it is not: a DNS-1123
+/// label (lowercase letters, digits and '-', alphanumeric at both ends,
+/// at most 63 characters).
+pub fn namespace_problem(ns: &str) -> Option<String> {
+    let b = ns.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    (!ok).then(|| {
+        format!(
+            "`{}` is not a namespace: lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters",
+            crate::model::shown(ns)
+        )
+    })
+}
+
 /// Kubernetes names: a DNS-1123 subdomain.
 pub(crate) fn check_name(name: &str) -> Option<String> {
     let ok = !name.is_empty()
@@ -311,7 +330,8 @@ pub(crate) fn check_name(name: &str) -> Option<String> {
 
 enum Parsed {
     Policy(Box<ModelPolicy>),
-    Job(String, TrainingJobSpec),
+    /// A training job: its name, namespace and spec.
+    Job(String, Option<String>, TrainingJobSpec),
     Cluster(String, ClusterSpec),
     Demand(DemandSpec),
     Queue(TrainingQueueSpec),
@@ -348,7 +368,10 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
     }
     let named = |m: &Metadata| match check_name(&m.name) {
         Some(msg) => Err(doc.problem("metadata.name", msg)),
-        None => Ok(()),
+        None => match m.namespace.as_deref().and_then(namespace_problem) {
+            Some(msg) => Err(doc.problem("metadata.namespace", msg)),
+            None => Ok(()),
+        },
     };
     match doc.kind() {
         Some("ModelPolicy") => {
@@ -376,7 +399,11 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
                     ),
                 ));
             }
-            Ok(Parsed::Job(env.metadata.name, env.spec))
+            Ok(Parsed::Job(
+                env.metadata.name,
+                env.metadata.namespace,
+                env.spec,
+            ))
         }
         Some("Cluster") => {
             let env: Envelope<ClusterSpec> = typed(doc)?;
@@ -544,7 +571,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     for (doc, p) in &parsed {
         let name = match p {
             Parsed::Policy(mp) => mp.metadata.name.clone().unwrap_or_default(),
-            Parsed::Job(n, _) => n.clone(),
+            Parsed::Job(n, _, _) => n.clone(),
             Parsed::Cluster(..)
             | Parsed::Demand(..)
             | Parsed::Queue(..)
@@ -599,10 +626,12 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 }
                 Err(errors) => problems.extend(located(doc, errors)),
             },
-            Parsed::Job(name, spec) => {
+            Parsed::Job(name, namespace, spec) => {
                 match TrainingJob::from_spec(name, spec, &catalog) {
-                    Ok(j) => {
+                    Ok(mut j) => {
+                        j.namespace = namespace.clone();
                         if let Some((_, c)) = &cluster {
+                            problems.extend(check_node_rules(doc, &j, c));
                             problems.extend(check_job_fits_cluster(doc, &j, c, queue.as_ref()));
                         }
                         if let Some(q) = &queue {
@@ -691,7 +720,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         let job_names: BTreeSet<&str> = parsed
             .iter()
             .filter_map(|(_, p)| match p {
-                Parsed::Job(n, _) => Some(n.as_str()),
+                Parsed::Job(n, _, _) => Some(n.as_str()),
                 _ => None,
             })
             .collect();
@@ -828,6 +857,55 @@ fn check_model_fits_cluster(
 /// nodes of one of its GPU models, within its partition's nodes and GPU
 /// models, within one domain of its required topology level. The first
 /// of these that fails is the problem, at the field that causes it.
+/// A worker template's node rules (`nodeSelector`, required node
+/// affinity) name labels gpuscale knows on some node of the cluster (or
+/// one every node carries): it places the workers by them, and by a label
+/// it knows on no node it could not.
+fn check_node_rules(doc: &Document, j: &TrainingJob, c: &Cluster) -> Vec<Problem> {
+    let Some(t) = &j.spec.template else {
+        return Vec::new();
+    };
+    let labels: Vec<BTreeMap<String, String>> =
+        c.nodes.iter().map(|n| n.known_labels(&c.catalog)).collect();
+    let known: BTreeSet<String> = labels.iter().flat_map(|l| l.keys().cloned()).collect();
+    let rules = crate::training::NodeRules::of(t);
+    let mut problems: Vec<Problem> = rules
+        .all()
+        .filter(|r| {
+            r.key != "metadata.name"
+                && !known.contains(&r.key)
+                && !crate::training::EVERY_NODE_LABELS.contains(&r.key.as_str())
+        })
+        .map(|r| {
+            doc.problem(
+                &r.path,
+                format!(
+                    "no node of the cluster has the label `{}`: gpuscale places each worker on a node it knows to meet the template's node rules (the Cluster's node `labels`, zone, rack, nvlinkDomain, name and GPU product)",
+                    crate::model::shown(&r.key)
+                ),
+            )
+        })
+        .collect();
+    if problems.is_empty()
+        && let Some(first) = rules.all().next()
+        && !c
+            .nodes
+            .iter()
+            .zip(&labels)
+            .any(|(n, l)| j.gpu_models.contains(&n.gpu_model) && rules.admit(l, &n.name, &known))
+    {
+        problems.push(doc.problem(
+            &first.path,
+            format!(
+                "no node of cluster `{}` with GPUs of [{}] meets the template's node rules (nodeSelector and required node affinity)",
+                c.name,
+                j.gpu_models.join(", ")
+            ),
+        ));
+    }
+    problems
+}
+
 fn check_job_fits_cluster(
     doc: &Document,
     j: &TrainingJob,

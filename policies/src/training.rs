@@ -89,7 +89,7 @@ pub struct TrainingJobSpec {
     /// Expected runtime, if known.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -98,7 +98,7 @@ pub struct TrainingJobSpec {
     /// most this much of its work.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -139,6 +139,17 @@ pub struct TrainingJobSpec {
     pub template: Option<Box<PodTemplateSpec>>,
 }
 
+/// Pod label and annotation keys the placement sets on every worker.
+const PLACEMENT_KEYS: [&str; 7] = [
+    "scheduling.x-k8s.io/pod-group",
+    "scheduling.k8s.io/group-name",
+    "kueue.x-k8s.io/pod-group-name",
+    "kueue.x-k8s.io/pod-group-total-count",
+    "kueue.x-k8s.io/podset-required-topology",
+    "kueue.x-k8s.io/podset-preferred-topology",
+    "kueue.x-k8s.io/podset-unconstrained-topology",
+];
+
 /// The GPU resource a worker's container asks the device plugin for.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
@@ -161,11 +172,129 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> 
             "a worker template needs at least one container",
         ));
     }
-    if spec.restart_policy.as_deref() == Some("Always") {
-        errors.push(FieldError::new(
+    match spec.restart_policy.as_deref() {
+        Some("Always") => errors.push(FieldError::new(
             "spec.template.spec.restartPolicy",
             "a worker is a bare Pod: `Always` would run its training again when it finishes; use `Never` or `OnFailure`",
-        ));
+        )),
+        Some("Never" | "OnFailure") | None => {}
+        Some(other) => errors.push(FieldError::new(
+            "spec.template.spec.restartPolicy",
+            format!(
+                "`{}` is not a restart policy: `Never` or `OnFailure`",
+                crate::model::shown(other)
+            ),
+        )),
+    }
+    // The pod's labels and annotations, as the API server checks them;
+    // none of the keys the placement sets (a stale group name would put
+    // the workers in another gang).
+    let meta = t.metadata.as_ref();
+    for (what, map) in [
+        ("labels", meta.and_then(|m| m.labels.as_ref())),
+        ("annotations", meta.and_then(|m| m.annotations.as_ref())),
+    ] {
+        for (k, v) in map.into_iter().flatten() {
+            let path = format!("spec.template.metadata.{what}.{}", crate::model::shown(k));
+            if let Some(why) = crate::labels::key_problem(k) {
+                errors.push(FieldError::new(path, format!("the key {why}")));
+            } else if PLACEMENT_KEYS.contains(&k.as_str())
+                || k.split_once('/').is_some_and(|(p, _)| p == "gpuscale.io")
+            {
+                errors.push(FieldError::new(
+                    path,
+                    "is set by the placement (the gang's group, its topology, gpuscale's own keys); leave it out",
+                ));
+            } else if what == "labels"
+                && let Some(why) = crate::labels::value_problem(v)
+            {
+                errors.push(FieldError::new(path, why));
+            }
+        }
+    }
+    // gpuscale pins each worker to its planned node: a required rule of
+    // the template's own about other pods could leave a worker unable to
+    // schedule there, and the gang waiting for it forever.
+    if let Some(a) = &spec.affinity {
+        for (field, required) in [
+            (
+                "podAffinity",
+                a.pod_affinity.as_ref().is_some_and(|p| {
+                    p.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                        .is_some_and(|r| !r.is_empty())
+                }),
+            ),
+            (
+                "podAntiAffinity",
+                a.pod_anti_affinity.as_ref().is_some_and(|p| {
+                    p.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                        .is_some_and(|r| !r.is_empty())
+                }),
+            ),
+        ] {
+            if required {
+                errors.push(FieldError::new(
+                    format!(
+                        "spec.template.spec.affinity.{field}.requiredDuringSchedulingIgnoredDuringExecution"
+                    ),
+                    "gpuscale places each worker on its node and the gang by `spec.topology`; a required rule about other pods could leave a worker unschedulable there (a preferred one is fine)",
+                ));
+            }
+        }
+    }
+    for (i, c) in spec
+        .topology_spread_constraints
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        if c.when_unsatisfiable == "DoNotSchedule" {
+            errors.push(FieldError::new(
+                format!("spec.template.spec.topologySpreadConstraints[{i}].whenUnsatisfiable"),
+                "gpuscale places each worker on its node and the gang by `spec.topology`; `DoNotSchedule` could leave a worker unschedulable there (use `ScheduleAnyway`)",
+            ));
+        }
+    }
+    // The plan gives the GPUs to the worker's container; an init
+    // container asking for any would raise the pod's request past it.
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let Some(r) = &c.resources else { continue };
+        for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+            for k in map.iter().flat_map(|m| m.keys()) {
+                if k.starts_with("nvidia.com/") {
+                    errors.push(FieldError::new(
+                        format!("spec.template.spec.initContainers[{i}].resources.{kind}.{k}"),
+                        "the plan gives the worker's GPUs to its container; an init container asks for none",
+                    ));
+                }
+            }
+        }
+    }
+    // Container names: DNS-1123 labels, unique in the pod.
+    let mut names = std::collections::BTreeSet::new();
+    for (field, list) in [
+        ("containers", spec.containers.as_slice()),
+        (
+            "initContainers",
+            spec.init_containers.as_deref().unwrap_or(&[]),
+        ),
+    ] {
+        for (i, c) in list.iter().enumerate() {
+            let path = format!("spec.template.spec.{field}[{i}].name");
+            if let Some(why) = crate::load::namespace_problem(&c.name) {
+                errors.push(FieldError::new(
+                    path,
+                    why.replace("is not a namespace", "is not a container name"),
+                ));
+            } else if !names.insert(c.name.as_str()) {
+                errors.push(FieldError::new(
+                    path,
+                    format!("`{}` names two containers of the pod", c.name),
+                ));
+            }
+        }
     }
     if spec.node_name.is_some() {
         errors.push(FieldError::new(
@@ -182,6 +311,21 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> 
             ));
         }
         let Some(r) = &c.resources else { continue };
+        // Workers take whole GPUs: a share, a MIG slice or HAMi's memory
+        // and cores beside the placement's `nvidia.com/gpu` would ask the
+        // node for a device the plan did not count.
+        for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+            for k in map.iter().flat_map(|m| m.keys()) {
+                if k.starts_with("nvidia.com/") && k != GPU_RESOURCE {
+                    errors.push(FieldError::new(
+                        format!("spec.template.spec.containers[{i}].resources.{kind}.{k}"),
+                        format!(
+                            "workers take whole GPUs (spec.gpusPerWorker, as `{GPU_RESOURCE}`, set by the plan); leave `{k}` out"
+                        ),
+                    ));
+                }
+            }
+        }
         let mut asks = false;
         for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
             let Some(q) = map.as_ref().and_then(|m| m.get(GPU_RESOURCE)) else {
@@ -225,7 +369,7 @@ pub struct Partition {
     /// it as its time limit.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -279,7 +423,7 @@ fn day() -> Duration {
 pub struct FairShare {
     /// Half-life of recorded usage (Slurm's `PriorityDecayHalfLife`,
     /// default 7 days).
-    #[serde(default = "week", with = "humantime_serde")]
+    #[serde(default = "week", with = "crate::duration")]
     #[schemars(with = "String")]
     pub half_life: Duration,
     /// The teams; one not listed has 1 share and no usage.
@@ -316,7 +460,7 @@ pub struct PriorityWeights {
     pub age: f64,
     /// Age at which the age factor reaches 1 (Slurm's `PriorityMaxAge`,
     /// default 7 days).
-    #[serde(default = "week", with = "humantime_serde")]
+    #[serde(default = "week", with = "crate::duration")]
     #[schemars(with = "String")]
     pub max_age: Duration,
 }
@@ -364,7 +508,7 @@ pub struct TrainingQueueSpec {
     pub weights: PriorityWeights,
     /// Runtime assumed for a job with no estimate and no partition limit
     /// (default 24 h).
-    #[serde(default = "day", with = "humantime_serde")]
+    #[serde(default = "day", with = "crate::duration")]
     #[schemars(with = "String")]
     pub default_runtime: Duration,
 }
@@ -434,6 +578,12 @@ impl TrainingQueueSpec {
                     "must be longer than zero (leave it out for no limit)",
                 ));
             }
+        }
+        if self.weights.max_age.is_zero() {
+            errors.push(FieldError::new(
+                "spec.weights.maxAge",
+                "must be longer than zero (the age at which the age factor reaches 1)",
+            ));
         }
         if self.default_runtime.is_zero() {
             errors.push(FieldError::new(
@@ -531,6 +681,19 @@ impl TrainingQueueSpec {
                         }
                     ),
                 ));
+            } else if !self.partitions.is_empty() {
+                // As Slurm refuses such a job ("No partition specified or
+                // system default partition"): partitions decide which
+                // nodes training may use, and with none chosen the job
+                // would run on any, inference's reserved ones too.
+                let known: Vec<&str> = self.partitions.iter().map(|p| p.name.as_str()).collect();
+                errors.push(FieldError::new(
+                    "spec.partition",
+                    format!(
+                        "the job names no partition and the TrainingQueue has no default one; name one of {} here, or mark one `default: true`",
+                        known.join(", ")
+                    ),
+                ));
             }
             return errors;
         };
@@ -579,6 +742,9 @@ impl TrainingQueueSpec {
 pub struct TrainingJob {
     /// `metadata.name`.
     pub name: String,
+    /// `metadata.namespace`, if given: where its PodGroup and worker pods
+    /// go (else `gpuscale plan --training-namespace`).
+    pub namespace: Option<String>,
     /// The spec, validated.
     pub spec: TrainingJobSpec,
     /// Allowed GPU models, resolved (never empty).
@@ -672,6 +838,7 @@ impl TrainingJob {
         if errors.is_empty() {
             Ok(TrainingJob {
                 name: name.to_string(),
+                namespace: None,
                 spec: spec.clone(),
                 gpu_models,
             })
@@ -680,3 +847,132 @@ impl TrainingJob {
         }
     }
 }
+
+/// One requirement of a worker template on its node's labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRule {
+    /// Where it is written (`spec.template.spec.nodeSelector.<key>`, or
+    /// a match expression's `key`).
+    pub path: String,
+    /// The label key (`metadata.name` reads the node's name).
+    pub key: String,
+    /// `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt` or `Lt`.
+    pub operator: String,
+    /// The values it compares with.
+    pub values: Vec<String>,
+}
+
+impl NodeRule {
+    /// Whether a node with `labels` (and `name`) meets it.
+    pub fn holds(&self, labels: &std::collections::BTreeMap<String, String>, name: &str) -> bool {
+        let value = if self.key == "metadata.name" {
+            Some(name)
+        } else {
+            labels.get(&self.key).map(String::as_str)
+        };
+        let number = |v: &str| v.parse::<i64>().ok();
+        match self.operator.as_str() {
+            "In" => value.is_some_and(|v| self.values.iter().any(|x| x == v)),
+            "NotIn" => value.is_none_or(|v| self.values.iter().all(|x| x != v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" | "Lt" => match (
+                value.and_then(number),
+                self.values.first().and_then(|x| number(x)),
+            ) {
+                (Some(v), Some(x)) if self.operator == "Gt" => v > x,
+                (Some(v), Some(x)) => v < x,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// The node rules of a worker template: its `nodeSelector` (all of
+/// them), and its required node affinity's terms (any one of them, each
+/// all of its expressions), as kube-scheduler reads them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeRules {
+    /// `nodeSelector`, as `In` rules.
+    pub selector: Vec<NodeRule>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms`.
+    pub terms: Vec<Vec<NodeRule>>,
+}
+
+impl NodeRules {
+    /// The rules of a template.
+    pub fn of(t: &PodTemplateSpec) -> NodeRules {
+        let mut out = NodeRules::default();
+        let Some(spec) = &t.spec else { return out };
+        for (k, v) in spec.node_selector.iter().flatten() {
+            out.selector.push(NodeRule {
+                path: format!("spec.template.spec.nodeSelector.{}", crate::model::shown(k)),
+                key: k.clone(),
+                operator: "In".into(),
+                values: vec![v.clone()],
+            });
+        }
+        let terms = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| r.node_selector_terms.as_slice())
+            .unwrap_or_default();
+        for (i, term) in terms.iter().enumerate() {
+            let mut rules = Vec::new();
+            for (field, list) in [
+                ("matchExpressions", term.match_expressions.as_deref()),
+                ("matchFields", term.match_fields.as_deref()),
+            ] {
+                for (j, e) in list.unwrap_or_default().iter().enumerate() {
+                    rules.push(NodeRule {
+                        path: format!(
+                            "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}].{field}[{j}].key"
+                        ),
+                        key: e.key.clone(),
+                        operator: e.operator.clone(),
+                        values: e.values.clone().unwrap_or_default(),
+                    });
+                }
+            }
+            out.terms.push(rules);
+        }
+        out
+    }
+
+    /// Whether a node with `labels` and `name` meets them; rules on a
+    /// key outside `evaluated` are taken as met (keys gpuscale does not
+    /// know on any node, which the job's check allows only for labels
+    /// every node carries).
+    pub fn admit(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        name: &str,
+        evaluated: &std::collections::BTreeSet<String>,
+    ) -> bool {
+        let holds = |r: &NodeRule| {
+            !(r.key == "metadata.name" || evaluated.contains(&r.key)) || r.holds(labels, name)
+        };
+        self.selector.iter().all(holds)
+            && (self.terms.is_empty() || self.terms.iter().any(|t| t.iter().all(holds)))
+    }
+
+    /// Every rule.
+    pub fn all(&self) -> impl Iterator<Item = &NodeRule> {
+        self.selector.iter().chain(self.terms.iter().flatten())
+    }
+}
+
+/// Node label keys every GPU node carries whose values gpuscale does not
+/// track: a worker template may require them (`kubernetes.io/os: linux`)
+/// without the cluster file listing them.
+pub const EVERY_NODE_LABELS: [&str; 3] = [
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "nvidia.com/gpu.present",
+];

@@ -1031,3 +1031,92 @@ fn node_topology_values_and_labels_are_label_values() {
         .replace("\"-gpu\"", "gpu");
     assert!(load_sources(&[(Path::new("c.yaml"), fixed.as_str())]).is_ok());
 }
+
+#[test]
+fn a_job_with_no_partition_needs_a_default_one_and_its_spans_are_bounded() {
+    // Slurm refuses a job that names no partition where none is the
+    // default; and no span of a job or a queue is longer than a year
+    // (`100000years` became a Slurm `--time` of 876,600,000 hours).
+    let cluster = cluster_file("\n    - {name: a, gpuModel: H100-80GB, gpuCount: 8}\n");
+    let queue = |default: bool| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingQueue\nmetadata: {{name: q}}\nspec:\n  partitions:\n    - {{name: pa, nodes: [a], default: {default}}}\n  weights: {{maxAge: 2years}}\n"
+        )
+    };
+    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: j, namespace: Team_ML}\nspec:\n  workers: 1\n  gpusPerWorker: 8\n  estimatedRuntime: 100000years\n  checkpointInterval: 1h\n";
+    let q = queue(false);
+    let p = problems_of(&[("c.yaml", &cluster), ("q.yaml", &q), ("j.yaml", job)]);
+    assert_eq!(
+        p,
+        [
+            "j.yaml:7 spec.estimatedRuntime",
+            "q.yaml:7 spec.weights.maxAge"
+        ],
+    );
+    let job = job.replace("100000years", "1h");
+    let p = problems_of(&[("c.yaml", &cluster), ("q.yaml", &q), ("j.yaml", &job)]);
+    assert_eq!(
+        p,
+        [
+            "j.yaml:3 metadata.namespace",
+            "q.yaml:7 spec.weights.maxAge"
+        ]
+    );
+    let fixed_job = job.replace("Team_ML", "team-ml");
+    let q = q.replace("2years", "7d");
+    let p = problems_of(&[("c.yaml", &cluster), ("q.yaml", &q), ("j.yaml", &fixed_job)]);
+    assert_eq!(p, ["j.yaml:4 spec.partition"]);
+    let q = queue(true).replace("2years", "7d");
+    let b = load_sources(&[
+        (Path::new("c.yaml"), cluster.as_str()),
+        (Path::new("q.yaml"), q.as_str()),
+        (Path::new("j.yaml"), fixed_job.as_str()),
+    ])
+    .unwrap();
+    assert_eq!(b.jobs[0].namespace.as_deref(), Some("team-ml"));
+}
+
+#[test]
+fn a_worker_templates_node_rules_name_labels_the_cluster_knows_and_some_node_meets() {
+    let cluster = cluster_file(
+        "\n    - {name: a, gpuModel: H100-80GB, gpuCount: 8, zone: z1, labels: {pool: train}}\n    - {name: b, gpuModel: A100-80GB, gpuCount: 8, zone: z2}\n",
+    );
+    let job = |rules: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 1\n  gpusPerWorker: 8\n  gpuModels: [H100-80GB]\n  template:\n    spec:\n      containers: [{{name: w, image: i}}]\n{rules}"
+        )
+    };
+    let run = |rules: &str| problems_of(&[("c.yaml", &cluster), ("j.yaml", &job(rules))]);
+    // A label no node has: gpuscale could not place by it.
+    assert_eq!(
+        run("      nodeSelector: {team: nlp}\n"),
+        ["j.yaml:11 spec.template.spec.nodeSelector.team"]
+    );
+    // Known labels that no H100 node meets (the zone is `b`'s, an A100).
+    assert_eq!(
+        run("      nodeSelector: {topology.kubernetes.io/zone: z2}\n"),
+        ["j.yaml:11 spec.template.spec.nodeSelector.topology.kubernetes.io/zone"]
+    );
+    // Met by `a`; a label every node carries is not the cluster's to list.
+    assert!(run("      nodeSelector: {pool: train, kubernetes.io/arch: amd64}\n").is_empty());
+}
+
+/// Each problem as `file:line field.path`, in order.
+fn problems_of(files: &[(&str, &str)]) -> Vec<String> {
+    let sources: Vec<(&Path, &str)> = files.iter().map(|(n, t)| (Path::new(*n), *t)).collect();
+    match load_sources(&sources) {
+        Ok(_) => Vec::new(),
+        Err(p) => {
+            p.0.iter()
+                .map(|p| {
+                    let name = files
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .find(|n| p.file.ends_with(n))
+                        .unwrap_or("?");
+                    format!("{name}:{} {}", p.position.line, p.path)
+                })
+                .collect()
+        }
+    }
+}

@@ -87,7 +87,8 @@ pub struct Args {
     /// Let HiGHS print its log on stderr (stdout keeps the plan), to diagnose slow solves.
     #[arg(long)]
     pub solver_log: bool,
-    /// Namespace of the training jobs' PodGroups and worker pods.
+    /// Namespace of the training jobs' PodGroups and worker pods (a job's
+    /// own `metadata.namespace` comes first).
     #[arg(long, default_value = "default")]
     pub training_namespace: String,
     /// The time the training queue is planned at (RFC 3339, e.g.
@@ -158,18 +159,8 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
         bail!("--mip-gap must be in [0, 1) (0.005 = within 0.5 % of the optimal cost)");
     }
     // A Kubernetes namespace: a DNS-1123 label.
-    let ns = &args.training_namespace;
-    if ns.is_empty()
-        || ns.len() > 63
-        || !ns
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        || ns.starts_with('-')
-        || ns.ends_with('-')
-    {
-        bail!(
-            "--training-namespace `{ns}` is not a Kubernetes namespace (lowercase letters, digits and '-', at most 63)"
-        );
+    if let Some(why) = gpuscale_policies::load::namespace_problem(&args.training_namespace) {
+        bail!("--training-namespace: {why}");
     }
     let mut paths = vec![args.cluster.clone()];
     paths.extend(args.policies.iter().cloned());
@@ -741,10 +732,11 @@ fn gangs_table(plan: &Plan) -> String {
     }
     if let Some(t) = &plan.training {
         out.push_str(&format!(
-            "training holds {} GPUs; free for training {} ({} whole nodes, at most {} on one node), fragmentation {:.0} %\n",
+            "training holds {} GPUs; free for training {} ({} whole node{}, at most {} on one node), fragmentation {:.0} %\n",
             t.gpus,
             t.free_gpus,
             t.free_whole_nodes,
+            if t.free_whole_nodes == 1 { "" } else { "s" },
             t.largest_free_node,
             t.fragmentation * 100.0
         ));

@@ -58,12 +58,14 @@ pub fn level_label(level: TopologyLevel) -> Option<&'static str> {
 
 /// The gang's Kubernetes objects: the PodGroup, then one `Pod` (or
 /// `PodTemplate`) per worker (placed gangs only; a waiting gang gets its PodGroup alone, so
-/// the scheduler holds its pods).
+/// the scheduler holds its pods). In the job's own namespace, else in
+/// `namespace`.
 pub fn kubernetes(
     g: &GangPlan,
     namespace: &str,
     scheduler: GangScheduler,
 ) -> Vec<serde_json::Value> {
+    let namespace = g.namespace.as_deref().unwrap_or(namespace);
     let mut out = Vec::new();
     let total = g.workers_wanted * g.gpus_per_worker;
     let pod_group = match scheduler {
@@ -266,12 +268,23 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
             "#SBATCH --gres=gpu:{}\n",
             per_node[0] as u32 * g.gpus_per_worker
         ));
+    } else {
+        // Uneven workers per node: Slurm places tasks as planned only
+        // with the arbitrary distribution, whose hosts (one line per
+        // task) it reads from SLURM_HOSTFILE at submission.
+        s.push_str("#SBATCH --distribution=arbitrary\n");
+        let hosts: Vec<&str> = g.workers.iter().map(|w| w.node.as_str()).collect();
+        s.push_str(&format!(
+            "# uneven workers per node: submit with SLURM_HOSTFILE naming one host per task, in order: {}\n",
+            hosts.join(" ")
+        ));
     }
     s.push_str(&format!("#SBATCH --gpus-per-task={}\n", g.gpus_per_worker));
     s.push_str(&format!("#SBATCH --nodelist={}\n", nodes.join(",")));
     s.push_str("#SBATCH --wait-all-nodes=1\n");
     if let Some(secs) = g.estimated_runtime_s {
-        let m = secs.div_ceil(60);
+        // At least a minute: Slurm reads `--time=0` as no limit.
+        let m = secs.div_ceil(60).max(1);
         s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
         // Slurm's `--time` is a limit; gpuscale's queue keeps a job past
         // its estimate running (Kubernetes ends nothing at an estimate).

@@ -102,6 +102,9 @@ pub struct Preemption {
 pub struct GangPlan {
     /// `metadata.name`.
     pub name: String,
+    /// `metadata.namespace`, if the job gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Priority.
     pub priority: Priority,
     /// Running, starting, pending or preempted.
@@ -757,9 +760,52 @@ pub fn place(
     }
     gangs.extend(started);
     gangs.extend(waiting);
+    name_broken_holders(cluster, held, &mut gangs);
     Placed {
         gangs,
         from_inference,
+    }
+}
+
+/// A broken gang's pods hold its GPUs until they are deleted (the plan
+/// counts them free, so that it restarts whole): a gang started on any of
+/// them names it among what it stops, and so does the broken gang itself
+/// when it starts again where its old pods are.
+fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: &mut [GangPlan]) {
+    for g in gangs
+        .iter_mut()
+        .filter(|g| g.status == GangStatus::Starting)
+    {
+        let on: BTreeSet<(&str, u32)> = g
+            .workers
+            .iter()
+            .flat_map(|w| w.gpus.iter().map(|&i| (w.node.as_str(), i)))
+            .collect();
+        let mut found = Vec::new();
+        for (name, h) in held.iter().filter(|(_, h)| !h.intact) {
+            let count = h
+                .gpus
+                .iter()
+                .filter(|&&(n, i)| on.contains(&(cluster.nodes[n].name.as_str(), i)))
+                .count() as u32;
+            if count > 0 {
+                found.push(Preemption {
+                    kind: VictimKind::Job,
+                    name: name.clone(),
+                    count,
+                    lost_gpu_hours: 0.0,
+                    reason: format!(
+                        "{}: its pods hold these GPUs until they are deleted (kubectl delete pods -l gpuscale.io/training-job={name})",
+                        if *name == g.name {
+                            "its own pods from before it broke"
+                        } else {
+                            "a broken gang, which restarts whole"
+                        }
+                    ),
+                });
+            }
+        }
+        g.preempts.extend(found);
     }
 }
 
@@ -772,6 +818,7 @@ fn with_note(note: &str, text: String) -> String {
 }
 
 pub(crate) fn decorate(g: &mut GangPlan, q: &queue::Queue, job: &TrainingJob, score: f64) {
+    g.namespace = job.namespace.clone();
     g.partition = q.partition_name(job);
     g.account = job.spec.account.clone();
     g.priority_score = score;

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
-use gpuscale_policies::training::{TopologyLevel, TrainingJob, TrainingQueueSpec};
+use gpuscale_policies::training::{NodeRules, TopologyLevel, TrainingJob, TrainingQueueSpec};
 use gpuscale_policies::{Cluster, Health, Priority};
 
 use super::domain;
@@ -67,11 +67,27 @@ impl Queue {
     /// The nodes a job may use (its partition's), by index.
     pub fn allowed_nodes(&self, cluster: &Cluster, job: &TrainingJob) -> BTreeSet<usize> {
         let p = self.spec.partition_of(job);
+        // The template's node rules, on the labels gpuscale knows (those
+        // no node carries are the ones every node does: the job's check
+        // refuses others).
+        let rules = job
+            .spec
+            .template
+            .as_deref()
+            .map(NodeRules::of)
+            .unwrap_or_default();
+        let labels: Vec<_> = cluster
+            .nodes
+            .iter()
+            .map(|n| n.known_labels(&cluster.catalog))
+            .collect();
+        let evaluated: BTreeSet<String> = labels.iter().flat_map(|l| l.keys().cloned()).collect();
         cluster
             .nodes
             .iter()
             .enumerate()
             .filter(|(_, n)| job.gpu_models.contains(&n.gpu_model))
+            .filter(|(i, n)| rules.admit(&labels[*i], &n.name, &evaluated))
             .filter(|(_, n)| {
                 p.is_none_or(|p| {
                     (p.nodes.is_empty() || p.nodes.contains(&n.name))
