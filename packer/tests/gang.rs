@@ -964,6 +964,23 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
         docs[1]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
         "gpuscale.io/rack"
     );
+    // Nodes with no rack are racks of their own to gpuscale and in no
+    // rack to Kueue, which places by the label: no annotation there (the
+    // pinned workers meet the level anyway).
+    let mut bare = c.clone();
+    for n in &mut bare.nodes {
+        n.rack = None;
+    }
+    let alone = place(&bare, &[job("g", simple(1, 8, TopologyLevel::Rack))]);
+    let lone = artefacts::kubernetes(&alone[0], "ml", artefacts::GangScheduler::Coscheduling);
+    assert_eq!(lone.len(), 2);
+    let annotations = &lone[1]["template"]["metadata"]["annotations"];
+    assert!(
+        annotations
+            .get("kueue.x-k8s.io/podset-required-topology")
+            .is_none(),
+        "{annotations}"
+    );
     assert_eq!(
         docs[1]["template"]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"],
         "g"
@@ -1065,7 +1082,13 @@ fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
         assert_eq!(meta.namespace.as_deref(), Some("ml"));
         let labels = meta.labels.as_ref().unwrap();
         assert_eq!(labels["app"], "trainer", "the template's labels stay");
-        assert_eq!(labels["gpuscale.io/worker"], i.to_string());
+        // The worker's number is an annotation: Kueue makes one PodSet
+        // per distinct pod shape, labels included (at most 8).
+        assert!(!labels.contains_key("gpuscale.io/worker"));
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()["gpuscale.io/worker"],
+            i.to_string()
+        );
         assert_eq!(labels["scheduling.x-k8s.io/pod-group"], "t");
         let spec = pod.spec.unwrap();
         assert_eq!(

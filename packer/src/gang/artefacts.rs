@@ -90,7 +90,13 @@ pub fn kubernetes(
         return out;
     }
     let mut annotations = serde_json::Map::new();
-    if let Some(label) = level_label(g.topology) {
+    // Kueue's topology-aware scheduling places by the level's node label:
+    // only where every node of the gang carries it (a node with no rack
+    // is a rack of its own to gpuscale, and to Kueue in none at all; the
+    // pinned workers meet the level either way).
+    if let Some(label) = level_label(g.topology)
+        && g.topology_labelled
+    {
         let key = match g.topology_mode {
             TopologyMode::Required => "kueue.x-k8s.io/podset-required-topology",
             TopologyMode::Preferred => "kueue.x-k8s.io/podset-preferred-topology",
@@ -118,8 +124,11 @@ pub fn kubernetes(
         }
     };
     for w in &g.workers {
-        labels.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
+        // The worker's number is an annotation, not a label: Kueue's pod
+        // groups make one PodSet per distinct pod shape (labels and spec;
+        // at most 8 per Workload), and workers on one node then share one.
         let mut annotations = annotations.clone();
+        annotations.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
         let gpus: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
         annotations.insert("gpuscale.io/gpus".into(), json!(gpus.join(",")));
         let name = format!("{}-worker-{}", g.name, w.worker);

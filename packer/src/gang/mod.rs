@@ -163,6 +163,11 @@ pub struct GangPlan {
     /// `--emit`; not part of the plan's JSON.
     #[serde(skip)]
     pub template: Option<serde_json::Value>,
+    /// Whether every node it runs on carries the node label of its
+    /// topology level (for Kueue's annotation); not part of the plan's
+    /// JSON.
+    #[serde(skip)]
+    pub topology_labelled: bool,
 }
 
 impl GangPlan {
@@ -761,6 +766,20 @@ pub fn place(
     gangs.extend(started);
     gangs.extend(waiting);
     name_broken_holders(cluster, held, &mut gangs);
+    for g in &mut gangs {
+        g.topology_labelled = g.workers.iter().all(|w| {
+            cluster
+                .nodes
+                .iter()
+                .find(|n| n.name == w.node)
+                .is_some_and(|n| match g.topology {
+                    TopologyLevel::Node | TopologyLevel::Any => true,
+                    TopologyLevel::NvlinkDomain => n.nvlink_domain.is_some(),
+                    TopologyLevel::Rack => n.rack.is_some(),
+                    TopologyLevel::Zone => n.zone.is_some(),
+                })
+        });
+    }
     Placed {
         gangs,
         from_inference,
