@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Number, Value};
 use yaml_rust2::Yaml;
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// Most value nodes one file may expand to (aliases included).
@@ -213,6 +213,50 @@ fn plain_scalar(s: &str) -> Value {
     }
 }
 
+/// A scalar as its tag says, YAML 1.2's core schema (what yaml-rust2's
+/// own loader and Kubernetes' YAML read): `!!str 12` is the text `12`,
+/// `!!int`, `!!float`, `!!bool` and `!!null` must hold what they name;
+/// untagged plain scalars are resolved, quoted ones are text. Other tags
+/// are refused rather than read as something they may not mean.
+fn tagged_scalar(text: &str, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
+    let Some(tag) = tag else {
+        return Ok(if style == TScalarStyle::Plain {
+            plain_scalar(text)
+        } else {
+            Value::String(text.to_string())
+        });
+    };
+    let name = format!("{}{}", tag.handle, tag.suffix);
+    if tag.handle != "tag:yaml.org,2002:" {
+        return Err(format!(
+            "the YAML tag `{name}` is not one gpuscale reads (only the core schema's: !!str, !!int, !!float, !!bool, !!null)"
+        ));
+    }
+    let resolved = plain_scalar(text);
+    let ok = match tag.suffix.as_str() {
+        "str" => return Ok(Value::String(text.to_string())),
+        "int" => resolved.as_i64().is_some() || resolved.as_u64().is_some(),
+        "float" => resolved.is_number(),
+        "bool" => resolved.is_boolean(),
+        "null" => resolved.is_null(),
+        _ => {
+            return Err(format!(
+                "the YAML tag `!!{}` is not one gpuscale reads (only !!str, !!int, !!float, !!bool, !!null)",
+                tag.suffix
+            ));
+        }
+    };
+    if ok {
+        Ok(resolved)
+    } else {
+        Err(format!(
+            "`{}` is not what its tag `!!{}` says",
+            crate::model::shown(text),
+            tag.suffix
+        ))
+    }
+}
+
 fn key_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -329,15 +373,17 @@ impl MarkedEventReceiver for Builder {
                     positions,
                 });
             }
-            Event::Scalar(text, style, anchor, _tag) => {
+            Event::Scalar(text, style, anchor, tag) => {
                 let key_position = self.is_key_position();
                 if !key_position {
                     self.child_path(&mark);
                 }
-                let value = if style == TScalarStyle::Plain {
-                    plain_scalar(&text)
-                } else {
-                    Value::String(text)
+                let value = match tagged_scalar(&text, style, tag.as_ref()) {
+                    Ok(v) => v,
+                    Err(message) => {
+                        self.fail(&mark, message);
+                        return;
+                    }
                 };
                 self.attach(value, anchor, &mark, 1);
             }

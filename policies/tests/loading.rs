@@ -1120,3 +1120,37 @@ fn problems_of(files: &[(&str, &str)]) -> Vec<String> {
         }
     }
 }
+
+#[test]
+fn a_yaml_tag_means_what_the_core_schema_says() {
+    // `!!str 12` is text, so a number field refuses it (it was read as
+    // the number 12); a tag that does not fit its value, or one outside
+    // YAML's core schema, is refused at its line.
+    let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: !!str 8");
+    assert_eq!(
+        located(&problems("p.yaml", &text)),
+        [(9, "spec.resources.maxConcurrency")]
+    );
+    let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: !!int eight");
+    let p = problems("p.yaml", &text);
+    assert_eq!(p[0].position.line, 9, "{p:?}");
+    assert!(
+        p[0].message.contains("not what its tag `!!int` says"),
+        "{}",
+        p[0].message
+    );
+    let text = POLICY.replace("maxConcurrency: 8", "maxConcurrency: !custom 8");
+    let p = problems("p.yaml", &text);
+    assert!(p[0].message.contains("`!custom`"), "{}", p[0].message);
+    // Tags that agree with their values read as before.
+    for fine in ["!!int 8", "!!float 8"] {
+        let text = POLICY.replace("maxConcurrency: 8", &format!("maxConcurrency: {fine}"));
+        assert!(
+            load_sources(&[(Path::new("p.yaml"), text.as_str())]).is_ok(),
+            "{fine}"
+        );
+    }
+    let text = POLICY.to_owned() + "  servedName: !!str 12\n";
+    let b = load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap();
+    assert_eq!(b.models[0].served_name, "12");
+}
