@@ -898,6 +898,45 @@ fn simulate_writes_the_report_and_its_plots() {
 }
 
 #[test]
+fn plan_names_the_scheduler_the_cluster_runs_coscheduling_in() {
+    // Coscheduling run in the default scheduler's profile: the workers
+    // ask for `default-scheduler`; a name the API server would refuse is
+    // refused here.
+    let dir = std::env::temp_dir().join(format!("gpuscale-sched-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_text = dir.to_string_lossy().to_string();
+    let mut args = PLAN_ARGS.to_vec();
+    args.insert(5, "examples/training");
+    args.extend([
+        "--emit",
+        dir_text.as_str(),
+        "--now",
+        "2026-12-03T09:00:00Z",
+        "--scheduler-name",
+        "default-scheduler",
+    ]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let text = std::fs::read_to_string(dir.join("gangs/vit-pretrain.yaml")).unwrap();
+    assert_eq!(
+        text.matches("schedulerName: default-scheduler").count(),
+        2,
+        "{text}"
+    );
+    assert!(!text.contains("scheduler-plugins-scheduler"), "{text}");
+    let last = args.len() - 1;
+    args[last] = "Default_Scheduler";
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        errors(&out).contains("--scheduler-name"),
+        "{}",
+        errors(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
     let dir = std::env::temp_dir().join(format!("gpuscale-gangs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -973,6 +1012,7 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
     let names: Vec<&str> = vit_docs.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["PodGroup", "Pod", "Pod"]);
     for (_, pod) in &vit_docs[1..] {
+        assert_eq!(pod["spec"]["schedulerName"], "scheduler-plugins-scheduler");
         let c = &pod["spec"]["containers"][0];
         assert_eq!(c["image"], "nvcr.io/nvidia/pytorch:24.10-py3", "{pod:#}");
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], 8);

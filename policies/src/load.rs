@@ -311,6 +311,12 @@ pub fn namespace_problem(ns: &str) -> Option<String> {
     })
 }
 
+/// Why `name` is not a Kubernetes object name (a DNS-1123 subdomain), if
+/// it is not.
+pub fn name_problem(name: &str) -> Option<String> {
+    check_name(name)
+}
+
 /// Kubernetes names: a DNS-1123 subdomain.
 pub(crate) fn check_name(name: &str) -> Option<String> {
     let ok = !name.is_empty()

@@ -99,6 +99,12 @@ pub struct Args {
     /// Which gang scheduler's PodGroup `--emit` writes for training jobs.
     #[arg(long, value_enum, default_value_t = GangSchedulerArg::Coscheduling)]
     pub gang_scheduler: GangSchedulerArg,
+    /// The training workers' `schedulerName` (default:
+    /// `scheduler-plugins-scheduler`, scheduler-plugins' second scheduler,
+    /// with coscheduling; `volcano` with Volcano). `default-scheduler`
+    /// where coscheduling runs in the default scheduler's profile.
+    #[arg(long)]
+    pub scheduler_name: Option<String>,
 }
 
 /// The gang scheduler a cluster runs.
@@ -161,6 +167,13 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     // A Kubernetes namespace: a DNS-1123 label.
     if let Some(why) = gpuscale_policies::load::namespace_problem(&args.training_namespace) {
         bail!("--training-namespace: {why}");
+    }
+    // A pod's schedulerName is a DNS-1123 subdomain, as the API server
+    // validates it.
+    if let Some(name) = &args.scheduler_name
+        && let Some(why) = gpuscale_policies::load::name_problem(name)
+    {
+        bail!("--scheduler-name: {why}");
     }
     let mut paths = vec![args.cluster.clone()];
     paths.extend(args.policies.iter().cloned());
@@ -453,10 +466,11 @@ fn finish(args: &Args, plan: &mut Plan) -> anyhow::Result<ExitCode> {
             GangSchedulerArg::Volcano => gang::artefacts::GangScheduler::Volcano,
         };
         let mut files = emit::files(plan, &args.namespace)?;
-        files.extend(gang::artefacts::files(
+        files.extend(gang::artefacts::files_named(
             &plan.gangs,
             &args.training_namespace,
             scheduler,
+            args.scheduler_name.as_deref(),
         )?);
         write_emitted(dir, &files)?;
         tracing::info!(dir = %dir.display(), "emitted NVIDIA configuration");

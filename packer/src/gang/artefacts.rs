@@ -65,6 +65,18 @@ pub fn kubernetes(
     namespace: &str,
     scheduler: GangScheduler,
 ) -> Vec<serde_json::Value> {
+    kubernetes_named(g, namespace, scheduler, None)
+}
+
+/// [`kubernetes`], with the workers' `schedulerName` given (where the
+/// gang scheduler runs under another name: coscheduling in the default
+/// scheduler's profile is `default-scheduler`).
+pub fn kubernetes_named(
+    g: &GangPlan,
+    namespace: &str,
+    scheduler: GangScheduler,
+    scheduler_name: Option<&str>,
+) -> Vec<serde_json::Value> {
     let namespace = g.namespace.as_deref().unwrap_or(namespace);
     let mut out = Vec::new();
     let total = g.workers_wanted * g.gpus_per_worker;
@@ -113,7 +125,7 @@ pub fn kubernetes(
     let mut labels = serde_json::Map::new();
     labels.insert("gpuscale.io/training-job".into(), json!(g.name));
     labels.insert("kueue.x-k8s.io/pod-group-name".into(), json!(g.name));
-    let scheduler_name = match scheduler {
+    let default_name = match scheduler {
         GangScheduler::Coscheduling => {
             labels.insert("scheduling.x-k8s.io/pod-group".into(), json!(g.name));
             "scheduler-plugins-scheduler"
@@ -123,6 +135,7 @@ pub fn kubernetes(
             "volcano"
         }
     };
+    let scheduler_name = scheduler_name.unwrap_or(default_name);
     for w in &g.workers {
         // The worker's number is an annotation, not a label: Kueue's pod
         // groups make one PodSet per distinct pod shape (labels and spec;
@@ -322,9 +335,20 @@ pub fn files(
     namespace: &str,
     scheduler: GangScheduler,
 ) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+    files_named(gangs, namespace, scheduler, None)
+}
+
+/// [`files`], with the workers' `schedulerName` given
+/// ([`kubernetes_named`]).
+pub fn files_named(
+    gangs: &[GangPlan],
+    namespace: &str,
+    scheduler: GangScheduler,
+    scheduler_name: Option<&str>,
+) -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
     let mut out = Vec::new();
     for g in gangs {
-        let docs = kubernetes(g, namespace, scheduler);
+        let docs = kubernetes_named(g, namespace, scheduler, scheduler_name);
         let mut text = String::new();
         for d in &docs {
             text.push_str("---\n");
