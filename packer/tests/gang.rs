@@ -2085,3 +2085,41 @@ fn a_gang_that_may_not_take_inference_gpus_after_all_leaves_no_gpu_held_twice() 
     );
     assert_eq!(by_name(&plan.gangs, "p").status, GangStatus::Pending);
 }
+
+#[test]
+fn pcie_gpus_are_in_no_nvlink_domain_unless_the_cluster_declares_one() {
+    // An SXM node that declares no NVLink domain is one of its own (its
+    // GPUs share NVSwitch); PCIe cards (L40S) are in none: a gang that
+    // must share an NVLink domain cannot use them, and a preferred one is
+    // met a level wider.
+    let c = topo_cluster(vec![
+        ("l0", "L40S", 4, "r0", "z0", None, vec![]),
+        ("l1", "L40S", 4, "r0", "z0", Some("bridged"), vec![]),
+        ("h0", "H100-80GB", 8, "r1", "z0", None, vec![]),
+    ]);
+    let l40s = |name: &str, mode: &str| {
+        let y = format!(
+            "workers: 1\ngpusPerWorker: 4\ngpuModels: [L40S]\ntopology: {{level: nvlink-domain, mode: {mode}}}\n"
+        );
+        let spec: TrainingJobSpec = serde_yaml_ng::from_str(&y).unwrap();
+        TrainingJob::from_spec(name, &spec, &Catalog::builtin()).unwrap()
+    };
+    // Required: only the node whose cluster entry declares a domain.
+    let gangs = place(&c, &[l40s("req", "required")]);
+    let g = by_name(&gangs, "req");
+    assert_eq!(g.workers.len(), 1, "{g:#?}");
+    assert_eq!(g.workers[0].node, "l1");
+    // With that node busy, it waits rather than take l0.
+    let gangs = place(&c, &[l40s("first", "required"), l40s("second", "required")]);
+    let second = by_name(&gangs, "second");
+    assert!(second.workers.is_empty(), "{second:#?}");
+    // Preferred: l0 meets it a level wider (one node, no NVLink).
+    let gangs = place(&c, &[l40s("first", "required"), l40s("pref", "preferred")]);
+    let pref = by_name(&gangs, "pref");
+    assert_eq!(pref.workers[0].node, "l0", "{pref:#?}");
+    assert_ne!(pref.topology_met, Some(TopologyLevel::NvlinkDomain));
+    // An H100 node with no declared domain is its own.
+    let h100 = place(&c, &[job("h", simple(1, 8, TopologyLevel::NvlinkDomain))]);
+    assert_eq!(by_name(&h100, "h").workers[0].node, "h0");
+    assert_eq!(by_name(&h100, "h").topology_met, Some(TopologyLevel::Node));
+}

@@ -143,6 +143,11 @@ pub struct GpuModel {
     pub product: String,
     /// MIG capability, `None` for GPUs without MIG.
     pub mig: Option<MigSpec>,
+    /// Whether a node's GPUs of this model are joined by NVLink (SXM
+    /// boards: NVSwitch or an NVLink mesh), so that a node is an NVLink
+    /// domain of its own when it declares none. PCIe cards are not (a
+    /// bridge joins two at most).
+    pub nvlink: bool,
 }
 
 impl GpuModel {
@@ -290,6 +295,7 @@ struct Row {
     memory_mib: u32,
     tflops: f64,
     price: f64,
+    nvlink: bool,
 }
 
 fn model(row: Row, mig: Option<MigSpec>) -> GpuModel {
@@ -303,6 +309,7 @@ fn model(row: Row, mig: Option<MigSpec>) -> GpuModel {
         price_per_hour: row.price,
         product: row.product.to_string(),
         mig,
+        nvlink: row.nvlink,
     }
 }
 
@@ -323,6 +330,7 @@ impl Catalog {
                     memory_mib: 40960,
                     tflops: 312.0,
                     price: 1.80,
+                    nvlink: true,
                 },
                 Some(eight_slot_mig(names(5, 10, 20, 40), &A100_SMS)),
             ),
@@ -333,6 +341,7 @@ impl Catalog {
                     memory_mib: 81920,
                     tflops: 312.0,
                     price: 2.20,
+                    nvlink: true,
                 },
                 Some(eight_slot_mig(names(10, 20, 40, 80), &A100_SMS)),
             ),
@@ -343,6 +352,7 @@ impl Catalog {
                     memory_mib: 81559,
                     tflops: 989.0,
                     price: 3.00,
+                    nvlink: true,
                 },
                 Some(eight_slot_mig(names(10, 20, 40, 80), &HOPPER_SMS)),
             ),
@@ -353,6 +363,7 @@ impl Catalog {
                     memory_mib: 95830,
                     tflops: 835.0,
                     price: 3.20,
+                    nvlink: false,
                 },
                 Some(eight_slot_mig(names(12, 24, 47, 94), &HOPPER_SMS)),
             ),
@@ -363,6 +374,7 @@ impl Catalog {
                     memory_mib: 143771,
                     tflops: 989.0,
                     price: 3.80,
+                    nvlink: true,
                 },
                 Some(eight_slot_mig(names(18, 35, 71, 141), &HOPPER_SMS)),
             ),
@@ -373,6 +385,7 @@ impl Catalog {
                     memory_mib: 183359,
                     tflops: 2250.0,
                     price: 5.50,
+                    nvlink: true,
                 },
                 Some(eight_slot_mig(names(23, 45, 90, 180), &HOPPER_SMS)),
             ),
@@ -383,6 +396,7 @@ impl Catalog {
                     memory_mib: 24576,
                     tflops: 165.0,
                     price: 0.90,
+                    nvlink: false,
                 },
                 Some(a30_mig()),
             ),
@@ -393,6 +407,7 @@ impl Catalog {
                     memory_mib: 23034,
                     tflops: 121.0,
                     price: 0.80,
+                    nvlink: false,
                 },
                 None,
             ),
@@ -403,6 +418,7 @@ impl Catalog {
                     memory_mib: 46068,
                     tflops: 362.0,
                     price: 1.40,
+                    nvlink: false,
                 },
                 None,
             ),
@@ -413,6 +429,7 @@ impl Catalog {
                     memory_mib: 23028,
                     tflops: 125.0,
                     price: 0.90,
+                    nvlink: false,
                 },
                 None,
             ),
@@ -423,6 +440,7 @@ impl Catalog {
                     memory_mib: 15360,
                     tflops: 65.0,
                     price: 0.40,
+                    nvlink: false,
                 },
                 None,
             ),

@@ -64,6 +64,10 @@ pub struct GpuModelOverride {
     /// `nvidia.com/gpu.product` label value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub product: Option<String>,
+    /// Whether a node's GPUs of this model are joined by NVLink (SXM
+    /// boards); a new model without `base` has none unless it says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<bool>,
     /// Usable memory per MIG profile name, GiB (e.g. read from
     /// `nvidia-smi mig -lgip`).
     #[serde(
@@ -933,6 +937,7 @@ fn apply_overrides(
                     price_per_hour,
                     product: o.product.clone().unwrap_or_else(|| o.name.clone()),
                     mig: None,
+                    nvlink: false,
                 },
                 _ => {
                     errors.push(FieldError::new(
@@ -987,6 +992,9 @@ fn apply_overrides(
         );
         if let Some(p) = &o.product {
             model.product = p.clone();
+        }
+        if let Some(nvlink) = o.nvlink {
+            model.nvlink = nvlink;
         }
         if model.usable_gib <= 0.0 {
             errors.push(FieldError::new(

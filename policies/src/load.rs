@@ -935,9 +935,15 @@ fn check_job_fits_cluster(
                     continue;
                 }
                 let own = || format!("node:{}", n.name);
+                // As gang placement groups nodes: PCIe GPUs with no
+                // declared NVLink domain are in none.
                 let key = match level {
                     TopologyLevel::Node => n.name.clone(),
-                    TopologyLevel::NvlinkDomain => n.nvlink_domain.clone().unwrap_or_else(own),
+                    TopologyLevel::NvlinkDomain => match &n.nvlink_domain {
+                        Some(d) => d.clone(),
+                        None if c.catalog.get(g).is_some_and(|m| m.nvlink) => own(),
+                        None => continue,
+                    },
                     TopologyLevel::Rack => n.rack.clone().unwrap_or_else(own),
                     TopologyLevel::Zone => n.zone.clone().unwrap_or_else(own),
                     TopologyLevel::Any => String::new(),

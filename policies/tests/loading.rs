@@ -1154,3 +1154,21 @@ fn a_yaml_tag_means_what_the_core_schema_says() {
     let b = load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap();
     assert_eq!(b.models[0].served_name, "12");
 }
+
+#[test]
+fn a_gang_that_must_share_nvlink_cannot_use_pcie_cards() {
+    // L40S are PCIe cards: a node of them declares no NVLink domain and
+    // is in none, so a gang that requires one has nowhere to run.
+    let cluster = cluster_file("\n    - {name: l, gpuModel: L40S, gpuCount: 4}\n");
+    let job = |mode: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 1\n  gpusPerWorker: 4\n  gpuModels: [L40S]\n  topology: {{level: nvlink-domain, mode: {mode}}}\n"
+        )
+    };
+    let p = problems_of(&[("c.yaml", &cluster), ("j.yaml", &job("required"))]);
+    assert_eq!(p, ["j.yaml:8 spec.topology.level"]);
+    assert!(problems_of(&[("c.yaml", &cluster), ("j.yaml", &job("preferred"))]).is_empty());
+    // Declared (an NVLink bridge the operator knows of), it is one.
+    let bridged = cluster.replace("gpuCount: 4}", "gpuCount: 4, nvlinkDomain: b0}");
+    assert!(problems_of(&[("c.yaml", &bridged), ("j.yaml", &job("required"))]).is_empty());
+}

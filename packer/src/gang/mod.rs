@@ -245,17 +245,25 @@ pub fn levels(job: &TrainingJob) -> Vec<TopologyLevel> {
 }
 
 /// A node's domain at a level. A node without the label is a domain of
-/// its own (it is not known to share a rack or zone with anything).
-pub fn domain(cluster: &Cluster, node: usize, level: TopologyLevel) -> String {
+/// its own (it is not known to share a rack or zone with anything), but
+/// for NVLink: a node that declares no NVLink domain is one of its own
+/// only when its GPUs are joined by NVLink (the catalogue's `nvlink`, SXM
+/// boards); PCIe cards are in none (`None`), and a gang that must share
+/// an NVLink domain cannot use them.
+pub fn domain(cluster: &Cluster, node: usize, level: TopologyLevel) -> Option<String> {
     let n = &cluster.nodes[node];
     let own = || format!("node:{}", n.name);
-    match level {
+    Some(match level {
         TopologyLevel::Node => n.name.clone(),
-        TopologyLevel::NvlinkDomain => n.nvlink_domain.clone().unwrap_or_else(own),
+        TopologyLevel::NvlinkDomain => match &n.nvlink_domain {
+            Some(d) => d.clone(),
+            None if cluster.catalog.get(&n.gpu_model).is_some_and(|g| g.nvlink) => own(),
+            None => return None,
+        },
         TopologyLevel::Rack => n.rack.clone().unwrap_or_else(own),
         TopologyLevel::Zone => n.zone.clone().unwrap_or_else(own),
         TopologyLevel::Any => String::new(),
-    }
+    })
 }
 
 /// "on one node", "in one rack", … "anywhere".
@@ -276,9 +284,12 @@ pub fn met(cluster: &Cluster, nodes: &BTreeSet<usize>) -> (TopologyLevel, Option
         TopologyLevel::Rack,
         TopologyLevel::Zone,
     ] {
-        let ds: BTreeSet<String> = nodes.iter().map(|&n| domain(cluster, n, level)).collect();
-        if ds.len() == 1 {
-            return (level, ds.into_iter().next());
+        let ds: BTreeSet<Option<String>> =
+            nodes.iter().map(|&n| domain(cluster, n, level)).collect();
+        if ds.len() == 1
+            && let Some(Some(d)) = ds.into_iter().next()
+        {
+            return (level, Some(d));
         }
     }
     (TopologyLevel::Any, None)

@@ -267,7 +267,10 @@ pub fn fit_counts(
                 if &cluster.nodes[n].gpu_model != m {
                     continue;
                 }
-                *per.entry(domain(cluster, n, level)).or_default() += c / gpw;
+                let Some(d) = domain(cluster, n, level) else {
+                    continue;
+                };
+                *per.entry(d).or_default() += c / gpw;
             }
             for (d, cap) in per {
                 if cap >= workers && best.as_ref().is_none_or(|b| cap < b.0) {
@@ -278,7 +281,10 @@ pub fn fit_counts(
         let Some((_, d, m)) = best else { continue };
         let mut nodes: Vec<(usize, u32)> = counts
             .iter()
-            .filter(|(n, _)| cluster.nodes[**n].gpu_model == m && domain(cluster, **n, level) == d)
+            .filter(|(n, _)| {
+                cluster.nodes[**n].gpu_model == m
+                    && domain(cluster, **n, level).as_ref() == Some(&d)
+            })
             .map(|(n, c)| (*n, c / gpw))
             .filter(|(_, w)| *w > 0)
             .collect();

@@ -201,10 +201,9 @@ fn solve_one(
     // Domains that could hold the whole gang at all.
     let mut domains: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (k, &(n, ..)) in nodes.iter().enumerate() {
-        domains
-            .entry(domain(cluster, n, level))
-            .or_default()
-            .push(k);
+        if let Some(d) = domain(cluster, n, level) {
+            domains.entry(d).or_default().push(k);
+        }
     }
     let cap = |k: usize| {
         let (_, f, i, h, _) = nodes[k];
@@ -388,7 +387,10 @@ pub fn why_waiting(
         let nodes = capacity(cluster, m, free, inference, victims);
         let mut per: BTreeMap<String, (u32, u32)> = BTreeMap::new();
         for (n, f, i, h, _) in nodes {
-            let e = per.entry(domain(cluster, n, level)).or_default();
+            let Some(d) = domain(cluster, n, level) else {
+                continue;
+            };
+            let e = per.entry(d).or_default();
             e.0 += f / gpw;
             e.1 += (f + i + h) / gpw;
         }
