@@ -1090,9 +1090,16 @@ pub fn from_nodes(
                 .or_else(|| labels.get(CLIQUE))
                 .filter(|v| !v.is_empty())
                 .cloned(),
+            // What the fields above hold (zone, rack, NVLink domain, the
+            // name) is not repeated as a label.
             labels: labels
                 .iter()
                 .filter(|(k, _)| !k.starts_with("nvidia.com/") && !k.starts_with("feature.node"))
+                .filter(|(k, _)| {
+                    !gpuscale_policies::inventory::DERIVED_LABELS
+                        .iter()
+                        .any(|(d, _)| d == k)
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<BTreeMap<_, _>>(),
             gpu_model: gpu_model.to_string(),

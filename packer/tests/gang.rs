@@ -954,7 +954,7 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
         .iter()
         .map(|d| {
             d["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
+                ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
                 .as_str()
                 .unwrap()
         })
@@ -1096,7 +1096,8 @@ fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
             Some("scheduler-plugins-scheduler")
         );
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
-        // The template's zone term and the planned node, ANDed in one term.
+        // The template's zone term and the planned node (by its name, a
+        // field), ANDed in one term.
         let terms = spec
             .affinity
             .unwrap()
@@ -1107,10 +1108,12 @@ fn a_job_with_a_worker_template_gets_one_complete_pod_per_worker() {
             .node_selector_terms;
         assert_eq!(terms.len(), 1);
         let exprs = terms[0].match_expressions.as_ref().unwrap();
-        assert_eq!(exprs.len(), 2);
+        assert_eq!(exprs.len(), 1);
         assert_eq!(exprs[0].key, "topology.kubernetes.io/zone");
-        assert_eq!(exprs[1].key, "kubernetes.io/hostname");
-        let node = exprs[1].values.as_ref().unwrap()[0].clone();
+        let fields = terms[0].match_fields.as_ref().unwrap();
+        assert_eq!(fields.len(), 1);
+        assert_eq!(fields[0].key, "metadata.name");
+        let node = fields[0].values.as_ref().unwrap()[0].clone();
         assert_eq!(node, t.workers[i].node);
         nodes.insert(node);
         // GPUs on the container that asked for them; the sidecar has none.
@@ -1250,6 +1253,53 @@ fn worker_templates_that_fight_the_placement_are_refused() {
             "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable"
         ]
     );
+    // Node rules as the API server validates them: an empty term (it
+    // matches no node, and used to be read as any), operators with the
+    // values they take, fields only `metadata.name` In/NotIn one value.
+    let terms = |t: &str| {
+        format!(
+            "  spec:\n    containers: [{{name: w, image: i}}]\n    affinity: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: {{nodeSelectorTerms: {t}}}}}}}"
+        )
+    };
+    let base = "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms";
+    assert_eq!(with(&terms("[]")), [base.to_string()]);
+    assert_eq!(
+        with(&terms(
+            "[{}, {matchExpressions: [{key: pool, operator: In, values: [a]}]}]"
+        )),
+        [format!("{base}[0]")]
+    );
+    assert_eq!(
+        with(&terms(
+            "[{matchExpressions: [{key: a, operator: Exists, values: [x]}, {key: b, operator: Gt, values: ['7', '8']}, {key: c, operator: In, values: []}, {key: d, operator: Foo}], matchFields: [{key: metadata.name, operator: In, values: [x, y]}, {key: spec.unschedulable, operator: In, values: ['true']}]}]"
+        )),
+        [
+            format!("{base}[0].matchExpressions[0].operator"),
+            format!("{base}[0].matchExpressions[1].operator"),
+            format!("{base}[0].matchExpressions[2].operator"),
+            format!("{base}[0].matchExpressions[3].operator"),
+            format!("{base}[0].matchFields[0].operator"),
+            format!("{base}[0].matchFields[1].key"),
+        ]
+    );
+    // Two workers may share a node, where a host port lets one start.
+    let ported = |workers: u32| {
+        let y = format!(
+            "workers: {workers}\ngpusPerWorker: 4\ntemplate:\n  spec: {{containers: [{{name: w, image: i, ports: [{{containerPort: 29500, hostPort: 29500}}]}}]}}"
+        );
+        let spec: TrainingJobSpec = serde_yaml_ng::from_str(&y).unwrap();
+        TrainingJob::from_spec("j", &spec, &Catalog::builtin())
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.path)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ported(2),
+        ["spec.template.spec.containers[0].ports[0].hostPort"]
+    );
+    assert!(ported(1).is_empty());
     // Preferred rules only score nodes: kept.
     assert!(
         with(&anti
@@ -2122,4 +2172,38 @@ fn pcie_gpus_are_in_no_nvlink_domain_unless_the_cluster_declares_one() {
     let h100 = place(&c, &[job("h", simple(1, 8, TopologyLevel::NvlinkDomain))]);
     assert_eq!(by_name(&h100, "h").workers[0].node, "h0");
     assert_eq!(by_name(&h100, "h").topology_met, Some(TopologyLevel::Node));
+}
+
+#[test]
+fn inference_stays_off_a_broken_gangs_gpus_while_its_pods_hold_them() {
+    // `jr` runs on a0's four GPUs and one failed: it restarts whole, its
+    // pods hold the other three until deleted. Inference is planned on
+    // a1, not on GPUs its pods would wait for with nothing saying why.
+    let mut c = topo_cluster(vec![
+        (
+            "a0",
+            "H100-80GB",
+            4,
+            "r0",
+            "z0",
+            None,
+            vec![(0, "jr"), (1, "jr"), (2, "jr"), (3, "jr")],
+        ),
+        ("a1", "H100-80GB", 4, "r0", "z0", None, vec![]),
+    ]);
+    c.nodes[0].gpus[2].health = gpuscale_policies::Health::Unhealthy;
+    let jobs = [job("jr", simple(1, 4, TopologyLevel::Node))];
+    let models = [whole_model("m", Priority::Standard, 0)];
+    let plan = joint_plan(&c, &models, &jobs, &[("m", 3)]);
+    for g in plan.gpus.iter().filter(|g| g.node == "a0") {
+        assert!(g.replicas.is_empty(), "{g:?}");
+    }
+    let placed: usize = plan
+        .gpus
+        .iter()
+        .filter(|g| g.node == "a1")
+        .map(|g| g.replicas.len())
+        .sum();
+    assert_eq!(placed, 3);
+    assert_eq!(by_name(&plan.gangs, "jr").status, GangStatus::Pending);
 }

@@ -226,14 +226,18 @@ fn tagged_scalar(text: &str, style: TScalarStyle, tag: Option<&Tag>) -> Result<V
             Value::String(text.to_string())
         });
     };
-    let name = format!("{}{}", tag.handle, tag.suffix);
-    if tag.handle != "tag:yaml.org,2002:" {
-        return Err(format!(
-            "the YAML tag `{name}` is not one gpuscale reads (only the core schema's: !!str, !!int, !!float, !!bool, !!null)"
-        ));
+    // The non-specific tag `!`: a string (YAML 1.2, 6.9.1).
+    if non_specific(tag) {
+        return Ok(Value::String(text.to_string()));
     }
+    let Some(suffix) = core_tag(tag) else {
+        return Err(format!(
+            "the YAML tag `{}` is not one gpuscale reads (only the core schema's: !!str, !!int, !!float, !!bool, !!null)",
+            tag_text(tag)
+        ));
+    };
     let resolved = plain_scalar(text);
-    let ok = match tag.suffix.as_str() {
+    let ok = match suffix {
         "str" => return Ok(Value::String(text.to_string())),
         "int" => resolved.as_i64().is_some() || resolved.as_u64().is_some(),
         "float" => resolved.is_number(),
@@ -241,8 +245,7 @@ fn tagged_scalar(text: &str, style: TScalarStyle, tag: Option<&Tag>) -> Result<V
         "null" => resolved.is_null(),
         _ => {
             return Err(format!(
-                "the YAML tag `!!{}` is not one gpuscale reads (only !!str, !!int, !!float, !!bool, !!null)",
-                tag.suffix
+                "the YAML tag `!!{suffix}` is not one gpuscale reads (only !!str, !!int, !!float, !!bool, !!null)"
             ));
         }
     };
@@ -250,10 +253,35 @@ fn tagged_scalar(text: &str, style: TScalarStyle, tag: Option<&Tag>) -> Result<V
         Ok(resolved)
     } else {
         Err(format!(
-            "`{}` is not what its tag `!!{}` says",
+            "`{}` is not what its tag `!!{suffix}` says",
             crate::model::shown(text),
-            tag.suffix
         ))
+    }
+}
+
+/// Whether a tag is the non-specific `!`.
+fn non_specific(tag: &Tag) -> bool {
+    format!("{}{}", tag.handle, tag.suffix) == "!"
+}
+
+/// A tag as written: `!!str` for the core schema's, else its text.
+fn tag_text(tag: &Tag) -> String {
+    match core_tag(tag) {
+        Some(name) => format!("!!{name}"),
+        None => format!("{}{}", tag.handle, tag.suffix),
+    }
+}
+
+/// The core schema's name of a tag (`str` for `!!str` and for the
+/// verbatim `!<tag:yaml.org,2002:str>`), if it is one.
+fn core_tag(tag: &Tag) -> Option<&str> {
+    const CORE: &str = "tag:yaml.org,2002:";
+    if tag.handle == CORE {
+        Some(tag.suffix.as_str())
+    } else if tag.handle.is_empty() || tag.handle == "!" {
+        tag.suffix.strip_prefix(CORE)
+    } else {
+        None
     }
 }
 
@@ -400,7 +428,28 @@ impl MarkedEventReceiver for Builder {
                     None => self.fail(&mark, "alias to an unknown anchor"),
                 }
             }
-            Event::MappingStart(anchor, _) | Event::SequenceStart(anchor, _) => {
+            Event::MappingStart(anchor, ref tag) | Event::SequenceStart(anchor, ref tag) => {
+                // A collection's tag: its own kind (`!!map`, `!!seq`) or
+                // none; `!!str [a, b]` is not text, so it is refused.
+                let want = if matches!(ev, Event::MappingStart(..)) {
+                    "map"
+                } else {
+                    "seq"
+                };
+                if let Some(t) = tag
+                    && !non_specific(t)
+                    && core_tag(t) != Some(want)
+                {
+                    self.fail(
+                        &mark,
+                        format!(
+                            "the YAML tag `{}` does not fit a {}",
+                            tag_text(t),
+                            if want == "map" { "mapping" } else { "sequence" }
+                        ),
+                    );
+                    return;
+                }
                 if self.stack.len() >= MAX_DEPTH {
                     self.fail(&mark, format!("nesting deeper than {MAX_DEPTH} levels"));
                     return;

@@ -296,9 +296,26 @@ impl Node {
         if let Some(gpu) = catalog.get(&self.gpu_model) {
             out.insert(PRODUCT_LABEL.into(), gpu.product.clone());
         }
+        // NVIDIA's GPU nodes run Linux, and GPU Feature Discovery marks
+        // them: a rule asking otherwise meets none.
+        out.entry("kubernetes.io/os".into())
+            .or_insert_with(|| "linux".into());
+        out.entry("nvidia.com/gpu.present".into())
+            .or_insert_with(|| "true".into());
         out
     }
 }
+
+/// Node labels gpuscale derives from a node's fields (its name, zone,
+/// rack, NVLink domain and GPU model), with the field: a node's `labels`
+/// may not set them apart.
+pub const DERIVED_LABELS: [(&str, &str); 5] = [
+    (HOSTNAME_LABEL, "name"),
+    (ZONE_LABEL, "zone"),
+    (RACK_LABEL, "rack"),
+    (NVLINK_DOMAIN_LABEL, "nvlinkDomain"),
+    (PRODUCT_LABEL, "gpuModel"),
+];
 
 /// The node label of a node's name.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -462,6 +479,17 @@ impl Cluster {
                 let at = format!("{path}.labels.{}", crate::model::shown(k));
                 if let Some(why) = crate::labels::key_problem(k) {
                     errors.push(FieldError::new(at, format!("the key {why}")));
+                } else if let Some(field) = DERIVED_LABELS
+                    .iter()
+                    .find(|(key, _)| key == k)
+                    .map(|(_, f)| f)
+                {
+                    errors.push(FieldError::new(
+                        at,
+                        format!(
+                            "gpuscale labels the node so from its `{field}`; give that instead"
+                        ),
+                    ));
                 } else if let Some(why) = crate::labels::value_problem(v) {
                     errors.push(FieldError::new(at, why));
                 }

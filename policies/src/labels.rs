@@ -72,6 +72,31 @@ pub fn value_problem(value: &str) -> Option<String> {
 /// Deployments it owns) and HAMi's webhook opt-out (set by the plan).
 pub fn reserved(key: &str) -> Option<&'static str> {
     let prefix = key.split_once('/').map(|(p, _)| p);
+    // Prometheus's Kubernetes discovery reads a pod label as
+    // `__meta_kubernetes_pod_label_<key>`, every character but letters,
+    // digits and `_` made `_`: a key that reads as one of gpuscale's own
+    // there (`app_kubernetes_io_name`) would stand in for it in a scrape
+    // job's relabelling.
+    let prom = |k: &str| -> String {
+        k.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    };
+    let own = ["app.kubernetes.io/name", "app.kubernetes.io/managed-by"];
+    if own.iter().any(|o| *o != key && prom(o) == prom(key))
+        || (prom(key).starts_with("gpuscale_io_") && prefix != Some("gpuscale.io"))
+    {
+        return Some(
+            "Prometheus reads it as the same label as one of gpuscale's own (`app.kubernetes.io/name`, `app.kubernetes.io/managed-by`, `gpuscale.io/…`)",
+        );
+    }
+    if prefix.is_some_and(|p| matches!(p, "kueue.x-k8s.io" | "scheduling.x-k8s.io" | "volcano.sh"))
+        || key == "scheduling.k8s.io/group-name"
+    {
+        return Some(
+            "a gang scheduler's or Kueue's key would put the model's pods in a training gang or a Kueue workload",
+        );
+    }
     if prefix.is_some_and(|p| p == "gpuscale.io" || p.ends_with(".gpuscale.io")) {
         Some("gpuscale's own labels (`gpuscale.io/…`) select and tell apart the pods it runs")
     } else if key == "app.kubernetes.io/managed-by" {
@@ -190,5 +215,16 @@ mod tests {
         assert!(reserved("app.kubernetes.io/name").is_none());
         assert!(reserved("notgpuscale.io/a").is_none());
         assert!(reserved("team").is_none());
+        // What Prometheus's relabelling reads as gpuscale's own keys.
+        assert!(reserved("app_kubernetes_io_name").is_some());
+        assert!(reserved("app-kubernetes-io/name").is_some());
+        assert!(reserved("app.kubernetes.io/managed_by").is_some());
+        assert!(reserved("gpuscale_io/variant").is_some());
+        assert!(reserved("app.kubernetes.io/component").is_none());
+        // A gang scheduler's or Kueue's keys.
+        assert!(reserved("kueue.x-k8s.io/queue-name").is_some());
+        assert!(reserved("scheduling.x-k8s.io/pod-group").is_some());
+        assert!(reserved("volcano.sh/job-name").is_some());
+        assert!(reserved("scheduling.k8s.io/group-name").is_some());
     }
 }

@@ -383,6 +383,17 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
         Some("ModelPolicy") => {
             let env: Envelope<ModelPolicySpec> = typed(doc)?;
             named(&env.metadata)?;
+            // The name labels every pod of the model (`gpuscale.io/model`,
+            // `app.kubernetes.io/name`): at most 63 characters.
+            if env.metadata.name.len() > 63 {
+                return Err(doc.problem(
+                    "metadata.name",
+                    format!(
+                        "a ModelPolicy's name labels its pods, and a label value has at most 63 characters; this one has {}",
+                        env.metadata.name.len()
+                    ),
+                ));
+            }
             let mut p = ModelPolicy::new(&env.metadata.name, env.spec);
             p.metadata.namespace = env.metadata.namespace;
             p.metadata.labels = (!env.metadata.labels.is_empty()).then_some(env.metadata.labels);

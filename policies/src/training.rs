@@ -139,6 +139,96 @@ pub struct TrainingJobSpec {
     pub template: Option<Box<PodTemplateSpec>>,
 }
 
+/// A template's `nodeSelector` and required node affinity as the API
+/// server validates them (`ValidateNodeSelector`,
+/// `ValidateNodeSelectorRequirement`, `ValidateNodeFieldSelectorRequirement`):
+/// at least one term, no empty term (it matches no node), an operator it
+/// knows with the values it takes, label keys and values, and fields only
+/// `metadata.name` with `In`/`NotIn` and one value.
+fn check_node_rules(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (k, v) in spec.node_selector.iter().flatten() {
+        let path = format!("spec.template.spec.nodeSelector.{}", crate::model::shown(k));
+        if let Some(why) = crate::labels::key_problem(k) {
+            errors.push(FieldError::new(path, format!("the key {why}")));
+        } else if let Some(why) = crate::labels::value_problem(v) {
+            errors.push(FieldError::new(path, why));
+        }
+    }
+    let Some(required) = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return errors;
+    };
+    let base = "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms";
+    if required.node_selector_terms.is_empty() {
+        errors.push(FieldError::new(
+            base,
+            "needs at least one term (the API server's rule)",
+        ));
+    }
+    for (i, term) in required.node_selector_terms.iter().enumerate() {
+        let exprs = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        if exprs.is_empty() && fields.is_empty() {
+            errors.push(FieldError::new(
+                format!("{base}[{i}]"),
+                "an empty term matches no node (Kubernetes' NodeSelectorTerm); leave it out",
+            ));
+        }
+        for (j, e) in exprs.iter().enumerate() {
+            let path = format!("{base}[{i}].matchExpressions[{j}]");
+            let values = e.values.as_deref().unwrap_or_default();
+            if let Some(why) = crate::labels::key_problem(&e.key) {
+                errors.push(FieldError::new(
+                    format!("{path}.key"),
+                    format!("the key {why}"),
+                ));
+            }
+            let problem = match e.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => Some("`In` and `NotIn` need values"),
+                "In" | "NotIn" => values
+                    .iter()
+                    .any(|v| crate::labels::value_problem(v).is_some())
+                    .then_some("every value must be a label value"),
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    Some("`Exists` and `DoesNotExist` take no values")
+                }
+                "Exists" | "DoesNotExist" => None,
+                "Gt" | "Lt" => (values.len() != 1 || values[0].parse::<i64>().is_err())
+                    .then_some("`Gt` and `Lt` take one value, an integer"),
+                _ => Some("the operator is one of In, NotIn, Exists, DoesNotExist, Gt, Lt"),
+            };
+            if let Some(why) = problem {
+                errors.push(FieldError::new(format!("{path}.operator"), why));
+            }
+        }
+        for (j, f) in fields.iter().enumerate() {
+            let path = format!("{base}[{i}].matchFields[{j}]");
+            if f.key != "metadata.name" {
+                errors.push(FieldError::new(
+                    format!("{path}.key"),
+                    "a node field selector reads `metadata.name` only",
+                ));
+            } else if !matches!(f.operator.as_str(), "In" | "NotIn")
+                || f.values.as_ref().is_none_or(|v| v.len() != 1)
+            {
+                errors.push(FieldError::new(
+                    format!("{path}.operator"),
+                    "a node field selector is `In` or `NotIn` with one value",
+                ));
+            }
+        }
+    }
+    errors
+}
+
 /// Pod label and annotation keys the placement sets on every worker.
 const PLACEMENT_KEYS: [&str; 7] = [
     "scheduling.x-k8s.io/pod-group",
@@ -157,7 +247,7 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// added to it: containers with images (a `Pod` needs one), no node of
 /// its own (`nodeName` bypasses the scheduler and the gang), and at most
 /// one container asking for GPUs, for `gpus_per_worker` if it says.
-fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> {
+fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let Some(spec) = &t.spec else {
         errors.push(FieldError::new(
@@ -212,6 +302,7 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> 
             }
         }
     }
+    errors.extend(check_node_rules(spec));
     // gpuscale pins each worker to its planned node: a required rule of
     // the template's own about other pods could leave a worker unable to
     // schedule there, and the gang waiting for it forever.
@@ -267,6 +358,21 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32) -> Vec<FieldError> 
                     errors.push(FieldError::new(
                         format!("spec.template.spec.initContainers[{i}].resources.{kind}.{k}"),
                         "the plan gives the worker's GPUs to its container; an init container asks for none",
+                    ));
+                }
+            }
+        }
+    }
+    // Two workers may share a node: a host port would let only one start
+    // there, and the gang wait for the other forever (kube-scheduler's
+    // NodePorts filter).
+    if workers > 1 {
+        for (i, c) in spec.containers.iter().enumerate() {
+            for (j, p) in c.ports.iter().flatten().enumerate() {
+                if p.host_port.is_some_and(|h| h != 0) {
+                    errors.push(FieldError::new(
+                        format!("spec.template.spec.containers[{i}].ports[{j}].hostPort"),
+                        "two workers of the gang may share a node, where one host port lets only one start; leave hostPort out",
                     ));
                 }
             }
@@ -833,7 +939,7 @@ impl TrainingJob {
             errors.push(FieldError::new("spec.account", "must not be empty"));
         }
         if let Some(t) = &spec.template {
-            errors.extend(check_template(t, spec.gpus_per_worker));
+            errors.extend(check_template(t, spec.gpus_per_worker, spec.workers));
         }
         if errors.is_empty() {
             Ok(TrainingJob {
@@ -958,8 +1064,13 @@ impl NodeRules {
         let holds = |r: &NodeRule| {
             !(r.key == "metadata.name" || evaluated.contains(&r.key)) || r.holds(labels, name)
         };
+        // An empty term matches no node (the API's NodeSelectorTerm).
         self.selector.iter().all(holds)
-            && (self.terms.is_empty() || self.terms.iter().any(|t| t.iter().all(holds)))
+            && (self.terms.is_empty()
+                || self
+                    .terms
+                    .iter()
+                    .any(|t| !t.is_empty() && t.iter().all(holds)))
     }
 
     /// Every rule.

@@ -1099,6 +1099,11 @@ fn a_worker_templates_node_rules_name_labels_the_cluster_knows_and_some_node_mee
     );
     // Met by `a`; a label every node carries is not the cluster's to list.
     assert!(run("      nodeSelector: {pool: train, kubernetes.io/arch: amd64}\n").is_empty());
+    // But GPU nodes run Linux and carry GPU Feature Discovery's mark.
+    assert_eq!(
+        run("      nodeSelector: {kubernetes.io/os: windows}\n"),
+        ["j.yaml:11 spec.template.spec.nodeSelector.kubernetes.io/os"]
+    );
 }
 
 /// Each problem as `file:line field.path`, in order.
@@ -1153,6 +1158,32 @@ fn a_yaml_tag_means_what_the_core_schema_says() {
     let text = POLICY.to_owned() + "  servedName: !!str 12\n";
     let b = load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap();
     assert_eq!(b.models[0].served_name, "12");
+    // The non-specific `!` and the verbatim core tag are text too.
+    for tagged in ["! 12", "!<tag:yaml.org,2002:str> 12"] {
+        let text = format!("{POLICY}  servedName: {tagged}\n");
+        let b = load_sources(&[(Path::new("p.yaml"), text.as_str())]).unwrap();
+        assert_eq!(b.models[0].served_name, "12", "{tagged}");
+    }
+    // A collection's tag is its own kind or none.
+    let text = POLICY.to_owned() + "  adapters: !!str [a, b]\n";
+    let p = problems("p.yaml", &text);
+    assert!(
+        p[0].message.contains("`!!str` does not fit a sequence"),
+        "{}",
+        p[0].message
+    );
+    let text = POLICY.to_owned() + "  adapters: !!seq [a, b]\n";
+    assert!(load_sources(&[(Path::new("p.yaml"), text.as_str())]).is_ok());
+}
+
+#[test]
+fn a_model_policy_name_is_at_most_a_label_value_long() {
+    // It labels every pod of the model (`gpuscale.io/model`).
+    let name = "m".repeat(64);
+    let text = POLICY.replace("name: m", &format!("name: {name}"));
+    assert_eq!(located(&problems("p.yaml", &text)), [(4, "metadata.name")]);
+    let text = POLICY.replace("name: m", &format!("name: {}", &name[..63]));
+    assert!(load_sources(&[(Path::new("p.yaml"), text.as_str())]).is_ok());
 }
 
 #[test]
@@ -1171,4 +1202,22 @@ fn a_gang_that_must_share_nvlink_cannot_use_pcie_cards() {
     // Declared (an NVLink bridge the operator knows of), it is one.
     let bridged = cluster.replace("gpuCount: 4}", "gpuCount: 4, nvlinkDomain: b0}");
     assert!(problems_of(&[("c.yaml", &bridged), ("j.yaml", &job("required"))]).is_empty());
+}
+
+#[test]
+fn a_nodes_labels_leave_what_its_fields_say_to_them() {
+    // The zone, rack, NVLink domain, name and GPU product are the node's
+    // fields; a label of its own for one of them would disagree with
+    // what placement reads.
+    let text = cluster_file(
+        "\n    - {name: a, gpuModel: H100-80GB, gpuCount: 8, labels: {gpuscale.io/rack: r1, topology.kubernetes.io/zone: z9, team: nlp}}\n",
+    );
+    let p = problems_of(&[("c.yaml", &text)]);
+    assert_eq!(
+        p,
+        [
+            "c.yaml:7 spec.nodes[0].labels.gpuscale.io/rack",
+            "c.yaml:7 spec.nodes[0].labels.topology.kubernetes.io/zone"
+        ]
+    );
 }

@@ -186,8 +186,11 @@ impl Placement<'_> {
     /// them (the first if none does; the job's check allows one at most).
     fn onto(&self, mut spec: Value) -> Value {
         spec["schedulerName"] = json!(self.scheduler_name);
+        // The node by its name (a field, as the inference variants pin
+        // theirs): its `kubernetes.io/hostname` label may differ
+        // (`--hostname-override`).
         let on_node = json!({
-            "key": "kubernetes.io/hostname",
+            "key": "metadata.name",
             "operator": "In",
             "values": [self.node],
         });
@@ -196,13 +199,13 @@ impl Placement<'_> {
         match required["nodeSelectorTerms"].as_array_mut() {
             Some(terms) if !terms.is_empty() => {
                 for term in terms {
-                    match term["matchExpressions"].as_array_mut() {
-                        Some(e) => e.push(on_node.clone()),
-                        None => term["matchExpressions"] = json!([on_node.clone()]),
+                    match term["matchFields"].as_array_mut() {
+                        Some(f) => f.push(on_node.clone()),
+                        None => term["matchFields"] = json!([on_node.clone()]),
                     }
                 }
             }
-            _ => required["nodeSelectorTerms"] = json!([{"matchExpressions": [on_node]}]),
+            _ => required["nodeSelectorTerms"] = json!([{"matchFields": [on_node]}]),
         }
         if let Some(containers) = spec["containers"].as_array_mut()
             && !containers.is_empty()

@@ -174,12 +174,32 @@ pub fn plan(
         .filter(|h| h.intact)
         .flat_map(|h| h.gpus.iter().copied())
         .collect();
-    // Broken gangs' GPUs are not held: they are in the cluster, and their
-    // job workloads are not inference's.
+    // Broken gangs' GPUs are not held: the gangs restart whole, and a
+    // gang may start on them (naming the broken one, whose pods must be
+    // deleted first). Inference stays off them: its pods would wait for
+    // those deletions with nothing in the plan to say so.
+    let broken: BTreeSet<GpuRef> = held
+        .values()
+        .filter(|h| !h.intact)
+        .flat_map(|h| h.gpus.iter().copied())
+        .filter(|&(n, i)| {
+            cluster.nodes[n]
+                .gpus
+                .iter()
+                .any(|g| g.index == i && g.health == gpuscale_policies::Health::Healthy)
+        })
+        .collect();
     let base = without_job_workloads(cluster, jobs);
-    let inf0 = for_inference(&base, &held_gpus);
+    let for_inference = |taken: &BTreeSet<GpuRef>| {
+        let all: BTreeSet<GpuRef> = taken.union(&broken).copied().collect();
+        for_inference(&base, &all)
+    };
+    let inf0 = for_inference(&held_gpus);
     let full = pack_from(&inf0, models, demand, options, basis)?;
-    let inv = inventory(&inf0, &full, models);
+    let mut inv = inventory(&inf0, &full, models);
+    for &(n, i) in &broken {
+        inv.free.entry(n).or_default().insert(i);
+    }
     let mut placed = place(&base, jobs, &held, &inv, q, gang_options);
     // The inventory `placed` came from.
     let mut source = inv.clone();
@@ -241,7 +261,7 @@ pub fn plan(
                 break;
             }
             let gpus = gang_gpus(&base, &trial.gangs);
-            let p = pack_from(&for_inference(&base, &gpus), models, demand, options, None)?;
+            let p = pack_from(&for_inference(&gpus), models, demand, options, None)?;
             let takers: Vec<&GangPlan> = trial
                 .gangs
                 .iter()
@@ -290,7 +310,7 @@ pub fn plan(
         let p = match &cache {
             Some((set, p)) if *set == gang_gpus => p.clone(),
             _ => {
-                let inf = for_inference(&base, &gang_gpus);
+                let inf = for_inference(&gang_gpus);
                 pack_from(&inf, models, demand, options, None)?
             }
         };
@@ -482,7 +502,7 @@ pub fn plan(
     }
     // What is left free for training.
     let taken = gang_gpus(&base, &placed.gangs);
-    let inf = for_inference(&base, &taken);
+    let inf = for_inference(&taken);
     let left = inventory(&inf, &plan, models);
     plan.training = Some(summary(&base, &placed.gangs, &left.free));
     plan.gangs = placed.gangs;
