@@ -1282,6 +1282,18 @@ fn worker_templates_that_fight_the_placement_are_refused() {
             format!("{base}[0].matchFields[1].key"),
         ]
     );
+    // The job's own namespace says where its pods go; Kueue's role hash
+    // would regroup them; an empty nodeName is no node (the API server
+    // reads it as unset).
+    assert_eq!(
+        with(
+            "  metadata: {namespace: other, annotations: {kueue.x-k8s.io/role-hash: x}}\n  spec: {nodeName: \"\", containers: [{name: w, image: i}]}"
+        ),
+        [
+            "spec.template.metadata.namespace",
+            "spec.template.metadata.annotations.kueue.x-k8s.io/role-hash"
+        ]
+    );
     // Two workers may share a node, where a host port lets one start.
     let ported = |workers: u32| {
         let y = format!(

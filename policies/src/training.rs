@@ -155,15 +155,7 @@ fn check_node_rules(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<FieldErro
             errors.push(FieldError::new(path, why));
         }
     }
-    let Some(required) = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-    else {
+    let Some(required) = required_node_affinity(spec) else {
         return errors;
     };
     let base = "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms";
@@ -229,8 +221,21 @@ fn check_node_rules(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<FieldErro
     errors
 }
 
+/// A pod spec's required node affinity, if it has one.
+fn required_node_affinity(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Option<&k8s_openapi::api::core::v1::NodeSelector> {
+    spec.affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+}
+
 /// Pod label and annotation keys the placement sets on every worker.
-const PLACEMENT_KEYS: [&str; 7] = [
+const PLACEMENT_KEYS: [&str; 8] = [
+    "kueue.x-k8s.io/role-hash",
     "scheduling.x-k8s.io/pod-group",
     "scheduling.k8s.io/group-name",
     "kueue.x-k8s.io/pod-group-name",
@@ -280,6 +285,23 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Ve
     // none of the keys the placement sets (a stale group name would put
     // the workers in another gang).
     let meta = t.metadata.as_ref();
+    if meta.is_some_and(|m| m.namespace.is_some()) {
+        errors.push(FieldError::new(
+            "spec.template.metadata.namespace",
+            "the job's own `metadata.namespace` says where its pods go; leave this out",
+        ));
+    }
+    // The API server's cap on a pod's annotations, keys and values.
+    let annotation_bytes: usize = meta
+        .and_then(|m| m.annotations.as_ref())
+        .map(|a| a.iter().map(|(k, v)| k.len() + v.len()).sum())
+        .unwrap_or(0);
+    if annotation_bytes > 256 * 1024 {
+        errors.push(FieldError::new(
+            "spec.template.metadata.annotations",
+            format!("hold {annotation_bytes} bytes: the API server takes at most 262144 (256 KiB)"),
+        ));
+    }
     for (what, map) in [
         ("labels", meta.and_then(|m| m.labels.as_ref())),
         ("annotations", meta.and_then(|m| m.annotations.as_ref())),
@@ -402,7 +424,7 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Ve
             }
         }
     }
-    if spec.node_name.is_some() {
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
         errors.push(FieldError::new(
             "spec.template.spec.nodeName",
             "gpuscale places each worker on its node; a fixed node would bypass the gang scheduler",
@@ -1019,14 +1041,7 @@ impl NodeRules {
                 values: vec![v.clone()],
             });
         }
-        let terms = spec
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| {
-                n.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
+        let terms = required_node_affinity(spec)
             .map(|r| r.node_selector_terms.as_slice())
             .unwrap_or_default();
         for (i, term) in terms.iter().enumerate() {
