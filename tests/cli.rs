@@ -897,24 +897,31 @@ fn simulate_writes_the_report_and_its_plots() {
     assert!(errors(&out).contains("nope.yaml"), "{}", errors(&out));
 }
 
+/// A fresh directory for `--emit`, and its path as text.
+fn emit_dir(tag: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("gpuscale-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = dir.to_string_lossy().to_string();
+    (dir, text)
+}
+
+/// `plan` on the examples with their training jobs at a fixed instant,
+/// emitting into `dir`.
+fn training_plan_args(dir: &str) -> Vec<&str> {
+    let mut args = PLAN_ARGS.to_vec();
+    args.insert(5, "examples/training");
+    args.extend(["--emit", dir, "--now", "2026-12-03T09:00:00Z"]);
+    args
+}
+
 #[test]
 fn plan_names_the_scheduler_the_cluster_runs_coscheduling_in() {
     // Coscheduling run in the default scheduler's profile: the workers
     // ask for `default-scheduler`; a name the API server would refuse is
     // refused here.
-    let dir = std::env::temp_dir().join(format!("gpuscale-sched-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let dir_text = dir.to_string_lossy().to_string();
-    let mut args = PLAN_ARGS.to_vec();
-    args.insert(5, "examples/training");
-    args.extend([
-        "--emit",
-        dir_text.as_str(),
-        "--now",
-        "2026-12-03T09:00:00Z",
-        "--scheduler-name",
-        "default-scheduler",
-    ]);
+    let (dir, dir_text) = emit_dir("sched");
+    let mut args = training_plan_args(&dir_text);
+    args.extend(["--scheduler-name", "default-scheduler"]);
     let out = gpuscale(&args);
     assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     let text = std::fs::read_to_string(dir.join("gangs/vit-pretrain.yaml")).unwrap();
@@ -938,19 +945,9 @@ fn plan_names_the_scheduler_the_cluster_runs_coscheduling_in() {
 
 #[test]
 fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
-    let dir = std::env::temp_dir().join(format!("gpuscale-gangs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let dir_text = dir.to_string_lossy().to_string();
-    let mut args = PLAN_ARGS.to_vec();
-    args.insert(5, "examples/training");
-    args.extend([
-        "--format",
-        "json",
-        "--emit",
-        dir_text.as_str(),
-        "--now",
-        "2026-12-03T09:00:00Z",
-    ]);
+    let (dir, dir_text) = emit_dir("gangs");
+    let mut args = training_plan_args(&dir_text);
+    args.extend(["--format", "json"]);
     let out = gpuscale(&args);
     assert_eq!(
         out.status.code(),
