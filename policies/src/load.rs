@@ -379,21 +379,27 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             None => Ok(()),
         },
     };
+    // A name that labels pods is a label value: at most 63 characters.
+    let labels_pods = |m: &Metadata, what: &str| {
+        if m.name.len() > 63 {
+            Err(doc.problem(
+                "metadata.name",
+                format!(
+                    "{what}, and a label value has at most 63 characters; this one has {}",
+                    m.name.len()
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    };
     match doc.kind() {
         Some("ModelPolicy") => {
             let env: Envelope<ModelPolicySpec> = typed(doc)?;
             named(&env.metadata)?;
             // The name labels every pod of the model (`gpuscale.io/model`,
-            // `app.kubernetes.io/name`): at most 63 characters.
-            if env.metadata.name.len() > 63 {
-                return Err(doc.problem(
-                    "metadata.name",
-                    format!(
-                        "a ModelPolicy's name labels its pods, and a label value has at most 63 characters; this one has {}",
-                        env.metadata.name.len()
-                    ),
-                ));
-            }
+            // `app.kubernetes.io/name`).
+            labels_pods(&env.metadata, "a ModelPolicy's name labels its pods")?;
             let mut p = ModelPolicy::new(&env.metadata.name, env.spec);
             p.metadata.namespace = env.metadata.namespace;
             p.metadata.labels = (!env.metadata.labels.is_empty()).then_some(env.metadata.labels);
@@ -405,17 +411,8 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
             let env: Envelope<TrainingJobSpec> = typed(doc)?;
             named(&env.metadata)?;
             // The name is a label value on every worker
-            // (`gpuscale.io/training-job`, the PodGroup's label): at most
-            // 63 characters.
-            if env.metadata.name.len() > 63 {
-                return Err(doc.problem(
-                    "metadata.name",
-                    format!(
-                        "a TrainingJob's name labels its worker pods, and a label value has at most 63 characters; this one has {}",
-                        env.metadata.name.len()
-                    ),
-                ));
-            }
+            // (`gpuscale.io/training-job`, the PodGroup's label).
+            labels_pods(&env.metadata, "a TrainingJob's name labels its worker pods")?;
             Ok(Parsed::Job(
                 env.metadata.name,
                 env.metadata.namespace,
