@@ -1,10 +1,19 @@
 //! Admission and balancing for one model, as a pure state machine: which
 //! replica a request goes to (among replicas with free capacity and not
 //! ejected, by [`crate::affinity::choose`]: the owner of its prefix within
-//! bounded loads, else the least outstanding), who waits (a FIFO per priority class, bounded),
+//! bounded loads, else the least outstanding), who waits (a queue per priority class, bounded),
 //! who is handed the slot a finished request frees (critical first, then
-//! standard, then sheddable, each first in first out), and which replicas
-//! are ejected after repeated failures.
+//! standard, then sheddable; within a class first in first out while the
+//! queue keeps up, newest first once its oldest waiter has waited past the
+//! model's budget: adaptive LIFO), and which replicas are ejected after
+//! repeated failures.
+//!
+//! Why newest first under overload: a waiter past its budget has missed
+//! its SLO whatever happens next, and serving it first makes every request
+//! behind it miss too. Newest first serves the requests that can still
+//! make it while the queue is backed up; the oldest are served when it
+//! drains, or answered 503 at the queue timeout. This is Facebook's
+//! *adaptive LIFO* (Maurer, "Fail at Scale", ACM Queue 13(8), 2015).
 //!
 //! No clock reads and no I/O: callers pass `now`; a waiter is any value `W`
 //! (the gateway's is the sending half of a oneshot channel), so the rules
@@ -134,7 +143,13 @@ pub enum Enqueued<W> {
 #[derive(Debug)]
 pub struct Pool<W> {
     replicas: Vec<Replica>,
-    queues: [VecDeque<(u64, Hint, W)>; 3],
+    /// Per class: the waiter's id, its hint, the waiter, when it queued.
+    queues: [VecDeque<(u64, Hint, W, Instant)>; 3],
+    /// A class is served newest first while its oldest waiter has waited
+    /// this long; `None`: always oldest first.
+    newest_first_after: Option<Duration>,
+    /// Grants handed newest first so far.
+    newest_first_grants: u64,
     balance: Balance,
     max_queue: usize,
     default_limit: u32,
@@ -158,6 +173,8 @@ impl<W> Pool<W> {
         Pool {
             replicas: Vec::new(),
             queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            newest_first_after: None,
+            newest_first_grants: 0,
             balance: Balance::default(),
             max_queue,
             default_limit: default_limit.max(1),
@@ -171,6 +188,32 @@ impl<W> Pool<W> {
     /// Sets how requests are spread over the replicas.
     pub fn set_balance(&mut self, balance: Balance) {
         self.balance = balance;
+    }
+
+    /// Serves each class newest first while its oldest waiter has waited
+    /// at least `after` (adaptive LIFO); `None` serves every class oldest
+    /// first, always.
+    pub fn set_newest_first_after(&mut self, after: Option<Duration>) {
+        self.newest_first_after = after;
+    }
+
+    /// Slots handed to the newest waiter of a backed-up class, ahead of
+    /// older ones, so far.
+    pub fn newest_first_grants(&self) -> u64 {
+        self.newest_first_grants
+    }
+
+    /// Whether some class is backed up at `now`: it is served newest first.
+    pub fn newest_first(&self, now: Instant) -> bool {
+        (0..3).any(|c| self.backed_up(c, now))
+    }
+
+    fn backed_up(&self, class: usize, now: Instant) -> bool {
+        self.newest_first_after.is_some_and(|after| {
+            self.queues[class]
+                .front()
+                .is_some_and(|f| now.saturating_duration_since(f.3) >= after)
+        })
     }
 
     /// The replicas (draining ones included).
@@ -342,19 +385,26 @@ impl<W> Pool<W> {
         })
     }
 
-    /// Queues a waiter with an id the caller chose (to find it again on
-    /// timeout).
+    /// Queues a waiter, arrived at `now`, with an id the caller chose (to
+    /// find it again on timeout).
     /// `hint` is kept for the choice of its replica when a slot frees.
-    pub fn enqueue(&mut self, id: u64, priority: Priority, hint: Hint, waiter: W) -> Enqueued<W> {
+    pub fn enqueue(
+        &mut self,
+        id: u64,
+        priority: Priority,
+        hint: Hint,
+        waiter: W,
+        now: Instant,
+    ) -> Enqueued<W> {
         let class = class_index(priority);
         if self.waiting() < self.max_queue {
-            self.queues[class].push_back((id, hint, waiter));
+            self.queues[class].push_back((id, hint, waiter, now));
             return Enqueued::Waiting;
         }
         // Full: a lower class gives up its newest waiter.
         for lower in (class + 1..3).rev() {
-            if let Some((_, _, out)) = self.queues[lower].pop_back() {
-                self.queues[class].push_back((id, hint, waiter));
+            if let Some((_, _, out, _)) = self.queues[lower].pop_back() {
+                self.queues[class].push_back((id, hint, waiter, now));
                 return Enqueued::Displaced(out);
             }
         }
@@ -365,8 +415,8 @@ impl<W> Pool<W> {
     /// queued (it was granted a slot or displaced).
     pub fn remove_waiter(&mut self, id: u64) -> Option<W> {
         for q in &mut self.queues {
-            if let Some(i) = q.iter().position(|(w, _, _)| *w == id) {
-                return q.remove(i).map(|(_, _, w)| w);
+            if let Some(i) = q.iter().position(|(w, _, _, _)| *w == id) {
+                return q.remove(i).map(|(_, _, w, _)| w);
             }
         }
         None
@@ -384,17 +434,27 @@ impl<W> Pool<W> {
         }
     }
 
-    /// Hands free slots to waiters, most important class first, each class
-    /// in arrival order. The caller delivers each grant; a waiter that is
-    /// gone hands its slot back through [`Pool::release`].
+    /// Hands free slots to waiters, most important class first; within a
+    /// class the oldest first, or the newest while the class is backed up
+    /// (see [`Pool::set_newest_first_after`]). The caller delivers each
+    /// grant; a waiter that is gone hands its slot back through
+    /// [`Pool::release`].
     pub fn dispatch(&mut self, now: Instant) -> Vec<(W, Slot)> {
         let mut out = Vec::new();
         while let Some(class) = self.queues.iter().position(|q| !q.is_empty()) {
-            let hint = self.queues[class].front().expect("non-empty").1;
+            let newest = self.backed_up(class, now);
+            let q = &self.queues[class];
+            let hint = if newest { q.back() } else { q.front() }
+                .expect("non-empty")
+                .1;
             let Some(slot) = self.take_slot(now, &[], hint) else {
                 break;
             };
-            let (_, _, w) = self.queues[class].pop_front().expect("non-empty");
+            let q = &mut self.queues[class];
+            // Counted where it overtook someone.
+            self.newest_first_grants += u64::from(newest && q.len() > 1);
+            let (_, _, w, _) =
+                if newest { q.pop_back() } else { q.pop_front() }.expect("non-empty");
             out.push((w, slot));
         }
         out
@@ -556,19 +616,19 @@ mod tests {
         let a = p.add_replica(ep(1), None);
         p.acquire(now, Hint::default()).unwrap();
         assert_eq!(
-            p.enqueue(1, Priority::Sheddable, Hint::default(), "s1"),
+            p.enqueue(1, Priority::Sheddable, Hint::default(), "s1", now),
             Enqueued::Waiting
         );
         assert_eq!(
-            p.enqueue(2, Priority::Standard, Hint::default(), "n1"),
+            p.enqueue(2, Priority::Standard, Hint::default(), "n1", now),
             Enqueued::Waiting
         );
         assert_eq!(
-            p.enqueue(3, Priority::Critical, Hint::default(), "c1"),
+            p.enqueue(3, Priority::Critical, Hint::default(), "c1", now),
             Enqueued::Waiting
         );
         assert_eq!(
-            p.enqueue(4, Priority::Standard, Hint::default(), "n2"),
+            p.enqueue(4, Priority::Standard, Hint::default(), "n2", now),
             Enqueued::Waiting
         );
         assert_eq!(p.acquire(now, Hint::default()), None, "waiters go first");
@@ -584,26 +644,27 @@ mod tests {
 
     #[test]
     fn a_full_queue_rejects_or_displaces_a_lower_class() {
+        let now = Instant::now();
         let mut p: Pool<u32> = Pool::new(2, 1);
         assert_eq!(
-            p.enqueue(1, Priority::Sheddable, Hint::default(), 1),
+            p.enqueue(1, Priority::Sheddable, Hint::default(), 1, now),
             Enqueued::Waiting
         );
         assert_eq!(
-            p.enqueue(2, Priority::Standard, Hint::default(), 2),
+            p.enqueue(2, Priority::Standard, Hint::default(), 2, now),
             Enqueued::Waiting
         );
         assert_eq!(
-            p.enqueue(3, Priority::Standard, Hint::default(), 3),
+            p.enqueue(3, Priority::Standard, Hint::default(), 3, now),
             Enqueued::Displaced(1),
             "the sheddable one makes room"
         );
         assert_eq!(
-            p.enqueue(4, Priority::Standard, Hint::default(), 4),
+            p.enqueue(4, Priority::Standard, Hint::default(), 4, now),
             Enqueued::Rejected(4)
         );
         assert_eq!(
-            p.enqueue(5, Priority::Sheddable, Hint::default(), 5),
+            p.enqueue(5, Priority::Sheddable, Hint::default(), 5, now),
             Enqueued::Rejected(5)
         );
         assert_eq!(p.waiting(), 2);
@@ -662,12 +723,95 @@ mod tests {
     }
 
     #[test]
+    fn a_backed_up_class_is_served_newest_first_until_its_oldest_waiter_is_young_again() {
+        // Adaptive LIFO (Maurer, "Fail at Scale", 2015): oldest first
+        // while the queue keeps up, newest first once the oldest waiter
+        // has waited past the budget (here 500 ms).
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        p.set_newest_first_after(Some(Duration::from_millis(500)));
+        let a = p.add_replica(ep(1), None);
+        p.acquire(t0, Hint::default()).unwrap();
+        for (id, at, w) in [(1, 0, "n1"), (2, 100, "n2"), (3, 200, "n3"), (4, 700, "n4")] {
+            assert_eq!(
+                p.enqueue(id, Priority::Standard, Hint::default(), w, ms(at)),
+                Enqueued::Waiting
+            );
+        }
+        assert!(!p.newest_first(ms(499)), "n1 has waited 499 ms");
+        assert!(p.newest_first(ms(500)));
+        let mut next = |at: u64| {
+            p.release(a);
+            let granted = p.dispatch(ms(at));
+            assert_eq!(granted.len(), 1);
+            granted[0].0
+        };
+        // n1 has waited 800 ms: the newest (n4) goes first, then n3.
+        assert_eq!(next(800), "n4");
+        assert_eq!(next(850), "n3");
+        // Still backed up (n1 at 900 ms): n2 is now the newest.
+        assert_eq!(next(900), "n2");
+        assert_eq!(next(950), "n1", "the last one left");
+        assert_eq!(
+            p.newest_first_grants(),
+            3,
+            "n1 went last, overtaking nobody"
+        );
+
+        // Young again: arrival order.
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        p.set_newest_first_after(Some(Duration::from_millis(500)));
+        let a = p.add_replica(ep(1), None);
+        p.acquire(t0, Hint::default()).unwrap();
+        for (id, at, w) in [(1, 0, "n1"), (2, 100, "n2"), (3, 600, "n3")] {
+            p.enqueue(id, Priority::Standard, Hint::default(), w, ms(at));
+        }
+        p.release(a);
+        assert_eq!(p.dispatch(ms(400)).remove(0).0, "n1", "n1 waited 400 ms");
+        p.release(a);
+        // n2 has waited 500 ms at 600: backed up, so n3 goes first.
+        assert_eq!(p.dispatch(ms(600)).remove(0).0, "n3");
+        assert_eq!(p.newest_first_grants(), 1);
+    }
+
+    #[test]
+    fn newest_first_keeps_the_classes_in_order_and_is_off_without_a_budget() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        for (budget, want) in [
+            (Some(Duration::from_secs(1)), ["c2", "c1", "n2", "n1"]),
+            (None, ["c1", "c2", "n1", "n2"]),
+        ] {
+            let mut p: Pool<&str> = Pool::new(10, 1);
+            p.set_newest_first_after(budget);
+            let a = p.add_replica(ep(1), None);
+            p.acquire(t0, Hint::default()).unwrap();
+            for (id, prio, at, w) in [
+                (1, Priority::Standard, 0, "n1"),
+                (2, Priority::Critical, 1, "c1"),
+                (3, Priority::Standard, 2, "n2"),
+                (4, Priority::Critical, 3, "c2"),
+            ] {
+                p.enqueue(id, prio, Hint::default(), w, s(at));
+            }
+            let mut order = Vec::new();
+            for _ in 0..4 {
+                p.release(a);
+                order.push(p.dispatch(s(60)).remove(0).0);
+            }
+            assert_eq!(order, want, "{budget:?}");
+            assert!(!p.newest_first(s(60)), "nobody waits");
+        }
+    }
+
+    #[test]
     fn a_new_replica_takes_the_waiters() {
         let now = Instant::now();
         let mut p: Pool<u32> = Pool::new(10, 2);
         for i in 0..3 {
             assert_eq!(
-                p.enqueue(i, Priority::Standard, Hint::default(), i as u32),
+                p.enqueue(i, Priority::Standard, Hint::default(), i as u32, now),
                 Enqueued::Waiting
             );
         }
@@ -762,7 +906,7 @@ mod tests {
             p.acquire(now, Hint::default()).unwrap();
         }
         assert_eq!(
-            p.enqueue(1, Priority::Standard, hint, "keyed"),
+            p.enqueue(1, Priority::Standard, hint, "keyed", now),
             Enqueued::Waiting
         );
         // Another replica frees first: the waiter takes it (a spill)

@@ -401,6 +401,13 @@ pub struct QueueSpec {
     pub queue_timeout: Duration,
     /// Concurrency per replica when neither the model nor its policy says.
     pub max_concurrency: u32,
+    /// The order waiters of one priority class are served in.
+    pub order: QueueOrder,
+    /// Under `order: adaptive`, the wait after which a class is served
+    /// newest first, for a model whose policy sets neither
+    /// `slo.queueWaitP95` nor `slo.ttftP95`.
+    #[serde(with = "gpuscale_policies::duration")]
+    pub newest_first_after: Duration,
 }
 
 impl Default for QueueSpec {
@@ -409,7 +416,43 @@ impl Default for QueueSpec {
             max_queue: 256,
             queue_timeout: Duration::from_secs(30),
             max_concurrency: 8,
+            order: QueueOrder::default(),
+            newest_first_after: Duration::from_secs(1),
         }
+    }
+}
+
+/// The order a model's waiters of one priority class are served in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueOrder {
+    /// Adaptive LIFO: oldest first while the queue keeps up; newest first
+    /// while its oldest waiter has waited past the model's budget (see
+    /// [`newest_first_after`]), so that under overload the requests that
+    /// can still meet the SLO are the ones served.
+    #[default]
+    Adaptive,
+    /// Oldest first, always.
+    Fifo,
+}
+
+/// How long a model's oldest waiter may wait before its class is served
+/// newest first: never under [`QueueOrder::Fifo`]; else the model's
+/// `slo.queueWaitP95`, else its `slo.ttftP95` (a waiter past either has
+/// missed it, whatever comes next), else `default`
+/// (`queue.newestFirstAfter`).
+pub fn newest_first_after(
+    order: QueueOrder,
+    slo: &SloSeconds,
+    default: Duration,
+) -> Option<Duration> {
+    match order {
+        QueueOrder::Fifo => None,
+        QueueOrder::Adaptive => Some(
+            slo.queue_wait
+                .or(slo.ttft)
+                .map_or(default, Duration::from_secs_f64),
+        ),
     }
 }
 
@@ -446,6 +489,9 @@ pub struct ModelSpec {
     /// Longest wait.
     #[serde(default, with = "gpuscale_policies::duration::option")]
     pub queue_timeout: Option<Duration>,
+    /// The order its waiters are served in (default: `queue.order`).
+    #[serde(default)]
+    pub order: Option<QueueOrder>,
     /// Priority class of requests that do not set one.
     #[serde(default)]
     pub priority: Option<Priority>,
@@ -500,6 +546,9 @@ pub struct ModelSettings {
     /// The policy's SLO targets: each request is counted as meeting or
     /// missing them (`gpuscale_slo_requests_total`).
     pub slo: SloSeconds,
+    /// A priority class is served newest first while its oldest waiter has
+    /// waited this long ([`newest_first_after`]); `None`: oldest first.
+    pub newest_first_after: Option<Duration>,
 }
 
 /// A model's SLO targets, seconds (from its policy's `slo`).
@@ -538,6 +587,11 @@ impl ModelSettings {
             metrics: MetricsFormat::None,
             adapters: Vec::new(),
             slo: SloSeconds::default(),
+            newest_first_after: newest_first_after(
+                q.order,
+                &SloSeconds::default(),
+                q.newest_first_after,
+            ),
         }
     }
 }
@@ -747,6 +801,11 @@ impl Settings {
                     metrics: spec.upstream.metrics,
                     adapters: p.adapters.clone(),
                     slo: SloSeconds::of(&p.slo),
+                    newest_first_after: newest_first_after(
+                        q.order,
+                        &SloSeconds::of(&p.slo),
+                        q.newest_first_after,
+                    ),
                 },
             );
         }
@@ -797,6 +856,11 @@ impl Settings {
                         m.adapters.clone()
                     },
                     slo: base.slo,
+                    newest_first_after: newest_first_after(
+                        m.order.unwrap_or(q.order),
+                        &base.slo,
+                        q.newest_first_after,
+                    ),
                 },
             );
         }
@@ -1177,6 +1241,65 @@ mod tests {
         assert_eq!(metrics(&s, "a"), MetricsFormat::None);
         assert_eq!(metrics(&s, "c"), MetricsFormat::None);
         assert_eq!(metrics(&s, "d"), MetricsFormat::Tgi);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_models_newest_first_budget_is_its_queue_wait_else_its_ttft_else_the_default() {
+        let dir = std::env::temp_dir().join(format!("gpuscale-gw-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = |name: &str, slo: &str| {
+            format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {{name: {name}}}\n\
+                 spec:\n  servedName: {name}\n  resources: {{memoryGiB: 10, compute: 0.1, maxConcurrency: 8}}\n\
+                 \x20 slo: {slo}\n"
+            )
+        };
+        std::fs::write(
+            dir.join("a.yaml"),
+            policy("a", "{queueWaitP95: 300ms, ttftP95: 2s}"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("b.yaml"),
+            policy("b", "{ttftP95: 2s, latencyP95: 30s}"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("c.yaml"), policy("c", "{latencyP95: 30s}")).unwrap();
+        let gateway = |queue: &str| {
+            format!(
+                "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {{name: g}}\n\
+                 spec:\n  policies: [a.yaml, b.yaml, c.yaml]\n  queue: {queue}\n  models:\n\
+                 \x20   - {{name: d, replicas: [\"http://127.0.0.1:9\"]}}\n\
+                 \x20   - {{name: b, order: fifo}}\n"
+            )
+        };
+        let ms = |n: u64| Some(Duration::from_millis(n));
+        std::fs::write(dir.join("g.yaml"), gateway("{newestFirstAfter: 750ms}")).unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        let budget = |s: &Settings, m: &str| s.models[m].newest_first_after;
+        assert_eq!(budget(&s, "a"), ms(300), "its queue-wait target");
+        assert_eq!(budget(&s, "b"), None, "its entry says fifo");
+        assert_eq!(budget(&s, "c"), ms(750), "no queue-wait or TTFT target");
+        assert_eq!(budget(&s, "d"), ms(750), "no policy");
+        std::fs::write(dir.join("g.yaml"), gateway("{order: fifo}")).unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        assert!(s.models.values().all(|m| m.newest_first_after.is_none()));
+        std::fs::write(
+            dir.join("g.yaml"),
+            gateway("{}").replace("{name: b, order: fifo}", "{name: b}"),
+        )
+        .unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        assert_eq!(budget(&s, "b"), ms(2000), "its TTFT target");
+        assert_eq!(budget(&s, "c"), ms(1000), "the default");
+        // A value that is not an order is located.
+        std::fs::write(dir.join("g.yaml"), gateway("{order: lifo}")).unwrap();
+        let e = load(&dir.join("g.yaml")).unwrap_err().to_string();
+        assert!(
+            e.contains("g.yaml:6:") && e.contains("spec.queue.order") && e.contains("lifo"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

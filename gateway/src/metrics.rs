@@ -107,6 +107,7 @@ pub fn exposition() -> String {
         rejections,
         upstream_errors,
         scale_signals,
+        newest_first,
         queue_limit,
         slo,
         route_decisions,
@@ -124,7 +125,7 @@ pub fn exposition() -> String {
     for h in [queue_wait, latency, ttft] {
         let _ = h.get_or_create(&model);
     }
-    for c in [upstream_errors, scale_signals] {
+    for c in [upstream_errors, scale_signals, newest_first] {
         let _ = c.get_or_create(&model);
     }
     let _ = rejections.get_or_create(&ReasonLabels {
@@ -176,6 +177,10 @@ pub struct Metrics {
     pub upstream_errors: Family<ModelLabel, Counter>,
     /// `gpuscale_scale_from_zero_signals_total{model}`.
     pub scale_signals: Family<ModelLabel, Counter>,
+    /// `gpuscale_queue_newest_first_total{model}`: slots handed to the
+    /// newest waiter of a backed-up class, ahead of older ones (adaptive
+    /// LIFO).
+    pub newest_first: Family<ModelLabel, Counter>,
     /// `gpuscale_queue_limit{model}`: the admission queue's bound.
     pub queue_limit: Family<ModelLabel, Gauge>,
     /// `gpuscale_slo_requests_total{model,slo,result}`: requests against
@@ -200,6 +205,7 @@ impl Metrics {
             rejections: Family::default(),
             upstream_errors: Family::default(),
             scale_signals: Family::default(),
+            newest_first: Family::default(),
             queue_limit: Family::default(),
             slo: Family::default(),
             route_decisions: Family::default(),
@@ -269,6 +275,11 @@ impl Metrics {
             "scale_from_zero_signals",
             "Signals sent to the autoscaler for a model with no replica",
             m.scale_signals.clone(),
+        );
+        r.register(
+            "queue_newest_first",
+            "Waiters served ahead of older ones because their priority class was backed up past the model's budget (adaptive LIFO: queue.order)",
+            m.newest_first.clone(),
         );
         (m, r)
     }

@@ -104,6 +104,7 @@ struct Handles {
     ok: Counter,
     upstream_errors: Counter,
     scale_signals: Counter,
+    newest_first: Counter,
     /// `route_decisions_total` by [`Reason::index`].
     routes: [Counter; 5],
     /// Per SLO the model declares: its target (seconds) and the met and
@@ -182,6 +183,7 @@ impl Handles {
             // before the first event.
             upstream_errors: m.upstream_errors.get_or_create(l).clone(),
             scale_signals: m.scale_signals.get_or_create(l).clone(),
+            newest_first: m.newest_first.get_or_create(l).clone(),
 
             routes: Reason::ALL.map(|r| {
                 m.route_decisions
@@ -251,6 +253,7 @@ impl ModelState {
             return;
         }
         let now = Instant::now();
+        let overtaken = inner.pool.newest_first_grants();
         loop {
             let grants = inner.pool.dispatch(now);
             if grants.is_empty() {
@@ -262,6 +265,10 @@ impl ModelState {
                     inner.pool.release(replica);
                 }
             }
+        }
+        let overtook = inner.pool.newest_first_grants() - overtaken;
+        if overtook > 0 {
+            self.handles.newest_first.inc_by(overtook);
         }
         self.changed(&inner.pool);
     }
@@ -390,6 +397,7 @@ impl Shared {
             .map(|m| {
                 let mut pool = Pool::new(m.max_queue, m.max_concurrency);
                 pool.set_balance(settings.balance);
+                pool.set_newest_first_after(m.newest_first_after);
                 for r in &m.replicas {
                     pool.add_replica(r.clone(), None);
                 }
@@ -482,7 +490,7 @@ impl Shared {
             lock(&model.stats).arrivals.record(arrived);
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
-            match inner.pool.enqueue(id, priority, hint, tx) {
+            match inner.pool.enqueue(id, priority, hint, tx, arrived) {
                 Enqueued::Waiting => {}
                 Enqueued::Rejected(_) => {
                     drop(inner);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use gpuscale_gateway::config::SidecarSpec;
+use gpuscale_gateway::config::{QueueOrder, SidecarSpec};
 use gpuscale_gateway::sim::{self, SimProfile};
 use http::StatusCode;
 use http_body_util::BodyExt;
@@ -237,4 +237,70 @@ async fn a_slot_granted_to_a_client_that_just_left_goes_back() {
     )
     .await;
     assert!(matches!(again, Ok(Ok(_))), "the slot was lost");
+}
+
+/// Sends a chat request whose body is `pad` bytes longer than the bare
+/// one: the gated upstream echoes the length, which tells the requests
+/// apart.
+async fn padded(addr: std::net::SocketAddr, pad: usize) -> Answer {
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(pad)}]});
+    send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backed_up_queue_serves_its_newest_waiter_first_and_counts_it() {
+    // One slot. A takes it; B queues, waits past the 200 ms budget, C
+    // queues behind it. When A finishes, adaptive LIFO hands the slot to
+    // C (B has missed its budget whatever happens next); under `order:
+    // fifo`, to B.
+    for (order, first, second) in [(None, 2, 1), (Some(QueueOrder::Fifo), 1, 2)] {
+        let up = gated("one", false).await;
+        let mut m = model("m", &[up.addr], 1);
+        m.order = order;
+        let mut s = spec(vec![m]);
+        s.queue.newest_first_after = Duration::from_millis(200);
+        let gw = gateway(s).await;
+        let (traffic, admin) = (gw.traffic, gw.admin);
+        let a = tokio::spawn(padded(traffic, 0));
+        while up.received.load(Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let b = tokio::spawn(padded(traffic, 1000));
+        wait_queue(admin, "m", |q| q["waiting"] == 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let c = tokio::spawn(padded(traffic, 2000));
+        wait_queue(admin, "m", |q| q["waiting"] == 2).await;
+        let len = |a: &Answer| a.json()["body_len"].as_u64().unwrap();
+        up.gate.add_permits(1);
+        let base = len(&a.await.unwrap());
+        // The next one to reach the upstream finishes next.
+        up.gate.add_permits(1);
+        let (mut b, mut c) = (b, c);
+        let (done, b_done) = tokio::select! {
+            r = &mut b => (r.unwrap(), true),
+            r = &mut c => (r.unwrap(), false),
+        };
+        assert_eq!(done.status, StatusCode::OK);
+        assert_eq!(len(&done) - base, [1000, 2000][first - 1], "{order:?}");
+        up.gate.add_permits(1);
+        let last = if b_done { c.await } else { b.await }.unwrap();
+        assert_eq!(len(&last) - base, [1000, 2000][second - 1]);
+        let overtook = sample(
+            &metrics(admin).await,
+            r#"gpuscale_queue_newest_first_total{model="m"}"#,
+        );
+        assert_eq!(
+            overtook,
+            Some(if order.is_none() { 1.0 } else { 0.0 }),
+            "{order:?}"
+        );
+        gw.shutdown().await;
+    }
 }

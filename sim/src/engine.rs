@@ -24,7 +24,7 @@ use gpuscale_autoscaler::Observation;
 use gpuscale_autoscaler::observe::observations;
 use gpuscale_gateway::admission::{self, Enqueued, Pool, ReplicaId};
 use gpuscale_gateway::affinity::Hint;
-use gpuscale_gateway::config::Endpoint;
+use gpuscale_gateway::config::{Endpoint, QueueOrder, SloSeconds, newest_first_after};
 use gpuscale_gateway::state::QueueView;
 use gpuscale_gateway::stats::ModelStats;
 use gpuscale_policies::serving::{PrefillLane, ServiceProfile};
@@ -68,6 +68,10 @@ pub struct Setup<'a> {
     pub max_queue: usize,
     /// Longest wait in the queue.
     pub queue_timeout: f64,
+    /// The order of each class's waiters (the gateway's `queue.order`).
+    pub queue_order: QueueOrder,
+    /// The gateway's `queue.newestFirstAfter`.
+    pub newest_first_after: Duration,
     /// The gateway scrapes the replicas' metrics every tick.
     pub scrape: bool,
     /// Cold starts.
@@ -390,7 +394,16 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
     let mut rt: Vec<ModelRt> = models
         .iter()
         .map(|m| ModelRt {
-            pool: Pool::new(setup.max_queue, m.max_concurrency),
+            pool: {
+                // The gateway's rule, from one place.
+                let mut pool = Pool::new(setup.max_queue, m.max_concurrency);
+                pool.set_newest_first_after(newest_first_after(
+                    setup.queue_order,
+                    &SloSeconds::of(&m.slo),
+                    setup.newest_first_after,
+                ));
+                pool
+            },
             stats: ModelStats::new(base),
             live: BTreeMap::new(),
             outgoing: Vec::new(),
@@ -607,27 +620,29 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         push(&mut heap, t, e);
                     }
                 }
-                None => match rt[m]
-                    .pool
-                    .enqueue(id, setup.priorities[w], Hint::default(), id)
-                {
-                    Enqueued::Waiting => push(
-                        &mut heap,
-                        now + setup.queue_timeout,
-                        Event::Timeout { model: m, req: id },
-                    ),
-                    Enqueued::Rejected(r) => {
-                        reject(&mut pending, &mut out, setup, m, r, false);
-                    }
-                    Enqueued::Displaced(r) => {
-                        push(
+                None => {
+                    match rt[m]
+                        .pool
+                        .enqueue(id, setup.priorities[w], Hint::default(), id, at(now))
+                    {
+                        Enqueued::Waiting => push(
                             &mut heap,
                             now + setup.queue_timeout,
                             Event::Timeout { model: m, req: id },
-                        );
-                        reject(&mut pending, &mut out, setup, m, r, false);
+                        ),
+                        Enqueued::Rejected(r) => {
+                            reject(&mut pending, &mut out, setup, m, r, false);
+                        }
+                        Enqueued::Displaced(r) => {
+                            push(
+                                &mut heap,
+                                now + setup.queue_timeout,
+                                Event::Timeout { model: m, req: id },
+                            );
+                            reject(&mut pending, &mut out, setup, m, r, false);
+                        }
                     }
-                },
+                }
             }
             for (k, o) in setup.onsets.iter().enumerate() {
                 if o.model == m && overload[k].is_none() && now >= o.first_request {
@@ -1336,6 +1351,8 @@ mod tests {
             duration: 180.0,
             max_queue: 256,
             queue_timeout: 5.0,
+            queue_order: QueueOrder::Adaptive,
+            newest_first_after: Duration::from_secs(1),
             scrape: false,
             cold_start: &cold,
             onsets,
@@ -1414,6 +1431,8 @@ mod tests {
             duration: 1.0,
             max_queue: 1,
             queue_timeout: 1.0,
+            queue_order: QueueOrder::Adaptive,
+            newest_first_after: Duration::from_secs(1),
             scrape: false,
             cold_start: &cold,
             onsets: &[],

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuscale_gateway::config::{QueueOrder, QueueSpec};
 use gpuscale_policies::document::{self, Document, Position, Problem};
 use gpuscale_policies::load::{self, Problems};
 use gpuscale_policies::serving::ServiceProfile;
@@ -205,15 +206,26 @@ pub struct GatewaySpec {
     /// and its prefill seconds per second reach the autoscaler. Off by
     /// default, as the example policies deploy.
     pub scrape_server_metrics: bool,
+    /// The order a class's waiters are served in (the gateway's
+    /// `queue.order`): `adaptive` (newest first while the oldest waiter
+    /// is past its model's budget) or `fifo`.
+    pub order: QueueOrder,
+    /// The budget of a model whose policy sets no queue-wait or TTFT
+    /// target (the gateway's `queue.newestFirstAfter`).
+    #[serde(with = "humantime_serde")]
+    pub newest_first_after: Duration,
 }
 
 impl Default for GatewaySpec {
     fn default() -> Self {
         // The gateway's own defaults (`gateway::config`).
+        let q = QueueSpec::default();
         GatewaySpec {
-            max_queue: 256,
-            queue_timeout: Duration::from_secs(30),
+            max_queue: q.max_queue,
+            queue_timeout: q.queue_timeout,
             scrape_server_metrics: false,
+            order: q.order,
+            newest_first_after: q.newest_first_after,
         }
     }
 }

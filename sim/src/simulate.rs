@@ -257,6 +257,8 @@ fn simulate_with(
             duration,
             max_queue: spec.gateway.max_queue,
             queue_timeout: spec.gateway.queue_timeout.as_secs_f64(),
+            queue_order: spec.gateway.order,
+            newest_first_after: spec.gateway.newest_first_after,
             scrape: spec.gateway.scrape_server_metrics,
             cold_start: &spec.cold_start,
             onsets: &onsets,
@@ -379,9 +381,16 @@ fn simulate_with(
     settings.insert(
         "gateway".into(),
         format!(
-            "queue ≤ {} per model (429 beyond, lower priority displaced first), 503 after {:?} waiting; {}",
+            "queue ≤ {} per model (429 beyond, lower priority displaced first), 503 after {:?} waiting; {}; {}",
             spec.gateway.max_queue,
             spec.gateway.queue_timeout,
+            match spec.gateway.order {
+                gpuscale_gateway::config::QueueOrder::Adaptive => format!(
+                    "each priority class served oldest first, newest first while its oldest waiter is past the model's queueWaitP95, else its ttftP95, else {:?} (adaptive LIFO)",
+                    spec.gateway.newest_first_after
+                ),
+                gpuscale_gateway::config::QueueOrder::Fifo => "each priority class served oldest first".into(),
+            },
             if spec.gateway.scrape_server_metrics {
                 "replicas' vLLM metrics scraped every tick (prefill waiting and prefill seconds)"
             } else {

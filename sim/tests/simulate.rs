@@ -238,6 +238,72 @@ spec:
 }
 
 #[test]
+fn under_overload_newest_first_serves_more_requests_within_their_slo_than_fifo() {
+    // Four replicas of one request each (mean service 10 s: 0.4/s) under
+    // 0.15/s, then 0.6/s for 10 minutes. Oldest first, the backlog makes
+    // every request behind it wait past its 2 s queue-wait target until
+    // it drains; newest first (the gateway's default) serves those that
+    // can still make it, and the oldest later. The same requests are
+    // served either way.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "cluster.yaml", CLUSTER);
+    write(
+        d,
+        "m.yaml",
+        &policy("queue", "", 1)
+            .replace("minReplicas: 1", "minReplicas: 4")
+            .replace("maxReplicas: 12", "maxReplicas: 4")
+            .replace(
+                "slo: {ttftP95: 2s, latencyP95: 30s}",
+                "slo: {queueWaitP95: 2s}",
+            ),
+    );
+    let run = |order: &str| {
+        let file = write(
+            d,
+            &format!("{order}.yaml"),
+            &format!(
+                "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Scenario
+metadata: {{name: {order}}}
+spec:
+  seed: 5
+  duration: 40m
+  cluster: cluster.yaml
+  policies: [m.yaml]
+  compare: [static-peak]
+  placements: [whole-gpu]
+  gateway: {{maxQueue: 100000, queueTimeout: 1h, order: {order}}}
+  workloads:
+    - model: queue
+      arrivals:
+        poisson: {{rate: 0.15}}
+        steps: [{{at: 10m, for: 10m, factor: 4}}]
+      tokens: {{prompt: 1, output: 100}}
+      service: {{prefillTps: 1000000000, decodeTps: 10, batchSlowdown: 0}}
+"
+            ),
+        );
+        let r = simulate(&Scenario::load(&file).unwrap(), &mut |_, _, _| {});
+        let f = r.runs[0].clone();
+        assert_eq!(f.completed, f.requests, "{order}: every request served");
+        f
+    };
+    let (fifo, adaptive) = (run("fifo"), run("adaptive"));
+    assert_eq!(fifo.requests, adaptive.requests);
+    let (a, b) = (
+        fifo.slo_attainment.unwrap(),
+        adaptive.slo_attainment.unwrap(),
+    );
+    assert!(
+        b > a + 0.1,
+        "newest first {b:.3} against oldest first {a:.3}"
+    );
+}
+
+#[test]
 fn scenario_errors_are_located() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

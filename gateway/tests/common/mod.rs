@@ -47,6 +47,7 @@ pub fn model(name: &str, replicas: &[SocketAddr], max_concurrency: u32) -> Model
         max_concurrency: Some(max_concurrency),
         max_queue: None,
         queue_timeout: None,
+        order: None,
         priority: None,
         replicas: replicas.iter().map(|a| format!("http://{a}")).collect(),
         metrics: Default::default(),
