@@ -307,18 +307,145 @@ const YAML11_BOOLEANS: [&str; 16] = [
 
 /// `value` as YAML that YAML 1.1 parsers read the same: serde_yaml_ng's
 /// output with every plain key or scalar that YAML 1.1 takes for a
-/// boolean (`on`, `off`, `yes`, `no`, `y`, `n` in their cases)
-/// double-quoted: a value after `key: `, a key before `:` (a node named
-/// `on`), a list item after `- `. Lines of block scalars (multi-line text)
+/// boolean (`on`, `off`, `yes`, `no`, `y`, `n` in their cases), a
+/// number or a timestamp where YAML 1.2 reads a string ([`yaml11_only`]:
+/// `1_000`, `0b101`, `2026-12-06`) double-quoted: a value after `key: `,
+/// a key before `:` (a node named `on`), a list item after `- `. Lines of block scalars (multi-line text)
 /// get the same treatment: embedded YAML, which its readers parse the same
 /// way; text whose line is exactly such a word gains the quotes.
 pub fn to_yaml<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, serde_yaml_ng::Error> {
-    Ok(quote_yaml11_booleans(&serde_yaml_ng::to_string(value)?))
+    Ok(quote_yaml11_only(&serde_yaml_ng::to_string(value)?))
 }
 
-fn quote_yaml11_booleans(text: &str) -> String {
+/// Whether go-yaml v2 (`resolve.go`: sigs.k8s.io/yaml, so kubectl and
+/// client-go's YAML) reads the plain scalar `word` as a boolean, number or
+/// timestamp where YAML 1.2's core schema, and so serde_yaml_ng, reads a
+/// string (serde_yaml_ng quotes those itself, so a plain 1.2 number is a
+/// number and stays as it is). A label value `1_000` otherwise reaches
+/// the API server as the integer 1000, which it refuses.
+///
+/// go-yaml v2, for a plain scalar starting with a digit, a sign or a dot:
+/// the text without its underscores read by Go's `strconv.ParseInt` or
+/// `ParseUint` in base 0 (`0x`, `0o`, `0b`, a leading `0` for octal), or
+/// matched by `^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$` (a
+/// float), or a timestamp (four digits and `-`, read by `time.Parse` as
+/// `2006-1-2` with an optional time after it); quoting a few more than
+/// it reads is harmless.
+pub fn yaml11_only(word: &str) -> bool {
+    if YAML11_BOOLEANS.contains(&word) {
+        return true;
+    }
+    if core_number(word) {
+        return false;
+    }
+    let plain: String = word.chars().filter(|&c| c != '_').collect();
+    go_number(&plain) || timestamp(word)
+}
+
+/// A number as serde_yaml_ng writes one: an integer without leading
+/// zeros, a float as `ryu` formats it (`0.5`, `2.0`, `1e21`, `1.5e-7`),
+/// `.inf`, `-.inf`, `.nan`. A string that reads as a number it quotes
+/// itself, so a plain scalar of this form is a number.
+fn core_number(w: &str) -> bool {
+    let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    if matches!(w, ".inf" | "-.inf" | ".nan") {
+        return true;
+    }
+    let u = w.strip_prefix('-').unwrap_or(w);
+    let n = digits(u);
+    if n == 0 {
+        return false;
+    }
+    let (int, rest) = u.split_at(n);
+    let rest = match rest.strip_prefix('.') {
+        Some(f) if digits(f) > 0 => &f[digits(f)..],
+        Some(_) => return false,
+        None if rest.is_empty() => return int == "0" || !int.starts_with('0'),
+        None => rest,
+    };
+    match rest.strip_prefix(['e', 'E']) {
+        None => rest.is_empty(),
+        Some(e) => {
+            let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+            !e.is_empty() && digits(e) == e.len()
+        }
+    }
+}
+
+/// `^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`.
+fn float_pattern(w: &str) -> bool {
+    let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let s = w.strip_prefix(['-', '+']).unwrap_or(w);
+    let rest = if let Some(r) = s.strip_prefix('.') {
+        let n = digits(r);
+        if n == 0 {
+            return false;
+        }
+        &r[n..]
+    } else {
+        let n = digits(s);
+        if n == 0 {
+            return false;
+        }
+        let r = &s[n..];
+        match r.strip_prefix('.') {
+            Some(f) => &f[digits(f)..],
+            None => r,
+        }
+    };
+    match rest.strip_prefix(['e', 'E']) {
+        None => rest.is_empty(),
+        Some(e) => {
+            let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+            !e.is_empty() && digits(e) == e.len()
+        }
+    }
+}
+
+/// Go's `ParseInt(s, 0, 64)` / `ParseUint` syntax (range aside: a decimal
+/// too large for them matches the float pattern anyway), or the float
+/// pattern.
+fn go_number(s: &str) -> bool {
+    let all = |s: &str, f: fn(char) -> bool| !s.is_empty() && s.chars().all(f);
+    let u = s.strip_prefix(['-', '+']).unwrap_or(s);
+    let prefixed =
+        |lower: &str, upper: &str| u.strip_prefix(lower).or_else(|| u.strip_prefix(upper));
+    if let Some(r) = prefixed("0x", "0X") {
+        return all(r, |c| c.is_ascii_hexdigit());
+    }
+    if let Some(r) = prefixed("0o", "0O") {
+        return all(r, |c| ('0'..='7').contains(&c));
+    }
+    if let Some(r) = prefixed("0b", "0B") {
+        return all(r, |c| c == '0' || c == '1');
+    }
+    all(u, |c| c.is_ascii_digit()) || float_pattern(s)
+}
+
+/// go-yaml v2's `parseTimestamp`: four digits and `-` first, then Go's
+/// `2006-1-2` (month and day of one or two digits), alone or followed by
+/// `T`, `t` or a space and a time.
+fn timestamp(w: &str) -> bool {
+    let b = w.as_bytes();
+    if b.len() < 8 || !b[..4].iter().all(u8::is_ascii_digit) || b[4] != b'-' {
+        return false;
+    }
+    let mut parts = w[5..].splitn(2, '-');
+    let month = parts.next().unwrap_or("");
+    let Some(rest) = parts.next() else {
+        return false;
+    };
+    let day_len = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let one_or_two = |n: usize| (1..=2).contains(&n);
+    one_or_two(month.len())
+        && month.bytes().all(|c| c.is_ascii_digit())
+        && one_or_two(day_len)
+        && (day_len == rest.len() || matches!(rest.as_bytes()[day_len], b'T' | b't' | b' '))
+}
+
+fn quote_yaml11_only(text: &str) -> String {
     let quoted = |word: &str| {
-        if YAML11_BOOLEANS.contains(&word) {
+        if yaml11_only(word) {
             format!("\"{word}\"")
         } else {
             word.to_string()
@@ -497,7 +624,7 @@ pub fn files(plan: &Plan, namespace: &str) -> Result<Vec<(String, String)>, serd
 
 #[cfg(test)]
 mod tests {
-    use super::{YAML11_BOOLEANS, to_yaml};
+    use super::{YAML11_BOOLEANS, to_yaml, yaml11_only};
     use std::collections::BTreeMap;
 
     /// Every YAML 1.1 boolean word comes out quoted, as a map value and as
@@ -535,5 +662,63 @@ mod tests {
         // YAML parsers as well).
         want["text"] = serde_json::json!("line one\ngpu: \"on\"\n");
         assert_eq!(back, want);
+    }
+
+    /// go-yaml v2's own decode tests (`decode_test.go`, YAML 1.1's
+    /// examples) read these as numbers or timestamps; YAML 1.2 reads them
+    /// as strings, so they come out quoted. Real numbers stay plain.
+    #[test]
+    fn yaml_11_numbers_and_timestamps_are_quoted() {
+        for word in [
+            "685_230",
+            "+685_230",
+            "685_230.15",
+            "0b1010_0111_0100_1010_1110",
+            "-0b101",
+            "0x_0A_74_AE",
+            "0X1F",
+            "02472256",
+            "0O17",
+            "1_000",
+            "1_",
+            "0_1",
+            "+12e03",
+            "2015-02-24",
+            "2001-12-14t21:59:43.10-05:00",
+            "2001-12-15 2:59:43.10",
+            "2002-1-7",
+        ] {
+            assert!(yaml11_only(word), "{word}");
+            let map = BTreeMap::from([("v", word)]);
+            let text = to_yaml(&map).unwrap();
+            assert!(
+                text == format!("v: \"{word}\"\n") || text == format!("v: '{word}'\n"),
+                "{word}: {text}"
+            );
+            let back: BTreeMap<String, String> = serde_yaml_ng::from_str(&text).unwrap();
+            assert_eq!(back["v"], word);
+        }
+        for word in [
+            "_",
+            "1.2.3",
+            "v1_000",
+            "0x",
+            "0b102",
+            "1e",
+            "2015-02",
+            "201-02-24",
+            "2015-123-4",
+            "2015-02-24x",
+            "a-1",
+            "10Gi",
+            "1-2-3",
+        ] {
+            assert!(!yaml11_only(word), "{word}");
+        }
+        let numbers = serde_json::json!({"a": 3, "b": -1, "c": 0.5, "d": 1e21, "e": 2.0});
+        let text = to_yaml(&numbers).unwrap();
+        assert!(!text.contains('"') && !text.contains('\''), "{text}");
+        let back: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(back, numbers);
     }
 }
