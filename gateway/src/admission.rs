@@ -134,9 +134,14 @@ pub enum Enqueued<W> {
     /// The queue is full of requests at least as important: this one is
     /// refused (429).
     Rejected(W),
-    /// The queue was full; the newest waiter of a lower class gave up its
-    /// place (it gets 429) and this one waits.
+    /// The queue was full; a waiter of a lower class gave up its place
+    /// (it gets 429) and this one waits: the class's newest, or its oldest
+    /// while the class is backed up.
     Displaced(W),
+    /// The queue was full and this one's class backed up: its oldest
+    /// waiter, already past its budget, gave up its place (it gets 503)
+    /// and this one, which newest first serves next, waits.
+    Overdue(W),
 }
 
 /// A model's replicas and its waiting requests.
@@ -401,12 +406,28 @@ impl<W> Pool<W> {
             self.queues[class].push_back((id, hint, waiter, now));
             return Enqueued::Waiting;
         }
-        // Full: a lower class gives up its newest waiter.
+        // Full: a lower class gives up a waiter, its newest, or its oldest
+        // while it is backed up (that one has missed its budget already,
+        // and the newest is the next the class serves).
         for lower in (class + 1..3).rev() {
-            if let Some((_, _, out, _)) = self.queues[lower].pop_back() {
+            let backed_up = self.backed_up(lower, now);
+            let q = &mut self.queues[lower];
+            if let Some((_, _, out, _)) = if backed_up {
+                q.pop_front()
+            } else {
+                q.pop_back()
+            } {
                 self.queues[class].push_back((id, hint, waiter, now));
                 return Enqueued::Displaced(out);
             }
+        }
+        // Its own class backed up: its oldest waiter, past its budget,
+        // gives up its place to this one, which newest first serves next.
+        if self.backed_up(class, now)
+            && let Some((_, _, out, _)) = self.queues[class].pop_front()
+        {
+            self.queues[class].push_back((id, hint, waiter, now));
+            return Enqueued::Overdue(out);
         }
         Enqueued::Rejected(waiter)
     }
@@ -917,6 +938,85 @@ mod tests {
         assert_eq!(granted.len(), 1);
         assert_eq!(granted[0].1.replica, other);
         assert_eq!(granted[0].1.reason, Reason::Spill);
+    }
+
+    #[test]
+    fn the_newest_waiter_of_a_backed_up_class_is_routed_by_its_own_prefix() {
+        let t0 = Instant::now();
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        p.set_newest_first_after(Some(Duration::from_secs(1)));
+        p.set_balance(Balance {
+            spill_floor: 1.0,
+            ..Balance::default()
+        });
+        let ids: Vec<ReplicaId> = (1..=4).map(|i| p.add_replica(ep(i), None)).collect();
+        let hint = Hint {
+            key: Some(12345),
+            shared: true,
+            adapter: None,
+        };
+        let owner = p.acquire(t0, hint).unwrap().replica;
+        for _ in 0..3 {
+            p.acquire(t0, Hint::default()).unwrap();
+        }
+        p.enqueue(1, Priority::Standard, Hint::default(), "plain", t0);
+        let later = t0 + Duration::from_secs(2);
+        p.enqueue(2, Priority::Standard, hint, "keyed", later);
+        let other = *ids.iter().find(|&&r| r != owner).unwrap();
+        p.release(other);
+        let granted = p.dispatch(later);
+        assert_eq!(granted.len(), 1);
+        assert_eq!(granted[0].0, "keyed", "backed up: the newest first");
+        // Chosen by its own key: its owner is busy, so a spill (the plain
+        // waiter's hint would have made it least-loaded).
+        assert_eq!(granted[0].1.reason, Reason::Spill);
+    }
+
+    #[test]
+    fn a_full_backed_up_queue_gives_up_its_oldest_waiter_not_the_newest() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        // A lower class backed up gives up its oldest (it has missed its
+        // budget; its newest is the next it serves), not backed up its
+        // newest.
+        for (at, want) in [(5, Enqueued::Displaced(1)), (0, Enqueued::Displaced(2))] {
+            let mut p: Pool<u32> = Pool::new(2, 1);
+            p.set_newest_first_after(Some(Duration::from_secs(1)));
+            p.enqueue(1, Priority::Sheddable, Hint::default(), 1, s(0));
+            p.enqueue(2, Priority::Sheddable, Hint::default(), 2, s(0));
+            assert_eq!(
+                p.enqueue(3, Priority::Standard, Hint::default(), 3, s(at)),
+                want,
+                "at {at} s"
+            );
+        }
+        // Its own class: backed up, its oldest waiter makes room for the
+        // newcomer (503: overdue); not backed up, the newcomer is refused.
+        for (at, want) in [(5, Enqueued::Overdue(1)), (0, Enqueued::Rejected(3))] {
+            let mut p: Pool<u32> = Pool::new(2, 1);
+            p.set_newest_first_after(Some(Duration::from_secs(1)));
+            p.enqueue(1, Priority::Standard, Hint::default(), 1, s(0));
+            p.enqueue(2, Priority::Standard, Hint::default(), 2, s(0));
+            assert_eq!(
+                p.enqueue(3, Priority::Standard, Hint::default(), 3, s(at)),
+                want,
+                "at {at} s"
+            );
+            assert_eq!(p.waiting(), 2);
+        }
+        // Oldest first always: the newcomer is refused however long the
+        // others waited, and a lower class gives up its newest.
+        let mut p: Pool<u32> = Pool::new(2, 1);
+        p.enqueue(1, Priority::Standard, Hint::default(), 1, s(0));
+        p.enqueue(2, Priority::Sheddable, Hint::default(), 2, s(0));
+        assert_eq!(
+            p.enqueue(3, Priority::Standard, Hint::default(), 3, s(60)),
+            Enqueued::Displaced(2)
+        );
+        assert_eq!(
+            p.enqueue(4, Priority::Standard, Hint::default(), 4, s(60)),
+            Enqueued::Rejected(4)
+        );
     }
 
     #[test]

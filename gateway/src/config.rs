@@ -766,6 +766,14 @@ impl Settings {
         if q.queue_timeout.is_zero() {
             return Err(format!("spec.queue.queueTimeout: {zero}"));
         }
+        if q.newest_first_after.is_zero() {
+            return Err(
+                "spec.queue.newestFirstAfter: must be above 0s (0s would serve every \
+                        queue newest first always, starving its oldest waiters; `order: fifo` is \
+                        the way to say oldest first)"
+                    .into(),
+            );
+        }
         if let Some(i) = spec
             .models
             .iter()
@@ -1120,6 +1128,16 @@ mod tests {
                 &[]
             )
             .is_ok()
+        );
+        let e = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({"queue": {"newestFirstAfter": "0s"}})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("spec.queue.newestFirstAfter: must be above 0s"),
+            "{e}"
         );
     }
 

@@ -87,6 +87,10 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Local {
             StatusCode::TOO_MANY_REQUESTS,
             "the model's queue is full and more important requests took this one's place; retry later",
         ),
+        Reject::Overdue => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model's queue is full and this request had waited past the model's queue budget; a newer one took its place; retry later",
+        ),
         Reject::Timeout => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no replica became free within the queue timeout; retry later",

@@ -31,6 +31,9 @@ pub enum Reject {
     QueueFull,
     /// A more important request took this one's place in a full queue (429).
     Displaced,
+    /// It had waited past its model's budget in a full, backed-up queue and
+    /// a newer request took its place (503).
+    Overdue,
     /// The wait passed the queue timeout (503).
     Timeout,
     /// The gateway is shutting down (503).
@@ -39,9 +42,10 @@ pub enum Reject {
 
 impl Reject {
     /// Every reason, for the counters that start at 0.
-    pub const ALL: [Reject; 4] = [
+    pub const ALL: [Reject; 5] = [
         Reject::QueueFull,
         Reject::Displaced,
+        Reject::Overdue,
         Reject::Timeout,
         Reject::ShuttingDown,
     ];
@@ -56,6 +60,7 @@ impl Reject {
         match self {
             Reject::QueueFull => "queue_full",
             Reject::Displaced => "displaced",
+            Reject::Overdue => "overdue",
             Reject::Timeout => "queue_timeout",
             Reject::ShuttingDown => "shutting_down",
         }
@@ -245,6 +250,15 @@ impl ModelState {
         }
     }
 
+    /// Records a queue wait from `arrived` to `now` (the `/v1/queues`
+    /// quantiles and `gpuscale_queue_wait_seconds`); returns it, seconds.
+    fn record_wait(&self, arrived: Instant, now: Instant) -> f64 {
+        let wait = now.saturating_duration_since(arrived).as_secs_f64();
+        lock(&self.stats).queue_wait.record(now, wait);
+        self.handles.queue_wait.observe(wait);
+        wait
+    }
+
     /// Hands freed slots to waiters; a waiter that is gone gives its slot
     /// straight back.
     fn dispatch(&self, inner: &mut Inner) {
@@ -278,14 +292,10 @@ impl ModelState {
     /// then `arrived`: one lock, one clock read).
     fn permit(self: &Arc<Self>, slot: Slot, hint: Hint, arrived: Instant, queued: bool) -> Permit {
         let now = if queued { Instant::now() } else { arrived };
-        let wait = now.duration_since(arrived).as_secs_f64();
-        let mut stats = lock(&self.stats);
         if !queued {
-            stats.arrivals.record(arrived);
+            lock(&self.stats).arrivals.record(arrived);
         }
-        stats.queue_wait.record(now, wait);
-        drop(stats);
-        self.handles.queue_wait.observe(wait);
+        let wait = self.record_wait(arrived, now);
         SloCounter::count(&self.handles.slo_queue_wait, wait);
         self.handles.routes[slot.reason.index()].inc();
         Permit {
@@ -499,6 +509,9 @@ impl Shared {
                 Enqueued::Displaced(other) => {
                     let _ = other.send(Err(Reject::Displaced));
                 }
+                Enqueued::Overdue(other) => {
+                    let _ = other.send(Err(Reject::Overdue));
+                }
             }
             if inner.pool.ready_replicas() == 0
                 && inner
@@ -545,7 +558,13 @@ impl Shared {
         guard.armed = false;
         match outcome {
             Ok(slot) => Ok(model.permit(slot, hint, arrived, true)),
-            Err(r) => Err(self.rejected(model, r)),
+            Err(r) => {
+                // Its wait counts too: under overload, served newest first,
+                // the longest waits are those that end refused, and a p95
+                // of the served alone would hide them from the autoscaler.
+                model.record_wait(arrived, Instant::now());
+                Err(self.rejected(model, r))
+            }
         }
     }
 

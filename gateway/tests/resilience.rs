@@ -304,3 +304,33 @@ async fn a_backed_up_queue_serves_its_newest_waiter_first_and_counts_it() {
         gw.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_ends_refused_counts_in_the_queue_wait_figures() {
+    // Served newest first, the longest waits are those that time out: a
+    // p95 of the served alone would read a healthy queue while requests
+    // are refused.
+    let up = gated("busy", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.queue_timeout = Some(Duration::from_millis(400));
+    let gw = gateway(spec(vec![m])).await;
+    let (traffic, admin) = (gw.traffic, gw.admin);
+    let first = tokio::spawn(padded(traffic, 0));
+    while up.received.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = padded(traffic, 0).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    let q = queue(admin, "m").await;
+    let p95 = q["queue_wait_p95_ms"].as_f64().unwrap();
+    assert!(p95 >= 400.0, "the refused wait counts: {q}");
+    let text = metrics(admin).await;
+    assert_eq!(
+        sample(&text, r#"gpuscale_queue_wait_seconds_count{model="m"}"#),
+        Some(2.0),
+        "the first request, at once, and the refused one: {text}"
+    );
+    up.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    gw.shutdown().await;
+}

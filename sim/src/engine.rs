@@ -639,7 +639,17 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                                 now + setup.queue_timeout,
                                 Event::Timeout { model: m, req: id },
                             );
+                            waited(&pending, &mut rt, &mut out, m, r, now, at(now));
                             reject(&mut pending, &mut out, setup, m, r, false);
+                        }
+                        Enqueued::Overdue(r) => {
+                            push(
+                                &mut heap,
+                                now + setup.queue_timeout,
+                                Event::Timeout { model: m, req: id },
+                            );
+                            waited(&pending, &mut rt, &mut out, m, r, now, at(now));
+                            reject(&mut pending, &mut out, setup, m, r, true);
                         }
                     }
                 }
@@ -786,6 +796,7 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
             }
             Event::Timeout { model, req } => {
                 if rt[model].pool.remove_waiter(req).is_some() {
+                    waited(&pending, &mut rt, &mut out, model, req, now, at(now));
                     reject(&mut pending, &mut out, setup, model, req, true);
                 }
             }
@@ -954,6 +965,25 @@ fn ready_count(reps: &[Rep], rt: &ModelRt) -> u32 {
         .values()
         .filter(|&&r| reps[r].state == RepState::Ready)
         .count() as u32
+}
+
+/// A waiter refused after waiting: its wait counts in the gateway's
+/// figures (which the recommender reads) and the report's, as the
+/// gateway records it.
+fn waited(
+    pending: &HashMap<u64, Pending>,
+    rt: &mut [ModelRt],
+    out: &mut Outcome,
+    m: usize,
+    req: u64,
+    now: f64,
+    stamp: Instant,
+) {
+    if let Some(p) = pending.get(&req) {
+        let wait = (now - p.arrival).max(0.0);
+        rt[m].stats.queue_wait.record(stamp, wait);
+        out.queue_wait.record(wait);
+    }
 }
 
 fn reject(

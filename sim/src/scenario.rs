@@ -686,6 +686,12 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
     if spec.gateway.max_queue == 0 {
         bad("spec.gateway.maxQueue".into(), "must be at least 1");
     }
+    if spec.gateway.newest_first_after.is_zero() || spec.gateway.newest_first_after > MAX_DURATION {
+        bad(
+            "spec.gateway.newestFirstAfter".into(),
+            "must be above 0s and at most 31 days (0s would serve every queue newest first always; `order: fifo` is the way to say oldest first)",
+        );
+    }
     if !(spec.cold_start.load_gib_per_second > 0.0
         && spec.cold_start.load_gib_per_second.is_finite())
     {

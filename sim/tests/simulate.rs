@@ -601,6 +601,22 @@ fn scenarios_past_the_simulators_bounds_are_located() {
         [(9, "spec.compare[2]"), (10, "spec.placements[1]")],
         "{p:#?}"
     );
+    // A zero budget would serve every queue newest first, always.
+    let lifo = write(
+        d,
+        "lifo.yaml",
+        &text.replace(
+            "  cluster: cluster.yaml\n",
+            "  cluster: cluster.yaml\n  gateway: {newestFirstAfter: 0s}\n",
+        ),
+    );
+    let p = Scenario::load(&lifo).unwrap_err().0;
+    assert!(
+        p.iter().any(|p| p.path == "spec.gateway.newestFirstAfter"
+            && p.position.line == 8
+            && p.message.contains("above 0s")),
+        "{p:#?}"
+    );
     // A step of no length is a typo, not a burst.
     let empty = write(d, "empty.yaml", &text.replace("for: 2m", "for: 0s"));
     let p = Scenario::load(&empty).unwrap_err().0;
