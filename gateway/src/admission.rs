@@ -208,6 +208,15 @@ impl<W> Pool<W> {
         self.newest_first_grants
     }
 
+    /// How long the oldest waiter of any class has waited at `now`.
+    pub fn oldest_wait(&self, now: Instant) -> Option<Duration> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.front())
+            .map(|f| now.saturating_duration_since(f.3))
+            .max()
+    }
+
     /// Whether some class is backed up at `now`: it is served newest first.
     pub fn newest_first(&self, now: Instant) -> bool {
         (0..3).any(|c| self.backed_up(c, now))

@@ -922,6 +922,13 @@ pub struct QueueView {
     /// scrapes): 1 is a prefill lane busy all the time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill_busy: Option<f64>,
+    /// How long the oldest waiter has waited, ms (absent when nobody
+    /// waits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_wait_ms: Option<f64>,
+    /// Whether a priority class is backed up past the model's budget and
+    /// served newest first now (`queue.order: adaptive`).
+    pub newest_first: bool,
     /// Arrivals per second.
     pub arrival_rate: ArrivalRate,
     /// Queue wait p50, ms (last 60 s).
@@ -969,6 +976,10 @@ impl QueueView {
             draining: census.draining,
             server_waiting: pool.replicas().iter().map(|r| r.server_waiting).sum(),
             prefill_busy: pool.prefill_busy(now),
+            oldest_wait_ms: pool
+                .oldest_wait(now)
+                .map(|d| (d.as_secs_f64() * 1e4).round() / 10.0),
+            newest_first: pool.newest_first(now),
             ..QueueView::default()
         }
     }

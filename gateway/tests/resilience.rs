@@ -276,7 +276,9 @@ async fn a_backed_up_queue_serves_its_newest_waiter_first_and_counts_it() {
         wait_queue(admin, "m", |q| q["waiting"] == 1).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let c = tokio::spawn(padded(traffic, 2000));
-        wait_queue(admin, "m", |q| q["waiting"] == 2).await;
+        let q = wait_queue(admin, "m", |q| q["waiting"] == 2).await;
+        assert!(q["oldest_wait_ms"].as_f64().unwrap() >= 300.0, "{q}");
+        assert_eq!(q["newest_first"], order.is_none(), "{order:?}: {q}");
         let len = |a: &Answer| a.json()["body_len"].as_u64().unwrap();
         up.gate.add_permits(1);
         let base = len(&a.await.unwrap());
