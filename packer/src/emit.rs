@@ -357,17 +357,21 @@ fn core_number(w: &str) -> bool {
         return false;
     }
     let (int, rest) = u.split_at(n);
-    let rest = match rest.strip_prefix('.') {
-        Some(f) if digits(f) > 0 => &f[digits(f)..],
-        Some(_) => return false,
-        None if rest.is_empty() => return int == "0" || !int.starts_with('0'),
-        None => rest,
-    };
+    match rest.strip_prefix('.') {
+        Some(f) if digits(f) > 0 => exponent_or_nothing(&f[digits(f)..]),
+        Some(_) => false,
+        None if rest.is_empty() => int == "0" || !int.starts_with('0'),
+        None => exponent_or_nothing(rest),
+    }
+}
+
+/// Whether `rest` is empty or an exponent, `[eE][-+]?[0-9]+`.
+fn exponent_or_nothing(rest: &str) -> bool {
     match rest.strip_prefix(['e', 'E']) {
         None => rest.is_empty(),
         Some(e) => {
             let e = e.strip_prefix(['-', '+']).unwrap_or(e);
-            !e.is_empty() && digits(e) == e.len()
+            !e.is_empty() && e.bytes().all(|c| c.is_ascii_digit())
         }
     }
 }
@@ -393,13 +397,7 @@ fn float_pattern(w: &str) -> bool {
             None => r,
         }
     };
-    match rest.strip_prefix(['e', 'E']) {
-        None => rest.is_empty(),
-        Some(e) => {
-            let e = e.strip_prefix(['-', '+']).unwrap_or(e);
-            !e.is_empty() && digits(e) == e.len()
-        }
-    }
+    exponent_or_nothing(rest)
 }
 
 /// Go's `ParseInt(s, 0, 64)` / `ParseUint` syntax (range aside: a decimal

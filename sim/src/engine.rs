@@ -633,23 +633,18 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                         Enqueued::Rejected(r) => {
                             reject(&mut pending, &mut out, setup, m, r, false);
                         }
-                        Enqueued::Displaced(r) => {
+                        // Another waiter gave up its place: 429 when
+                        // displaced by a more important one, 503 when
+                        // overdue.
+                        given_up @ (Enqueued::Displaced(r) | Enqueued::Overdue(r)) => {
                             push(
                                 &mut heap,
                                 now + setup.queue_timeout,
                                 Event::Timeout { model: m, req: id },
                             );
                             waited(&pending, &mut rt, &mut out, m, r, now, at(now));
-                            reject(&mut pending, &mut out, setup, m, r, false);
-                        }
-                        Enqueued::Overdue(r) => {
-                            push(
-                                &mut heap,
-                                now + setup.queue_timeout,
-                                Event::Timeout { model: m, req: id },
-                            );
-                            waited(&pending, &mut rt, &mut out, m, r, now, at(now));
-                            reject(&mut pending, &mut out, setup, m, r, true);
+                            let overdue = matches!(given_up, Enqueued::Overdue(_));
+                            reject(&mut pending, &mut out, setup, m, r, overdue);
                         }
                     }
                 }

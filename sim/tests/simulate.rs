@@ -40,6 +40,15 @@ spec:
     )
 }
 
+/// The model `queue` held at four replicas of one request each, with
+/// `slo` for its SLO line.
+fn pinned_queue_policy(slo: &str) -> String {
+    policy("queue", "", 1)
+        .replace("minReplicas: 1", "minReplicas: 4")
+        .replace("maxReplicas: 12", "maxReplicas: 4")
+        .replace("slo: {ttftP95: 2s, latencyP95: 30s}", slo)
+}
+
 /// A two-model scenario with a burst, small enough for a debug build.
 fn small(dir: &Path, seed: u64) -> PathBuf {
     write(dir, "cluster.yaml", CLUSTER);
@@ -177,9 +186,7 @@ fn a_poisson_queue_with_fixed_replicas_matches_erlang_c() {
     write(
         d,
         "m.yaml",
-        &policy("queue", "", 1)
-            .replace("minReplicas: 1", "minReplicas: 4")
-            .replace("maxReplicas: 12", "maxReplicas: 4"),
+        &pinned_queue_policy("slo: {ttftP95: 2s, latencyP95: 30s}"),
     );
     // Geometric token counts from a fixed-seed generator (exact quantiles
     // of the exponential, so the test does not depend on luck).
@@ -248,17 +255,7 @@ fn under_overload_newest_first_serves_more_requests_within_their_slo_than_fifo()
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     write(d, "cluster.yaml", CLUSTER);
-    write(
-        d,
-        "m.yaml",
-        &policy("queue", "", 1)
-            .replace("minReplicas: 1", "minReplicas: 4")
-            .replace("maxReplicas: 12", "maxReplicas: 4")
-            .replace(
-                "slo: {ttftP95: 2s, latencyP95: 30s}",
-                "slo: {queueWaitP95: 2s}",
-            ),
-    );
+    write(d, "m.yaml", &pinned_queue_policy("slo: {queueWaitP95: 2s}"));
     let run = |order: &str| {
         let file = write(
             d,
