@@ -916,10 +916,15 @@ mod tests {
         assert_eq!((s.replica, s.reason), (a, Reason::Adapter));
     }
 
-    #[test]
-    fn a_waiter_keeps_its_prefix_for_the_slot_it_gets() {
-        let now = Instant::now();
+    /// Four replicas of one slot each, all busy at `now`, the first taken
+    /// by a keyed request: the pool, the key's hint and a replica other
+    /// than the key's owner.
+    fn busy_with_a_prefix_owner(
+        now: Instant,
+        budget: Option<Duration>,
+    ) -> (Pool<&'static str>, Hint, ReplicaId) {
         let mut p: Pool<&str> = Pool::new(10, 1);
+        p.set_newest_first_after(budget);
         p.set_balance(Balance {
             spill_floor: 1.0,
             ..Balance::default()
@@ -931,17 +936,24 @@ mod tests {
             adapter: None,
         };
         let owner = p.acquire(now, hint).unwrap().replica;
-        // Every replica busy; the keyed waiter queues.
         for _ in 0..3 {
             p.acquire(now, Hint::default()).unwrap();
         }
+        let other = *ids.iter().find(|&&r| r != owner).unwrap();
+        (p, hint, other)
+    }
+
+    #[test]
+    fn a_waiter_keeps_its_prefix_for_the_slot_it_gets() {
+        let now = Instant::now();
+        // Every replica busy; the keyed waiter queues.
+        let (mut p, hint, other) = busy_with_a_prefix_owner(now, None);
         assert_eq!(
             p.enqueue(1, Priority::Standard, hint, "keyed", now),
             Enqueued::Waiting
         );
         // Another replica frees first: the waiter takes it (a spill)
         // rather than wait for its owner.
-        let other = *ids.iter().find(|&&r| r != owner).unwrap();
         p.release(other);
         let granted = p.dispatch(now);
         assert_eq!(granted.len(), 1);
@@ -952,26 +964,10 @@ mod tests {
     #[test]
     fn the_newest_waiter_of_a_backed_up_class_is_routed_by_its_own_prefix() {
         let t0 = Instant::now();
-        let mut p: Pool<&str> = Pool::new(10, 1);
-        p.set_newest_first_after(Some(Duration::from_secs(1)));
-        p.set_balance(Balance {
-            spill_floor: 1.0,
-            ..Balance::default()
-        });
-        let ids: Vec<ReplicaId> = (1..=4).map(|i| p.add_replica(ep(i), None)).collect();
-        let hint = Hint {
-            key: Some(12345),
-            shared: true,
-            adapter: None,
-        };
-        let owner = p.acquire(t0, hint).unwrap().replica;
-        for _ in 0..3 {
-            p.acquire(t0, Hint::default()).unwrap();
-        }
+        let (mut p, hint, other) = busy_with_a_prefix_owner(t0, Some(Duration::from_secs(1)));
         p.enqueue(1, Priority::Standard, Hint::default(), "plain", t0);
         let later = t0 + Duration::from_secs(2);
         p.enqueue(2, Priority::Standard, hint, "keyed", later);
-        let other = *ids.iter().find(|&&r| r != owner).unwrap();
         p.release(other);
         let granted = p.dispatch(later);
         assert_eq!(granted.len(), 1);
