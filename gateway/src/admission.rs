@@ -92,6 +92,9 @@ pub struct Slot {
     pub endpoint: Endpoint,
     /// Why it was chosen.
     pub reason: Reason,
+    /// Whether it was routed as a shared prefix (its key seen before, or
+    /// the hint said so): a retry elsewhere is routed the same way.
+    pub shared: bool,
 }
 
 /// Replicas in one state, summed.
@@ -338,21 +341,35 @@ impl<W> Pool<W> {
         if self.waiting() > 0 {
             return None;
         }
-        self.take_slot(now, &[], hint)
+        self.take_slot(now, &[], hint, true)
     }
 
     /// Like [`Pool::acquire`], avoiding some replicas (a retry after a
     /// failed connect), and ignoring waiters (the request already left the
-    /// queue).
+    /// queue). The table of recent prefix keys is neither read nor
+    /// written: the request's first slot recorded its key, so `hint`
+    /// should carry that slot's [`Slot::shared`].
     pub fn acquire_other(&mut self, now: Instant, avoid: &[ReplicaId], hint: Hint) -> Option<Slot> {
-        self.take_slot(now, avoid, hint)
+        self.take_slot(now, avoid, hint, false)
     }
 
-    fn take_slot(&mut self, now: Instant, avoid: &[ReplicaId], mut hint: Hint) -> Option<Slot> {
-        if let Some(key) = hint.key {
-            let slot = &mut self.seen[(key as usize) % SEEN_SLOTS];
-            hint.shared |= *slot == key;
-            *slot = key;
+    /// With `remember`, a prefix key found in the table of recent keys
+    /// counts as shared, and the key is recorded once a slot is granted:
+    /// not before, or a request that found every replica busy would find
+    /// its own key when a slot frees and count as shared.
+    fn take_slot(
+        &mut self,
+        now: Instant,
+        avoid: &[ReplicaId],
+        mut hint: Hint,
+        remember: bool,
+    ) -> Option<Slot> {
+        let seen_at = hint
+            .key
+            .filter(|_| remember)
+            .map(|key| ((key as usize) % SEEN_SLOTS, key));
+        if let Some((at, key)) = seen_at {
+            hint.shared |= self.seen[at] == key;
         }
         let mut index = Vec::with_capacity(self.replicas.len());
         let mut cands = Vec::with_capacity(self.replicas.len());
@@ -381,6 +398,9 @@ impl<W> Pool<W> {
             self.cursor % cands.len()
         };
         let choice = affinity::choose(&self.balance, &cands, hint, start)?;
+        if let Some((at, key)) = seen_at {
+            self.seen[at] = key;
+        }
         // The rotation among equally loaded replicas moves on only with
         // its own picks: a prefix's owner, chosen by hash, would send it
         // to a random place, after which it picks again among replicas
@@ -396,6 +416,7 @@ impl<W> Pool<W> {
             replica: r.id,
             endpoint: r.endpoint.clone(),
             reason: choice.reason,
+            shared: hint.shared,
         })
     }
 
@@ -477,7 +498,7 @@ impl<W> Pool<W> {
             let hint = if newest { q.back() } else { q.front() }
                 .expect("non-empty")
                 .1;
-            let Some(slot) = self.take_slot(now, &[], hint) else {
+            let Some(slot) = self.take_slot(now, &[], hint, true) else {
                 break;
             };
             let q = &mut self.queues[class];
@@ -888,6 +909,49 @@ mod tests {
         p.remove_replica(&ep(1));
         let busy = p.prefill_busy(s(3.0)).unwrap();
         assert!((busy - 0.5).abs() < 1e-9, "{busy}");
+    }
+
+    #[test]
+    fn a_prefix_counts_as_shared_once_a_request_with_it_was_routed_not_before() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        let a = p.add_replica(ep(1), None);
+        let fresh = Hint {
+            key: Some(777),
+            shared: false,
+            adapter: None,
+        };
+        // The only replica busy: the keyed request finds no slot, queues,
+        // and is tried again while the replica is still busy.
+        p.acquire(now, Hint::default()).unwrap();
+        assert_eq!(p.acquire(now, fresh), None);
+        assert!(matches!(
+            p.enqueue(1, Priority::Standard, fresh, "keyed", now),
+            Enqueued::Waiting
+        ));
+        assert!(p.dispatch(now).is_empty());
+        p.release(a);
+        let granted = p.dispatch(now);
+        assert_eq!(granted.len(), 1);
+        assert!(
+            !granted[0].1.shared,
+            "its own attempts without a slot do not make its prefix shared"
+        );
+        // A second request with the key: its prefix was routed before.
+        p.release(a);
+        assert!(p.acquire(now, fresh).unwrap().shared);
+        // A retry elsewhere is routed as its hint says and records nothing.
+        p.release(a);
+        let other = Hint {
+            key: Some(888),
+            ..fresh
+        };
+        assert!(!p.acquire_other(now, &[], other).unwrap().shared);
+        p.release(a);
+        assert!(
+            !p.acquire(now, other).unwrap().shared,
+            "the retry recorded nothing"
+        );
     }
 
     #[test]

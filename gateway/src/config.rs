@@ -594,6 +594,24 @@ impl ModelSettings {
             ),
         }
     }
+
+    /// Why the adaptive order never serves this model newest first, when
+    /// it cannot: its budget is not below its queue timeout, so every
+    /// waiter is answered 503 before it has waited past the budget. Not an
+    /// error (the queue is served oldest first, a valid order), but rarely
+    /// what was meant: the gateway logs it at start.
+    pub fn newest_first_unreachable(&self) -> Option<String> {
+        let after = self.newest_first_after?;
+        (after >= self.queue_timeout).then(|| {
+            format!(
+                "model `{}`: served oldest first only: its newest-first budget ({after:?}, \
+                 from slo.queueWaitP95, slo.ttftP95 or queue.newestFirstAfter) is not below \
+                 its queue timeout ({:?}); lower the budget or raise queueTimeout, or say \
+                 `order: fifo`",
+                self.name, self.queue_timeout
+            )
+        })
+    }
 }
 
 /// A replica's address: `http://host:port`, no path. Cheap to clone (the
@@ -1311,6 +1329,31 @@ mod tests {
         let s = load(&dir.join("g.yaml")).unwrap();
         assert_eq!(budget(&s, "b"), ms(2000), "its TTFT target");
         assert_eq!(budget(&s, "c"), ms(1000), "the default");
+        assert!(
+            s.models
+                .values()
+                .all(|m| m.newest_first_unreachable().is_none())
+        );
+        // A budget the queue timeout cuts off is named (logged at start).
+        std::fs::write(
+            dir.join("g.yaml"),
+            gateway("{queueTimeout: 1500ms}").replace("{name: b, order: fifo}", "{name: b}"),
+        )
+        .unwrap();
+        let s = load(&dir.join("g.yaml")).unwrap();
+        let why = s.models["b"].newest_first_unreachable().unwrap();
+        assert!(
+            why.contains("`b`") && why.contains("2s") && why.contains("1.5s"),
+            "{why}"
+        );
+        assert!(
+            s.models["a"].newest_first_unreachable().is_none(),
+            "300 ms < 1.5 s"
+        );
+        assert!(
+            s.models["c"].newest_first_unreachable().is_none(),
+            "1 s < 1.5 s"
+        );
         // A value that is not an order is located.
         std::fs::write(dir.join("g.yaml"), gateway("{order: lifo}")).unwrap();
         let e = load(&dir.join("g.yaml")).unwrap_err().to_string();

@@ -303,7 +303,11 @@ impl ModelState {
             replica: slot.replica,
             endpoint: slot.endpoint,
             reason: slot.reason,
-            hint,
+            // A retry elsewhere is routed as this slot was.
+            hint: Hint {
+                shared: slot.shared,
+                ..hint
+            },
             admitted: now,
             arrived,
             succeeded: false,
@@ -405,6 +409,9 @@ impl Shared {
             .models
             .values()
             .map(|m| {
+                if let Some(why) = m.newest_first_unreachable() {
+                    tracing::warn!("{why}");
+                }
                 let mut pool = Pool::new(m.max_queue, m.max_concurrency);
                 pool.set_balance(settings.balance);
                 pool.set_newest_first_after(m.newest_first_after);
