@@ -287,31 +287,46 @@ fn price_in(
         let mut last = Vec::new();
         for nodes in [QUICK_NODES, KNAPSACK_NODES] {
             (lagrangian, theta) = (0.0, 1.0f64);
-            for &c in generate {
+            // Each class's knapsack, from this LP's duals: read here, then
+            // solved on every core (the knapsacks are independent), then
+            // their mixes added in class order, so the result does not
+            // depend on the cores.
+            let knapsacks: Vec<Pricing> = generate
+                .iter()
+                .map(|&c| {
+                    let class = &classes[c];
+                    let mut items = items_of(class, models, demand);
+                    let most: u32 = items.iter().map(|i| i.bound.max(1)).sum::<u32>();
+                    for item in &mut items {
+                        item.value = built
+                            .slots
+                            .get(&(c, item.t))
+                            .map_or(0.0, |&row| (-duals.dual(refs[row].clone())).max(0.0));
+                    }
+                    items.retain(|i| i.value > 1e-12);
+                    let gpu_dual = duals.dual(refs[built.capacity[c]].clone())
+                        + built
+                            .hami
+                            .get(&c)
+                            .map_or(0.0, |&row| duals.dual(refs[row].clone()));
+                    Pricing {
+                        c,
+                        items,
+                        most,
+                        worth: price(class) - gpu_dual,
+                        cap: class.fractional.expect("generated only where fractional"),
+                    }
+                })
+                .collect();
+            let priced = solve_knapsacks(&knapsacks, nodes);
+            for (k, (upper, mixes)) in knapsacks.iter().zip(priced) {
+                let (c, worth) = (k.c, k.worth);
                 let class = &classes[c];
-                let mut items = items_of(class, models, demand);
-                let most: u32 = items.iter().map(|i| i.bound.max(1)).sum::<u32>();
-                for item in &mut items {
-                    item.value = built
-                        .slots
-                        .get(&(c, item.t))
-                        .map_or(0.0, |&row| (-duals.dual(refs[row].clone())).max(0.0));
-                }
-                items.retain(|i| i.value > 1e-12);
-                let gpu_dual = duals.dual(refs[built.capacity[c]].clone())
-                    + built
-                        .hami
-                        .get(&c)
-                        .map_or(0.0, |&row| duals.dual(refs[row].clone()));
-                let worth = price(class) - gpu_dual;
-                let cap = class.fractional.expect("generated only where fractional");
-                let (upper, mixes) =
-                    best_mixes(&items, cap.memory_mib, cap.cores, cap.shares, nodes);
                 let reduced = worth - upper;
                 // A class's fractional GPUs hold at least one share each.
                 let gpus = class
                     .healthy_gpus()
-                    .min(demand_parts(class, models, demand).max(most));
+                    .min(demand_parts(class, models, demand).max(k.most));
                 lagrangian += f64::from(gpus) * reduced.min(0.0);
                 if price(class) > 0.0 {
                     theta = theta.max(1.0 - reduced / price(class));
@@ -358,6 +373,57 @@ fn price_in(
         }
     }
     Ok(Some((best_bound - penalties).max(0.0)))
+}
+
+/// One class's pricing problem in a round.
+struct Pricing {
+    c: usize,
+    /// Its demanded models' shares, valued at their duals.
+    items: Vec<Item>,
+    /// Shares its mixes could hold at most, summed over the items.
+    most: u32,
+    /// What a GPU of the class is worth: its price less its rows' duals.
+    worth: f64,
+    cap: crate::classes::Fractional,
+}
+
+/// [`best_mixes`] for each knapsack, in order, on up to as many threads as
+/// the machine has cores (each knapsack is solved alone, so the results
+/// are those of a sequential loop). On 1,000 GPUs with fractional GPUs
+/// the knapsacks took 6 ms of each 11 ms round.
+fn solve_knapsacks(knapsacks: &[Pricing], nodes: u64) -> Vec<(f64, Vec<(f64, Mix)>)> {
+    let solve =
+        |k: &Pricing| best_mixes(&k.items, k.cap.memory_mib, k.cap.cores, k.cap.shares, nodes);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(knapsacks.len());
+    if threads <= 1 {
+        return knapsacks.iter().map(solve).collect();
+    }
+    let mut out: Vec<Option<(f64, Vec<(f64, Mix)>)>> = vec![None; knapsacks.len()];
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (1..threads)
+            .map(|w| {
+                scope.spawn(move || {
+                    (w..knapsacks.len())
+                        .step_by(threads)
+                        .map(|i| (i, solve(&knapsacks[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for i in (0..knapsacks.len()).step_by(threads) {
+            out[i] = Some(solve(&knapsacks[i]));
+        }
+        for worker in workers {
+            for (i, r) in worker.join().expect("a pricing knapsack panicked") {
+                out[i] = Some(r);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.expect("every knapsack solved"))
+        .collect()
 }
 
 /// Shares a class's demanded models could put on its fractional GPUs.
