@@ -387,11 +387,15 @@ struct Pricing {
     cap: crate::classes::Fractional,
 }
 
+/// What [`best_mixes`] returns: an upper bound on the best mix's value,
+/// and the mixes found with their values.
+type Priced = (f64, Vec<(f64, Mix)>);
+
 /// [`best_mixes`] for each knapsack, in order, on up to as many threads as
 /// the machine has cores (each knapsack is solved alone, so the results
 /// are those of a sequential loop). On 1,000 GPUs with fractional GPUs
 /// the knapsacks took 6 ms of each 11 ms round.
-fn solve_knapsacks(knapsacks: &[Pricing], nodes: u64) -> Vec<(f64, Vec<(f64, Mix)>)> {
+fn solve_knapsacks(knapsacks: &[Pricing], nodes: u64) -> Vec<Priced> {
     let solve =
         |k: &Pricing| best_mixes(&k.items, k.cap.memory_mib, k.cap.cores, k.cap.shares, nodes);
     let threads = std::thread::available_parallelism()
@@ -400,7 +404,7 @@ fn solve_knapsacks(knapsacks: &[Pricing], nodes: u64) -> Vec<(f64, Vec<(f64, Mix
     if threads <= 1 {
         return knapsacks.iter().map(solve).collect();
     }
-    let mut out: Vec<Option<(f64, Vec<(f64, Mix)>)>> = vec![None; knapsacks.len()];
+    let mut out: Vec<Option<Priced>> = vec![None; knapsacks.len()];
     std::thread::scope(|scope| {
         let workers: Vec<_> = (1..threads)
             .map(|w| {
