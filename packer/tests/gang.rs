@@ -937,6 +937,77 @@ fn a_running_gang_keeps_its_gpus_and_a_replan_from_the_plan_changes_nothing() {
 }
 
 #[test]
+fn a_gang_over_more_nodes_than_a_kueue_workload_has_podsets_takes_eight_pod_shapes() {
+    // Thirteen 4-GPU workers on thirteen half-free nodes.
+    let names: Vec<String> = (0..13).map(|i| format!("n{i:02}")).collect();
+    let c = topo_cluster(
+        names
+            .iter()
+            .map(|n| (n.as_str(), "H100-80GB", 8, "r0", "z0", None, vec![]))
+            .collect(),
+    );
+    let mut free = all_free(&c);
+    for gpus in free.free.values_mut() {
+        gpus.retain(|&g| g >= 4);
+    }
+    let jobs = [job("wide", simple(13, 4, TopologyLevel::Zone))];
+    let held = gang::running(&c, &jobs);
+    let g = gang::place(&c, &jobs, &held, &free, &q0(), &GangOptions::default())
+        .gangs
+        .remove(0);
+    assert_eq!(g.status, GangStatus::Starting, "{g:#?}");
+    let planned: BTreeSet<&str> = g.workers.iter().map(|w| w.node.as_str()).collect();
+    assert_eq!(planned.len(), 13, "one worker per node: {g:#?}");
+    let docs = artefacts::kubernetes(&g, "ml", artefacts::GangScheduler::Coscheduling);
+    // Kueue's role hash: labels other than its own, and the spec.
+    let mut shapes: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
+    for (d, w) in docs[1..].iter().zip(&g.workers) {
+        let template = &d["template"];
+        let nodes: Vec<String> = template["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchFields"][0]["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        assert!(
+            nodes.contains(&w.node),
+            "worker {} may start where planned",
+            w.worker
+        );
+        assert_eq!(
+            template["metadata"]["annotations"]
+                .get("gpuscale.io/gpus")
+                .is_some(),
+            nodes.len() == 1,
+            "only a worker pinned to one node names its GPU indices"
+        );
+        let mut labels = template["metadata"]["labels"].clone();
+        labels
+            .as_object_mut()
+            .unwrap()
+            .retain(|k, _| !k.starts_with("kueue.x-k8s.io/"));
+        let shape = format!("{labels}{}", template["spec"]);
+        shapes.entry(shape).or_default().push(nodes);
+    }
+    assert_eq!(shapes.len(), artefacts::KUEUE_MAX_PODSETS);
+    // The groups split the nodes, two or one each, and each holds as many
+    // workers as it has nodes (one planned per node).
+    let mut covered = BTreeSet::new();
+    for workers in shapes.values() {
+        let group = &workers[0];
+        assert!(workers.iter().all(|n| n == group));
+        assert!((1..=2).contains(&group.len()), "{group:?}");
+        assert_eq!(workers.len(), group.len());
+        for n in group {
+            assert!(covered.insert(n.clone()), "{n} in two groups");
+        }
+    }
+    assert_eq!(covered.len(), 13);
+}
+
+#[test]
 fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
     let c = topo_cluster(vec![
         ("a0", "H100-80GB", 8, "r0", "z0", None, vec![]),

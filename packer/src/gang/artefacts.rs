@@ -8,10 +8,12 @@
 //!   `scheduling.k8s.io/group-name`, `schedulerName: volcano`), both with
 //!   `minMember` = workers.
 //! - Per worker, its placement: `nvidia.com/gpu` limits, a required node
-//!   affinity on `kubernetes.io/hostname` to the planned node, the gang
-//!   scheduler's `schedulerName` (`scheduler-plugins-scheduler`, the name
-//!   scheduler-plugins installs its second scheduler under, or `volcano`),
-//!   and the planned GPU indices as the annotation `gpuscale.io/gpus`.
+//!   affinity on the node's name to the planned node (for a gang over
+//!   more than 8 nodes, to its group of nodes: [`KUEUE_MAX_PODSETS`]),
+//!   the gang scheduler's `schedulerName` (`scheduler-plugins-scheduler`,
+//!   the name scheduler-plugins installs its second scheduler under, or
+//!   `volcano`), and, pinned to one node, the planned GPU indices as the
+//!   annotation `gpuscale.io/gpus`.
 //!   A job with a worker template (`spec.template`) gets one complete
 //!   `v1/Pod` per worker, the template with the placement added; a job
 //!   without one gets a `v1/PodTemplate` per worker holding the placement
@@ -136,17 +138,25 @@ pub fn kubernetes_named(
         }
     };
     let scheduler_name = scheduler_name.unwrap_or(default_name);
+    let groups = node_groups(g);
     for w in &g.workers {
         // The worker's number is an annotation, not a label: Kueue's pod
         // groups make one PodSet per distinct pod shape (labels and spec;
         // at most 8 per Workload), and workers on one node then share one.
         let mut annotations = annotations.clone();
         annotations.insert("gpuscale.io/worker".into(), json!(w.worker.to_string()));
-        let gpus: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
-        annotations.insert("gpuscale.io/gpus".into(), json!(gpus.join(",")));
+        let nodes = groups
+            .iter()
+            .find(|group| group.contains(&w.node.as_str()))
+            .expect("every worker's node is in a group");
+        // The planned GPUs, where the worker is pinned to its node alone.
+        if nodes.len() == 1 {
+            let gpus: Vec<String> = w.gpus.iter().map(ToString::to_string).collect();
+            annotations.insert("gpuscale.io/gpus".into(), json!(gpus.join(",")));
+        }
         let name = format!("{}-worker-{}", g.name, w.worker);
         let placement = Placement {
-            node: &w.node,
+            nodes,
             gpus: w.gpus.len(),
             scheduler_name,
         };
@@ -172,16 +182,57 @@ pub fn kubernetes_named(
     out
 }
 
+/// Most PodSets in a Kueue Workload: Kueue's plain-Pod groups make one
+/// per distinct pod shape (its labels and scheduling-relevant spec, the
+/// node affinity among them), and refuse a group of more (KEP-976,
+/// *Groups of Pods created beforehand*).
+pub const KUEUE_MAX_PODSETS: usize = 8;
+
+/// The gang's nodes, in the order its workers name them, as the groups
+/// its workers are pinned to: one node each, or, where the gang spans
+/// more than [`KUEUE_MAX_PODSETS`] nodes, that many runs of consecutive
+/// nodes (their sizes differing by one at most), so that its workers
+/// take at most as many pod shapes. A worker pinned to a group may start
+/// on any of its nodes; the group holds exactly its workers, since every
+/// worker asks for as many GPUs and each node has at least its planned
+/// workers' GPUs free, so the workers fit however the scheduler deals
+/// them out.
+fn node_groups(g: &GangPlan) -> Vec<Vec<&str>> {
+    let mut nodes: Vec<&str> = Vec::new();
+    for w in &g.workers {
+        if !nodes.contains(&w.node.as_str()) {
+            nodes.push(&w.node);
+        }
+    }
+    if nodes.len() <= KUEUE_MAX_PODSETS {
+        return nodes.into_iter().map(|n| vec![n]).collect();
+    }
+    let (per, extra) = (
+        nodes.len() / KUEUE_MAX_PODSETS,
+        nodes.len() % KUEUE_MAX_PODSETS,
+    );
+    let mut rest = nodes.as_slice();
+    (0..KUEUE_MAX_PODSETS)
+        .map(|i| {
+            let (group, tail) = rest.split_at(per + usize::from(i < extra));
+            rest = tail;
+            group.to_vec()
+        })
+        .collect()
+}
+
 /// Where one worker runs, as the pod spec says it.
 struct Placement<'a> {
-    node: &'a str,
+    /// The node it was planned on, or the group of nodes it may start on
+    /// ([`node_groups`]).
+    nodes: &'a [&'a str],
     gpus: usize,
     scheduler_name: &'a str,
 }
 
 impl Placement<'_> {
-    /// `spec` with the placement added: the gang scheduler, the node as a
-    /// required node affinity (ANDed into every term the spec already has,
+    /// `spec` with the placement added: the gang scheduler, the node (or
+    /// the group of nodes) as a required node affinity (ANDed into every term the spec already has,
     /// since terms are ORed), and the GPUs on the container that asks for
     /// them (the first if none does; the job's check allows one at most).
     fn onto(&self, mut spec: Value) -> Value {
@@ -192,7 +243,7 @@ impl Placement<'_> {
         let on_node = json!({
             "key": "metadata.name",
             "operator": "In",
-            "values": [self.node],
+            "values": self.nodes,
         });
         let required =
             &mut spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
