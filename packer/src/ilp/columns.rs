@@ -318,7 +318,9 @@ fn price_in(
                     }
                 })
                 .collect();
-            let priced = solve_knapsacks(&knapsacks, nodes);
+            let priced = super::cores::map(&knapsacks, |k| {
+                best_mixes(&k.items, k.cap.memory_mib, k.cap.cores, k.cap.shares, nodes)
+            });
             for (k, (upper, mixes)) in knapsacks.iter().zip(priced) {
                 let (c, worth) = (k.c, k.worth);
                 let class = &classes[c];
@@ -385,49 +387,6 @@ struct Pricing {
     /// What a GPU of the class is worth: its price less its rows' duals.
     worth: f64,
     cap: crate::classes::Fractional,
-}
-
-/// What [`best_mixes`] returns: an upper bound on the best mix's value,
-/// and the mixes found with their values.
-type Priced = (f64, Vec<(f64, Mix)>);
-
-/// [`best_mixes`] for each knapsack, in order, on up to as many threads as
-/// the machine has cores (each knapsack is solved alone, so the results
-/// are those of a sequential loop). On 1,000 GPUs with fractional GPUs
-/// the knapsacks took 6 ms of each 11 ms round.
-fn solve_knapsacks(knapsacks: &[Pricing], nodes: u64) -> Vec<Priced> {
-    let solve =
-        |k: &Pricing| best_mixes(&k.items, k.cap.memory_mib, k.cap.cores, k.cap.shares, nodes);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(knapsacks.len());
-    if threads <= 1 {
-        return knapsacks.iter().map(solve).collect();
-    }
-    let mut out: Vec<Option<Priced>> = vec![None; knapsacks.len()];
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (1..threads)
-            .map(|w| {
-                scope.spawn(move || {
-                    (w..knapsacks.len())
-                        .step_by(threads)
-                        .map(|i| (i, solve(&knapsacks[i])))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for i in (0..knapsacks.len()).step_by(threads) {
-            out[i] = Some(solve(&knapsacks[i]));
-        }
-        for worker in workers {
-            for (i, r) in worker.join().expect("a pricing knapsack panicked") {
-                out[i] = Some(r);
-            }
-        }
-    });
-    out.into_iter()
-        .map(|r| r.expect("every knapsack solved"))
-        .collect()
 }
 
 /// Shares a class's demanded models could put on its fractional GPUs.
