@@ -1087,7 +1087,7 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
         "{s}"
     );
     let mut g = gangs[0].clone();
-    g.partition = "training".into();
+    g.slurm_partition = Some("training".into());
     g.account = Some("nlp".into());
     let s = artefacts::sbatch(&g).unwrap();
     assert!(s.contains("#SBATCH --partition=training\n"), "{s}");
@@ -1489,11 +1489,59 @@ fn slurm_gets_the_planned_hosts_of_an_uneven_gang_and_never_an_unlimited_time() 
         });
     }
     let s = artefacts::sbatch(&g).unwrap();
-    assert!(s.contains("#SBATCH --distribution=arbitrary\n"), "{s}");
-    assert!(s.contains("in order: a-0 a-0 a-1\n"), "{s}");
-    assert!(!s.contains("--ntasks-per-node"), "{s}");
-    // `--time=0` is no limit to Slurm: a sub-minute estimate is a minute.
-    assert!(s.contains("#SBATCH --time=0:01:00\n"), "{s}");
+    // Two workers on a-0 and one on a-1: a heterogeneous job of two
+    // components, each with its nodes and its tasks per node, and no
+    // host file (sbatch ignores SLURM_HOSTFILE beside --nodelist).
+    let components: Vec<&str> = s.split("#SBATCH hetjob\n").collect();
+    assert_eq!(components.len(), 2, "{s}");
+    for (component, lines) in components.iter().zip([
+        [
+            "#SBATCH --nodes=1\n",
+            "#SBATCH --ntasks=2\n",
+            "#SBATCH --ntasks-per-node=2\n",
+            "#SBATCH --gres=gpu:6\n",
+            "#SBATCH --nodelist=a-0\n",
+        ],
+        [
+            "#SBATCH --nodes=1\n",
+            "#SBATCH --ntasks=1\n",
+            "#SBATCH --ntasks-per-node=1\n",
+            "#SBATCH --gres=gpu:3\n",
+            "#SBATCH --nodelist=a-1\n",
+        ],
+    ]) {
+        for line in lines {
+            assert!(component.contains(line), "{line} missing from\n{component}");
+        }
+        assert!(
+            component.contains("#SBATCH --gpus-per-task=3\n"),
+            "{component}"
+        );
+        // `--time=0` is no limit to Slurm: a sub-minute estimate is a minute.
+        assert!(
+            component.contains("#SBATCH --time=0:01:00\n"),
+            "{component}"
+        );
+    }
+    assert!(s.contains("srun --het-group=0-1"), "{s}");
+    assert!(
+        !s.contains("arbitrary") && !s.contains("SLURM_HOSTFILE"),
+        "{s}"
+    );
+    // Equal workers per node: one component.
+    let mut even = g.clone();
+    even.workers[2].node = "a-1".into();
+    even.workers.push(gang::Worker {
+        worker: 3,
+        node: "a-1".into(),
+        gpus: vec![3, 4, 5],
+    });
+    let s = artefacts::sbatch(&even).unwrap();
+    assert!(!s.contains("hetjob"), "{s}");
+    assert!(
+        s.contains("#SBATCH --ntasks-per-node=2\n") && s.contains("#SBATCH --nodelist=a-0,a-1\n"),
+        "{s}"
+    );
 }
 
 /// A node that may run HAMi and now holds a gang's worker gets HAMi's
@@ -1786,6 +1834,30 @@ fn a_partition_at_its_gpu_limit_makes_its_next_job_wait_and_keeps_to_its_nodes()
         w.reason
     );
     assert_eq!(w.partition, "dev");
+    // Slurm gets the partition and the runtime the queue planned with.
+    let s = artefacts::sbatch(started[0]).unwrap();
+    assert!(
+        s.contains("#SBATCH --partition=dev\n") && s.contains("#SBATCH --time=4:00:00\n"),
+        "{s}"
+    );
+    // A partition called `default` is a partition like any other, and a
+    // job without an estimate in a partition without a limit runs for
+    // the queue's defaultRuntime (a day) as far as Slurm is told.
+    let mut spec = q.spec.clone();
+    spec.partitions[0].name = "default".into();
+    spec.partitions[0].max_runtime = None;
+    let q = queue::Queue { spec, now: q.now };
+    let mut jobs = jobs;
+    for j in &mut jobs {
+        j.spec.estimated_runtime = None;
+    }
+    let gangs = gang::place(&c, &jobs, &held, &all_free(&c), &q, &GangOptions::default()).gangs;
+    let g = gangs.iter().find(|g| g.holds()).unwrap();
+    let s = artefacts::sbatch(g).unwrap();
+    assert!(
+        s.contains("#SBATCH --partition=default\n") && s.contains("#SBATCH --time=24:00:00\n"),
+        "{s}"
+    );
 }
 
 #[test]

@@ -314,59 +314,86 @@ fn worker_pod(
 
 /// `sbatch` directives for the same placement (placed gangs): one task
 /// per worker, its GPUs per task, the planned nodes, and every node up
-/// before the job starts (`--wait-all-nodes=1`).
+/// before the job starts (`--wait-all-nodes=1`). Where the nodes run
+/// unequal numbers of workers, a heterogeneous job (`#SBATCH hetjob`
+/// between components, Slurm 17.11 and later): one component per count
+/// of workers on a node, each with its nodes, tasks per node and GPUs,
+/// all started together. (`--distribution=arbitrary` with a host file
+/// does not do it: sbatch reads `SLURM_HOSTFILE` only without
+/// `--nodelist`, and on an allocation the distribution chooses nodes,
+/// not how many tasks each runs.)
 pub fn sbatch(g: &GangPlan) -> Option<String> {
     if g.workers.is_empty() {
         return None;
     }
-    let mut nodes: Vec<&str> = g.workers.iter().map(|w| w.node.as_str()).collect();
-    nodes.dedup();
-    let mut per_node: Vec<usize> = nodes
-        .iter()
-        .map(|n| g.workers.iter().filter(|w| w.node == *n).count())
-        .collect();
+    // Nodes in the order the workers name them, with their worker counts.
+    let mut nodes: Vec<(&str, usize)> = Vec::new();
+    for w in &g.workers {
+        match nodes.iter_mut().find(|(n, _)| *n == w.node) {
+            Some((_, count)) => *count += 1,
+            None => nodes.push((&w.node, 1)),
+        }
+    }
+    // One component per workers-per-node count, in order of first use.
+    let mut components: Vec<(usize, Vec<&str>)> = Vec::new();
+    for &(node, count) in &nodes {
+        match components.iter_mut().find(|(c, _)| *c == count) {
+            Some((_, ns)) => ns.push(node),
+            None => components.push((count, vec![node])),
+        }
+    }
     let mut s = String::from("#!/bin/bash\n");
     s.push_str(&format!("#SBATCH --job-name={}\n", g.name));
-    // The queue's partition and the fair-share account, so Slurm's own
-    // limits and fair share apply as gpuscale's did.
-    if !g.partition.is_empty() && g.partition != "default" {
-        s.push_str(&format!("#SBATCH --partition={}\n", g.partition));
+    if components.len() > 1 {
+        s.push_str(&format!(
+            "# unequal workers per node: a heterogeneous job of {} components, one per count of \
+             workers on a node, started together; run every component's tasks with \
+             `srun --het-group=0-{}`\n",
+            components.len(),
+            components.len() - 1
+        ));
     }
-    if let Some(a) = &g.account {
-        s.push_str(&format!("#SBATCH --account={a}\n"));
-    }
-    s.push_str(&format!("#SBATCH --nodes={}\n", nodes.len()));
-    s.push_str(&format!("#SBATCH --ntasks={}\n", g.workers.len()));
-    per_node.dedup();
-    if per_node.len() == 1 {
-        s.push_str(&format!("#SBATCH --ntasks-per-node={}\n", per_node[0]));
+    let time = g.time_limit_s.or(g.estimated_runtime_s);
+    for (i, (per_node, component)) in components.iter().enumerate() {
+        if i > 0 {
+            s.push_str("#SBATCH hetjob\n");
+        }
+        // The queue's partition and the fair-share account, so Slurm's
+        // own limits and fair share apply as gpuscale's did (each
+        // component names them: a component's partition is its own).
+        if let Some(p) = &g.slurm_partition {
+            s.push_str(&format!("#SBATCH --partition={p}\n"));
+        }
+        if let Some(a) = &g.account {
+            s.push_str(&format!("#SBATCH --account={a}\n"));
+        }
+        s.push_str(&format!("#SBATCH --nodes={}\n", component.len()));
+        s.push_str(&format!(
+            "#SBATCH --ntasks={}\n",
+            per_node * component.len()
+        ));
+        s.push_str(&format!("#SBATCH --ntasks-per-node={per_node}\n"));
         s.push_str(&format!(
             "#SBATCH --gres=gpu:{}\n",
-            per_node[0] as u32 * g.gpus_per_worker
+            *per_node as u32 * g.gpus_per_worker
         ));
-    } else {
-        // Uneven workers per node: Slurm places tasks as planned only
-        // with the arbitrary distribution, whose hosts (one line per
-        // task) it reads from SLURM_HOSTFILE at submission.
-        s.push_str("#SBATCH --distribution=arbitrary\n");
-        let hosts: Vec<&str> = g.workers.iter().map(|w| w.node.as_str()).collect();
-        s.push_str(&format!(
-            "# uneven workers per node: submit with SLURM_HOSTFILE naming one host per task, in order: {}\n",
-            hosts.join(" ")
-        ));
+        s.push_str(&format!("#SBATCH --gpus-per-task={}\n", g.gpus_per_worker));
+        s.push_str(&format!("#SBATCH --nodelist={}\n", component.join(",")));
+        s.push_str("#SBATCH --wait-all-nodes=1\n");
+        if let Some(secs) = time {
+            // At least a minute: Slurm reads `--time=0` as no limit.
+            let m = secs.div_ceil(60).max(1);
+            s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
+        }
     }
-    s.push_str(&format!("#SBATCH --gpus-per-task={}\n", g.gpus_per_worker));
-    s.push_str(&format!("#SBATCH --nodelist={}\n", nodes.join(",")));
-    s.push_str("#SBATCH --wait-all-nodes=1\n");
-    if let Some(secs) = g.estimated_runtime_s {
-        // At least a minute: Slurm reads `--time=0` as no limit.
-        let m = secs.div_ceil(60).max(1);
-        s.push_str(&format!("#SBATCH --time={}:{:02}:00\n", m / 60, m % 60));
+    if time.is_some() {
         // Slurm's `--time` is a limit; gpuscale's queue keeps a job past
         // its estimate running (Kubernetes ends nothing at an estimate).
         s.push_str(
-            "# --time is the job's estimatedRuntime: Slurm ends the job there, while gpuscale's \
-             queue expects an overdue job to end any moment\n",
+            "# --time is the runtime gpuscale's queue planned with (the job's estimatedRuntime \
+             within its partition's maxRuntime, else that maximum, else the queue's \
+             defaultRuntime): Slurm ends the job there, while gpuscale's queue expects an \
+             overdue job to end any moment\n",
         );
     }
     // What the plan stops for it: Slurm preempts by its own rules

@@ -168,6 +168,18 @@ pub struct GangPlan {
     /// JSON.
     #[serde(skip)]
     pub topology_labelled: bool,
+    /// The partition the job names, or the queue's default partition it
+    /// falls in (for Slurm's `--partition`; `None`: no partition
+    /// applies, and `partition` reads `default`); not part of the plan's
+    /// JSON.
+    #[serde(skip)]
+    pub slurm_partition: Option<String>,
+    /// The runtime the queue planned with, seconds (for Slurm's
+    /// `--time`: the estimate within the partition's `maxRuntime`, else
+    /// that maximum, else the queue's `defaultRuntime`); not part of the
+    /// plan's JSON.
+    #[serde(skip)]
+    pub time_limit_s: Option<u64>,
 }
 
 impl GangPlan {
@@ -850,6 +862,8 @@ fn with_note(note: &str, text: String) -> String {
 pub(crate) fn decorate(g: &mut GangPlan, q: &queue::Queue, job: &TrainingJob, score: f64) {
     g.namespace = job.namespace.clone();
     g.partition = q.partition_name(job);
+    g.slurm_partition = q.spec.partition_of(job).map(|p| p.name.clone());
+    g.time_limit_s = Some(q.spec.runtime_of(job).as_secs());
     g.account = job.spec.account.clone();
     g.priority_score = score;
     g.template = job
