@@ -1069,6 +1069,19 @@ fn artefacts_name_the_group_the_nodes_and_the_slurm_equivalent() {
     }
     let volcano = artefacts::kubernetes(&gangs[0], "ml", artefacts::GangScheduler::Volcano);
     assert_eq!(volcano[0]["apiVersion"], "scheduling.volcano.sh/v1beta1");
+    assert_eq!(volcano[0]["spec"]["minResources"]["nvidia.com/gpu"], "16");
+    // A gang still waiting: its PodGroup alone, reserving nothing in
+    // Volcano's queue (an Inqueue group holds its minResources).
+    let mut waiting = gangs[0].clone();
+    waiting.status = GangStatus::Pending;
+    let pending = artefacts::kubernetes(&waiting, "ml", artefacts::GangScheduler::Volcano);
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0]["spec"]["minMember"], 2);
+    assert!(
+        pending[0]["spec"].get("minResources").is_none(),
+        "{}",
+        pending[0]
+    );
     assert_eq!(volcano[1]["template"]["spec"]["schedulerName"], "volcano");
     let s = artefacts::sbatch(&gangs[0]).unwrap();
     for line in [

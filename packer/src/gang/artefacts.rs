@@ -82,6 +82,7 @@ pub fn kubernetes_named(
     let namespace = g.namespace.as_deref().unwrap_or(namespace);
     let mut out = Vec::new();
     let total = g.workers_wanted * g.gpus_per_worker;
+    let placed = matches!(g.status, GangStatus::Running | GangStatus::Starting);
     let pod_group = match scheduler {
         GangScheduler::Coscheduling => json!({
             "apiVersion": "scheduling.x-k8s.io/v1alpha1",
@@ -89,18 +90,27 @@ pub fn kubernetes_named(
             "metadata": {"name": g.name, "namespace": namespace},
             "spec": {"minMember": g.workers_wanted, "scheduleTimeoutSeconds": 300},
         }),
-        GangScheduler::Volcano => json!({
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
-            "metadata": {"name": g.name, "namespace": namespace},
-            "spec": {
-                "minMember": g.workers_wanted,
-                "minResources": {"nvidia.com/gpu": total.to_string()},
-            },
-        }),
+        GangScheduler::Volcano => {
+            let mut spec = json!({"minMember": g.workers_wanted});
+            // Volcano's enqueue moves a PodGroup to `Inqueue` once its
+            // `minResources` fit, and an Inqueue group holds that much of
+            // its queue until its pods run (volcano-sh/volcano#5006): for
+            // a gang the plan has not placed, whose pods do not exist,
+            // that would keep GPUs from the jobs the plan runs. Placed
+            // gangs name their GPUs, so Volcano admits them whole.
+            if placed {
+                spec["minResources"] = json!({"nvidia.com/gpu": total.to_string()});
+            }
+            json!({
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "PodGroup",
+                "metadata": {"name": g.name, "namespace": namespace},
+                "spec": spec,
+            })
+        }
     };
     out.push(pod_group);
-    if !matches!(g.status, GangStatus::Running | GangStatus::Starting) {
+    if !placed {
         return out;
     }
     let mut annotations = serde_json::Map::new();
