@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::FieldError;
 use crate::catalog::Catalog;
@@ -334,6 +335,28 @@ pub(crate) fn check_name(name: &str) -> Option<String> {
     })
 }
 
+/// The path of the first key of `raw` that `kept` (the same value after
+/// a typed round trip) lacks, in document order; keys set to `null` are
+/// no field, as the API server reads them.
+fn first_dropped(raw: &Value, kept: &Value, path: String) -> Option<String> {
+    match (raw, kept) {
+        (Value::Object(r), Value::Object(k)) => r.iter().find_map(|(key, v)| {
+            let at = format!("{path}.{key}");
+            match k.get(key) {
+                None if !v.is_null() => Some(at),
+                None => None,
+                Some(kv) => first_dropped(v, kv, at),
+            }
+        }),
+        (Value::Array(r), Value::Array(k)) => r
+            .iter()
+            .zip(k)
+            .enumerate()
+            .find_map(|(i, (v, kv))| first_dropped(v, kv, format!("{path}[{i}]"))),
+        _ => None,
+    }
+}
+
 enum Parsed {
     Policy(Box<ModelPolicy>),
     /// A training job: its name, namespace and spec.
@@ -410,6 +433,23 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
         Some("TrainingJob") => {
             let env: Envelope<TrainingJobSpec> = typed(doc)?;
             named(&env.metadata)?;
+            // Kubernetes' types (k8s-openapi) skip fields they do not
+            // know, so a misspelt key in the worker template would vanish
+            // from the emitted pods; kubectl's strict field validation
+            // refuses it by name, and so does this.
+            if let (Some(raw), Some(t)) = (doc.value.pointer("/spec/template"), &env.spec.template)
+                && let Ok(kept) = serde_json::to_value(t)
+                && let Some(path) = first_dropped(raw, &kept, "spec.template".into())
+            {
+                let key = path.rsplit('.').next().unwrap_or(&path).to_string();
+                return Err(doc.problem(
+                    path,
+                    format!(
+                        "unknown field `{key}`: Kubernetes' PodTemplateSpec (API 1.33) has no such \
+                         field here, and kubectl's strict field validation would refuse it"
+                    ),
+                ));
+            }
             // The name is a label value on every worker
             // (`gpuscale.io/training-job`, the PodGroup's label).
             labels_pods(&env.metadata, "a TrainingJob's name labels its worker pods")?;

@@ -1106,6 +1106,37 @@ fn a_worker_templates_node_rules_name_labels_the_cluster_knows_and_some_node_mee
     );
 }
 
+#[test]
+fn a_misspelt_field_in_a_worker_template_is_located_not_dropped() {
+    let cluster = cluster_file("\n    - {name: a, gpuModel: H100-80GB, gpuCount: 8}\n");
+    let job = |container: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 1\n  gpusPerWorker: 8\n  gpuModels: [H100-80GB]\n  template:\n    metadata: {{labels: {{app: t}}, creationTimestamp: null}}\n    spec:\n      containers:\n      - name: w\n        image: i\n{container}"
+        )
+    };
+    let run = |container: &str| problems_of(&[("c.yaml", &cluster), ("j.yaml", &job(container))]);
+    // Known fields, nulls and empty lists pass.
+    assert!(run("        env: []\n        resources: {limits: {memory: 1Gi}}\n").is_empty());
+    // A misspelt key, at its own line.
+    assert_eq!(
+        run("        resouces: {limits: {memory: 1Gi}}\n"),
+        ["j.yaml:14 spec.template.spec.containers[0].resouces"]
+    );
+    // Deeper down too.
+    assert_eq!(
+        run("        resources: {limts: {memory: 1Gi}}\n"),
+        ["j.yaml:14 spec.template.spec.containers[0].resources.limts"]
+    );
+    let text = job("        resouces: {}\n");
+    let e = load_sources(&[
+        (Path::new("c.yaml"), cluster.as_str()),
+        (Path::new("j.yaml"), text.as_str()),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("unknown field `resouces`"), "{e}");
+}
+
 /// Each problem as `file:line field.path`, in order.
 fn problems_of(files: &[(&str, &str)]) -> Vec<String> {
     let sources: Vec<(&Path, &str)> = files.iter().map(|(n, t)| (Path::new(*n), *t)).collect();
