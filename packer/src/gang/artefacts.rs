@@ -208,12 +208,7 @@ pub const KUEUE_MAX_PODSETS: usize = 8;
 /// workers' GPUs free, so the workers fit however the scheduler deals
 /// them out.
 fn node_groups(g: &GangPlan) -> Vec<Vec<&str>> {
-    let mut nodes: Vec<&str> = Vec::new();
-    for w in &g.workers {
-        if !nodes.contains(&w.node.as_str()) {
-            nodes.push(&w.node);
-        }
-    }
+    let nodes: Vec<&str> = planned_nodes(g).into_iter().map(|(n, _)| n).collect();
     if nodes.len() <= KUEUE_MAX_PODSETS {
         return nodes.into_iter().map(|n| vec![n]).collect();
     }
@@ -229,6 +224,19 @@ fn node_groups(g: &GangPlan) -> Vec<Vec<&str>> {
             group.to_vec()
         })
         .collect()
+}
+
+/// The gang's nodes in the order its workers name them, each with its
+/// number of workers.
+fn planned_nodes(g: &GangPlan) -> Vec<(&str, usize)> {
+    let mut nodes: Vec<(&str, usize)> = Vec::new();
+    for w in &g.workers {
+        match nodes.iter_mut().find(|(n, _)| *n == w.node) {
+            Some((_, count)) => *count += 1,
+            None => nodes.push((&w.node, 1)),
+        }
+    }
+    nodes
 }
 
 /// Where one worker runs, as the pod spec says it.
@@ -336,17 +344,9 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
     if g.workers.is_empty() {
         return None;
     }
-    // Nodes in the order the workers name them, with their worker counts.
-    let mut nodes: Vec<(&str, usize)> = Vec::new();
-    for w in &g.workers {
-        match nodes.iter_mut().find(|(n, _)| *n == w.node) {
-            Some((_, count)) => *count += 1,
-            None => nodes.push((&w.node, 1)),
-        }
-    }
     // One component per workers-per-node count, in order of first use.
     let mut components: Vec<(usize, Vec<&str>)> = Vec::new();
-    for &(node, count) in &nodes {
+    for (node, count) in planned_nodes(g) {
         match components.iter_mut().find(|(c, _)| *c == count) {
             Some((_, ns)) => ns.push(node),
             None => components.push((count, vec![node])),
