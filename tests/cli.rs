@@ -1060,6 +1060,21 @@ fn plan_places_the_example_training_jobs_gang_wise_beside_inference() {
         assert_eq!(g["status"], want, "{g:#}");
     }
     assert_eq!(again["moves"], 0);
+    // Emitted from the re-plan, the running gangs keep their objects
+    // (`kubectl apply` again changes nothing) but get no `sbatch` script:
+    // submitting it again would start a second copy of the job.
+    let replan_dir = dir.join("replan");
+    let replan_text = replan_dir.to_string_lossy().to_string();
+    args.extend(["--emit", replan_text.as_str()]);
+    assert_eq!(gpuscale(&args).status.code(), Some(0));
+    assert!(replan_dir.join("gangs/vit-pretrain.yaml").exists());
+    assert!(replan_dir.join("gangs/llama-8b-finetune.yaml").exists());
+    for job in ["vit-pretrain", "reranker-train", "llama-8b-finetune"] {
+        assert!(
+            !replan_dir.join(format!("gangs/{job}.sbatch")).exists(),
+            "{job}"
+        );
+    }
 
     // Emitting again into the same folder without the training jobs:
     // the gangs' files the first emit wrote go, files it did not write

@@ -420,7 +420,8 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
 }
 
 /// Files for `gpuscale plan --emit DIR`: `gangs/<job>.yaml` (the
-/// PodGroup and the workers' objects) and `gangs/<job>.sbatch`.
+/// PodGroup and the workers' objects) and, for a gang this plan starts,
+/// `gangs/<job>.sbatch`.
 pub fn files(
     gangs: &[GangPlan],
     namespace: &str,
@@ -446,6 +447,12 @@ pub fn files_named(
             text.push_str(&crate::emit::to_yaml(d)?);
         }
         out.push((format!("gangs/{}.yaml", g.name), text));
+        // Only for a gang this plan starts: `sbatch` submits, it does not
+        // reconcile, so a script for a gang already running (kept from
+        // `--current` or the cluster file) would start a second copy.
+        if g.status != GangStatus::Starting {
+            continue;
+        }
         if let Some(s) = sbatch(g) {
             out.push((format!("gangs/{}.sbatch", g.name), s));
         }
