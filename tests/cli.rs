@@ -1129,6 +1129,8 @@ fn queue_lists_jobs_by_state_and_priority_with_reserved_starts_and_reasons() {
         lines[1].starts_with("vit-pretrain") && lines[1].contains("starting"),
         "{text}"
     );
+    // Its two nodes in Slurm's hostlist form, as squeue's NODELIST.
+    assert!(lines[1].contains(" h100-[2-3] "), "{text}");
     assert!(lines[3].starts_with("llama-8b-finetune"), "{text}");
     assert!(
         lines[3].contains("reserved to start 2026-12-04T09:00:00Z"),

@@ -95,7 +95,7 @@ fn table(gangs: &[&GangPlan]) -> String {
             if nodes.is_empty() {
                 "-".to_string()
             } else {
-                nodes.join(",")
+                hostlist(&nodes)
             },
             g.reason
         ));
@@ -104,4 +104,116 @@ fn table(gangs: &[&GangPlan]) -> String {
         out.push_str("(no training jobs)\n");
     }
     out
+}
+
+/// Node names in Slurm's hostlist form, as `squeue`'s NODELIST shows
+/// them: names that differ only in a trailing number share their prefix,
+/// their numbers sorted and runs written as ranges (`h100-[0-3,7]`), so a
+/// 64-GPU gang's eight nodes take one short field. A number written with
+/// leading zeros keeps its width (`node[01-03]`) and is grouped apart
+/// from unpadded ones; names without a trailing number are kept as they
+/// are. Groups appear in the order of their first node.
+fn hostlist(nodes: &[String]) -> String {
+    enum Entry<'a> {
+        /// Prefix, width of zero-padded numbers (0: unpadded), numbers.
+        Numbered(&'a str, usize, Vec<u64>),
+        Plain(&'a str),
+    }
+    let mut entries: Vec<Entry> = Vec::new();
+    for name in nodes {
+        let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, number) = name.split_at(name.len() - digits);
+        // A number too long for u64 makes no range: kept as a name.
+        match number.parse::<u64>() {
+            Ok(n) => {
+                let width = if digits > 1 && number.starts_with('0') {
+                    digits
+                } else {
+                    0
+                };
+                let group = entries.iter_mut().find_map(|e| match e {
+                    Entry::Numbered(p, w, ns) if *p == prefix && *w == width => Some(ns),
+                    _ => None,
+                });
+                match group {
+                    Some(ns) => ns.push(n),
+                    None => entries.push(Entry::Numbered(prefix, width, vec![n])),
+                }
+            }
+            Err(_) => {
+                if !entries
+                    .iter()
+                    .any(|e| matches!(e, Entry::Plain(p) if p == name))
+                {
+                    entries.push(Entry::Plain(name));
+                }
+            }
+        }
+    }
+    let text = |e: Entry| match e {
+        Entry::Plain(name) => name.to_string(),
+        Entry::Numbered(prefix, width, mut ns) => {
+            ns.sort_unstable();
+            ns.dedup();
+            let num = |n: u64| format!("{n:0width$}");
+            let mut ranges: Vec<String> = Vec::new();
+            let mut k = 0;
+            while k < ns.len() {
+                let mut j = k;
+                while j + 1 < ns.len() && ns[j + 1] == ns[j] + 1 {
+                    j += 1;
+                }
+                ranges.push(if j == k {
+                    num(ns[k])
+                } else {
+                    format!("{}-{}", num(ns[k]), num(ns[j]))
+                });
+                k = j + 1;
+            }
+            if ns.len() == 1 {
+                format!("{prefix}{}", ranges[0])
+            } else {
+                format!("{prefix}[{}]", ranges.join(","))
+            }
+        }
+    };
+    entries.into_iter().map(text).collect::<Vec<_>>().join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hostlist;
+
+    fn list(names: &[&str]) -> String {
+        hostlist(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+    }
+
+    // Expected strings in the form of Slurm's `scontrol show hostlist`
+    // (slurm/src/common/hostlist.c): a prefix, then `[` ranges `]`.
+    #[test]
+    fn runs_of_numbered_nodes_are_ranges() {
+        assert_eq!(list(&["h100-2", "h100-3"]), "h100-[2-3]");
+        assert_eq!(
+            list(&["h100-7", "h100-0", "h100-1", "h100-2", "h100-3", "h100-10"]),
+            "h100-[0-3,7,10]"
+        );
+        assert_eq!(list(&["a100-0"]), "a100-0");
+        assert_eq!(list(&["a100-0", "a100-0"]), "a100-0");
+    }
+
+    #[test]
+    fn prefixes_padding_and_plain_names_are_kept_apart_in_order() {
+        assert_eq!(
+            list(&["node01", "node02", "node03", "gpu-9", "node10"]),
+            "node[01-03],gpu-9,node10"
+        );
+        assert_eq!(
+            list(&["login", "h100-1", "h100-2", "login"]),
+            "login,h100-[1-2]"
+        );
+        assert_eq!(
+            list(&["x99999999999999999999999"]),
+            "x99999999999999999999999"
+        );
+    }
 }
