@@ -761,6 +761,7 @@ fn queue_spec(usage: &BTreeMap<String, f64>) -> TrainingQueueSpec {
             name: "training".into(),
             max_gpus: None,
             max_runtime: Some(Duration::from_secs(24 * 3600)),
+            default_runtime: None,
             gpu_models: vec![],
             nodes: vec![],
             priority_tier: 0,

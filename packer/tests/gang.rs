@@ -1817,6 +1817,7 @@ fn a_partition_at_its_gpu_limit_makes_its_next_job_wait_and_keeps_to_its_nodes()
             name: "dev".into(),
             max_gpus: Some(8),
             max_runtime: Some(Duration::from_secs(4 * 3600)),
+            default_runtime: None,
             gpu_models: vec![],
             nodes: vec!["n2".into(), "n1".into()],
             priority_tier: 0,
@@ -1853,6 +1854,25 @@ fn a_partition_at_its_gpu_limit_makes_its_next_job_wait_and_keeps_to_its_nodes()
         s.contains("#SBATCH --partition=dev\n") && s.contains("#SBATCH --time=4:00:00\n"),
         "{s}"
     );
+    // A job without an estimate runs for its partition's defaultRuntime
+    // (Slurm's DefaultTime) where it has one, not its maxRuntime.
+    let mut spec = q.spec.clone();
+    spec.partitions[0].default_runtime = Some(Duration::from_secs(2 * 3600));
+    let dq = queue::Queue { spec, now: q.now };
+    let mut lone = vec![job("a", simple(1, 8, TopologyLevel::Node))];
+    lone[0].spec.estimated_runtime = None;
+    let gangs = gang::place(
+        &c,
+        &lone,
+        &held,
+        &all_free(&c),
+        &dq,
+        &GangOptions::default(),
+    )
+    .gangs;
+    assert_eq!(gangs[0].end_s, Some(q.now + 2.0 * 3600.0));
+    let s = artefacts::sbatch(&gangs[0]).unwrap();
+    assert!(s.contains("#SBATCH --time=2:00:00\n"), "{s}");
     // A partition called `default` is a partition like any other, and a
     // job without an estimate in a partition without a limit runs for
     // the queue's defaultRuntime (a day) as far as Slurm is told.

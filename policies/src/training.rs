@@ -502,6 +502,16 @@ pub struct Partition {
     )]
     #[schemars(with = "Option<String>")]
     pub max_runtime: Option<Duration>,
+    /// Runtime of a job that gives no estimate (Slurm's `DefaultTime`;
+    /// default: `maxRuntime`, else the queue's `defaultRuntime`). At most
+    /// `maxRuntime`.
+    #[serde(
+        default,
+        with = "crate::duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub default_runtime: Option<Duration>,
     /// GPU models its jobs may use (default: any).
     #[serde(default)]
     pub gpu_models: Vec<String>,
@@ -706,6 +716,23 @@ impl TrainingQueueSpec {
                     "must be longer than zero (leave it out for no limit)",
                 ));
             }
+            if let Some(d) = p.default_runtime {
+                if d.is_zero() {
+                    errors.push(FieldError::new(
+                        format!("spec.partitions[{i}].defaultRuntime"),
+                        "must be longer than zero (leave it out for the partition's maxRuntime)",
+                    ));
+                } else if let Some(max) = p.max_runtime.filter(|m| d > *m) {
+                    errors.push(FieldError::new(
+                        format!("spec.partitions[{i}].defaultRuntime"),
+                        format!(
+                            "{} is over the partition's maxRuntime of {}",
+                            humantime::format_duration(d),
+                            humantime::format_duration(max)
+                        ),
+                    ));
+                }
+            }
         }
         if self.weights.max_age.is_zero() {
             errors.push(FieldError::new(
@@ -779,13 +806,17 @@ impl TrainingQueueSpec {
         }
     }
 
-    /// A job's runtime for scheduling: its estimate, else its partition's
-    /// limit, else `defaultRuntime`; never above the partition's limit.
+    /// A job's runtime for scheduling, as Slurm's time limit: its
+    /// estimate, else its partition's `defaultRuntime` (`DefaultTime`),
+    /// else the partition's limit (`MaxTime`), else the queue's
+    /// `defaultRuntime`; never above the partition's limit.
     pub fn runtime_of(&self, job: &TrainingJob) -> Duration {
-        let limit = self.partition_of(job).and_then(|p| p.max_runtime);
+        let partition = self.partition_of(job);
+        let limit = partition.and_then(|p| p.max_runtime);
         let r = job
             .spec
             .estimated_runtime
+            .or(partition.and_then(|p| p.default_runtime))
             .or(limit)
             .unwrap_or(self.default_runtime);
         limit.map_or(r, |l| r.min(l))

@@ -289,7 +289,7 @@ kind: TrainingQueue
 metadata: {name: q}
 spec:
   partitions:
-    - {name: dev, default: true, maxRuntime: 4h, gpuModels: [H100-80GB]}
+    - {name: dev, default: true, maxRuntime: 4h, defaultRuntime: 5h, gpuModels: [H100-80GB]}
     - {name: dev, default: true, gpuModels: [Z9000]}
   fairShare:
     accounts:
@@ -314,6 +314,7 @@ spec:
         "spec.partitions[1].default: only one partition may be the default",
         "spec.partitions[1].gpuModels[0]: unknown GPU model `Z9000`",
         "spec.fairShare.accounts[0].shares: must be a positive number",
+        "spec.partitions[0].defaultRuntime: 5h is over the partition's maxRuntime of 4h",
     ] {
         assert!(
             text.iter()
@@ -328,6 +329,7 @@ spec:
             "- {name: dev, default: true, gpuModels: [Z9000]}",
             "- {name: prod}",
         )
+        .replace("defaultRuntime: 5h", "defaultRuntime: 2h")
         .replace("shares: 0", "shares: 1")
         .replace("qos: 1e308", "qos: 1");
     let job = "\

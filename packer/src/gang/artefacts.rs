@@ -401,9 +401,9 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
         // its estimate running (Kubernetes ends nothing at an estimate).
         s.push_str(
             "# --time is the runtime gpuscale's queue planned with (the job's estimatedRuntime \
-             within its partition's maxRuntime, else that maximum, else the queue's \
-             defaultRuntime): Slurm ends the job there, while gpuscale's queue expects an \
-             overdue job to end any moment\n",
+             within its partition's maxRuntime, else the partition's defaultRuntime, else its \
+             maxRuntime, else the queue's defaultRuntime): Slurm ends the job there, while \
+             gpuscale's queue expects an overdue job to end any moment\n",
         );
     }
     // What the plan stops for it: Slurm preempts by its own rules
