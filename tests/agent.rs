@@ -54,7 +54,10 @@ fn a_bad_fake_reading_is_named_by_file_line_and_field() {
         stderr.starts_with(&format!("{}:3:", f.display())),
         "{stderr}"
     );
-    assert!(stderr.contains("gpus[0].index: invalid type"), "{stderr}");
+    assert!(
+        stderr.contains("gpus[0].index: `zero` is not a number: expected a whole number"),
+        "{stderr}"
+    );
     // One that cannot be read, at :1:1.
     let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
         .args(["agent", "--once", "--fake"])

@@ -210,7 +210,7 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
         if path == "." {
             path.clear();
         }
-        let message = whole_number(not_finite(e.inner().to_string()));
+        let message = plain_words(e.inner().to_string());
         // serde reports an unknown or a missing field at its parent; name
         // the field (a missing one is then located at its parent).
         if let Some(rest) = message
@@ -227,6 +227,13 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
         }
         doc.problem(path, message)
     })
+}
+
+/// serde's message about a value said in the field's terms: numbers
+/// that are not finite, and counts out of range, fractional or not
+/// numbers at all, with the range the field takes.
+pub fn plain_words(message: String) -> String {
+    whole_number(not_finite(message))
 }
 
 /// `.nan`, `.inf` and `1e400` reach the typed layer as text (JSON has
@@ -278,6 +285,23 @@ fn whole_number(message: String) -> String {
             Some((number, float, range(ty)?))
         });
     let Some((number, float, (min, max))) = parsed else {
+        // Text or a boolean where a count belongs (`workers: two`).
+        let text = message
+            .strip_prefix("invalid type: string \"")
+            .and_then(|rest| rest.rsplit_once("\", expected "))
+            .or_else(|| {
+                message
+                    .strip_prefix("invalid type: boolean `")
+                    .and_then(|rest| rest.rsplit_once("`, expected "))
+            });
+        if let Some((text, ty)) = text
+            && let Some((min, max)) = range(ty)
+        {
+            return format!(
+                "`{}` is not a number: expected a whole number from {min} to {max}",
+                crate::model::shown(text)
+            );
+        }
         return message;
     };
     let value = number.parse::<f64>().ok().filter(|n| n.is_finite());

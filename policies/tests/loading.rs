@@ -86,7 +86,7 @@ fn wrong_type_is_located_and_named() {
     assert_eq!(p.len(), 1);
     assert_eq!(p[0].path, "spec.resources.maxConcurrency");
     assert_eq!(p[0].position.line, 9);
-    assert!(p[0].message.contains("invalid type"), "{}", p[0]);
+    assert!(p[0].message.contains("`eight` is not a number"), "{}", p[0]);
 }
 
 #[test]
@@ -916,6 +916,13 @@ fn a_count_out_of_range_names_the_range() {
             9,
             "spec.resources.maxConcurrency",
             "`-1` is out of range: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "maxConcurrency: 8",
+            "maxConcurrency: true",
+            9,
+            "spec.resources.maxConcurrency",
+            "`true` is not a number: expected a whole number from 0 to 4294967295",
         ),
     ] {
         assert_eq!(POLICY.matches(from).count(), 1);

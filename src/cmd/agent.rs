@@ -74,10 +74,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     if let Some(i) = message.rfind(" at line ") {
                         message.truncate(i);
                     }
-                    let message = message
-                        .strip_prefix(&format!("{path}: "))
-                        .unwrap_or(&message)
-                        .to_string();
+                    let message = gpuscale_policies::load::plain_words(
+                        message
+                            .strip_prefix(&format!("{path}: "))
+                            .unwrap_or(&message)
+                            .to_string(),
+                    );
                     eprintln!("{}{at}: {path}: {message}", f.display());
                     return Ok(ExitCode::from(1));
                 }
