@@ -1854,6 +1854,16 @@ fn a_partition_at_its_gpu_limit_makes_its_next_job_wait_and_keeps_to_its_nodes()
         s.contains("#SBATCH --partition=dev\n") && s.contains("#SBATCH --time=4:00:00\n"),
         "{s}"
     );
+    // A name that is not a single Slurm token (the loader refuses one; a
+    // plan read back could carry one) is never written into a line.
+    let mut forged = started[0].clone();
+    forged.account = Some("nlp\necho INJECTED".into());
+    forged.slurm_partition = Some("dev\n#SBATCH --exclusive".into());
+    let s = artefacts::sbatch(&forged).unwrap();
+    assert!(
+        !s.contains("INJECTED") && !s.contains("--exclusive") && !s.contains("--account"),
+        "{s}"
+    );
     // A job without an estimate runs for its partition's defaultRuntime
     // (Slurm's DefaultTime) where it has one, not its maxRuntime.
     let mut spec = q.spec.clone();

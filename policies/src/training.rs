@@ -662,6 +662,27 @@ impl Default for TrainingQueueSpec {
     }
 }
 
+/// Why `name` cannot be a Slurm partition or account name, if it cannot:
+/// gpuscale writes these names into `#SBATCH --partition=` and
+/// `--account=` lines and into the `queue` table, so they are single
+/// tokens of letters, digits, `_`, `-` and `.` (at most 64), never text
+/// that could end a directive line or start another.
+pub fn slurm_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("must not be empty".to_string());
+    }
+    let ok = name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    (!ok).then(|| {
+        format!(
+            "`{}` is not a Slurm name: letters, digits, '_', '-' and '.', at most 64 characters",
+            crate::model::shown(name)
+        )
+    })
+}
+
 impl TrainingQueueSpec {
     /// Checks the queue on its own: unique partition names, at most one
     /// default, known GPU models, positive shares and weights.
@@ -704,10 +725,10 @@ impl TrainingQueueSpec {
             }
         }
         for (i, p) in self.partitions.iter().enumerate() {
-            if p.name.is_empty() {
+            if let Some(problem) = slurm_name_problem(&p.name) {
                 errors.push(FieldError::new(
                     format!("spec.partitions[{i}].name"),
-                    "must not be empty",
+                    problem,
                 ));
             }
             if p.max_runtime.is_some_and(|d| d.is_zero()) {
@@ -748,10 +769,10 @@ impl TrainingQueueSpec {
         }
         let mut accounts = std::collections::BTreeSet::new();
         for (i, a) in self.fair_share.accounts.iter().enumerate() {
-            if a.name.is_empty() {
+            if let Some(problem) = slurm_name_problem(&a.name) {
                 errors.push(FieldError::new(
                     format!("spec.fairShare.accounts[{i}].name"),
-                    "must not be empty",
+                    problem,
                 ));
             } else if !accounts.insert(a.name.as_str()) {
                 errors.push(FieldError::new(
@@ -988,8 +1009,8 @@ impl TrainingJob {
                 ),
             ));
         }
-        if spec.account.as_deref() == Some("") {
-            errors.push(FieldError::new("spec.account", "must not be empty"));
+        if let Some(problem) = spec.account.as_deref().and_then(slurm_name_problem) {
+            errors.push(FieldError::new("spec.account", problem));
         }
         if let Some(t) = &spec.template {
             errors.extend(check_template(t, spec.gpus_per_worker, spec.workers));

@@ -386,6 +386,44 @@ spec:
             .contains("no TrainingQueue document was given")),
         "{p:#?}"
     );
+    // An account or partition name is a single Slurm token: the `sbatch`
+    // script writes it into a directive line, where a newline would end
+    // the directives and run the rest as a command.
+    let injected = job.replace(
+        "estimatedRuntime: 10h",
+        "estimatedRuntime: 1h\n  account: \"nlp\\necho INJECTED\"",
+    );
+    let p = load_sources(&[(Path::new("j.yaml"), injected.as_str())])
+        .unwrap_err()
+        .0;
+    assert!(
+        p.iter().any(|p| p.path == "spec.account"
+            && p.to_string().starts_with("j.yaml:9:")
+            && p.message
+                .contains("`nlp\\necho INJECTED` is not a Slurm name")),
+        "{p:#?}"
+    );
+    let spaced = good.replace("- {name: prod}", "- {name: \"Dev Partition!\"}");
+    let p = load_sources(&[(Path::new("q.yaml"), spaced.as_str())])
+        .unwrap_err()
+        .0;
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.partitions[1].name" && p.message.contains("not a Slurm name")),
+        "{p:#?}"
+    );
+    let p = load_sources(&[(
+        Path::new("q.yaml"),
+        good.replace("{name: nlp, shares: 1}", "{name: \"team a\", shares: 1}")
+            .as_str(),
+    )])
+    .unwrap_err()
+    .0;
+    assert!(
+        p.iter()
+            .any(|p| p.path == "spec.fairShare.accounts[0].name"),
+        "{p:#?}"
+    );
     // Zero durations and empty names are errors, not silent zeros.
     let zero = job.replace(
         "estimatedRuntime: 10h",

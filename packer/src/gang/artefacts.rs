@@ -29,7 +29,7 @@
 //!   `kueue.x-k8s.io/queue-name` label.
 //! - The `sbatch` directives of the same placement.
 
-use gpuscale_policies::training::{GPU_RESOURCE, TopologyLevel, TopologyMode};
+use gpuscale_policies::training::{GPU_RESOURCE, TopologyLevel, TopologyMode, slurm_name_problem};
 use serde_json::{Map, Value, json};
 
 use super::{GangPlan, GangStatus};
@@ -371,10 +371,20 @@ pub fn sbatch(g: &GangPlan) -> Option<String> {
         // The queue's partition and the fair-share account, so Slurm's
         // own limits and fair share apply as gpuscale's did (each
         // component names them: a component's partition is its own).
-        if let Some(p) = &g.slurm_partition {
+        // (Names the loader checked are single tokens; anything else, from
+        // a plan read back, is left out rather than written into a line.)
+        if let Some(p) = g
+            .slurm_partition
+            .as_deref()
+            .filter(|p| slurm_name_problem(p).is_none())
+        {
             s.push_str(&format!("#SBATCH --partition={p}\n"));
         }
-        if let Some(a) = &g.account {
+        if let Some(a) = g
+            .account
+            .as_deref()
+            .filter(|a| slurm_name_problem(a).is_none())
+        {
             s.push_str(&format!("#SBATCH --account={a}\n"));
         }
         s.push_str(&format!("#SBATCH --nodes={}\n", component.len()));
