@@ -19,6 +19,7 @@
 //!   against DNS rebinding and cross-origin pages, shared by the gateway
 //!   and the autoscaler);
 //! - [`duration`]: durations as written in files and flags, bounded;
+//! - [`rfc3339`]: timestamps with their zone, as Kubernetes writes them;
 //! - [`document`] and [`load`]: reading YAML and JSON into validated types,
 //!   with every problem reported at its file, line, column and field path.
 //!
@@ -37,6 +38,7 @@ pub mod listener;
 pub mod load;
 pub mod mig;
 pub mod model;
+pub mod rfc3339;
 pub mod serving;
 pub mod training;
 

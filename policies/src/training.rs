@@ -113,7 +113,7 @@ pub struct TrainingJobSpec {
     /// `creationTimestamp`): its age raises its priority.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::rfc3339::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -122,7 +122,7 @@ pub struct TrainingJobSpec {
     /// when its GPUs free up.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::rfc3339::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]

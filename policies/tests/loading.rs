@@ -447,6 +447,25 @@ spec:
         .0;
     assert!(p[0].to_string().starts_with("j.yaml:9:"), "{p:?}");
     assert!(p[0].path.contains("submittedAt"), "{p:?}");
+    // RFC 3339 with an offset is the same instant as in UTC; without a
+    // zone it names no instant and is refused.
+    let submitted = |text: &str| {
+        let b = load_sources(&[(Path::new("j.yaml"), text)]).unwrap();
+        b.jobs[0].spec.submitted_at.unwrap()
+    };
+    assert_eq!(
+        submitted(&job.replace("2026-12-01T08:00:00Z", "2026-12-01T09:30:00+01:30")),
+        submitted(job)
+    );
+    let zoneless = job.replace("2026-12-01T08:00:00Z", "2026-12-01T08:00:00");
+    let p = load_sources(&[(Path::new("j.yaml"), zoneless.as_str())])
+        .unwrap_err()
+        .0;
+    assert!(
+        p[0].to_string().starts_with("j.yaml:9:")
+            && p[0].message.contains("not an RFC 3339 time with a zone"),
+        "{p:?}"
+    );
 }
 
 #[test]

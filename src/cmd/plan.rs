@@ -94,7 +94,7 @@ pub struct Args {
     /// The time the training queue is planned at (RFC 3339, e.g.
     /// `2026-12-03T09:00:00Z`; default: now): running jobs free their GPUs
     /// at their start + runtime, and reservations are given from it.
-    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    #[arg(long, value_parser = gpuscale_policies::rfc3339::parse)]
     pub now: Option<std::time::SystemTime>,
     /// Which gang scheduler's PodGroup `--emit` writes for training jobs.
     #[arg(long, value_enum, default_value_t = GangSchedulerArg::Coscheduling)]

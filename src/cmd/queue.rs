@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     pub current: Option<PathBuf>,
     /// The time to plan at (RFC 3339; default: now).
-    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    #[arg(long, value_parser = gpuscale_policies::rfc3339::parse)]
     pub now: Option<std::time::SystemTime>,
     /// Output format (`json`/`yaml`: the plan's `gangs`).
     #[arg(long, value_enum, default_value_t = super::Format::Table)]
