@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpuscale_packer::gang::{GangPlan, GangStatus, queue::rfc3339};
+use gpuscale_packer::gang::{GangPlan, GangStatus, hostlist::hostlist, queue::rfc3339};
 
 /// Arguments of `queue`.
 #[derive(Debug, clap::Args)]
@@ -70,35 +70,80 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 fn table(gangs: &[&GangPlan]) -> String {
-    let mut out = format!(
-        "{:<22} {:<10} {:<10} {:>8} {:<9} {:>4}  {:<20} {:<20} {:<24} REASON\n",
-        "JOB", "PARTITION", "ACCOUNT", "PRIORITY", "STATE", "GPUS", "START", "END", "NODES"
-    );
-    for g in gangs {
-        let mut nodes: Vec<String> = if g.workers.is_empty() {
-            g.reserved.iter().map(|r| r.node.clone()).collect()
-        } else {
-            g.workers.iter().map(|w| w.node.clone()).collect()
-        };
-        nodes.dedup();
-        let time = |t: Option<f64>| t.map_or("-".to_string(), rfc3339);
-        out.push_str(&format!(
-            "{:<22} {:<10} {:<10} {:>8.0} {:<9} {:>4}  {:<20} {:<20} {:<24} {}\n",
-            g.name,
-            g.partition,
-            g.account.as_deref().unwrap_or("-"),
-            g.priority_score,
-            format!("{:?}", g.status).to_lowercase(),
-            g.workers_wanted * g.gpus_per_worker,
-            time(g.start_s),
-            time(g.end_s),
-            if nodes.is_empty() {
-                "-".to_string()
+    const HEAD: [&str; 10] = [
+        "JOB",
+        "PARTITION",
+        "ACCOUNT",
+        "PRIORITY",
+        "STATE",
+        "GPUS",
+        "START",
+        "END",
+        "NODES",
+        "REASON",
+    ];
+    // Each column at least as wide as it always was, wider where a cell
+    // needs it (a long job name, a gang's hostlist), so REASON stays in
+    // line; PRIORITY and GPUS right-aligned, two spaces before START.
+    let mut widths = [22, 10, 10, 8, 9, 4, 20, 20, 24, 0];
+    let time = |t: Option<f64>| t.map_or("-".to_string(), rfc3339);
+    let rows: Vec<[String; 10]> = gangs
+        .iter()
+        .map(|g| {
+            let mut nodes: Vec<&str> = if g.workers.is_empty() {
+                g.reserved.iter().map(|r| r.node.as_str()).collect()
             } else {
-                hostlist(&nodes)
-            },
-            g.reason
-        ));
+                g.workers.iter().map(|w| w.node.as_str()).collect()
+            };
+            nodes.dedup();
+            [
+                g.name.clone(),
+                g.partition.clone(),
+                g.account.clone().unwrap_or_else(|| "-".into()),
+                format!("{:.0}", g.priority_score),
+                format!("{:?}", g.status).to_lowercase(),
+                (g.workers_wanted * g.gpus_per_worker).to_string(),
+                time(g.start_s),
+                time(g.end_s),
+                if nodes.is_empty() {
+                    "-".to_string()
+                } else {
+                    hostlist(&nodes)
+                },
+                g.reason.clone(),
+            ]
+        })
+        .collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row).take(9) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 10]| {
+        let mut l = String::new();
+        for (k, cell) in cells.iter().enumerate() {
+            let pad = widths[k].saturating_sub(cell.chars().count());
+            match k {
+                9 => l.push_str(cell),
+                3 | 5 => {
+                    l.push_str(&" ".repeat(pad));
+                    l.push_str(cell);
+                }
+                _ => {
+                    l.push_str(cell);
+                    l.push_str(&" ".repeat(pad));
+                }
+            }
+            if k < 9 {
+                l.push_str(if k == 5 { "  " } else { " " });
+            }
+        }
+        l.push('\n');
+        l
+    };
+    let mut out = line(HEAD);
+    for row in &rows {
+        out.push_str(&line(std::array::from_fn(|k| row[k].as_str())));
     }
     if gangs.is_empty() {
         out.push_str("(no training jobs)\n");
@@ -106,114 +151,50 @@ fn table(gangs: &[&GangPlan]) -> String {
     out
 }
 
-/// Node names in Slurm's hostlist form, as `squeue`'s NODELIST shows
-/// them: names that differ only in a trailing number share their prefix,
-/// their numbers sorted and runs written as ranges (`h100-[0-3,7]`), so a
-/// 64-GPU gang's eight nodes take one short field. A number written with
-/// leading zeros keeps its width (`node[01-03]`) and is grouped apart
-/// from unpadded ones; names without a trailing number are kept as they
-/// are. Groups appear in the order of their first node.
-fn hostlist(nodes: &[String]) -> String {
-    enum Entry<'a> {
-        /// Prefix, width of zero-padded numbers (0: unpadded), numbers.
-        Numbered(&'a str, usize, Vec<u64>),
-        Plain(&'a str),
-    }
-    let mut entries: Vec<Entry> = Vec::new();
-    for name in nodes {
-        let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-        let (prefix, number) = name.split_at(name.len() - digits);
-        // A number too long for u64 makes no range: kept as a name.
-        match number.parse::<u64>() {
-            Ok(n) => {
-                let width = if digits > 1 && number.starts_with('0') {
-                    digits
-                } else {
-                    0
-                };
-                let group = entries.iter_mut().find_map(|e| match e {
-                    Entry::Numbered(p, w, ns) if *p == prefix && *w == width => Some(ns),
-                    _ => None,
-                });
-                match group {
-                    Some(ns) => ns.push(n),
-                    None => entries.push(Entry::Numbered(prefix, width, vec![n])),
-                }
-            }
-            Err(_) => {
-                if !entries
-                    .iter()
-                    .any(|e| matches!(e, Entry::Plain(p) if p == name))
-                {
-                    entries.push(Entry::Plain(name));
-                }
-            }
-        }
-    }
-    let text = |e: Entry| match e {
-        Entry::Plain(name) => name.to_string(),
-        Entry::Numbered(prefix, width, mut ns) => {
-            ns.sort_unstable();
-            ns.dedup();
-            let num = |n: u64| format!("{n:0width$}");
-            let mut ranges: Vec<String> = Vec::new();
-            let mut k = 0;
-            while k < ns.len() {
-                let mut j = k;
-                while j + 1 < ns.len() && ns[j + 1] == ns[j] + 1 {
-                    j += 1;
-                }
-                ranges.push(if j == k {
-                    num(ns[k])
-                } else {
-                    format!("{}-{}", num(ns[k]), num(ns[j]))
-                });
-                k = j + 1;
-            }
-            if ns.len() == 1 {
-                format!("{prefix}{}", ranges[0])
-            } else {
-                format!("{prefix}[{}]", ranges.join(","))
-            }
-        }
-    };
-    entries.into_iter().map(text).collect::<Vec<_>>().join(",")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::hostlist;
-
-    fn list(names: &[&str]) -> String {
-        hostlist(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-    }
-
-    // Expected strings in the form of Slurm's `scontrol show hostlist`
-    // (slurm/src/common/hostlist.c): a prefix, then `[` ranges `]`.
-    #[test]
-    fn runs_of_numbered_nodes_are_ranges() {
-        assert_eq!(list(&["h100-2", "h100-3"]), "h100-[2-3]");
-        assert_eq!(
-            list(&["h100-7", "h100-0", "h100-1", "h100-2", "h100-3", "h100-10"]),
-            "h100-[0-3,7,10]"
-        );
-        assert_eq!(list(&["a100-0"]), "a100-0");
-        assert_eq!(list(&["a100-0", "a100-0"]), "a100-0");
-    }
+    use super::table;
+    use gpuscale_packer::gang::{GangPlan, GangStatus, Worker};
 
     #[test]
-    fn prefixes_padding_and_plain_names_are_kept_apart_in_order() {
+    fn a_wide_gang_keeps_reason_in_line_and_its_nodes_in_hostlist_form() {
+        let wide = GangPlan {
+            name: "a-job-name-longer-than-twenty-two".into(),
+            status: GangStatus::Starting,
+            workers_wanted: 12,
+            gpus_per_worker: 8,
+            partition: "training".into(),
+            workers: (0..12)
+                .map(|i| Worker {
+                    worker: i,
+                    node: format!("gpu-node-{:02}", i + 1),
+                    gpus: (0..8).collect(),
+                })
+                .collect(),
+            reason: "wide".into(),
+            ..Default::default()
+        };
+        let small = GangPlan {
+            name: "small".into(),
+            workers_wanted: 1,
+            gpus_per_worker: 1,
+            partition: "dev".into(),
+            reason: "narrow".into(),
+            ..Default::default()
+        };
+        let text = table(&[&wide, &small]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let at = |l: &str, what: &str| l.find(what).unwrap();
+        let reason = at(lines[0], "REASON");
+        assert_eq!(at(lines[1], "wide"), reason, "{text}");
+        assert_eq!(at(lines[2], "narrow"), reason, "{text}");
         assert_eq!(
-            list(&["node01", "node02", "node03", "gpu-9", "node10"]),
-            "node[01-03],gpu-9,node10"
+            at(lines[1], "training"),
+            at(lines[0], "PARTITION"),
+            "{text}"
         );
-        assert_eq!(
-            list(&["login", "h100-1", "h100-2", "login"]),
-            "login,h100-[1-2]"
-        );
-        assert_eq!(
-            list(&["x99999999999999999999999"]),
-            "x99999999999999999999999"
-        );
+        assert!(lines[1].contains(" gpu-node-[01-12] "), "{text}");
+        assert!(lines[1].contains("   96  "), "{text}");
     }
 }

@@ -25,6 +25,7 @@
 //! plugin would otherwise hand out shares of the gang's GPUs).
 
 pub mod artefacts;
+pub mod hostlist;
 pub mod joint;
 pub mod queue;
 pub mod solve;
@@ -739,7 +740,7 @@ pub fn place(
                             format!(
                                 "waits for resources: reserved to start {} on {}",
                                 queue::rfc3339(t),
-                                names.join(", ")
+                                hostlist::hostlist(&names)
                             ),
                         );
                         reserved_above.push((job.name.clone(), t));
