@@ -115,18 +115,47 @@ fn validate_missing_path_is_an_error_not_a_panic() {
     std::fs::create_dir_all(&dir).unwrap();
     let empty = dir.join("empty.yaml");
     std::fs::write(&empty, "").unwrap();
-    for path in [&dir, &empty] {
+    for (path, where_) in [
+        (&empty, "in this file"),
+        (&dir, "in any YAML or JSON file under this directory"),
+    ] {
+        let said = format!(
+            "{}:1:1: apiVersion: no gpuscale document (apiVersion gpuscale.io/v1alpha1) {where_}\n",
+            path.display()
+        );
         let out = gpuscale(&["validate", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{}", path.display());
-        assert_eq!(
-            errors(&out),
-            format!(
-                "{}:1:1: apiVersion: no gpuscale document (apiVersion gpuscale.io/v1alpha1) to \
-                 check\n1 problem(s) found\n",
-                path.display()
-            )
-        );
+        assert_eq!(errors(&out), format!("{said}1 problem(s) found\n"));
+        // Beside paths that hold documents, too: given with the example
+        // policies it was read as no jobs at all.
+        let out = gpuscale(&[
+            "validate",
+            "examples/cluster.yaml",
+            "examples/policies",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        assert_eq!(errors(&out), format!("{said}1 problem(s) found\n"));
+        let out = gpuscale(&[
+            "queue",
+            "--cluster",
+            "examples/cluster.yaml",
+            "--policies",
+            "examples/policies",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        assert!(errors(&out).contains(&said), "{}", errors(&out));
     }
+    // A file named again through its directory still counts once, as
+    // holding its documents.
+    let out = gpuscale(&[
+        "validate",
+        "examples/cluster.yaml",
+        "examples/policies",
+        "examples/policies/llama-3-1-8b.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

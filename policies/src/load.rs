@@ -522,22 +522,59 @@ fn located(doc: &Document, errors: Vec<FieldError>) -> impl Iterator<Item = Prob
 pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Bundle, Problems> {
     let mut problems = Vec::new();
     let mut sources = Vec::new();
-    // A file named twice (directly and through its directory) is read once.
-    let mut seen = std::collections::BTreeSet::new();
+    // A file named twice (directly and through its directory) is read once:
+    // whether it holds a document, by its canonical path.
+    let mut seen: BTreeMap<PathBuf, bool> = BTreeMap::new();
     for p in paths {
-        match files_under(p.as_ref()) {
+        let p = p.as_ref();
+        let mut documents = false;
+        let mut unread = false;
+        match files_under(p) {
             Ok(files) => {
                 for f in files {
-                    if !seen.insert(std::fs::canonicalize(&f).unwrap_or_else(|_| f.clone())) {
+                    let canonical = std::fs::canonicalize(&f).unwrap_or_else(|_| f.clone());
+                    if let Some(&held) = seen.get(&canonical) {
+                        documents |= held;
                         continue;
                     }
                     match read(&f) {
-                        Ok(text) => sources.push((f, text)),
-                        Err(e) => problems.push(e),
+                        Ok(text) => {
+                            // An empty file, or one of comments and `---`
+                            // alone (a syntax error is reported below).
+                            let held = !document::parse(&f, &text).is_ok_and(|d| d.is_empty());
+                            seen.insert(canonical, held);
+                            documents |= held;
+                            sources.push((f, text));
+                        }
+                        Err(e) => {
+                            seen.insert(canonical, true);
+                            unread = true;
+                            problems.push(e);
+                        }
                     }
                 }
             }
-            Err(e) => problems.push(e),
+            Err(e) => {
+                unread = true;
+                problems.push(e);
+            }
+        }
+        // A path given that holds nothing is a mistake (a wrong folder, a
+        // file truncated), not an empty set of jobs or policies.
+        if !documents && !unread {
+            problems.push(Problem {
+                file: p.to_path_buf(),
+                position: document::Position { line: 1, column: 1 },
+                path: "apiVersion".into(),
+                message: format!(
+                    "no gpuscale document (apiVersion {API_VERSION}) {}",
+                    if p.is_dir() {
+                        "in any YAML or JSON file under this directory"
+                    } else {
+                        "in this file"
+                    }
+                ),
+            });
         }
     }
     let refs: Vec<(&Path, &str)> = sources

@@ -21,31 +21,8 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match load_paths(&args.paths) {
         Ok(bundle) => {
-            // Nothing found is a mistake (a wrong folder, an empty file),
-            // not a pass.
-            if bundle.cluster.is_none()
-                && bundle.models.is_empty()
-                && bundle.jobs.is_empty()
-                && bundle.queue.is_none()
-                && bundle.demand.is_none()
-                && bundle.gateways.is_empty()
-                && bundle.autoscalers.is_empty()
-                && bundle.scenarios.is_empty()
-            {
-                // In the located form of every other problem, one per path.
-                let problems: Vec<String> = args
-                    .paths
-                    .iter()
-                    .map(|p| {
-                        format!(
-                            "{}:1:1: apiVersion: no gpuscale document (apiVersion \
-                             gpuscale.io/v1alpha1) to check",
-                            p.display()
-                        )
-                    })
-                    .collect();
-                return Ok(super::report_problems(&problems));
-            }
+            // (A path that holds no document is a located problem of
+            // `load_paths`: a wrong folder or an empty file is no pass.)
             // Gateway files are checked by the gateway's own loader (which
             // also reads the policies they name).
             let mut gateways = Vec::new();
