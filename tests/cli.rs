@@ -61,6 +61,11 @@ fn validate_examples_succeeds() {
         "{text}"
     );
     assert!(text.contains("13 model policies"), "{text}");
+    // Topology modes as the job files write them.
+    assert!(
+        text.contains("topology rack (required)") && text.contains("topology rack (preferred)"),
+        "{text}"
+    );
     assert!(text.ends_with("ok\n"));
 }
 
@@ -96,7 +101,7 @@ fn validate_reports_each_problem_as_file_line_column() {
     );
     assert!(
         lines[2].starts_with(
-            "tests/fixtures/wrong-type.yaml:7:5: spec.resources.memoryGiB: invalid type: string \"twelve\""
+            "tests/fixtures/wrong-type.yaml:7:5: spec.resources.memoryGiB: `twelve` is not a number: expected a number"
         ),
         "{}",
         lines[2]
@@ -633,8 +638,34 @@ fn plan_with_bad_inputs_fails_cleanly() {
         "--current",
         "examples/cluster.yaml",
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a plan in JSON"));
+    // Not a plan: a located input problem (exit 1), as every input's.
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert!(
+        errors(&out).starts_with("examples/cluster.yaml:")
+            && errors(&out).contains(": not a plan: "),
+        "{}",
+        errors(&out)
+    );
+    // JSON at its line, column and field.
+    let bad = std::env::temp_dir().join(format!("gpuscale-badplan-{}.json", std::process::id()));
+    std::fs::write(&bad, "{\n  \"gpus\": [\n    {\"node\": 5}\n  ]\n}\n").unwrap();
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/policies",
+        "--current",
+        bad.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_file(&bad);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert!(
+        errors(&out).starts_with(&format!("{}:3:", bad.display()))
+            && errors(&out).contains("gpus[0].node: not a plan: invalid type: integer `5`"),
+        "{}",
+        errors(&out)
+    );
     // A --current that cannot be read is a located input problem: exit 1.
     let out = gpuscale(&[
         "plan",
@@ -1348,6 +1379,20 @@ fn plan_refuses_inputs_that_would_plan_nothing_or_the_wrong_thing() {
         "examples/cluster.yaml",
         "--policies",
         &empty_text,
+    ]);
+    refused(
+        &out,
+        1,
+        &format!("{empty_text}:1:1: apiVersion: no gpuscale document"),
+    );
+    assert!(out.stdout.is_empty());
+    // Documents, but none to plan (a TrainingQueue alone).
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policies",
+        "examples/training/queue.yaml",
     ]);
     refused(
         &out,

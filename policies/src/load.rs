@@ -294,13 +294,32 @@ fn whole_number(message: String) -> String {
                     .strip_prefix("invalid type: boolean `")
                     .and_then(|rest| rest.rsplit_once("`, expected "))
             });
+        let expected = |ty: &str| match (range(ty), ty) {
+            (Some((min, max)), _) => Some(format!("expected a whole number from {min} to {max}")),
+            (None, "f32" | "f64") => Some("expected a number".to_string()),
+            _ => None,
+        };
         if let Some((text, ty)) = text
-            && let Some((min, max)) = range(ty)
+            && let Some(expected) = expected(ty)
         {
+            // A number in quotes (`"0.2"`) is text to YAML and JSON.
+            if message.starts_with("invalid type: string") && text.trim().parse::<f64>().is_ok() {
+                return format!(
+                    "`\"{}\"` is quoted text: {expected}, written without quotes",
+                    crate::model::shown(text)
+                );
+            }
             return format!(
-                "`{}` is not a number: expected a whole number from {min} to {max}",
+                "`{}` is not a number: {expected}",
                 crate::model::shown(text)
             );
+        }
+        // A key left without a value (`workers:`).
+        if let Some(expected) = message
+            .strip_prefix("invalid type: null, expected ")
+            .and_then(expected)
+        {
+            return format!("no value given: {expected}");
         }
         return message;
     };

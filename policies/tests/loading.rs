@@ -981,6 +981,20 @@ fn a_count_out_of_range_names_the_range() {
             "spec.resources.maxConcurrency",
             "`true` is not a number: expected a whole number from 0 to 4294967295",
         ),
+        (
+            "maxConcurrency: 8",
+            "maxConcurrency:",
+            9,
+            "spec.resources.maxConcurrency",
+            "no value given: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "compute: 0.2",
+            "compute: lots",
+            8,
+            "spec.resources.compute",
+            "`lots` is not a number: expected a number",
+        ),
     ] {
         assert_eq!(POLICY.matches(from).count(), 1);
         let p = problems("m.yaml", &POLICY.replace(from, to));
@@ -1012,7 +1026,12 @@ fn a_number_that_is_not_finite_is_called_so() {
         "m.yaml",
         &POLICY.replace("compute: 0.2", "compute: \"0.2\""),
     );
-    assert!(p[0].message.contains("invalid type: string"), "{}", p[0]);
+    assert!(
+        p[0].message
+            .contains("`\"0.2\"` is quoted text: expected a number, written without quotes"),
+        "{}",
+        p[0]
+    );
 }
 
 #[test]

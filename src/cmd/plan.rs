@@ -226,14 +226,9 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
             Err(p) => return Ok(Err(super::report_problems(&[p]))),
         };
         // JSON (`--format json`) or YAML (`--format yaml`): the same plan.
-        let earlier: Plan = match serde_json::from_str(&text) {
+        let earlier: Plan = match read_plan(path, &text) {
             Ok(plan) => plan,
-            Err(json) => serde_yaml_ng::from_str(&text).map_err(|yaml| {
-                anyhow::anyhow!(
-                    "{}: not a plan in JSON ({json}) or YAML ({yaml})",
-                    path.display()
-                )
-            })?,
+            Err(p) => return Ok(Err(super::report_problems(&[*p]))),
         };
         // Replicas on nodes the cluster no longer has are planned again
         // (a node drained and deleted); a plan that shares no node with
@@ -338,6 +333,13 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
                 "startedAt is after --now: taken as started at --now"
             );
             j.spec.started_at = Some(now);
+        }
+        // What runs is what the GPUs run, not what a file says.
+        if j.spec.started_at.is_some() && !runs(&j.name) {
+            tracing::warn!(
+                job = %j.name,
+                "startedAt is given, but no GPU runs the job (the cluster file's workloads, or the plan given to --current): planned as waiting, its startedAt not used"
+            );
         }
     }
     // A job submitted after `now` that does not run is not in the queue
@@ -694,6 +696,55 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         ));
     }
     out
+}
+
+/// An earlier plan (`--current`), JSON (`--format json`) or YAML
+/// (`--format yaml`): a text that opens with `{` is read as JSON, any
+/// other as YAML. A problem is located at its line, column and field, as
+/// every input's is.
+fn read_plan(path: &std::path::Path, text: &str) -> Result<Plan, Box<gpuscale_policies::Problem>> {
+    let located = |line: usize, column: usize, field: String, message: String| {
+        Box::new(gpuscale_policies::Problem {
+            file: path.to_path_buf(),
+            position: gpuscale_policies::document::Position {
+                line: line.max(1),
+                column: column.max(1),
+            },
+            path: field,
+            message: format!("not a plan: {message}"),
+        })
+    };
+    // serde's message without its own " at line L column C".
+    let bare = |m: String| match m.rfind(" at line ") {
+        Some(i) => m[..i].to_string(),
+        None => m,
+    };
+    let field = |p: &serde_path_to_error::Path| {
+        let p = p.to_string();
+        if p == "." { String::new() } else { p }
+    };
+    if text.trim_start().starts_with('{') {
+        let mut de = serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let (line, column) = (e.inner().line(), e.inner().column());
+            located(line, column, field(e.path()), bare(e.inner().to_string()))
+        })
+    } else {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let (line, column) = e
+                .inner()
+                .location()
+                .map_or((1, 1), |l| (l.line(), l.column()));
+            let message = bare(e.inner().to_string());
+            let path = field(e.path());
+            let message = message
+                .strip_prefix(&format!("{path}: "))
+                .unwrap_or(&message)
+                .to_string();
+            located(line, column, path, message)
+        })
+    }
 }
 
 /// The training gangs section of the table.

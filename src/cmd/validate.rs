@@ -126,13 +126,14 @@ fn summary(
     }
     for j in &bundle.jobs {
         out.push_str(&format!(
-            "  {:<18} {} × {} GPUs of [{}], topology {} ({:?})\n",
+            "  {:<18} {} × {} GPUs of [{}], topology {} ({})\n",
             j.name,
             j.spec.workers,
             j.spec.gpus_per_worker,
             j.gpu_models.join(", "),
             j.spec.topology.level,
-            j.spec.topology.mode
+            // As written in the file (`required`, `preferred`).
+            format!("{:?}", j.spec.topology.mode).to_lowercase()
         ));
     }
     for g in gateways {
