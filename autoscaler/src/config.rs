@@ -277,7 +277,7 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
     if doc.kind() != Some("Autoscaler") {
         return Err(Problems(vec![doc.problem("kind", "expected `Autoscaler`")]));
     }
-    let parsed: AutoscalerDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+    let parsed: AutoscalerDoc = load::typed(doc)?;
     let mut spec = parsed.spec;
     let dir = path.parent().unwrap_or(Path::new("."));
     match (&spec.gateway.config, &spec.gateway.admin) {

@@ -1090,7 +1090,7 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
             format!("expected `{}`", load::API_VERSION),
         )]));
     }
-    let mut parsed: GatewayDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+    let mut parsed: GatewayDoc = load::typed(doc)?;
     let dir = path.parent().unwrap_or(Path::new("."));
     parsed.spec.admin_token_file = parsed.spec.admin_token_file.map(|f| dir.join(f));
     parsed.spec.read_token_file = parsed.spec.read_token_file.map(|f| dir.join(f));

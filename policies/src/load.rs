@@ -203,9 +203,66 @@ pub fn read(file: &Path) -> Result<String, Problem> {
     })
 }
 
-/// Deserialises a document's value into `T`, locating any error.
-pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
-    serde_path_to_error::deserialize(&doc.value).map_err(|e| {
+/// Deserialises a document's value into `T`, locating any error: every
+/// unknown field (serde stops at the first, so each is taken out and the
+/// rest read again), then the first other problem, if any.
+pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problems> {
+    let mut value = doc.value.clone();
+    let mut problems: Vec<Problem> = Vec::new();
+    // At most this many unknown fields are listed; a document of nothing
+    // but misspellings needs no more to be rewritten.
+    for _ in 0..64 {
+        let e = match serde_path_to_error::deserialize::<_, T>(&value) {
+            Ok(t) if problems.is_empty() => return Ok(t),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let problem = one_problem(doc, &e);
+        let message = e.inner().to_string();
+        let unknown = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next().map(str::to_string));
+        let parent = |p: &Problem| p.path.rsplit_once('.').map_or("", |(a, _)| a).to_string();
+        // A field missing beside one taken out as unknown is most often
+        // that one misspelt (`maxConcurency`): said once, as unknown.
+        if message.starts_with("missing field `")
+            && problems
+                .iter()
+                .any(|p| p.message.starts_with("unknown field `") && parent(p) == parent(&problem))
+        {
+            break;
+        }
+        problems.push(problem);
+        // Take the unknown key out where serde found it, and read again.
+        let Some(field) = unknown else { break };
+        let mut at = Some(&mut value);
+        // (serde_path_to_error's path may end at the field itself.)
+        let mut segments: Vec<&serde_path_to_error::Segment> = e.path().iter().collect();
+        if matches!(segments.last(), Some(serde_path_to_error::Segment::Map { key }) if *key == field)
+        {
+            segments.pop();
+        }
+        for segment in segments {
+            at = at.and_then(|v| match segment {
+                serde_path_to_error::Segment::Map { key } => v.get_mut(key.as_str()),
+                serde_path_to_error::Segment::Seq { index } => v.get_mut(*index),
+                _ => None,
+            });
+        }
+        let removed = at
+            .and_then(|v| v.as_object_mut())
+            .and_then(|o| o.remove(&field))
+            .is_some();
+        if !removed {
+            break;
+        }
+    }
+    Err(Problems(problems))
+}
+
+/// serde's error at its place in `doc`.
+fn one_problem(doc: &Document, e: &serde_path_to_error::Error<serde_json::Error>) -> Problem {
+    {
         let mut path = e.path().to_string();
         if path == "." {
             path.clear();
@@ -226,7 +283,13 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problem> {
             };
         }
         doc.problem(path, message)
-    })
+    }
+}
+
+impl From<Problem> for Problems {
+    fn from(p: Problem) -> Self {
+        Problems(vec![p])
+    }
 }
 
 /// serde's message about a value said in the field's terms: numbers
@@ -415,27 +478,27 @@ enum Parsed {
     Scenario,
 }
 
-fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
+fn parse_document(doc: &Document) -> Result<Parsed, Problems> {
     let api = doc.value.get("apiVersion");
     match api.and_then(|v| v.as_str()) {
         Some(API_VERSION) => {}
         Some(other) => {
-            return Err(doc.problem(
+            return Err(Problems::from(doc.problem(
                 "apiVersion",
                 format!("unsupported apiVersion `{other}`; expected `{API_VERSION}`"),
-            ));
+            )));
         }
         None if doc.value.is_object() => {
-            return Err(doc.problem(
+            return Err(Problems::from(doc.problem(
                 "apiVersion",
                 format!("missing field `apiVersion` (expected `{API_VERSION}`)"),
-            ));
+            )));
         }
         None => {
-            return Err(doc.problem(
+            return Err(Problems::from(doc.problem(
                 "",
                 "expected a mapping with apiVersion, kind, metadata and spec",
-            ));
+            )));
         }
     }
     let named = |m: &Metadata| match check_name(&m.name) {
@@ -485,13 +548,13 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
                 && let Some(path) = first_dropped(raw, &kept, "spec.template".into())
             {
                 let key = path.rsplit('.').next().unwrap_or(&path).to_string();
-                return Err(doc.problem(
+                return Err(Problems::from(doc.problem(
                     path,
                     format!(
                         "unknown field `{key}`: Kubernetes' PodTemplateSpec (API 1.33) has no such \
                          field here, and kubectl's strict field validation would refuse it"
                     ),
-                ));
+                )));
             }
             // The name is a label value on every worker
             // (`gpuscale.io/training-job`, the PodGroup's label).
@@ -520,16 +583,16 @@ fn parse_document(doc: &Document) -> Result<Parsed, Problem> {
         Some("Gateway") => Ok(Parsed::Gateway),
         Some("Autoscaler") => Ok(Parsed::Autoscaler),
         Some("Scenario") => Ok(Parsed::Scenario),
-        Some(other) => Err(doc.problem(
+        Some(other) => Err(Problems::from(doc.problem(
             "kind",
             format!(
                 "unknown kind `{other}`; expected ModelPolicy, TrainingJob, TrainingQueue, Cluster, Demand, Gateway, Autoscaler or Scenario"
             ),
-        )),
-        None => Err(doc.problem(
+        ))),
+        None => Err(Problems::from(doc.problem(
             "kind",
             "missing field `kind` (ModelPolicy, TrainingJob, TrainingQueue, Cluster, Demand, Gateway, Autoscaler or Scenario)",
-        )),
+        ))),
     }
 }
 
@@ -625,7 +688,7 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                     queue_given |= doc.value["kind"].as_str() == Some("TrainingQueue");
                     match parse_document(&doc) {
                         Ok(p) => parsed.push((doc, p)),
-                        Err(e) => problems.push(e),
+                        Err(e) => problems.extend(e.0),
                     }
                 }
             }

@@ -928,6 +928,38 @@ fn a_start_up_time_or_idle_period_past_any_real_one_is_located() {
 }
 
 #[test]
+fn every_unknown_field_of_a_document_is_named_at_its_line_then_the_next_problem() {
+    // serde stops at the first unknown field, in its map's order (sorted
+    // keys, not the file's): each is reported at its own line.
+    let text = POLICY.replace("spec:\n", "spec:\n  zzz: 1\n").replace(
+        "    compute: 0.2\n",
+        "    compute: 0.2\n    aaa: 2\n    maxConcurency: 3\n",
+    );
+    let p = problems("m.yaml", &text);
+    assert_eq!(
+        located(&p),
+        vec![
+            (6, "spec.zzz"),
+            (10, "spec.resources.aaa"),
+            (11, "spec.resources.maxConcurency"),
+        ],
+        "{p:#?}"
+    );
+    assert!(
+        p[2].message.contains("unknown field `maxConcurency`"),
+        "{p:#?}"
+    );
+    // Then the first problem of another kind: reading stops there.
+    let p = problems(
+        "m.yaml",
+        &text.replace("memoryGiB: 12", "memoryGiB: twelve"),
+    );
+    let at = located(&p);
+    assert!(at.contains(&(10, "spec.resources.aaa")), "{p:#?}");
+    assert!(at.contains(&(8, "spec.resources.memoryGiB")), "{p:#?}");
+}
+
+#[test]
 fn a_missing_field_is_named_in_the_path() {
     let policy = POLICY.replace("    maxConcurrency: 8\n", "");
     let p = problems("m.yaml", &policy);

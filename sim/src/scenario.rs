@@ -472,7 +472,7 @@ impl Scenario {
         if doc.kind() != Some("Scenario") {
             return Err(Problems(vec![doc.problem("kind", "expected `Scenario`")]));
         }
-        let parsed: ScenarioDoc = load::typed(doc).map_err(|p| Problems(vec![p]))?;
+        let parsed: ScenarioDoc = load::typed(doc)?;
         let dir = file.parent().unwrap_or(Path::new("."));
         let mut spec = parsed.spec;
         // Every problem at once: the spec's own, those of the files it
