@@ -629,15 +629,19 @@ fn plan_with_bad_inputs_fails_cleanly() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no `kind: Cluster` document"));
-    let out = gpuscale(&[
-        "plan",
-        "--cluster",
-        "examples/cluster.yaml",
-        "--policies",
-        "examples/policies",
-        "--current",
-        "examples/cluster.yaml",
-    ]);
+    // The example planned from `current` as its earlier plan.
+    let from = |current: &str| {
+        gpuscale(&[
+            "plan",
+            "--cluster",
+            "examples/cluster.yaml",
+            "--policies",
+            "examples/policies",
+            "--current",
+            current,
+        ])
+    };
+    let out = from("examples/cluster.yaml");
     // Not a plan: a located input problem (exit 1), as every input's.
     assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
     assert!(
@@ -649,15 +653,7 @@ fn plan_with_bad_inputs_fails_cleanly() {
     // JSON at its line, column and field.
     let bad = std::env::temp_dir().join(format!("gpuscale-badplan-{}.json", std::process::id()));
     std::fs::write(&bad, "{\n  \"gpus\": [\n    {\"node\": 5}\n  ]\n}\n").unwrap();
-    let out = gpuscale(&[
-        "plan",
-        "--cluster",
-        "examples/cluster.yaml",
-        "--policies",
-        "examples/policies",
-        "--current",
-        bad.to_str().unwrap(),
-    ]);
+    let out = from(bad.to_str().unwrap());
     let _ = std::fs::remove_file(&bad);
     assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
     assert!(
@@ -667,16 +663,11 @@ fn plan_with_bad_inputs_fails_cleanly() {
         errors(&out)
     );
     // A --current that cannot be read is a located input problem: exit 1.
-    let out = gpuscale(&[
-        "plan",
-        "--cluster",
-        "examples/cluster.yaml",
-        "--policies",
-        "examples/policies",
-        "--current",
-        "no/such/plan.json",
-    ]);
-    refused(&out, 1, "no/such/plan.json:1:1: cannot read");
+    refused(
+        &from("no/such/plan.json"),
+        1,
+        "no/such/plan.json:1:1: cannot read",
+    );
     // A Demand found among --policies is used, and said so.
     let out = gpuscale(&[
         "plan",
