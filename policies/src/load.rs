@@ -743,7 +743,11 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                     }
                 }
                 for (k, model) in part.gpu_models.iter().enumerate() {
-                    if !c.nodes.iter().any(|n| &n.gpu_model == model) {
+                    // (A model the catalogue does not know is that problem
+                    // alone, said by `validate` above.)
+                    if catalog.get(model).is_some()
+                        && !c.nodes.iter().any(|n| &n.gpu_model == model)
+                    {
                         errors.push(FieldError::new(
                             format!("spec.partitions[{i}].gpuModels[{k}]"),
                             format!("cluster `{}` has no node of GPU model {model}", c.name),

@@ -1369,3 +1369,30 @@ fn a_nodes_labels_leave_what_its_fields_say_to_them() {
         ]
     );
 }
+
+#[test]
+fn a_partition_gpu_model_the_catalogue_lacks_is_said_once() {
+    let cluster = cluster_file("\n    - {name: a, gpuModel: H100-80GB, gpuCount: 8}\n");
+    let queue = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingQueue\nmetadata: {name: q}\nspec:\n  partitions:\n    - {name: p, default: true, gpuModels: [A100-40G, A100-40GB]}\n";
+    let p = load_sources(&[
+        (Path::new("c.yaml"), cluster.as_str()),
+        (Path::new("q.yaml"), queue),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    // The typo is unknown to the catalogue (once, not also "the cluster
+    // has none"); a known model the cluster lacks is said as that.
+    assert_eq!(text.len(), 2, "{text:#?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("spec.partitions[0].gpuModels[0]: unknown GPU model `A100-40G`")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter().any(|t| t.contains(
+            "spec.partitions[0].gpuModels[1]: cluster `c` has no node of GPU model A100-40GB"
+        )),
+        "{text:#?}"
+    );
+}
