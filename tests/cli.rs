@@ -128,19 +128,16 @@ fn validate_missing_path_is_an_error_not_a_panic() {
             "{}:1:1: apiVersion: no gpuscale document (apiVersion gpuscale.io/v1alpha1) {where_}\n",
             path.display()
         );
-        let out = gpuscale(&["validate", path.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(1), "{}", path.display());
-        assert_eq!(errors(&out), format!("{said}1 problem(s) found\n"));
-        // Beside paths that hold documents, too: given with the example
-        // policies it was read as no jobs at all.
-        let out = gpuscale(&[
-            "validate",
-            "examples/cluster.yaml",
-            "examples/policies",
-            path.to_str().unwrap(),
-        ]);
-        assert_eq!(out.status.code(), Some(1), "{}", path.display());
-        assert_eq!(errors(&out), format!("{said}1 problem(s) found\n"));
+        // Alone, and beside paths that hold documents (given with the
+        // example policies it was read as no jobs at all).
+        for beside in [&[][..], &["examples/cluster.yaml", "examples/policies"][..]] {
+            let mut args = vec!["validate"];
+            args.extend(beside);
+            args.push(path.to_str().unwrap());
+            let out = gpuscale(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            assert_eq!(errors(&out), format!("{said}1 problem(s) found\n"));
+        }
         let out = gpuscale(&[
             "queue",
             "--cluster",

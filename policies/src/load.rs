@@ -262,28 +262,26 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problems> {
 
 /// serde's error at its place in `doc`.
 fn one_problem(doc: &Document, e: &serde_path_to_error::Error<serde_json::Error>) -> Problem {
-    {
-        let mut path = e.path().to_string();
-        if path == "." {
-            path.clear();
-        }
-        let message = plain_words(e.inner().to_string());
-        // serde reports an unknown or a missing field at its parent; name
-        // the field (a missing one is then located at its parent).
-        if let Some(rest) = message
-            .strip_prefix("unknown field `")
-            .or_else(|| message.strip_prefix("missing field `"))
-            && let Some(field) = rest.split('`').next()
-            && !path.ends_with(field)
-        {
-            path = if path.is_empty() {
-                field.to_string()
-            } else {
-                format!("{path}.{field}")
-            };
-        }
-        doc.problem(path, message)
+    let mut path = e.path().to_string();
+    if path == "." {
+        path.clear();
     }
+    let message = plain_words(e.inner().to_string());
+    // serde reports an unknown or a missing field at its parent; name
+    // the field (a missing one is then located at its parent).
+    if let Some(rest) = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("missing field `"))
+        && let Some(field) = rest.split('`').next()
+        && !path.ends_with(field)
+    {
+        path = if path.is_empty() {
+            field.to_string()
+        } else {
+            format!("{path}.{field}")
+        };
+    }
+    doc.problem(path, message)
 }
 
 impl From<Problem> for Problems {
