@@ -390,7 +390,7 @@ pub async fn drive(
         // started from zero answer after their cold start.
         eprintln!(
             "load: stopped; waiting up to {} for the answers to the {} requests in flight",
-            humantime::format_duration(grace),
+            gpuscale_policies::duration::show(grace),
             tasks.len()
         );
     }

@@ -1810,7 +1810,7 @@ fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
                 "gateway.yaml",
                 "apiVersion: gpuscale.io/v1alpha1\nkind: Gateway\nmetadata: {name: g}\nspec:\n  limits: {requestTimeout: 300000000000y}\n  models: [{name: m}]\n",
             ),
-            "5:12: spec.limits.requestTimeout: `300000000000years` is longer than",
+            "5:12: spec.limits.requestTimeout: `300000000000y` is longer than",
         ),
         // A replica count no plan or baseline could hold in memory.
         (

@@ -17,30 +17,113 @@ use serde::{Deserialize, Deserializer, Serializer};
 /// The longest duration taken: a year (365.25 days, humantime's `1year`).
 pub const MAX: Duration = Duration::from_secs(31_557_600);
 
-/// `d` if it is at most [`MAX`], else why not.
-pub fn bounded(d: Duration) -> Result<Duration, String> {
+/// `d` written back in days, hours, minutes, seconds and milliseconds
+/// (`366d`, `1d 1h`, `1m 30s`, `250ms`, `0s`): the units a file uses,
+/// not humantime's months and years, whose lengths (30.44 and 365.25
+/// days) turn `366d` into `1year 18h`.
+pub fn show(d: Duration) -> String {
+    let secs = d.as_secs();
+    let mut parts = Vec::new();
+    for (n, unit) in [
+        (secs / 86_400, "d"),
+        (secs % 86_400 / 3_600, "h"),
+        (secs % 3_600 / 60, "m"),
+        (secs % 60, "s"),
+        (u64::from(d.subsec_millis()), "ms"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n}{unit}"));
+        }
+    }
+    match (parts.is_empty(), d.subsec_nanos()) {
+        (false, _) => parts.join(" "),
+        (true, 0) => "0s".into(),
+        (true, ns) => format!("{ns}ns"),
+    }
+}
+
+/// `d` if it is at most [`MAX`], else why not (`written`: the value as
+/// the file or flag gave it).
+fn bounded_as(d: Duration, written: &str) -> Result<Duration, String> {
     if d > MAX {
         Err(format!(
-            "`{}` is longer than the longest duration gpuscale takes ({})",
-            humantime::format_duration(d),
-            humantime::format_duration(MAX)
+            "`{written}` is longer than the longest duration gpuscale takes (a year, {})",
+            show(MAX)
         ))
     } else {
         Ok(d)
     }
 }
 
-/// Parses a flag's value (humantime's syntax), at most [`MAX`].
+/// `d` if it is at most [`MAX`], else why not.
+pub fn bounded(d: Duration) -> Result<Duration, String> {
+    bounded_as(d, &show(d))
+}
+
+/// Parses a flag's value (humantime's syntax), at most [`MAX`]; what is
+/// not a duration is said with humantime's reason and an example.
 pub fn parse(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| e.to_string())
-        .and_then(bounded)
+    match humantime::parse_duration(s) {
+        Ok(d) => bounded_as(d, s),
+        // Too many digits for humantime is longer than any bound.
+        Err(humantime::DurationError::NumberOverflow) => Err(format!(
+            "`{s}` is longer than the longest duration gpuscale takes (a year, {})",
+            show(MAX)
+        )),
+        Err(e) => Err(format!(
+            "`{s}` is not a duration ({e}): write a number and a unit, such as `30s`, `5m` or `1h 30m`"
+        )),
+    }
+}
+
+/// Reads a duration as text, and says plainly what else was written.
+struct Text;
+
+impl serde::de::Visitor<'_> for Text {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a duration such as `30s`, `5m` or `1h 30m`")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
+        parse(v).map_err(E::custom)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "`{v}` has no unit: write it with one, such as `{v}s` or `{v}m`"
+        )))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "`{v}` is not a duration: write a number and a unit, such as `30s`, `5m` or `1h 30m`"
+        )))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "`{v}` has no unit: write it with one, such as `{v}s` or `{v}m`"
+        )))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "`{v}` is not a duration: write a number and a unit, such as `30s`, `5m` or `1h 30m`"
+        )))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Duration, E> {
+        Err(E::custom(
+            "no value given: expected a duration such as `30s`, `5m` or `1h 30m`",
+        ))
+    }
 }
 
 /// Serde: reads humantime's syntax, at most [`MAX`].
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let v: Duration = humantime_serde::deserialize(d)?;
-    bounded(v).map_err(serde::de::Error::custom)
+    d.deserialize_any(Text)
 }
 
 /// Serde: writes humantime's syntax.
@@ -54,9 +137,14 @@ pub mod option {
 
     /// Serde: reads humantime's syntax or null, at most [`MAX`].
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let v: Option<humantime_serde::Serde<Duration>> = Option::deserialize(d)?;
-        v.map(|v| bounded(v.into_inner()).map_err(serde::de::Error::custom))
-            .transpose()
+        /// The value itself, through [`Text`].
+        struct Some_(Duration);
+        impl<'de> Deserialize<'de> for Some_ {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_any(Text).map(Some_)
+            }
+        }
+        Ok(Option::<Some_>::deserialize(d)?.map(|v| v.0))
     }
 
     /// Serde: writes humantime's syntax or null.
@@ -78,6 +166,17 @@ mod tests {
         assert!(e.contains("longer than"), "{e}");
         assert!(parse("18446744073709551615s").is_err());
         assert!(parse("x").is_err());
+        // What is not a duration says why; what is too long echoes the
+        // text as written.
+        let e = parse("1x").unwrap_err();
+        assert!(
+            e.starts_with("`1x` is not a duration (") && e.contains("`30s`"),
+            "{e}"
+        );
+        let e = parse("366d").unwrap_err();
+        assert!(e.starts_with("`366d` is longer than"), "{e}");
+        let e = parse("99999999999999999999999y").unwrap_err();
+        assert!(e.contains("is longer than"), "{e}");
         #[derive(serde::Deserialize)]
         struct T {
             #[serde(with = "super")]
@@ -95,6 +194,38 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("longer than"), "{e}");
+        assert!(e.contains("`9999999999h` is longer than"), "{e}");
+        let no_unit = serde_json::from_str::<T>(r#"{"a": 30}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(no_unit.contains("`30` has no unit"), "{no_unit}");
+        let null = serde_json::from_str::<T>(r#"{"a": null}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(null.contains("no value given"), "{null}");
+        let b = serde_json::from_str::<T>(r#"{"a": "1s", "b": 5}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(b.contains("`5` has no unit"), "{b}");
+    }
+
+    #[test]
+    fn show_writes_days_not_months_or_years() {
+        let h = |s: u64| Duration::from_secs(s * 3600);
+        assert_eq!(show(h(366 * 24)), "366d");
+        assert_eq!(show(h(25)), "1d 1h");
+        assert_eq!(show(Duration::from_secs(90)), "1m 30s");
+        assert_eq!(show(Duration::from_millis(250)), "250ms");
+        assert_eq!(show(Duration::from_millis(1500)), "1s 500ms");
+        assert_eq!(show(Duration::ZERO), "0s");
+        assert_eq!(show(Duration::from_nanos(20)), "20ns");
+        assert_eq!(show(MAX), "365d 6h");
+        // What it writes reads back.
+        for d in [h(300 * 24), h(25), Duration::from_millis(1500), MAX] {
+            assert_eq!(parse(&show(d)), Ok(d));
+        }
     }
 }

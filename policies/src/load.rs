@@ -203,14 +203,17 @@ pub fn read(file: &Path) -> Result<String, Problem> {
     })
 }
 
-/// Deserialises a document's value into `T`, locating any error: every
-/// unknown field (serde stops at the first, so each is taken out and the
-/// rest read again), then the first other problem, if any.
+/// Deserialises a document's value into `T`, locating every error serde
+/// can name: serde stops at the first, so each unknown field, and each
+/// field whose value does not read, is taken out and the rest read again
+/// (a field taken out that the type requires ends the search).
 pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problems> {
     let mut value = doc.value.clone();
     let mut problems: Vec<Problem> = Vec::new();
-    // At most this many unknown fields are listed; a document of nothing
-    // but misspellings needs no more to be rewritten.
+    // Paths of the fields taken out for their values.
+    let mut taken: Vec<String> = Vec::new();
+    // At most this many problems are listed; a document of nothing but
+    // mistakes needs no more to be rewritten.
     for _ in 0..64 {
         let e = match serde_path_to_error::deserialize::<_, T>(&value) {
             Ok(t) if problems.is_empty() => return Ok(t),
@@ -232,9 +235,27 @@ pub fn typed<T: DeserializeOwned>(doc: &Document) -> Result<T, Problems> {
         {
             break;
         }
+        // A required field taken out for its value is missing now: said
+        // already.
+        if message.starts_with("missing field `") && taken.contains(&problem.path) {
+            break;
+        }
+        let path = problem.path.clone();
         problems.push(problem);
-        // Take the unknown key out where serde found it, and read again.
-        let Some(field) = unknown else { break };
+        if message.starts_with("missing field `") {
+            break;
+        }
+        // Take the key out where serde found it, and read again.
+        let field = match unknown {
+            Some(field) => field,
+            None => match e.path().iter().next_back() {
+                Some(serde_path_to_error::Segment::Map { key }) => {
+                    taken.push(path);
+                    key.clone()
+                }
+                _ => break,
+            },
+        };
         let mut at = Some(&mut value);
         // (serde_path_to_error's path may end at the field itself.)
         let mut segments: Vec<&serde_path_to_error::Segment> = e.path().iter().collect();

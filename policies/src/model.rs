@@ -335,7 +335,7 @@ pub struct SloTargets {
     /// p95 time to first token (streams).
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -343,7 +343,7 @@ pub struct SloTargets {
     /// p95 end-to-end latency.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -351,7 +351,7 @@ pub struct SloTargets {
     /// p95 time spent in the gateway's queue.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -362,7 +362,7 @@ pub struct SloTargets {
     /// met with this added. For rarely used models that may go to zero.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -429,12 +429,12 @@ pub struct ScalingPolicy {
     #[serde(default)]
     pub activation_queue_depth: f64,
     /// Idle time before scaling to zero when `minReplicas` is 0 (default 5m).
-    #[serde(default = "five_minutes", with = "humantime_serde")]
+    #[serde(default = "five_minutes", with = "crate::duration")]
     #[schemars(with = "String")]
     pub scale_to_zero_after: Duration,
     /// Time from starting a replica to it serving (default 1m); used to
     /// scale ahead of forecast demand.
-    #[serde(default = "one_minute", with = "humantime_serde")]
+    #[serde(default = "one_minute", with = "crate::duration")]
     #[schemars(with = "String")]
     pub startup_time: Duration,
     /// Rate limits and stabilisation (HPA `behavior`).
@@ -478,7 +478,7 @@ pub struct ScalingRules {
     /// down, min when scaling up) before acting.
     #[serde(
         default,
-        with = "humantime_serde::option",
+        with = "crate::duration::option",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(with = "Option<String>")]
@@ -522,7 +522,7 @@ pub struct RatePolicy {
     /// The limit per period.
     pub value: u32,
     /// The period.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration")]
     #[schemars(with = "String")]
     pub period: Duration,
 }
@@ -1113,7 +1113,7 @@ impl Model {
                     &format!("spec.scaling.{field}"),
                     format!(
                         "must be at most {limit}, got {}",
-                        humantime::format_duration(value)
+                        crate::duration::show(value)
                     ),
                 );
             }

@@ -748,8 +748,8 @@ impl TrainingQueueSpec {
                         format!("spec.partitions[{i}].defaultRuntime"),
                         format!(
                             "{} is over the partition's maxRuntime of {}",
-                            humantime::format_duration(d),
-                            humantime::format_duration(max)
+                            crate::duration::show(d),
+                            crate::duration::show(max)
                         ),
                     ));
                 }
@@ -884,9 +884,9 @@ impl TrainingQueueSpec {
                 "spec.estimatedRuntime",
                 format!(
                     "{} is over partition `{}`'s maxRuntime of {}",
-                    humantime::format_duration(est),
+                    crate::duration::show(est),
                     p.name,
-                    humantime::format_duration(max)
+                    crate::duration::show(max)
                 ),
             ));
         }

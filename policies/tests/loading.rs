@@ -910,8 +910,23 @@ fn an_empty_padded_multi_line_or_endless_served_name_is_refused_and_shown_short(
 #[test]
 fn a_start_up_time_or_idle_period_past_any_real_one_is_located() {
     // `gpuscale up` once added such a startupTime to a clock and panicked.
+    // Past a year no duration reads (and the document's checks of its
+    // values wait for it); within a year each field has its own bound.
     let policy =
         format!("{POLICY}  scaling:\n    startupTime: 500000000000y\n    scaleToZeroAfter: 31d\n");
+    let p = problems("m.yaml", &policy);
+    assert_eq!(
+        located(&p),
+        vec![(11, "spec.scaling.startupTime")],
+        "{p:#?}"
+    );
+    assert!(
+        p[0].to_string()
+            .contains("`500000000000y` is longer than the longest duration"),
+        "{}",
+        p[0]
+    );
+    let policy = format!("{POLICY}  scaling:\n    startupTime: 25h\n    scaleToZeroAfter: 31d\n");
     let p = problems("m.yaml", &policy);
     assert_eq!(
         located(&p),
@@ -921,8 +936,16 @@ fn a_start_up_time_or_idle_period_past_any_real_one_is_located() {
         ],
         "{p:#?}"
     );
-    assert!(p[0].to_string().contains("at most 24h"), "{}", p[0]);
-    assert!(p[1].to_string().contains("at most 30d"), "{}", p[1]);
+    assert!(
+        p[0].to_string().contains("at most 24h, got 1d 1h"),
+        "{}",
+        p[0]
+    );
+    assert!(
+        p[1].to_string().contains("at most 30d, got 31d"),
+        "{}",
+        p[1]
+    );
     let fine = format!("{POLICY}  scaling:\n    startupTime: 24h\n    scaleToZeroAfter: 30d\n");
     assert!(load_sources(&[(Path::new("m.yaml"), fine.as_str())]).is_ok());
 }
@@ -957,6 +980,40 @@ fn every_unknown_field_of_a_document_is_named_at_its_line_then_the_next_problem(
     let at = located(&p);
     assert!(at.contains(&(10, "spec.resources.aaa")), "{p:#?}");
     assert!(at.contains(&(8, "spec.resources.memoryGiB")), "{p:#?}");
+}
+
+#[test]
+fn every_value_that_does_not_read_is_named_not_only_the_first() {
+    // serde stops at the first; each is taken out and the rest read
+    // again. A required one taken out ends the search without being
+    // called missing as well.
+    let text = format!(
+        "{}  scaling:\n    startupTime: soon\n    scaleToZeroAfter: 30\n    maxReplicas: many\n",
+        POLICY.replace(
+            "maxConcurrency: 8",
+            "maxConcurrency: 8\n    kvCacheGiB: \"2\""
+        )
+    );
+    let p = problems("m.yaml", &text);
+    assert_eq!(
+        located(&p),
+        vec![
+            (10, "spec.resources.kvCacheGiB"),
+            (12, "spec.scaling.startupTime"),
+            (13, "spec.scaling.scaleToZeroAfter"),
+            (14, "spec.scaling.maxReplicas"),
+        ],
+        "{p:#?}"
+    );
+    assert!(p[1].message.contains("`soon` is not a duration"), "{p:#?}");
+    assert!(p[2].message.contains("`30` has no unit"), "{p:#?}");
+    assert!(p[3].message.contains("`many` is not a number"), "{p:#?}");
+    let p = problems(
+        "m.yaml",
+        &POLICY.replace("memoryGiB: 12", "memoryGiB: [12]"),
+    );
+    assert_eq!(located(&p), vec![(7, "spec.resources.memoryGiB")], "{p:#?}");
+    assert!(!p[0].message.contains("missing"), "{p:#?}");
 }
 
 #[test]

@@ -124,7 +124,7 @@ pub struct ScenarioSpec {
     #[serde(default = "seed")]
     pub seed: u64,
     /// Simulated time.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub duration: Duration,
     /// The cluster file.
     pub cluster: PathBuf,
@@ -137,7 +137,7 @@ pub struct ScenarioSpec {
     #[serde(default)]
     pub cold_start: ColdStartSpec,
     /// gpuscale's decision interval (the controller's tick).
-    #[serde(default = "second", with = "humantime_serde")]
+    #[serde(default = "second", with = "gpuscale_policies::duration")]
     pub tick: Duration,
     /// The autoscalers to run.
     #[serde(default = "all_policies")]
@@ -147,7 +147,7 @@ pub struct ScenarioSpec {
     pub placements: Vec<PlacementKind>,
     /// The packer's per-solve time limit (a re-plan in the controller has
     /// 5 s).
-    #[serde(default = "pack_limit", with = "humantime_serde")]
+    #[serde(default = "pack_limit", with = "gpuscale_policies::duration")]
     pub pack_time_limit: Duration,
     /// The packer's clock-bound improvement of its heuristic plan
     /// (`--improve-limit`; the controller's default is 1 s). 0, the
@@ -155,13 +155,13 @@ pub struct ScenarioSpec {
     /// alone (the same seed gives the same report at any size), and a day
     /// of re-plans takes minutes, not hours; the plans may cost a little
     /// more than the controller's, which counts against gpuscale.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "gpuscale_policies::duration")]
     pub pack_improve_limit: Duration,
     /// How often a re-plan may move running replicas to save GPUs (the
     /// controller's `consolidateEvery`); between, re-plans keep every
     /// running replica where it is. 0s (the default): every re-plan may
     /// move.
-    #[serde(default = "consolidate_every", with = "humantime_serde")]
+    #[serde(default = "consolidate_every", with = "gpuscale_policies::duration")]
     pub consolidate_every: Duration,
     /// Whether the packer's placement runs spare replicas in the room its
     /// GPUs in use leave idle (the controller's `spec.packer.spares`,
@@ -198,7 +198,7 @@ pub struct GatewaySpec {
     /// Waiting requests per model before 429.
     pub max_queue: usize,
     /// Longest wait before 503.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub queue_timeout: Duration,
     /// The gateway scrapes each replica's vLLM metrics every tick
     /// (`metrics: vllm` in its config): the prompts waiting for a
@@ -212,7 +212,7 @@ pub struct GatewaySpec {
     pub order: QueueOrder,
     /// The budget of a model whose policy sets no queue-wait or TTFT
     /// target (the gateway's `queue.newestFirstAfter`).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub newest_first_after: Duration,
 }
 
@@ -235,7 +235,7 @@ impl Default for GatewaySpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ColdStartSpec {
     /// Pulling the serving image, on a node that does not have it.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub image_pull: Duration,
     /// Whether a node keeps the image once pulled (the kubelet's cache;
     /// every model serves from the one image, as the Kubernetes backend's
@@ -359,10 +359,10 @@ pub struct DiurnalSpec {
     /// 0–1.
     pub amplitude: f64,
     /// Cycle length (default 24 h).
-    #[serde(default = "day", with = "humantime_serde")]
+    #[serde(default = "day", with = "gpuscale_policies::duration")]
     pub period: Duration,
     /// Time of the peak within the cycle.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub peak_at: Duration,
 }
 
@@ -375,10 +375,10 @@ fn day() -> Duration {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepSpec {
     /// Start.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "gpuscale_policies::duration")]
     pub at: Duration,
     /// Length.
-    #[serde(rename = "for", with = "humantime_serde")]
+    #[serde(rename = "for", with = "gpuscale_policies::duration")]
     pub length: Duration,
     /// Rate multiplier.
     pub factor: f64,

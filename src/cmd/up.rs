@@ -325,7 +325,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         println!(
             "  stop       {}",
             match args.duration {
-                Some(d) => format!("after {}, or Ctrl-C", humantime::format_duration(d)),
+                Some(d) => format!("after {}, or Ctrl-C", gpuscale_policies::duration::show(d)),
                 None => "Ctrl-C (drains, then exits)".into(),
             }
         );
