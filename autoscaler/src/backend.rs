@@ -657,7 +657,14 @@ impl KubeBackend {
         );
         let mut applied = BTreeSet::new();
         let mut refused = BTreeSet::new();
-        for v in &variants {
+        // What grows first, then what shrinks or holds
+        // (`handover::shrinks`).
+        let mut variants: Vec<_> = variants.iter().collect();
+        variants.sort_by_key(|v| {
+            let (n, held) = counts.get(&v.name).copied().unwrap_or((v.replicas, None));
+            handover::shrinks(&read, &v.name, n, held)
+        });
+        for v in variants {
             if !self.still_leading() {
                 return Err(lost());
             }
@@ -983,6 +990,11 @@ impl KubeBackend {
     ///   left, set the config;
     /// - configuring: wait for the MIG manager; `success` uncordons,
     ///   `failed` keeps the node cordoned with a Warning and the reason.
+    ///
+    /// Each node on its own: a write one node's hand-off cannot make (a
+    /// config its annotation names that is no label value, a node gone)
+    /// is logged and tried again next tick, and holds up neither the other
+    /// nodes nor the models' scaling.
     async fn advance_handoffs(&mut self, now: Duration) -> Result<(), KubeError> {
         for node in self.kube.nodes(HANDOFF_LABEL).await? {
             let Some(name) = node.metadata.name.clone() else {
@@ -991,7 +1003,26 @@ impl KubeBackend {
             if !self.still_leading() {
                 return Err(lost());
             }
-            match handoff_of(&node) {
+            if let Err(e) = self.advance_handoff(&node, &name, now).await {
+                if !self.still_leading() {
+                    return Err(e);
+                }
+                tracing::warn!(node = %name, "moving its MIG hand-off on: {e}; tried again next tick");
+            }
+        }
+        Ok(())
+    }
+
+    /// One node's hand-off ([`Self::advance_handoffs`]).
+    async fn advance_handoff(
+        &mut self,
+        node: &k8s_openapi::api::core::v1::Node,
+        name: &str,
+        now: Duration,
+    ) -> Result<(), KubeError> {
+        let name = name.to_string();
+        {
+            match handoff_of(node) {
                 Some(Handoff::Draining { config }) => {
                     let pods = self.kube.mig_pods_on(&name).await?;
                     if pods.is_empty() {
@@ -999,7 +1030,7 @@ impl KubeBackend {
                             .patch_node(&name, handoff_configure_patch(&config))
                             .await?;
                         self.mig.insert(name.clone(), config);
-                        continue;
+                        return Ok(());
                     }
                     // A held variant's pods evicted here would come back
                     // (its count still holds them): its hold ends first.
@@ -1024,7 +1055,7 @@ impl KubeBackend {
                         .as_ref()
                         .and_then(|l| l.get(MIG_CONFIG_LABEL))
                         .is_some_and(|c| *c == config);
-                    match mig_state(&node) {
+                    match mig_state(node) {
                         Some("success") if names_it => {
                             self.kube.patch_node(&name, handoff_done_patch()).await?;
                             self.mig.insert(name.clone(), config.clone());
@@ -1202,13 +1233,26 @@ impl KubeBackend {
         }
         // What the gateway lists now: an endpoint registered before that
         // it no longer lists (it restarted, someone removed it) is
-        // registered again below. Unreadable: trust what was registered.
-        let listed = self.gateway.replica_list().await.ok();
+        // registered again below, and one registered through its API that
+        // no EndpointSlice shows ready (left by an earlier leader, or by
+        // a removal that failed) is removed. Unreadable: trust what was
+        // registered.
+        let lists = self.gateway.replica_lists().await.ok();
+        let listed = lists.as_ref().map(|l| &l.everywhere);
         let mut all_found = self.endpoints(models).await?;
         for m in models {
             let found = all_found.remove(&m.name).unwrap_or_default();
             let known = self.registered.entry(m.served_name.clone()).or_default();
-            if let Some(listed) = &listed {
+            // Removed below: what this process registered and is gone,
+            // and what the gateway holds as registered and is not found.
+            let mut gone: BTreeSet<String> = known.difference(&found).cloned().collect();
+            if let Some(registered) = lists
+                .as_ref()
+                .and_then(|l| l.registered.get(&m.served_name))
+            {
+                gone.extend(registered.difference(&found).cloned());
+            }
+            if let Some(listed) = listed {
                 let there = listed.get(&m.served_name);
                 let lost = known
                     .iter()
@@ -1238,9 +1282,11 @@ impl KubeBackend {
                     Err(err) => tracing::warn!("{err}"),
                 }
             }
-            for e in known.difference(&found) {
-                if let Err(err) = self.gateway.replica(false, &m.served_name, e, None).await {
+            for e in gone {
+                if let Err(err) = self.gateway.replica(false, &m.served_name, &e, None).await {
+                    // Kept as registered: removed again next tick.
                     tracing::warn!("{err}");
+                    now_known.insert(e);
                 }
             }
             *known = now_known;

@@ -136,9 +136,38 @@ pub fn advance(variants: &[VariantNow], now: Duration) -> Vec<(String, u32, Opti
     out
 }
 
+/// Whether writing `count` (with `held`, as [`start`] gives them) to the
+/// variant `name` shrinks what runs or holds it: such writes come after
+/// every write that grows a variant, so a failure part-way leaves more
+/// replicas, never a hold whose successors were not written (the next
+/// [`advance`] would end it, down to the plan's count, with nothing
+/// starting in its place).
+pub fn shrinks(read: &[VariantNow], name: &str, count: u32, held: Option<Held>) -> bool {
+    let now = read
+        .iter()
+        .find(|r| r.name == name)
+        .map_or(0, |r| r.replicas);
+    held.is_some() || count < now
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_move_writes_what_grows_before_what_it_holds() {
+        // b goes 3 → 1 in a move to a (0 → 2): b is held at 3.
+        let read = running(&[("b", 3)]);
+        let secs = Duration::from_secs;
+        let writes = start(&read, &counts(&[("a", 2), ("b", 1)]), secs(100), secs(120));
+        let (a, b) = (writes["a"], writes["b"]);
+        assert_eq!(b.0, 3, "held at what runs");
+        assert!(!shrinks(&read, "a", a.0, a.1));
+        assert!(shrinks(&read, "b", b.0, b.1));
+        // A plain scale-down shrinks; an unchanged count does not.
+        assert!(shrinks(&read, "b", 2, None));
+        assert!(!shrinks(&read, "b", 3, None));
+    }
 
     fn counts(items: &[(&str, u32)]) -> BTreeMap<String, u32> {
         items.iter().map(|(k, v)| (k.to_string(), *v)).collect()

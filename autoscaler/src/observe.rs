@@ -108,6 +108,24 @@ pub const STREAM_IDLE: Duration = Duration::from_secs(5);
 /// dropped.
 pub const MAX_EVENT_BYTES: usize = 4 << 20;
 
+/// One replica in an instance's `GET /v1/replicas`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Listed {
+    endpoint: String,
+    configured: bool,
+    draining: bool,
+}
+
+/// The gateway instances' replica lists, per served model name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaLists {
+    /// Endpoints every instance lists.
+    pub everywhere: BTreeMap<String, Vec<String>>,
+    /// Endpoints some instance holds as registered through the API (not
+    /// written in its file) and not draining.
+    pub registered: BTreeMap<String, BTreeSet<String>>,
+}
+
 /// A client of the gateway's admin API, on every instance of it.
 #[derive(Clone)]
 pub struct GatewayClient {
@@ -359,7 +377,7 @@ impl GatewayClient {
     async fn replica_list_at(
         &self,
         base: &str,
-    ) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
+    ) -> Result<BTreeMap<String, Vec<Listed>>, ObserveError> {
         let url = format!("{base}/v1/replicas");
         let (status, body) = self.call(base, Method::GET, "/v1/replicas", None).await?;
         if status != StatusCode::OK {
@@ -377,8 +395,18 @@ impl GatewayClient {
             .map(|(model, replicas)| {
                 let endpoints = replicas
                     .iter()
-                    .filter_map(|r| r.get("endpoint").and_then(|e| e.as_str()))
-                    .map(str::to_string)
+                    .filter_map(|r| {
+                        let endpoint = r.get("endpoint")?.as_str()?.to_string();
+                        let flag =
+                            |k: &str, or: bool| r.get(k).and_then(|f| f.as_bool()).unwrap_or(or);
+                        Some(Listed {
+                            endpoint,
+                            // A gateway that does not say is taken to
+                            // have configured it: never removed.
+                            configured: flag("configured", true),
+                            draining: flag("draining", false),
+                        })
+                    })
                     .collect();
                 (model, endpoints)
             })
@@ -389,29 +417,49 @@ impl GatewayClient {
     /// model name (one an instance lacks is not listed: it is registered
     /// again, with every instance).
     pub async fn replica_list(&self) -> Result<BTreeMap<String, Vec<String>>, ObserveError> {
+        Ok(self.replica_lists().await?.everywhere)
+    }
+
+    /// `GET /v1/replicas` of every instance: what every instance lists,
+    /// and what any instance holds as registered through the API and not
+    /// draining (what a controller that registered it may have to
+    /// remove).
+    pub async fn replica_lists(&self) -> Result<ReplicaLists, ObserveError> {
         let bases = self.bases();
         let mut lists = Vec::new();
         for b in bases.iter() {
             lists.push(self.replica_list_at(b).await?);
         }
+        let mut out = ReplicaLists::default();
+        for list in &lists {
+            for (model, entries) in list {
+                let registered = out.registered.entry(model.clone()).or_default();
+                for e in entries.iter().filter(|e| !e.configured && !e.draining) {
+                    registered.insert(e.endpoint.clone());
+                }
+            }
+        }
         let Some(first) = lists.first() else {
-            return Ok(BTreeMap::new());
+            return Ok(out);
         };
-        Ok(first
+        out.everywhere = first
             .iter()
-            .map(|(model, endpoints)| {
-                let kept = endpoints
+            .map(|(model, entries)| {
+                let kept = entries
                     .iter()
+                    .map(|e| &e.endpoint)
                     .filter(|e| {
-                        lists[1..]
-                            .iter()
-                            .all(|l| l.get(model).is_some_and(|x| x.contains(e)))
+                        lists[1..].iter().all(|l| {
+                            l.get(model)
+                                .is_some_and(|x| x.iter().any(|y| &y.endpoint == *e))
+                        })
                     })
                     .cloned()
                     .collect();
                 (model.clone(), kept)
             })
-            .collect())
+            .collect();
+        Ok(out)
     }
 
     /// Follows `/v1/queues/stream` of every instance, reconnecting after

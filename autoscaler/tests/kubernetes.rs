@@ -1092,6 +1092,49 @@ async fn a_policy_that_does_not_decode_does_not_fail_the_list() {
     );
 }
 
+/// A controller that starts finds the gateway holding a registration no
+/// EndpointSlice shows ready (its pod went while no controller ran, so
+/// nothing in memory says it was registered): it is removed, and the
+/// ready pod registered.
+async fn a_registration_no_slice_shows_is_removed_after_a_restart() {
+    let (mut backend, mut handle, gw_state) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    gw_state.replicas.lock().unwrap().insert(
+        m.served_name.clone(),
+        ["http://10.0.0.9:8000".to_string()].into(),
+    );
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
+        handle
+    });
+    let observed = backend.tick(std::slice::from_ref(&m), now).await;
+    server.await.unwrap();
+    assert!(observed.took_over);
+    assert_eq!(
+        gw_state.seen.lock().unwrap().as_slice(),
+        [
+            r#"POST {"endpoint":"http://10.0.0.7:8000","maxConcurrency":32,"model":"meta-llama/Llama-3.1-8B-Instruct"}"#,
+            r#"DELETE {"endpoint":"http://10.0.0.9:8000","model":"meta-llama/Llama-3.1-8B-Instruct"}"#,
+        ]
+    );
+    assert_eq!(
+        gw_state.replicas.lock().unwrap()[&m.served_name],
+        ["http://10.0.0.7:8000".to_string()].into()
+    );
+}
+
 /// A tick: take the lease, read the live count, discover the ready pod
 /// and hand it to the gateway; the gateway restarts and the next tick
 /// registers the pod again; a decision applies the model's Service and
@@ -1580,6 +1623,7 @@ fn nodes(items: Vec<Value>) -> Value {
 }
 
 const PODS_ON: &str = "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-0&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
+const PODS_ON_1: &str = "/api/v1/namespaces/inference/pods?&fieldSelector=spec.nodeName%3Dh100-1&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
 
 fn mig_pods(names: &[&str]) -> Value {
     let items: Vec<Value> = names
@@ -1605,6 +1649,86 @@ async fn next_tick(handle: &mut Handle, handoffs: Value) {
     )
     .await;
     expect(handle, Method::GET, HANDOFFS, 200, handoffs).await;
+}
+
+/// A node whose hand-off write the API server refuses (here a config
+/// annotation that is no label value: 422) is logged and tried again next
+/// tick: the next node's hand-off moves on, and the controller stays the
+/// leader (no second takeover, no policy memory read again).
+async fn a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let drained = |name: &str, config: &str| {
+        node(
+            name,
+            json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
+            json!({"gpuscale.io/mig-handoff-config": config}),
+        )
+    };
+    let bad = drained("h100-0", "not a label value!");
+    let good = drained("h100-1", "gpuscale-new");
+    let node_reply = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-1"}});
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        for tick in 0..2 {
+            if tick > 0 {
+                expect(
+                    &mut handle,
+                    Method::GET,
+                    OWNED,
+                    200,
+                    deployments(&[("llama", 1)]),
+                )
+                .await;
+            }
+            let both = nodes(vec![bad.clone(), good.clone()]);
+            expect(&mut handle, Method::GET, HANDOFFS, 200, both).await;
+            expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&[])).await;
+            expect(
+                &mut handle,
+                Method::PATCH,
+                "/api/v1/nodes/h100-0?",
+                422,
+                status_reply(422, "Invalid"),
+            )
+            .await;
+            expect(&mut handle, Method::GET, PODS_ON_1, 200, mig_pods(&[])).await;
+            let p = expect(
+                &mut handle,
+                Method::PATCH,
+                "/api/v1/nodes/h100-1?",
+                200,
+                node_reply.clone(),
+            )
+            .await;
+            assert_eq!(
+                p["metadata"]["labels"]["nvidia.com/mig.config"],
+                "gpuscale-new"
+            );
+            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        }
+        handle
+    });
+    let models = std::slice::from_ref(&m);
+    let first = backend.tick(models, now).await;
+    assert!(first.took_over);
+    let second = backend.tick(models, now + Duration::from_secs(1)).await;
+    assert!(
+        !second.took_over,
+        "still the leader after the refused write"
+    );
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "another request").await;
 }
 
 /// A MIG hand-off is recorded on the node and carried on from there,
@@ -3047,12 +3171,14 @@ scenarios!(
     many_models_endpoints_take_one_list_per_fifty_services,
     a_policy_that_does_not_decode_does_not_fail_the_list,
     the_backend_leads_discovers_and_applies_a_decision,
+    a_registration_no_slice_shows_is_removed_after_a_restart,
     a_failed_status_write_stops_no_scaling,
     a_deployment_gpuscale_did_not_create_is_not_adopted,
     a_follower_writes_nothing,
     a_leader_that_cannot_renew_in_time_stops_writing,
     the_leader_releases_the_lease_on_shutdown,
     a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons,
+    a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader,
     the_mig_parted_configmap_keeps_configs_other_nodes_name,
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
     a_dry_run_beside_keda_starts_from_the_replicas_keda_runs,

@@ -757,6 +757,7 @@ impl Shared {
             .iter()
             .map(|r| ReplicaView {
                 endpoint: r.endpoint.url(),
+                configured: m.settings.replicas.contains(&r.endpoint),
                 in_flight: r.in_flight,
                 max_concurrency: r.limit,
                 draining: r.draining,
@@ -1047,6 +1048,10 @@ pub struct ArrivalRate {
 pub struct ReplicaView {
     /// `http://host:port`.
     pub endpoint: String,
+    /// Written in the gateway's own file (the operator's word), not
+    /// registered through `/v1/replicas`: a controller that cleans up
+    /// what it registered leaves it alone.
+    pub configured: bool,
     /// Requests in flight.
     pub in_flight: u32,
     /// Its limit.

@@ -307,6 +307,40 @@ async fn a_wait_past_the_queue_timeout_gets_503_with_retry_after() {
     gw.shutdown().await;
 }
 
+/// `GET /v1/replicas` tells the replicas written in the gateway's file
+/// from those registered through the API, so a controller cleaning up
+/// what it registered leaves the operator's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_list_says_which_replicas_the_file_configured() {
+    let written = gated("written", true).await;
+    let gw = gateway(spec(vec![model("m", &[written.addr], 4)])).await;
+    let joined = gated("joined", true).await;
+    let body = serde_json::json!({"model": "m", "endpoint": format!("http://{}", joined.addr)});
+    let r = send(gw.admin, "POST", "/v1/replicas", &[AUTH], body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = send(gw.admin, "GET", "/v1/replicas", &[AUTH], String::new()).await;
+    let listed: Vec<(String, bool)> = r.json()["m"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["endpoint"].as_str().unwrap().to_string(),
+                e["configured"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let mut want = vec![
+        (format!("http://{}", written.addr), true),
+        (format!("http://{}", joined.addr), false),
+    ];
+    want.sort();
+    let mut listed = listed;
+    listed.sort();
+    assert_eq!(listed, want);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_with_no_replica_holds_requests_and_signals_until_one_registers() {
     let gw = gateway(spec(vec![model("m", &[], 4)])).await;

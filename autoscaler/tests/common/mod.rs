@@ -65,7 +65,14 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
                                     let lists: BTreeMap<&String, Vec<Value>> = r
                                         .iter()
                                         .map(|(m, e)| {
-                                            (m, e.iter().map(|e| json!({"endpoint": e})).collect())
+                                            (
+                                                m,
+                                                e.iter()
+                                                    .map(|e| {
+                                                        json!({"endpoint": e, "configured": false})
+                                                    })
+                                                    .collect(),
+                                            )
                                         })
                                         .collect();
                                     json!(lists)
