@@ -810,23 +810,27 @@ impl KubeBackend {
         plan: Option<&Plan>,
         before: Option<&Cluster>,
         now: Duration,
-    ) {
+    ) -> BTreeSet<String> {
+        let all = || changes.iter().map(|c| c.model.name.clone()).collect();
         if !self.leading {
             tracing::info!(
                 "not the leader: {} change(s) left to the leader",
                 changes.len()
             );
-            return;
+            return all();
         }
-        for c in changes {
+        let mut failed = BTreeSet::new();
+        for (i, c) in changes.iter().enumerate() {
             if !self.still_leading() {
                 tracing::warn!("the lease was not renewed in time: stopping before the next write");
                 self.leading = false;
-                return;
+                failed.extend(changes[i..].iter().map(|c| c.model.name.clone()));
+                return failed;
             }
             // Scaling first; a failure stops this model, not the others.
             if let Err(e) = self.scale_model(c, plan, now).await {
                 tracing::error!(model = %c.model.name, "scaling: {e}");
+                failed.insert(c.model.name.clone());
                 continue;
             }
             self.desired.insert(c.model.name.clone(), c.rec.replicas);
@@ -856,6 +860,7 @@ impl KubeBackend {
         {
             tracing::error!("MIG reconfiguration: {e}");
         }
+        failed
     }
 
     /// Starts a MIG hand-off on each node whose geometry the plan changes
@@ -1341,6 +1346,13 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Whether plans wait for an inventory this backend builds (from the
+    /// nodes): until the first, a decision would have no plan, and
+    /// without one every replica goes to a whole-GPU variant.
+    pub fn plans_from_inventory(&self) -> bool {
+        matches!(self, Backend::Kube(k) if k.from_nodes)
+    }
+
     /// Replicas asked for, per policy name.
     pub fn desired(&self) -> BTreeMap<String, u32> {
         match self {
@@ -1375,12 +1387,13 @@ impl Backend {
         plan: Option<&Plan>,
         before: Option<&Cluster>,
         now: Duration,
-    ) {
+    ) -> BTreeSet<String> {
         match self {
             Backend::Local(l) => {
                 for c in changes {
                     l.scale_with_spares(&c.model, c.rec.replicas, c.spares);
                 }
+                BTreeSet::new()
             }
             Backend::Kube(k) => k.apply(changes, plan, before, now).await,
         }

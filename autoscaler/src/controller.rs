@@ -377,6 +377,8 @@ pub struct Controller {
     last_consolidation: Option<Instant>,
     /// Whether a round has placed yet.
     placed_once: bool,
+    /// Decisions wait for the first inventory (said once).
+    awaiting_inventory: bool,
     /// The last plan with its spare replicas, when the backend runs them
     /// (`self.plan` is the plan without: what the next re-plan starts
     /// from).
@@ -497,6 +499,7 @@ impl Controller {
             last_decision: None,
             last_consolidation: None,
             placed_once: false,
+            awaiting_inventory: false,
             filled: None,
             spares: BTreeMap::new(),
         }
@@ -723,6 +726,16 @@ impl Controller {
     ) {
         let now = unix_now();
         self.last_decision = Some(Instant::now());
+        // No decision before the first inventory when the plans come from
+        // one: with no plan a change would move every replica to a
+        // whole-GPU variant (which MIG and shared nodes may not run).
+        if self.settings.cluster.is_none() && self.backend.plans_from_inventory() {
+            if !self.awaiting_inventory {
+                tracing::info!("no inventory of the nodes yet: decisions wait for the first");
+                self.awaiting_inventory = true;
+            }
+            return;
+        }
         let cap = self.backend.cap();
         let mut recs = crate::decide::recommend_all(
             &self.settings.models,
@@ -835,12 +848,23 @@ impl Controller {
                 d.latest = Some(view);
             }
         }
+        let mut spares = spares;
         if !changes.is_empty() {
             // The plan with its spares: the variants' counts include them.
             let plan = self.filled.as_ref().or(self.plan.as_ref());
-            self.backend
+            let failed = self
+                .backend
                 .apply(&changes, plan, before_plan.as_ref(), now)
                 .await;
+            // A model whose write failed keeps the spares it had, so the
+            // next round writes them again (its count is retried the same
+            // way: the backend's desired count did not move).
+            for m in failed {
+                match self.spares.get(&m) {
+                    Some(&n) => spares.insert(m, n),
+                    None => spares.remove(&m),
+                };
+            }
         }
         self.spares = spares;
     }

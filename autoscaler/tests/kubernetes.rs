@@ -1352,12 +1352,51 @@ async fn a_failed_status_write_stops_no_scaling() {
     });
     let models = [a.clone(), b.clone()];
     backend.tick(&models, now).await;
-    backend
+    let failed = backend
         .apply(&[change(&a, 0), change(&b, 0)], None, None, now)
         .await;
     server.await.unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
     assert_eq!(backend.desired()["llama"], 5);
     assert_eq!(backend.desired()["mistral"], 5);
+}
+
+/// A change whose write fails is reported back, so the controller writes
+/// it again next round (its spares too, which move no count), and the
+/// count the backend holds stays the one running.
+async fn a_change_whose_write_fails_is_reported_for_the_next_round() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        expect(
+            &mut handle,
+            Method::PATCH,
+            SERVICE,
+            500,
+            status_reply(500, "InternalError"),
+        )
+        .await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let failed = backend.apply(&[change(&m, 1)], None, None, now).await;
+    let mut handle = server.await.unwrap();
+    assert_eq!(failed, ["llama".to_string()].into());
+    assert_eq!(backend.desired()["llama"], 1);
+    silent(&mut handle, 100, "a write after the failed one").await;
 }
 
 /// A Deployment of the variant's name that gpuscale did not create (no
@@ -3173,6 +3212,7 @@ scenarios!(
     the_backend_leads_discovers_and_applies_a_decision,
     a_registration_no_slice_shows_is_removed_after_a_restart,
     a_failed_status_write_stops_no_scaling,
+    a_change_whose_write_fails_is_reported_for_the_next_round,
     a_deployment_gpuscale_did_not_create_is_not_adopted,
     a_follower_writes_nothing,
     a_leader_that_cannot_renew_in_time_stops_writing,
