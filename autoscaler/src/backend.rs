@@ -73,6 +73,10 @@ pub const HANDOVER_STARTUPS: u32 = 2;
 /// node agents.
 pub const INVENTORY_EVERY: Duration = Duration::from_secs(30);
 
+/// A model's Service is applied again at its first change this long
+/// after the last apply (a Service deleted meanwhile comes back).
+pub const SERVICE_RESYNC: Duration = Duration::from_secs(300);
+
 /// The node agents read at once while the inventory is rebuilt.
 pub const AGENT_READS: usize = 64;
 
@@ -115,8 +119,8 @@ pub struct KubeBackend {
     owned: BTreeSet<String>,
     /// Per model, Deployments the plan names that are not gpuscale's.
     refused: BTreeMap<String, BTreeSet<String>>,
-    /// Models whose Service is applied.
-    services: BTreeSet<String>,
+    /// Models whose Service is applied, and when.
+    services: BTreeMap<String, Duration>,
     /// Endpoints registered with the gateway, per served name.
     registered: BTreeMap<String, BTreeSet<String>>,
     /// MIG config last handed to per node.
@@ -232,7 +236,7 @@ impl KubeBackend {
             read: BTreeMap::new(),
             owned: BTreeSet::new(),
             refused: BTreeMap::new(),
-            services: BTreeSet::new(),
+            services: BTreeMap::new(),
             registered: BTreeMap::new(),
             mig: BTreeMap::new(),
             events: EventBudget::default(),
@@ -626,9 +630,24 @@ impl KubeBackend {
         now: Duration,
     ) -> Result<(), KubeError> {
         let model = &c.model;
-        if !self.services.contains(&model.name) {
+        // The model's Service: read first in each process (one gpuscale
+        // did not create is never taken over), applied on its first
+        // change and again at the first change past `SERVICE_RESYNC`, so a
+        // Service deleted meanwhile comes back.
+        let applied = self.services.get(&model.name).copied();
+        if applied.is_none_or(|at| now.saturating_sub(at) >= SERVICE_RESYNC) {
+            let name = crate::kubernetes::service_name(&model.name);
+            if applied.is_none()
+                && let Some(svc) = self.kube.service(&name).await?
+                && !owned_by_us(&svc.metadata)
+            {
+                return Err(KubeError::NotOurs {
+                    kind: "Service",
+                    name,
+                });
+            }
             self.kube.apply_service(model).await?;
-            self.services.insert(model.name.clone());
+            self.services.insert(model.name.clone(), now);
         }
         let variants = Self::variants_of(model, c.rec.replicas, plan);
         let before = self.variants.get(&model.name).cloned().unwrap_or_default();
@@ -1248,6 +1267,11 @@ impl KubeBackend {
         for m in models {
             let found = all_found.remove(&m.name).unwrap_or_default();
             let known = self.registered.entry(m.served_name.clone()).or_default();
+            // Every ready endpoint gone at once may be its Service gone:
+            // the model's next change reads and applies it again.
+            if found.is_empty() && !known.is_empty() {
+                self.services.remove(&m.name);
+            }
             // Removed below: what this process registered and is gone,
             // and what the gateway holds as registered and is not found.
             let mut gone: BTreeSet<String> = known.difference(&found).cloned().collect();
@@ -1481,7 +1505,18 @@ pub struct Claim<T> {
 /// or a new leader keeps each name where it was. A policy is kept only
 /// with all its names; names of a policy left out stay unserved until the
 /// clash is fixed.
-pub fn claim_served_names<T: Ord>(claims: Vec<Claim<T>>) -> Claimed {
+pub fn claim_served_names<T: Ord>(mut claims: Vec<Claim<T>>) -> Claimed {
+    // Each policy claims its Service's name too, which turns `.` and
+    // other characters into `-` (`llama.8b` and `llama-8b` both make
+    // `gpuscale-llama-8b`): marked by a control character no served name
+    // has.
+    for c in &mut claims {
+        let service = format!(
+            "{SERVICE_CLAIM}{}",
+            crate::kubernetes::service_name(&c.policy)
+        );
+        c.names.push(("metadata.name".to_string(), service));
+    }
     // Lower wins: a served name before an adapter, then the oldest (a
     // timestamp before none), then the first by name.
     fn rank<'a, T>(c: &'a Claim<T>, field: &str) -> (bool, bool, Option<&'a T>, &'a str) {
@@ -1514,9 +1549,15 @@ pub fn claim_served_names<T: Ord>(claims: Vec<Claim<T>>) -> Claimed {
         match lost {
             Some((field, n, by)) => left_out.push((
                 c.policy.clone(),
-                format!(
-                    "{field}: `{n}` is already served by ModelPolicy `{by}`; the gateway routes by name, so the two would share one model's requests"
-                ),
+                match n.strip_prefix(SERVICE_CLAIM) {
+                    Some(service) => format!(
+                        "{field}: its Service `{service}` is ModelPolicy `{by}`'s (a Service name \
+                         has only letters, digits and `-`); rename one of the two"
+                    ),
+                    None => format!(
+                        "{field}: `{n}` is already served by ModelPolicy `{by}`; the gateway routes by name, so the two would share one model's requests"
+                    ),
+                },
             )),
             None => kept.push(m.clone()),
         }
@@ -1524,6 +1565,10 @@ pub fn claim_served_names<T: Ord>(claims: Vec<Claim<T>>) -> Claimed {
     kept.sort_by(|a, b| a.name.cmp(&b.name));
     Claimed { kept, left_out }
 }
+
+/// Marks a Service name among the names [`claim_served_names`] weighs
+/// (no served name has a control character).
+const SERVICE_CLAIM: &str = "\u{1}service:";
 
 /// What [`claim_served_names`] decided.
 #[derive(Debug, Clone, PartialEq)]

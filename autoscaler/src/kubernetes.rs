@@ -331,6 +331,17 @@ pub enum KubeError {
     /// stopped writing, as another may lead by now.
     #[error("kubernetes: the lease was not renewed in time; no longer the leader")]
     LostLease,
+    /// An object of the name gpuscale would write exists and was not
+    /// created by gpuscale: it is left alone.
+    #[error(
+        "kubernetes: {kind} `{name}` exists and was not created by gpuscale; it is left alone (rename it or the ModelPolicy)"
+    )]
+    NotOurs {
+        /// Its kind.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
     /// The call did not finish within `spec.kubernetes.requestTimeout`.
     #[error("kubernetes: {what}: no answer within {after:?}")]
     Timeout {
@@ -1554,6 +1565,13 @@ impl Kube {
             )
             .await?;
         Ok(observed_deployments(&list.items))
+    }
+
+    /// A Service by name, if there is one.
+    pub async fn service(&self, name: &str) -> Result<Option<Service>, KubeError> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), self.ns());
+        self.call(|| format!("get service {name}"), api.get_opt(name))
+            .await
     }
 
     /// A Deployment by name, if there is one.

@@ -280,6 +280,19 @@ const STATUS: &str = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolic
 const SERVICE: &str =
     "/api/v1/namespaces/inference/services/gpuscale-llama?&force=true&fieldManager=gpuscale";
 
+/// The read of a model's Service that comes before its first apply in a
+/// process (absent here): one gpuscale did not create is left alone.
+async fn service_absent(handle: &mut Handle, model: &str) {
+    expect(
+        handle,
+        Method::GET,
+        &format!("/api/v1/namespaces/inference/services/gpuscale-{model}"),
+        404,
+        status_reply(404, "NotFound"),
+    )
+    .await;
+}
+
 fn lease(holder: &str, renewed: &str, rv: &str) -> Value {
     json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
            "metadata": {"name": "gpuscale-autoscaler", "namespace": "inference", "resourceVersion": rv},
@@ -1197,6 +1210,7 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     // Deployment was listed as gpuscale's: not read again), scaled, then
     // recorded.
     let server = tokio::spawn(async move {
+        service_absent(&mut handle, "llama").await;
         let svc = expect(
             &mut handle,
             Method::PATCH,
@@ -1303,6 +1317,7 @@ async fn a_failed_status_write_stops_no_scaling() {
         )
         .await;
         for p in ["llama", "mistral"] {
+            service_absent(&mut handle, p).await;
             expect(
                 &mut handle,
                 Method::PATCH,
@@ -1361,6 +1376,46 @@ async fn a_failed_status_write_stops_no_scaling() {
     assert_eq!(backend.desired()["mistral"], 5);
 }
 
+/// A Service of the model's Service name that gpuscale did not create
+/// (no `managed-by: gpuscale` label) is never applied over: the change
+/// fails, nothing is written, and it is tried again next round.
+async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/namespaces/inference/services/gpuscale-llama",
+            200,
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": "gpuscale-llama", "labels": {"app": "someone-else"}},
+                   "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}),
+        )
+        .await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let failed = backend.apply(&[change(&m, 1)], None, None, now).await;
+    let mut handle = server.await.unwrap();
+    assert_eq!(failed, ["llama".to_string()].into());
+    assert_eq!(backend.desired()["llama"], 1);
+    silent(&mut handle, 100, "a write over someone else's Service").await;
+}
+
 /// A change whose write fails is reported back, so the controller writes
 /// it again next round (its spares too, which move no count), and the
 /// count the backend holds stays the one running.
@@ -1381,6 +1436,7 @@ async fn a_change_whose_write_fails_is_reported_for_the_next_round() {
         policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        service_absent(&mut handle, "llama").await;
         expect(
             &mut handle,
             Method::PATCH,
@@ -1413,6 +1469,7 @@ async fn a_deployment_gpuscale_did_not_create_is_not_adopted() {
         policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        service_absent(&mut handle, "llama").await;
         expect(
             &mut handle,
             Method::PATCH,
@@ -1541,6 +1598,7 @@ async fn a_leader_that_cannot_renew_in_time_stops_writing() {
         // A decision against a slow API server: each call answered after
         // 350 ms. The Service and the Deployment go out within the 600 ms
         // renew deadline; the scale would not, and is not sent.
+        service_absent(&mut handle, "llama").await;
         expect_after(
             &mut handle,
             Method::PATCH,
@@ -2886,6 +2944,7 @@ async fn a_move_of_three(handle: &mut Handle, until: &str) {
     expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
     let service =
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+    service_absent(handle, "llama").await;
     expect(handle, Method::PATCH, SERVICE, 200, service).await;
     let missing = status_reply(404, "NotFound");
     expect(
@@ -3109,6 +3168,9 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
                 (&Method::GET, p) if p == deployment => (404, status_reply(404, "NotFound")),
                 (&Method::PATCH, p) if p == format!("{deployment}/scale?") => (200, scale_reply(5)),
                 (&Method::PATCH, p) if p.starts_with(deployment) => (200, named),
+                (&Method::GET, "/api/v1/namespaces/inference/services/gpuscale-llama") => {
+                    (404, status_reply(404, "NotFound"))
+                }
                 (&Method::PATCH, SERVICE) => (
                     200,
                     json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}}),
@@ -3213,6 +3275,7 @@ scenarios!(
     a_registration_no_slice_shows_is_removed_after_a_restart,
     a_failed_status_write_stops_no_scaling,
     a_change_whose_write_fails_is_reported_for_the_next_round,
+    a_service_gpuscale_did_not_create_is_not_taken_over,
     a_deployment_gpuscale_did_not_create_is_not_adopted,
     a_follower_writes_nothing,
     a_leader_that_cannot_renew_in_time_stops_writing,
@@ -3495,6 +3558,21 @@ fn each_served_name_goes_to_one_policy_the_same_whatever_came_before() {
         claim(model_named("a", "x"), None),
     ]);
     assert_eq!(kept(&c), ["a"]);
+    // Two policy names that make one Service name (`.` becomes `-`): the
+    // older keeps it, whatever they serve.
+    let c = claim_served_names(vec![
+        claim(model_named("llama-8b", "org/one"), Some(4)),
+        claim(model_named("llama.8b", "org/two"), Some(2)),
+    ]);
+    assert_eq!(kept(&c), ["llama.8b"]);
+    assert_eq!(c.left_out[0].0, "llama-8b");
+    assert!(
+        c.left_out[0].1.starts_with(
+            "metadata.name: its Service `gpuscale-llama-8b` is ModelPolicy `llama.8b`'s"
+        ),
+        "{}",
+        c.left_out[0].1
+    );
 }
 
 #[test]
