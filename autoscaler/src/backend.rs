@@ -1020,7 +1020,15 @@ impl KubeBackend {
     /// is logged and tried again next tick, and holds up neither the other
     /// nodes nor the models' scaling.
     async fn advance_handoffs(&mut self, now: Duration) -> Result<(), KubeError> {
-        for node in self.kube.nodes(HANDOFF_LABEL).await? {
+        // Only in the managed pool: a node outside it is never drained,
+        // reconfigured or uncordoned, whatever labels it carries.
+        let pool = &self.kube.spec().node_selector;
+        let selector = if pool.trim().is_empty() {
+            HANDOFF_LABEL.to_string()
+        } else {
+            format!("{HANDOFF_LABEL},{pool}")
+        };
+        for node in self.kube.nodes(&selector).await? {
             let Some(name) = node.metadata.name.clone() else {
                 continue;
             };

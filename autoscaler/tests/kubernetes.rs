@@ -269,7 +269,8 @@ fn change(m: &Model, from: u32) -> Change {
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases?";
 const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
-const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff&limit=500";
+/// The nodes with a MIG hand-off, in the managed pool only.
+const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff%2Cnvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500";
 /// The EndpointSlices of the models' Services, one list call for them all
 /// (`kubernetes.io/service-name in (gpuscale-llama)`).
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28gpuscale-llama%29";
