@@ -439,6 +439,16 @@ impl KubeBackend {
             return None;
         }
         self.versions = versions;
+        // Each policy owns its model's Deployments and Service.
+        self.kube.set_owners(
+            current
+                .iter()
+                .filter_map(|(n, (_, p))| {
+                    let uid = p.as_ref().ok()?.metadata.uid.clone()?;
+                    Some((n.clone(), uid))
+                })
+                .collect(),
+        );
         let catalog = gpuscale_policies::Catalog::builtin();
         let mut claims = Vec::new();
         let mut refused = Vec::new();

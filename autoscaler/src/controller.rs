@@ -562,8 +562,10 @@ impl Controller {
 
     /// Runs these models from now on (the watched ModelPolicies changed):
     /// a new model starts from its `minReplicas` until the cluster's
-    /// live count is read; a removed one is forgotten (its Deployments
-    /// stay as they are).
+    /// live count is read; a removed one is forgotten (a deleted
+    /// policy's Deployments and Service go with it, through their owner
+    /// reference; those of a policy left out as invalid stay as they
+    /// are).
     fn set_models(&mut self, models: Vec<Model>) {
         let names: BTreeSet<&str> = models.iter().map(|m| m.name.as_str()).collect();
         for gone in self
@@ -572,7 +574,7 @@ impl Controller {
             .iter()
             .filter(|m| !names.contains(m.name.as_str()))
         {
-            tracing::warn!(model = %gone.name, "ModelPolicy removed: no longer scaled (its Deployments are left as they are)");
+            tracing::warn!(model = %gone.name, "ModelPolicy removed or left out: no longer scaled (a deleted policy's Deployments and Service go with it; an invalid one's stay as they are)");
             self.states.remove(&gone.name);
         }
         for m in &models {

@@ -41,7 +41,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Service, Toleration};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
@@ -1405,6 +1405,10 @@ pub struct Kube {
     /// Writes (other than the Lease's) are refused from this instant on:
     /// the end of the leader's renew deadline. `None`: unfenced.
     fence: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The UID of each watched ModelPolicy, by name: the owner of the
+    /// model's Deployments and Service, so Kubernetes' garbage collector
+    /// removes them with the policy.
+    owners: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Kube {
@@ -1416,7 +1420,28 @@ impl Kube {
             identity,
             dry_run,
             fence: std::sync::Mutex::new(None),
+            owners: std::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The watched ModelPolicies' UIDs, by name (see `owners`).
+    pub fn set_owners(&self, owners: BTreeMap<String, String>) {
+        *self.owners.lock().unwrap_or_else(|e| e.into_inner()) = owners;
+    }
+
+    /// The owner reference to `policy`'s ModelPolicy, when its UID is
+    /// known (policies read from files have none).
+    fn owner_of(&self, policy: &str) -> Option<Vec<OwnerReference>> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        let uid = owners.get(policy)?;
+        Some(vec![OwnerReference {
+            api_version: "gpuscale.io/v1alpha1".into(),
+            kind: "ModelPolicy".into(),
+            name: policy.to_string(),
+            uid: uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }])
     }
 
     /// Refuses every write but the Lease's from `until` on (the leader's
@@ -1719,7 +1744,8 @@ impl Kube {
         model: &Model,
         variant: &Variant,
     ) -> Result<Option<Write>, KubeError> {
-        let d = deployment(model, variant, &self.spec);
+        let mut d = deployment(model, variant, &self.spec);
+        d.metadata.owner_references = self.owner_of(&model.name);
         if let Some(w) = self.dry(Write {
             method: "PATCH",
             path: format!(
@@ -1747,7 +1773,8 @@ impl Kube {
 
     /// Applies a model's headless Service (server-side apply).
     pub async fn apply_service(&self, model: &Model) -> Result<Option<Write>, KubeError> {
-        let s = service(model, &self.spec);
+        let mut s = service(model, &self.spec);
+        s.metadata.owner_references = self.owner_of(&model.name);
         let name = service_name(&model.name);
         if let Some(w) = self.dry(Write {
             method: "PATCH",

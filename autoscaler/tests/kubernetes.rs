@@ -3130,12 +3130,15 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
         "metadata": {"resourceVersion": "10"},
         "items": [{"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
              "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "8",
+                          "uid": "5d3c0c8e-0000-4000-8000-00000000aaaa",
                           "creationTimestamp": "2026-11-01T00:00:00Z"},
              "spec": {"servedName": "meta-llama/Llama-3.1-8B-Instruct",
                       "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}}]});
     let sent = Arc::new(Mutex::new(Vec::<(String, String, String)>::new()));
     let unexpected = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (record, strays) = (sent.clone(), unexpected.clone());
+    // The applied objects' bodies, by path.
+    let applied = Arc::new(Mutex::new(BTreeMap::<String, Value>::new()));
+    let (record, strays, bodies) = (sent.clone(), unexpected.clone(), applied.clone());
     // The watch runs beside the ticks: answered by path, not in order.
     let server = tokio::spawn(async move {
         let mut held = Vec::new();
@@ -3143,6 +3146,12 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
             let entry = recorded(&req);
             let (method, path) = (req.method().clone(), entry.1.clone());
             record.lock().unwrap().push(entry);
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            if method == Method::PATCH
+                && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+            {
+                bodies.lock().unwrap().insert(path.clone(), v);
+            }
             let deployment = "/apis/apps/v1/namespaces/inference/deployments/llama";
             let named = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}});
             let (status, reply) = match (&method, path.as_str()) {
@@ -3220,6 +3229,22 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
         "requests outside sidecar mode's role: {strays:?}"
     );
     let sent = sent.lock().unwrap().clone();
+    // The policy owns its Deployment and Service: Kubernetes' garbage
+    // collector removes them with it.
+    let applied = applied.lock().unwrap().clone();
+    for object in ["/deployments/llama?", "/services/gpuscale-llama?"] {
+        let body = applied
+            .iter()
+            .find(|(p, _)| p.contains(object))
+            .map(|(_, b)| b)
+            .unwrap_or_else(|| panic!("{object} applied: {:#?}", applied.keys()));
+        assert_eq!(
+            body["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy", "name": "llama",
+                    "uid": "5d3c0c8e-0000-4000-8000-00000000aaaa", "controller": true}]),
+            "{object}"
+        );
+    }
     for write in [
         "/deployments/llama/scale?",
         "/deployments/llama?",
