@@ -119,6 +119,11 @@ pub struct KubeBackend {
     owned: BTreeSet<String>,
     /// Per model, Deployments the plan names that are not gpuscale's.
     refused: BTreeMap<String, BTreeSet<String>>,
+    /// The served names every watched policy claims, valid or not
+    /// (`None`: not watching, or a policy does not decode): a name
+    /// registered with the gateway and missing here is a deleted
+    /// policy's, and its registrations go.
+    listed_served: Option<BTreeSet<String>>,
     /// Models whose Service is applied, and when.
     services: BTreeMap<String, Duration>,
     /// Endpoints registered with the gateway, per served name.
@@ -164,16 +169,16 @@ struct PendingInventory {
 /// in flight, by node name; those that fail, or have not answered by
 /// `deadline`, are logged and left out.
 pub async fn read_agents(
-    agents: Vec<String>,
+    agents: Vec<(String, Option<String>)>,
     at_once: usize,
     deadline: Instant,
 ) -> BTreeMap<String, NodeGpus> {
     let mut readings = BTreeMap::new();
     let mut waiting = agents.into_iter();
     let mut reads = tokio::task::JoinSet::new();
-    let read = |a: String| async move {
+    let read = |(a, on): (String, Option<String>)| async move {
         let got = GatewayClient::new(&a).get_json("/v1/gpus").await;
-        (a, got)
+        (a, on, got)
     };
     for a in waiting.by_ref().take(at_once.max(1)) {
         reads.spawn(read(a));
@@ -181,8 +186,15 @@ pub async fn read_agents(
     loop {
         match tokio::time::timeout_at(deadline, reads.join_next()).await {
             Ok(None) => break,
-            Ok(Some(Ok((a, got)))) => {
+            Ok(Some(Ok((a, on, got)))) => {
                 match got.map(serde_json::from_value::<NodeGpus>) {
+                    // An agent speaks for the node its pod runs on (the
+                    // EndpointSlice's `nodeName`), never for another: a
+                    // reading could otherwise mark another node's GPUs
+                    // unhealthy or its MIG geometry changed.
+                    Ok(Ok(r)) if on.as_ref().is_some_and(|n| *n != r.node) => {
+                        tracing::warn!(agent = %a, runs_on = ?on, claims = %r.node, "a reading for another node than the agent's own: left out");
+                    }
                     Ok(Ok(r)) => {
                         readings.insert(r.node.clone(), r);
                     }
@@ -237,6 +249,7 @@ impl KubeBackend {
             owned: BTreeSet::new(),
             refused: BTreeMap::new(),
             services: BTreeMap::new(),
+            listed_served: None,
             registered: BTreeMap::new(),
             mig: BTreeMap::new(),
             events: EventBudget::default(),
@@ -399,7 +412,7 @@ impl KubeBackend {
                 return None;
             }
         };
-        let agents = match self.kube.service_endpoints(AGENT_SERVICE).await {
+        let agents = match self.kube.service_endpoints_by_node(AGENT_SERVICE).await {
             Ok(agents) => agents,
             Err(e) => {
                 tracing::warn!("finding the node agents: {e}");
@@ -452,6 +465,7 @@ impl KubeBackend {
         let catalog = gpuscale_policies::Catalog::builtin();
         let mut claims = Vec::new();
         let mut refused = Vec::new();
+        let mut undecodable = false;
         for (name, (_, listed)) in current {
             let why = match listed {
                 Ok(p) => {
@@ -492,10 +506,22 @@ impl KubeBackend {
                         None => continue,
                     }
                 }
-                Err((_, e)) => e,
+                Err((_, e)) => {
+                    undecodable = true;
+                    e
+                }
             };
             refused.push((name, why));
         }
+        // Every served name a listed policy claims, valid or not; `None`
+        // when a policy does not decode (its name is unknown: nothing is
+        // taken off the gateway while it stays so).
+        self.listed_served = (!undecodable).then(|| {
+            claims
+                .iter()
+                .filter_map(|c| c.names.first().map(|(_, n)| n.clone()))
+                .collect()
+        });
         let claimed = claim_served_names(claims);
         refused.extend(claimed.left_out);
         let models = claimed.kept;
@@ -640,21 +666,32 @@ impl KubeBackend {
         now: Duration,
     ) -> Result<(), KubeError> {
         let model = &c.model;
-        // The model's Service: read first in each process (one gpuscale
-        // did not create is never taken over), applied on its first
-        // change and again at the first change past `SERVICE_RESYNC`, so a
-        // Service deleted meanwhile comes back.
+        // The model's Service: applied on its first change in a process
+        // and again at the first change past `SERVICE_RESYNC` (a Service
+        // deleted meanwhile comes back), each time read first: one
+        // gpuscale did not create is never taken over.
         let applied = self.services.get(&model.name).copied();
         if applied.is_none_or(|at| now.saturating_sub(at) >= SERVICE_RESYNC) {
             let name = crate::kubernetes::service_name(&model.name);
-            if applied.is_none()
-                && let Some(svc) = self.kube.service(&name).await?
+            if let Some(svc) = self.kube.service(&name).await?
                 && !owned_by_us(&svc.metadata)
             {
-                return Err(KubeError::NotOurs {
+                let why = KubeError::NotOurs {
                     kind: "Service",
                     name,
-                });
+                };
+                self.tell(
+                    &Regarding::policy(&model.name, &self.kube.spec().namespace),
+                    Said {
+                        action: "Adopt".into(),
+                        reason: "NameInUse".into(),
+                        note: format!("{why}; the model is not scaled until then"),
+                        warning: true,
+                    },
+                    now,
+                )
+                .await;
+                return Err(why);
             }
             self.kube.apply_service(model).await?;
             self.services.insert(model.name.clone(), now);
@@ -1337,6 +1374,36 @@ impl KubeBackend {
                 }
             }
             *known = now_known;
+        }
+        // A deleted policy's served name: its pods go with it (their
+        // owner), so what was registered for it goes too.
+        let Some(listed_served) = &self.listed_served else {
+            return Ok(());
+        };
+        let serving: BTreeSet<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
+        let deleted: Vec<String> = self
+            .registered
+            .keys()
+            .filter(|n| !serving.contains(n.as_str()) && !listed_served.contains(*n))
+            .cloned()
+            .collect();
+        for name in deleted {
+            let mut gone = self.registered.remove(&name).unwrap_or_default();
+            if let Some(registered) = lists.as_ref().and_then(|l| l.registered.get(&name)) {
+                gone.extend(registered.iter().cloned());
+            }
+            let mut left = BTreeSet::new();
+            for e in gone {
+                if let Err(err) = self.gateway.replica(false, &name, &e, None).await {
+                    tracing::warn!("{err}");
+                    left.insert(e);
+                }
+            }
+            if left.is_empty() {
+                tracing::info!(served = %name, "ModelPolicy deleted: its replicas taken off the gateway");
+            } else {
+                self.registered.insert(name, left);
+            }
         }
         Ok(())
     }

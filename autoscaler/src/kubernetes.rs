@@ -2079,10 +2079,28 @@ impl Kube {
             .collect())
     }
 
-    /// Ready endpoints of a Service in the namespace, from its
-    /// EndpointSlices (selected by `kubernetes.io/service-name`).
-    pub async fn service_endpoints(&self, service: &str) -> Result<Vec<String>, KubeError> {
-        Ok(ready_endpoints(&self.slices_of(service).await?))
+    /// Ready endpoints of a Service (port `http`, else its first), each
+    /// with the node its pod runs on (the slice's `nodeName`, when the
+    /// EndpointSlice controller set it).
+    pub async fn service_endpoints_by_node(
+        &self,
+        service: &str,
+    ) -> Result<Vec<(String, Option<String>)>, KubeError> {
+        let slices = self.slices_of(service).await?;
+        let mut out = Vec::new();
+        for s in &slices {
+            // One slice at a time, so each endpoint keeps its node.
+            for e in &s.endpoints {
+                let one = EndpointSlice {
+                    endpoints: vec![e.clone()],
+                    ..s.clone()
+                };
+                for url in ready_endpoints(std::slice::from_ref(&one)) {
+                    out.push((url, e.node_name.clone()));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Ready endpoints of a Service on its port named `port`.

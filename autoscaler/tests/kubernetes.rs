@@ -1407,6 +1407,10 @@ async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
                    "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}),
         )
         .await;
+        // Said on the policy, as a Deployment of its name would be.
+        let ev = expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        assert_eq!(ev["reason"], "NameInUse");
+        assert_eq!(ev["type"], "Warning");
         handle
     });
     backend.tick(std::slice::from_ref(&m), now).await;
@@ -2396,6 +2400,127 @@ async fn watched_policies_reach_the_controller_each_on_its_own() {
     server.abort();
 }
 
+/// A deleted policy's pods go with it (they are its dependents): once the
+/// watch shows it gone, what the controller registered for its served
+/// name leaves the gateway, and the other model's stays.
+async fn a_deleted_policys_replicas_leave_the_gateway() {
+    let (k, mut handle) = kube_with(spec(), "gpuscale-0", false);
+    let (gw, gw_state) = common::stand_in_gateway(common::quiet()).await;
+    let mut backend = Backend::Kube(
+        KubeBackend::new(k, gpuscale_autoscaler::observe::GatewayClient::new(&gw))
+            .watching_policies(),
+    );
+    let policy = |name: &str, served: &str, rv: &str| {
+        json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicy",
+               "metadata": {"name": name, "namespace": "inference", "resourceVersion": rv},
+               "spec": {"servedName": served,
+                        "resources": {"memoryGiB": 21, "compute": 0.3, "maxConcurrency": 32}}})
+    };
+    const MISTRAL: &str = "mistralai/Mistral-7B-Instruct-v0.3";
+    let policies = json!({"apiVersion": "gpuscale.io/v1alpha1", "kind": "ModelPolicyList",
+        "metadata": {"resourceVersion": "10"},
+        "items": [policy("llama", "meta-llama/Llama-3.1-8B-Instruct", "8"),
+                  policy("mistral", MISTRAL, "9")]});
+    let deleted = json!({"type": "DELETED", "object": policy("mistral", MISTRAL, "11")});
+    let slice = |service: &str, address: &str| {
+        json!({"metadata": {"name": format!("{service}-abc"),
+                            "labels": {"kubernetes.io/service-name": service}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 8000}],
+               "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]})
+    };
+    let both = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
+        "metadata": {}, "items": [slice("gpuscale-llama", "10.0.0.7"),
+                                  slice("gpuscale-mistral", "10.0.0.8")]});
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut first_watch = true;
+        while let Some((req, send)) = handle.next_request().await {
+            let (method, path, _) = recorded(&req);
+            let (status, reply) = if path
+                .starts_with("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?")
+            {
+                if path.contains("watch=true") {
+                    if std::mem::take(&mut first_watch) {
+                        // The policy is deleted a little later.
+                        let line = format!("{deleted}\n");
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            send.send_response(
+                                Response::builder()
+                                    .status(200)
+                                    .header("content-type", "application/json")
+                                    .body(Body::from(line.into_bytes()))
+                                    .unwrap(),
+                            );
+                        });
+                    } else {
+                        held.push(send);
+                    }
+                    continue;
+                }
+                (200, policies.clone())
+            } else if path == LEASE {
+                (404, status_reply(404, "NotFound"))
+            } else if path == LEASES {
+                (201, lease("gpuscale-0", "2026-11-29T18:20:01.000000Z", "1"))
+            } else if path.starts_with("/apis/apps/v1/namespaces/inference/deployments?") {
+                (200, deployments(&[]))
+            } else if path == HANDOFFS {
+                (200, no_nodes())
+            } else if path.starts_with("/apis/discovery.k8s.io/") {
+                (200, both.clone())
+            } else if path == EVENTS {
+                (201, event_reply())
+            } else if path
+                .starts_with("/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/")
+            {
+                (404, status_reply(404, "NotFound"))
+            } else {
+                panic!("unexpected {method} {path}");
+            };
+            answer(send, status, &reply);
+        }
+    });
+    let now = Duration::from_secs(1_795_976_401);
+    let models = first_policies(&mut backend, &[model()], now)
+        .await
+        .expect("the watched policies, once listed");
+    assert_eq!(models.len(), 2);
+    // Both models' replicas registered.
+    backend.tick(&models, now).await;
+    let registered = |served: &str| {
+        gw_state
+            .replicas
+            .lock()
+            .unwrap()
+            .get(served)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        registered(MISTRAL),
+        ["http://10.0.0.8:8000".to_string()].into()
+    );
+    // The deletion arrives; the controller runs the models it is handed.
+    let mut models = models;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some(p) = backend.tick(&models, now).await.policies {
+            models = p;
+            break;
+        }
+    }
+    assert_eq!(models.len(), 1, "mistral deleted");
+    backend.tick(&models, now).await;
+    assert!(registered(MISTRAL).is_empty(), "{:?}", registered(MISTRAL));
+    assert_eq!(
+        registered("meta-llama/Llama-3.1-8B-Instruct"),
+        ["http://10.0.0.7:8000".to_string()].into()
+    );
+    drop(backend);
+    server.abort();
+}
+
 /// A tiny stand-in node agent serving `reading` at `/v1/gpus`; its port.
 async fn stand_in_agent(reading: Value) -> u16 {
     slow_agent(reading, Duration::ZERO).await
@@ -2771,6 +2896,25 @@ async fn agents_are_read_a_bounded_number_at_a_time_within_a_deadline() {
     };
     agents.push(format!("http://127.0.0.1:{closed}"));
     agents.push(format!("http://127.0.0.1:{}", hung_agent().await));
+    // An agent on node `elsewhere` that speaks for gpu-0 after gpu-0's own
+    // agent has: left out, so gpu-0's reading stays its own agent's.
+    let impostor = slow_agent(
+        json!({"node": "gpu-0", "driverVersion": "impostor", "gpus": []}),
+        Duration::from_millis(400),
+    )
+    .await;
+    let mut agents: Vec<(String, Option<String>)> = agents
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| (a, (i < 12).then(|| format!("gpu-{i}"))))
+        .collect();
+    agents.insert(
+        0,
+        (
+            format!("http://127.0.0.1:{impostor}"),
+            Some("elsewhere".into()),
+        ),
+    );
     let began = std::time::Instant::now();
     let readings = gpuscale_autoscaler::backend::read_agents(
         agents,
@@ -2783,6 +2927,10 @@ async fn agents_are_read_a_bounded_number_at_a_time_within_a_deadline() {
     let mut want: Vec<String> = (0..12).map(|i| format!("gpu-{i}")).collect();
     want.sort();
     assert_eq!(nodes, want);
+    assert_eq!(
+        readings["gpu-0"].driver_version, None,
+        "the impostor's reading"
+    );
     let most = most.load(Ordering::SeqCst);
     assert!(most <= 4, "{most} reads at once");
     assert!(most >= 2, "the reads overlap ({most} at once at most)");
@@ -3312,6 +3460,7 @@ scenarios!(
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
     a_dry_run_beside_keda_starts_from_the_replicas_keda_runs,
     watched_policies_reach_the_controller_each_on_its_own,
+    a_deleted_policys_replicas_leave_the_gateway,
     the_inventory_comes_from_the_nodes_and_the_agents,
     a_hung_agent_does_not_hold_up_the_tick,
     a_later_tick_takes_up_a_rebuild_its_agents_finished,
@@ -3328,7 +3477,8 @@ scenarios!(
 /// (`k8s.io/apiserver` request info): the verb from the method (GET of a
 /// name: `get`; of a collection: `list`, or `watch` with `watch=true`;
 /// POST: `create`; PUT: `update`; PATCH: `patch`, and a server-side apply
-/// that may create the object also needs `create`), the resource with its
+/// that may create the object also needs `create`, and of a Deployment or
+/// Service `delete`: its owner reference), the resource with its
 /// subresource, and where: the controller's namespace (`inference` in the
 /// scenarios), the GPU Operator's, `default` (Events about Nodes), or
 /// cluster-wide.
@@ -3384,6 +3534,13 @@ mod rbac {
                     verbs.push("patch");
                     if content_type == "application/apply-patch+yaml" {
                         verbs.push("create");
+                        // The apply may set `ownerReferences` (the model's
+                        // policy), which OwnerReferencesPermissionEnforcement
+                        // (on by default in OpenShift) lets only a caller
+                        // that may delete the object change.
+                        if ["deployments", "services"].contains(&resource.as_str()) {
+                            verbs.push("delete");
+                        }
                     }
                 }
                 "DELETE" => verbs.push("delete"),

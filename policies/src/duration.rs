@@ -17,8 +17,9 @@ use serde::{Deserialize, Deserializer, Serializer};
 /// The longest duration taken: a year (365.25 days, humantime's `1year`).
 pub const MAX: Duration = Duration::from_secs(31_557_600);
 
-/// `d` written back in days, hours, minutes, seconds and milliseconds
-/// (`366d`, `1d 1h`, `1m 30s`, `250ms`, `0s`): the units a file uses,
+/// `d` written back in days, hours, minutes, seconds, milliseconds,
+/// microseconds and nanoseconds (`366d`, `1d 1h`, `1m 30s`, `250ms`,
+/// `1d 1ns`, `0s`): the units a file uses,
 /// not humantime's months and years, whose lengths (30.44 and 365.25
 /// days) turn `366d` into `1year 18h`.
 pub fn show(d: Duration) -> String {
@@ -30,15 +31,17 @@ pub fn show(d: Duration) -> String {
         (secs % 3_600 / 60, "m"),
         (secs % 60, "s"),
         (u64::from(d.subsec_millis()), "ms"),
+        (u64::from(d.subsec_micros() % 1_000), "us"),
+        (u64::from(d.subsec_nanos() % 1_000), "ns"),
     ] {
         if n > 0 {
             parts.push(format!("{n}{unit}"));
         }
     }
-    match (parts.is_empty(), d.subsec_nanos()) {
-        (false, _) => parts.join(" "),
-        (true, 0) => "0s".into(),
-        (true, ns) => format!("{ns}ns"),
+    if parts.is_empty() {
+        "0s".into()
+    } else {
+        parts.join(" ")
     }
 }
 
@@ -65,8 +68,9 @@ pub fn bounded(d: Duration) -> Result<Duration, String> {
 pub fn parse(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) => bounded_as(d, s),
-        // Too many digits for humantime is longer than any bound.
-        Err(humantime::DurationError::NumberOverflow) => Err(format!(
+        // A whole number too large for humantime is longer than any
+        // bound (a fraction overflows for its digits: humantime says so).
+        Err(humantime::DurationError::NumberOverflow) if !s.contains('.') => Err(format!(
             "`{s}` is longer than the longest duration gpuscale takes (a year, {})",
             show(MAX)
         )),
@@ -177,6 +181,9 @@ mod tests {
         assert!(e.starts_with("`366d` is longer than"), "{e}");
         let e = parse("99999999999999999999999y").unwrap_err();
         assert!(e.contains("is longer than"), "{e}");
+        // A fraction too fine for nanoseconds is not called long.
+        let e = parse("1.5ns").unwrap_err();
+        assert!(e.starts_with("`1.5ns` is not a duration ("), "{e}");
         #[derive(serde::Deserialize)]
         struct T {
             #[serde(with = "super")]
@@ -222,9 +229,18 @@ mod tests {
         assert_eq!(show(Duration::from_millis(1500)), "1s 500ms");
         assert_eq!(show(Duration::ZERO), "0s");
         assert_eq!(show(Duration::from_nanos(20)), "20ns");
+        assert_eq!(show(h(24) + Duration::from_nanos(1)), "1d 1ns");
+        assert_eq!(show(Duration::from_nanos(1_002_003)), "1ms 2us 3ns");
         assert_eq!(show(MAX), "365d 6h");
         // What it writes reads back.
-        for d in [h(300 * 24), h(25), Duration::from_millis(1500), MAX] {
+        for d in [
+            h(300 * 24),
+            h(25),
+            Duration::from_millis(1500),
+            h(24) + Duration::from_nanos(1),
+            Duration::from_nanos(1_002_003),
+            MAX,
+        ] {
             assert_eq!(parse(&show(d)), Ok(d));
         }
     }
