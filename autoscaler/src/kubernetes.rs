@@ -1060,18 +1060,35 @@ pub fn ready_endpoints_on(slices: &[EndpointSlice], port: &str, or_first: bool) 
         } else {
             named
         };
-        let Some(port) = chosen.and_then(|p| p.port) else {
+        let Some(port) = chosen
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
             continue;
         };
         for e in &s.endpoints {
             let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
             if ready {
                 for a in &e.addresses {
-                    if a.contains(':') {
-                        out.push(format!("http://[{a}]:{port}"));
-                    } else {
-                        out.push(format!("http://{a}:{port}"));
-                    }
+                    // As the gateway writes it (its registration rules):
+                    // an IPv4-mapped IPv6 address as IPv4, and IPv6 in its
+                    // canonical form, so its list and the slices compare
+                    // equal however a slice spells the address.
+                    let ip = match a.parse::<std::net::IpAddr>() {
+                        Ok(std::net::IpAddr::V6(v6)) => v6
+                            .to_ipv4_mapped()
+                            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                        Ok(v4) => v4,
+                        Err(_) if a.contains(':') => {
+                            out.push(format!("http://[{a}]:{port}"));
+                            continue;
+                        }
+                        Err(_) => {
+                            out.push(format!("http://{a}:{port}"));
+                            continue;
+                        }
+                    };
+                    out.push(format!("http://{}", std::net::SocketAddr::new(ip, port)));
                 }
             }
         }

@@ -1004,17 +1004,23 @@ async fn endpoint_slices_give_the_ready_replicas() {
                                   {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}]},
                              {"metadata": {"name": "b", "labels": {"kubernetes.io/service-name": "gpuscale-llama"}}, "addressType": "IPv6",
                               "ports": [{"name": "http", "port": 8000}],
-                              "endpoints": [{"addresses": ["fd00::7"], "conditions": {"ready": true}}]}]}),
+                              "endpoints": [{"addresses": ["fd00::7"], "conditions": {"ready": true}},
+                                            {"addresses": ["FD00:0:0::8"], "conditions": {"ready": true}},
+                                            {"addresses": ["::ffff:10.0.0.6"], "conditions": {"ready": true}}]}]}),
         )
         .await;
     });
     assert_eq!(
         k.endpoints("llama").await.unwrap(),
+        // Spelt as the gateway writes them: IPv6 canonical, IPv4-mapped
+        // as IPv4.
         [
             "http://10.0.0.5:8000",
+            "http://10.0.0.6:8000",
             "http://10.0.0.7:8000",
             "http://10.0.0.9:8000",
-            "http://[fd00::7]:8000"
+            "http://[fd00::7]:8000",
+            "http://[fd00::8]:8000"
         ]
     );
     server.await.unwrap();
