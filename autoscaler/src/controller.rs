@@ -362,6 +362,9 @@ impl Report {
     }
 }
 
+/// How often a controller still waiting for its first inventory says so.
+const INVENTORY_NAG: Duration = Duration::from_secs(60);
+
 /// The controller.
 pub struct Controller {
     settings: Settings,
@@ -377,8 +380,10 @@ pub struct Controller {
     last_consolidation: Option<Instant>,
     /// Whether a round has placed yet.
     placed_once: bool,
-    /// Decisions wait for the first inventory (said once).
-    awaiting_inventory: bool,
+    /// Since when decisions wait for the first inventory, and when that
+    /// was last said.
+    awaiting_inventory: Option<Duration>,
+    inventory_said: Option<Duration>,
     /// The last plan with its spare replicas, when the backend runs them
     /// (`self.plan` is the plan without: what the next re-plan starts
     /// from).
@@ -499,7 +504,8 @@ impl Controller {
             last_decision: None,
             last_consolidation: None,
             placed_once: false,
-            awaiting_inventory: false,
+            awaiting_inventory: None,
+            inventory_said: None,
             filled: None,
             spares: BTreeMap::new(),
         }
@@ -732,9 +738,19 @@ impl Controller {
         // one: with no plan a change would move every replica to a
         // whole-GPU variant (which MIG and shared nodes may not run).
         if self.settings.cluster.is_none() && self.backend.plans_from_inventory() {
-            if !self.awaiting_inventory {
-                tracing::info!("no inventory of the nodes yet: decisions wait for the first");
-                self.awaiting_inventory = true;
+            // Said at once, then every minute it goes on (an inventory
+            // that never comes is a set-up problem: the node agents, the
+            // Role's nodes and pods, GPU Feature Discovery's labels).
+            let since = *self.awaiting_inventory.get_or_insert(now);
+            let said = self
+                .inventory_said
+                .is_some_and(|t| now.saturating_sub(t) < INVENTORY_NAG);
+            if !said {
+                tracing::warn!(
+                    waited_s = now.saturating_sub(since).as_secs(),
+                    "no inventory of the nodes yet: decisions wait for the first"
+                );
+                self.inventory_said = Some(now);
             }
             return;
         }
