@@ -373,6 +373,24 @@ fn scale_reply(replicas: u32) -> Value {
            "spec": {"replicas": replicas}, "status": {"replicas": 1}})
 }
 
+/// A first tick as the leader: the lease taken, `llama`'s one replica
+/// read, its policy's memory (none), no hand-off, the EndpointSlices
+/// (`addresses`).
+async fn taking_over(handle: &mut Handle, addresses: &[&str]) {
+    lease_created(handle, "gpuscale-0").await;
+    expect(
+        handle,
+        Method::GET,
+        OWNED,
+        200,
+        deployments(&[("llama", 1)]),
+    )
+    .await;
+    policy_read(handle).await;
+    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+    expect(handle, Method::GET, SLICES, 200, slices(addresses)).await;
+}
+
 /// The read of the policy's status (the memory a last leader left; none
 /// here) that a controller makes on becoming leader.
 async fn policy_read(handle: &mut Handle) {
@@ -1125,18 +1143,7 @@ async fn a_registration_no_slice_shows_is_removed_after_a_restart() {
         ["http://10.0.0.9:8000".to_string()].into(),
     );
     let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        policy_read(&mut handle).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&["10.0.0.7"])).await;
+        taking_over(&mut handle, &["10.0.0.7"]).await;
         handle
     });
     let observed = backend.tick(std::slice::from_ref(&m), now).await;
@@ -1391,18 +1398,7 @@ async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
     let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        policy_read(&mut handle).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        taking_over(&mut handle, &[]).await;
         expect(
             &mut handle,
             Method::GET,
@@ -1435,18 +1431,7 @@ async fn a_change_whose_write_fails_is_reported_for_the_next_round() {
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
     let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        expect(
-            &mut handle,
-            Method::GET,
-            OWNED,
-            200,
-            deployments(&[("llama", 1)]),
-        )
-        .await;
-        policy_read(&mut handle).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        taking_over(&mut handle, &[]).await;
         service_absent(&mut handle, "llama").await;
         expect(
             &mut handle,
