@@ -216,7 +216,9 @@ pub struct LocalSpec {
     /// Start-up delay of a replica; default: the policy's `startupTime`.
     #[serde(with = "gpuscale_policies::duration::option")]
     pub startup_time: Option<Duration>,
-    /// Time a removed replica gets to finish its requests.
+    /// The longest a removed replica gets to finish its requests (it
+    /// stops as soon as they are done; default 5m, as long as the
+    /// gateway's default request timeout).
     #[serde(with = "gpuscale_policies::duration")]
     pub drain_time: Duration,
     /// Most replicas of one model the local machine runs.
@@ -232,7 +234,7 @@ impl Default for LocalSpec {
         LocalSpec {
             profile: "small".into(),
             startup_time: None,
-            drain_time: Duration::from_secs(5),
+            drain_time: Duration::from_secs(300),
             max_replicas_per_model: 16,
             warm_start: false,
         }

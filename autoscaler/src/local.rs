@@ -1,8 +1,9 @@
 //! The local backend: each replica is a simulated model server process
 //! (`gpuscale sim-server`) on a free loopback port, registered with the
-//! gateway once its start-up delay has passed, and on removal deregistered,
-//! given `drainTime` to finish its requests, then stopped. What the
-//! embedded default runs on a laptop.
+//! gateway once its start-up delay has passed, and on removal deregistered
+//! and stopped once its requests are done (the gateway lists it, draining,
+//! until then), or at `drainTime`. What the embedded default runs on a
+//! laptop.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -352,8 +353,12 @@ async fn run_replica(
     let mut backoff = REGISTER_BACKOFF;
     let mut ever = false;
     let mut died = false;
+    // A registration was asked for: one that failed on one gateway
+    // instance, or timed out after the gateway took it, may stand there.
+    let mut asked = false;
     loop {
         if !link.registered.load(Ordering::Relaxed) {
+            asked = true;
             match gateway
                 .replica(
                     true,
@@ -400,15 +405,50 @@ async fn run_replica(
         }
     }
     let was = link.registered.swap(false, Ordering::Relaxed);
-    if was || ever {
-        let _ = gateway
-            .replica(false, &model.served_name, &endpoint, None)
-            .await;
+    if was || ever || asked {
+        // Tried a few times: a registration left behind keeps a dead
+        // address in the gateway's rotation.
+        for attempt in 0..DEREGISTER_TRIES {
+            match gateway
+                .replica(false, &model.served_name, &endpoint, None)
+                .await
+            {
+                Ok(()) => break,
+                Err(e) if attempt + 1 == DEREGISTER_TRIES => {
+                    tracing::warn!(model = %model.name, %endpoint, "deregistering: {e}");
+                }
+                Err(_) => tokio::time::sleep(REGISTER_BACKOFF).await,
+            }
+        }
     }
     if !died {
-        // Requests in flight finish before the server stops.
-        tokio::time::sleep(spec.drain_time).await;
+        // Requests in flight finish before the server stops: the gateway
+        // lists a deregistered replica (draining) until its last request
+        // has ended, and the server stops then, or at `drainTime`. A
+        // gateway that cannot be read sends it nothing more.
+        let until = tokio::time::Instant::now() + spec.drain_time;
+        loop {
+            let listed = match gateway.replica_lists().await {
+                Ok(l) => l
+                    .anywhere
+                    .get(&model.served_name)
+                    .is_some_and(|e| e.contains(&endpoint)),
+                Err(_) => false,
+            };
+            let now = tokio::time::Instant::now();
+            if !listed || now >= until {
+                break;
+            }
+            tokio::time::sleep(DRAIN_POLL.min(until - now)).await;
+        }
         let _ = child.kill().await;
     }
     tracing::info!(model = %model.name, %endpoint, "replica stopped");
 }
+
+/// Attempts at deregistering a stopped replica.
+const DEREGISTER_TRIES: u32 = 3;
+
+/// How often a stopping replica asks the gateway whether its requests
+/// are done.
+const DRAIN_POLL: Duration = Duration::from_millis(100);

@@ -124,6 +124,9 @@ pub struct ReplicaLists {
     /// Endpoints some instance holds as registered through the API (not
     /// written in its file) and not draining.
     pub registered: BTreeMap<String, BTreeSet<String>>,
+    /// Endpoints some instance lists, in any state (a deregistered one
+    /// stays listed, draining, until its last request ends).
+    pub anywhere: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A client of the gateway's admin API, on every instance of it.
@@ -437,6 +440,8 @@ impl GatewayClient {
                 for e in entries.iter().filter(|e| !e.configured && !e.draining) {
                     registered.insert(e.endpoint.clone());
                 }
+                let anywhere = out.anywhere.entry(model.clone()).or_default();
+                anywhere.extend(entries.iter().map(|e| e.endpoint.clone()));
             }
         }
         let Some(first) = lists.first() else {

@@ -59,6 +59,95 @@ async fn capped(
     report.decisions().remove("llama").unwrap()
 }
 
+/// A replica the local backend removes is deregistered and stops once
+/// the gateway no longer lists it (its last request done), not at a fixed
+/// drain time that cut long requests: here it still runs while the
+/// gateway lists it draining, past what the old 5 s would have allowed
+/// at this test's scale, and stops soon after the gateway lets it go.
+#[tokio::test]
+async fn a_removed_local_replica_stops_once_its_requests_are_done() {
+    use gpuscale_autoscaler::local::LocalBackend;
+    use std::sync::atomic::Ordering;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    state.drain.store(true, Ordering::SeqCst);
+    let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 30s}\n");
+    // A server that says where it "listens" (its pid in the line) and
+    // runs until its stdin, the lifeline, closes or it is killed.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("server");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\necho \"pid $$ listening on http://127.0.0.1:9\"\nexec cat >/dev/null\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
+    let m = settings.models[0].clone();
+    let served = m.served_name.clone();
+    let listed = |set: &std::sync::Arc<
+        std::sync::Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
+    >| {
+        set.lock()
+            .unwrap()
+            .get(&served)
+            .is_some_and(|e| !e.is_empty())
+    };
+    local.scale(&m, 1);
+    let began = std::time::Instant::now();
+    while !listed(&state.replicas) {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Which process is the replica: the one whose stdout named it.
+    let pid_of_replica = || -> Option<u32> {
+        let pids = std::fs::read_dir("/proc").ok()?;
+        pids.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    c.split('\0').next() == Some("cat")
+                        && std::fs::read_to_string(format!("/proc/{pid}/status"))
+                            .is_ok_and(|s| s.contains(&format!("PPid:\t{}", std::process::id())))
+                })
+            })
+    };
+    let pid = pid_of_replica().expect("the replica's process");
+    local.scale(&m, 0);
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split(' ').nth(2).is_none_or(|st| st != "Z"))
+    };
+    // Deregistered, and draining at the gateway: it runs on.
+    let began = std::time::Instant::now();
+    while !listed(&state.draining) {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never deregistered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        alive(pid),
+        "stopped while the gateway still lists it draining"
+    );
+    // Its last request ends: it stops within a few polls, long before
+    // the 30 s drain time.
+    state.draining.lock().unwrap().clear();
+    let began = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "still running after the gateway let it go"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Capped at 2 under a queue that asks for 5: the decision says the cap,
 /// and the count it works from is the capped one, so the next ticks are no
 /// change (the bug: every tick was a change towards 5).

@@ -31,6 +31,11 @@ pub struct StandIn {
     pub seen: Arc<Mutex<Vec<String>>>,
     /// model → endpoints, as `POST` / `DELETE /v1/replicas` left them.
     pub replicas: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    /// With `drain` set, a `DELETE` moves the endpoint here, listed as
+    /// draining (its requests not done yet), until the test empties it.
+    pub draining: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    /// Whether a `DELETE` leaves the endpoint draining.
+    pub drain: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A stand-in for the gateway's admin API: `GET /v1/queues` answers
@@ -61,20 +66,19 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
                             match path.as_str() {
                                 "/v1/queues" => queues.clone(),
                                 "/v1/replicas" => {
-                                    let r = st.replicas.lock().unwrap();
-                                    let lists: BTreeMap<&String, Vec<Value>> = r
-                                        .iter()
-                                        .map(|(m, e)| {
-                                            (
-                                                m,
-                                                e.iter()
-                                                    .map(|e| {
-                                                        json!({"endpoint": e, "configured": false})
-                                                    })
-                                                    .collect(),
-                                            )
-                                        })
-                                        .collect();
+                                    let mut lists: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+                                    for (m, e) in st.replicas.lock().unwrap().iter() {
+                                        lists.entry(m.clone()).or_default().extend(
+                                            e.iter().map(
+                                                |e| json!({"endpoint": e, "configured": false}),
+                                            ),
+                                        );
+                                    }
+                                    for (m, e) in st.draining.lock().unwrap().iter() {
+                                        lists.entry(m.clone()).or_default().extend(e.iter().map(
+                                            |e| json!({"endpoint": e, "configured": false, "draining": true}),
+                                        ));
+                                    }
                                     json!(lists)
                                 }
                                 _ => json!({}),
@@ -92,8 +96,15 @@ pub async fn stand_in_gateway(queues: Value) -> (String, StandIn) {
                                 let list = r.entry(m.to_string()).or_default();
                                 if method == Method::POST {
                                     list.insert(e.to_string());
-                                } else {
-                                    list.remove(e);
+                                } else if list.remove(e)
+                                    && st.drain.load(std::sync::atomic::Ordering::SeqCst)
+                                {
+                                    st.draining
+                                        .lock()
+                                        .unwrap()
+                                        .entry(m.to_string())
+                                        .or_default()
+                                        .insert(e.to_string());
                                 }
                             }
                             json!([])
