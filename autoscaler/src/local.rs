@@ -60,6 +60,8 @@ pub struct Repairs {
     pub replaced: BTreeMap<String, u32>,
     /// Replicas the gateway had lost, registered again.
     pub reregistered: BTreeMap<String, u32>,
+    /// Registrations no replica owned, removed from the gateway.
+    pub removed: BTreeMap<String, u32>,
 }
 
 /// Runs replicas as local processes.
@@ -150,6 +152,14 @@ impl LocalBackend {
         let replicas = wanted
             .saturating_add(pool.spares)
             .min(self.spec.max_replicas_per_model);
+        // A replica whose process is gone goes first (the reconciler has
+        // not replaced it yet): stopping a healthy one in its place would
+        // leave the model a replica short until the replacement starts.
+        while pool.replicas.len() > replicas as usize
+            && let Some(k) = pool.replicas.iter().position(|r| r.task.is_finished())
+        {
+            pool.replicas.remove(k);
+        }
         while pool.replicas.len() > replicas as usize {
             if let Some(mut r) = pool.replicas.pop()
                 && let Some(stop) = r.stop.take()
@@ -218,13 +228,44 @@ impl LocalBackend {
                 })
             })
             .collect();
-        let Ok(listed) = self.gateway.replica_list().await else {
+        let Ok(lists) = self.gateway.replica_lists().await else {
             return repairs;
         };
+        let listed = &lists.everywhere;
         for (m, before) in models.iter().zip(&registered_before) {
             let Some(pool) = self.pools.get(&m.name) else {
                 continue;
             };
+            // Registered through the gateway's API, not draining, and no
+            // replica's of this backend: left by a replica whose removal
+            // failed, or by an earlier run. Removed.
+            let owned: BTreeSet<String> = pool
+                .replicas
+                .iter()
+                .filter_map(|r| {
+                    r.link
+                        .endpoint
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone()
+                })
+                .collect();
+            let stale: Vec<String> = lists
+                .registered
+                .get(&m.served_name)
+                .map(|r| r.difference(&owned).cloned().collect())
+                .unwrap_or_default();
+            for e in &stale {
+                match self.gateway.replica(false, &m.served_name, e, None).await {
+                    Ok(()) => {
+                        tracing::warn!(model = %m.name, endpoint = %e, "a registration no replica owns: removed");
+                        *repairs.removed.entry(m.name.clone()).or_default() += 1;
+                    }
+                    Err(err) => {
+                        tracing::warn!(model = %m.name, endpoint = %e, "removing a registration no replica owns: {err}")
+                    }
+                }
+            }
             let known: BTreeSet<&str> = listed
                 .get(&m.served_name)
                 .map(|v| v.iter().map(String::as_str).collect())
@@ -326,11 +367,17 @@ async fn run_replica(
         return;
     };
     let mut lines = BufReader::new(stdout).lines();
+    // A server that never says where it listens is stopped (and the
+    // reconciler starts another).
     let endpoint = tokio::select! {
         line = lines.next_line() => match line {
             Ok(Some(l)) => l.rsplit(' ').next().map(str::to_string),
             _ => None,
         },
+        _ = tokio::time::sleep(LISTEN_LIMIT) => {
+            tracing::warn!(model = %model.name, "replica did not say where it listens within {LISTEN_LIMIT:?}; stopped");
+            None
+        }
         _ = &mut stopped => None,
     };
     let Some(endpoint) = endpoint else {
@@ -347,6 +394,12 @@ async fn run_replica(
         _ = tokio::time::sleep_until(started + startup) => {}
         _ = &mut stopped => {
             let _ = child.kill().await;
+            return;
+        }
+        // Gone while starting: the task ends, and the reconciler starts
+        // another (it used to be noticed only after its start-up time).
+        _ = child.wait() => {
+            tracing::warn!(model = %model.name, %endpoint, "replica exited while starting");
             return;
         }
     }
@@ -445,6 +498,9 @@ async fn run_replica(
     }
     tracing::info!(model = %model.name, %endpoint, "replica stopped");
 }
+
+/// How long a starting server has to say where it listens.
+const LISTEN_LIMIT: Duration = Duration::from_secs(60);
 
 /// Attempts at deregistering a stopped replica.
 const DEREGISTER_TRIES: u32 = 3;

@@ -59,6 +59,67 @@ async fn capped(
     report.decisions().remove("llama").unwrap()
 }
 
+/// A server for the local backend that says where it "listens" (nothing
+/// listens there) and runs until its stdin, the lifeline, closes or it is
+/// killed; written into `dir`.
+fn fake_server(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = dir.join("server");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\necho \"pid $$ listening on http://127.0.0.1:9\"\nexec cat >/dev/null\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}
+
+/// The local reconciler removes a registration the gateway holds that no
+/// replica of its owns (left by an earlier run, or by a removal that
+/// failed), and keeps its own.
+#[tokio::test]
+async fn the_local_reconciler_removes_registrations_no_replica_owns() {
+    use gpuscale_autoscaler::local::LocalBackend;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 1s}\n");
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let mut local = LocalBackend::new(
+        fake_server(dir.path()),
+        gateway,
+        settings.spec.local.clone(),
+    );
+    let m = settings.models[0].clone();
+    let served = m.served_name.clone();
+    let listed = || {
+        state
+            .replicas
+            .lock()
+            .unwrap()
+            .get(&served)
+            .cloned()
+            .unwrap_or_default()
+    };
+    state
+        .replicas
+        .lock()
+        .unwrap()
+        .insert(served.clone(), ["http://127.0.0.1:1".to_string()].into());
+    local.scale(&m, 1);
+    let began = std::time::Instant::now();
+    while !listed().contains("http://127.0.0.1:9") {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let repairs = local.reconcile(std::slice::from_ref(&m)).await;
+    assert_eq!(repairs.removed.get("llama"), Some(&1));
+    assert_eq!(listed(), ["http://127.0.0.1:9".to_string()].into());
+    local.shutdown().await;
+}
+
 /// A replica the local backend removes is deregistered and stops once
 /// the gateway no longer lists it (its last request done), not at a fixed
 /// drain time that cut long requests: here it still runs while the
@@ -71,17 +132,8 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
     let (gw, state) = common::stand_in_gateway(common::quiet()).await;
     state.drain.store(true, Ordering::SeqCst);
     let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 30s}\n");
-    // A server that says where it "listens" (its pid in the line) and
-    // runs until its stdin, the lifeline, closes or it is killed.
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("server");
-    std::fs::write(
-        &exe,
-        "#!/bin/sh\necho \"pid $$ listening on http://127.0.0.1:9\"\nexec cat >/dev/null\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = fake_server(dir.path());
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
     let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
     let m = settings.models[0].clone();
