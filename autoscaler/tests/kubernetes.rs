@@ -1395,8 +1395,6 @@ async fn a_failed_status_write_stops_no_scaling() {
 /// fails, nothing is written, and it is tried again next round.
 async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
-    let m = model();
-    let now = Duration::from_secs(1_795_976_401);
     let server = tokio::spawn(async move {
         taking_over(&mut handle, &[]).await;
         expect(
@@ -1415,12 +1413,7 @@ async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
         assert_eq!(ev["type"], "Warning");
         handle
     });
-    backend.tick(std::slice::from_ref(&m), now).await;
-    let failed = backend.apply(&[change(&m, 1)], None, None, now).await;
-    let mut handle = server.await.unwrap();
-    assert_eq!(failed, ["llama".to_string()].into());
-    assert_eq!(backend.desired()["llama"], 1);
-    silent(&mut handle, 100, "a write over someone else's Service").await;
+    refused_change(&mut backend, server, "a write over someone else's Service").await;
 }
 
 /// A change whose write fails is reported back, so the controller writes
@@ -1428,8 +1421,6 @@ async fn a_service_gpuscale_did_not_create_is_not_taken_over() {
 /// count the backend holds stays the one running.
 async fn a_change_whose_write_fails_is_reported_for_the_next_round() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
-    let m = model();
-    let now = Duration::from_secs(1_795_976_401);
     let server = tokio::spawn(async move {
         taking_over(&mut handle, &[]).await;
         service_absent(&mut handle, "llama").await;
@@ -1443,12 +1434,25 @@ async fn a_change_whose_write_fails_is_reported_for_the_next_round() {
         .await;
         handle
     });
+    refused_change(&mut backend, server, "a write after the failed one").await;
+}
+
+/// A first tick, then a change of `llama` to 5 that the mock's side
+/// (`server`) refuses: the backend reports it failed, keeps the count
+/// that runs, and sends nothing more (`what` would be the stray).
+async fn refused_change(
+    backend: &mut Backend,
+    server: tokio::task::JoinHandle<Handle>,
+    what: &str,
+) {
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
     backend.tick(std::slice::from_ref(&m), now).await;
     let failed = backend.apply(&[change(&m, 1)], None, None, now).await;
     let mut handle = server.await.unwrap();
     assert_eq!(failed, ["llama".to_string()].into());
     assert_eq!(backend.desired()["llama"], 1);
-    silent(&mut handle, 100, "a write after the failed one").await;
+    silent(&mut handle, 100, what).await;
 }
 
 /// A Deployment of the variant's name that gpuscale did not create (no
