@@ -221,6 +221,11 @@ pub struct LocalSpec {
     /// gateway's default request timeout).
     #[serde(with = "gpuscale_policies::duration")]
     pub drain_time: Duration,
+    /// How often each serving replica's `GET /health` is asked (2 s to
+    /// answer); after three failures in a row it is stopped and replaced
+    /// (a server that hangs still accepts connections). `0s`: never.
+    #[serde(with = "gpuscale_policies::duration")]
+    pub health_check_every: Duration,
     /// Most replicas of one model the local machine runs.
     pub max_replicas_per_model: u32,
     /// The replicas the backend starts with (each model's `minReplicas`)
@@ -235,6 +240,7 @@ impl Default for LocalSpec {
             profile: "small".into(),
             startup_time: None,
             drain_time: Duration::from_secs(300),
+            health_check_every: Duration::from_secs(5),
             max_replicas_per_model: 16,
             warm_start: false,
         }

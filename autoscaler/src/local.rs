@@ -409,6 +409,16 @@ async fn run_replica(
     // A registration was asked for: one that failed on one gateway
     // instance, or timed out after the gateway took it, may stand there.
     let mut asked = false;
+    // Health checks failed in a row.
+    let mut unhealthy = 0;
+    let checks = !spec.health_check_every.is_zero();
+    let mut check = tokio::time::interval(if checks {
+        spec.health_check_every
+    } else {
+        Duration::from_secs(3600)
+    });
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.reset();
     loop {
         if !link.registered.load(Ordering::Relaxed) {
             asked = true;
@@ -455,6 +465,22 @@ async fn run_replica(
                 break;
             }
             () = link.reregister.notified() => {}
+            _ = check.tick(), if checks => {
+                if answers_health(&endpoint).await {
+                    unhealthy = 0;
+                } else {
+                    unhealthy += 1;
+                    if unhealthy >= HEALTH_FAILURES {
+                        // It runs and takes connections, and answers none:
+                        // its requests would each wait out the gateway's
+                        // timeout. Stopped; the reconciler replaces it.
+                        tracing::warn!(model = %model.name, %endpoint, "replica failed {HEALTH_FAILURES} health checks in a row; stopped, to be replaced");
+                        let _ = child.kill().await;
+                        died = true;
+                        break;
+                    }
+                }
+            }
         }
     }
     let was = link.registered.swap(false, Ordering::Relaxed);
@@ -497,6 +523,37 @@ async fn run_replica(
         let _ = child.kill().await;
     }
     tracing::info!(model = %model.name, %endpoint, "replica stopped");
+}
+
+/// Health checks failed in a row that stop a replica.
+const HEALTH_FAILURES: u32 = 3;
+
+/// How long a health check waits for its answer.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether the server at `endpoint` (`http://IP:PORT`) answers `GET
+/// /health` with 200 within [`HEALTH_TIMEOUT`].
+async fn answers_health(endpoint: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(authority) = endpoint.strip_prefix("http://") else {
+        return false;
+    };
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
+        s.write_all(
+            format!("GET /health HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"))
+    };
+    matches!(
+        tokio::time::timeout(HEALTH_TIMEOUT, ask).await,
+        Ok(Some(true))
+    )
 }
 
 /// How long a starting server has to say where it listens.

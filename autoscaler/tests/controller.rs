@@ -74,6 +74,80 @@ fn fake_server(dir: &std::path::Path) -> std::path::PathBuf {
     exe
 }
 
+/// A replica whose server runs and takes connections but answers none
+/// (hung) fails its health checks, is stopped and deregistered, and the
+/// reconciler starts another in its place.
+#[tokio::test]
+async fn a_local_replica_that_answers_nothing_is_replaced() {
+    use gpuscale_autoscaler::local::LocalBackend;
+    use std::os::unix::fs::PermissionsExt;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    let settings = common::settings(
+        &gw,
+        "",
+        "  local: {startupTime: 0s, drainTime: 1s, healthCheckEvery: 100ms}\n",
+    );
+    // Listens, says where, accepts every connection and answers none.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("hung");
+    std::fs::write(
+        &exe,
+        "#!/usr/bin/env python3\nimport socket, sys, threading\ns = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen(16)\nprint(f\"listening on http://127.0.0.1:{s.getsockname()[1]}\", flush=True)\nheld = []\ndef take():\n    while True:\n        held.append(s.accept())\nthreading.Thread(target=take, daemon=True).start()\nsys.stdin.read()\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
+    let m = settings.models[0].clone();
+    let served = m.served_name.clone();
+    let listed = || {
+        state
+            .replicas
+            .lock()
+            .unwrap()
+            .get(&served)
+            .cloned()
+            .unwrap_or_default()
+    };
+    local.scale(&m, 1);
+    let began = std::time::Instant::now();
+    while listed().is_empty() {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = listed();
+    // Three failed checks (each up to 2 s: the server takes the
+    // connection and says nothing), then the reconciler's replacement.
+    let began = std::time::Instant::now();
+    let mut replaced = 0;
+    while replaced == 0 {
+        assert!(began.elapsed() < Duration::from_secs(20), "never replaced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        replaced = local
+            .reconcile(std::slice::from_ref(&m))
+            .await
+            .replaced
+            .get("llama")
+            .copied()
+            .unwrap_or(0);
+    }
+    assert_eq!(replaced, 1);
+    let began = std::time::Instant::now();
+    while listed().is_empty() || listed() == first {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the replacement never registered: {:?}",
+            listed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(listed().is_disjoint(&first), "the hung one deregistered");
+    local.shutdown().await;
+}
+
 /// The local reconciler removes a registration the gateway holds that no
 /// replica of its owns (left by an earlier run, or by a removal that
 /// failed), and keeps its own.
