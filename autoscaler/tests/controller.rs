@@ -100,15 +100,7 @@ async fn a_local_replica_that_answers_nothing_is_replaced() {
     let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
     let m = settings.models[0].clone();
     let served = m.served_name.clone();
-    let listed = || {
-        state
-            .replicas
-            .lock()
-            .unwrap()
-            .get(&served)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let listed = || state.listed(&served);
     local.scale(&m, 1);
     let began = std::time::Instant::now();
     while listed().is_empty() {
@@ -165,15 +157,7 @@ async fn the_local_reconciler_removes_registrations_no_replica_owns() {
     );
     let m = settings.models[0].clone();
     let served = m.served_name.clone();
-    let listed = || {
-        state
-            .replicas
-            .lock()
-            .unwrap()
-            .get(&served)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let listed = || state.listed(&served);
     state
         .replicas
         .lock()
@@ -212,17 +196,9 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
     let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
     let m = settings.models[0].clone();
     let served = m.served_name.clone();
-    let listed = |set: &std::sync::Arc<
-        std::sync::Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
-    >| {
-        set.lock()
-            .unwrap()
-            .get(&served)
-            .is_some_and(|e| !e.is_empty())
-    };
     local.scale(&m, 1);
     let began = std::time::Instant::now();
-    while !listed(&state.replicas) {
+    while state.listed(&served).is_empty() {
         assert!(
             began.elapsed() < Duration::from_secs(10),
             "never registered"
@@ -249,7 +225,7 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
     };
     // Deregistered, and draining at the gateway: it runs on.
     let began = std::time::Instant::now();
-    while !listed(&state.draining) {
+    while state.draining_of(&served).is_empty() {
         assert!(
             began.elapsed() < Duration::from_secs(10),
             "never deregistered"

@@ -38,6 +38,22 @@ pub struct StandIn {
     pub drain: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl StandIn {
+    /// The endpoints registered for `served` now (not draining).
+    pub fn listed(&self, served: &str) -> BTreeSet<String> {
+        Self::of(&self.replicas, served)
+    }
+
+    /// The endpoints of `served` deregistered and still draining.
+    pub fn draining_of(&self, served: &str) -> BTreeSet<String> {
+        Self::of(&self.draining, served)
+    }
+
+    fn of(set: &Mutex<BTreeMap<String, BTreeSet<String>>>, served: &str) -> BTreeSet<String> {
+        set.lock().unwrap().get(served).cloned().unwrap_or_default()
+    }
+}
+
 /// A stand-in for the gateway's admin API: `GET /v1/queues` answers
 /// `queues`, `GET /v1/replicas` the list the writes built, other reads
 /// `{}`; every write is recorded.
