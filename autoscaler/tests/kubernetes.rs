@@ -1748,6 +1748,24 @@ async fn next_tick(handle: &mut Handle, handoffs: Value) {
     expect(handle, Method::GET, HANDOFFS, 200, handoffs).await;
 }
 
+/// The patch that gives a drained node its new MIG config
+/// (`gpuscale-new`), answered; its body.
+async fn drained_gets_its_config(handle: &mut Handle, node: &str) -> Value {
+    let p = expect(
+        handle,
+        Method::PATCH,
+        &format!("/api/v1/nodes/{node}?"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+    )
+    .await;
+    assert_eq!(
+        p["metadata"]["labels"]["nvidia.com/mig.config"],
+        "gpuscale-new"
+    );
+    p
+}
+
 /// A node whose hand-off write the API server refuses (here a config
 /// annotation that is no label value: 422) is logged and tried again next
 /// tick: the next node's hand-off moves on, and the controller stays the
@@ -1765,7 +1783,6 @@ async fn a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader() {
     };
     let bad = drained("h100-0", "not a label value!");
     let good = drained("h100-1", "gpuscale-new");
-    let node_reply = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-1"}});
     let server = tokio::spawn(async move {
         lease_created(&mut handle, "gpuscale-0").await;
         expect(
@@ -1800,18 +1817,7 @@ async fn a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader() {
             )
             .await;
             expect(&mut handle, Method::GET, PODS_ON_1, 200, mig_pods(&[])).await;
-            let p = expect(
-                &mut handle,
-                Method::PATCH,
-                "/api/v1/nodes/h100-1?",
-                200,
-                node_reply.clone(),
-            )
-            .await;
-            assert_eq!(
-                p["metadata"]["labels"]["nvidia.com/mig.config"],
-                "gpuscale-new"
-            );
+            drained_gets_its_config(&mut handle, "h100-1").await;
             expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         }
         handle
@@ -1913,18 +1919,7 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
         // Tick 3: drained: the config is set, still cordoned.
         next_tick(&mut handle, nodes(vec![draining.clone()])).await;
         expect(&mut handle, Method::GET, PODS_ON, 200, mig_pods(&[])).await;
-        let p = expect(
-            &mut handle,
-            Method::PATCH,
-            "/api/v1/nodes/h100-0?",
-            200,
-            node_reply.clone(),
-        )
-        .await;
-        assert_eq!(
-            p["metadata"]["labels"]["nvidia.com/mig.config"],
-            "gpuscale-new"
-        );
+        let p = drained_gets_its_config(&mut handle, "h100-0").await;
         assert_eq!(
             p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
             "configuring"
