@@ -1784,6 +1784,74 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
     drop(child);
 }
 
+/// `sim-server --exit-with-stdin` takes a `speed S` line on its standard
+/// input as its new speed (how the local backend moves a replica), keeps
+/// its speed on a line out of range, and exits when its input closes.
+#[test]
+fn a_sim_server_takes_its_speed_from_a_line_on_stdin_and_exits_when_it_closes() {
+    use std::io::{BufRead, Read, Write};
+    let bin = env!("CARGO_BIN_EXE_gpuscale");
+    let mut child = Command::new(bin)
+        .args(["sim-server", "--port", "0", "--profile", "tiny"])
+        .args(["--speed", "0.5", "--exit-with-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|u| u.strip_prefix("http://"))
+        .expect("the address it listens on")
+        .to_string();
+    let speed = || -> Option<f64> {
+        let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("sim_speed "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let becomes = |want: f64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let now = speed();
+            if now == Some(want) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "speed {now:?}, not {want}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    becomes(0.5);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"speed 0.25\n").unwrap();
+    becomes(0.25);
+    // Out of range, and not a speed line: ignored, the speed stays.
+    stdin.write_all(b"speed 1.5\nhello\nspeed 0.75\n").unwrap();
+    becomes(0.75);
+    drop(stdin);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after its input closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// What a fuzzing pass of the command line found panicking, hanging or
 /// filling memory: each is now a located error and exit 1 (2 for a
 /// flag), and no panic (`gpuscale()` fails on one).

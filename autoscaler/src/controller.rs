@@ -921,9 +921,24 @@ impl Controller {
             keep_running: keep,
             ..self.settings.spec.packer.options()
         };
-        let options_used = options.clone();
+        let spares = self.settings.spec.packer.spares;
+        let previous = self.filled.clone();
+        let speeds_cluster = self.settings.cluster.clone();
+        // The spares' fill and the replicas' speeds are CPU work over the
+        // plan too (a column build and a pass per GPU): on the blocking
+        // pool with the solve.
         let solved = tokio::task::spawn_blocking(move || {
-            pack_from(&on, &models, &wanted, &options, basis.as_ref())
+            pack_from(&on, &models, &wanted, &options, basis.as_ref()).map(|base| {
+                // Spares fill the room the plan's GPUs leave idle; the
+                // next re-plan starts from the plan without them.
+                let filled = spares.then(|| {
+                    gpuscale_packer::spare::fill(&base, &on, &models, &options, previous.as_ref())
+                });
+                let speeds = speeds_cluster
+                    .as_ref()
+                    .map(|c| speeds(filled.as_ref().unwrap_or(&base), c, &models));
+                (base, filled, speeds)
+            })
         })
         .await;
         let solved = match solved {
@@ -934,22 +949,14 @@ impl Controller {
             }
         };
         match solved {
-            Ok(base) => {
+            Ok((base, filled, speeds)) => {
                 crate::decide::take_placement(&base, desired, recs, &mut self.states);
-                // Spares fill the room the plan's GPUs leave idle; the
-                // next re-plan starts from the plan without them.
-                let plan = if self.settings.spec.packer.spares {
-                    let filled = gpuscale_packer::spare::fill(
-                        &base,
-                        &current,
-                        &self.settings.models,
-                        &options_used,
-                        self.filled.as_ref(),
-                    );
-                    self.filled = Some(filled.clone());
-                    filled
-                } else {
-                    base.clone()
+                let plan = match filled {
+                    Some(filled) => {
+                        self.filled = Some(filled.clone());
+                        filled
+                    }
+                    None => base.clone(),
                 };
                 tracing::info!(
                     gpus = plan.gpus_used,
@@ -984,9 +991,8 @@ impl Controller {
                         })
                         .set(v);
                 }
-                if let Some(cluster) = &self.settings.cluster {
-                    self.backend
-                        .placed(&speeds(&plan, cluster, &self.settings.models));
+                if let Some(speeds) = speeds {
+                    self.backend.placed(&speeds);
                 }
                 self.plan = Some(base);
             }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use gpuscale_policies::Model;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::LocalSpec;
@@ -42,6 +42,10 @@ struct Replica {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     link: Arc<Link>,
+    /// The speed it was last given (none: its profile's own).
+    speed: Option<f64>,
+    /// Tells its task a new speed, which it passes to the server.
+    retune: watch::Sender<Option<f64>>,
 }
 
 #[derive(Default)]
@@ -72,6 +76,10 @@ pub struct LocalBackend {
     pools: BTreeMap<String, Pool>,
     /// Per model, the plan's speed of each replica (H100 units).
     speeds: BTreeMap<String, Vec<f64>>,
+    /// Replicas stopped and still draining: their tasks deregister them
+    /// and stop their servers once their requests are done, and
+    /// [`LocalBackend::shutdown`] waits for them.
+    draining: Vec<JoinHandle<()>>,
 }
 
 impl LocalBackend {
@@ -84,16 +92,33 @@ impl LocalBackend {
             spec,
             pools: BTreeMap::new(),
             speeds: BTreeMap::new(),
+            draining: Vec::new(),
         }
     }
 
-    /// The speeds of the packer's replicas, per model in replica order
-    /// ([`crate::controller::speeds`]): a replica started from now on as
-    /// the `k`-th of its model runs its simulated server at the `k`-th
-    /// speed (`sim-server --speed`; 1 is the profile's own). Replicas
-    /// already running keep theirs.
+    /// The speeds of the packer's replicas, per model
+    /// ([`crate::controller::speeds`]). The local backend has no
+    /// placements, so a plan's move is a change of speed in place: each
+    /// model's replicas are given the plan's speeds, those already at one
+    /// of them keeping it ([`match_speeds`]), and a running server takes
+    /// its new speed at once (a `speed S` line on its standard input). A
+    /// replica started later takes one of the speeds left over
+    /// (`sim-server --speed`; 1 is the profile's own).
     pub fn set_speeds(&mut self, speeds: BTreeMap<String, Vec<f64>>) {
         self.speeds = speeds;
+        for (name, pool) in &mut self.pools {
+            let wanted = self.speeds.get(name).map_or(&[][..], Vec::as_slice);
+            retune(pool, wanted, 0);
+        }
+    }
+
+    /// The speed each replica of `model` was last given, in start order
+    /// (none: its profile's own).
+    pub fn replica_speeds(&self, model: &str) -> Vec<Option<f64>> {
+        self.pools
+            .get(model)
+            .map(|p| p.replicas.iter().map(|r| r.speed).collect())
+            .unwrap_or_default()
     }
 
     /// The most replicas this backend runs per model
@@ -161,26 +186,25 @@ impl LocalBackend {
             pool.replicas.remove(k);
         }
         while pool.replicas.len() > replicas as usize {
-            if let Some(mut r) = pool.replicas.pop()
-                && let Some(stop) = r.stop.take()
-            {
-                let _ = stop.send(());
+            if let Some(mut r) = pool.replicas.pop() {
+                if let Some(stop) = r.stop.take() {
+                    let _ = stop.send(());
+                }
+                self.draining.push(r.task);
             }
         }
-        while pool.replicas.len() < replicas as usize {
+        let add = (replicas as usize).saturating_sub(pool.replicas.len());
+        let wanted = self.speeds.get(&model.name).map_or(&[][..], Vec::as_slice);
+        for speed in retune(pool, wanted, add) {
             let (stop, stopped) = oneshot::channel();
+            let (retune, speeds) = watch::channel(speed);
             let link = Arc::new(Link::default());
-            let speed = self
-                .speeds
-                .get(&model.name)
-                .and_then(|v| v.get(pool.replicas.len()))
-                .copied();
             let task = tokio::spawn(run_replica(
                 self.exe.clone(),
                 self.gateway.clone(),
                 self.spec.clone(),
                 model.clone(),
-                Start { speed, warm },
+                Start { speeds, warm },
                 link.clone(),
                 stopped,
             ));
@@ -188,8 +212,11 @@ impl LocalBackend {
                 stop: Some(stop),
                 task,
                 link,
+                speed,
+                retune,
             });
         }
+        self.draining.retain(|t| !t.is_finished());
     }
 
     /// One reconciliation: what runs against what was asked for, and what
@@ -296,9 +323,15 @@ impl LocalBackend {
         repairs
     }
 
-    /// Stops every replica and waits for them (deregistered, drained).
+    /// Replicas stopped whose requests are still draining.
+    pub fn draining(&self) -> usize {
+        self.draining.iter().filter(|t| !t.is_finished()).count()
+    }
+
+    /// Stops every replica and waits for them, and for those already
+    /// stopping (deregistered, drained: each within `drainTime`).
     pub async fn shutdown(mut self) {
-        let mut tasks = Vec::new();
+        let mut tasks = std::mem::take(&mut self.draining);
         for pool in self.pools.values_mut() {
             for mut r in pool.replicas.drain(..) {
                 if let Some(stop) = r.stop.take() {
@@ -313,10 +346,59 @@ impl LocalBackend {
     }
 }
 
+/// Gives `pool`'s replicas the plan's speeds `wanted` ([`match_speeds`])
+/// and returns the speeds of `add` replicas about to start after them.
+/// A running replica whose speed changes is told.
+fn retune(pool: &mut Pool, wanted: &[f64], add: usize) -> Vec<Option<f64>> {
+    let mut current: Vec<Option<f64>> = pool.replicas.iter().map(|r| r.speed).collect();
+    current.extend(std::iter::repeat_n(None, add));
+    let mut given = match_speeds(&current, wanted);
+    let new = given.split_off(pool.replicas.len());
+    for (r, s) in pool.replicas.iter_mut().zip(given) {
+        if r.speed != s {
+            r.speed = s;
+            r.retune.send_replace(s);
+        }
+    }
+    new
+}
+
+/// Which of the plan's speeds `wanted` each replica runs at, given the
+/// speeds `current` they run at (none: not given one). A replica at one
+/// of the wanted speeds keeps it, each wanted speed going to one replica;
+/// the others take the speeds left, in order; when none is left a
+/// replica keeps its own. So a re-plan that only reorders a model's
+/// replicas changes no speed, and one that moves one replica changes
+/// one.
+pub fn match_speeds(current: &[Option<f64>], wanted: &[f64]) -> Vec<Option<f64>> {
+    const SAME: f64 = 1e-6;
+    let mut left: Vec<Option<f64>> = wanted.iter().copied().map(Some).collect();
+    let mut out: Vec<Option<f64>> = vec![None; current.len()];
+    let mut kept = vec![false; current.len()];
+    for (k, c) in current.iter().enumerate() {
+        let Some(c) = c else { continue };
+        if let Some(slot) = left
+            .iter_mut()
+            .find(|w| w.is_some_and(|w| (w - c).abs() <= SAME))
+        {
+            out[k] = slot.take();
+            kept[k] = true;
+        }
+    }
+    let mut rest = left.into_iter().flatten();
+    for k in 0..current.len() {
+        if !kept[k] {
+            out[k] = rest.next().or(current[k]);
+        }
+    }
+    out
+}
+
 /// How a replica starts.
 struct Start {
-    /// `sim-server --speed` (none: the profile's own).
-    speed: Option<f64>,
+    /// Its speed (`sim-server --speed`; none: the profile's own), and
+    /// every later one, passed to the server as it changes.
+    speeds: watch::Receiver<Option<f64>>,
     /// Without the start-up delay.
     warm: bool,
 }
@@ -335,10 +417,11 @@ async fn run_replica(
     mut stopped: oneshot::Receiver<()>,
 ) {
     let started = tokio::time::Instant::now();
+    let mut speeds = start.speeds;
     let mut command = Command::new(&exe);
     command.args(["sim-server", "--port", "0", "--profile", &spec.profile]);
-    if let Some(s) = start.speed.filter(|s| s.is_finite() && *s > 0.0) {
-        command.args(["--speed", &format!("{:.4}", s.clamp(0.01, 1.0))]);
+    if let Some(s) = speed_arg(*speeds.borrow_and_update()) {
+        command.args(["--speed", &s]);
     }
     let mut child = match command
         .args(["--model", &model.served_name])
@@ -362,7 +445,8 @@ async fn run_replica(
         }
     };
     // Held here, not in `child`: `Child::wait` closes the child's stdin.
-    let _lifeline = child.stdin.take();
+    // Speed changes are written to it.
+    let mut lifeline = child.stdin.take();
     let Some(stdout) = child.stdout.take() else {
         return;
     };
@@ -465,6 +549,17 @@ async fn run_replica(
                 break;
             }
             () = link.reregister.notified() => {}
+            Ok(()) = speeds.changed() => {
+                let s = speed_arg(*speeds.borrow_and_update());
+                if let (Some(s), Some(pipe)) = (s, lifeline.as_mut()) {
+                    use tokio::io::AsyncWriteExt;
+                    if let Err(e) = pipe.write_all(format!("speed {s}\n").as_bytes()).await {
+                        tracing::warn!(model = %model.name, %endpoint, "telling the replica its speed: {e}");
+                    } else {
+                        tracing::info!(model = %model.name, %endpoint, speed = %s, "replica's speed changed");
+                    }
+                }
+            }
             _ = check.tick(), if checks => {
                 if answers_health(&endpoint).await {
                     unhealthy = 0;
@@ -525,6 +620,14 @@ async fn run_replica(
     tracing::info!(model = %model.name, %endpoint, "replica stopped");
 }
 
+/// A speed as `sim-server` takes it: finite, positive, within [0.01, 1],
+/// four decimals.
+fn speed_arg(speed: Option<f64>) -> Option<String> {
+    speed
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| format!("{:.4}", s.clamp(0.01, 1.0)))
+}
+
 /// Health checks failed in a row that stop a replica.
 const HEALTH_FAILURES: u32 = 3;
 
@@ -565,3 +668,39 @@ const DEREGISTER_TRIES: u32 = 3;
 /// How often a stopping replica asks the gateway whether its requests
 /// are done.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+#[cfg(test)]
+mod tests {
+    use super::match_speeds;
+
+    #[test]
+    fn replicas_at_a_wanted_speed_keep_it_and_the_others_take_what_is_left() {
+        // A re-plan that only reorders: nothing changes.
+        assert_eq!(
+            match_speeds(&[Some(0.5), Some(1.0)], &[1.0, 0.5]),
+            [Some(0.5), Some(1.0)]
+        );
+        // One replica moved from a whole GPU to a 3g slice: only it changes.
+        assert_eq!(
+            match_speeds(&[Some(0.5), Some(1.0), Some(0.5)], &[0.5, 0.5, 3.0 / 7.0]),
+            [Some(0.5), Some(3.0 / 7.0), Some(0.5)]
+        );
+        // Two at one speed, the plan keeps one there.
+        assert_eq!(
+            match_speeds(&[Some(0.25), Some(0.25)], &[0.25, 1.0]),
+            [Some(0.25), Some(1.0)]
+        );
+        // New replicas (none yet) take the speeds left, in order.
+        assert_eq!(
+            match_speeds(&[Some(1.0), None, None], &[0.5, 1.0, 0.25]),
+            [Some(1.0), Some(0.5), Some(0.25)]
+        );
+        // Fewer speeds than replicas (a spare the plan does not list):
+        // the rest keep their own.
+        assert_eq!(
+            match_speeds(&[Some(0.5), Some(0.75), None], &[0.75]),
+            [Some(0.5), Some(0.75), None]
+        );
+        assert_eq!(match_speeds(&[], &[1.0]), Vec::<Option<f64>>::new());
+    }
+}

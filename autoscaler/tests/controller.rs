@@ -250,6 +250,151 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
     }
 }
 
+/// A plan that moves a local replica changes its speed in place: the
+/// running server is told on its standard input (`speed S`), a replica
+/// already at one of the plan's speeds keeps it, a re-plan that only
+/// reorders tells nobody anything, and a new replica starts at a speed
+/// left over (`--speed`).
+#[tokio::test]
+async fn a_plan_changes_running_local_replicas_speeds_in_place() {
+    use gpuscale_autoscaler::local::LocalBackend;
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::PermissionsExt;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    let settings = common::settings(
+        &gw,
+        "",
+        "  local: {startupTime: 0s, drainTime: 1s, healthCheckEvery: 0s}\n",
+    );
+    // Says where it "listens" (a port per process; nothing listens),
+    // writes its arguments and then its standard input to files.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("server");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\necho \"$@\" > \"$0.$$.args\"\necho \"listening on http://127.0.0.1:$((20000 + $$ % 20000))\"\nexec cat > \"$0.$$.stdin\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let files = |ext: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.ok()?.path();
+                p.to_str()?
+                    .ends_with(ext)
+                    .then(|| std::fs::read_to_string(&p).unwrap_or_default())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
+    let m = settings.models[0].clone();
+    let served = m.served_name.clone();
+    let plan = |v: &[f64]| BTreeMap::from([("llama".to_string(), v.to_vec())]);
+    local.set_speeds(plan(&[0.5, 1.0]));
+    local.scale(&m, 2);
+    assert_eq!(local.replica_speeds("llama"), [Some(0.5), Some(1.0)]);
+    let began = std::time::Instant::now();
+    while state.listed(&served).len() < 2 {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let args = files(".args");
+    assert_eq!(args.len(), 2);
+    assert!(
+        args.iter().any(|a| a.contains("--speed 0.5000")),
+        "{args:?}"
+    );
+    assert!(
+        args.iter().any(|a| a.contains("--speed 1.0000")),
+        "{args:?}"
+    );
+    // Reordered: nobody is told anything.
+    local.set_speeds(plan(&[1.0, 0.5]));
+    assert_eq!(local.replica_speeds("llama"), [Some(0.5), Some(1.0)]);
+    // The whole-GPU replica moves to a 3g slice: it alone is told.
+    local.set_speeds(plan(&[0.5, 3.0 / 7.0]));
+    assert_eq!(local.replica_speeds("llama"), [Some(0.5), Some(3.0 / 7.0)]);
+    let began = std::time::Instant::now();
+    while files(".stdin").concat() != "speed 0.4286\n" {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "told: {:?}",
+            files(".stdin")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A third replica takes the speed the plan has left.
+    local.set_speeds(plan(&[0.5, 3.0 / 7.0, 0.25]));
+    local.scale(&m, 3);
+    assert_eq!(
+        local.replica_speeds("llama"),
+        [Some(0.5), Some(3.0 / 7.0), Some(0.25)]
+    );
+    let began = std::time::Instant::now();
+    while !files(".args").iter().any(|a| a.contains("--speed 0.2500")) {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            files(".args")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(files(".stdin").concat(), "speed 0.4286\n");
+    local.shutdown().await;
+}
+
+/// Exiting waits for replicas already stopping: one scaled away and
+/// still draining at the gateway is waited for (deregistered, its
+/// server stopped) instead of being killed with the process.
+#[tokio::test]
+async fn shutdown_waits_for_replicas_still_draining() {
+    use gpuscale_autoscaler::local::LocalBackend;
+    use std::sync::atomic::Ordering;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    state.drain.store(true, Ordering::SeqCst);
+    let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 30s}\n");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fake_server(dir.path());
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
+    let m = settings.models[0].clone();
+    let served = m.served_name.clone();
+    local.scale(&m, 1);
+    let began = std::time::Instant::now();
+    while state.listed(&served).is_empty() {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    local.scale(&m, 0);
+    let began = std::time::Instant::now();
+    while state.draining_of(&served).is_empty() {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never deregistered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(local.draining(), 1);
+    let shut = tokio::spawn(local.shutdown());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!shut.is_finished(), "exited while a replica still drains");
+    state.draining.lock().unwrap().clear();
+    tokio::time::timeout(Duration::from_secs(5), shut)
+        .await
+        .expect("shutdown ends once the replica has drained")
+        .unwrap();
+}
+
 /// Capped at 2 under a queue that asks for 5: the decision says the cap,
 /// and the count it works from is the capped one, so the next ticks are no
 /// change (the bug: every tick was a change towards 5).

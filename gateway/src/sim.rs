@@ -24,7 +24,9 @@
 //! simulated server run at the same speed. At most `max_concurrency`
 //! requests run at once (the rest wait inside, as in vLLM), and their
 //! prefills run one at a time, in the order they start. Prompt tokens are
-//! estimated as characters ÷ 4.
+//! estimated as characters ÷ 4. Its speed, the share of a GPU it runs
+//! on, can change while it runs ([`SimServer::set_speed`], `sim_speed` in
+//! `/metrics`): the local backend moves a replica so.
 //!
 //! Prefix cache ([`PrefixCache`]), when the profile gives it room
 //! (`prefix_cache_tokens`): the prompt, read as the gateway reads it
@@ -161,6 +163,31 @@ struct Sim {
     origin: std::time::Instant,
     /// LoRA adapters it serves, and how many requests for each run now.
     adapters: std::sync::Mutex<Vec<(String, u32)>>,
+    /// The share of a GPU it runs on now (`f64` bits): the profile's
+    /// `speed` until [`SimServer::set_speed`] changes it.
+    speed: AtomicU64,
+}
+
+impl Sim {
+    /// How much slower than its profile it runs now.
+    fn slowdown(&self) -> f64 {
+        let now = f64::from_bits(self.speed.load(Ordering::Relaxed));
+        if now > 0.0 && self.profile.speed > 0.0 {
+            self.profile.speed / now
+        } else {
+            1.0
+        }
+    }
+
+    /// [`SimProfile::prefill`] at the speed it runs now.
+    fn prefill(&self, prompt_tokens: u32) -> Duration {
+        self.profile.prefill(prompt_tokens).mul_f64(self.slowdown())
+    }
+
+    /// [`SimProfile::per_token`] at the speed it runs now.
+    fn per_token(&self, running: u32) -> Duration {
+        self.profile.per_token(running).mul_f64(self.slowdown())
+    }
 }
 
 /// A running simulated server.
@@ -171,9 +198,26 @@ pub struct SimServer {
     pub counters: Arc<SimCounters>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    sim: Arc<Sim>,
 }
 
 impl SimServer {
+    /// Runs it from now on at `speed`, a share of a GPU in (0, 1] (its
+    /// replica was moved to another share): requests running take the
+    /// new pace from their next token.
+    pub fn set_speed(&self, speed: f64) -> Result<(), String> {
+        if !(speed > 0.0 && speed <= 1.0) {
+            return Err(format!("speed must be in (0, 1], got {speed}"));
+        }
+        self.sim.speed.store(speed.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The share of a GPU it runs on now.
+    pub fn speed(&self) -> f64 {
+        f64::from_bits(self.sim.speed.load(Ordering::Relaxed))
+    }
+
     /// Stops it: closes the listener and every connection at once (a
     /// replica going away).
     pub async fn stop(self) {
@@ -208,11 +252,13 @@ pub async fn start_with_adapters(
         adapters: std::sync::Mutex::new(adapters.iter().map(|a| (a.clone(), 0)).collect()),
         lane: std::sync::Mutex::new(PrefillLane::default()),
         origin: std::time::Instant::now(),
+        speed: AtomicU64::new(profile.speed.to_bits()),
         profile,
         counters: counters.clone(),
         next_id: AtomicU64::new(0),
     });
     let (shutdown, mut rx) = watch::channel(false);
+    let server_sim = sim.clone();
     let task = tokio::spawn(async move {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -265,6 +311,7 @@ pub async fn start_with_adapters(
         counters,
         shutdown,
         task,
+        sim: server_sim,
     })
 }
 
@@ -391,13 +438,16 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Response<Body> {
                  # TYPE sim_requests_total counter\n\
                  sim_requests_total {}\n\
                  # TYPE sim_cancelled_total counter\n\
-                 sim_cancelled_total {}\n",
+                 sim_cancelled_total {}\n\
+                 # TYPE sim_speed gauge\n\
+                 sim_speed {}\n",
                 c.waiting.load(Ordering::Relaxed) + prefill_waiting,
                 kv,
                 c.prefix_queries.load(Ordering::Relaxed),
                 c.prefix_hits.load(Ordering::Relaxed),
                 c.requests.load(Ordering::Relaxed),
                 c.cancelled.load(Ordering::Relaxed),
+                f64::from_bits(sim.speed.load(Ordering::Relaxed)),
                 m = sim.profile.model,
             );
             let mut r = Response::new(full(text));
@@ -581,7 +631,7 @@ async fn infer(
     let Some((mut guard, permit)) = admit(&sim).await else {
         return kserve_error(StatusCode::SERVICE_UNAVAILABLE, "closed");
     };
-    let prefill = book_prefill(&sim, sim.profile.prefill(tokens));
+    let prefill = book_prefill(&sim, sim.prefill(tokens));
     let running = Running::start(&sim, u64::from(tokens), &model);
     {
         let _running = Gauge::up(&sim.counters.running);
@@ -780,7 +830,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         }
         _ => 0,
     };
-    let prefill = sim.profile.prefill(prompt_tokens - cached);
+    let prefill = sim.prefill(prompt_tokens - cached);
     let max_tokens = if embeddings {
         0
     } else {
@@ -838,7 +888,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         let mut text = String::new();
         for i in 0..max_tokens {
             let running = sim.counters.running.load(Ordering::Relaxed) as u32;
-            pause(sim.profile.per_token(running)).await;
+            pause(sim.per_token(running)).await;
             text.push_str(&token(i));
         }
         drop((permit, running));
@@ -873,7 +923,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
         for i in 0..max_tokens {
             if i > 0 {
                 let running = counters.running.load(Ordering::Relaxed) as u32;
-                pause(sim.profile.per_token(running)).await;
+                pause(sim.per_token(running)).await;
             }
             let choice = if chat {
                 let mut delta = serde_json::json!({"content": token(i)});

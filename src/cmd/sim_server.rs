@@ -44,7 +44,10 @@ pub struct Args {
     #[arg(long = "lora")]
     pub lora: Vec<String>,
     /// Exit when standard input closes: a parent that starts the server
-    /// with a pipe takes it down when it exits, however it exits.
+    /// with a pipe takes it down when it exits, however it exits. Each
+    /// line `speed S` read there sets the share of a GPU it runs on from
+    /// then on, as `--speed` does at start (the local backend moves a
+    /// replica this way); other lines are ignored.
     #[arg(long)]
     pub exit_with_stdin: bool,
 }
@@ -89,9 +92,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         println!("sim-server: listening on http://{}", server.addr);
         let lifeline = async {
             if args.exit_with_stdin {
-                let mut sink = Vec::new();
-                let _ =
-                    tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(speed) = parse_speed(&line)
+                        && let Err(e) = server.set_speed(speed)
+                    {
+                        eprintln!("sim-server: {e}");
+                    }
+                }
             } else {
                 std::future::pending::<()>().await;
             }
@@ -103,4 +112,28 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         server.stop().await;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The speed in a `speed S` line of standard input.
+fn parse_speed(line: &str) -> Option<f64> {
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some("speed"), Some(s), None) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_speed;
+
+    #[test]
+    fn a_speed_line_names_one_number() {
+        assert_eq!(parse_speed("speed 0.4286"), Some(0.4286));
+        assert_eq!(parse_speed("  speed   1 "), Some(1.0));
+        assert_eq!(parse_speed("speed"), None);
+        assert_eq!(parse_speed("speed 0.5 0.6"), None);
+        assert_eq!(parse_speed("speed fast"), None);
+        assert_eq!(parse_speed("pace 0.5"), None);
+    }
 }
