@@ -63,6 +63,8 @@ pub struct Observed {
     /// The inventory, rebuilt from the nodes (Kubernetes, without a
     /// cluster file; every [`INVENTORY_EVERY`]).
     pub cluster: Option<Cluster>,
+    /// What the reconciliation found different and repaired.
+    pub repairs: crate::local::Repairs,
 }
 
 /// A hand-over's hold ends this many of the model's `startupTime` after
@@ -1201,7 +1203,7 @@ impl KubeBackend {
         }
         observed.policies = self.changed_policies(now).await;
         observed.cluster = self.inventory(now).await;
-        self.discover(models).await?;
+        observed.repairs = self.discover(models).await?;
         Ok(observed)
     }
 
@@ -1297,8 +1299,12 @@ impl KubeBackend {
     }
 
     /// The ready endpoints of each model's Service, registered with the
-    /// gateway (and those gone, removed).
-    async fn discover(&mut self, models: &[Model]) -> Result<(), KubeError> {
+    /// gateway (and those gone, removed). Returns the repairs: endpoints
+    /// the gateway had lost, registered again, and registrations no
+    /// ready endpoint and no earlier registration of this process
+    /// explains, removed.
+    async fn discover(&mut self, models: &[Model]) -> Result<crate::local::Repairs, KubeError> {
+        let mut repairs = crate::local::Repairs::default();
         self.find_gateways().await;
         if !self.registers {
             // Sidecar gateways: each fronts its own pod's model server;
@@ -1308,7 +1314,7 @@ impl KubeBackend {
                 let found: BTreeSet<String> = found.remove(&m.name).unwrap_or_default();
                 self.registered.insert(m.served_name.clone(), found);
             }
-            return Ok(());
+            return Ok(repairs);
         }
         // What the gateway lists now: an endpoint registered before that
         // it no longer lists (it restarted, someone removed it) is
@@ -1330,11 +1336,18 @@ impl KubeBackend {
             // Removed below: what this process registered and is gone,
             // and what the gateway holds as registered and is not found.
             let mut gone: BTreeSet<String> = known.difference(&found).cloned().collect();
+            // Of those, the ones no registration of this process explains.
+            let mut stale = BTreeSet::new();
             if let Some(registered) = lists
                 .as_ref()
                 .and_then(|l| l.registered.get(&m.served_name))
             {
-                gone.extend(registered.difference(&found).cloned());
+                for e in registered.difference(&found) {
+                    if !known.contains(e) {
+                        stale.insert(e.clone());
+                    }
+                    gone.insert(e.clone());
+                }
             }
             if let Some(listed) = listed {
                 let there = listed.get(&m.served_name);
@@ -1345,6 +1358,7 @@ impl KubeBackend {
                 if lost > 0 {
                     tracing::warn!(model = %m.name, lost, "the gateway lost replica(s); registering them again");
                     known.retain(|e| there.is_some_and(|l| l.contains(e)));
+                    repairs.reregistered.insert(m.name.clone(), lost as u32);
                 }
             }
             // Registered only once the gateway has taken it; a failure is
@@ -1371,6 +1385,9 @@ impl KubeBackend {
                     // Kept as registered: removed again next tick.
                     tracing::warn!("{err}");
                     now_known.insert(e);
+                } else if stale.contains(&e) {
+                    tracing::warn!(model = %m.name, endpoint = %e, "a registration no ready endpoint explains: removed");
+                    *repairs.removed.entry(m.name.clone()).or_default() += 1;
                 }
             }
             *known = now_known;
@@ -1378,7 +1395,7 @@ impl KubeBackend {
         // A deleted policy's served name: its pods go with it (their
         // owner), so what was registered for it goes too.
         let Some(listed_served) = &self.listed_served else {
-            return Ok(());
+            return Ok(repairs);
         };
         let serving: BTreeSet<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
         let deleted: Vec<String> = self
@@ -1405,7 +1422,7 @@ impl KubeBackend {
                 self.registered.insert(name, left);
             }
         }
-        Ok(())
+        Ok(repairs)
     }
 
     /// As the leader, writes each model's memory into its status every
@@ -1527,16 +1544,18 @@ impl Backend {
     }
 
     /// One reconciliation, every tick. Local: dead replica processes
-    /// replaced, replicas the gateway lost registered again (the local
-    /// backend repairs towards its own count, so it reports none).
+    /// replaced, replicas the gateway lost registered again, and
+    /// registrations no replica owns removed (the local backend repairs
+    /// towards its own count, so it reports no live count).
     /// Kubernetes: lease, the live counts and (on taking over) the
-    /// memory left in the policies' status, drains, discovery.
+    /// memory left in the policies' status, drains, discovery. Both
+    /// report what they repaired (`gpuscale_autoscaler_repairs_total`).
     pub async fn tick(&mut self, models: &[Model], now: Duration) -> Observed {
         match self {
-            Backend::Local(l) => {
-                l.reconcile(models).await;
-                Observed::default()
-            }
+            Backend::Local(l) => Observed {
+                repairs: l.reconcile(models).await,
+                ..Observed::default()
+            },
             Backend::Kube(k) => match k.tick(models, now).await {
                 Ok(o) => o,
                 Err(e) => {

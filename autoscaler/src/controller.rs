@@ -58,6 +58,12 @@ struct ResourceLabel {
     resource: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepairLabels {
+    model: String,
+    repair: String,
+}
+
 /// The autoscaler's metrics (prefix `gpuscale_autoscaler_`).
 #[derive(Clone)]
 struct Metrics {
@@ -71,6 +77,7 @@ struct Metrics {
     pool_gpus: Family<PoolLabel, Gauge>,
     pool_used: Family<PoolLabel, Gauge>,
     utilization: Family<ResourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    repairs: Family<RepairLabels, Counter>,
 }
 
 impl Metrics {
@@ -86,6 +93,7 @@ impl Metrics {
             pool_gpus: Family::default(),
             pool_used: Family::default(),
             utilization: Family::default(),
+            repairs: Family::default(),
         };
         let mut r = Registry::with_prefix("gpuscale_autoscaler");
         r.register(
@@ -121,6 +129,11 @@ impl Metrics {
             m.decisions.clone(),
         );
         r.register(
+            "repairs",
+            "Differences the reconciler found between what should run and what runs, and repaired: replaced (a replica process found dead), reregistered (a replica the gateway had lost), removed (a gateway registration no replica owns)",
+            m.repairs.clone(),
+        );
+        r.register(
             "panic",
             "1 while the model is in panic mode",
             m.panic.clone(),
@@ -151,6 +164,7 @@ pub fn exposition() -> String {
         pool_gpus,
         pool_used,
         utilization,
+        repairs,
     } = &m;
     let model = ModelLabel {
         model: "example".into(),
@@ -169,6 +183,10 @@ pub fn exposition() -> String {
     let _ = pool_used.get_or_create(&pool);
     let _ = utilization.get_or_create(&ResourceLabel {
         resource: "memory".into(),
+    });
+    let _ = repairs.get_or_create(&RepairLabels {
+        model: "example".into(),
+        repair: "replaced".into(),
     });
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
@@ -540,6 +558,21 @@ impl Controller {
     /// write that did not land) replaces it, as HPA reads `/scale`
     /// every cycle.
     fn adopt(&mut self, observed: &Observed) {
+        for (repair, counts) in [
+            ("replaced", &observed.repairs.replaced),
+            ("reregistered", &observed.repairs.reregistered),
+            ("removed", &observed.repairs.removed),
+        ] {
+            for (model, &n) in counts {
+                self.metrics
+                    .repairs
+                    .get_or_create(&RepairLabels {
+                        model: model.clone(),
+                        repair: repair.into(),
+                    })
+                    .inc_by(u64::from(n));
+            }
+        }
         if let Some(models) = &observed.policies {
             self.set_models(models.clone());
         }

@@ -178,6 +178,48 @@ async fn the_local_reconciler_removes_registrations_no_replica_owns() {
     local.shutdown().await;
 }
 
+/// What the reconciliation repaired reaches the controller's metrics:
+/// a stale registration removed on the first tick counts once in
+/// `gpuscale_autoscaler_repairs_total{repair="removed"}`, and later ticks
+/// with nothing to repair add nothing.
+#[tokio::test]
+async fn repairs_are_counted_in_the_controllers_metrics() {
+    use gpuscale_autoscaler::backend::Backend;
+    use gpuscale_autoscaler::controller::Controller;
+    use gpuscale_autoscaler::local::LocalBackend;
+    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
+    let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 1s}\n");
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+    let local = LocalBackend::new(
+        fake_server(dir.path()),
+        gateway.clone(),
+        settings.spec.local.clone(),
+    );
+    let served = settings.models[0].served_name.clone();
+    state
+        .replicas
+        .lock()
+        .unwrap()
+        .insert(served.clone(), ["http://127.0.0.1:1".to_string()].into());
+    let mut controller = Controller::new(settings, gateway, Backend::Local(local));
+    let report = controller.report();
+    let removed = || {
+        report.metrics().lines().find_map(|l| {
+            l.strip_prefix("gpuscale_autoscaler_repairs_total{model=\"llama\",repair=\"removed\"} ")
+                .map(str::to_string)
+        })
+    };
+    assert_eq!(removed(), None);
+    controller.tick().await;
+    assert_eq!(removed().as_deref(), Some("1"));
+    assert!(!state.listed(&served).contains("http://127.0.0.1:1"));
+    for _ in 0..3 {
+        controller.tick().await;
+    }
+    assert_eq!(removed().as_deref(), Some("1"));
+}
+
 /// A replica the local backend removes is deregistered and stops once
 /// the gateway no longer lists it (its last request done), not at a fixed
 /// drain time that cut long requests: here it still runs while the

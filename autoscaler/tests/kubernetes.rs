@@ -1160,6 +1160,10 @@ async fn a_registration_no_slice_shows_is_removed_after_a_restart() {
         gw_state.replicas.lock().unwrap()[&m.served_name],
         ["http://10.0.0.7:8000".to_string()].into()
     );
+    // Reported as a repair; the first registration of a ready pod is not.
+    assert_eq!(observed.repairs.removed, [("llama".to_string(), 1)].into());
+    assert!(observed.repairs.reregistered.is_empty());
+    assert!(observed.repairs.replaced.is_empty());
 }
 
 /// A tick: take the lease, read the live count, discover the ready pod
@@ -1199,6 +1203,9 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
             r#"POST {"endpoint":"http://10.0.0.7:8000","maxConcurrency":32,"model":"meta-llama/Llama-3.1-8B-Instruct"}"#
         ]
     );
+    // Registering a pod that became ready is the normal course, not a
+    // repair.
+    assert_eq!(observed.repairs, Default::default());
     assert_eq!(backend.ready(std::slice::from_ref(&m))["llama"], 1);
 
     // The gateway restarts and forgets the replica: the next tick (within
@@ -1215,6 +1222,11 @@ async fn the_backend_leads_discovers_and_applies_a_decision() {
     let mut handle = server.await.unwrap();
     assert!(!observed.took_over);
     assert_eq!(gw_state.seen.lock().unwrap().len(), 2);
+    assert_eq!(
+        observed.repairs.reregistered,
+        [("llama".to_string(), 1)].into()
+    );
+    assert!(observed.repairs.removed.is_empty());
     assert_eq!(
         gw_state.replicas.lock().unwrap()["meta-llama/Llama-3.1-8B-Instruct"].len(),
         1
