@@ -447,6 +447,29 @@ pub(crate) fn tally(
         n.sharing
             .contains(&gpuscale_policies::SharingMode::Fractional)
     });
+    // The GPUs of each tensor-parallel fractional replica (one node's),
+    // by (node, model, replica): its variant is pinned to them.
+    let mut tp_groups: BTreeMap<(&str, &str, u32), Vec<u32>> = BTreeMap::new();
+    for g in gpus.iter().filter(|g| g.mode == Mode::Fractional) {
+        for r in g.replicas.iter().filter(|r| r.group_size.unwrap_or(1) > 1) {
+            tp_groups
+                .entry((g.node.as_str(), r.model.as_str(), r.replica))
+                .or_default()
+                .push(g.index);
+        }
+    }
+    for ix in tp_groups.values_mut() {
+        ix.sort_unstable();
+        ix.dedup();
+    }
+    let uuid_of = |node: &str, index: u32| {
+        cluster
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .and_then(|n| n.gpus.get(index as usize))
+            .and_then(|x| x.uuid.as_deref())
+    };
     for g in gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
@@ -543,20 +566,30 @@ pub(crate) fn tally(
                         emit::HAMI_NODE_LABEL.0.to_string(),
                         emit::HAMI_NODE_LABEL.1.to_string(),
                     );
-                    let uuid = cluster
-                        .nodes
-                        .iter()
-                        .find(|n| n.name == g.node)
-                        .and_then(|n| n.gpus.get(g.index as usize))
-                        .and_then(|x| x.uuid.as_deref());
-                    match (k, uuid) {
+                    let uuid = uuid_of(&g.node, g.index);
+                    // A tensor-parallel replica's GPUs, where every UUID
+                    // is known.
+                    let group = tp_groups
+                        .get(&(g.node.as_str(), r.model.as_str(), r.replica))
+                        .filter(|ix| ix.iter().all(|&i| uuid_of(&g.node, i).is_some()));
+                    match (k, uuid, group) {
                         // One variant per GPU where its UUID is known,
                         // pinned to it alone (`emit::hami_annotations`)
                         // with its exact count: HAMi's own pick among
                         // several GPUs is greedy and cannot always
                         // rebuild a mix packed to 95–99 % of the cores.
-                        (1, Some(_)) => format!("fractional-{}-{}", g.node, g.index),
-                        (1, None) => "fractional".to_string(),
+                        // The pin also keeps the pod template unchanged
+                        // while the model grows onto other GPUs (a list
+                        // of every GPU of a variant changes with each
+                        // new one, and the Deployment rolls every pod).
+                        (1, Some(_), _) => format!("fractional-{}-{}", g.node, g.index),
+                        (1, None, _) => "fractional".to_string(),
+                        // So per tensor-parallel group: its GPUs, in
+                        // index order.
+                        (_, _, Some(ix)) => {
+                            let ix: Vec<String> = ix.iter().map(u32::to_string).collect();
+                            format!("fractional-tp{k}-{}-{}", g.node, ix.join("-"))
+                        }
                         _ => format!("fractional-tp{k}"),
                     }
                 }

@@ -1021,6 +1021,15 @@ fn check_emitted(plan: &Plan, cluster: &Cluster) {
                     assert!(v.name.contains("-fractional-"), "{}", v.name);
                 } else if k == 1 {
                     assert!(v.name.ends_with("-fractional"), "{}", v.name);
+                } else if let Some(uuids) = v.annotations.get("nvidia.com/use-gpuuuid") {
+                    // A tensor-parallel group's variant, pinned to its
+                    // k GPUs.
+                    assert_eq!(uuids.split(',').count(), k as usize, "{}", v.name);
+                    assert!(
+                        v.name.contains(&format!("-fractional-tp{k}-")),
+                        "{}",
+                        v.name
+                    );
                 } else {
                     assert!(
                         v.name.ends_with(&format!("-fractional-tp{k}")),
@@ -1828,4 +1837,88 @@ fn fractional_replicas_are_pinned_to_their_planned_gpu_where_its_uuid_is_known()
         }
     }
     assert_eq!(emitted, planned);
+}
+
+#[test]
+fn a_tensor_parallel_fractional_replica_is_pinned_to_its_own_gpus_and_growth_leaves_its_template() {
+    // A variant listing the UUIDs of every GPU its replicas are on changes
+    // when the model grows onto another GPU, and Kubernetes rolls every
+    // pod of it. Each tensor-parallel group's variant lists its own GPUs:
+    // growth adds a variant and leaves the others as they were.
+    let mut cluster = common::cluster_allowing(
+        &[("a", "A100-80GB", 4), ("b", "A100-80GB", 4)],
+        &[SharingMode::Fractional],
+    );
+    for n in &mut cluster.nodes {
+        for g in &mut n.gpus {
+            g.uuid = Some(format!("GPU-{}-{}", n.name, g.index));
+        }
+    }
+    let both = [SharingMode::Whole, SharingMode::Fractional];
+    let models = vec![
+        common::model("mixtral", 90.0, 0.2, &both, &[2, 4], &[]),
+        common::model("qwen", 30.0, 0.1, &both, &[1], &[]),
+    ];
+    let options = PackOptions::default();
+    let demand = common::demand(&[("mixtral", 2), ("qwen", 4)]);
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    check_rules(&plan, &cluster, &models, &options, &demand);
+    check_emitted(&plan, &cluster);
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    // Each replica's GPUs, from the plan: (node, sorted indices).
+    let groups = |plan: &gpuscale_packer::Plan| -> BTreeSet<(String, Vec<u32>)> {
+        let mut by: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
+        for g in &plan.gpus {
+            for r in g.replicas.iter().filter(|r| r.model == "mixtral") {
+                by.entry((g.node.clone(), r.replica))
+                    .or_default()
+                    .push(g.index);
+            }
+        }
+        by.into_iter()
+            .map(|((node, _), mut ix)| {
+                ix.sort_unstable();
+                (node, ix)
+            })
+            .collect()
+    };
+    let templates = |plan: &gpuscale_packer::Plan| -> BTreeMap<String, BTreeMap<String, String>> {
+        plan.models
+            .iter()
+            .find(|m| m.name == "mixtral")
+            .unwrap()
+            .variants
+            .iter()
+            .map(|v| (v.name.clone(), v.annotations.clone()))
+            .collect()
+    };
+    let before = templates(&plan);
+    assert_eq!(before.len(), groups(&plan).len(), "{before:#?}");
+    for (node, ix) in groups(&plan) {
+        let suffix: Vec<String> = ix.iter().map(u32::to_string).collect();
+        let name = format!(
+            "mixtral-a100-80gb-fractional-tp2-{node}-{}",
+            suffix.join("-")
+        );
+        let uuids: Vec<String> = ix.iter().map(|i| format!("GPU-{node}-{i}")).collect();
+        assert_eq!(
+            before
+                .get(&name)
+                .map(|a| a["nvidia.com/use-gpuuuid"].clone()),
+            Some(uuids.join(",")),
+            "{before:#?}"
+        );
+    }
+    // One more mixtral: a new group's variant; the others keep their
+    // templates (names and annotations) as they were.
+    let now = plan.apply_to(&cluster);
+    let more = common::demand(&[("mixtral", 3), ("qwen", 4)]);
+    let grown = pack(&now, &models, &more, &options).unwrap();
+    check_rules(&grown, &now, &models, &options, &more);
+    assert!(grown.unplaced.is_empty(), "{:?}", grown.unplaced);
+    let after = templates(&grown);
+    assert_eq!(after.len(), before.len() + 1, "{after:#?}");
+    for (name, annotations) in &before {
+        assert_eq!(after.get(name), Some(annotations), "{name}");
+    }
 }
