@@ -770,6 +770,16 @@ impl KubeBackend {
                 return Err(lost());
             }
             let (n, held) = counts.get(gone).copied().unwrap_or((0, None));
+            // Already at zero, with no hold and no spare: nothing to
+            // write. Every variant a model ever ran stays at zero (one
+            // per GPU for a pinned fractional one), and a change would
+            // otherwise scale each of them again.
+            let idle = read
+                .iter()
+                .any(|v| v.name == *gone && v.replicas == 0 && v.held.is_none() && v.spares == 0);
+            if idle && n == 0 && held.is_none() && !was_held.contains(gone) {
+                continue;
+            }
             self.scale_held(&model.name, gone, (n, 0), held, was_held.contains(gone))
                 .await?;
             if n > 0 {
