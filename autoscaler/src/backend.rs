@@ -99,6 +99,12 @@ pub const AGENTS_DEADLINE: Duration = Duration::from_secs(10);
 /// agent`, a DaemonSet), and the path of their readings.
 pub const AGENT_SERVICE: &str = "gpuscale-agent";
 
+/// How long a variant Deployment the plan has left stays at zero before
+/// it is deleted. Each variant a model ever ran would otherwise stay (one
+/// per GPU for pinned fractional variants: hundreds over a week of
+/// scaling), listed every tick.
+pub const IDLE_VARIANT_TTL: Duration = Duration::from_secs(15 * 60);
+
 /// How often the leader writes the recommender's memory into the
 /// ModelPolicy status besides each decision (HPA's default sync period).
 pub const REMEMBER_EVERY: Duration = Duration::from_secs(15);
@@ -121,6 +127,13 @@ pub struct KubeBackend {
     owned: BTreeSet<String>,
     /// Per model, Deployments the plan names that are not gpuscale's.
     refused: BTreeMap<String, BTreeSet<String>>,
+    /// Per model, the variants its last applied change planned (their
+    /// counts zero or not); none yet: no variant of it is removed.
+    planned: BTreeMap<String, BTreeSet<String>>,
+    /// Variant Deployments that are idle and that the last change of
+    /// their model did not plan, since when (removed at
+    /// [`IDLE_VARIANT_TTL`]).
+    idle_since: BTreeMap<String, Duration>,
     /// The served names every watched policy claims, valid or not
     /// (`None`: not watching, or a policy does not decode): a name
     /// registered with the gateway and missing here is a deleted
@@ -250,6 +263,8 @@ impl KubeBackend {
             read: BTreeMap::new(),
             owned: BTreeSet::new(),
             refused: BTreeMap::new(),
+            planned: BTreeMap::new(),
+            idle_since: BTreeMap::new(),
             services: BTreeMap::new(),
             listed_served: None,
             registered: BTreeMap::new(),
@@ -699,6 +714,10 @@ impl KubeBackend {
             self.services.insert(model.name.clone(), now);
         }
         let variants = Self::variants_of(model, c.rec.replicas, plan);
+        self.planned.insert(
+            model.name.clone(),
+            variants.iter().map(|v| v.name.clone()).collect(),
+        );
         let before = self.variants.get(&model.name).cloned().unwrap_or_default();
         // A move is made before it breaks: what the plan scales down keeps
         // serving until what it scales up is ready (`handover`).
@@ -1239,6 +1258,12 @@ impl KubeBackend {
         } else {
             BTreeMap::new()
         };
+        // Idle variants the plan has left, removed after a while.
+        let gone = self.remove_idle_variants(&owned, now).await?;
+        let owned: Vec<Owned> = owned
+            .into_iter()
+            .filter(|o| !gone.contains(&o.name))
+            .collect();
         for m in models {
             let mine: Vec<&Owned> = owned.iter().filter(|o| o.model == m.name).collect();
             let read: Vec<VariantNow> = mine.iter().map(|&o| VariantNow::from(o)).collect();
@@ -1290,6 +1315,50 @@ impl KubeBackend {
         } else {
             Ok(())
         }
+    }
+
+    /// Deletes the variant Deployments that have been idle
+    /// ([`Owned::idle`]) and outside their model's last planned change for
+    /// [`IDLE_VARIANT_TTL`]; returns their names. A model with no change
+    /// applied by this leader yet keeps every variant.
+    async fn remove_idle_variants(
+        &mut self,
+        owned: &[Owned],
+        now: Duration,
+    ) -> Result<BTreeSet<String>, KubeError> {
+        let stale: BTreeSet<&str> = owned
+            .iter()
+            .filter(|o| {
+                o.idle()
+                    && self
+                        .planned
+                        .get(&o.model)
+                        .is_some_and(|p| !p.contains(&o.name))
+            })
+            .map(|o| o.name.as_str())
+            .collect();
+        self.idle_since.retain(|n, _| stale.contains(n.as_str()));
+        let mut gone = BTreeSet::new();
+        for o in owned.iter().filter(|o| stale.contains(o.name.as_str())) {
+            let since = *self.idle_since.entry(o.name.clone()).or_insert(now);
+            if now.saturating_sub(since) < IDLE_VARIANT_TTL {
+                continue;
+            }
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            if self
+                .kube
+                .delete_deployment(&o.name, o.resource_version.as_deref())
+                .await?
+            {
+                tracing::info!(model = %o.model, deployment = %o.name, "a variant the plan left, idle for {}: deleted", gpuscale_policies::duration::show(IDLE_VARIANT_TTL));
+                self.idle_since.remove(&o.name);
+                self.owned.remove(&o.name);
+                gone.insert(o.name.clone());
+            }
+        }
+        Ok(gone)
     }
 
     /// The ready endpoints of each model's Service (one list call for

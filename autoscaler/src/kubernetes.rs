@@ -43,7 +43,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::handover::Held;
@@ -868,6 +871,16 @@ pub struct Owned {
     pub held: Option<Held>,
     /// Of `replicas`, the spares ([`SPARES`]; 0 without it).
     pub spares: u32,
+    /// `metadata.resourceVersion`: a removal is refused if it changed.
+    pub resource_version: Option<String>,
+}
+
+impl Owned {
+    /// Runs nothing and holds nothing: no replica asked for or ready, no
+    /// hand-over hold, no spare.
+    pub fn idle(&self) -> bool {
+        self.replicas == 0 && self.ready == 0 && self.held.is_none() && self.spares == 0
+    }
 }
 
 impl From<&Owned> for crate::handover::VariantNow {
@@ -959,6 +972,7 @@ pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
                     .and_then(|a| a.get(SPARES))
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
+                resource_version: d.metadata.resource_version.clone(),
             })
         })
         .collect();
@@ -1727,6 +1741,47 @@ impl Kube {
         )
         .await?;
         Ok(None)
+    }
+
+    /// Deletes a Deployment of gpuscale's, provided it has not changed
+    /// since it was read at `resource_version` (the API server refuses
+    /// with 409 otherwise). Gone already or changed: `Ok`, nothing done
+    /// (`false`).
+    pub async fn delete_deployment(
+        &self,
+        name: &str,
+        resource_version: Option<&str>,
+    ) -> Result<bool, KubeError> {
+        if self
+            .dry(Write {
+                method: "DELETE",
+                path: format!("/apis/apps/v1/namespaces/{}/deployments/{name}", self.ns()),
+                body: serde_json::json!({"preconditions": {"resourceVersion": resource_version}}),
+            })
+            .is_some()
+        {
+            return Ok(false);
+        }
+        self.fenced()?;
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), self.ns());
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: resource_version.map(str::to_string),
+                uid: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match self
+            .call(
+                || format!("delete deployment {name}"),
+                api.delete(name, &params),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(KubeError::Api(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sets a Deployment's replicas with a hand-over's hold, or with the

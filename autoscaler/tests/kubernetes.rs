@@ -3042,7 +3042,8 @@ fn variants_list(items: &[Listed<'_>]) -> Value {
     let items: Vec<Value> = items
         .iter()
         .map(|(name, n, ready, held)| {
-            let mut meta = json!({"name": name, "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"}});
+            let mut meta = json!({"name": name, "resourceVersion": format!("rv-{name}"),
+                                  "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"}});
             if let Some((planned, until)) = held {
                 meta["annotations"] = json!({"gpuscale.io/handover-planned": planned, "gpuscale.io/handover-until": until});
             }
@@ -3242,6 +3243,94 @@ async fn a_change_writes_nothing_to_a_variant_already_at_zero() {
     backend.apply(&[change(&m, 2)], None, None, now).await;
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "a write to the variant at zero").await;
+}
+
+/// A variant the plan has left and that stays idle is deleted after
+/// `IDLE_VARIANT_TTL`, on the condition that it has not changed since it
+/// was listed; the variant the plan runs, and every variant of a model
+/// this leader has not changed yet, are kept.
+async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
+    let long_lease = KubeSpec {
+        lease_duration: Duration::from_secs(6 * 3600),
+        renew_deadline: Duration::from_secs(4 * 3600),
+        retry_period: Duration::from_secs(3 * 3600),
+        ..spec()
+    };
+    let (mut backend, mut handle, _gw) = backend_with(long_lease, "gpuscale-0").await;
+    let m = model();
+    let t0 = Duration::from_secs(1_795_976_401);
+    let ttl = gpuscale_autoscaler::backend::IDLE_VARIANT_TTL;
+    let server = tokio::spawn(async move {
+        let both = |n: u32| variants_list(&[("llama", n, n, None), (OLD, 0, 0, None)]);
+        lease_created(&mut handle, "gpuscale-0").await;
+        // A new leader, no change applied yet: the idle variant stays,
+        // however long it waits.
+        expect(&mut handle, Method::GET, OWNED, 200, both(2)).await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        expect(&mut handle, Method::GET, OWNED, 200, both(2)).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // A change: the plan runs `llama`, and OLD, at zero, is not
+        // written to.
+        let service =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+        service_absent(&mut handle, "llama").await;
+        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
+        new_variant_applied(&mut handle).await;
+        assert_eq!(scaled(&mut handle, "llama").await, 5);
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        // Idle and left by the plan from the next tick on; kept until
+        // the TTL has passed.
+        for _ in 0..2 {
+            expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+            expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        }
+        // Then deleted, provided it is still the version listed.
+        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+        let reply =
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": OLD}});
+        let deleted = expect(
+            &mut handle,
+            Method::DELETE,
+            &format!("{DEPLOYMENTS}/{OLD}?"),
+            200,
+            reply,
+        )
+        .await;
+        assert_eq!(
+            deleted["preconditions"]["resourceVersion"],
+            format!("rv-{OLD}")
+        );
+        assert_eq!(deleted["propagationPolicy"], "Background");
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Gone from the list: nothing more.
+        let one = variants_list(&[("llama", 5, 5, None)]);
+        expect(&mut handle, Method::GET, OWNED, 200, one).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    let models = std::slice::from_ref(&m);
+    backend.tick(models, t0).await;
+    let t1 = t0 + ttl * 2;
+    backend.tick(models, t1).await;
+    backend.apply(&[change(&m, 2)], None, None, t1).await;
+    let t2 = t1 + Duration::from_secs(1);
+    backend.tick(models, t2).await;
+    backend
+        .tick(models, t2 + ttl - Duration::from_secs(1))
+        .await;
+    backend.tick(models, t2 + ttl).await;
+    backend
+        .tick(models, t2 + ttl + Duration::from_secs(1))
+        .await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "another write").await;
 }
 
 /// A MIG drain evicting a held variant's pods would see them created
@@ -3505,6 +3594,7 @@ scenarios!(
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
     a_decision_before_the_next_tick_sees_the_hold_it_wrote,
     a_change_writes_nothing_to_a_variant_already_at_zero,
+    an_idle_variant_the_plan_left_is_deleted_after_a_while,
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
     a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,
 );
