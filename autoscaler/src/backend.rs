@@ -1060,7 +1060,10 @@ impl KubeBackend {
             }
             tracing::info!(%node, config = %cfg, drain, "MIG hand-off: cordoning");
             self.kube
-                .patch_node(&node, handoff_start_patch(&cfg, drain))
+                .patch_node(
+                    &node,
+                    handoff_start_patch(&cfg, drain, &self.kube.spec().handoff_owner()),
+                )
                 .await?;
             self.mig.insert(node.clone(), cfg);
             self.tell(
@@ -1098,28 +1101,61 @@ impl KubeBackend {
     /// is logged and tried again next tick, and holds up neither the other
     /// nodes nor the models' scaling.
     async fn advance_handoffs(&mut self, now: Duration) -> Result<(), KubeError> {
-        // Only in the managed pool: a node outside it is never drained,
-        // reconfigured or uncordoned, whatever labels it carries.
-        let pool = &self.kube.spec().node_selector;
-        let selector = if pool.trim().is_empty() {
-            HANDOFF_LABEL.to_string()
-        } else {
-            format!("{HANDOFF_LABEL},{pool}")
-        };
-        for node in self.kube.nodes(&selector).await? {
+        // In the managed pool, hand-offs this controller started (or
+        // that name none, recorded before the owner was): moved on.
+        // Outside it, only this controller's own: a node that left the
+        // pool mid-hand-off. Another's, or an unowned one outside the
+        // pool, is never drained, reconfigured or uncordoned.
+        let pool = self.kube.spec().pool_labels().unwrap_or_default();
+        let me = self.kube.spec().handoff_owner();
+        for node in self.kube.nodes(HANDOFF_LABEL).await? {
             let Some(name) = node.metadata.name.clone() else {
                 continue;
             };
+            let by = crate::kubernetes::handoff_by(&node);
+            let mine = by == Some(me.as_str());
+            let inside = crate::kubernetes::in_pool(&node, &pool);
+            if !(mine || inside && by.is_none()) {
+                continue;
+            }
             if !self.still_leading() {
                 return Err(lost());
             }
-            if let Err(e) = self.advance_handoff(&node, &name, now).await {
+            let step = if !inside && matches!(handoff_of(&node), Some(Handoff::Draining { .. })) {
+                self.abandon_handoff(&name, now).await
+            } else {
+                self.advance_handoff(&node, &name, now).await
+            };
+            if let Err(e) = step {
                 if !self.still_leading() {
                     return Err(e);
                 }
                 tracing::warn!(node = %name, "moving its MIG hand-off on: {e}; tried again next tick");
             }
         }
+        Ok(())
+    }
+
+    /// A node that left the managed pool while it drained: its geometry
+    /// is no longer the plan's to change, so the hand-off is dropped, the
+    /// node uncordoned and the record removed. (One already configuring
+    /// is left to finish: the MIG manager is at work on it.)
+    async fn abandon_handoff(&mut self, name: &str, now: Duration) -> Result<(), KubeError> {
+        self.kube.patch_node(name, handoff_done_patch()).await?;
+        self.mig.remove(name);
+        tracing::warn!(node = %name, "left the managed pool mid-hand-off; hand-off dropped, uncordoned");
+        self.tell(
+            &Regarding::node(name),
+            Said {
+                action: "ReconfigureMIG".into(),
+                reason: "LeftPool".into(),
+                note: "left gpuscale's managed pool while it drained; the MIG hand-off is dropped,                        its geometry unchanged, and the node uncordoned"
+                    .into(),
+                warning: true,
+            },
+            now,
+        )
+        .await;
         Ok(())
     }
 

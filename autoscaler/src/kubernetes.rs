@@ -271,6 +271,12 @@ impl ServerResources {
 pub const MANAGED_NODES: &str = "nvidia.com/gpu.present=true,gpuscale.io/managed=true";
 
 impl KubeSpec {
+    /// This controller's name on the hand-offs it starts
+    /// ([`HANDOFF_BY`]): its namespace and lease.
+    pub fn handoff_owner(&self) -> String {
+        format!("{}/{}", self.namespace, self.lease_name)
+    }
+
     /// [`KubeSpec::node_selector`]'s terms as labels; `Err` names the
     /// first term that is not `key=value` (set-based and `!=` terms
     /// cannot be a pod's node selector).
@@ -1123,6 +1129,28 @@ pub const HANDOFF_LABEL: &str = "gpuscale.io/mig-handoff";
 pub const HANDOFF_CONFIG: &str = "gpuscale.io/mig-handoff-config";
 /// The node annotation saying, in words, why gpuscale cordoned the node.
 pub const HANDOFF_REASON: &str = "gpuscale.io/mig-handoff-reason";
+/// The node annotation naming the controller that started the hand-off
+/// (`namespace/lease`, [`KubeSpec::handoff_owner`]): a node that has left
+/// its managed pool mid-hand-off is still that controller's to undo, and
+/// no other's.
+pub const HANDOFF_BY: &str = "gpuscale.io/mig-handoff-by";
+
+/// Who started a node's hand-off ([`HANDOFF_BY`]), if recorded.
+pub fn handoff_by(node: &Node) -> Option<&str> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HANDOFF_BY))
+        .map(String::as_str)
+}
+
+/// Whether a node carries every label of the managed pool (`pool`, from
+/// [`KubeSpec::pool_labels`]; empty: every node).
+pub fn in_pool(node: &Node, pool: &BTreeMap<String, String>) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    pool.iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)).is_some_and(|x| x == v))
+}
 
 /// A MIG hand-off in progress on a node, as recorded on it.
 #[derive(Debug, Clone, PartialEq)]
@@ -1179,7 +1207,7 @@ pub fn mig_state(node: &Node) -> Option<&str> {
 /// node is never cordoned by gpuscale without a recorded reason). `drain`:
 /// replicas run on GPUs that change, so gpuscale's MIG pods are evicted
 /// first; otherwise the config is set at once.
-pub fn handoff_start_patch(config: &str, drain: bool) -> serde_json::Value {
+pub fn handoff_start_patch(config: &str, drain: bool, by: &str) -> serde_json::Value {
     let reason = format!(
         "cordoned by gpuscale to change the MIG geometry to {config}; uncordoned when \
          {MIG_STATE_LABEL}=success"
@@ -1192,7 +1220,7 @@ pub fn handoff_start_patch(config: &str, drain: bool) -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "labels": labels,
-            "annotations": {HANDOFF_CONFIG: config, HANDOFF_REASON: reason},
+            "annotations": {HANDOFF_CONFIG: config, HANDOFF_REASON: reason, HANDOFF_BY: by},
         },
         "spec": {"unschedulable": true},
     })
@@ -1209,7 +1237,7 @@ pub fn handoff_done_patch() -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "labels": {HANDOFF_LABEL: null},
-            "annotations": {HANDOFF_CONFIG: null, HANDOFF_REASON: null},
+            "annotations": {HANDOFF_CONFIG: null, HANDOFF_REASON: null, HANDOFF_BY: null},
         },
         "spec": {"unschedulable": false},
     })

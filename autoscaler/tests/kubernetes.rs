@@ -269,8 +269,9 @@ fn change(m: &Model, from: u32) -> Change {
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases/gpuscale-autoscaler";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/inference/leases?";
 const OWNED: &str = "/apis/apps/v1/namespaces/inference/deployments?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dgpuscale";
-/// The nodes with a MIG hand-off, in the managed pool only.
-const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff%2Cnvidia.com%2Fgpu.present%3Dtrue%2Cgpuscale.io%2Fmanaged%3Dtrue&limit=500";
+/// The nodes with a MIG hand-off (in the managed pool or not: one that
+/// left it mid-hand-off is still the controller's to undo).
+const HANDOFFS: &str = "/api/v1/nodes?&labelSelector=gpuscale.io%2Fmig-handoff&limit=500";
 /// The EndpointSlices of the models' Services, one list call for them all
 /// (`kubernetes.io/service-name in (gpuscale-llama)`).
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices?&labelSelector=kubernetes.io%2Fservice-name+in+%28gpuscale-llama%29";
@@ -1722,7 +1723,17 @@ async fn the_leader_releases_the_lease_on_shutdown() {
     server.await.unwrap();
 }
 
+/// A cordoned node of the managed pool (its labels besides `labels`).
 fn node(name: &str, labels: Value, annotations: Value) -> Value {
+    let mut labels = labels;
+    labels["nvidia.com/gpu.present"] = "true".into();
+    labels["gpuscale.io/managed"] = "true".into();
+    node_outside(name, labels, annotations)
+}
+
+/// A cordoned node with these labels only (outside the managed pool
+/// unless they say otherwise).
+fn node_outside(name: &str, labels: Value, annotations: Value) -> Value {
     json!({"metadata": {"name": name, "labels": labels, "annotations": annotations},
            "spec": {"unschedulable": true}})
 }
@@ -2000,13 +2011,123 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
     server.await.unwrap();
 }
 
+/// A node that leaves the managed pool while this controller drains it
+/// is uncordoned and its hand-off record removed (it stayed cordoned:
+/// hand-offs were listed in the pool only); a hand-off another controller
+/// started, in the pool or out of it, is left alone.
+async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_are_left_alone() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let draining =
+        json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"});
+    let by = |who: &str| json!({"gpuscale.io/mig-handoff-config": "gpuscale-new", "gpuscale.io/mig-handoff-by": who});
+    let left = node_outside(
+        "h100-0",
+        draining.clone(),
+        by("inference/gpuscale-autoscaler"),
+    );
+    let others_outside = node_outside(
+        "h100-1",
+        draining.clone(),
+        by("research/gpuscale-autoscaler"),
+    );
+    let others_inside = node(
+        "h100-2",
+        draining.clone(),
+        by("research/gpuscale-autoscaler"),
+    );
+    let unowned_outside = node_outside(
+        "h100-3",
+        draining,
+        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new"}),
+    );
+    let node_reply = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "h100-0"}});
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        let all = nodes(vec![
+            left,
+            others_outside.clone(),
+            others_inside.clone(),
+            unowned_outside.clone(),
+        ]);
+        expect(&mut handle, Method::GET, HANDOFFS, 200, all).await;
+        let p = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/nodes/h100-0?",
+            200,
+            node_reply,
+        )
+        .await;
+        assert_eq!(p["spec"]["unschedulable"], false);
+        assert_eq!(
+            p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+            Value::Null
+        );
+        assert!(
+            p["metadata"]["labels"]
+                .get("nvidia.com/mig.config")
+                .is_none(),
+            "its geometry is left as it is: {p}"
+        );
+        for key in [
+            "gpuscale.io/mig-handoff-by",
+            "gpuscale.io/mig-handoff-config",
+        ] {
+            assert_eq!(p["metadata"]["annotations"][key], Value::Null, "{key}");
+            assert!(
+                p["metadata"]["annotations"]
+                    .as_object()
+                    .unwrap()
+                    .contains_key(key)
+            );
+        }
+        let ev = expect(&mut handle, Method::POST, NODE_EVENTS, 201, event_reply()).await;
+        assert_eq!(ev["type"], "Warning");
+        assert_eq!(ev["reason"], "LeftPool");
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // The next tick: the others are still there, and still not ours.
+        next_tick(
+            &mut handle,
+            nodes(vec![others_outside, others_inside, unowned_outside]),
+        )
+        .await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    for i in 0..2 {
+        backend
+            .tick(
+                std::slice::from_ref(&m),
+                now + Duration::from_millis(i * 10),
+            )
+            .await;
+    }
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "a write to another's hand-off").await;
+}
+
 /// The patch that starts a hand-off cordons and records why in the same
 /// write; without a drain it names the config at once.
 #[test]
 fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
     use gpuscale_autoscaler::kubernetes::handoff_start_patch;
-    let p = handoff_start_patch("gpuscale-00ab", true);
+    let p = handoff_start_patch("gpuscale-00ab", true, "inference/gpuscale-autoscaler");
     assert_eq!(p["spec"]["unschedulable"], true);
+    assert_eq!(
+        p["metadata"]["annotations"]["gpuscale.io/mig-handoff-by"],
+        "inference/gpuscale-autoscaler"
+    );
     assert_eq!(
         p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
         "draining"
@@ -2026,7 +2147,7 @@ fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
             .unwrap()
             .contains("cordoned by gpuscale")
     );
-    let p = handoff_start_patch("gpuscale-00ab", false);
+    let p = handoff_start_patch("gpuscale-00ab", false, "inference/gpuscale-autoscaler");
     assert_eq!(
         p["metadata"]["labels"]["nvidia.com/mig.config"],
         "gpuscale-00ab"
@@ -3579,6 +3700,7 @@ scenarios!(
     a_leader_that_cannot_renew_in_time_stops_writing,
     the_leader_releases_the_lease_on_shutdown,
     a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons,
+    a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_are_left_alone,
     a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader,
     the_mig_parted_configmap_keeps_configs_other_nodes_name,
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
