@@ -437,6 +437,81 @@ async fn shutdown_waits_for_replicas_still_draining() {
         .unwrap();
 }
 
+/// A Kubernetes controller whose plans come from the nodes' inventory
+/// makes no decision before the first inventory arrives: with no plan, a
+/// change would move every replica to a whole-GPU variant. Here the API
+/// server answers nothing (503), so no inventory comes, and a queue that
+/// asks for five replicas decides nothing and writes no scale; the same
+/// controller not planning from the nodes decides at once.
+#[tokio::test]
+async fn no_decision_before_the_first_inventory_when_plans_come_from_the_nodes() {
+    use gpuscale_autoscaler::backend::{Backend, KubeBackend};
+    use gpuscale_autoscaler::controller::Controller;
+    let (gw, state) = common::stand_in_gateway(common::queues(40)).await;
+    let controller_over = |from_nodes: bool| {
+        let settings = common::settings(&gw, "", "  tuning: {panicThreshold: 1000}\n");
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = sent.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(
+                    Response::builder()
+                        .status(503)
+                        .header("content-type", "application/json")
+                        .body(Body::from(
+                            br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":503}"#
+                                .to_vec(),
+                        ))
+                        .unwrap(),
+                );
+            }
+        });
+        let client = kube::Client::new(mock, "inference");
+        let k = Kube::new(client, spec(), "gpuscale-1".into(), false);
+        let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
+        let mut backend = KubeBackend::new(k, gateway.clone());
+        if from_nodes {
+            backend = backend.inventory_from_nodes();
+        }
+        (
+            Controller::new(settings, gateway, Backend::Kube(backend)),
+            sent,
+        )
+    };
+    let (mut waiting, sent) = controller_over(true);
+    let report = waiting.report();
+    for _ in 0..3 {
+        waiting.tick().await;
+    }
+    assert!(
+        report.decisions().is_empty(),
+        "{:?}",
+        report.decisions().keys()
+    );
+    assert!(
+        !sent.lock().unwrap().iter().any(|r| r.ends_with("/scale")),
+        "{:?}",
+        sent.lock().unwrap()
+    );
+    assert!(state.seen.lock().unwrap().is_empty());
+    let (mut deciding, _) = controller_over(false);
+    let report = deciding.report();
+    deciding.tick().await;
+    let decided = report.decisions();
+    assert_eq!(
+        decided
+            .get("llama")
+            .and_then(|d| d.latest.as_ref())
+            .map(|v| v.desired),
+        Some(5),
+        "{decided:?}"
+    );
+}
+
 /// Capped at 2 under a queue that asks for 5: the decision says the cap,
 /// and the count it works from is the capped one, so the next ticks are no
 /// change (the bug: every tick was a change towards 5).
