@@ -1796,9 +1796,10 @@ fn a_sim_server_takes_its_speed_from_a_line_on_stdin_and_exits_when_it_closes() 
         .args(["--speed", "0.5", "--exit-with-stdin"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut errors = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -1838,8 +1839,14 @@ fn a_sim_server_takes_its_speed_from_a_line_on_stdin_and_exits_when_it_closes() 
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"speed 0.25\n").unwrap();
     becomes(0.25);
-    // Out of range, and not a speed line: ignored, the speed stays.
-    stdin.write_all(b"speed 1.5\nhello\nspeed 0.75\n").unwrap();
+    // Out of range: refused, said, and the speed stays.
+    stdin.write_all(b"speed 1.5\n").unwrap();
+    let mut said = String::new();
+    errors.read_line(&mut said).unwrap();
+    assert!(said.contains("got 1.5"), "{said}");
+    assert_eq!(speed(), Some(0.25));
+    // Not a speed line: ignored.
+    stdin.write_all(b"hello\nspeed 0.75\n").unwrap();
     becomes(0.75);
     drop(stdin);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -1101,8 +1101,9 @@ impl KubeBackend {
     /// is logged and tried again next tick, and holds up neither the other
     /// nodes nor the models' scaling.
     async fn advance_handoffs(&mut self, now: Duration) -> Result<(), KubeError> {
-        // In the managed pool, hand-offs this controller started (or
-        // that name none, recorded before the owner was): moved on.
+        // In the managed pool, every hand-off is moved on (the pool is
+        // this controller's; one recorded under an earlier namespace or
+        // lease name, or before owners were recorded, is finished too).
         // Outside it, only this controller's own: a node that left the
         // pool mid-hand-off. Another's, or an unowned one outside the
         // pool, is never drained, reconfigured or uncordoned.
@@ -1115,7 +1116,7 @@ impl KubeBackend {
             let by = crate::kubernetes::handoff_by(&node);
             let mine = by == Some(me.as_str());
             let inside = crate::kubernetes::in_pool(&node, &pool);
-            if !(mine || inside && by.is_none()) {
+            if !(mine || inside) {
                 continue;
             }
             if !self.still_leading() {
@@ -1149,8 +1150,10 @@ impl KubeBackend {
             Said {
                 action: "ReconfigureMIG".into(),
                 reason: "LeftPool".into(),
-                note: "left gpuscale's managed pool while it drained; the MIG hand-off is dropped,                        its geometry unchanged, and the node uncordoned"
-                    .into(),
+                note:
+                    "left gpuscale's managed pool while it drained; the MIG hand-off is dropped, \
+                       its geometry unchanged, and the node uncordoned"
+                        .into(),
                 warning: true,
             },
             now,
@@ -1268,7 +1271,12 @@ impl KubeBackend {
         }
         observed.policies = self.changed_policies(now).await;
         observed.cluster = self.inventory(now).await;
-        observed.repairs = self.discover(models).await?;
+        let repairs = self.discover(models).await?;
+        // One count per repair: every replica of the controller discovers,
+        // and only the leader's repairs are reported.
+        if self.leading {
+            observed.repairs = repairs;
+        }
         Ok(observed)
     }
 
@@ -1294,8 +1302,15 @@ impl KubeBackend {
         } else {
             BTreeMap::new()
         };
+        // What the last term planned, and how long variants were idle
+        // then, say nothing about this one: a model this leader has not
+        // changed keeps every variant.
+        if !was_leading {
+            self.planned.clear();
+            self.idle_since.clear();
+        }
         // Idle variants the plan has left, removed after a while.
-        let gone = self.remove_idle_variants(&owned, now).await?;
+        let gone = self.remove_idle_variants(models, &owned, now).await?;
         let owned: Vec<Owned> = owned
             .into_iter()
             .filter(|o| !gone.contains(&o.name))
@@ -1356,9 +1371,12 @@ impl KubeBackend {
     /// Deletes the variant Deployments that have been idle
     /// ([`Owned::idle`]) and outside their model's last planned change for
     /// [`IDLE_VARIANT_TTL`]; returns their names. A model with no change
-    /// applied by this leader yet keeps every variant.
+    /// applied in this leadership term yet keeps every variant, and so
+    /// does one whose policy is not among `models` (deleted: its owner
+    /// reference removes them; invalid: kept as they are).
     async fn remove_idle_variants(
         &mut self,
+        models: &[Model],
         owned: &[Owned],
         now: Duration,
     ) -> Result<BTreeSet<String>, KubeError> {
@@ -1366,6 +1384,7 @@ impl KubeBackend {
             .iter()
             .filter(|o| {
                 o.idle()
+                    && models.iter().any(|m| m.name == o.model)
                     && self
                         .planned
                         .get(&o.model)
@@ -1383,15 +1402,25 @@ impl KubeBackend {
             if !self.still_leading() {
                 return Err(lost());
             }
-            if self
+            // A delete refused (a webhook, a Role without `delete`) or
+            // failed is logged and tried again next tick; it holds up
+            // nothing else.
+            match self
                 .kube
                 .delete_deployment(&o.name, o.resource_version.as_deref())
-                .await?
+                .await
             {
-                tracing::info!(model = %o.model, deployment = %o.name, "a variant the plan left, idle for {}: deleted", gpuscale_policies::duration::show(IDLE_VARIANT_TTL));
-                self.idle_since.remove(&o.name);
-                self.owned.remove(&o.name);
-                gone.insert(o.name.clone());
+                Ok(true) => {
+                    tracing::info!(model = %o.model, deployment = %o.name, "a variant the plan left, idle for {}: deleted", gpuscale_policies::duration::show(IDLE_VARIANT_TTL));
+                    self.idle_since.remove(&o.name);
+                    self.owned.remove(&o.name);
+                    gone.insert(o.name.clone());
+                }
+                Ok(false) => {}
+                Err(e) if !self.still_leading() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(model = %o.model, deployment = %o.name, "deleting a variant the plan left: {e}; tried again next tick")
+                }
             }
         }
         Ok(gone)
@@ -1451,10 +1480,13 @@ impl KubeBackend {
             // Removed below: what this process registered and is gone,
             // and what the gateway holds as registered and is not found.
             let mut gone: BTreeSet<String> = known.difference(&found).cloned().collect();
-            // Of those, the ones no registration of this process explains.
+            // Of those, the ones no registration of this process explains:
+            // removed by the leader only (a follower whose EndpointSlice
+            // read lags would remove what the leader just registered).
             let mut stale = BTreeSet::new();
             if let Some(registered) = lists
                 .as_ref()
+                .filter(|_| self.leading)
                 .and_then(|l| l.registered.get(&m.served_name))
             {
                 for e in registered.difference(&found) {

@@ -80,7 +80,22 @@ struct Metrics {
     repairs: Family<RepairLabels, Counter>,
 }
 
+/// The kinds of [`Metrics::repairs`].
+const REPAIRS: [&str; 3] = ["replaced", "reregistered", "removed"];
+
 impl Metrics {
+    /// A model's repair counters, at zero from the start: a series that
+    /// first appears at its first count would hide that count from
+    /// `increase()`.
+    fn zero_repairs(&self, model: &str) {
+        for repair in REPAIRS {
+            let _ = self.repairs.get_or_create(&RepairLabels {
+                model: model.into(),
+                repair: repair.into(),
+            });
+        }
+    }
+
     fn new() -> (Metrics, Registry) {
         let m = Metrics {
             desired: Family::default(),
@@ -486,6 +501,7 @@ impl Controller {
                     model: m.name.clone(),
                 })
                 .set(i64::from(start));
+            metrics.zero_repairs(&m.name);
         }
         let stall = stall_limit(settings.spec.interval);
         let report_models = Arc::new(std::sync::RwLock::new(settings.models.clone()));
@@ -558,11 +574,11 @@ impl Controller {
     /// write that did not land) replaces it, as HPA reads `/scale`
     /// every cycle.
     fn adopt(&mut self, observed: &Observed) {
-        for (repair, counts) in [
-            ("replaced", &observed.repairs.replaced),
-            ("reregistered", &observed.repairs.reregistered),
-            ("removed", &observed.repairs.removed),
-        ] {
+        let r = &observed.repairs;
+        for (repair, counts) in REPAIRS
+            .into_iter()
+            .zip([&r.replaced, &r.reregistered, &r.removed])
+        {
             for (model, &n) in counts {
                 self.metrics
                     .repairs
@@ -633,6 +649,7 @@ impl Controller {
                 .max
                 .get_or_create(&label)
                 .set(i64::from(m.scaling.max_replicas));
+            self.metrics.zero_repairs(&m.name);
         }
         *self
             .report

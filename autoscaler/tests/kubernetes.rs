@@ -1527,6 +1527,12 @@ async fn a_follower_writes_nothing() {
     let (mut backend, mut handle, gw) = backend_with(spec(), "gpuscale-1").await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
+    // A registration no slice this follower reads shows (the leader may
+    // have just registered it from a newer read): left to the leader.
+    gw.replicas.lock().unwrap().insert(
+        m.served_name.clone(),
+        ["http://10.0.0.9:8000".to_string()].into(),
+    );
     let server = tokio::spawn(async move {
         // The holder's renewTime looks an hour old by our clock (its
         // clock is behind ours): still live, judged by what we observe.
@@ -1546,9 +1552,12 @@ async fn a_follower_writes_nothing() {
     let mut handle = server.await.unwrap();
     assert!(!observed.took_over);
     assert!(observed.replicas.is_empty());
+    assert_eq!(observed.repairs, Default::default());
     backend.apply(&[change(&m, 0)], None, None, now).await;
     silent(&mut handle, 100, "a follower wrote").await;
     assert_eq!(gw.seen.lock().unwrap().len(), 1);
+    assert!(gw.seen.lock().unwrap()[0].starts_with("POST"));
+    assert!(gw.replicas.lock().unwrap()[&m.served_name].contains("http://10.0.0.9:8000"));
 }
 
 fn fast() -> KubeSpec {
@@ -2013,8 +2022,9 @@ async fn a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons() {
 
 /// A node that leaves the managed pool while this controller drains it
 /// is uncordoned and its hand-off record removed (it stayed cordoned:
-/// hand-offs were listed in the pool only); a hand-off another controller
-/// started, in the pool or out of it, is left alone.
+/// hand-offs were listed in the pool only); outside the pool, a hand-off
+/// another controller started, or one with no owner recorded, is left
+/// alone; inside it, one recorded under an earlier name is carried on.
 async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_are_left_alone() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
     let m = model();
@@ -2032,11 +2042,8 @@ async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_a
         draining.clone(),
         by("research/gpuscale-autoscaler"),
     );
-    let others_inside = node(
-        "h100-2",
-        draining.clone(),
-        by("research/gpuscale-autoscaler"),
-    );
+    // In the pool, recorded under an earlier namespace: carried on.
+    let earlier_inside = node("h100-2", draining.clone(), by("old/gpuscale-autoscaler"));
     let unowned_outside = node_outside(
         "h100-3",
         draining,
@@ -2057,7 +2064,7 @@ async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_a
         let all = nodes(vec![
             left,
             others_outside.clone(),
-            others_inside.clone(),
+            earlier_inside,
             unowned_outside.clone(),
         ]);
         expect(&mut handle, Method::GET, HANDOFFS, 200, all).await;
@@ -2095,13 +2102,16 @@ async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_a
         let ev = expect(&mut handle, Method::POST, NODE_EVENTS, 201, event_reply()).await;
         assert_eq!(ev["type"], "Warning");
         assert_eq!(ev["reason"], "LeftPool");
+        let pods_on_2 = PODS_ON.replace("h100-0", "h100-2");
+        expect(&mut handle, Method::GET, &pods_on_2, 200, mig_pods(&[])).await;
+        let p = drained_gets_its_config(&mut handle, "h100-2").await;
+        assert_eq!(
+            p["metadata"]["labels"]["gpuscale.io/mig-handoff"],
+            "configuring"
+        );
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // The next tick: the others are still there, and still not ours.
-        next_tick(
-            &mut handle,
-            nodes(vec![others_outside, others_inside, unowned_outside]),
-        )
-        .await;
+        next_tick(&mut handle, nodes(vec![others_outside, unowned_outside])).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         handle
     });
@@ -3410,7 +3420,20 @@ async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
             expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
             expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         }
-        // Then deleted, provided it is still the version listed.
+        // Then deleted, provided it is still the version listed. Refused
+        // first (a webhook, a Role without delete): logged, the tick goes
+        // on, and the next one tries again.
+        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+        expect(
+            &mut handle,
+            Method::DELETE,
+            &format!("{DEPLOYMENTS}/{OLD}?"),
+            403,
+            status_reply(403, "Forbidden"),
+        )
+        .await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
         let reply =
             json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": OLD}});
@@ -3449,6 +3472,9 @@ async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
     backend.tick(models, t2 + ttl).await;
     backend
         .tick(models, t2 + ttl + Duration::from_secs(1))
+        .await;
+    backend
+        .tick(models, t2 + ttl + Duration::from_secs(2))
         .await;
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "another write").await;
