@@ -1284,6 +1284,80 @@ fn up_runs_a_spare_in_the_idle_room_of_a_fractional_gpu() {
     }
 }
 
+/// A signal to `gpuscale up`'s whole process group (a Ctrl-C in the
+/// terminal, `timeout`, a supervisor) stops it cleanly: its simulated
+/// servers leave the signal to it, so the requests in flight are answered
+/// before they stop. They used to stop at once with it, and every request
+/// in flight ended in a 502 or a reset.
+#[test]
+fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut up = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args([
+            "up",
+            "--load",
+            "steady",
+            "--rate",
+            "20",
+            "--summary-every",
+            "0s",
+        ])
+        .args([
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--gateway-admin-port",
+            "0",
+        ])
+        .current_dir(root())
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let group = format!("-{}", up.id());
+    let sent = Command::new("kill")
+        .args(["-TERM", "--", &group])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = up.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            panic!("still running two minutes after the signal");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut out = String::new();
+    up.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(status.success(), "{status:?}\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("load: ") && l.contains("requests sent"))
+        .unwrap_or_else(|| panic!("no load line:\n{out}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // sent, answered, 200: n, failed, timed out, abandoned, not sent
+    assert!(numbers.len() >= 7, "{line}");
+    let (sent, answered) = (numbers[0], numbers[1]);
+    assert!(sent >= 100, "{line}");
+    assert_eq!(answered, sent, "{line}");
+    assert!(line.contains(&format!("(200: {sent})")), "{line}");
+    assert!(
+        line.ends_with("0 failed, 0 timed out, 0 abandoned, 0 not sent"),
+        "{line}"
+    );
+}
+
 #[test]
 fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
     // A port already taken: named, with the flag that moves it; nothing
@@ -1786,7 +1860,8 @@ fn a_sim_server_out_of_descriptors_backs_off_and_recovers() {
 
 /// `sim-server --exit-with-stdin` takes a `speed S` line on its standard
 /// input as its new speed (how the local backend moves a replica), keeps
-/// its speed on a line out of range, and exits when its input closes.
+/// its speed on a line out of range, leaves SIGINT and SIGTERM to its
+/// parent, and exits when its input closes.
 #[test]
 fn a_sim_server_takes_its_speed_from_a_line_on_stdin_and_exits_when_it_closes() {
     use std::io::{BufRead, Read, Write};
@@ -1848,6 +1923,18 @@ fn a_sim_server_takes_its_speed_from_a_line_on_stdin_and_exits_when_it_closes() 
     // Not a speed line: ignored.
     stdin.write_all(b"hello\nspeed 0.75\n").unwrap();
     becomes(0.75);
+    // SIGINT and SIGTERM (a Ctrl-C in the terminal reaches the whole
+    // process group) are its parent's to act on: it serves on.
+    for signal in ["-INT", "-TERM"] {
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "a signal stopped it");
+    assert_eq!(speed(), Some(0.75));
     drop(stdin);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while child.try_wait().unwrap().is_none() {

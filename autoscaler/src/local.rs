@@ -80,6 +80,10 @@ pub struct LocalBackend {
     /// and stop their servers once their requests are done, and
     /// [`LocalBackend::shutdown`] waits for them.
     draining: Vec<JoinHandle<()>>,
+    /// Set at shutdown when the only gateway runs in this process and
+    /// has stopped first: replicas then stop without deregistering (its
+    /// list is gone with it) or waiting for it.
+    exiting: Option<Arc<AtomicBool>>,
 }
 
 impl LocalBackend {
@@ -93,7 +97,17 @@ impl LocalBackend {
             pools: BTreeMap::new(),
             speeds: BTreeMap::new(),
             draining: Vec::new(),
+            exiting: None,
         }
+    }
+
+    /// The gateway it registers with runs in this process, alone, and
+    /// stops before it: at [`LocalBackend::shutdown`] replicas stop at
+    /// once, without deregistering from a gateway already gone (every
+    /// attempt was a connection refused, logged per replica).
+    pub fn with_embedded_gateway(mut self) -> Self {
+        self.exiting = Some(Arc::new(AtomicBool::new(false)));
+        self
     }
 
     /// The speeds of the packer's replicas, per model
@@ -204,7 +218,11 @@ impl LocalBackend {
                 self.gateway.clone(),
                 self.spec.clone(),
                 model.clone(),
-                Start { speeds, warm },
+                Start {
+                    speeds,
+                    warm,
+                    exiting: self.exiting.clone(),
+                },
                 link.clone(),
                 stopped,
             ));
@@ -331,6 +349,9 @@ impl LocalBackend {
     /// Stops every replica and waits for them, and for those already
     /// stopping (deregistered, drained: each within `drainTime`).
     pub async fn shutdown(mut self) {
+        if let Some(e) = &self.exiting {
+            e.store(true, Ordering::Relaxed);
+        }
         let mut tasks = std::mem::take(&mut self.draining);
         for pool in self.pools.values_mut() {
             for mut r in pool.replicas.drain(..) {
@@ -401,6 +422,9 @@ struct Start {
     speeds: watch::Receiver<Option<f64>>,
     /// Without the start-up delay.
     warm: bool,
+    /// Set: the process is exiting and its gateway is gone
+    /// ([`LocalBackend::with_embedded_gateway`]).
+    exiting: Option<Arc<AtomicBool>>,
 }
 
 /// One replica's life: start the process, wait out the start-up delay,
@@ -579,6 +603,15 @@ async fn run_replica(
         }
     }
     let was = link.registered.swap(false, Ordering::Relaxed);
+    let gone = start
+        .exiting
+        .as_ref()
+        .is_some_and(|e| e.load(Ordering::Relaxed));
+    if gone {
+        let _ = child.kill().await;
+        tracing::info!(model = %model.name, %endpoint, "replica stopped");
+        return;
+    }
     if was || ever || asked {
         // Tried a few times: a registration left behind keeps a dead
         // address in the gateway's rotation.

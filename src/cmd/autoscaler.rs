@@ -189,11 +189,16 @@ impl Loop {
                     !settings.models.is_empty(),
                     "the local backend needs spec.policies"
                 );
-                backend::Backend::Local(LocalBackend::new(
-                    exe,
-                    client.clone(),
-                    settings.spec.local.clone(),
-                ))
+                let local = LocalBackend::new(exe, client.clone(), settings.spec.local.clone());
+                // The gateway in this process is the only one: at exit
+                // its list goes with it, and nothing is deregistered.
+                backend::Backend::Local(
+                    if gateway.is_some() && settings.spec.gateway.instances.is_empty() {
+                        local.with_embedded_gateway()
+                    } else {
+                        local
+                    },
+                )
             }
             Backend::Kube => {
                 // kube's error says every cause it tried in its own

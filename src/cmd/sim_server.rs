@@ -47,7 +47,10 @@ pub struct Args {
     /// with a pipe takes it down when it exits, however it exits. Each
     /// line `speed S` read there sets the share of a GPU it runs on from
     /// then on, as `--speed` does at start (the local backend moves a
-    /// replica this way); other lines are ignored.
+    /// replica this way); other lines are ignored. SIGINT and SIGTERM are
+    /// then left to the parent: a Ctrl-C in the terminal reaches every
+    /// process of its group, and the parent drains the server's requests
+    /// before it closes the pipe.
     #[arg(long)]
     pub exit_with_stdin: bool,
 }
@@ -105,13 +108,32 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 std::future::pending::<()>().await;
             }
         };
-        tokio::select! {
-            _ = super::shutdown_signal() => {}
-            _ = lifeline => {}
+        if args.exit_with_stdin {
+            ignore_signals();
+            lifeline.await;
+        } else {
+            tokio::select! {
+                _ = super::shutdown_signal() => {}
+                _ = lifeline => {}
+            }
         }
         server.stop().await;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Takes SIGINT and SIGTERM and does nothing with them (their default is
+/// to end the process): the server's parent decides when it stops.
+fn ignore_signals() {
+    #[cfg(unix)]
+    for kind in [
+        tokio::signal::unix::SignalKind::interrupt(),
+        tokio::signal::unix::SignalKind::terminate(),
+    ] {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            tokio::spawn(async move { while s.recv().await.is_some() {} });
+        }
+    }
 }
 
 /// The speed in a `speed S` line of standard input.
