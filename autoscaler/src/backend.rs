@@ -134,6 +134,11 @@ pub struct KubeBackend {
     /// their model did not plan, since when (removed at
     /// [`IDLE_VARIANT_TTL`]).
     idle_since: BTreeMap<String, Duration>,
+    /// Nodes whose hand-off was dropped because they left the managed
+    /// pool: no new hand-off starts there (the plan may still name them:
+    /// a cluster file, or an inventory not rebuilt yet) until an
+    /// inventory from the nodes shows them in the pool again.
+    left_pool: BTreeSet<String>,
     /// The served names every watched policy claims, valid or not
     /// (`None`: not watching, or a policy does not decode): a name
     /// registered with the gateway and missing here is a deleted
@@ -265,6 +270,7 @@ impl KubeBackend {
             refused: BTreeMap::new(),
             planned: BTreeMap::new(),
             idle_since: BTreeMap::new(),
+            left_pool: BTreeSet::new(),
             services: BTreeMap::new(),
             listed_served: None,
             registered: BTreeMap::new(),
@@ -975,7 +981,9 @@ impl KubeBackend {
     ) -> Result<(), KubeError> {
         let mut starts = Vec::new();
         for node in &plan.nodes {
-            if self.mig.get(&node.name) == Some(&node.mig_config) {
+            if self.mig.get(&node.name) == Some(&node.mig_config)
+                || self.left_pool.contains(&node.name)
+            {
                 continue;
             }
             let Some(was) = before.nodes.iter().find(|n| n.name == node.name) else {
@@ -1144,6 +1152,7 @@ impl KubeBackend {
     async fn abandon_handoff(&mut self, name: &str, now: Duration) -> Result<(), KubeError> {
         self.kube.patch_node(name, handoff_done_patch()).await?;
         self.mig.remove(name);
+        self.left_pool.insert(name.to_string());
         tracing::warn!(node = %name, "left the managed pool mid-hand-off; hand-off dropped, uncordoned");
         self.tell(
             &Regarding::node(name),
@@ -1271,6 +1280,11 @@ impl KubeBackend {
         }
         observed.policies = self.changed_policies(now).await;
         observed.cluster = self.inventory(now).await;
+        if let Some(c) = &observed.cluster {
+            // Back in the pool: the plan's again.
+            self.left_pool
+                .retain(|n| !c.nodes.iter().any(|node| node.name == *n));
+        }
         let repairs = self.discover(models).await?;
         // One count per repair: every replica of the controller discovers,
         // and only the leader's repairs are reported.

@@ -2127,6 +2127,100 @@ async fn a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_a
     silent(&mut handle, 100, "a write to another's hand-off").await;
 }
 
+/// A node whose hand-off was dropped because it left the pool gets no
+/// new one from a plan that still names it (a cluster file, or an
+/// inventory not rebuilt yet): it would be cordoned and uncordoned again
+/// every tick.
+async fn a_node_that_left_the_pool_gets_no_new_handoff_from_a_plan_that_still_names_it() {
+    let b = {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        gpuscale_policies::load_paths(&[
+            root.join("cluster.yaml"),
+            root.join("policies"),
+            root.join("demand.yaml"),
+        ])
+        .unwrap()
+    };
+    let cluster = b.cluster.as_ref().unwrap();
+    let plan = gpuscale_packer::pack(
+        cluster,
+        &b.models,
+        b.demand.as_ref().unwrap(),
+        &gpuscale_packer::PackOptions::default(),
+    )
+    .unwrap();
+    // Every node as the plan leaves it but one, whose MIG geometry the
+    // plan changes.
+    let mut before = plan.apply_to(cluster);
+    // A node with a GPU the plan gives a MIG geometry it does not have.
+    let changes = |g: &gpuscale_packer::GpuPlan| {
+        g.mode == gpuscale_packer::Mode::Mig
+            && cluster
+                .nodes
+                .iter()
+                .find(|n| n.name == g.node)
+                .and_then(|n| n.gpus.get(g.index as usize))
+                .is_none_or(|old| {
+                    old.mode != gpuscale_policies::GpuMode::Mig
+                        || old.geometry.placements() != g.geometry.as_slice()
+                })
+    };
+    let changed = plan
+        .gpus
+        .iter()
+        .find(|g| changes(g))
+        .expect("a GPU the plan reconfigures")
+        .node
+        .clone();
+    let k = before.nodes.iter().position(|n| n.name == changed).unwrap();
+    let name = before.nodes[k].name.clone();
+    before.nodes[k] = cluster
+        .nodes
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap()
+        .clone();
+
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let left = node_outside(
+        &name,
+        json!({"gpuscale.io/mig-handoff": "draining"}),
+        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new",
+               "gpuscale.io/mig-handoff-by": "inference/gpuscale-autoscaler"}),
+    );
+    let patched = format!("/api/v1/nodes/{name}?");
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, nodes(vec![left])).await;
+        let reply = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}});
+        let p = expect(&mut handle, Method::PATCH, &patched, 200, reply).await;
+        assert_eq!(p["spec"]["unschedulable"], false);
+        expect(&mut handle, Method::POST, NODE_EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    backend.apply(&[], Some(&plan), Some(&before), now).await;
+    silent(
+        &mut handle,
+        200,
+        "a new hand-off on the node that left the pool",
+    )
+    .await;
+}
+
 /// The patch that starts a hand-off cordons and records why in the same
 /// write; without a drain it names the config at once.
 #[test]
@@ -3727,6 +3821,7 @@ scenarios!(
     the_leader_releases_the_lease_on_shutdown,
     a_mig_handoff_drains_waits_for_the_mig_manager_and_uncordons,
     a_node_that_left_the_pool_mid_drain_is_uncordoned_and_others_handoffs_are_left_alone,
+    a_node_that_left_the_pool_gets_no_new_handoff_from_a_plan_that_still_names_it,
     a_refused_handoff_write_holds_up_neither_other_nodes_nor_the_leader,
     the_mig_parted_configmap_keeps_configs_other_nodes_name,
     a_controller_taking_over_reads_the_live_count_first_and_holds_it,
