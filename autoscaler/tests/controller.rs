@@ -63,13 +63,18 @@ async fn capped(
 /// listens there) and runs until its stdin, the lifeline, closes or it is
 /// killed; written into `dir`.
 fn fake_server(dir: &std::path::Path) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let exe = dir.join("server");
-    std::fs::write(
-        &exe,
+    executable(
+        dir,
+        "server",
         "#!/bin/sh\necho \"pid $$ listening on http://127.0.0.1:9\"\nexec cat >/dev/null\n",
     )
-    .unwrap();
+}
+
+/// An executable file `name` in `dir` holding `text`.
+fn executable(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = dir.join(name);
+    std::fs::write(&exe, text).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     exe
 }
@@ -80,7 +85,6 @@ fn fake_server(dir: &std::path::Path) -> std::path::PathBuf {
 #[tokio::test]
 async fn a_local_replica_that_answers_nothing_is_replaced() {
     use gpuscale_autoscaler::local::LocalBackend;
-    use std::os::unix::fs::PermissionsExt;
     let (gw, state) = common::stand_in_gateway(common::quiet()).await;
     let settings = common::settings(
         &gw,
@@ -89,13 +93,11 @@ async fn a_local_replica_that_answers_nothing_is_replaced() {
     );
     // Listens, says where, accepts every connection and answers none.
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("hung");
-    std::fs::write(
-        &exe,
+    let exe = executable(
+        dir.path(),
+        "hung",
         "#!/usr/bin/env python3\nimport socket, sys, threading\ns = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen(16)\nprint(f\"listening on http://127.0.0.1:{s.getsockname()[1]}\", flush=True)\nheld = []\ndef take():\n    while True:\n        held.append(s.accept())\nthreading.Thread(target=take, daemon=True).start()\nsys.stdin.read()\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
     let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
     let m = settings.models[0].clone();
@@ -302,7 +304,6 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
 async fn a_plan_changes_running_local_replicas_speeds_in_place() {
     use gpuscale_autoscaler::local::LocalBackend;
     use std::collections::BTreeMap;
-    use std::os::unix::fs::PermissionsExt;
     let (gw, state) = common::stand_in_gateway(common::quiet()).await;
     let settings = common::settings(
         &gw,
@@ -312,13 +313,11 @@ async fn a_plan_changes_running_local_replicas_speeds_in_place() {
     // Says where it "listens" (a port per process; nothing listens),
     // writes its arguments and then its standard input to files.
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("server");
-    std::fs::write(
-        &exe,
+    let exe = executable(
+        dir.path(),
+        "server",
         "#!/bin/sh\necho \"$@\" > \"$0.$$.args\"\necho \"listening on http://127.0.0.1:$((20000 + $$ % 20000))\"\nexec cat > \"$0.$$.stdin\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let files = |ext: &str| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()

@@ -3437,43 +3437,12 @@ async fn a_decision_before_the_next_tick_sees_the_hold_it_wrote() {
     silent(&mut handle, 100, "another write").await;
 }
 
-/// A variant the plan left long ago sits at zero with no hold: a change
-/// writes nothing to it (each variant a model ever ran stays, one per GPU
-/// for pinned fractional ones, and each change scaled every one of them
-/// to zero again).
-async fn a_change_writes_nothing_to_a_variant_already_at_zero() {
-    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
-    let m = model();
-    let now = Duration::from_secs(1_795_976_401);
-    let server = tokio::spawn(async move {
-        lease_created(&mut handle, "gpuscale-0").await;
-        let owned = variants_list(&[("llama", 2, 2, None), (OLD, 0, 0, None)]);
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        let policy = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies/llama";
-        expect(&mut handle, Method::GET, policy, 200, policy_reply()).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        let service =
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
-        service_absent(&mut handle, "llama").await;
-        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
-        new_variant_applied(&mut handle).await;
-        assert_eq!(scaled(&mut handle, "llama").await, 5);
-        // Nothing for OLD: the event and the status come next.
-        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
-        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
-        handle
-    });
-    backend.tick(std::slice::from_ref(&m), now).await;
-    backend.apply(&[change(&m, 2)], None, None, now).await;
-    let mut handle = server.await.unwrap();
-    silent(&mut handle, 100, "a write to the variant at zero").await;
-}
-
 /// A variant the plan has left and that stays idle is deleted after
 /// `IDLE_VARIANT_TTL`, on the condition that it has not changed since it
 /// was listed; the variant the plan runs, and every variant of a model
-/// this leader has not changed yet, are kept.
+/// this leader has not changed yet, are kept. A change writes nothing to
+/// a variant already at zero (each variant a model ever ran stayed, and
+/// every change scaled them all to zero again).
 async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
     let long_lease = KubeSpec {
         lease_duration: Duration::from_secs(6 * 3600),
@@ -3836,7 +3805,6 @@ scenarios!(
     sidecar_gateways_are_read_not_registered_with,
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
     a_decision_before_the_next_tick_sees_the_hold_it_wrote,
-    a_change_writes_nothing_to_a_variant_already_at_zero,
     an_idle_variant_the_plan_left_is_deleted_after_a_while,
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
     a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,

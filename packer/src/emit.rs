@@ -268,6 +268,20 @@ pub const HAMI_WEBHOOK_LABEL: (&str, &str) = ("hami.io/webhook", "ignore");
 /// HAMi's annotation choosing how it picks a GPU on a node.
 pub const HAMI_GPU_POLICY: &str = "hami.io/gpu-scheduler-policy";
 
+/// The UUID of GPU `index` of `node`, where the inventory knows it.
+pub fn gpu_uuid<'a>(
+    cluster: &'a gpuscale_policies::Cluster,
+    node: &str,
+    index: u32,
+) -> Option<&'a str> {
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .and_then(|n| n.gpus.get(index as usize))
+        .and_then(|g| g.uuid.as_deref())
+}
+
 /// A fractional variant's pod annotations: bin-pack (fill the GPUs in use
 /// before opening another, as the plan did) and, when the inventory knows
 /// the UUID of every GPU the variant's replicas are on, those GPUs: HAMi
@@ -280,14 +294,7 @@ pub fn hami_annotations(
     let mut out = BTreeMap::from([(HAMI_GPU_POLICY.to_string(), "binpack".to_string())]);
     let uuids: Option<Vec<&str>> = on
         .iter()
-        .map(|&(node, index)| {
-            cluster
-                .nodes
-                .iter()
-                .find(|n| n.name == node)
-                .and_then(|n| n.gpus.get(index as usize))
-                .and_then(|g| g.uuid.as_deref())
-        })
+        .map(|&(node, index)| gpu_uuid(cluster, node, index))
         .collect();
     if let Some(uuids) = uuids {
         out.insert(HAMI_USE_UUID.to_string(), uuids.join(","));

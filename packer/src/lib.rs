@@ -462,14 +462,7 @@ pub(crate) fn tally(
         ix.sort_unstable();
         ix.dedup();
     }
-    let uuid_of = |node: &str, index: u32| {
-        cluster
-            .nodes
-            .iter()
-            .find(|n| n.name == node)
-            .and_then(|n| n.gpus.get(index as usize))
-            .and_then(|x| x.uuid.as_deref())
-    };
+    let uuid_of = |node: &str, index: u32| emit::gpu_uuid(cluster, node, index);
     for g in gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
