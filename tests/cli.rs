@@ -1291,8 +1291,18 @@ fn up_runs_a_spare_in_the_idle_room_of_a_fractional_gpu() {
 /// in flight ended in a 502 or a reset.
 #[test]
 fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
-    use std::io::Read;
+    use std::io::BufRead;
     use std::os::unix::process::CommandExt;
+    /// Kills the process group when the test ends, a failed assertion
+    /// included (its own group: a Ctrl-C on the test run would not).
+    struct Group(u32);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.0)])
+                .status();
+        }
+    }
     let mut up = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
         .args([
             "up",
@@ -1303,6 +1313,7 @@ fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
             "--summary-every",
             "0s",
         ])
+        .args(["--duration", "3m"])
         .args([
             "--port",
             "0",
@@ -1317,7 +1328,34 @@ fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(10));
+    let _group = Group(up.id());
+    // Its output, line by line, as it comes.
+    let (lines, read) = std::sync::mpsc::channel::<String>();
+    let stdout = up.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = String::new();
+    // Running once it has said so (its signal handler is set then), and
+    // under load for a few seconds more.
+    loop {
+        let line = read
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("`up` did not start:\n{out}"));
+        out.push_str(&line);
+        out.push('\n');
+        if line.starts_with("gpuscale up:") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(8));
     let group = format!("-{}", up.id());
     let sent = Command::new("kill")
         .args(["-TERM", "--", &group])
@@ -1329,14 +1367,16 @@ fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
         if let Some(s) = up.try_wait().unwrap() {
             break s;
         }
-        if std::time::Instant::now() > deadline {
-            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-            panic!("still running two minutes after the signal");
-        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running two minutes after the signal"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
-    let mut out = String::new();
-    up.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    while let Ok(line) = read.recv_timeout(std::time::Duration::from_secs(5)) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     assert!(status.success(), "{status:?}\n{out}");
     let line = out
         .lines()

@@ -242,7 +242,7 @@ spec:
     // SIGTERM: the gateway drains first, while the replicas serve: a
     // request in flight finishes, one sent after the signal gets 503
     // with `Retry-After` at once (not a queue for replicas already gone);
-    // then the replicas are deregistered, drained and stopped; exit 0.
+    // then the replicas are drained and stopped; exit 0.
     let long = {
         let traffic = traffic.clone();
         std::thread::spawn(move || {

@@ -981,9 +981,11 @@ impl KubeBackend {
     ) -> Result<(), KubeError> {
         let mut starts = Vec::new();
         for node in &plan.nodes {
-            if self.mig.get(&node.name) == Some(&node.mig_config)
-                || self.left_pool.contains(&node.name)
-            {
+            if self.mig.get(&node.name) == Some(&node.mig_config) {
+                continue;
+            }
+            if self.left_pool.contains(&node.name) {
+                tracing::warn!(node = %node.name, config = %node.mig_config, "the plan names a node that left the managed pool mid-hand-off: its MIG geometry is not changed until an inventory shows it in the pool again (with a cluster file: until a restart)");
                 continue;
             }
             let Some(was) = before.nodes.iter().find(|n| n.name == node.name) else {

@@ -2212,13 +2212,20 @@ async fn a_node_that_left_the_pool_gets_no_new_handoff_from_a_plan_that_still_na
     });
     backend.tick(std::slice::from_ref(&m), now).await;
     let mut handle = server.await.unwrap();
-    backend.apply(&[], Some(&plan), Some(&before), now).await;
+    // A request here would wait for an answer that never comes: bounded,
+    // and then the request is named.
+    let applied = tokio::time::timeout(
+        Duration::from_secs(2),
+        backend.apply(&[], Some(&plan), Some(&before), now),
+    )
+    .await;
     silent(
         &mut handle,
         200,
         "a new hand-off on the node that left the pool",
     )
     .await;
+    assert!(applied.is_ok(), "the apply waited on a request");
 }
 
 /// The patch that starts a hand-off cordons and records why in the same

@@ -305,7 +305,8 @@ impl Loop {
         })
     }
 
-    /// Stops the embedded gateway, then every replica (deregistered,
+    /// Stops the embedded gateway, then every replica (deregistered from
+    /// the gateways still running, if any,
     /// drained) and the listeners. The gateway drains first, while the
     /// replicas still serve: `/readyz` and new requests get 503 (with
     /// `Retry-After`) at once, and what is queued or in flight finishes

@@ -50,12 +50,14 @@ pub struct Args {
     /// replica this way); other lines are ignored. SIGINT and SIGTERM are
     /// then left to the parent: a Ctrl-C in the terminal reaches every
     /// process of its group, and the parent drains the server's requests
-    /// before it closes the pipe.
+    /// before it stops it. Run by hand, it stops on end of input (Ctrl-D)
+    /// or SIGKILL.
     #[arg(long)]
     pub exit_with_stdin: bool,
 }
 
-/// Runs the command until SIGINT/SIGTERM.
+/// Runs the command until SIGINT/SIGTERM, or with `--exit-with-stdin`
+/// until its standard input closes.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut p = SimProfile::named(&args.profile, &args.model).context("unknown profile")?;
     if let Some(s) = args.speed {
@@ -89,6 +91,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // Before it says where it listens: a parent may register it then.
+        if args.exit_with_stdin {
+            ignore_signals();
+        }
         let server = sim::start_with_adapters(p, SocketAddr::new(args.host, args.port), &args.lora)
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
@@ -109,7 +115,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
         };
         if args.exit_with_stdin {
-            ignore_signals();
             lifeline.await;
         } else {
             tokio::select! {
