@@ -3550,6 +3550,92 @@ async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
     silent(&mut handle, 100, "another write").await;
 }
 
+/// What a leader planned and how long it saw a variant idle say nothing
+/// about its next term: it loses the lease (another controller took it),
+/// gets it back 20 minutes of cluster time later, and deletes nothing on
+/// the first ticks of the new term, though the variant was idle and
+/// unplanned past the TTL by the old term's bookkeeping.
+async fn a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle() {
+    let (mut backend, mut handle, _gw) = backend_with(fast(), "gpuscale-0").await;
+    let m = model();
+    let t0 = Duration::from_secs(1_795_976_401);
+    let both = |n: u32| variants_list(&[("llama", n, n, None), (OLD, 0, 0, None)]);
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(&mut handle, Method::GET, OWNED, 200, both(2)).await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // A change: `llama` planned, OLD not.
+        let service =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+        service_absent(&mut handle, "llama").await;
+        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
+        new_variant_applied(&mut handle).await;
+        assert_eq!(scaled(&mut handle, "llama").await, 5);
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        // OLD seen idle and unplanned.
+        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // The renewal is refused: another controller holds the lease (for
+        // one second, so that it can be taken back soon).
+        expect(
+            &mut handle,
+            Method::PUT,
+            &format!("{LEASE}?"),
+            409,
+            status_reply(409, "Conflict"),
+        )
+        .await;
+        let mut theirs = lease("gpuscale-1", "2026-11-29T18:30:01.000000Z", "9");
+        theirs["spec"]["leaseDurationSeconds"] = 1.into();
+        expect(&mut handle, Method::GET, LEASE, 200, theirs.clone()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Unchanged for over a second: taken back, a new term.
+        expect(&mut handle, Method::GET, LEASE, 200, theirs).await;
+        let ours = expect(
+            &mut handle,
+            Method::PUT,
+            &format!("{LEASE}?"),
+            200,
+            lease("gpuscale-0", "2026-11-29T18:50:01.000000Z", "10"),
+        )
+        .await;
+        assert_eq!(ours["spec"]["holderIdentity"], "gpuscale-0");
+        // Its first reads: nothing deleted (the old term's bookkeeping
+        // would have OLD idle for 20 minutes), nor on the next tick.
+        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    let models = std::slice::from_ref(&m);
+    backend.tick(models, t0).await;
+    backend.apply(&[change(&m, 2)], None, None, t0).await;
+    backend.tick(models, t0 + Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let observed = backend.tick(models, t0 + Duration::from_secs(2)).await;
+    assert!(observed.replicas.is_empty(), "following");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let later = t0 + Duration::from_secs(20 * 60);
+    let observed = backend.tick(models, later).await;
+    assert!(observed.took_over);
+    backend.tick(models, later + Duration::from_secs(1)).await;
+    let mut handle = server.await.unwrap();
+    silent(
+        &mut handle,
+        100,
+        "a delete from the last term's bookkeeping",
+    )
+    .await;
+}
+
 /// A MIG drain evicting a held variant's pods would see them created
 /// again (its count still holds them): the drain ends the hold first, in
 /// one write of the count the plan gave it, then evicts.
@@ -3813,6 +3899,7 @@ scenarios!(
     a_move_keeps_the_old_variant_serving_until_the_new_one_is_ready,
     a_decision_before_the_next_tick_sees_the_hold_it_wrote,
     an_idle_variant_the_plan_left_is_deleted_after_a_while,
+    a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle,
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
     a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,
 );
