@@ -3556,7 +3556,16 @@ async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
 /// the first ticks of the new term, though the variant was idle and
 /// unplanned past the TTL by the old term's bookkeeping.
 async fn a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle() {
-    let (mut backend, mut handle, _gw) = backend_with(fast(), "gpuscale-0").await;
+    // Renewals every second: the ticks before the first are well inside
+    // it, even on a slow machine.
+    let timing = KubeSpec {
+        lease_duration: Duration::from_secs(5),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(1),
+        ..spec()
+    };
+    let (mut backend, mut handle, _gw) = backend_with(timing, "gpuscale-0").await;
     let m = model();
     let t0 = Duration::from_secs(1_795_976_401);
     let both = |n: u32| variants_list(&[("llama", n, n, None), (OLD, 0, 0, None)]);
@@ -3619,7 +3628,7 @@ async fn a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle() {
     backend.tick(models, t0).await;
     backend.apply(&[change(&m, 2)], None, None, t0).await;
     backend.tick(models, t0 + Duration::from_secs(1)).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let observed = backend.tick(models, t0 + Duration::from_secs(2)).await;
     assert!(observed.replicas.is_empty(), "following");
     tokio::time::sleep(Duration::from_millis(1300)).await;
