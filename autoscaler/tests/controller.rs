@@ -223,14 +223,16 @@ async fn repairs_are_counted_in_the_controllers_metrics() {
     assert_eq!(removed().as_deref(), Some("1"));
 }
 
-/// A replica the local backend removes is deregistered and stops once
-/// the gateway no longer lists it (its last request done), not at a fixed
-/// drain time that cut long requests: here it still runs while the
-/// gateway lists it draining, past what the old 5 s would have allowed
-/// at this test's scale, and stops soon after the gateway lets it go.
-#[tokio::test]
-async fn a_removed_local_replica_stops_once_its_requests_are_done() {
-    use gpuscale_autoscaler::local::LocalBackend;
+/// A local backend (drain time 30 s, a stand-in gateway that keeps a
+/// removed replica draining until the test empties its list) with one
+/// replica of a fake server, registered; the backend, the stand-in, the
+/// model and the directory holding the server.
+async fn one_registered_replica() -> (
+    gpuscale_autoscaler::local::LocalBackend,
+    common::StandIn,
+    gpuscale_policies::Model,
+    tempfile::TempDir,
+) {
     use std::sync::atomic::Ordering;
     let (gw, state) = common::stand_in_gateway(common::quiet()).await;
     state.drain.store(true, Ordering::SeqCst);
@@ -238,18 +240,30 @@ async fn a_removed_local_replica_stops_once_its_requests_are_done() {
     let dir = tempfile::tempdir().unwrap();
     let exe = fake_server(dir.path());
     let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
-    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
+    let mut local =
+        gpuscale_autoscaler::local::LocalBackend::new(exe, gateway, settings.spec.local.clone());
     let m = settings.models[0].clone();
-    let served = m.served_name.clone();
     local.scale(&m, 1);
     let began = std::time::Instant::now();
-    while state.listed(&served).is_empty() {
+    while state.listed(&m.served_name).is_empty() {
         assert!(
             began.elapsed() < Duration::from_secs(10),
             "never registered"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    (local, state, m, dir)
+}
+
+/// A replica the local backend removes is deregistered and stops once
+/// the gateway no longer lists it (its last request done), not at a fixed
+/// drain time that cut long requests: here it still runs while the
+/// gateway lists it draining, past what the old 5 s would have allowed
+/// at this test's scale, and stops soon after the gateway lets it go.
+#[tokio::test]
+async fn a_removed_local_replica_stops_once_its_requests_are_done() {
+    let (mut local, state, m, _dir) = one_registered_replica().await;
+    let served = m.served_name.clone();
     // Which process is the replica: the one whose stdout named it.
     let pid_of_replica = || -> Option<u32> {
         let pids = std::fs::read_dir("/proc").ok()?;
@@ -397,26 +411,8 @@ async fn a_plan_changes_running_local_replicas_speeds_in_place() {
 /// server stopped) instead of being killed with the process.
 #[tokio::test]
 async fn shutdown_waits_for_replicas_still_draining() {
-    use gpuscale_autoscaler::local::LocalBackend;
-    use std::sync::atomic::Ordering;
-    let (gw, state) = common::stand_in_gateway(common::quiet()).await;
-    state.drain.store(true, Ordering::SeqCst);
-    let settings = common::settings(&gw, "", "  local: {startupTime: 0s, drainTime: 30s}\n");
-    let dir = tempfile::tempdir().unwrap();
-    let exe = fake_server(dir.path());
-    let gateway = gpuscale_autoscaler::observe::GatewayClient::new(&gw);
-    let mut local = LocalBackend::new(exe, gateway, settings.spec.local.clone());
-    let m = settings.models[0].clone();
+    let (mut local, state, m, _dir) = one_registered_replica().await;
     let served = m.served_name.clone();
-    local.scale(&m, 1);
-    let began = std::time::Instant::now();
-    while state.listed(&served).is_empty() {
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "never registered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     local.scale(&m, 0);
     let began = std::time::Instant::now();
     while state.draining_of(&served).is_empty() {

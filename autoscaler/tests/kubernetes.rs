@@ -3444,6 +3444,28 @@ async fn a_decision_before_the_next_tick_sees_the_hold_it_wrote() {
     silent(&mut handle, 100, "another write").await;
 }
 
+/// The first change of the scenarios below: `llama`'s Service read
+/// (absent) and applied, its variant applied and scaled to 5, the
+/// decision recorded (Event, status).
+async fn first_change_to_five(handle: &mut Handle) {
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+    service_absent(handle, "llama").await;
+    expect(handle, Method::PATCH, SERVICE, 200, service).await;
+    new_variant_applied(handle).await;
+    assert_eq!(scaled(handle, "llama").await, 5);
+    expect(handle, Method::POST, EVENTS, 201, event_reply()).await;
+    expect(handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+}
+
+/// A leader's tick within the retry period that writes nothing: the
+/// Deployments listed (`owned`), no hand-off, no endpoint.
+async fn quiet_tick(handle: &mut Handle, owned: Value) {
+    expect(handle, Method::GET, OWNED, 200, owned).await;
+    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+    expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
+}
+
 /// A variant the plan has left and that stays idle is deleted after
 /// `IDLE_VARIANT_TTL`, on the condition that it has not changed since it
 /// was listed; the variant the plan runs, and every variant of a model
@@ -3475,20 +3497,11 @@ async fn an_idle_variant_the_plan_left_is_deleted_after_a_while() {
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // A change: the plan runs `llama`, and OLD, at zero, is not
         // written to.
-        let service =
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
-        service_absent(&mut handle, "llama").await;
-        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
-        new_variant_applied(&mut handle).await;
-        assert_eq!(scaled(&mut handle, "llama").await, 5);
-        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
-        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        first_change_to_five(&mut handle).await;
         // Idle and left by the plan from the next tick on; kept until
         // the TTL has passed.
         for _ in 0..2 {
-            expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
-            expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-            expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+            quiet_tick(&mut handle, both(5)).await;
         }
         // Then deleted, provided it is still the version listed. Refused
         // first (a webhook, a Role without delete): logged, the tick goes
@@ -3576,18 +3589,9 @@ async fn a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle() {
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // A change: `llama` planned, OLD not.
-        let service =
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
-        service_absent(&mut handle, "llama").await;
-        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
-        new_variant_applied(&mut handle).await;
-        assert_eq!(scaled(&mut handle, "llama").await, 5);
-        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
-        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        first_change_to_five(&mut handle).await;
         // OLD seen idle and unplanned.
-        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        quiet_tick(&mut handle, both(5)).await;
         // The renewal is refused: another controller holds the lease (for
         // one second, so that it can be taken back soon).
         expect(
@@ -3619,9 +3623,7 @@ async fn a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle() {
         policy_read(&mut handle).await;
         expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
-        expect(&mut handle, Method::GET, OWNED, 200, both(5)).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        quiet_tick(&mut handle, both(5)).await;
         handle
     });
     let models = std::slice::from_ref(&m);
