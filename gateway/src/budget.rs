@@ -1,7 +1,10 @@
 //! The bytes of requests the traffic listener holds at once, across all
-//! its connections: request bodies from the moment their size is known
-//! until the request has its answer (waiting in a queue included), and
-//! request heads that grow past [`HEAD_ALLOWANCE`] while they arrive.
+//! its connections: request bodies as their bytes arrive, until the
+//! request has its answer (waiting in a queue included), and the buffers
+//! of request heads that grow past [`HEAD_ALLOWANCE`] while they arrive.
+//! Bytes are counted when they arrive, never as announced: a
+//! `Content-Length` alone holds nothing, so idle connections cannot take
+//! the budget from everyone else.
 //!
 //! Per-request limits (`maxBodyBytes`, `maxHeaderBytes`) bound one
 //! request; `maxConnections` bounds how many there are, but their product
@@ -9,8 +12,8 @@
 //! few hundred clients each sending a large body slowly could exhaust it
 //! and take every queued request down with the process. The budget
 //! (`limits.maxBufferedBytes`) caps the sum: a request that would go past
-//! it is answered 503 with `Retry-After` at once, before its bytes are
-//! read.
+//! it is answered 503 with `Retry-After` at once (before its body is
+//! sent, when the bytes held already leave its announced length no room).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -48,8 +48,8 @@ use crate::timer::CoarseSleep;
 const READ_SPACE: usize = 4 * 1024;
 
 /// The answer to a request whose bytes would take the budget past
-/// `limits.maxBufferedBytes` (given before they are read, so the
-/// connection closes after it).
+/// `limits.maxBufferedBytes` (given before the rest of them are read, so
+/// the connection closes after it).
 fn over_budget(budget: &Budget) -> Local {
     let mut answer = local_error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -172,7 +172,7 @@ impl Connection {
     ) -> Result<Option<RequestHead>, Local> {
         let mut deadline: Option<CoarseSleep> = None;
         let mut parse = true;
-        // A head past its first bytes takes its largest size from the
+        // A head past its first bytes takes the buffer it fills from the
         // budget while it arrives.
         let mut held = Held::none(&self.worker.shared.buffered);
         loop {
@@ -204,10 +204,10 @@ impl Connection {
                     Poll::Pending
                 }
             });
-            if self.buf.len() >= HEAD_ALLOWANCE && !held.grow_to(limits.max_header_bytes + 1) {
+            grow_for_head(&mut self.buf, limits.max_header_bytes);
+            if self.buf.len() >= HEAD_ALLOWANCE && !held.grow_to(self.buf.capacity()) {
                 return Err(over_budget(&self.worker.shared.buffered));
             }
-            grow_for_head(&mut self.buf, limits.max_header_bytes);
             let before = self.buf.len();
             tokio::select! {
                 biased;
@@ -241,8 +241,9 @@ impl Connection {
         }
     }
 
-    /// The whole body, and its bytes taken from the budget (`Err(Some)`
-    /// with a 503 when they would go past it, before they are read).
+    /// The whole body, and its bytes taken from the budget as they
+    /// arrive (`Err(Some)` with a 503 when they would go past it: before
+    /// the body is sent where the bytes held leave it no room).
     /// `Err(Some)`: the answer to give, and close; `Err(None)`: the
     /// connection failed.
     async fn read_body(
@@ -282,7 +283,15 @@ impl Connection {
                     return Err(too_large());
                 }
                 let n = n as usize;
-                if !held.grow(n) {
+                // The bytes count as they arrive, not as announced: a head
+                // that announces megabytes and sends none would hold them
+                // for nothing (66 such connections, 100 bytes each, took
+                // the default budget and every request with a body got
+                // 503). A body the bytes held already leave no room for
+                // is refused before it is sent.
+                if budget.used().saturating_add(n) > budget.limit()
+                    || !held.grow_to(self.buf.len().min(n))
+                {
                     return Err(Some(over_budget(&budget)));
                 }
                 if self.buf.len() < n && head.expect_continue && self.buf.is_empty() {
@@ -296,6 +305,9 @@ impl Connection {
                     });
                     let want = n - self.buf.len();
                     self.read_more(sleep, want).await.map_err(stopped)?;
+                    if !held.grow_to(self.buf.len().min(n)) {
+                        return Err(Some(over_budget(&budget)));
+                    }
                 }
                 Ok((self.buf.split_to(n).freeze(), held))
             }

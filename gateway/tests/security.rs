@@ -663,11 +663,12 @@ async fn holding(traffic: SocketAddr, length: Option<usize>, sent: usize) -> tok
 
 /// Bodies held by slow clients count against one budget across
 /// connections (`limits.maxBufferedBytes`): past it a request gets 503
-/// with `Retry-After` before its body is read, whether its length is
-/// announced or its chunks arrive, and the budget comes back when a
-/// holder goes away. (The attack: a few hundred connections each sending
-/// 4 MiB − 1 of a 4 MiB body took the gateway to 1.4 GB; in a container
-/// with a 1 GiB limit, an OOM kill and every queued request lost.)
+/// with `Retry-After` (before its body is sent, where the bytes held
+/// leave its announced length no room), whether its length is announced
+/// or its chunks arrive, and the budget comes back when a holder goes
+/// away. (The attack: a few hundred connections each sending 4 MiB − 1
+/// of a 4 MiB body took the gateway to 1.4 GB; in a container with a
+/// 1 GiB limit, an OOM kill and every queued request lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_large_bodies_cannot_take_the_gateways_memory() {
     let up = gated("real", true).await;
@@ -676,9 +677,10 @@ async fn slow_large_bodies_cannot_take_the_gateways_memory() {
     sp.limits.max_buffered_bytes = (5 << 20) / 2;
     sp.limits.body_read_timeout = Duration::from_secs(20);
     let gw = start_with(sp, Some(TOKEN)).await;
-    // Two holders take 2 MiB of the 2.5.
-    let mut a = holding(gw.traffic, Some(1 << 20), 100).await;
-    let mut b = holding(gw.traffic, Some(1 << 20), 100).await;
+    // Two holders send all but 100 bytes of a megabyte each: 2 MiB of
+    // the 2.5.
+    let mut a = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
+    let mut b = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
     assert_eq!(
         answer_within(&mut a, 200).await,
         "",
@@ -724,6 +726,55 @@ async fn slow_large_bodies_cannot_take_the_gateways_memory() {
     gw.shutdown().await;
 }
 
+/// A length announced holds nothing of the budget until its bytes
+/// arrive: connections that announce large bodies and send none cannot
+/// take it from everyone else. (The attack: 66 connections sending
+/// `Content-Length: 4194304` and one byte each held the default 256 MiB,
+/// and every request with a body, for every model, got 503.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_lengths_alone_hold_nothing_of_the_budget() {
+    let up = gated("real", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.max_body_bytes = 1 << 20;
+    sp.limits.max_buffered_bytes = (5 << 20) / 2;
+    sp.limits.body_read_timeout = Duration::from_secs(20);
+    let gw = start_with(sp, Some(TOKEN)).await;
+    // Eight megabytes announced, 800 bytes sent.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(holding(gw.traffic, Some(1 << 20), 100).await);
+    }
+    for c in &mut idle {
+        assert_eq!(answer_within(c, 50).await, "", "waiting for its body");
+    }
+    // Requests with bodies are served...
+    for _ in 0..3 {
+        let r = post_model(gw.traffic, "/v1/chat/completions", "m").await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    // ...and two that send their megabytes are not refused: the bytes
+    // that arrived are what the budget holds.
+    let mut a = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
+    let mut b = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
+    assert_eq!(answer_within(&mut a, 300).await, "");
+    assert_eq!(answer_within(&mut b, 50).await, "");
+    // The budget still binds what arrives: a ninth idle announcer sends
+    // the rest of its megabyte, and the bytes past the 2.5 MiB are
+    // refused.
+    {
+        use tokio::io::AsyncWriteExt;
+        idle[0]
+            .write_all(&vec![b' '; (1 << 20) - 100])
+            .await
+            .unwrap();
+    }
+    let refused = answer_within(&mut idle[0], 2000).await.to_ascii_lowercase();
+    assert!(refused.starts_with("http/1.1 503"), "{refused}");
+    assert!(refused.contains("maxbufferedbytes"), "{refused}");
+    drop((idle, a, b));
+    gw.shutdown().await;
+}
+
 #[test]
 fn a_budget_below_one_request_of_the_largest_size_is_refused() {
     let mut sp = spec(vec![]);
@@ -734,9 +785,9 @@ fn a_budget_below_one_request_of_the_largest_size_is_refused() {
     assert!(e.contains("spec.limits.maxBufferedBytes"), "{e}");
 }
 
-/// A request head that grows past its first 16 KiB takes its largest size
-/// from the same budget while it arrives: with the budget held by a slow
-/// body, it gets 503 rather than growing.
+/// A request head that grows past its first 16 KiB takes the buffer it
+/// fills from the same budget while it arrives: with the budget held by a
+/// slow body, it gets 503 rather than growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_head_takes_from_the_same_budget() {
     use tokio::io::AsyncWriteExt;
@@ -745,10 +796,10 @@ async fn a_large_head_takes_from_the_same_budget() {
     sp.limits.max_body_bytes = 1 << 20;
     sp.limits.max_buffered_bytes = (1 << 20) + (32 << 10);
     let gw = start_with(sp, Some(TOKEN)).await;
-    // A head of 20 KiB fits while the budget is free...
+    // A head of 40 KiB fits while the budget is free...
     let partial = format!(
         "GET /v1/models HTTP/1.1\r\nhost: localhost\r\nx-pad: {}",
-        "p".repeat(20 << 10)
+        "p".repeat(40 << 10)
     );
     let mut free = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
     free.write_all(partial.as_bytes()).await.unwrap();
@@ -756,8 +807,8 @@ async fn a_large_head_takes_from_the_same_budget() {
     free.write_all(b"\r\n\r\n").await.unwrap();
     let ok = answer_within(&mut free, 2000).await;
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-    // ...and not while a slow body holds it.
-    let body = holding(gw.traffic, Some(1 << 20), 10).await;
+    // ...and not while a slow body holds it (all but 10 bytes sent).
+    let body = holding(gw.traffic, Some(1 << 20), (1 << 20) - 10).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut late = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
     late.write_all(partial.as_bytes()).await.unwrap();
