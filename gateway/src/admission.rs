@@ -48,6 +48,8 @@ pub struct Replica {
     pub limit: u32,
     /// Consecutive failures.
     pub failures: u32,
+    /// When it last answered a request (its response head arrived).
+    pub last_answer: Option<Instant>,
     /// No traffic until then.
     pub ejected_until: Option<Instant>,
     /// Deregistered: takes no new requests, leaves when idle.
@@ -307,6 +309,7 @@ impl<W> Pool<W> {
             in_flight: 0,
             limit,
             failures: 0,
+            last_answer: None,
             ejected_until: None,
             draining: false,
             server_waiting: 0,
@@ -531,11 +534,38 @@ impl<W> Pool<W> {
         None
     }
 
-    /// A request to `replica` got a response: its failure count restarts.
-    pub fn record_success(&mut self, replica: ReplicaId) {
+    /// A request to `replica` got a response (its head at `at`): its
+    /// failure count restarts.
+    pub fn record_success(&mut self, replica: ReplicaId, at: Instant) {
         if let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) {
             r.failures = 0;
+            r.last_answer = Some(r.last_answer.map_or(at, |t| t.max(at)));
         }
+    }
+
+    /// A request sent to `replica` at `sent` had no response head within
+    /// the request timeout. That is a failure only if the replica
+    /// answered nothing since: one that answered other requests meanwhile
+    /// is alive, and the request was long (a client's own long generation
+    /// must not eject the replica every other client shares). Returns the
+    /// endpoint when this ejected it.
+    pub fn record_timeout(
+        &mut self,
+        replica: ReplicaId,
+        sent: Instant,
+        now: Instant,
+        eject_after: u32,
+        eject_for: Duration,
+    ) -> Option<&Endpoint> {
+        let alive = self
+            .replicas
+            .iter()
+            .find(|r| r.id == replica)
+            .is_some_and(|r| r.last_answer.is_some_and(|t| t > sent));
+        if alive {
+            return None;
+        }
+        self.record_failure(replica, now, eject_after, eject_for)
     }
 
     /// Replicas ejected at `now`.
@@ -691,6 +721,30 @@ mod tests {
             order.push(granted[0].0);
         }
         assert_eq!(order, ["c1", "n1", "n2", "s1"]);
+    }
+
+    #[test]
+    fn a_timeout_counts_as_a_failure_only_where_the_replica_answered_nothing_since() {
+        let t0 = Instant::now();
+        let mut p: Pool<u32> = Pool::new(4, 1);
+        let a = p.add_replica(ep(1), Some(4));
+        let eject = Duration::from_secs(5);
+        // An answer after the request was sent: alive, nothing counted.
+        p.record_success(a, t0 + Duration::from_secs(1));
+        for _ in 0..3 {
+            assert!(
+                p.record_timeout(a, t0, t0 + Duration::from_secs(2), 2, eject)
+                    .is_none()
+            );
+        }
+        assert_eq!(p.ejected(t0 + Duration::from_secs(2)), 0);
+        // Requests sent after its last answer, none answered: two in a row
+        // eject it.
+        let sent = t0 + Duration::from_secs(3);
+        let now = t0 + Duration::from_secs(4);
+        assert!(p.record_timeout(a, sent, now, 2, eject).is_none());
+        assert!(p.record_timeout(a, sent, now, 2, eject).is_some());
+        assert_eq!(p.ejected(now), 1);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -413,6 +413,7 @@ async fn handle_inner(
             },
             with_length.then_some(bytes.len()),
         );
+        let sent_at = Instant::now();
         let sent = worker
             .timer
             .timeout(
@@ -485,7 +486,7 @@ async fn handle_inner(
                 return (bad_gateway("the replica failed"), Some(model.clone()));
             }
             None => {
-                shared.failed(&model, permit.replica);
+                shared.timed_out(&model, permit.replica, sent_at);
                 model.missed_after_admission();
                 return (
                     local(

@@ -310,7 +310,7 @@ impl ModelState {
             },
             admitted: now,
             arrived,
-            succeeded: false,
+            answered: None,
         }
     }
 
@@ -649,15 +649,32 @@ impl Shared {
 
     /// Records a transport failure on a replica (it may be ejected).
     pub fn failed(&self, model: &Arc<ModelState>, replica: ReplicaId) {
+        self.failed_since(model, replica, None);
+    }
+
+    /// A request sent to `replica` at `sent` had no answer within the
+    /// request timeout: counted as the replica's failure only where it
+    /// answered nothing since ([`crate::admission::Pool::record_timeout`]).
+    pub fn timed_out(&self, model: &Arc<ModelState>, replica: ReplicaId, sent: Instant) {
+        self.failed_since(model, replica, Some(sent));
+    }
+
+    fn failed_since(&self, model: &Arc<ModelState>, replica: ReplicaId, sent: Option<Instant>) {
         model.handles.upstream_errors.inc();
         let up = &self.settings.spec.upstream;
         let mut inner = lock(&model.inner);
-        if let Some(endpoint) = inner.pool.record_failure(
-            replica,
-            Instant::now(),
-            up.eject_after_failures,
-            up.eject_for,
-        ) {
+        let now = Instant::now();
+        let ejected = match sent {
+            None => inner
+                .pool
+                .record_failure(replica, now, up.eject_after_failures, up.eject_for),
+            Some(sent) => {
+                inner
+                    .pool
+                    .record_timeout(replica, sent, now, up.eject_after_failures, up.eject_for)
+            }
+        };
+        if let Some(endpoint) = ejected {
             tracing::warn!(
                 model = %model.settings.name,
                 replica = %endpoint,
@@ -701,7 +718,7 @@ impl Shared {
             hint,
             admitted,
             arrived,
-            succeeded: false,
+            answered: None,
         })
     }
 
@@ -830,9 +847,9 @@ pub struct Permit {
     pub admitted: Instant,
     /// When it reached the gateway (its SLOs count from here).
     arrived: Instant,
-    /// The replica answered (its failure count resets when the slot is
-    /// freed: one lock, not two).
-    succeeded: bool,
+    /// When the replica answered (its failure count resets, and its last
+    /// answer is noted, when the slot is freed: one lock, not two).
+    answered: Option<Instant>,
 }
 
 impl Permit {
@@ -843,7 +860,7 @@ impl Permit {
 
     /// The upstream answered: count a success.
     pub fn succeeded(&mut self) {
-        self.succeeded = true;
+        self.answered = Some(Instant::now());
     }
 
     /// The response's last byte went out at `now`: records the latency
@@ -887,8 +904,8 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut inner = lock(&self.model.inner);
-        if self.succeeded {
-            inner.pool.record_success(self.replica);
+        if let Some(at) = self.answered {
+            inner.pool.record_success(self.replica, at);
         }
         inner.pool.release(self.replica);
         self.model.dispatch(&mut inner);

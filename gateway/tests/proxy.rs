@@ -451,6 +451,73 @@ async fn connect_failures_retry_elsewhere_and_eject_the_replica() {
     gw.shutdown().await;
 }
 
+/// A request with no answer within `limits.requestTimeout` gets 504; it
+/// counts towards ejecting its replica only where the replica answered
+/// nothing meanwhile. One that served other requests is alive, and the
+/// request was long: a client's own long generations must not eject the
+/// replica every other client shares (a reviewer's three 8,192-token
+/// requests ejected it for 10 s, and a short request behind them waited
+/// 9.4 s). A replica that answers nothing is still ejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing() {
+    let profile = SimProfile {
+        decode_tps: 20.0,
+        ..SimProfile::named("instant", "m").unwrap()
+    };
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut s = spec(vec![model("m", &[server.addr], 8)]);
+    s.limits.request_timeout = Duration::from_secs(1);
+    s.upstream.eject_after_failures = 3;
+    s.upstream.eject_for = Duration::from_secs(60);
+    let gw = gateway(s).await;
+    let long = |traffic| async move {
+        let body = r#"{"model":"m","max_tokens":4000,"prompt":"a long one"}"#;
+        send(
+            traffic,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await
+    };
+    let short = |traffic| async move {
+        let body = r#"{"model":"m","max_tokens":1,"prompt":"hi"}"#;
+        send(
+            traffic,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await
+    };
+    // Three long ones, and short ones answered while they run.
+    let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..3 {
+        assert_eq!(short(gw.traffic).await.status, StatusCode::OK);
+    }
+    for l in longs {
+        assert_eq!(l.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(q["ejected_replicas"], 0, "it answered others: {q}");
+    assert_eq!(short(gw.traffic).await.status, StatusCode::OK);
+    // Three long ones and nothing else: the replica answered nothing for
+    // a whole request timeout, and is ejected.
+    let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
+    for l in longs {
+        assert_eq!(l.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(q["ejected_replicas"], 1, "it answered nothing: {q}");
+    gw.shutdown().await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_and_header_limits() {
     let up = gated("a", true).await;
