@@ -128,8 +128,26 @@ pub fn route_request<'a>(
             }
             let field: ModelField = match serde_json::from_slice(body) {
                 Ok(f) => f,
-                Err(_) if header.is_some() => {
-                    return Ok(plain(Route::Model(header.unwrap_or_default().to_string())));
+                Err(_) if let Some(m) = header => {
+                    // Fields of shapes this reader does not know: the
+                    // header names the model. The body must still be JSON,
+                    // and a model it names is compared with the header's
+                    // as below — read as the model server reads it (the
+                    // last of duplicate keys, as Python's `json` keeps):
+                    // a duplicate `model`, or a `NaN` that only Python
+                    // reads, would otherwise pass another model's request
+                    // through the header's queue and priority.
+                    let value: serde_json::Value = serde_json::from_slice(body)
+                        .map_err(|e| RouteError::BadBody(e.to_string()))?;
+                    let named = value
+                        .get("model")
+                        .and_then(serde_json::Value::as_str)
+                        .filter(|b| !b.is_empty() && *b != m)
+                        .map(str::to_string);
+                    return Ok(Routed {
+                        named,
+                        ..plain(Route::Model(m.to_string()))
+                    });
                 }
                 Err(e) => return Err(RouteError::BadBody(e.to_string())),
             };
@@ -285,6 +303,41 @@ mod tests {
         assert_eq!(
             route(&Method::GET, "/v1/models", None, b"", |_| true),
             Ok(Route::ListModels)
+        );
+    }
+
+    #[test]
+    fn a_body_this_reader_cannot_type_still_names_its_model_beside_the_header() {
+        let chat = |body: &[u8]| {
+            route_request(
+                &Method::POST,
+                "/v1/chat/completions",
+                Some("llama"),
+                body,
+                |_| true,
+            )
+            .map(|r| (r.route, r.named))
+        };
+        // Duplicate keys: the model server (Python's `json`) reads the
+        // last, and so does the comparison with the header.
+        assert_eq!(
+            chat(br#"{"model":"qwen","model":"qwen","messages":[]}"#),
+            Ok((Route::Model("llama".into()), Some("qwen".into())))
+        );
+        assert_eq!(
+            chat(br#"{"model":"qwen","model":"llama","messages":[]}"#),
+            Ok((Route::Model("llama".into()), None))
+        );
+        // Not JSON (`NaN` only Python reads): refused.
+        assert!(matches!(
+            chat(br#"{"model":"qwen","temperature":NaN}"#),
+            Err(RouteError::BadBody(_))
+        ));
+        // A field of a shape the reader does not type, naming no other
+        // model: the header routes it.
+        assert_eq!(
+            chat(br#"{"messages":{"odd":1},"model":"llama"}"#),
+            Ok((Route::Model("llama".into()), None))
         );
     }
 
