@@ -381,32 +381,65 @@ fn probe_answer(request: &[u8], shared: &Shared) -> Option<&'static [u8]> {
 /// otherwise keep the autoscaler out.
 const TOKEN_CONNECTIONS: usize = 16;
 
-/// Whether the request head read so far carries the admin token in its
-/// `Authorization` field.
-fn carries_token(request: &[u8], shared: &Shared) -> bool {
-    let Some(token) = shared.settings.admin_token.as_ref() else {
-        return false;
-    };
+/// The same for the read-only token (`spec.readTokenFile`: Prometheus,
+/// dashboards).
+const READ_TOKEN_CONNECTIONS: usize = 4;
+
+/// Which token the request head read so far carries in its
+/// `Authorization` field, if any.
+fn carries_token(request: &[u8], shared: &Shared) -> Option<Holder> {
+    let settings = &shared.settings;
+    if settings.admin_token.is_none() && settings.read_token.is_none() {
+        return None;
+    }
     let head = request
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map_or(request, |end| &request[..end]);
-    head.split(|&b| b == b'\n').skip(1).any(|line| {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        line.split_at_checked(14).is_some_and(|(name, value)| {
-            name.eq_ignore_ascii_case(b"authorization:")
-                && HeaderValue::from_bytes(value.trim_ascii()).is_ok_and(|v| token.verify(Some(&v)))
-        })
+        let (name, value) = line.split_at_checked(14)?;
+        if !name.eq_ignore_ascii_case(b"authorization:") {
+            return None;
+        }
+        let value = HeaderValue::from_bytes(value.trim_ascii()).ok()?;
+        if settings
+            .admin_token
+            .as_ref()
+            .is_some_and(|t| t.verify(Some(&value)))
+        {
+            Some(Holder::Admin)
+        } else if settings
+            .read_token
+            .as_ref()
+            .is_some_and(|t| t.verify(Some(&value)))
+        {
+            Some(Holder::Reader)
+        } else {
+            None
+        }
     })
+}
+
+/// Whose token a connection over the admin cap carries: each has places
+/// of its own ([`TOKEN_CONNECTIONS`], [`READ_TOKEN_CONNECTIONS`]), so
+/// idle connections from anyone who can connect keep neither the
+/// autoscaler nor the monitoring that scrapes with the read-only token
+/// out, and a reader cannot take the autoscaler's places.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Admin,
+    Reader,
 }
 
 /// Answers a connection over the cap: 503, or on the admin port a probe's
 /// real answer ([`probe_answer`]); on the admin port a request with the
-/// admin token is handed back with what was read of it, to be served.
+/// admin or the read-only token is handed back with what was read of it
+/// and whose token it carries, to be served.
 async fn refuse(
     mut stream: tokio::net::TcpStream,
     admin: Option<Arc<Shared>>,
-) -> Option<(TcpStream, Bytes)> {
+) -> Option<(TcpStream, Bytes, Holder)> {
     use tokio::io::AsyncReadExt;
     // Read what the client sent so far, answer, then close lingering.
     let mut buf = [0u8; 4096];
@@ -418,10 +451,12 @@ async fn refuse(
     let answer = match admin.as_deref() {
         Some(s) => match probe_answer(&buf[..n], s) {
             Some(a) => a,
-            None if carries_token(&buf[..n], s) => {
-                return Some((stream, Bytes::copy_from_slice(&buf[..n])));
-            }
-            None => OVER_CAPACITY,
+            None => match carries_token(&buf[..n], s) {
+                Some(holder) => {
+                    return Some((stream, Bytes::copy_from_slice(&buf[..n]), holder));
+                }
+                None => OVER_CAPACITY,
+            },
         },
         None => OVER_CAPACITY,
     };
@@ -455,14 +490,21 @@ async fn serve<F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let drain = Drain::default();
-    // Over-cap connections whose request carries the admin token (admin
-    // port only), with what was read of them.
-    let (over_tx, mut over_rx) = tokio::sync::mpsc::channel::<(TcpStream, Bytes, SocketAddr)>(16);
+    // Over-cap connections whose request carries the admin or the
+    // read-only token (admin port only), with what was read of them and
+    // whose token it is.
+    let (over_tx, mut over_rx) =
+        tokio::sync::mpsc::channel::<(TcpStream, Bytes, SocketAddr, Holder)>(16);
     let reserved = Connections::new(TOKEN_CONNECTIONS);
+    let reserved_read = Connections::new(READ_TOKEN_CONNECTIONS);
     loop {
         tokio::select! {
-            Some((stream, prefix, peer)) = over_rx.recv() => {
-                match reserved.open() {
+            Some((stream, prefix, peer, holder)) = over_rx.recv() => {
+                let places = match holder {
+                    Holder::Admin => &reserved,
+                    Holder::Reader => &reserved_read,
+                };
+                match places.open() {
                     Some(slot) => {
                         let conn = connection(stream, prefix, peer, &drain);
                         tokio::spawn(async move {
@@ -499,8 +541,8 @@ async fn serve<F, Fut>(
                     let admin = probes.then(|| shared.clone());
                     let tx = over_tx.clone();
                     tokio::spawn(async move {
-                        if let Some((stream, prefix)) = refuse(stream, admin).await {
-                            let _ = tx.send((stream, prefix, peer)).await;
+                        if let Some((stream, prefix, holder)) = refuse(stream, admin).await {
+                            let _ = tx.send((stream, prefix, peer, holder)).await;
                         }
                     });
                     continue;

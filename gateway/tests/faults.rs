@@ -274,6 +274,68 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     gw.shutdown().await;
 }
 
+/// The read-only token (Prometheus's scrape) has places of its own over
+/// the admin cap: idle connections cannot blind monitoring, a reader
+/// cannot take the autoscaler's places, and a reader served over the cap
+/// still changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_token_has_places_of_its_own_over_the_admin_cap() {
+    use gpuscale_gateway::auth::AdminToken;
+    use gpuscale_gateway::config::Settings;
+    const READER: &str = "fedcba9876543210-read-only";
+    let mut sp = spec(vec![model("m", &[], 4)]);
+    sp.limits.max_admin_connections = 2;
+    let mut settings = Settings::from_spec("test", sp, &[]).unwrap();
+    settings.admin_token = Some(AdminToken::from_secret(TOKEN).unwrap());
+    settings.read_token = Some(AdminToken::from_secret(READER).unwrap());
+    let gw = gpuscale_gateway::start(settings).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(gw.admin).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let with = |method: &str, path: &str, token: &str| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\nAuthorization: Bearer {token}\r\ncontent-length: 0\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    assert_eq!(
+        raw_status(gw.admin, &with("GET", "/metrics", READER)).await,
+        200
+    );
+    assert_eq!(
+        raw_status(gw.admin, &with("GET", "/v1/queues", READER)).await,
+        200
+    );
+    let write = raw_status(gw.admin, &with("POST", "/v1/replicas", READER)).await;
+    assert!(matches!(write, 401 | 403), "{write}");
+    // Readers that hold all four of their places leave the admin token's
+    // sixteen alone.
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(gw.admin).await.unwrap();
+        s.write_all(
+            format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {READER}\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        raw_status(gw.admin, &with("GET", "/metrics", READER)).await,
+        503
+    );
+    assert_eq!(
+        raw_status(gw.admin, &with("GET", "/v1/queues", TOKEN)).await,
+        200
+    );
+    drop(held);
+    gw.shutdown().await;
+}
+
 /// HEAD on the admin port's reads answers as GET does, without a body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_on_an_admin_read_is_its_get_without_a_body() {
