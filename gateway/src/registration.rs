@@ -2,7 +2,10 @@
 //! endpoint is `http://IP:PORT` with an IP literal inside the configured
 //! networks (loopback by default; in Kubernetes, the pod network that
 //! EndpointSlices list), never link-local (cloud metadata services live
-//! at 169.254.169.254), unspecified, multicast or broadcast, never with
+//! at 169.254.169.254) or another known metadata address (Alibaba's
+//! 100.100.100.200, AWS's `fd00:ec2::254`, …), nor any of these behind
+//! NAT64, 6to4, Teredo or a deprecated IPv4-compatible address,
+//! unspecified, multicast or broadcast, never with
 //! user information, a path, a query or another scheme, never one of the
 //! gateway's own listeners at its bound address, or on loopback or the
 //! pod's IP (`POD_IP`) where it listens on every address (a request sent
@@ -14,7 +17,7 @@
 //! Replicas written in the gateway's own file are the operator's word and
 //! are not held to these rules (they may use host names).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
@@ -49,11 +52,46 @@ pub struct Rules {
     pub local: Vec<IpAddr>,
 }
 
+/// Cloud metadata and platform services outside the link-local range:
+/// Alibaba Cloud's metadata service, Oracle Cloud's classic one, Azure's
+/// WireServer.
+const METADATA_V4: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(100, 100, 100, 200),
+    Ipv4Addr::new(192, 0, 0, 192),
+    Ipv4Addr::new(168, 63, 129, 16),
+];
+
+/// The same over IPv6: AWS's instance metadata service (IMDS) on Nitro
+/// instances.
+const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)];
+
+/// The IPv4 addresses an IPv6 address carries to an IPv4 host, where it
+/// is one of the translation or tunnel forms: NAT64's well-known prefix
+/// `64:ff9b::/96` (RFC 6052) and local-use `64:ff9b:1::/48` (RFC 8215,
+/// read at the /96 layout), 6to4's `2002::/16` (RFC 3056), Teredo's
+/// `2001::/32` (RFC 4380: its server, and its client with the bits
+/// inverted).
+fn embedded_ipv4(v6: Ipv6Addr) -> Vec<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0, 0, 0, 0] || s[2] == 1) {
+        vec![v4(s[6], s[7])]
+    } else if s[0] == 0x2002 {
+        vec![v4(s[1], s[2])]
+    } else if s[0] == 0x2001 && s[1] == 0 {
+        vec![v4(s[2], s[3]), v4(!s[6], !s[7])]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Why an address can never be a replica's, if it cannot.
 fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => {
-            if v4.is_link_local() {
+            if METADATA_V4.contains(&v4) {
+                Some("cloud metadata")
+            } else if v4.is_link_local() {
                 Some("link-local")
             } else if v4.is_unspecified() {
                 Some("unspecified")
@@ -69,7 +107,22 @@ fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return forbidden_kind(IpAddr::V4(v4));
             }
-            if v6.is_unicast_link_local() {
+            // A forbidden IPv4 host reached through a translator or a
+            // tunnel is still that host.
+            if let Some(kind) = embedded_ipv4(v6)
+                .into_iter()
+                .find_map(|v4| forbidden_kind(IpAddr::V4(v4)))
+            {
+                return Some(kind);
+            }
+            if METADATA_V6.contains(&v6) {
+                Some("cloud metadata")
+            } else if v6.to_ipv4().is_some() && !v6.is_loopback() && !v6.is_unspecified() {
+                // `::a.b.c.d`, deprecated by RFC 4291 §2.5.5.1: no host
+                // has one, and a stack that routes it reaches the IPv4
+                // host behind every rule here.
+                Some("deprecated IPv4-compatible")
+            } else if v6.is_unicast_link_local() {
                 Some("link-local")
             } else if v6.is_unspecified() {
                 Some("unspecified")
@@ -171,6 +224,20 @@ mod tests {
             "http://224.0.0.1:80",
             "http://255.255.255.255:80",
             "http://[::ffff:169.254.169.254]:80",
+            // Metadata services outside link-local, and forbidden IPv4
+            // hosts behind NAT64, 6to4, Teredo and IPv4-compatible forms.
+            "http://100.100.100.200:80",
+            "http://192.0.0.192:80",
+            "http://168.63.129.16:80",
+            "http://[fd00:ec2::254]:80",
+            "http://[64:ff9b::a9fe:a9fe]:80",
+            "http://[64:ff9b::6464:64c8]:80",
+            "http://[64:ff9b:1::a9fe:a9fe]:80",
+            "http://[2002:a9fe:a9fe::1]:80",
+            "http://[2001:0:a9fe:a9fe::1]:80",
+            "http://[2001:0:4136:e378:8000:63bf:5601:5601]:80",
+            "http://[::127.0.0.1]:80",
+            "http://[::a9fe:a9fe]:80",
             "http://user:pw@127.0.0.1:80",
             "http://127.0.0.1@evil:80",
             "https://127.0.0.1:80",
@@ -188,6 +255,14 @@ mod tests {
             "http://127.0.0.1%2f:80",
         ] {
             assert!(r.check(bad, &[]).is_err(), "{bad} was accepted");
+        }
+        // Translated and tunnelled addresses of ordinary hosts pass.
+        for ok in [
+            "http://[64:ff9b::a00:1]:80",
+            "http://[2002:a00:1::1]:80",
+            "http://[fd00:ec2::1]:80",
+        ] {
+            assert!(r.check(ok, &[]).is_ok(), "{ok} was refused");
         }
     }
 
