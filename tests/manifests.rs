@@ -770,16 +770,23 @@ impl Pod {
             let dir = pod.path(&m.mount_path);
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
             let mut files = Vec::new();
+            // The kubelet writes a volume's files with its `defaultMode`
+            // (0644 where none is given): the binaries check a token
+            // file's mode.
+            let mut mode = 0o644;
             if let Some(cm) = &v.config_map {
                 files.extend(config_map_files(objects, &cm.name, cm.items.as_deref())?);
+                mode = cm.default_mode.unwrap_or(mode);
             }
             if let Some(s) = &v.secret {
                 files.extend(secret_files(
                     s.secret_name.as_deref().unwrap_or(""),
                     s.items.as_deref(),
                 ));
+                mode = s.default_mode.unwrap_or(mode);
             }
             if let Some(p) = &v.projected {
+                mode = p.default_mode.unwrap_or(mode);
                 for src in p.sources.iter().flatten() {
                     if let Some(cm) = &src.config_map {
                         files.extend(config_map_files(objects, &cm.name, cm.items.as_deref())?);
@@ -794,6 +801,13 @@ impl Pod {
                 std::fs::create_dir_all(f.parent().expect("a parent"))
                     .map_err(|e| e.to_string())?;
                 std::fs::write(&f, text).map_err(|e| e.to_string())?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    let mode = u32::try_from(mode).map_err(|_| format!("defaultMode {mode}"))?;
+                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode))
+                        .map_err(|e| e.to_string())?;
+                }
             }
         }
         Ok(pod)

@@ -27,10 +27,21 @@ pub const MIN_TOKEN_LEN: usize = 16;
 pub const MIN_TOKEN_SYMBOLS: usize = 8;
 
 /// The admin token, held as its SHA-256 digest.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct AdminToken {
     digest: [u8; 32],
+    /// The file it was read from, where every user of the machine may
+    /// read it ([`AdminToken::readable_by_all`]).
+    readable_by_all: Option<std::path::PathBuf>,
 }
+
+impl PartialEq for AdminToken {
+    fn eq(&self, other: &Self) -> bool {
+        bool::from(self.digest.ct_eq(&other.digest))
+    }
+}
+
+impl Eq for AdminToken {}
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,17 +87,30 @@ impl AdminToken {
         }
         Ok(AdminToken {
             digest: sha256(secret.as_bytes()),
+            readable_by_all: None,
         })
     }
 
+    /// The file the token was read from, where every user of this machine
+    /// may read it (mode `o+r`): a listener off loopback refuses to start
+    /// with such a token ([`crate::config::Settings::check_exposure`]),
+    /// since any local user could take it and register replicas that
+    /// receive prompts.
+    pub fn readable_by_all(&self) -> Option<&Path> {
+        self.readable_by_all.as_deref()
+    }
+
     /// Reads a token file (a trailing newline is ignored); a file every user
-    /// may read is warned about.
+    /// may read is warned about, and remembered
+    /// ([`AdminToken::readable_by_all`]).
     pub fn from_file(path: &Path) -> Result<AdminToken, String> {
         // A token is a line; a file far longer (a device such as
         // /dev/zero among them) is refused before it fills memory.
         let text = gpuscale_policies::load::read_limited(path, 64 * 1024)
             .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 text".to_string()))
             .map_err(|e| format!("reading the admin token file {}: {e}", path.display()))?;
+        let mut token =
+            AdminToken::from_secret(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         #[cfg(unix)]
         if let Ok(meta) = std::fs::metadata(path) {
             use std::os::unix::fs::PermissionsExt;
@@ -95,9 +119,10 @@ impl AdminToken {
                     file = %path.display(),
                     "the admin token file is readable by every user of this machine (chmod 600, or a Secret volume's defaultMode 0440)"
                 );
+                token.readable_by_all = Some(path.to_path_buf());
             }
         }
-        AdminToken::from_secret(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Ok(token)
     }
 
     /// A fresh random token (256 bits, hex) and its secret text: the

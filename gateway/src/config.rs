@@ -753,18 +753,34 @@ fn hex_digest(s: &str) -> Option<[u8; 32]> {
 }
 
 impl Settings {
-    /// Refuses an admin listener off loopback without a token: anyone who
-    /// can reach it could read queues and replica addresses.
+    /// Refuses an admin listener off loopback without a token (anyone who
+    /// can reach it could read queues and replica addresses), or with a
+    /// token from a file every user of the machine may read (any of them
+    /// could register replicas that receive prompts).
     pub fn check_exposure(&self) -> Result<(), String> {
-        if !self.spec.admin.ip().is_loopback()
-            && self.admin_token.is_none()
-            && self.read_token.is_none()
-        {
+        if self.spec.admin.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.admin_token.is_none() && self.read_token.is_none() {
             return Err(format!(
                 "spec.admin: {} is not a loopback address, and no admin token is set: \
                  give one with --admin-token-file, GPUSCALE_ADMIN_TOKEN_FILE or spec.adminTokenFile",
                 self.spec.admin
             ));
+        }
+        for (field, token) in [
+            ("the admin token", &self.admin_token),
+            ("the read-only token", &self.read_token),
+        ] {
+            if let Some(file) = token.as_ref().and_then(AdminToken::readable_by_all) {
+                return Err(format!(
+                    "spec.admin: {} is not a loopback address, and {field}'s file {} is readable \
+                     by every user of this machine: chmod 600 it (in Kubernetes, the Secret \
+                     volume's defaultMode 0440, as deploy/ sets)",
+                    self.spec.admin,
+                    file.display()
+                ));
+            }
         }
         Ok(())
     }

@@ -148,6 +148,58 @@ async fn an_exposed_admin_listener_without_a_token_does_not_start() {
     assert!(err.contains("--admin-token-file"), "{err}");
 }
 
+/// A token from a file every user of the machine may read does not guard
+/// an admin listener off loopback: any local user could take it and
+/// register replicas that receive prompts. On loopback it is warned
+/// about; `chmod 600` (a Secret volume's `defaultMode: 0440`) passes.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_admin_listener_refuses_a_token_file_every_user_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("gpuscale-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("admin-token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let settings = |admin: &str, mode: u32, read: bool| {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut sp = spec(vec![model("m", &[], 4)]);
+        sp.admin = admin.parse().unwrap();
+        let mut s = Settings::from_spec("test", sp, &[]).unwrap();
+        let token = AdminToken::from_file(&file).unwrap();
+        if read {
+            s.admin_token = Some(AdminToken::from_secret("0123456789abcdef-admin").unwrap());
+            s.read_token = Some(token);
+        } else {
+            s.admin_token = Some(token);
+        }
+        s
+    };
+    for read in [false, true] {
+        let err = settings("0.0.0.0:0", 0o644, read)
+            .check_exposure()
+            .unwrap_err();
+        assert!(
+            err.contains("spec.admin") && err.contains("readable"),
+            "{err}"
+        );
+        assert!(err.contains(&file.display().to_string()), "{err}");
+        assert!(settings("0.0.0.0:0", 0o600, read).check_exposure().is_ok());
+        assert!(settings("0.0.0.0:0", 0o440, read).check_exposure().is_ok());
+        assert!(
+            settings("127.0.0.1:0", 0o644, read)
+                .check_exposure()
+                .is_ok()
+        );
+    }
+    // The server's start refuses it too.
+    let err = match gpuscale_gateway::start(settings("0.0.0.0:0", 0o644, false)).await {
+        Ok(_) => panic!("started with a world-readable token on 0.0.0.0"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("readable"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capture_server_cannot_join_or_push_out_the_real_replicas() {
     let real = gated("real", true).await;

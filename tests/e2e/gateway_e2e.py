@@ -97,10 +97,13 @@ def main():
         token_file = os.path.join(work, "admin-token")
         with open(token_file, "w") as f:
             f.write(token + "\n")
+        # Off loopback the gateway refuses a token file every user may read.
+        os.chmod(token_file, 0o600)
         read_token = "e2e-read-" + os.urandom(16).hex()
         read_token_file = os.path.join(work, "read-token")
         with open(read_token_file, "w") as f:
             f.write(read_token + "\n")
+        os.chmod(read_token_file, 0o600)
         config = os.path.join(work, "gateway.yaml")
         with open(config, "w") as f:
             f.write(f"""apiVersion: gpuscale.io/v1alpha1
