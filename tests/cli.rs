@@ -1469,6 +1469,60 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
     );
 }
 
+/// `gpuscale up | head -1`: when its standard output goes away, the run
+/// stops as on Ctrl-C, drains, and exits 2 (an error writing output),
+/// where it panicked on the broken pipe.
+#[test]
+fn up_whose_output_is_closed_stops_and_exits_2_without_a_panic() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args([
+            "up",
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--gateway-admin-port",
+            "0",
+            "--summary-every",
+            "1s",
+            "--duration",
+            "2m",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("gpuscale up: "), "{first}");
+    // The reader goes away (the buffered rest with it).
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("still running a minute after its output closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("standard output closed"), "{err}");
+}
+
 #[test]
 fn plan_refuses_inputs_that_would_plan_nothing_or_the_wrong_thing() {
     let empty = std::env::temp_dir().join(format!("gpuscale-none-{}", std::process::id()));

@@ -88,6 +88,17 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Writes text to stdout as a long-running command prints it: `false`
+/// when the write failed (the reader went away: `gpuscale up | head`),
+/// which that command takes as a reason to stop.
+pub fn say(text: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_ok()
+}
+
 /// Writes a serialisable value as JSON or YAML to stdout.
 pub fn print_data<T: serde::Serialize>(value: &T, format: Format) -> anyhow::Result<()> {
     match format {

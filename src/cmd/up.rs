@@ -304,31 +304,50 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         let running = Loop::start(settings, gateway_settings, secret, Backend::Local, false).await?;
         let traffic = running.gateway.as_ref().map_or(traffic, |g| g.traffic);
-        println!("gpuscale up: {models} models on {cluster}");
-        println!("  dashboard  http://{}/", running.admin);
-        println!("  traffic    http://{traffic}/v1/chat/completions (OpenAI API)");
-        match &args.load {
-            Some(p @ Pattern::Trace(_)) => {
-                println!("  load       {} (its own arrivals in real time; --rate does not apply)", p.name());
+        // Standard output gone (`gpuscale up | head -3`): the run stops as
+        // on Ctrl-C, drains, and exits 2 (an error writing output).
+        let out_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_printing = Arc::new(tokio::sync::Notify::new());
+        let say = {
+            let (gone, notify) = (out_gone.clone(), stop_printing.clone());
+            move |text: &str| {
+                if gone.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                if !super::say(text) {
+                    gone.store(true, std::sync::atomic::Ordering::Relaxed);
+                    notify.notify_one();
+                }
             }
-            Some(p) => println!("  load       {}, peak {} req/s", p.name(), args.rate),
-            None => println!(
-                "  load       none: send your own, e.g.\n             curl -s {traffic}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-            ),
+        };
+        let mut header = format!(
+            "gpuscale up: {models} models on {cluster}\n  dashboard  http://{}/\n  traffic    http://{traffic}/v1/chat/completions (OpenAI API)\n",
+            running.admin
+        );
+        match &args.load {
+            Some(p @ Pattern::Trace(_)) => header.push_str(&format!(
+                "  load       {} (its own arrivals in real time; --rate does not apply)\n",
+                p.name()
+            )),
+            Some(p) => header.push_str(&format!("  load       {}, peak {} req/s\n", p.name(), args.rate)),
+            None => header.push_str(&format!(
+                "  load       none: send your own, e.g.\n             curl -s {traffic}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
+            )),
         }
         if !args.bind.is_loopback() {
-            println!(
-                "  warning    listening on {}: the traffic port and the read-only dashboard answer anyone who can reach this address (the gateway's admin port takes its token)",
+            header.push_str(&format!(
+                "  warning    listening on {}: the traffic port and the read-only dashboard answer anyone who can reach this address (the gateway's admin port takes its token)\n",
                 args.bind
-            );
+            ));
         }
-        println!(
-            "  stop       {}",
+        header.push_str(&format!(
+            "  stop       {}\n",
             match args.duration {
                 Some(d) => format!("after {}, or Ctrl-C", gpuscale_policies::duration::show(d)),
                 None => "Ctrl-C (drains, then exits)".into(),
             }
-        );
+        ));
+        say(&header);
         let started = tokio::time::Instant::now();
         let totals = Arc::new(Mutex::new(Totals::default()));
         let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
@@ -343,37 +362,53 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
         let report = running.report.clone();
         let every = args.summary_every;
-        let summaries = tokio::spawn(async move {
-            if every.is_zero() {
-                return;
-            }
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
+        let summaries = {
+            let say = say.clone();
+            tokio::spawn(async move {
+                if every.is_zero() {
+                    return;
+                }
+                let mut tick = tokio::time::interval(every);
                 tick.tick().await;
-                print!("{}", summary(&report.dashboard(), started.elapsed()));
-            }
-        });
+                loop {
+                    tick.tick().await;
+                    say(&summary(&report.dashboard(), started.elapsed()));
+                }
+            })
+        };
         let until = async {
             match args.duration {
                 Some(d) => tokio::time::sleep(d).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = until => {}
-            () = super::shutdown_signal() => eprintln!("gpuscale up: stopping"),
+        let gone = out_gone.load(std::sync::atomic::Ordering::Relaxed);
+        if !gone {
+            tokio::select! {
+                () = until => {}
+                () = super::shutdown_signal() => eprintln!("gpuscale up: stopping"),
+                () = stop_printing.notified() => {
+                    eprintln!("gpuscale up: standard output closed; stopping");
+                }
+            }
         }
-        summaries.abort();
+        // The summaries go on while the load's last answers arrive (a
+        // model scaling from zero can take its start-up time to answer).
         let _ = stop_load.send(true);
         if let Some(t) = load_task {
             let _ = t.await;
             let t = totals.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            println!("{}", t.line());
+            summaries.abort();
+            say(&format!("{}\n", t.line()));
         }
-        print!("{}", summary(&running.report.dashboard(), started.elapsed()));
+        summaries.abort();
+        say(&summary(&running.report.dashboard(), started.elapsed()));
         eprintln!("gpuscale up: draining replicas");
         running.stop().await;
-        Ok(ExitCode::SUCCESS)
+        Ok(if out_gone.load(std::sync::atomic::Ordering::Relaxed) {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        })
     })
 }
