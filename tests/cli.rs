@@ -988,6 +988,19 @@ fn plan_names_the_scheduler_the_cluster_runs_coscheduling_in() {
         "{}",
         errors(&out)
     );
+    // The emitted ConfigMaps' namespace is checked as the API server
+    // would, before anything is written.
+    for (flag, bad) in [("--namespace", "BAD_NS"), ("--training-namespace", "Bad")] {
+        let mut args = training_plan_args(&dir_text);
+        args.extend([flag, bad]);
+        let out = gpuscale(&args);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            errors(&out).contains(&format!("{flag}: `{bad}` is not a namespace")),
+            "{}",
+            errors(&out)
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long)]
     pub demand: Option<PathBuf>,
     /// An earlier plan (JSON or YAML) to re-plan from: its placement is the current
-    /// state. Without it, the cluster file's GPU states are.
+    /// state (without it, the GPU states in the cluster file are the current state).
     #[arg(long)]
     pub current: Option<PathBuf>,
     /// Output format.
@@ -167,6 +167,9 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     // A Kubernetes namespace: a DNS-1123 label.
     if let Some(why) = gpuscale_policies::load::namespace_problem(&args.training_namespace) {
         bail!("--training-namespace: {why}");
+    }
+    if let Some(why) = gpuscale_policies::load::namespace_problem(&args.namespace) {
+        bail!("--namespace: {why}");
     }
     // A pod's schedulerName is a DNS-1123 subdomain, as the API server
     // validates it.

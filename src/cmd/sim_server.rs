@@ -22,7 +22,8 @@ pub struct Args {
     /// Model name it lists in /v1/models.
     #[arg(long, default_value = "sim")]
     pub model: String,
-    /// Share of a GPU it runs on (1 = whole; 0.43 for a 3g MIG slice).
+    /// Share of a GPU it runs on (1 = whole; 0.455 for a 3g MIG slice of
+    /// an H100, its 60 of 132 SMs).
     #[arg(long, allow_negative_numbers = true)]
     pub speed: Option<f64>,
     /// Requests running at once (more wait inside).
