@@ -724,7 +724,8 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
                 problems.push(doc.problem(
                     "kind",
                     format!(
-                        "a second Cluster; the first is in {}:{}",
+                        "a second Cluster; the first is in {}:{} (the files given are one set, \
+                         with one Cluster: check each cluster's files on their own)",
                         first.file.display(),
                         first.start.line
                     ),
@@ -909,7 +910,15 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
             let Some(m) = models.iter().find(|m| &m.name == name) else {
                 problems.push(doc.problem(
                     format!("spec.replicas.{name}"),
-                    format!("no ModelPolicy named `{name}` was loaded"),
+                    if models.is_empty() {
+                        format!(
+                            "no ModelPolicy named `{name}`: none was given with this Demand \
+                             (give the policies' files or folder too, e.g. `gpuscale validate \
+                             examples/`)"
+                        )
+                    } else {
+                        format!("no ModelPolicy named `{name}` among the policies given")
+                    },
                 ));
                 continue;
             };

@@ -566,6 +566,32 @@ fn a_demand_outside_the_policys_bounds_is_located() {
 }
 
 #[test]
+fn a_demand_given_without_its_policies_says_to_give_them() {
+    let demand = "apiVersion: gpuscale.io/v1alpha1\nkind: Demand\nmetadata: {name: d}\nspec:\n  replicas:\n    m: 1\n    other: 1\n";
+    let p = load_sources(&[(Path::new("d.yaml"), demand)])
+        .unwrap_err()
+        .0;
+    assert_eq!(located(&p).len(), 2, "{p:#?}");
+    assert!(
+        p[0].to_string().contains("none was given with this Demand")
+            && p[0].to_string().contains("gpuscale validate examples/"),
+        "{}",
+        p[0]
+    );
+    // With policies given, a name none of them has is only that.
+    let p = load_sources(&[(Path::new("m.yaml"), POLICY), (Path::new("d.yaml"), demand)])
+        .unwrap_err()
+        .0;
+    assert_eq!(located(&p), vec![(7, "spec.replicas.other")], "{p:#?}");
+    assert!(
+        p[0].to_string()
+            .contains("no ModelPolicy named `other` among the policies given"),
+        "{}",
+        p[0]
+    );
+}
+
+#[test]
 fn an_absurd_node_template_is_located() {
     let text = cluster_file(
         "
