@@ -208,6 +208,20 @@ fn catalog_applies_cluster_overrides() {
         .find(|m| m["name"] == "H100-80GB")
         .unwrap();
     assert_eq!(h100["price_per_hour"], 2.49);
+    // A cluster file with a problem: located, exit 1, as `plan` says it.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("cluster.yaml");
+    let text = std::fs::read_to_string("examples/cluster.yaml").unwrap();
+    let broken = text.replacen("gpuCount: 8", "gpuCount: eight", 1);
+    assert_ne!(broken, text);
+    std::fs::write(&bad, broken).unwrap();
+    let out = gpuscale(&["catalog", "--cluster", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("gpuCount: `eight` is not a number"),
+        "{}",
+        errors(&out)
+    );
 }
 
 #[test]

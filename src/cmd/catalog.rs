@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use gpuscale_policies::{Catalog, load_paths, mig};
 use serde::Serialize;
 
@@ -34,12 +34,13 @@ struct GeometryRow {
 /// Prints the catalogue or the geometries.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let catalog = match &args.cluster {
-        Some(path) => {
-            load_paths(std::slice::from_ref(path))
-                .map_err(|p| anyhow::anyhow!("{p}"))
-                .context("loading the cluster file")?
-                .catalog
-        }
+        // A file with problems: each located, exit 1, as `plan` and
+        // `validate` report them.
+        Some(path) => match load_paths(std::slice::from_ref(path)) {
+            Ok(b) if b.cluster.is_some() => b.catalog,
+            Ok(_) => bail!("--cluster {}: no `kind: Cluster` document", path.display()),
+            Err(problems) => return Ok(super::report_problems(&problems.0)),
+        },
         None => Catalog::builtin(),
     };
     let Some(name) = &args.mig else {
