@@ -531,6 +531,13 @@ pub fn parse_yaml(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
 /// located like YAML (JSON is YAML's flow style).
 pub fn parse_json(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
     if let Err(e) = serde_json::from_str::<Value>(source) {
+        // serde_json's text ends with its own position, which the
+        // problem's place already gives (its column counted from 1).
+        let text = e.to_string();
+        let message = text
+            .rsplit_once(" at line ")
+            .map_or(text.as_str(), |(m, _)| m)
+            .to_string();
         return Err(Problem {
             file: file.to_path_buf(),
             position: Position {
@@ -538,7 +545,7 @@ pub fn parse_json(file: &Path, source: &str) -> Result<Vec<Document>, Problem> {
                 column: e.column().max(1),
             },
             path: String::new(),
-            message: format!("JSON syntax error: {e}"),
+            message: format!("JSON syntax error: {message}"),
         });
     }
     parse_yaml(file, source)

@@ -66,6 +66,13 @@ pub fn bounded(d: Duration) -> Result<Duration, String> {
 /// Parses a flag's value (humantime's syntax), at most [`MAX`]; what is
 /// not a duration is said with humantime's reason and an example.
 pub fn parse(s: &str) -> Result<Duration, String> {
+    // humantime's "expected number at 0" for a sign says nothing a
+    // writer of `-45s` can use.
+    if s.trim_start().starts_with(['-', '+']) {
+        return Err(format!(
+            "`{s}` is not a duration: a duration has no sign (write `45s`, not `-45s`)"
+        ));
+    }
     match humantime::parse_duration(s) {
         Ok(d) => bounded_as(d, s),
         // A whole number too large for humantime is longer than any
@@ -170,6 +177,13 @@ mod tests {
         assert!(e.contains("longer than"), "{e}");
         assert!(parse("18446744073709551615s").is_err());
         assert!(parse("x").is_err());
+        // A sign is named as such.
+        let e = parse("-45s").unwrap_err();
+        assert!(
+            e.contains("has no sign") && !e.contains("expected number"),
+            "{e}"
+        );
+        assert!(parse("+1m").unwrap_err().contains("has no sign"));
         // What is not a duration says why; what is too long echoes the
         // text as written.
         let e = parse("1x").unwrap_err();

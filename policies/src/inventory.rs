@@ -711,6 +711,8 @@ fn validate_gpus(
                     ),
                 ));
             }
+            // (An unknown GPU model is said once, at `gpuModel`.)
+            GpuMode::Mig if gpu.is_none() => {}
             GpuMode::Mig => match gpu.and_then(|m| m.mig.as_ref()) {
                 None => errors.push(FieldError::new(
                     format!("{gp}.mode"),

@@ -1031,7 +1031,8 @@ impl Model {
         if p.sharing.is_empty() {
             err(
                 "spec.placement.sharing",
-                "allow at least one of mig, timeslice, whole".into(),
+                "allow at least one of mig, timeslice, whole, mps, fractional, mig-timeslice"
+                    .into(),
             );
         }
         let mut gpu_models = Vec::new();

@@ -205,6 +205,51 @@ fn syntax_errors_and_bad_documents() {
     assert_eq!(p[0].path, "metadata.name");
 }
 
+#[test]
+fn one_mistake_is_said_once_and_plainly() {
+    // An unknown GPU model on a node with a MIG GPU: the model, not a
+    // second "does not support MIG" at the GPU's mode.
+    let text = cluster_file(
+        "
+    - name: a
+      gpuModel: H100-80G
+      gpuCount: 8
+      gpus:
+        - index: 0
+          mode: mig
+          geometry: [{profile: 7g.80gb, start: 0}]
+",
+    );
+    let p = problems("c.yaml", &text);
+    assert_eq!(located(&p), vec![(8, "spec.nodes[0].gpuModel")], "{p:#?}");
+    // A JSON syntax error says its place once, in the problem's place.
+    let p = problems("j.json", "{\n  \"kind\": \n");
+    assert!(p[0].message.starts_with("JSON syntax error"), "{}", p[0]);
+    assert!(!p[0].message.contains(" at line "), "{}", p[0]);
+    // No sharing mode: every mode is offered.
+    let text = format!("{POLICY}  placement: {{sharing: []}}\n");
+    let p = problems("p.yaml", &text);
+    let m = &p
+        .iter()
+        .find(|p| p.path == "spec.placement.sharing")
+        .unwrap()
+        .message;
+    for mode in [
+        "mig",
+        "timeslice",
+        "whole",
+        "mps",
+        "fractional",
+        "mig-timeslice",
+    ] {
+        assert!(m.contains(mode), "{m}");
+    }
+    // A negative duration is named as signed, not as a parser's position.
+    let text = format!("{POLICY}  scaling: {{startupTime: -45s}}\n");
+    let p = problems("p.yaml", &text);
+    assert!(p[0].message.contains("has no sign"), "{}", p[0]);
+}
+
 /// A `kind: Cluster` file named `c` with these `spec.nodes` entries,
 /// given from a first line break (the first entry lands on line 7).
 fn cluster_file(nodes: &str) -> String {
