@@ -509,11 +509,16 @@ pub async fn serve(
                                 ),
                             },
                             (&Method::GET, "/metrics") => match cache.reading().await {
-                                Ok(r) => (
-                                    StatusCode::OK,
-                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                    metrics(&r),
-                                ),
+                                Ok(r) => {
+                                    let (body, kind) = gpuscale_policies::exposition::negotiate(
+                                        req.headers()
+                                            .get_all(hyper::header::ACCEPT)
+                                            .iter()
+                                            .filter_map(|v| v.to_str().ok()),
+                                        metrics(&r),
+                                    );
+                                    (StatusCode::OK, kind, body)
+                                }
                                 Err(e) => (
                                     StatusCode::SERVICE_UNAVAILABLE,
                                     "text/plain",

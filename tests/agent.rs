@@ -124,6 +124,21 @@ fn a_fake_reading_is_served_as_json_and_dcgm_metrics() {
         "{metrics}"
     );
     assert!(metrics.contains("GPU_I_PROFILE=\"3g.40gb\""), "{metrics}");
+    // curl and promtool get the classic text format; OpenMetrics goes to
+    // whoever asks for it (Prometheus).
+    assert!(!metrics.contains("# EOF"), "{metrics}");
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nhost: localhost\r\naccept: application/openmetrics-text;version=1.0.0\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(
+        text.contains("application/openmetrics-text") && text.ends_with("# EOF\n"),
+        "{text}"
+    );
     assert_eq!(get(port, "/healthz").0, 200);
     assert_eq!(get(port, "/readyz").0, 200);
     // On loopback, a page's rebound DNS name is refused.

@@ -287,7 +287,15 @@ pub async fn serve_with(
                                     return Ok::<_, Infallible>(r);
                                 }
                                 let r = match req.uri().path() {
-                                    "/metrics" => respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", report.metrics()),
+                                    "/metrics" => {
+                                        // OpenMetrics to whoever asks (Prometheus), the
+                                        // classic text format otherwise, as the gateway.
+                                        let (body, kind) = gpuscale_policies::exposition::negotiate(
+                                            req.headers().get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()),
+                                            report.metrics(),
+                                        );
+                                        respond(StatusCode::OK, kind, body)
+                                    }
                                     "/healthz" => match report.live() {
                                         Ok(()) => respond(StatusCode::OK, "text/plain", "ok\n".to_string()),
                                         Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),

@@ -135,23 +135,13 @@ pub async fn handle(
             }
             // OpenMetrics for scrapers that ask for it (Prometheus does),
             // the classic text format otherwise.
-            let openmetrics = req
-                .headers()
-                .get_all(header::ACCEPT)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .any(|v| v.contains("application/openmetrics-text"));
-            let (body, content_type) = if openmetrics {
-                (
-                    out,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )
-            } else {
-                (
-                    crate::metrics::classic_text(&out),
-                    "text/plain; version=0.0.4; charset=utf-8",
-                )
-            };
+            let (body, content_type) = gpuscale_policies::exposition::negotiate(
+                req.headers()
+                    .get_all(header::ACCEPT)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok()),
+                out,
+            );
             let mut r = Response::new(full(body));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

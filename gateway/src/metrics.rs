@@ -47,36 +47,9 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// The classic Prometheus text format (0.0.4) from OpenMetrics text, for
-/// scrapers and tools that do not ask for OpenMetrics (`promtool check
-/// metrics`, older agents): a counter's `# HELP`/`# TYPE` name the `_total`
-/// series, and there is no `# EOF`.
-pub fn classic_text(openmetrics: &str) -> String {
-    let mut counters = std::collections::HashSet::new();
-    for line in openmetrics.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ")
-            && let Some((name, "counter")) = rest.split_once(' ')
-        {
-            counters.insert(name.to_string());
-        }
-    }
-    let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" {
-            continue;
-        }
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let (name, tail) = rest.split_once(' ')?;
-            counters
-                .contains(name)
-                .then(|| format!("{prefix}{name}_total {tail}"))
-        });
-        out.push_str(renamed.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
-}
+/// The classic Prometheus text format from OpenMetrics text
+/// ([`gpuscale_policies::exposition`], where both listeners negotiate it).
+pub use gpuscale_policies::exposition::classic_text;
 
 /// The metric families in an OpenMetrics exposition (from its `# TYPE`
 /// lines), e.g. `gpuscale_queue_depth`. Dashboards and alert rules are

@@ -32,6 +32,7 @@ pub mod catalog;
 pub mod devices;
 pub mod document;
 pub mod duration;
+pub mod exposition;
 pub mod inventory;
 pub mod labels;
 pub mod listener;
