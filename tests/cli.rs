@@ -66,6 +66,11 @@ fn validate_examples_succeeds() {
         text.contains("topology rack (required)") && text.contains("topology rack (preferred)"),
         "{text}"
     );
+    // Every kind it checked is named, the training queue's too.
+    assert!(
+        text.contains("training queue: 2 partition(s) [training, dev]"),
+        "{text}"
+    );
     assert!(text.ends_with("ok\n"));
 }
 

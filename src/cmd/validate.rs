@@ -136,6 +136,20 @@ fn summary(
             format!("{:?}", j.spec.topology.mode).to_lowercase()
         ));
     }
+    if let Some(q) = &bundle.queue {
+        let names: Vec<&str> = q.partitions.iter().map(|p| p.name.as_str()).collect();
+        out.push_str(&format!(
+            "training queue: {} partition(s) [{}], {} fair-share account(s), usage half-life {}\n",
+            q.partitions.len().max(1),
+            if names.is_empty() {
+                "default".to_string()
+            } else {
+                names.join(", ")
+            },
+            q.fair_share.accounts.len(),
+            gpuscale_policies::duration::show(q.fair_share.half_life)
+        ));
+    }
     for g in gateways {
         out.push_str(&format!(
             "gateway `{}`: traffic {}, admin {}, {} models\n",
