@@ -265,6 +265,12 @@ fn crd_is_generated_from_the_policy_types() {
     ] {
         assert!(resources[field].is_object(), "resources.{field} missing");
     }
+    // The API server refuses what `validate` refuses there (OpenAPI 3.0:
+    // an exclusive minimum is a boolean beside `minimum`).
+    assert_eq!(resources["maxConcurrency"]["minimum"], 1.0);
+    assert_eq!(resources["maxConcurrency"]["maximum"], 65536.0);
+    assert_eq!(resources["compute"]["minimum"], 0.0);
+    assert_eq!(resources["compute"]["exclusiveMinimum"], true);
     // The YAML form parses to the same object.
     let yaml = gpuscale(&["crd"]);
     let docs = gpuscale_yaml(&yaml.stdout);

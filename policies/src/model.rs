@@ -193,8 +193,11 @@ pub struct ReplicaResources {
     )]
     pub overhead_gib: Option<f64>,
     /// Compute at the target throughput, as a fraction of one H100-80GB.
+    // OpenAPI 3.0, as the API server reads it: a boolean beside `minimum`.
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
     pub compute: f64,
     /// Requests one replica serves at once.
+    #[schemars(range(min = 1, max = 65_536))]
     pub max_concurrency: u32,
     /// Prefill speed and prompt sizes: compute is raised to what
     /// prefills a 95th-percentile prompt within [`PREFILL_BUDGET`] of the
