@@ -333,7 +333,7 @@ fn simulate_with(
     let mut settings = BTreeMap::new();
     settings.insert(
         "gpuscale".into(),
-        format!("recommend() per model every {}{} with the default tuning; the packer re-plans on every change (time limit {}, improvement {}), moving running replicas at most once per {} (consolidateEvery) and keeping them in place otherwise{}", show(spec.tick), if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, show(spec.pack_time_limit), show(spec.pack_improve_limit), show(spec.consolidate_every), if spec.spares { "; spare replicas in the room its GPUs in use leave idle (fractional, MPS, empty MIG instances), for every autoscaler on the packer" } else { "; no spare replicas (spares: false)" }),
+        format!("recommend() per model every {}{} with the default tuning; the packer re-plans on every change (time limit {}, improvement {}), {}{}", show(spec.tick), if spec.decide_on_push { " and on the gateway's pushes (every arrival, at most every 100 ms)" } else { " (not on the gateway's pushes: decideOnPush false)" }, show(spec.pack_time_limit), show(spec.pack_improve_limit), if spec.consolidate_every.is_zero() { "free to move running replicas at every re-plan (consolidateEvery 0s)".to_string() } else { format!("moving running replicas at most once per {} (consolidateEvery) and keeping them in place otherwise", show(spec.consolidate_every)) }, if spec.spares { "; spare replicas in the room its GPUs in use leave idle (fractional, MPS, empty MIG instances), for every autoscaler on the packer" } else { "; no spare replicas (spares: false)" }),
     );
     settings.insert(
         "hpa".into(),
