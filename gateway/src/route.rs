@@ -48,6 +48,97 @@ struct ModelField<'a> {
     prompt: Option<&'a serde_json::value::RawValue>,
 }
 
+/// The last top-level `model` string of a JSON object, as a model server
+/// reads it (Python's `json` keeps the last of duplicate keys); every
+/// other value is checked and skipped, never built (a body of two
+/// million small values must not become two million `Value`s).
+struct LastModel(Option<String>);
+
+impl<'de> Deserialize<'de> for LastModel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, Visitor};
+        /// Whether a key is `model` (read without keeping it).
+        struct IsModel(bool);
+        impl<'de> Deserialize<'de> for IsModel {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = IsModel;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a key")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<IsModel, E> {
+                        Ok(IsModel(v == "model"))
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+        /// A `model` value: a string, or anything else skipped.
+        struct Named(Option<String>);
+        impl<'de> Deserialize<'de> for Named {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = Named;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a JSON value")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Named, E> {
+                        Ok(Named(Some(v.to_string())))
+                    }
+                    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Named, E> {
+                        Ok(Named(None))
+                    }
+                    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Named, E> {
+                        Ok(Named(None))
+                    }
+                    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Named, E> {
+                        Ok(Named(None))
+                    }
+                    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Named, E> {
+                        Ok(Named(None))
+                    }
+                    fn visit_unit<E: serde::de::Error>(self) -> Result<Named, E> {
+                        Ok(Named(None))
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Named, A::Error> {
+                        while seq.next_element::<IgnoredAny>()?.is_some() {}
+                        Ok(Named(None))
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Named, A::Error> {
+                        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                        Ok(Named(None))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = LastModel;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LastModel, A::Error> {
+                let mut last = None;
+                while let Some(IsModel(model)) = map.next_key()? {
+                    if model {
+                        last = map.next_value::<Named>()?.0;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(LastModel(last))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
 /// A route and the request's prompt fields.
 #[derive(Debug, Clone)]
 pub struct Routed<'a> {
@@ -116,9 +207,22 @@ pub fn route_request<'a>(
                 return Err(RouteError::MethodNotAllowed);
             }
             let header = header_model.map(str::trim).filter(|m| !m.is_empty());
+            // Read as the model server reads it: Python's `json.loads` on
+            // bytes skips a UTF-8 byte-order mark, and reads UTF-16 and
+            // UTF-32 too (a NUL among the first bytes, or their marks).
+            // Those are refused, not routed by the header unread: a body
+            // the gateway cannot read may name another model than the
+            // header (its queue, priority and concurrency for another
+            // model's request).
+            let json = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+            if json.iter().take(4).any(|&b| b == 0) || matches!(json.first(), Some(0xFE | 0xFF)) {
+                return Err(RouteError::BadBody(
+                    "expected UTF-8 (a UTF-16 or UTF-32 body)".into(),
+                ));
+            }
             // A JSON array (or anything but an object) names no model,
             // even though serde would read a struct from a sequence.
-            if body.trim_ascii_start().first() != Some(&b'{') {
+            if json.trim_ascii_start().first() != Some(&b'{') {
                 return match header {
                     // The header names the model; the body is the model
                     // server's business.
@@ -126,30 +230,26 @@ pub fn route_request<'a>(
                     None => Err(RouteError::BadBody("expected a JSON object".into())),
                 };
             }
-            let field: ModelField = match serde_json::from_slice(body) {
+            let field: ModelField = match serde_json::from_slice(json) {
                 Ok(f) => f,
-                Err(_) if let Some(m) = header => {
-                    // Fields of shapes this reader does not know: the
-                    // header names the model. The body must still be JSON,
-                    // and a model it names is compared with the header's
-                    // as below — read as the model server reads it (the
-                    // last of duplicate keys, as Python's `json` keeps):
-                    // a duplicate `model`, or a `NaN` that only Python
-                    // reads, would otherwise pass another model's request
-                    // through the header's queue and priority.
-                    let value: serde_json::Value = serde_json::from_slice(body)
+                Err(e) => {
+                    let Some(m) = header else {
+                        return Err(RouteError::BadBody(e.to_string()));
+                    };
+                    // A body this reader does not type (a duplicate key, a
+                    // `model` that is not a string): the header names the
+                    // model. The body must still be JSON, and a model it
+                    // names is compared with the header's as below — the
+                    // last of duplicate keys, as Python's `json` keeps it
+                    // ([`LastModel`]: nothing else of the body is built).
+                    let LastModel(last) = serde_json::from_slice(json)
                         .map_err(|e| RouteError::BadBody(e.to_string()))?;
-                    let named = value
-                        .get("model")
-                        .and_then(serde_json::Value::as_str)
-                        .filter(|b| !b.is_empty() && *b != m)
-                        .map(str::to_string);
+                    let named = last.filter(|b| !b.is_empty() && b != m);
                     return Ok(Routed {
                         named,
                         ..plain(Route::Model(m.to_string()))
                     });
                 }
-                Err(e) => return Err(RouteError::BadBody(e.to_string())),
             };
             let prompt = if path == "/v1/embeddings" {
                 Prompt::default()
@@ -333,6 +433,33 @@ mod tests {
             chat(br#"{"model":"qwen","temperature":NaN}"#),
             Err(RouteError::BadBody(_))
         ));
+        // A model that is not a string names none; the last string one
+        // counts, whatever comes between.
+        assert_eq!(
+            chat(br#"{"model":1,"a":[0,{"model":"x"}],"model":"qwen"}"#),
+            Ok((Route::Model("llama".into()), Some("qwen".into())))
+        );
+        assert_eq!(
+            chat(br#"{"model":"qwen","model":[1,2]}"#),
+            Ok((Route::Model("llama".into()), None))
+        );
+        // A UTF-8 byte-order mark is read past, as Python's `json` does;
+        // UTF-16 and UTF-32 bodies are refused, not routed unread.
+        assert_eq!(
+            chat(b"\xEF\xBB\xBF{\"model\":\"qwen\",\"model\":\"qwen\"}"),
+            Ok((Route::Model("llama".into()), Some("qwen".into())))
+        );
+        for utf16 in [
+            &b"\x00{\x00\"\x00m"[..],
+            b"{\x00\"\x00m\x00",
+            b"\xFE\xFF\x00{",
+            b"\xFF\xFE{\x00",
+        ] {
+            assert!(
+                matches!(chat(utf16), Err(RouteError::BadBody(_))),
+                "{utf16:?}"
+            );
+        }
         // A field of a shape the reader does not type, naming no other
         // model: the header routes it.
         assert_eq!(
