@@ -48,8 +48,9 @@ pub struct Replica {
     pub limit: u32,
     /// Consecutive failures.
     pub failures: u32,
-    /// When it last answered a request (its response head arrived).
-    pub last_answer: Option<Instant>,
+    /// When it last answered a request (a response head arrived), noted
+    /// by the request's permit without the pool's lock.
+    pub answered: Answered,
     /// No traffic until then.
     pub ejected_until: Option<Instant>,
     /// Deregistered: takes no new requests, leaves when idle.
@@ -97,6 +98,41 @@ pub struct Slot {
     /// Whether it was routed as a shared prefix (its key seen before, or
     /// the hint said so): a retry elsewhere is routed the same way.
     pub shared: bool,
+    /// Where the replica's last answer is noted.
+    pub answered: Answered,
+}
+
+/// The instant [`Answered`] counts from.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+/// When a replica last answered a request (a response head arrived),
+/// shared by the replica's entry and the permits of its requests, so a
+/// response head notes it without the pool's lock (a stream that has not
+/// ended has still answered).
+#[derive(Debug, Clone, Default)]
+pub struct Answered(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl PartialEq for Answered {
+    /// The same replica's record.
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Answered {
+    /// A response head arrived at `at`.
+    pub fn note(&self, at: Instant) {
+        let n = at.saturating_duration_since(*EPOCH).as_nanos();
+        let n = u64::try_from(n).unwrap_or(u64::MAX - 1) + 1;
+        self.0.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether an answer came after `t`.
+    pub fn after(&self, t: Instant) -> bool {
+        let last = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        let t = t.saturating_duration_since(*EPOCH).as_nanos();
+        last != 0 && u128::from(last - 1) > t
+    }
 }
 
 /// Replicas in one state, summed.
@@ -309,7 +345,7 @@ impl<W> Pool<W> {
             in_flight: 0,
             limit,
             failures: 0,
-            last_answer: None,
+            answered: Answered::default(),
             ejected_until: None,
             draining: false,
             server_waiting: 0,
@@ -420,6 +456,7 @@ impl<W> Pool<W> {
             endpoint: r.endpoint.clone(),
             reason: choice.reason,
             shared: hint.shared,
+            answered: r.answered.clone(),
         })
     }
 
@@ -539,7 +576,7 @@ impl<W> Pool<W> {
     pub fn record_success(&mut self, replica: ReplicaId, at: Instant) {
         if let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) {
             r.failures = 0;
-            r.last_answer = Some(r.last_answer.map_or(at, |t| t.max(at)));
+            r.answered.note(at);
         }
     }
 
@@ -561,7 +598,7 @@ impl<W> Pool<W> {
             .replicas
             .iter()
             .find(|r| r.id == replica)
-            .is_some_and(|r| r.last_answer.is_some_and(|t| t > sent));
+            .is_some_and(|r| r.answered.after(sent));
         if alive {
             return None;
         }

@@ -311,6 +311,7 @@ impl ModelState {
             admitted: now,
             arrived,
             answered: None,
+            replica_answered: slot.answered,
         }
     }
 
@@ -719,6 +720,7 @@ impl Shared {
             admitted,
             arrived,
             answered: None,
+            replica_answered: slot.answered,
         })
     }
 
@@ -847,9 +849,12 @@ pub struct Permit {
     pub admitted: Instant,
     /// When it reached the gateway (its SLOs count from here).
     arrived: Instant,
-    /// When the replica answered (its failure count resets, and its last
-    /// answer is noted, when the slot is freed: one lock, not two).
+    /// When the replica answered (its failure count resets when the slot
+    /// is freed: one lock, not two).
     answered: Option<Instant>,
+    /// Where the replica's last answer is noted at once (lock-free: a
+    /// stream's head counts before its end).
+    replica_answered: crate::admission::Answered,
 }
 
 impl Permit {
@@ -860,7 +865,9 @@ impl Permit {
 
     /// The upstream answered: count a success.
     pub fn succeeded(&mut self) {
-        self.answered = Some(Instant::now());
+        let now = Instant::now();
+        self.answered = Some(now);
+        self.replica_answered.note(now);
     }
 
     /// The response's last byte went out at `now`: records the latency

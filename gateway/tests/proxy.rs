@@ -496,7 +496,7 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
     };
     // Three long ones, and short ones answered while they run.
     let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 3).await;
     for _ in 0..3 {
         assert_eq!(short(gw.traffic).await.status, StatusCode::OK);
     }
@@ -506,6 +506,32 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
     let q = queue(gw.admin, "m").await;
     assert_eq!(q["ejected_replicas"], 0, "it answered others: {q}");
     assert_eq!(short(gw.traffic).await.status, StatusCode::OK);
+    // Three long ones, and a stream that started answering after them and
+    // has not ended when they time out: the replica answered.
+    let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 3).await;
+    let mut stream = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
+    let body = r#"{"model":"m","stream":true,"max_tokens":4000,"prompt":"a stream"}"#;
+    stream
+        .write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    for l in longs {
+        assert_eq!(l.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(q["ejected_replicas"], 0, "a stream is an answer: {q}");
+    drop(stream);
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 0).await;
     // Three long ones and nothing else: the replica answered nothing for
     // a whole request timeout, and is ejected.
     let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
