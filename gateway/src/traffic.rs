@@ -47,6 +47,10 @@ use crate::timer::CoarseSleep;
 /// The smallest free space a read is given.
 const READ_SPACE: usize = 4 * 1024;
 
+/// The most a connection's read buffer keeps between requests (it starts
+/// at 8 KiB).
+const IDLE_CAPACITY: usize = 16 * 1024;
+
 /// The answer to a request whose bytes would take the budget past
 /// `limits.maxBufferedBytes` (given before the rest of them are read, so
 /// the connection closes after it).
@@ -124,6 +128,8 @@ impl Connection {
                 }
                 Err(None) => return,
             };
+            // Bytes this request took in the read buffer's allocation.
+            let took = head.len() + body.len();
             // Only a POST's body means anything to a route; others are
             // read (to keep the connection usable) and dropped.
             let body = if head.method == Method::POST {
@@ -159,6 +165,12 @@ impl Connection {
             if !kept {
                 return;
             }
+            // A large body or head left its buffer's allocation behind (a
+            // body split off the buffer shares it, and the rest of the
+            // buffer keeps it alive; `reserve` later takes it back whole):
+            // given back between requests, or an idle keep-alive
+            // connection would hold megabytes the budget no longer counts.
+            give_back(&mut self.buf, took);
         }
     }
 
@@ -600,6 +612,18 @@ fn grow_for_head(buf: &mut BytesMut, limit: usize) {
     }
 }
 
+/// After a request that took `took` bytes of `buf`: a buffer whose
+/// allocation outgrew [`IDLE_CAPACITY`] is swapped for a small one with
+/// what it still holds (a pipelined request), so the large allocation is
+/// freed with the request's body.
+fn give_back(buf: &mut BytesMut, took: usize) {
+    if took > IDLE_CAPACITY || buf.capacity() > IDLE_CAPACITY {
+        let mut fresh = BytesMut::with_capacity(IDLE_CAPACITY.max(buf.len()));
+        fresh.extend_from_slice(buf);
+        *buf = fresh;
+    }
+}
+
 /// Returns when the client closes its side or the connection fails.
 /// What it sends meanwhile (a pipelined request) is kept in `buf`, up to
 /// `cap` bytes; past that, it is no longer watched.
@@ -635,4 +659,35 @@ async fn write_all_vectored(io: &mut ClientIo, parts: &[&[u8]]) -> io::Result<()
         IoSlice::advance_slices(&mut bufs, written);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_request_s_allocation_is_given_back_and_what_follows_kept() {
+        // A megabyte's body read into the buffer and split off, then
+        // dropped with its request, and a pipelined request behind it.
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        buf.extend_from_slice(&vec![b'x'; 1 << 20]);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        let body = buf.split_to(1 << 20).freeze();
+        drop(body);
+        // The rest of the buffer still points into the megabyte's
+        // allocation, which it keeps alive: a new one takes its place.
+        let inside = buf.as_ptr();
+        give_back(&mut buf, 1 << 20);
+        assert_ne!(buf.as_ptr(), inside);
+        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n");
+        assert!(buf.capacity() <= IDLE_CAPACITY, "{}", buf.capacity());
+        buf.reserve(2 * READ_SPACE);
+        assert!(buf.capacity() <= 2 * IDLE_CAPACITY, "{}", buf.capacity());
+        // A small request's buffer is left alone.
+        let mut small = BytesMut::with_capacity(8 * 1024);
+        small.extend_from_slice(b"abc");
+        let before = small.as_ptr();
+        give_back(&mut small, 100);
+        assert_eq!(small.as_ptr(), before);
+    }
 }

@@ -810,8 +810,8 @@ async fn announced_lengths_alone_hold_nothing_of_the_budget() {
     let mut b = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
     assert_eq!(answer_within(&mut a, 300).await, "");
     assert_eq!(answer_within(&mut b, 50).await, "");
-    // The budget still binds what arrives: a ninth idle announcer sends
-    // the rest of its megabyte, and the bytes past the 2.5 MiB are
+    // The budget still binds what arrives: the first idle announcer
+    // sends the rest of its megabyte, and the bytes past the 2.5 MiB are
     // refused.
     {
         use tokio::io::AsyncWriteExt;
