@@ -388,11 +388,11 @@ pub async fn drive(
     if !tasks.is_empty() {
         // Said, so a run past its `--duration` is not a mystery: models
         // started from zero answer after their cold start.
-        eprintln!(
+        crate::cmd::note(&format!(
             "load: stopped; waiting up to {} for the answers to the {} requests in flight",
             gpuscale_policies::duration::show(grace),
             tasks.len()
-        );
+        ));
     }
     let waited =
         tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;

@@ -1509,12 +1509,14 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
 
 /// `gpuscale up | head -1`: when its standard output goes away, the run
 /// stops as on Ctrl-C, drains, and exits 2 (an error writing output),
-/// where it panicked on the broken pipe.
+/// where it panicked on the broken pipe; with stderr on the same pipe
+/// (`2>&1 | head -1`) too.
 #[test]
 fn up_whose_output_is_closed_stops_and_exits_2_without_a_panic() {
     use std::io::{BufRead, BufReader, Read};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args([
+    let up = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gpuscale"));
+        c.args([
             "up",
             "--port",
             "0",
@@ -1527,38 +1529,62 @@ fn up_whose_output_is_closed_stops_and_exits_2_without_a_panic() {
             "--duration",
             "2m",
         ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        c
+    };
+    let wait = |child: &mut std::process::Child| {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(90) {
+                let _ = child.kill();
+                panic!("still running 90 s after its output closed");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    // stdout alone; stderr read on a thread all along (a full pipe would
+    // block the child).
+    let mut child = up()
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
     let mut first = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
     assert!(first.starts_with("gpuscale up: "), "{first}");
-    // The reader goes away (the buffered rest with it).
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > std::time::Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("still running a minute after its output closed");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    // (The reader went away with the rest it had buffered.)
+    let status = wait(&mut child);
+    let err = errors.join().unwrap();
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("standard output closed"), "{err}");
+    // stdout and stderr on one pipe, closed: the notes on stderr find it
+    // closed too, and it still drains and exits 2 (101 is a panic).
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = up()
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(reader);
+    let mut line = String::new();
+    while !line.starts_with("gpuscale up: ") {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "closed early");
+    }
+    drop(reader);
+    assert_eq!(wait(&mut child).code(), Some(2));
 }
 
 #[test]

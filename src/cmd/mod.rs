@@ -88,6 +88,13 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// A line on stderr that may find it closed (`gpuscale up 2>&1 | head`):
+/// `eprintln!` would panic there, mid-run, before the drain.
+pub fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
 /// Writes text to stdout as a long-running command prints it: `false`
 /// when the write failed (the reader went away: `gpuscale up | head`),
 /// which that command takes as a reason to stop.

@@ -386,24 +386,31 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if !gone {
             tokio::select! {
                 () = until => {}
-                () = super::shutdown_signal() => eprintln!("gpuscale up: stopping"),
+                () = super::shutdown_signal() => super::note("gpuscale up: stopping"),
                 () = stop_printing.notified() => {
-                    eprintln!("gpuscale up: standard output closed; stopping");
+                    super::note("gpuscale up: standard output closed; stopping");
                 }
             }
         }
         // The summaries go on while the load's last answers arrive (a
         // model scaling from zero can take its start-up time to answer).
         let _ = stop_load.send(true);
+        // (Aborted and awaited: a summary being written on another worker
+        // does not land after the totals.)
+        let summaries = async move {
+            summaries.abort();
+            let _ = summaries.await;
+        };
         if let Some(t) = load_task {
             let _ = t.await;
             let t = totals.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            summaries.abort();
+            summaries.await;
             say(&format!("{}\n", t.line()));
+        } else {
+            summaries.await;
         }
-        summaries.abort();
         say(&summary(&running.report.dashboard(), started.elapsed()));
-        eprintln!("gpuscale up: draining replicas");
+        super::note("gpuscale up: draining replicas");
         running.stop().await;
         Ok(if out_gone.load(std::sync::atomic::Ordering::Relaxed) {
             ExitCode::from(2)
