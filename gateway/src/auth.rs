@@ -117,7 +117,7 @@ impl AdminToken {
             if meta.permissions().mode() & 0o004 != 0 {
                 tracing::warn!(
                     file = %path.display(),
-                    "the admin token file is readable by every user of this machine (chmod 600, or a Secret volume's defaultMode 0440)"
+                    "the token file is readable by every user of this machine (chmod 600, or a Secret volume's defaultMode 0440); an admin listener off loopback refuses it"
                 );
                 token.readable_by_all = Some(path.to_path_buf());
             }

@@ -68,21 +68,37 @@ const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 
 /// The IPv4 addresses an IPv6 address carries to an IPv4 host, where it
 /// is one of the translation or tunnel forms: NAT64's well-known prefix
 /// `64:ff9b::/96` (RFC 6052) and local-use `64:ff9b:1::/48` (RFC 8215,
-/// read at the /96 layout), 6to4's `2002::/16` (RFC 3056), Teredo's
-/// `2001::/32` (RFC 4380: its server, and its client with the bits
-/// inverted).
+/// whose operator picks a prefix of 48 to 96 bits: every layout of RFC
+/// 6052 §2.2 from /48 on is read), 6to4's `2002::/16` (RFC 3056),
+/// Teredo's `2001::/32` (RFC 4380: its server, and its client with the
+/// bits inverted), and ISATAP's interface identifier `0:5efe:a.b.c.d`
+/// (RFC 5214, either u/l bit) under any prefix.
 fn embedded_ipv4(v6: Ipv6Addr) -> Vec<Ipv4Addr> {
     let s = v6.segments();
+    let o = v6.octets();
     let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
-    if s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0, 0, 0, 0] || s[2] == 1) {
-        vec![v4(s[6], s[7])]
-    } else if s[0] == 0x2002 {
-        vec![v4(s[1], s[2])]
-    } else if s[0] == 0x2001 && s[1] == 0 {
-        vec![v4(s[2], s[3]), v4(!s[6], !s[7])]
-    } else {
-        Vec::new()
+    let mut out = Vec::new();
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+        out.push(v4(s[6], s[7]));
     }
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+        // RFC 6052 §2.2: the IPv4 bits around the reserved octet 8.
+        out.push(Ipv4Addr::new(o[6], o[7], o[9], o[10])); // /48
+        out.push(Ipv4Addr::new(o[7], o[9], o[10], o[11])); // /56
+        out.push(Ipv4Addr::new(o[9], o[10], o[11], o[12])); // /64
+        out.push(Ipv4Addr::new(o[12], o[13], o[14], o[15])); // /96
+    }
+    if s[0] == 0x2002 {
+        out.push(v4(s[1], s[2]));
+    }
+    if s[0] == 0x2001 && s[1] == 0 {
+        out.push(v4(s[2], s[3]));
+        out.push(v4(!s[6], !s[7]));
+    }
+    if (s[4] == 0 || s[4] == 0x0200) && s[5] == 0x5efe {
+        out.push(v4(s[6], s[7]));
+    }
+    out
 }
 
 /// Why an address can never be a replica's, if it cannot.
@@ -238,6 +254,10 @@ mod tests {
             "http://[2001:0:4136:e378:8000:63bf:5601:5601]:80",
             "http://[::127.0.0.1]:80",
             "http://[::a9fe:a9fe]:80",
+            "http://[64:ff9b:1:a9fe:a9:fe00::]:80",
+            "http://[64:ff9b:1:0:a9:fea9:fe00:0]:80",
+            "http://[fd00:1::5efe:a9fe:a9fe]:80",
+            "http://[fd00:1::200:5efe:a9fe:a9fe]:80",
             "http://user:pw@127.0.0.1:80",
             "http://127.0.0.1@evil:80",
             "https://127.0.0.1:80",
