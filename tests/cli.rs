@@ -271,6 +271,19 @@ fn crd_is_generated_from_the_policy_types() {
     assert_eq!(resources["maxConcurrency"]["maximum"], 65536.0);
     assert_eq!(resources["compute"]["minimum"], 0.0);
     assert_eq!(resources["compute"]["exclusiveMinimum"], true);
+    use gpuscale_policies::model::{MAX_COMPUTE, MAX_GIB, MAX_PARAMS_B};
+    assert_eq!(resources["compute"]["maximum"], MAX_COMPUTE);
+    for (field, max) in [("memoryGiB", MAX_GIB), ("paramsB", MAX_PARAMS_B)] {
+        assert_eq!(resources[field]["exclusiveMinimum"], true, "{field}");
+        assert_eq!(resources[field]["maximum"], max, "{field}");
+    }
+    for field in ["kvCacheGiB", "overheadGiB"] {
+        assert_eq!(resources[field]["minimum"], 0.0, "{field}");
+        assert_eq!(resources[field]["maximum"], MAX_GIB, "{field}");
+    }
+    let prefill = &resources["prefill"]["properties"];
+    assert_eq!(prefill["promptTokensP95"]["minimum"], 1.0);
+    assert_eq!(prefill["tokensPerSecond"]["exclusiveMinimum"], true);
     // The YAML form parses to the same object.
     let yaml = gpuscale(&["crd"]);
     let docs = gpuscale_yaml(&yaml.stdout);

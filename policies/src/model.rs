@@ -171,9 +171,11 @@ impl Dtype {
 pub struct ReplicaResources {
     /// Total GPU memory of one replica, GiB. Give this, or `paramsB`.
     #[serde(default, rename = "memoryGiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true, "maximum" = 1_048_576))]
     pub memory_gib: Option<f64>,
     /// Parameters, in billions; memory is then weights + KV cache + overhead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true, "maximum" = 100_000))]
     pub params_b: Option<f64>,
     /// Weight type (default bf16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,6 +186,7 @@ pub struct ReplicaResources {
         rename = "kvCacheGiB",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(range(min = 0, max = 1_048_576))]
     pub kv_cache_gib: Option<f64>,
     /// Runtime overhead, GiB (default 2).
     #[serde(
@@ -191,10 +194,11 @@ pub struct ReplicaResources {
         rename = "overheadGiB",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(range(min = 0, max = 1_048_576))]
     pub overhead_gib: Option<f64>,
     /// Compute at the target throughput, as a fraction of one H100-80GB.
     // OpenAPI 3.0, as the API server reads it: a boolean beside `minimum`.
-    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true, "maximum" = 1_000))]
     pub compute: f64,
     /// Requests one replica serves at once.
     #[schemars(range(min = 1, max = 65_536))]
@@ -216,8 +220,10 @@ pub struct ReplicaResources {
 pub struct PrefillSpec {
     /// Prompt tokens per second one replica prefills on a whole
     /// H100-80GB (compute 1.0).
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
     pub tokens_per_second: f64,
     /// The 95th percentile of its prompts, tokens.
+    #[schemars(range(min = 1))]
     pub prompt_tokens_p95: u32,
 }
 
