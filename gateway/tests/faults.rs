@@ -232,6 +232,18 @@ async fn connections_over_the_cap_get_503_and_the_rest_are_served() {
     gw.shutdown().await;
 }
 
+/// `n` connections to `addr` that sent half a request head and hold.
+async fn half_sent(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held
+}
+
 /// Idle or half-sent connections that fill the admin port's cap cannot
 /// fail the kubelet's probes, nor keep the admin token's holder out: over
 /// the cap, `/healthz` and `/readyz` get their real answers and a request
@@ -241,13 +253,7 @@ async fn probes_over_the_admin_cap_get_their_real_answer() {
     let mut sp = spec(vec![model("m", &[], 4)]);
     sp.limits.max_admin_connections = 2;
     let gw = gateway(sp).await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(gw.admin).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
-        held.push(s);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = half_sent(gw.admin, 2).await;
     let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").into_bytes();
     assert_eq!(raw_status(gw.admin, &get("/healthz")).await, 200);
     assert_eq!(raw_status(gw.admin, &get("/readyz")).await, 200);
@@ -289,13 +295,7 @@ async fn the_read_token_has_places_of_its_own_over_the_admin_cap() {
     settings.admin_token = Some(AdminToken::from_secret(TOKEN).unwrap());
     settings.read_token = Some(AdminToken::from_secret(READER).unwrap());
     let gw = gpuscale_gateway::start(settings).await.unwrap();
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(gw.admin).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
-        held.push(s);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut held = half_sent(gw.admin, 2).await;
     let with = |method: &str, path: &str, token: &str| {
         format!(
             "{method} {path} HTTP/1.1\r\nhost: localhost\r\nAuthorization: Bearer {token}\r\ncontent-length: 0\r\n\r\n"

@@ -95,15 +95,21 @@ async fn routes_by_body_header_and_path() {
     gw.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_pass_through_byte_for_byte_and_unbuffered() {
+/// A simulated server of model `m` at 20 tokens per second (50 ms per
+/// token), on loopback.
+async fn slow_server() -> sim::SimServer {
     let profile = SimProfile {
-        decode_tps: 20.0, // 50 ms per token
+        decode_tps: 20.0,
         ..SimProfile::named("instant", "m").unwrap()
     };
-    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+    sim::start(profile, "127.0.0.1:0".parse().unwrap())
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_byte_for_byte_and_unbuffered() {
+    let server = slow_server().await;
     let gw = gateway(spec(vec![model("m", &[server.addr], 4)])).await;
     let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi"}]})
@@ -164,13 +170,7 @@ async fn streams_pass_through_byte_for_byte_and_unbuffered() {
 /// that waited for the only slot has the second well above the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_latency_from_arrival_counts_the_queue_wait() {
-    let profile = SimProfile {
-        decode_tps: 20.0, // 50 ms per token
-        ..SimProfile::named("instant", "m").unwrap()
-    };
-    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let server = slow_server().await;
     let gw = gateway(spec(vec![model("m", &[server.addr], 1)])).await;
     let body = serde_json::json!({"model": "m", "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi"}]})
@@ -387,13 +387,7 @@ async fn a_model_with_no_replica_holds_requests_and_signals_until_one_registers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_the_upstream_request() {
-    let profile = SimProfile {
-        decode_tps: 20.0,
-        ..SimProfile::named("instant", "m").unwrap()
-    };
-    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let server = slow_server().await;
     let gw = gateway(spec(vec![model("m", &[server.addr], 4)])).await;
     let mut tcp = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
     let body = r#"{"model":"m","stream":true,"max_tokens":200,"prompt":"hi"}"#;
@@ -460,13 +454,7 @@ async fn connect_failures_retry_elsewhere_and_eject_the_replica() {
 /// 9.4 s). A replica that answers nothing is still ejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing() {
-    let profile = SimProfile {
-        decode_tps: 20.0,
-        ..SimProfile::named("instant", "m").unwrap()
-    };
-    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let server = slow_server().await;
     let mut s = spec(vec![model("m", &[server.addr], 8)]);
     s.limits.request_timeout = Duration::from_secs(1);
     s.upstream.eject_after_failures = 3;

@@ -713,6 +713,18 @@ async fn holding(traffic: SocketAddr, length: Option<usize>, sent: usize) -> tok
     tcp
 }
 
+/// A gateway taking bodies of up to 1 MiB with a budget of 2.5 MiB, in
+/// front of an open upstream (kept alive with it).
+async fn budgeted() -> (Gated, gpuscale_gateway::Running) {
+    let up = gated("real", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.max_body_bytes = 1 << 20;
+    sp.limits.max_buffered_bytes = (5 << 20) / 2;
+    sp.limits.body_read_timeout = Duration::from_secs(20);
+    let gw = start_with(sp, Some(TOKEN)).await;
+    (up, gw)
+}
+
 /// Bodies held by slow clients count against one budget across
 /// connections (`limits.maxBufferedBytes`): past it a request gets 503
 /// with `Retry-After` (before its body is sent, where the bytes held
@@ -723,12 +735,7 @@ async fn holding(traffic: SocketAddr, length: Option<usize>, sent: usize) -> tok
 /// 1 GiB limit, an OOM kill and every queued request lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_large_bodies_cannot_take_the_gateways_memory() {
-    let up = gated("real", true).await;
-    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
-    sp.limits.max_body_bytes = 1 << 20;
-    sp.limits.max_buffered_bytes = (5 << 20) / 2;
-    sp.limits.body_read_timeout = Duration::from_secs(20);
-    let gw = start_with(sp, Some(TOKEN)).await;
+    let (_up, gw) = budgeted().await;
     // Two holders send all but 100 bytes of a megabyte each: 2 MiB of
     // the 2.5.
     let mut a = holding(gw.traffic, Some(1 << 20), (1 << 20) - 100).await;
@@ -785,12 +792,7 @@ async fn slow_large_bodies_cannot_take_the_gateways_memory() {
 /// and every request with a body, for every model, got 503.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announced_lengths_alone_hold_nothing_of_the_budget() {
-    let up = gated("real", true).await;
-    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
-    sp.limits.max_body_bytes = 1 << 20;
-    sp.limits.max_buffered_bytes = (5 << 20) / 2;
-    sp.limits.body_read_timeout = Duration::from_secs(20);
-    let gw = start_with(sp, Some(TOKEN)).await;
+    let (_up, gw) = budgeted().await;
     // Eight megabytes announced, 800 bytes sent.
     let mut idle = Vec::new();
     for _ in 0..8 {
