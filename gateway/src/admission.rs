@@ -571,12 +571,11 @@ impl<W> Pool<W> {
         None
     }
 
-    /// A request to `replica` got a response (its head at `at`): its
-    /// failure count restarts.
-    pub fn record_success(&mut self, replica: ReplicaId, at: Instant) {
+    /// A request to `replica` got a response: its failure count restarts
+    /// (the permit notes when, in [`Replica::answered`]).
+    pub fn record_success(&mut self, replica: ReplicaId) {
         if let Some(r) = self.replicas.iter_mut().find(|r| r.id == replica) {
             r.failures = 0;
-            r.answered.note(at);
         }
     }
 
@@ -767,7 +766,7 @@ mod tests {
         let a = p.add_replica(ep(1), Some(4));
         let eject = Duration::from_secs(5);
         // An answer after the request was sent: alive, nothing counted.
-        p.record_success(a, t0 + Duration::from_secs(1));
+        p.replicas[0].answered.note(t0 + Duration::from_secs(1));
         for _ in 0..3 {
             assert!(
                 p.record_timeout(a, t0, t0 + Duration::from_secs(2), 2, eject)

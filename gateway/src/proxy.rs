@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -413,7 +413,6 @@ async fn handle_inner(
             },
             with_length.then_some(bytes.len()),
         );
-        let sent_at = Instant::now();
         let sent = worker
             .timer
             .timeout(
@@ -486,7 +485,8 @@ async fn handle_inner(
                 return (bad_gateway("the replica failed"), Some(model.clone()));
             }
             None => {
-                shared.timed_out(&model, permit.replica, sent_at);
+                // (Sent as it left the queue: no clock read of its own.)
+                shared.timed_out(&model, permit.replica, permit.admitted);
                 model.missed_after_admission();
                 return (
                     local(

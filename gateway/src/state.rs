@@ -310,7 +310,7 @@ impl ModelState {
             },
             admitted: now,
             arrived,
-            answered: None,
+            answered: false,
             replica_answered: slot.answered,
         }
     }
@@ -719,7 +719,7 @@ impl Shared {
             hint,
             admitted,
             arrived,
-            answered: None,
+            answered: false,
             replica_answered: slot.answered,
         })
     }
@@ -849,11 +849,12 @@ pub struct Permit {
     pub admitted: Instant,
     /// When it reached the gateway (its SLOs count from here).
     arrived: Instant,
-    /// When the replica answered (its failure count resets when the slot
-    /// is freed: one lock, not two).
-    answered: Option<Instant>,
-    /// Where the replica's last answer is noted at once (lock-free: a
-    /// stream's head counts before its end).
+    /// The replica answered (its failure count resets when the slot is
+    /// freed: one lock, not two).
+    answered: bool,
+    /// Where the replica's last answer is noted, lock-free and with the
+    /// clock reads the request makes anyway: a stream's first token, any
+    /// other response's last byte.
     replica_answered: crate::admission::Answered,
 }
 
@@ -865,9 +866,7 @@ impl Permit {
 
     /// The upstream answered: count a success.
     pub fn succeeded(&mut self) {
-        let now = Instant::now();
-        self.answered = Some(now);
-        self.replica_answered.note(now);
+        self.answered = true;
     }
 
     /// The response's last byte went out at `now`: records the latency
@@ -875,6 +874,7 @@ impl Permit {
     /// answer but not a good one: it misses the latency target however
     /// fast it came.
     pub fn record_latency(&self, now: Instant, ok: bool) {
+        self.replica_answered.note(now);
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
         // The SLO is end to end: from arrival, the queue wait included.
         let total = now.saturating_duration_since(self.arrived).as_secs_f64();
@@ -896,6 +896,8 @@ impl Permit {
     /// Records a stream's time to first token.
     pub fn record_ttft(&self, seconds: f64) {
         let now = Instant::now();
+        // The stream's first token: the replica answers.
+        self.replica_answered.note(now);
         let waited = self.admitted.saturating_duration_since(self.arrived);
         let total = seconds + waited.as_secs_f64();
         {
@@ -911,8 +913,8 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut inner = lock(&self.model.inner);
-        if let Some(at) = self.answered {
-            inner.pool.record_success(self.replica, at);
+        if self.answered {
+            inner.pool.record_success(self.replica);
         }
         inner.pool.release(self.replica);
         self.model.dispatch(&mut inner);
