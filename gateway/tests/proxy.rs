@@ -460,8 +460,9 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
     s.upstream.eject_after_failures = 3;
     s.upstream.eject_for = Duration::from_secs(60);
     let gw = gateway(s).await;
-    let long = |traffic| async move {
-        let body = r#"{"model":"m","max_tokens":4000,"prompt":"a long one"}"#;
+    // A completion of `tokens` tokens (4,000 take 200 s; one, 50 ms).
+    let completion = |traffic, tokens: u32| async move {
+        let body = format!(r#"{{"model":"m","max_tokens":{tokens},"prompt":"hi"}}"#);
         send(
             traffic,
             "POST",
@@ -471,17 +472,8 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
         )
         .await
     };
-    let short = |traffic| async move {
-        let body = r#"{"model":"m","max_tokens":1,"prompt":"hi"}"#;
-        send(
-            traffic,
-            "POST",
-            "/v1/completions",
-            &[("content-type", "application/json")],
-            body,
-        )
-        .await
-    };
+    let long = move |traffic| completion(traffic, 4000);
+    let short = move |traffic| completion(traffic, 1);
     // Three long ones, and short ones answered while they run.
     let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
     wait_queue(gw.admin, "m", |q| q["in_flight"] == 3).await;
