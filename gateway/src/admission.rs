@@ -48,8 +48,9 @@ pub struct Replica {
     pub limit: u32,
     /// Consecutive failures.
     pub failures: u32,
-    /// When it last answered a request (a response head arrived), noted
-    /// by the request's permit without the pool's lock.
+    /// When it last answered a request (a stream's first token, another
+    /// response's first chunk of several or its end), noted by the
+    /// request's permit without the pool's lock.
     pub answered: Answered,
     /// No traffic until then.
     pub ejected_until: Option<Instant>,
@@ -105,12 +106,21 @@ pub struct Slot {
 /// The instant [`Answered`] counts from.
 static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
-/// When a replica last answered a request (a response head arrived),
-/// shared by the replica's entry and the permits of its requests, so a
-/// response head notes it without the pool's lock (a stream that has not
-/// ended has still answered).
-#[derive(Debug, Clone, Default)]
+/// When a replica last answered a request, shared by the replica's entry
+/// and the permits of its requests, so a response notes it without the
+/// pool's lock (a stream that has not ended has still answered).
+#[derive(Debug, Clone)]
 pub struct Answered(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl Default for Answered {
+    /// None yet. The epoch is fixed here, before any request to the
+    /// replica is admitted: fixed at the first answer instead, it would
+    /// come after that answer's instant, which would then read as 0.
+    fn default() -> Self {
+        std::sync::LazyLock::force(&EPOCH);
+        Answered(std::sync::Arc::default())
+    }
+}
 
 impl PartialEq for Answered {
     /// The same replica's record.
@@ -120,7 +130,7 @@ impl PartialEq for Answered {
 }
 
 impl Answered {
-    /// A response head arrived at `at`.
+    /// The replica answered at `at`.
     pub fn note(&self, at: Instant) {
         let n = at.saturating_duration_since(*EPOCH).as_nanos();
         let n = u64::try_from(n).unwrap_or(u64::MAX - 1) + 1;

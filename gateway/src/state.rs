@@ -312,6 +312,7 @@ impl ModelState {
             arrived,
             answered: false,
             replica_answered: slot.answered,
+            noted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -721,6 +722,7 @@ impl Shared {
             arrived,
             answered: false,
             replica_answered: slot.answered,
+            noted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -852,10 +854,14 @@ pub struct Permit {
     /// The replica answered (its failure count resets when the slot is
     /// freed: one lock, not two).
     answered: bool,
-    /// Where the replica's last answer is noted, lock-free and with the
-    /// clock reads the request makes anyway: a stream's first token, any
-    /// other response's last byte.
+    /// Where the replica's last answer is noted, lock-free and mostly with
+    /// the clock reads the request makes anyway: a stream's first token,
+    /// another response's first chunk of several ([`Permit::answering`])
+    /// or its last byte; a response that ends otherwise (the client gone,
+    /// the replica failing mid-body), when the slot is freed.
     replica_answered: crate::admission::Answered,
+    /// Noted already.
+    noted: std::sync::atomic::AtomicBool,
 }
 
 impl Permit {
@@ -869,12 +875,23 @@ impl Permit {
         self.answered = true;
     }
 
+    /// The first chunk of a response that has more to come (a stream that
+    /// is not server-sent events, a large body): the replica answers.
+    pub fn answering(&self) {
+        self.note(Instant::now());
+    }
+
+    fn note(&self, now: Instant) {
+        self.replica_answered.note(now);
+        self.noted.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The response's last byte went out at `now`: records the latency
     /// since admission. A replica's server error (`ok` false) is an
     /// answer but not a good one: it misses the latency target however
     /// fast it came.
     pub fn record_latency(&self, now: Instant, ok: bool) {
-        self.replica_answered.note(now);
+        self.note(now);
         let seconds = now.saturating_duration_since(self.admitted).as_secs_f64();
         // The SLO is end to end: from arrival, the queue wait included.
         let total = now.saturating_duration_since(self.arrived).as_secs_f64();
@@ -897,7 +914,7 @@ impl Permit {
     pub fn record_ttft(&self, seconds: f64) {
         let now = Instant::now();
         // The stream's first token: the replica answers.
-        self.replica_answered.note(now);
+        self.note(now);
         let waited = self.admitted.saturating_duration_since(self.arrived);
         let total = seconds + waited.as_secs_f64();
         {
@@ -915,6 +932,9 @@ impl Drop for Permit {
         let mut inner = lock(&self.model.inner);
         if self.answered {
             inner.pool.record_success(self.replica);
+            if !self.noted.load(std::sync::atomic::Ordering::Relaxed) {
+                self.replica_answered.note(Instant::now());
+            }
         }
         inner.pool.release(self.replica);
         self.model.dispatch(&mut inner);

@@ -540,8 +540,12 @@ impl Connection {
             let ended = data.is_empty() || body.is_end_stream();
             if first && !data.is_empty() {
                 first = false;
-                if streaming && let Some(p) = permit.as_ref() {
-                    p.record_ttft(p.admitted.elapsed().as_secs_f64());
+                if let Some(p) = permit.as_ref() {
+                    if streaming {
+                        p.record_ttft(p.admitted.elapsed().as_secs_f64());
+                    } else if !ended {
+                        p.answering();
+                    }
                 }
             }
             if ended && let Some(p) = permit.take() {

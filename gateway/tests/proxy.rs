@@ -524,6 +524,78 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
     server.stop().await;
 }
 
+/// A response of several chunks that is not server-sent events (a large
+/// JSON body, a stream of another type) answers from its first chunk: a
+/// replica sending one to a client is alive while other requests to it
+/// time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_response_still_arriving_is_an_answer() {
+    // An upstream that never answers a request whose body says `long`,
+    // and starts a chunked JSON response to any other, then holds it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(1).any(|w| w == b"}") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if !String::from_utf8_lossy(&got).contains("long") {
+                    let _ = conn
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n1\r\n[\r\n",
+                        )
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let mut s = spec(vec![model("m", &[addr], 8)]);
+    s.limits.request_timeout = Duration::from_secs(1);
+    s.upstream.eject_after_failures = 3;
+    s.upstream.eject_for = Duration::from_secs(60);
+    let gw = gateway(s).await;
+    let post = |traffic, prompt: &'static str| async move {
+        let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
+        let mut tcp = tokio::net::TcpStream::connect(traffic).await.unwrap();
+        tcp.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tcp.read(&mut buf).await.unwrap();
+        (String::from_utf8_lossy(&buf[..n]).to_string(), tcp)
+    };
+    let longs: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(post(gw.traffic, "long")))
+        .collect();
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 3).await;
+    let (head, held) = post(gw.traffic, "chunked").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    for l in longs {
+        let (answer, _) = l.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    }
+    let q = queue(gw.admin, "m").await;
+    assert_eq!(
+        q["ejected_replicas"], 0,
+        "its chunked response is an answer: {q}"
+    );
+    drop(held);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_and_header_limits() {
     let up = gated("a", true).await;
