@@ -95,6 +95,24 @@ async fn routes_by_body_header_and_path() {
     gw.shutdown().await;
 }
 
+/// Posts `body` to `/v1/completions` on a connection of its own: the
+/// first bytes of the answer, and the connection (kept open).
+async fn first_bytes(traffic: std::net::SocketAddr, body: &str) -> (String, tokio::net::TcpStream) {
+    let mut tcp = tokio::net::TcpStream::connect(traffic).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tcp.read(&mut buf).await.unwrap();
+    (String::from_utf8_lossy(&buf[..n]).to_string(), tcp)
+}
+
 /// A simulated server of model `m` at 20 tokens per second (50 ms per
 /// token), on loopback.
 async fn slow_server() -> sim::SimServer {
@@ -490,21 +508,12 @@ async fn long_requests_that_time_out_eject_only_a_replica_that_answers_nothing()
     // has not ended when they time out: the replica answered.
     let longs: Vec<_> = (0..3).map(|_| tokio::spawn(long(gw.traffic))).collect();
     wait_queue(gw.admin, "m", |q| q["in_flight"] == 3).await;
-    let mut stream = tokio::net::TcpStream::connect(gw.traffic).await.unwrap();
-    let body = r#"{"model":"m","stream":true,"max_tokens":4000,"prompt":"a stream"}"#;
-    stream
-        .write_all(
-            format!(
-                "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = stream.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let (head, stream) = first_bytes(
+        gw.traffic,
+        r#"{"model":"m","stream":true,"max_tokens":4000,"prompt":"a stream"}"#,
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     for l in longs {
         assert_eq!(l.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
     }
@@ -562,20 +571,7 @@ async fn a_chunked_response_still_arriving_is_an_answer() {
     s.upstream.eject_for = Duration::from_secs(60);
     let gw = gateway(s).await;
     let post = |traffic, prompt: &'static str| async move {
-        let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
-        let mut tcp = tokio::net::TcpStream::connect(traffic).await.unwrap();
-        tcp.write_all(
-            format!(
-                "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut buf = vec![0u8; 4096];
-        let n = tcp.read(&mut buf).await.unwrap();
-        (String::from_utf8_lossy(&buf[..n]).to_string(), tcp)
+        first_bytes(traffic, &format!(r#"{{"model":"m","prompt":"{prompt}"}}"#)).await
     };
     let longs: Vec<_> = (0..3)
         .map(|_| tokio::spawn(post(gw.traffic, "long")))
