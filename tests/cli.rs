@@ -10,6 +10,16 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `gpuscale up`'s listeners, each on any free port.
+const ANY_PORTS: [&str; 6] = [
+    "--port",
+    "0",
+    "--admin-port",
+    "0",
+    "--gateway-admin-port",
+    "0",
+];
+
 fn gpuscale(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
         .args(args)
@@ -1296,21 +1306,21 @@ fn up_runs_a_spare_in_the_idle_room_of_a_fractional_gpu() {
             ),
         )
         .unwrap();
-        let out = gpuscale(&[
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--duration",
-            "6s",
-            "--summary-every",
-            "0s",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--gateway-admin-port",
-            "0",
-        ]);
+        let out = gpuscale(
+            &[
+                &[
+                    "up",
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--duration",
+                    "6s",
+                    "--summary-every",
+                    "0s",
+                ][..],
+                &ANY_PORTS,
+            ]
+            .concat(),
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             out.status.code(),
@@ -1365,14 +1375,7 @@ fn up_stopped_by_a_signal_to_its_process_group_answers_every_request() {
             "0s",
         ])
         .args(["--duration", "3m"])
-        .args([
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--gateway-admin-port",
-            "0",
-        ])
+        .args(ANY_PORTS)
         .current_dir(root())
         .process_group(0)
         .stdout(std::process::Stdio::piped())
@@ -1491,17 +1494,7 @@ fn up_refuses_a_taken_port_and_a_bad_load_clearly() {
     )
     .unwrap();
     let load = format!("trace:{}", trace.display());
-    let out = gpuscale(&[
-        "up",
-        "--load",
-        &load,
-        "--port",
-        "0",
-        "--admin-port",
-        "0",
-        "--gateway-admin-port",
-        "0",
-    ]);
+    let out = gpuscale(&[&["up", "--load", &load][..], &ANY_PORTS].concat());
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("t.csv:2:"),
@@ -1529,20 +1522,10 @@ fn up_whose_output_is_closed_stops_and_exits_2_without_a_panic() {
     use std::io::{BufRead, BufReader, Read};
     let up = || {
         let mut c = Command::new(env!("CARGO_BIN_EXE_gpuscale"));
-        c.args([
-            "up",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--gateway-admin-port",
-            "0",
-            "--summary-every",
-            "1s",
-            "--duration",
-            "2m",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        c.arg("up")
+            .args(ANY_PORTS)
+            .args(["--summary-every", "1s", "--duration", "2m"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
         c
     };
     let wait = |child: &mut std::process::Child| {
