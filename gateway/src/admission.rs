@@ -5,8 +5,11 @@
 //! who is handed the slot a finished request frees (critical first, then
 //! standard, then sheddable; within a class first in first out while the
 //! queue keeps up, newest first once its oldest waiter has waited past the
-//! model's budget: adaptive LIFO), and which replicas are ejected after
-//! repeated failures.
+//! model's budget: adaptive LIFO), how clients share a class's places
+//! (a full queue takes a place from the client holding the most, and
+//! freed slots go round robin among the clients waiting:
+//! [`crate::fairness`]), and which replicas are ejected after repeated
+//! failures.
 //!
 //! Why newest first under overload: a waiter past its budget has missed
 //! its SLO whatever happens next, and serving it first makes every request
@@ -19,13 +22,15 @@
 //! (the gateway's is the sending half of a oneshot channel), so the rules
 //! are tested without a runtime. The async shell is in [`crate::state`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
 use std::time::{Duration, Instant};
 
 use gpuscale_policies::model::Priority;
 
 use crate::affinity::{self, Balance, Candidate, Hint, Reason};
 use crate::config::Endpoint;
+use crate::fairness::Client;
 
 /// A replica's identity for the lifetime of the gateway (indices shift when
 /// replicas leave; ids do not).
@@ -191,16 +196,130 @@ pub enum Enqueued<W> {
     Displaced(W),
     /// The queue was full and this one's class backed up: its oldest
     /// waiter, already past its budget, gave up its place (it gets 503)
-    /// and this one, which newest first serves next, waits.
+    /// and this one, which newest first serves next, waits. (With several
+    /// clients: the oldest of those holding at least as many places as
+    /// this one's client.)
     Overdue(W),
+    /// The queue was full and another client held more of this one's
+    /// class than this one's client would: that client's newest waiter
+    /// (its oldest while the class is backed up) gave up its place (it
+    /// gets 429) and this one waits.
+    Crowded(W),
+}
+
+/// One waiting request.
+#[derive(Debug)]
+struct Waiter<W> {
+    /// The id the caller chose.
+    id: u64,
+    /// For the choice of its replica.
+    hint: Hint,
+    /// The caller's value.
+    waiter: W,
+    /// When it queued.
+    at: Instant,
+    /// Whose it is.
+    client: Client,
+}
+
+/// One priority class's waiters, oldest first, and how many each client
+/// holds.
+#[derive(Debug)]
+struct Queue<W> {
+    waiters: VecDeque<Waiter<W>>,
+    /// Waiters per client; a client with none is not listed.
+    holders: BTreeMap<Client, usize>,
+    /// The client served last: the round robin goes on after it.
+    served: Option<Client>,
+}
+
+impl<W> Queue<W> {
+    fn new() -> Self {
+        Queue {
+            waiters: VecDeque::new(),
+            holders: BTreeMap::new(),
+            served: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    fn push(&mut self, w: Waiter<W>) {
+        *self.holders.entry(w.client).or_insert(0) += 1;
+        self.waiters.push_back(w);
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Waiter<W>> {
+        let w = self.waiters.remove(i)?;
+        if let Some(n) = self.holders.get_mut(&w.client) {
+            *n -= 1;
+            if *n == 0 {
+                self.holders.remove(&w.client);
+            }
+        }
+        Some(w)
+    }
+
+    fn held(&self, client: Client) -> usize {
+        self.holders.get(&client).copied().unwrap_or(0)
+    }
+
+    /// The index of `client`'s oldest waiter, or its newest.
+    fn of(&self, client: Client, newest: bool) -> Option<usize> {
+        if self.holders.len() == 1 {
+            // One client holds them all (the common case): no search.
+            return self
+                .holders
+                .contains_key(&client)
+                .then(|| if newest { self.len() - 1 } else { 0 });
+        }
+        if newest {
+            self.waiters.iter().rposition(|w| w.client == client)
+        } else {
+            self.waiters.iter().position(|w| w.client == client)
+        }
+    }
+
+    /// The client holding the most waiters (the first in client order of
+    /// those holding as many), other than `except`, and how many.
+    fn heaviest(&self, except: Option<Client>) -> Option<(Client, usize)> {
+        self.holders
+            .iter()
+            .filter(|&(&c, _)| Some(c) != except)
+            .fold(None, |best: Option<(Client, usize)>, (&c, &n)| {
+                if best.is_none_or(|(_, m)| n > m) {
+                    Some((c, n))
+                } else {
+                    best
+                }
+            })
+    }
+
+    /// The index of the waiter served next: the oldest (or, `newest`, the
+    /// newest) of the client whose turn it is, the next in client order
+    /// after the one served last.
+    fn next(&self, newest: bool) -> Option<usize> {
+        let client = self
+            .served
+            .and_then(|s| {
+                self.holders
+                    .range((Bound::Excluded(s), Bound::Unbounded))
+                    .next()
+            })
+            .or_else(|| self.holders.iter().next())
+            .map(|(&c, _)| c)?;
+        self.of(client, newest)
+    }
 }
 
 /// A model's replicas and its waiting requests.
 #[derive(Debug)]
 pub struct Pool<W> {
     replicas: Vec<Replica>,
-    /// Per class: the waiter's id, its hint, the waiter, when it queued.
-    queues: [VecDeque<(u64, Hint, W, Instant)>; 3],
+    /// Per class: the waiters.
+    queues: [Queue<W>; 3],
     /// A class is served newest first while its oldest waiter has waited
     /// this long; `None`: always oldest first.
     newest_first_after: Option<Duration>,
@@ -228,7 +347,7 @@ impl<W> Pool<W> {
     pub fn new(max_queue: usize, default_limit: u32) -> Self {
         Pool {
             replicas: Vec::new(),
-            queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            queues: [Queue::new(), Queue::new(), Queue::new()],
             newest_first_after: None,
             newest_first_grants: 0,
             balance: Balance::default(),
@@ -263,8 +382,8 @@ impl<W> Pool<W> {
     pub fn oldest_wait(&self, now: Instant) -> Option<Duration> {
         self.queues
             .iter()
-            .filter_map(|q| q.front())
-            .map(|f| now.saturating_duration_since(f.3))
+            .filter_map(|q| q.waiters.front())
+            .map(|f| now.saturating_duration_since(f.at))
             .max()
     }
 
@@ -276,8 +395,9 @@ impl<W> Pool<W> {
     fn backed_up(&self, class: usize, now: Instant) -> bool {
         self.newest_first_after.is_some_and(|after| {
             self.queues[class]
+                .waiters
                 .front()
-                .is_some_and(|f| now.saturating_duration_since(f.3) >= after)
+                .is_some_and(|f| now.saturating_duration_since(f.at) >= after)
         })
     }
 
@@ -307,7 +427,7 @@ impl<W> Pool<W> {
 
     /// Requests waiting.
     pub fn waiting(&self) -> usize {
-        self.queues.iter().map(VecDeque::len).sum()
+        self.queues.iter().map(Queue::len).sum()
     }
 
     /// Requests in flight on all replicas.
@@ -470,9 +590,8 @@ impl<W> Pool<W> {
         })
     }
 
-    /// Queues a waiter, arrived at `now`, with an id the caller chose (to
-    /// find it again on timeout).
-    /// `hint` is kept for the choice of its replica when a slot frees.
+    /// Queues a waiter of one population of requests ([`Client`]'s
+    /// default): [`Pool::enqueue_from`] without fairness between clients.
     pub fn enqueue(
         &mut self,
         id: u64,
@@ -481,43 +600,92 @@ impl<W> Pool<W> {
         waiter: W,
         now: Instant,
     ) -> Enqueued<W> {
+        self.enqueue_from(Client::default(), id, priority, hint, waiter, now)
+    }
+
+    /// Queues `client`'s waiter, arrived at `now`, with an id the caller
+    /// chose (to find it again on timeout). `hint` is kept for the choice
+    /// of its replica when a slot frees.
+    ///
+    /// When the queue is full, in order: a lower class gives up a waiter
+    /// (of its client holding the most); another client holding more of
+    /// this class than `client` would gives one up (longest queue drop);
+    /// in a backed-up class, the oldest waiter past its budget of the
+    /// clients holding at least as many as `client` gives it up; else this
+    /// one is refused. With one client this is the queue's own order:
+    /// the lower class's newest (oldest while it is backed up), then this
+    /// class's oldest once past its budget.
+    pub fn enqueue_from(
+        &mut self,
+        client: Client,
+        id: u64,
+        priority: Priority,
+        hint: Hint,
+        waiter: W,
+        now: Instant,
+    ) -> Enqueued<W> {
         let class = class_index(priority);
+        let w = Waiter {
+            id,
+            hint,
+            waiter,
+            at: now,
+            client,
+        };
         if self.waiting() < self.max_queue {
-            self.queues[class].push_back((id, hint, waiter, now));
+            self.queues[class].push(w);
             return Enqueued::Waiting;
         }
         // Full: a lower class gives up a waiter, its newest, or its oldest
         // while it is backed up (that one has missed its budget already,
-        // and the newest is the next the class serves).
+        // and the newest is the next the class serves); of its clients,
+        // the one holding the most.
         for lower in (class + 1..3).rev() {
             let backed_up = self.backed_up(lower, now);
             let q = &mut self.queues[lower];
-            if let Some((_, _, out, _)) = if backed_up {
-                q.pop_front()
-            } else {
-                q.pop_back()
-            } {
-                self.queues[class].push_back((id, hint, waiter, now));
-                return Enqueued::Displaced(out);
+            if let Some((victim, _)) = q.heaviest(None)
+                && let Some(i) = q.of(victim, !backed_up)
+                && let Some(out) = q.remove(i)
+            {
+                self.queues[class].push(w);
+                return Enqueued::Displaced(out.waiter);
             }
         }
-        // Its own class backed up: its oldest waiter, past its budget,
-        // gives up its place to this one, which newest first serves next.
-        if self.backed_up(class, now)
-            && let Some((_, _, out, _)) = self.queues[class].pop_front()
+        let backed_up = self.backed_up(class, now);
+        let q = &mut self.queues[class];
+        // Another client holds more of the class than this one would once
+        // queued: it gives up its newest (its oldest while backed up).
+        let mine = q.held(client);
+        if let Some((heavy, n)) = q.heaviest(Some(client))
+            && n > mine + 1
+            && let Some(i) = q.of(heavy, !backed_up)
+            && let Some(out) = q.remove(i)
         {
-            self.queues[class].push_back((id, hint, waiter, now));
-            return Enqueued::Overdue(out);
+            q.push(w);
+            return Enqueued::Crowded(out.waiter);
         }
-        Enqueued::Rejected(waiter)
+        // Backed up: the oldest waiter, past its budget, of the clients
+        // holding at least as many as this one gives up its place to this
+        // one, which newest first serves next.
+        if backed_up
+            && let Some(i) = q.waiters.iter().position(|o| q.held(o.client) >= mine)
+            && self
+                .newest_first_after
+                .is_some_and(|after| now.saturating_duration_since(q.waiters[i].at) >= after)
+            && let Some(out) = q.remove(i)
+        {
+            q.push(w);
+            return Enqueued::Overdue(out.waiter);
+        }
+        Enqueued::Rejected(w.waiter)
     }
 
     /// Takes a waiter out (its wait ended); `None` when it is no longer
     /// queued (it was granted a slot or displaced).
     pub fn remove_waiter(&mut self, id: u64) -> Option<W> {
         for q in &mut self.queues {
-            if let Some(i) = q.iter().position(|(w, _, _, _)| *w == id) {
-                return q.remove(i).map(|(_, _, w, _)| w);
+            if let Some(i) = q.waiters.iter().position(|w| w.id == id) {
+                return q.remove(i).map(|w| w.waiter);
             }
         }
         None
@@ -536,27 +704,29 @@ impl<W> Pool<W> {
     }
 
     /// Hands free slots to waiters, most important class first; within a
-    /// class the oldest first, or the newest while the class is backed up
-    /// (see [`Pool::set_newest_first_after`]). The caller delivers each
-    /// grant; a waiter that is gone hands its slot back through
-    /// [`Pool::release`].
+    /// class round robin among its clients, each client's oldest first, or
+    /// its newest while the class is backed up (see
+    /// [`Pool::set_newest_first_after`]). The caller delivers each grant; a
+    /// waiter that is gone hands its slot back through [`Pool::release`].
     pub fn dispatch(&mut self, now: Instant) -> Vec<(W, Slot)> {
         let mut out = Vec::new();
-        while let Some(class) = self.queues.iter().position(|q| !q.is_empty()) {
+        while let Some(class) = self.queues.iter().position(|q| q.len() > 0) {
             let newest = self.backed_up(class, now);
             let q = &self.queues[class];
-            let hint = if newest { q.back() } else { q.front() }
-                .expect("non-empty")
-                .1;
-            let Some(slot) = self.take_slot(now, &[], hint, true) else {
+            let Some(i) = q.next(newest) else {
+                break;
+            };
+            let Some(slot) = self.take_slot(now, &[], q.waiters[i].hint, true) else {
                 break;
             };
             let q = &mut self.queues[class];
             // Counted where it overtook someone.
-            self.newest_first_grants += u64::from(newest && q.len() > 1);
-            let (_, _, w, _) =
-                if newest { q.pop_back() } else { q.pop_front() }.expect("non-empty");
-            out.push((w, slot));
+            self.newest_first_grants += u64::from(newest && i > 0);
+            let Some(w) = q.remove(i) else {
+                break;
+            };
+            q.served = Some(w.client);
+            out.push((w.waiter, slot));
         }
         out
     }
@@ -1221,5 +1391,132 @@ mod tests {
         assert_eq!(p.census(later).ready.replicas, 2);
         assert_eq!(p.census(later).ready.capacity, 12);
         let _ = a;
+    }
+
+    fn client(n: u8) -> Client {
+        Client::of(std::net::IpAddr::from([10, 0, 0, n]), None)
+    }
+
+    #[test]
+    fn a_full_queue_takes_a_place_from_the_client_holding_the_most() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(4, 1);
+        let (a, b) = (client(1), client(2));
+        let std = Priority::Standard;
+        for (i, w) in ["a1", "a2", "a3", "a4"].into_iter().enumerate() {
+            assert_eq!(
+                p.enqueue_from(a, i as u64, std, Hint::default(), w, now),
+                Enqueued::Waiting
+            );
+        }
+        // Alone, a client has the whole queue; its next is refused.
+        assert_eq!(
+            p.enqueue_from(a, 9, std, Hint::default(), "a5", now),
+            Enqueued::Rejected("a5")
+        );
+        // Another client takes a's newest places while a holds more than
+        // it would.
+        assert_eq!(
+            p.enqueue_from(b, 10, std, Hint::default(), "b1", now),
+            Enqueued::Crowded("a4")
+        );
+        assert_eq!(
+            p.enqueue_from(b, 11, std, Hint::default(), "b2", now),
+            Enqueued::Crowded("a3")
+        );
+        // Two each: neither takes the other's.
+        assert_eq!(
+            p.enqueue_from(b, 12, std, Hint::default(), "b3", now),
+            Enqueued::Rejected("b3")
+        );
+        assert_eq!(
+            p.enqueue_from(a, 13, std, Hint::default(), "a6", now),
+            Enqueued::Rejected("a6")
+        );
+        // A more important request still outranks every client's, even
+        // from a client holding as many: it takes the lower class's place
+        // of the client holding the most (of equals, the first).
+        assert_eq!(
+            p.enqueue_from(b, 14, Priority::Critical, Hint::default(), "c", now),
+            Enqueued::Displaced("a2")
+        );
+        assert_eq!(p.waiting_by_class(), [1, 3, 0]);
+    }
+
+    #[test]
+    fn a_lower_class_gives_up_a_waiter_of_its_client_holding_the_most() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(3, 1);
+        let shed = Priority::Sheddable;
+        p.enqueue_from(client(1), 1, shed, Hint::default(), "a1", now);
+        p.enqueue_from(client(1), 2, shed, Hint::default(), "a2", now);
+        p.enqueue_from(client(2), 3, shed, Hint::default(), "b1", now);
+        // The class's newest is b1, but a holds more.
+        assert_eq!(
+            p.enqueue_from(client(3), 4, Priority::Standard, Hint::default(), "c1", now),
+            Enqueued::Displaced("a2")
+        );
+    }
+
+    #[test]
+    fn freed_slots_go_round_robin_among_the_clients_waiting() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(10, 1);
+        let r = p.add_replica(ep(1), None);
+        p.acquire(now, Hint::default()).unwrap();
+        let std = Priority::Standard;
+        for (i, w) in ["a1", "a2", "a3"].into_iter().enumerate() {
+            p.enqueue_from(client(1), i as u64, std, Hint::default(), w, now);
+        }
+        p.enqueue_from(client(2), 3, std, Hint::default(), "b1", now);
+        p.enqueue_from(client(3), 4, std, Hint::default(), "c1", now);
+        p.enqueue_from(client(2), 5, std, Hint::default(), "b2", now);
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            p.release(r);
+            let granted = p.dispatch(now);
+            assert_eq!(granted.len(), 1);
+            order.push(granted[0].0);
+        }
+        // Each client's oldest in turn, not the order of arrival.
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "b2", "a3"]);
+    }
+
+    #[test]
+    fn a_backed_up_class_gives_up_the_overdue_waiter_of_a_client_holding_as_many() {
+        let t0 = Instant::now();
+        let mut p: Pool<&str> = Pool::new(4, 1);
+        p.set_newest_first_after(Some(Duration::from_secs(1)));
+        let std = Priority::Standard;
+        let half = t0 + Duration::from_millis(500);
+        p.enqueue_from(client(2), 1, std, Hint::default(), "b1", t0);
+        for (i, w) in ["a1", "a2", "a3"].into_iter().enumerate() {
+            p.enqueue_from(client(1), 2 + i as u64, std, Hint::default(), w, half);
+        }
+        let later = t0 + Duration::from_secs(2);
+        assert!(p.newest_first(later), "b1 has waited past the budget");
+        // a holds the most: its own oldest gives up its place, not b's
+        // only request, which is the class's oldest.
+        assert_eq!(
+            p.enqueue_from(client(1), 9, std, Hint::default(), "a4", later),
+            Enqueued::Overdue("a1")
+        );
+        // A client holding none takes a's (a holds more than it would), and
+        // among clients holding one each the class's oldest overdue waiter
+        // gives up its place.
+        let mut q: Pool<&str> = Pool::new(2, 1);
+        q.set_newest_first_after(Some(Duration::from_secs(1)));
+        q.enqueue_from(client(1), 1, std, Hint::default(), "a1", t0);
+        q.enqueue_from(client(2), 2, std, Hint::default(), "b1", half);
+        assert_eq!(
+            q.enqueue_from(client(3), 3, std, Hint::default(), "c1", later),
+            Enqueued::Overdue("a1")
+        );
+        // b1 is overdue too, but c now holds one, as b does: c's own
+        // oldest is not overdue, b's is, and b holds as many as c.
+        assert_eq!(
+            q.enqueue_from(client(3), 4, std, Hint::default(), "c2", later),
+            Enqueued::Overdue("b1")
+        );
     }
 }

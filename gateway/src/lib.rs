@@ -11,7 +11,8 @@
 //! embedded default.
 //!
 //! Layout: pure decisions in [`route`] (which model), [`admission`] (which
-//! replica, who waits, who is refused) and [`stats`] (windows and
+//! replica, who waits, who is refused), [`fairness`] (who a request
+//! counts as when clients share a queue) and [`stats`] (windows and
 //! quantiles); the async shell in [`state`] (waiters, permits, gauges),
 //! [`proxy`] (route, admit, forward), [`traffic`] (the traffic listener's
 //! connections: the gateway's own HTTP/1.1 server over the pure request
@@ -34,6 +35,7 @@ pub mod budget;
 pub mod client_io;
 pub mod config;
 pub mod drain;
+pub mod fairness;
 pub mod h1;
 pub mod h1_server;
 pub mod metrics;

@@ -90,16 +90,16 @@ impl Rules {
         self.trusted_networks.is_empty() && self.keys.is_empty() && self.routes.is_empty()
     }
 
-    fn key(&self, authorization: Option<&[u8]>) -> Option<&KeyRule> {
+    fn key(&self, authorization: Option<&[u8]>) -> Option<(usize, &KeyRule)> {
         if self.keys.is_empty() {
             return None;
         }
         let d = digest(crate::auth::bearer(authorization?)?);
         // Every digest is compared, in constant time each.
         let mut found = None;
-        for k in &self.keys {
+        for (i, k) in self.keys.iter().enumerate() {
             if bool::from(k.digest.ct_eq(&d)) && found.is_none() {
-                found = Some(k);
+                found = Some((i, k));
             }
         }
         found
@@ -107,26 +107,39 @@ impl Rules {
 
     /// The request's class and what decided it.
     pub fn decide(&self, req: Request<'_>, model: Priority) -> (Priority, Source) {
+        let (p, s, _) = self.decide_keyed(req, model);
+        (p, s)
+    }
+
+    /// [`Rules::decide`], and the index of the configured key the request
+    /// carries, if any (its client for fairness: [`crate::fairness`]).
+    pub fn decide_keyed(
+        &self,
+        req: Request<'_>,
+        model: Priority,
+    ) -> (Priority, Source, Option<usize>) {
         if self.is_empty() {
-            return (model, Source::Model);
+            return (model, Source::Model, None);
         }
-        let key = self.key(req.authorization);
+        let found = self.key(req.authorization);
+        let index = found.map(|(i, _)| i);
+        let key = found.map(|(_, k)| k);
         let trusted = key.is_some_and(|k| k.allow_header)
             || self.trusted_networks.iter().any(|n| n.contains(&req.peer));
         if trusted && let Some(p) = req.header.and_then(parse) {
-            return (p, Source::Header);
+            return (p, Source::Header, index);
         }
         if let Some(p) = key.and_then(|k| k.priority) {
-            return (p, Source::Key);
+            return (p, Source::Key, index);
         }
         if let Some((_, p)) = self
             .routes
             .iter()
             .find(|(prefix, _)| req.path.starts_with(prefix.as_str()))
         {
-            return (*p, Source::Route);
+            return (*p, Source::Route, index);
         }
-        (model, Source::Model)
+        (model, Source::Model, index)
     }
 }
 
@@ -141,6 +154,38 @@ mod tests {
             path: "/v1/chat/completions",
             header: header.map(str::as_bytes),
         }
+    }
+
+    #[test]
+    fn the_key_a_request_carries_is_named_by_its_index_and_an_unknown_one_is_none() {
+        let r = Rules {
+            keys: vec![
+                KeyRule {
+                    digest: digest(b"team-a-key"),
+                    priority: None,
+                    allow_header: false,
+                },
+                KeyRule {
+                    digest: digest(b"team-b-key"),
+                    priority: Some(Priority::Sheddable),
+                    allow_header: false,
+                },
+            ],
+            ..Rules::default()
+        };
+        let m = Priority::Standard;
+        assert_eq!(
+            r.decide_keyed(req("10.0.0.1", Some("Bearer team-b-key"), None), m),
+            (Priority::Sheddable, Source::Key, Some(1))
+        );
+        assert_eq!(
+            r.decide_keyed(req("10.0.0.1", Some("Bearer team-a-key"), None), m),
+            (m, Source::Model, Some(0))
+        );
+        assert_eq!(
+            r.decide_keyed(req("10.0.0.1", Some("Bearer minted-1"), None), m),
+            (m, Source::Model, None)
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use http_body::{Body as HttpBody, Frame};
 use http_body_util::{BodyExt, Full};
 
 use crate::affinity::{self, Hint, Policy};
+use crate::fairness::Client;
 use crate::h1::RawResponse;
 use crate::h1_server::{self, RequestHead};
 use crate::metrics::CodeLabels;
@@ -98,6 +99,10 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Local {
         Reject::ShuttingDown => (
             StatusCode::SERVICE_UNAVAILABLE,
             "the gateway is shutting down",
+        ),
+        Reject::Crowded => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "the model's queue is full and this client held more of it than another, whose request took this one's place; retry later",
         ),
     };
     let mut local = local_error(status, "overloaded", message);
@@ -346,10 +351,10 @@ async fn handle_inner(
         );
     }
     let rules = &shared.settings.priorities;
-    let priority = if rules.is_empty() {
+    let (priority, key) = if rules.is_empty() {
         // The default: no trusted source, no keys, no routes; no header
         // is even looked at.
-        model.settings.priority
+        (model.settings.priority, None)
     } else {
         // Routes match the path the request was routed by, not the bytes
         // it was sent as: a KServe path as `/v2/models/<the model it
@@ -363,18 +368,18 @@ async fn handle_inner(
         } else {
             head.path()
         };
-        rules
-            .decide(
-                priority::Request {
-                    peer: peer.ip(),
-                    authorization: head.get("authorization"),
-                    path,
-                    header: head.get(shared.priority_header.as_str()),
-                },
-                model.settings.priority,
-            )
-            .0
+        let (priority, _, key) = rules.decide_keyed(
+            priority::Request {
+                peer: peer.ip(),
+                authorization: head.get("authorization"),
+                path,
+                header: head.get(shared.priority_header.as_str()),
+            },
+            model.settings.priority,
+        );
+        (priority, key)
     };
+    let client = Client::of(peer.ip(), key);
     let balance = &shared.settings.balance;
     let key = if balance.policy == Policy::Prefix && !prompt.is_empty() {
         affinity::key(&prompt, balance.block_bytes, balance.affinity_blocks)
@@ -386,7 +391,7 @@ async fn handle_inner(
         shared: key.is_some_and(|k| k.continued),
         adapter,
     };
-    let mut permit = match shared.admit(&model, priority, hint).await {
+    let mut permit = match shared.admit(&model, priority, hint, client).await {
         Ok(p) => p,
         Err(r) => {
             return (

@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, oneshot, watch};
 use crate::admission::{Enqueued, Group, Pool, ReplicaId, Slot};
 use crate::affinity::{Hint, Reason};
 use crate::config::{Endpoint, ModelSettings, Settings};
+use crate::fairness::Client;
 use crate::lock;
 use crate::metrics::{CodeLabels, Metrics, ModelLabel, ReasonLabels};
 use crate::stats::ModelStats;
@@ -38,16 +39,20 @@ pub enum Reject {
     Timeout,
     /// The gateway is shutting down (503).
     ShuttingDown,
+    /// Its client held more of the full queue than another client, whose
+    /// request took this one's place (429; [`crate::fairness`]).
+    Crowded,
 }
 
 impl Reject {
     /// Every reason, for the counters that start at 0.
-    pub const ALL: [Reject; 5] = [
+    pub const ALL: [Reject; 6] = [
         Reject::QueueFull,
         Reject::Displaced,
         Reject::Overdue,
         Reject::Timeout,
         Reject::ShuttingDown,
+        Reject::Crowded,
     ];
 
     /// The codes besides 200 the gateway answers a model's requests with
@@ -63,6 +68,7 @@ impl Reject {
             Reject::Overdue => "overdue",
             Reject::Timeout => "queue_timeout",
             Reject::ShuttingDown => "shutting_down",
+            Reject::Crowded => "fair_share",
         }
     }
 }
@@ -494,6 +500,7 @@ impl Shared {
         model: &Arc<ModelState>,
         priority: Priority,
         hint: Hint,
+        client: Client,
     ) -> Result<Permit, Reject> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(self.rejected(model, Reject::ShuttingDown));
@@ -509,7 +516,10 @@ impl Shared {
             lock(&model.stats).arrivals.record(arrived);
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
-            match inner.pool.enqueue(id, priority, hint, tx, arrived) {
+            match inner
+                .pool
+                .enqueue_from(client, id, priority, hint, tx, arrived)
+            {
                 Enqueued::Waiting => {}
                 Enqueued::Rejected(_) => {
                     drop(inner);
@@ -520,6 +530,9 @@ impl Shared {
                 }
                 Enqueued::Overdue(other) => {
                     let _ = other.send(Err(Reject::Overdue));
+                }
+                Enqueued::Crowded(other) => {
+                    let _ = other.send(Err(Reject::Crowded));
                 }
             }
             if inner.pool.ready_replicas() == 0

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use gpuscale_gateway::config::{QueueOrder, SidecarSpec};
+use gpuscale_gateway::fairness::Client;
 use gpuscale_gateway::sim::{self, SimProfile};
 use http::StatusCode;
 use http_body_util::BodyExt;
@@ -215,9 +216,12 @@ async fn a_slot_granted_to_a_client_that_just_left_goes_back() {
     let (m, _) = shared.model_for("m").unwrap();
     let m = m.clone();
     let hint = Hint::default();
-    let first = shared.admit(&m, Priority::Standard, hint).await.unwrap();
+    let first = shared
+        .admit(&m, Priority::Standard, hint, Client::default())
+        .await
+        .unwrap();
     // A second request waits in the queue…
-    let mut waiting = Box::pin(shared.admit(&m, Priority::Standard, hint));
+    let mut waiting = Box::pin(shared.admit(&m, Priority::Standard, hint, Client::default()));
     assert!(
         tokio::time::timeout(Duration::from_millis(20), &mut waiting)
             .await
@@ -233,7 +237,7 @@ async fn a_slot_granted_to_a_client_that_just_left_goes_back() {
     // The replica's one slot is free: a new request gets it at once.
     let again = tokio::time::timeout(
         Duration::from_millis(100),
-        shared.admit(&m, Priority::Standard, hint),
+        shared.admit(&m, Priority::Standard, hint, Client::default()),
     )
     .await;
     assert!(matches!(again, Ok(Ok(_))), "the slot was lost");

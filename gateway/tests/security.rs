@@ -406,6 +406,120 @@ async fn an_api_key_sets_its_class_and_may_be_allowed_the_header() {
     gw.shutdown().await;
 }
 
+/// `POST /v1/completions` naming `model`, sent from the loopback
+/// address `from` (another client than 127.0.0.1), with `headers`.
+async fn post_from(
+    from: [u8; 4],
+    traffic: SocketAddr,
+    model: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_local_address(Some(std::net::IpAddr::from(from)));
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector);
+    let mut b = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{traffic}/v1/completions"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let body = serde_json::json!({"model": model, "prompt": "hello"}).to_string();
+    let resp = client
+        .request(
+            b.body(http_body_util::Full::new(Bytes::from(body)))
+                .unwrap(),
+        )
+        .await
+        .expect("request");
+    let (parts, body) = resp.into_parts();
+    use http_body_util::BodyExt;
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// One client filling a model's queue keeps it only while nobody else
+/// waits: another client's request takes the flooder's newest place (429
+/// `fair_share` to the flooder) and is served in turn, not behind the
+/// flooder's backlog; a new bearer token per request gains the flooder no
+/// second share (an unconfigured token counts as its address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_flooding_a_queue_leaves_another_a_place_and_a_turn() {
+    let up = gated("a", false).await;
+    let mut m = model("m", &[up.addr], 1);
+    m.max_queue = Some(4);
+    let gw = gateway(spec(vec![m])).await;
+    let traffic = gw.traffic;
+    let flood = |token: Option<&'static str>| {
+        tokio::spawn(async move {
+            let auth;
+            let headers: Vec<(&str, &str)> = match token {
+                Some(t) => {
+                    auth = format!("Bearer {t}");
+                    vec![("authorization", auth.as_str())]
+                }
+                None => vec![],
+            };
+            post_from([127, 0, 0, 1], traffic, "m", &headers).await
+        })
+    };
+    // The flooder: one in flight, then four waiting, in order.
+    let busy = flood(None);
+    wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    let mut waiting = Vec::new();
+    for n in 1..=4 {
+        waiting.push(flood(None));
+        wait_queue(gw.admin, "m", |q| q["waiting"] == n).await;
+    }
+    // Full, and a new token is still the same client: refused, nobody
+    // displaced.
+    let refused = flood(Some("a-fresh-token-every-time-1")).await.unwrap();
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        String::from_utf8_lossy(&refused.body).contains("queue is full; retry later"),
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    // Another client gets a place: the flooder's newest gives it up.
+    let other = tokio::spawn(post_from([127, 0, 0, 2], traffic, "m", &[]));
+    let crowded = waiting.pop().unwrap().await.unwrap();
+    assert_eq!(crowded.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        String::from_utf8_lossy(&crowded.body).contains("held more of it than another"),
+        "{}",
+        String::from_utf8_lossy(&crowded.body)
+    );
+    let text = metrics(gw.admin).await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"gpuscale_rejections_total{model="m",reason="fair_share"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(queue(gw.admin, "m").await["waiting"], 4);
+    // Slots go round robin: the request in flight, the flooder's oldest,
+    // then the other client's, ahead of the flooder's two others.
+    up.gate.add_permits(3);
+    let served = tokio::time::timeout(Duration::from_secs(5), other)
+        .await
+        .expect("the other client is served third")
+        .unwrap();
+    served.assert_served_by("a");
+    let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
+    assert_eq!(q["waiting"], 1, "the flooder's last still waits: {q}");
+    up.gate.add_permits(100);
+    for t in std::iter::once(busy).chain(waiting) {
+        t.await.unwrap().assert_served_by("a");
+    }
+    gw.shutdown().await;
+}
+
 /// Route classes follow the model a request resolved to: neither a
 /// percent-encoded name nor a model header naming another model moves a
 /// request out of its route's class or into another route's (a header

@@ -634,9 +634,12 @@ pub fn run(setup: &Setup<'_>, autoscaler: &mut dyn Autoscaler, placer: &mut dyn 
                             reject(&mut pending, &mut out, setup, m, r, false);
                         }
                         // Another waiter gave up its place: 429 when
-                        // displaced by a more important one, 503 when
-                        // overdue.
-                        given_up @ (Enqueued::Displaced(r) | Enqueued::Overdue(r)) => {
+                        // displaced by a more important one (or by another
+                        // client's, which one population never is), 503
+                        // when overdue.
+                        given_up @ (Enqueued::Displaced(r)
+                        | Enqueued::Overdue(r)
+                        | Enqueued::Crowded(r)) => {
                             push(
                                 &mut heap,
                                 now + setup.queue_timeout,
