@@ -197,13 +197,13 @@ pub enum Enqueued<W> {
     /// The queue was full and this one's class backed up: its oldest
     /// waiter, already past its budget, gave up its place (it gets 503)
     /// and this one, which newest first serves next, waits. (With several
-    /// clients: the oldest of those holding at least as many places as
-    /// this one's client.)
+    /// clients: the oldest of this one's client's, or of a client holding
+    /// more.)
     Overdue(W),
     /// The queue was full and another client held more of this one's
-    /// class than this one's client would: that client's newest waiter
-    /// (its oldest while the class is backed up) gave up its place (it
-    /// gets 429) and this one waits.
+    /// class than this one's client would once queued: of the clients
+    /// holding the most, the newest waiter (the oldest while the class is
+    /// backed up) gave up its place (it gets 429) and this one waits.
     Crowded(W),
 }
 
@@ -282,19 +282,31 @@ impl<W> Queue<W> {
         }
     }
 
-    /// The client holding the most waiters (the first in client order of
-    /// those holding as many), other than `except`, and how many.
-    fn heaviest(&self, except: Option<Client>) -> Option<(Client, usize)> {
+    /// The most waiters a client other than `except` holds (0: none).
+    fn most(&self, except: Option<Client>) -> usize {
         self.holders
             .iter()
             .filter(|&(&c, _)| Some(c) != except)
-            .fold(None, |best: Option<(Client, usize)>, (&c, &n)| {
-                if best.is_none_or(|(_, m)| n > m) {
-                    Some((c, n))
-                } else {
-                    best
-                }
-            })
+            .map(|(_, &n)| n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The index of the class's newest waiter (or oldest) among those of
+    /// clients other than `except` holding the most: of clients holding
+    /// as many, none is picked for its identity, only for its waiter's
+    /// age, as the class's own order would.
+    fn heaviest(&self, except: Option<Client>, newest: bool) -> Option<usize> {
+        let most = self.most(except);
+        if most == 0 {
+            return None;
+        }
+        let heavy = |w: &Waiter<W>| Some(w.client) != except && self.held(w.client) == most;
+        if newest {
+            self.waiters.iter().rposition(heavy)
+        } else {
+            self.waiters.iter().position(heavy)
+        }
     }
 
     /// The index of the waiter served next: the oldest (or, `newest`, the
@@ -608,13 +620,15 @@ impl<W> Pool<W> {
     /// of its replica when a slot frees.
     ///
     /// When the queue is full, in order: a lower class gives up a waiter
-    /// (of its client holding the most); another client holding more of
-    /// this class than `client` would gives one up (longest queue drop);
-    /// in a backed-up class, the oldest waiter past its budget of the
-    /// clients holding at least as many as `client` gives it up; else this
-    /// one is refused. With one client this is the queue's own order:
-    /// the lower class's newest (oldest while it is backed up), then this
-    /// class's oldest once past its budget.
+    /// (its newest, or oldest while backed up, of the clients holding the
+    /// most of it); another client holding more of this class than
+    /// `client` would once queued gives one up, its newest, or oldest while
+    /// backed up (longest queue drop); in a backed-up class, the oldest
+    /// waiter past its budget of `client`'s own or of a client holding more
+    /// than `client` gives it up; else this one is refused. With one
+    /// client this is the queue's own order: the lower class's newest
+    /// (oldest while it is backed up), then this class's oldest once past
+    /// its budget.
     pub fn enqueue_from(
         &mut self,
         client: Client,
@@ -643,8 +657,7 @@ impl<W> Pool<W> {
         for lower in (class + 1..3).rev() {
             let backed_up = self.backed_up(lower, now);
             let q = &mut self.queues[lower];
-            if let Some((victim, _)) = q.heaviest(None)
-                && let Some(i) = q.of(victim, !backed_up)
+            if let Some(i) = q.heaviest(None, !backed_up)
                 && let Some(out) = q.remove(i)
             {
                 self.queues[class].push(w);
@@ -656,19 +669,23 @@ impl<W> Pool<W> {
         // Another client holds more of the class than this one would once
         // queued: it gives up its newest (its oldest while backed up).
         let mine = q.held(client);
-        if let Some((heavy, n)) = q.heaviest(Some(client))
-            && n > mine + 1
-            && let Some(i) = q.of(heavy, !backed_up)
+        if q.most(Some(client)) > mine + 1
+            && let Some(i) = q.heaviest(Some(client), !backed_up)
             && let Some(out) = q.remove(i)
         {
             q.push(w);
             return Enqueued::Crowded(out.waiter);
         }
-        // Backed up: the oldest waiter, past its budget, of the clients
-        // holding at least as many as this one gives up its place to this
-        // one, which newest first serves next.
+        // Backed up: this client's oldest waiter, or one of a client
+        // holding more than this one, past its budget, gives up its place
+        // to this one, which newest first serves next (the class's oldest
+        // of those; never one of a client holding as many or fewer, whose
+        // turn in the round robin would come).
         if backed_up
-            && let Some(i) = q.waiters.iter().position(|o| q.held(o.client) >= mine)
+            && let Some(i) = q
+                .waiters
+                .iter()
+                .position(|o| o.client == client || q.held(o.client) > mine)
             && self
                 .newest_first_after
                 .is_some_and(|after| now.saturating_duration_since(q.waiters[i].at) >= after)
@@ -723,6 +740,8 @@ impl<W> Pool<W> {
             // Counted where it overtook someone.
             self.newest_first_grants += u64::from(newest && i > 0);
             let Some(w) = q.remove(i) else {
+                // Cannot happen (`next` found it); the slot goes back.
+                self.release(slot.replica);
                 break;
             };
             q.served = Some(w.client);
@@ -1434,13 +1453,38 @@ mod tests {
             Enqueued::Rejected("a6")
         );
         // A more important request still outranks every client's, even
-        // from a client holding as many: it takes the lower class's place
-        // of the client holding the most (of equals, the first).
+        // from a client holding as many: the lower class gives up the
+        // newest waiter of the clients holding the most.
         assert_eq!(
-            p.enqueue_from(b, 14, Priority::Critical, Hint::default(), "c", now),
-            Enqueued::Displaced("a2")
+            p.enqueue_from(a, 14, Priority::Critical, Hint::default(), "c", now),
+            Enqueued::Displaced("b2")
         );
         assert_eq!(p.waiting_by_class(), [1, 3, 0]);
+    }
+
+    #[test]
+    fn a_waiter_that_leaves_counts_no_more_for_its_client() {
+        let now = Instant::now();
+        let mut p: Pool<&str> = Pool::new(3, 1);
+        let std = Priority::Standard;
+        p.enqueue_from(client(1), 1, std, Hint::default(), "a1", now);
+        p.enqueue_from(client(1), 2, std, Hint::default(), "a2", now);
+        p.enqueue_from(client(1), 3, std, Hint::default(), "a3", now);
+        // a's waiters time out one by one; b fills their places.
+        assert_eq!(p.remove_waiter(1), Some("a1"));
+        p.enqueue_from(client(2), 4, std, Hint::default(), "b1", now);
+        assert_eq!(p.remove_waiter(2), Some("a2"));
+        p.enqueue_from(client(2), 5, std, Hint::default(), "b2", now);
+        // b holds two, a one: a's next takes b's newest; b's is refused.
+        assert_eq!(
+            p.enqueue_from(client(2), 6, std, Hint::default(), "b3", now),
+            Enqueued::Rejected("b3")
+        );
+        assert_eq!(
+            p.enqueue_from(client(3), 7, std, Hint::default(), "c1", now),
+            Enqueued::Crowded("b2")
+        );
+        assert_eq!(p.waiting(), 3);
     }
 
     #[test]
@@ -1512,10 +1556,15 @@ mod tests {
             q.enqueue_from(client(3), 3, std, Hint::default(), "c1", later),
             Enqueued::Overdue("a1")
         );
-        // b1 is overdue too, but c now holds one, as b does: c's own
-        // oldest is not overdue, b's is, and b holds as many as c.
+        // b1 is overdue too, but c now holds one, as b does: b's turn in
+        // the round robin comes, and c's own oldest is not overdue.
         assert_eq!(
             q.enqueue_from(client(3), 4, std, Hint::default(), "c2", later),
+            Enqueued::Rejected("c2")
+        );
+        // A client holding none takes b's (b holds more than it does).
+        assert_eq!(
+            q.enqueue_from(client(4), 5, std, Hint::default(), "d1", later),
             Enqueued::Overdue("b1")
         );
     }

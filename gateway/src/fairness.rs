@@ -1,17 +1,19 @@
 //! Who a request counts as when clients share a model's queue, pure.
 //!
-//! A full queue is shared by *longest queue drop*: a client that holds
-//! fewer of a class's places than another gets one of that other's, and
-//! slots that free are handed round robin among the clients waiting
-//! ([`crate::admission::Pool`]). So one client sending far more than its
+//! A full queue is shared by *longest queue drop*: a client whose request
+//! finds the queue full gets a place of the client holding the most of
+//! the request's class, when that one holds more than the newcomer's
+//! client would once queued; and slots that free are handed round robin
+//! among the clients waiting ([`crate::admission::Pool::enqueue_from`]). So one client sending far more than its
 //! share fills the queue only while nobody else waits, and the others'
 //! requests neither bounce off a full queue nor wait behind its backlog.
 //!
 //! A client is the configured API key its request carries (`priorities.
 //! apiKeys`, matched by digest), else the address it connects from, an
-//! IPv6 peer by its /64 (the prefix one host or one subscriber is given,
-//! so it cannot take a new address per request). Never anything a client
-//! can mint: an unknown bearer token, a header or a source port counts as
+//! IPv6 peer by its /64 (the prefix of one host's interface, so it
+//! cannot take a new address per request; a subscriber given a /56 or a
+//! /48 can still count as many clients). Never anything a client can
+//! mint: an unknown bearer token, a header or a source port counts as
 //! its address, so sending a new token with every request gains no second
 //! share. Clients behind one proxy or NAT share its address (give them
 //! API keys to tell them apart).

@@ -443,18 +443,30 @@ async fn post_from(
 }
 
 /// One client filling a model's queue keeps it only while nobody else
-/// waits: another client's request takes the flooder's newest place (429
-/// `fair_share` to the flooder) and is served in turn, not behind the
-/// flooder's backlog; a new bearer token per request gains the flooder no
-/// second share (an unconfigured token counts as its address).
+/// waits: other clients' requests (another address, a configured API key
+/// from the flooder's own address) take the flooder's newest places (429
+/// `fair_share` to the flooder) and are served in turn, not behind the
+/// flooder's backlog; a bearer token nobody configured gains the flooder
+/// no second share (it counts as its address).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_flooding_a_queue_leaves_another_a_place_and_a_turn() {
+async fn a_client_flooding_a_queue_leaves_others_a_place_and_a_turn() {
     let up = gated("a", false).await;
     let mut m = model("m", &[up.addr], 1);
     m.max_queue = Some(4);
-    let gw = gateway(spec(vec![m])).await;
+    let mut sp = spec(vec![m]);
+    let sha = gpuscale_gateway::priority::digest(b"team-b-key")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    // A key with no class of its own: the rules are read, nothing else
+    // changes.
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "apiKeys": [{"name": "team-b", "sha256": sha}],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
     let traffic = gw.traffic;
-    let flood = |token: Option<&'static str>| {
+    let from = |addr: [u8; 4], token: Option<&'static str>| {
         tokio::spawn(async move {
             let auth;
             let headers: Vec<(&str, &str)> = match token {
@@ -464,55 +476,68 @@ async fn a_client_flooding_a_queue_leaves_another_a_place_and_a_turn() {
                 }
                 None => vec![],
             };
-            post_from([127, 0, 0, 1], traffic, "m", &headers).await
+            post_from(addr, traffic, "m", &headers).await
         })
     };
+    let body = |a: &Answer| String::from_utf8_lossy(&a.body).into_owned();
     // The flooder: one in flight, then four waiting, in order.
-    let busy = flood(None);
+    let busy = from([127, 0, 0, 1], None);
     wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
     let mut waiting = Vec::new();
     for n in 1..=4 {
-        waiting.push(flood(None));
+        waiting.push(from([127, 0, 0, 1], None));
         wait_queue(gw.admin, "m", |q| q["waiting"] == n).await;
     }
-    // Full, and a new token is still the same client: refused, nobody
-    // displaced.
-    let refused = flood(Some("a-fresh-token-every-time-1")).await.unwrap();
+    // Full, and a token nobody configured is still the same client:
+    // refused, nobody displaced.
+    let refused = from([127, 0, 0, 1], Some("a-fresh-token-every-time-1"))
+        .await
+        .unwrap();
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(
-        String::from_utf8_lossy(&refused.body).contains("queue is full; retry later"),
+        body(&refused).contains("queue is full; retry later"),
         "{}",
-        String::from_utf8_lossy(&refused.body)
+        body(&refused)
     );
-    // Another client gets a place: the flooder's newest gives it up.
-    let other = tokio::spawn(post_from([127, 0, 0, 2], traffic, "m", &[]));
+    // A configured key, from the flooder's own address, is another client,
+    // and so is another address: each takes the flooder's newest place.
+    let keyed = from([127, 0, 0, 1], Some("team-b-key"));
     let crowded = waiting.pop().unwrap().await.unwrap();
     assert_eq!(crowded.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(
-        String::from_utf8_lossy(&crowded.body).contains("held more of it than another"),
+        body(&crowded).contains("held more of it than another"),
         "{}",
-        String::from_utf8_lossy(&crowded.body)
+        body(&crowded)
     );
+    let other = from([127, 0, 0, 2], None);
+    let crowded = waiting.pop().unwrap().await.unwrap();
+    assert_eq!(crowded.status, StatusCode::TOO_MANY_REQUESTS);
     let text = metrics(gw.admin).await;
     assert_eq!(
         sample(
             &text,
             r#"gpuscale_rejections_total{model="m",reason="fair_share"}"#
         ),
-        Some(1.0),
+        Some(2.0),
         "{text}"
     );
     assert_eq!(queue(gw.admin, "m").await["waiting"], 4);
-    // Slots go round robin: the request in flight, the flooder's oldest,
-    // then the other client's, ahead of the flooder's two others.
-    up.gate.add_permits(3);
-    let served = tokio::time::timeout(Duration::from_secs(5), other)
-        .await
-        .expect("the other client is served third")
-        .unwrap();
-    served.assert_served_by("a");
+    // Slots go round robin among the three clients: the request in
+    // flight, then the flooder's oldest, the other address's, the key's,
+    // and only then the flooder's second.
+    up.gate.add_permits(4);
+    for t in [other, keyed] {
+        tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("served in turn, ahead of the flooder's backlog")
+            .unwrap()
+            .assert_served_by("a");
+    }
     let q = wait_queue(gw.admin, "m", |q| q["in_flight"] == 1).await;
-    assert_eq!(q["waiting"], 1, "the flooder's last still waits: {q}");
+    assert_eq!(
+        q["waiting"], 0,
+        "the flooder's second is the one in flight: {q}"
+    );
     up.gate.add_permits(100);
     for t in std::iter::once(busy).chain(waiting) {
         t.await.unwrap().assert_served_by("a");
