@@ -154,6 +154,51 @@ pub struct Limits {
     pub max_admin_connections: usize,
     /// `/v1/queues/stream` subscribers at once (503 above).
     pub max_stream_subscribers: usize,
+    /// Requests each client may send (its configured API key, else its
+    /// address: [`crate::fairness`]), unless its key sets its own
+    /// (`priorities.apiKeys[].rate`); none by default ([`crate::ratelimit`]).
+    pub client_rate: Option<RateSpec>,
+}
+
+/// A client's rate ([`crate::ratelimit`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateSpec {
+    /// Requests a minute; 0: no limit.
+    pub requests_per_minute: f64,
+    /// Most requests at once after a quiet spell; by default ten seconds'
+    /// worth (at least 1).
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+/// Most requests a minute a rate may set.
+pub const MAX_REQUESTS_PER_MINUTE: f64 = 1e9;
+
+impl RateSpec {
+    /// The rate (`None`: no limit), or what is wrong with it, `at` naming
+    /// where it is written.
+    fn rate(&self, at: &str) -> Result<Option<crate::ratelimit::Rate>, String> {
+        let rpm = self.requests_per_minute;
+        if !rpm.is_finite() || !(0.0..=MAX_REQUESTS_PER_MINUTE).contains(&rpm) {
+            return Err(format!(
+                "{at}.requestsPerMinute: must be 0 (no limit) to {MAX_REQUESTS_PER_MINUTE}, got {rpm}"
+            ));
+        }
+        if self.burst == Some(0) {
+            return Err(format!("{at}.burst: must be at least 1"));
+        }
+        if rpm == 0.0 {
+            return Ok(None);
+        }
+        let burst = self
+            .burst
+            .map_or_else(|| (rpm / 6.0).ceil().max(1.0), f64::from);
+        Ok(Some(crate::ratelimit::Rate {
+            per_minute: rpm,
+            burst,
+        }))
+    }
 }
 
 impl Default for Limits {
@@ -170,6 +215,7 @@ impl Default for Limits {
             max_connections: 16_384,
             max_admin_connections: 256,
             max_stream_subscribers: 64,
+            client_rate: None,
         }
     }
 }
@@ -228,6 +274,10 @@ pub struct ApiKeySpec {
     /// Whether its requests may set their class by header.
     #[serde(default)]
     pub allow_header: bool,
+    /// Its requests' rate, instead of `limits.clientRate`
+    /// (`requestsPerMinute: 0`: none).
+    #[serde(default)]
+    pub rate: Option<RateSpec>,
 }
 
 /// A class for requests by path.
@@ -738,6 +788,12 @@ pub struct Settings {
     pub priorities: priority::Rules,
     /// How requests are spread over replicas.
     pub balance: crate::affinity::Balance,
+    /// Clients' rates: the default, and per configured key `None` (the
+    /// default), `Some(None)` (no limit) or its own.
+    pub rates: (
+        Option<crate::ratelimit::Rate>,
+        Vec<Option<Option<crate::ratelimit::Rate>>>,
+    ),
 }
 
 fn hex_digest(s: &str) -> Option<[u8; 32]> {
@@ -1029,7 +1085,12 @@ impl Settings {
             None => None,
         };
         let mut keys = Vec::new();
+        let mut key_rates = Vec::new();
         for (i, k) in spec.priorities.api_keys.iter().enumerate() {
+            key_rates.push(match &k.rate {
+                Some(r) => Some(r.rate(&format!("spec.priorities.apiKeys[{i}].rate"))?),
+                None => None,
+            });
             let digest = hex_digest(&k.sha256).ok_or_else(|| {
                 format!("spec.priorities.apiKeys[{i}].sha256: expected 64 hex digits (the SHA-256 of the key)")
             })?;
@@ -1061,6 +1122,10 @@ impl Settings {
             max_replicas_per_model: spec.registration.max_replicas_per_model,
             local: Vec::new(),
         };
+        let default_rate = match &spec.limits.client_rate {
+            Some(r) => r.rate("spec.limits.clientRate")?,
+            None => None,
+        };
         Ok(Settings {
             name: name.to_string(),
             spec,
@@ -1070,6 +1135,7 @@ impl Settings {
             registration,
             priorities,
             balance,
+            rates: (default_rate, key_rates),
         })
     }
 }
@@ -1131,6 +1197,60 @@ pub fn load(path: &Path) -> Result<Settings, Problems> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_rates_are_checked_where_written_and_burst_ten_seconds_by_default() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        let sha = "ab".repeat(32);
+        let s = Settings::from_spec(
+            "g",
+            spec(serde_json::json!({
+                "limits": {"clientRate": {"requestsPerMinute": 600}},
+                "priorities": {"apiKeys": [
+                    {"sha256": sha},
+                    {"sha256": sha, "rate": {"requestsPerMinute": 0}},
+                    {"sha256": sha, "rate": {"requestsPerMinute": 30, "burst": 2}},
+                    {"sha256": sha, "rate": {"requestsPerMinute": 1}},
+                ]},
+            })),
+            &[],
+        )
+        .unwrap();
+        let rate = |per_minute, burst| crate::ratelimit::Rate { per_minute, burst };
+        assert_eq!(s.rates.0, Some(rate(600.0, 100.0)));
+        assert_eq!(
+            s.rates.1,
+            vec![
+                None,
+                Some(None),
+                Some(Some(rate(30.0, 2.0))),
+                Some(Some(rate(1.0, 1.0)))
+            ]
+        );
+        for (v, want) in [
+            (
+                serde_json::json!({"limits": {"clientRate": {"requestsPerMinute": -1}}}),
+                "spec.limits.clientRate.requestsPerMinute: must be 0 (no limit) to",
+            ),
+            (
+                serde_json::json!({"limits": {"clientRate": {"requestsPerMinute": 5, "burst": 0}}}),
+                "spec.limits.clientRate.burst: must be at least 1",
+            ),
+            (
+                serde_json::json!({"priorities": {"apiKeys": [
+                    {"sha256": sha},
+                    {"sha256": sha, "rate": {"requestsPerMinute": 1e12}},
+                ]}}),
+                "spec.priorities.apiKeys[1].rate.requestsPerMinute: must be 0 (no limit) to",
+            ),
+        ] {
+            let e = Settings::from_spec("g", spec(v), &[]).unwrap_err();
+            assert!(e.starts_with(want), "{e}");
+        }
+        // None configured: no rates at all.
+        let s = Settings::from_spec("g", spec(serde_json::json!({})), &[]).unwrap();
+        assert_eq!(s.rates, (None, vec![]));
+    }
 
     #[test]
     fn a_zero_queue_timeout_is_refused_where_it_is_written() {

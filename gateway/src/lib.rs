@@ -12,8 +12,8 @@
 //!
 //! Layout: pure decisions in [`route`] (which model), [`admission`] (which
 //! replica, who waits, who is refused), [`fairness`] (who a request
-//! counts as when clients share a queue) and [`stats`] (windows and
-//! quantiles); the async shell in [`state`] (waiters, permits, gauges),
+//! counts as when clients share a queue), [`ratelimit`] (requests per
+//! minute per client) and [`stats`] (windows and quantiles); the async shell in [`state`] (waiters, permits, gauges),
 //! [`proxy`] (route, admit, forward), [`traffic`] (the traffic listener's
 //! connections: the gateway's own HTTP/1.1 server over the pure request
 //! parsing and response-head encoding in [`h1_server`], heads relayed as
@@ -41,6 +41,7 @@ pub mod h1_server;
 pub mod metrics;
 pub mod priority;
 pub mod proxy;
+pub mod ratelimit;
 pub mod registration;
 pub mod route;
 pub mod scrape;

@@ -104,6 +104,10 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Local {
             StatusCode::TOO_MANY_REQUESTS,
             "the model's queue is full and this client held more of it than another, whose request took this one's place; retry later",
         ),
+        Reject::RateLimited => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "this client has sent its rate's worth of requests; retry after the seconds in Retry-After",
+        ),
     };
     let mut local = local_error(status, "overloaded", message);
     local.retry_after = Some(match r {
@@ -380,6 +384,11 @@ async fn handle_inner(
         (priority, key)
     };
     let client = Client::of(peer.ip(), key);
+    if let Err(wait) = shared.within_rate(&model, client, key) {
+        let mut local = rejection(Reject::RateLimited, model.settings.queue_timeout);
+        local.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
+        return (Reply::Local(local), Some(model.clone()));
+    }
     let balance = &shared.settings.balance;
     let key = if balance.policy == Policy::Prefix && !prompt.is_empty() {
         affinity::key(&prompt, balance.block_bytes, balance.affinity_blocks)

@@ -42,17 +42,20 @@ pub enum Reject {
     /// Its client held more of the full queue than another client, whose
     /// request took this one's place (429; [`crate::fairness`]).
     Crowded,
+    /// Its client had sent its rate's worth (429; [`crate::ratelimit`]).
+    RateLimited,
 }
 
 impl Reject {
     /// Every reason, for the counters that start at 0.
-    pub const ALL: [Reject; 6] = [
+    pub const ALL: [Reject; 7] = [
         Reject::QueueFull,
         Reject::Displaced,
         Reject::Overdue,
         Reject::Timeout,
         Reject::ShuttingDown,
         Reject::Crowded,
+        Reject::RateLimited,
     ];
 
     /// The codes besides 200 the gateway answers a model's requests with
@@ -69,6 +72,7 @@ impl Reject {
             Reject::Timeout => "queue_timeout",
             Reject::ShuttingDown => "shutting_down",
             Reject::Crowded => "fair_share",
+            Reject::RateLimited => "rate_limited",
         }
     }
 }
@@ -382,6 +386,8 @@ pub struct Shared {
     /// The same for a request received as HTTP/1.0 (`1.0 gpuscale-…`:
     /// the protocol is the received message's).
     pub via10: Box<str>,
+    /// Clients' request rates, when any is configured.
+    pub limiter: Option<std::sync::Mutex<crate::ratelimit::Limiter>>,
     next_waiter: AtomicU64,
     origin: Instant,
 }
@@ -463,6 +469,8 @@ impl Shared {
             .collect();
         let via = via_entry();
         let buffered = crate::budget::Budget::new(settings.spec.limits.max_buffered_bytes);
+        let limiter = crate::ratelimit::Limiter::new(settings.rates.0, settings.rates.1.clone())
+            .map(std::sync::Mutex::new);
         let shared = Arc::new(Shared {
             adapters,
             via10: format!("1.0 {}", &via[VIA_PROTOCOL.len()..]).into_boxed_str(),
@@ -478,6 +486,7 @@ impl Shared {
             shutting_down: AtomicBool::new(false),
             stream_subscribers: std::sync::atomic::AtomicUsize::new(0),
             buffered,
+            limiter,
             next_waiter: AtomicU64::new(0),
             origin,
         });
@@ -588,6 +597,32 @@ impl Shared {
                 Err(self.rejected(model, r))
             }
         }
+    }
+
+    /// Takes a token of `client`'s rate (`key`: the configured key its
+    /// request carries) for a request to `model`: `Err` with the time
+    /// until one is back, counted as a refusal (`rate_limited`) but not as
+    /// an SLO miss (the client went past its quota; nothing failed it).
+    pub fn within_rate(
+        &self,
+        model: &ModelState,
+        client: crate::fairness::Client,
+        key: Option<usize>,
+    ) -> Result<(), Duration> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        let taken = crate::lock(limiter).take(client, key, Instant::now());
+        if taken.is_err() {
+            self.metrics
+                .rejections
+                .get_or_create(&ReasonLabels {
+                    model: model.settings.name.clone(),
+                    reason: Reject::RateLimited.reason().into(),
+                })
+                .inc();
+        }
+        taken
     }
 
     fn rejected(&self, model: &ModelState, r: Reject) -> Reject {

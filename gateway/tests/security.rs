@@ -545,6 +545,84 @@ async fn a_client_flooding_a_queue_leaves_others_a_place_and_a_turn() {
     gw.shutdown().await;
 }
 
+/// A client past its rate gets 429 with the seconds until its next
+/// request, before anything is queued or forwarded, counted as
+/// `rate_limited`; other addresses and keys have buckets of their own, a
+/// key's own rate (here none) overrides the default, and a token nobody
+/// configured counts as its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_its_rate_is_refused_and_others_are_not() {
+    let up = gated("a", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.client_rate = Some(
+        serde_json::from_value(serde_json::json!({"requestsPerMinute": 6, "burst": 2})).unwrap(),
+    );
+    let sha = gpuscale_gateway::priority::digest(b"batch-team-key")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "apiKeys": [{"name": "batch", "sha256": sha, "rate": {"requestsPerMinute": 0}}],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
+    let traffic = gw.traffic;
+    for _ in 0..2 {
+        post_from([127, 0, 0, 1], traffic, "m", &[])
+            .await
+            .assert_served_by("a");
+    }
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer nobody-configured-this")],
+    ] {
+        let refused = post_from([127, 0, 0, 1], traffic, "m", &headers).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        // Six a minute: ten seconds until the next (less the moments the
+        // requests took).
+        let after: u64 = refused.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((9..=10).contains(&after), "{after}");
+        assert!(
+            String::from_utf8_lossy(&refused.body).contains("rate's worth"),
+            "{}",
+            String::from_utf8_lossy(&refused.body)
+        );
+    }
+    post_from([127, 0, 0, 2], traffic, "m", &[])
+        .await
+        .assert_served_by("a");
+    for _ in 0..5 {
+        post_from(
+            [127, 0, 0, 1],
+            traffic,
+            "m",
+            &[("authorization", "Bearer batch-team-key")],
+        )
+        .await
+        .assert_served_by("a");
+    }
+    assert_eq!(
+        up.received.load(std::sync::atomic::Ordering::SeqCst),
+        8,
+        "nothing refused reached the replica"
+    );
+    let text = metrics(gw.admin).await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"gpuscale_rejections_total{model="m",reason="rate_limited"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(queue(gw.admin, "m").await["waiting"], 0);
+    gw.shutdown().await;
+}
+
 /// Route classes follow the model a request resolved to: neither a
 /// percent-encoded name nor a model header naming another model moves a
 /// request out of its route's class or into another route's (a header
