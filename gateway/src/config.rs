@@ -175,14 +175,21 @@ pub struct RateSpec {
 /// Most requests a minute a rate may set.
 pub const MAX_REQUESTS_PER_MINUTE: f64 = 1e9;
 
+/// Fewest requests a minute a rate may set (besides 0, no limit): one a
+/// week.
+pub const MIN_REQUESTS_PER_MINUTE: f64 = 1.0 / (7.0 * 24.0 * 60.0);
+
 impl RateSpec {
     /// The rate (`None`: no limit), or what is wrong with it, `at` naming
     /// where it is written.
     fn rate(&self, at: &str) -> Result<Option<crate::ratelimit::Rate>, String> {
         let rpm = self.requests_per_minute;
-        if !rpm.is_finite() || !(0.0..=MAX_REQUESTS_PER_MINUTE).contains(&rpm) {
+        if !rpm.is_finite()
+            || !(rpm == 0.0 || (MIN_REQUESTS_PER_MINUTE..=MAX_REQUESTS_PER_MINUTE).contains(&rpm))
+        {
             return Err(format!(
-                "{at}.requestsPerMinute: must be 0 (no limit) to {MAX_REQUESTS_PER_MINUTE}, got {rpm}"
+                "{at}.requestsPerMinute: must be 0 (no limit), or from {MIN_REQUESTS_PER_MINUTE:.6} \
+                 (one a week) to {MAX_REQUESTS_PER_MINUTE}, got {rpm}"
             ));
         }
         if self.burst == Some(0) {
@@ -1094,6 +1101,15 @@ impl Settings {
             let digest = hex_digest(&k.sha256).ok_or_else(|| {
                 format!("spec.priorities.apiKeys[{i}].sha256: expected 64 hex digits (the SHA-256 of the key)")
             })?;
+            if let Some(j) = keys
+                .iter()
+                .position(|o: &priority::KeyRule| o.digest == digest)
+            {
+                return Err(format!(
+                    "spec.priorities.apiKeys[{i}].sha256: the same key as apiKeys[{j}] \
+                     (only the first would ever match)"
+                ));
+            }
             keys.push(priority::KeyRule {
                 digest,
                 priority: k.priority,
@@ -1201,16 +1217,16 @@ mod tests {
     #[test]
     fn client_rates_are_checked_where_written_and_burst_ten_seconds_by_default() {
         let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
-        let sha = "ab".repeat(32);
+        let sha = |n: u8| format!("{n:02x}").repeat(32);
         let s = Settings::from_spec(
             "g",
             spec(serde_json::json!({
                 "limits": {"clientRate": {"requestsPerMinute": 600}},
                 "priorities": {"apiKeys": [
-                    {"sha256": sha},
-                    {"sha256": sha, "rate": {"requestsPerMinute": 0}},
-                    {"sha256": sha, "rate": {"requestsPerMinute": 30, "burst": 2}},
-                    {"sha256": sha, "rate": {"requestsPerMinute": 1}},
+                    {"sha256": sha(1)},
+                    {"sha256": sha(2), "rate": {"requestsPerMinute": 0}},
+                    {"sha256": sha(3), "rate": {"requestsPerMinute": 30, "burst": 2}},
+                    {"sha256": sha(4), "rate": {"requestsPerMinute": 1}},
                 ]},
             })),
             &[],
@@ -1230,7 +1246,7 @@ mod tests {
         for (v, want) in [
             (
                 serde_json::json!({"limits": {"clientRate": {"requestsPerMinute": -1}}}),
-                "spec.limits.clientRate.requestsPerMinute: must be 0 (no limit) to",
+                "spec.limits.clientRate.requestsPerMinute: must be 0 (no limit), or from",
             ),
             (
                 serde_json::json!({"limits": {"clientRate": {"requestsPerMinute": 5, "burst": 0}}}),
@@ -1238,10 +1254,23 @@ mod tests {
             ),
             (
                 serde_json::json!({"priorities": {"apiKeys": [
-                    {"sha256": sha},
-                    {"sha256": sha, "rate": {"requestsPerMinute": 1e12}},
+                    {"sha256": sha(1)},
+                    {"sha256": sha(2), "rate": {"requestsPerMinute": 1e12}},
                 ]}}),
-                "spec.priorities.apiKeys[1].rate.requestsPerMinute: must be 0 (no limit) to",
+                "spec.priorities.apiKeys[1].rate.requestsPerMinute: must be 0 (no limit), or from",
+            ),
+            (
+                // Below one a week: a wait longer than any clock holds.
+                serde_json::json!({"limits": {"clientRate": {"requestsPerMinute": 1e-18}}}),
+                "spec.limits.clientRate.requestsPerMinute: must be 0 (no limit), or from",
+            ),
+            (
+                serde_json::json!({"priorities": {"apiKeys": [
+                    {"sha256": sha(1)},
+                    {"sha256": sha(2)},
+                    {"sha256": sha(1).to_uppercase(), "rate": {"requestsPerMinute": 5}},
+                ]}}),
+                "spec.priorities.apiKeys[2].sha256: the same key as apiKeys[0]",
             ),
         ] {
             let e = Settings::from_spec("g", spec(v), &[]).unwrap_err();

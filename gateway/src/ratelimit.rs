@@ -11,11 +11,21 @@
 //! left. A key's own rate (`priorities.apiKeys[].rate`) overrides the
 //! default (`limits.clientRate`); `requestsPerMinute: 0` is no limit.
 //!
-//! The table of buckets is bounded: a bucket refilled to full is the same
-//! as none and is dropped when room is needed, and when every bucket is
-//! part-used the one used longest ago goes (its client starts again with a
-//! full bucket: someone with that many addresses gains no more than their
-//! addresses give them).
+//! Every request counts, whatever its answer afterwards (one refused by a
+//! full queue too), and the check comes once the request is read: what a
+//! client over its rate costs is its upload.
+//!
+//! The table of buckets is bounded: when a new client finds it full, the
+//! buckets refilled to full (the same as none) are dropped, and if that
+//! leaves less than an eighth free, those used longest ago go until an
+//! eighth is (their clients start again with a full bucket: someone with
+//! that many addresses gains no more than their addresses give them). So
+//! the pass over the table that costs comes at most once per eighth of it
+//! of new clients, not with each: a flood from ever new addresses costs a
+//! few steps per request under the lock, amortised.
+//!
+//! Rates are per gateway process: behind N gateways a client may send N
+//! times its rate.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -56,7 +66,7 @@ pub struct Limiter {
     max_clients: usize,
 }
 
-/// Buckets kept at most by default (about 5 MB).
+/// Buckets kept at most by default (about 8 MB).
 pub const MAX_CLIENTS: usize = 65_536;
 
 impl Limiter {
@@ -114,28 +124,32 @@ impl Limiter {
             Ok(())
         } else {
             b.tokens = tokens;
-            Err(Duration::from_secs_f64(
-                (1.0 - tokens) * 60.0 / rate.per_minute,
-            ))
+            let wait = (1.0 - tokens) * 60.0 / rate.per_minute;
+            Err(Duration::try_from_secs_f64(wait).unwrap_or(Duration::MAX))
         }
     }
 
+    /// Drops the full buckets, then, while less than an eighth of the
+    /// table is free, those used longest ago until an eighth is.
     fn make_room(&mut self, now: Instant) {
         self.buckets.retain(|_, b| b.refilled(now) < b.rate.burst);
-        if self.buckets.len() >= self.max_clients
-            && let Some(oldest) = self
-                .buckets
-                .iter()
-                .min_by_key(|(_, b)| b.at)
-                .map(|(c, _)| *c)
-        {
-            self.buckets.remove(&oldest);
+        let keep = self.max_clients - (self.max_clients / 8).max(1);
+        if self.buckets.len() > keep {
+            let mut used: Vec<Instant> = self.buckets.values().map(|b| b.at).collect();
+            let drop = used.len() - keep;
+            let (_, &mut cut, _) = used.select_nth_unstable(drop - 1);
+            self.buckets.retain(|_, b| b.at > cut);
         }
     }
 
     /// Buckets held.
     pub fn clients(&self) -> usize {
         self.buckets.len()
+    }
+
+    /// Whether `client` has a bucket.
+    pub fn holds(&self, client: Client) -> bool {
+        self.buckets.contains_key(&client)
     }
 }
 
@@ -211,6 +225,43 @@ mod tests {
     }
 
     #[test]
+    fn a_table_full_of_part_used_buckets_frees_an_eighth_at_once() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(Some(rate(1.0, 2.0)), vec![])
+            .unwrap()
+            .with_max_clients(64);
+        let v6 = |n: u16| {
+            Client::of(
+                std::net::IpAddr::from([0x2001, 0xdb8, n, 0, 0, 0, 0, 1]),
+                None,
+            )
+        };
+        for n in 0..64u16 {
+            l.take(v6(n), None, t0 + Duration::from_millis(u64::from(n)))
+                .unwrap();
+        }
+        assert_eq!(l.clients(), 64);
+        // The 65th: the eight used longest ago go, and the next seven new
+        // clients find room without a pass over the table.
+        let t1 = t0 + Duration::from_secs(1);
+        l.take(v6(64), None, t1).unwrap();
+        assert_eq!(l.clients(), 57);
+        assert!((0..8).all(|n| !l.holds(v6(n))) && (8..65).all(|n| l.holds(v6(n))));
+        for n in 65..72 {
+            l.take(v6(n), None, t1).unwrap();
+        }
+        assert_eq!(l.clients(), 64);
+    }
+
+    #[test]
+    fn a_rate_too_small_to_wait_for_waits_the_longest_time_there_is() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(Some(rate(1e-30, 1.0)), vec![]).unwrap();
+        l.take(client(1), None, t0).unwrap();
+        assert_eq!(l.take(client(1), None, t0), Err(Duration::MAX));
+    }
+
+    #[test]
     fn the_table_of_buckets_stays_bounded_and_keeps_the_part_used() {
         let t0 = Instant::now();
         let mut l = Limiter::new(Some(rate(60.0, 2.0)), vec![])
@@ -227,6 +278,7 @@ mod tests {
         let t2 = t0 + Duration::from_millis(200);
         l.take(client(4), None, t2).unwrap();
         assert_eq!(l.clients(), 3);
+        assert!(!l.holds(client(1)) && l.holds(client(2)) && l.holds(client(3)));
         // After a second, 2's, 3's and 4's buckets are full again (one
         // token a second), the same as none: they go first.
         let t3 = t0 + Duration::from_secs(2);
