@@ -335,10 +335,9 @@ impl Connection {
                             if body.len() + data.len() > max {
                                 return Err(too_large());
                             }
-                            if !held.grow(data.len()) {
+                            if !append_held(&mut body, &data, &mut held, max) {
                                 return Err(Some(over_budget(&budget)));
                             }
-                            body.extend_from_slice(&data);
                         }
                         Ok(Decoded::End) => return Ok((body.freeze(), held)),
                         Ok(Decoded::NeedMore) => {
@@ -665,9 +664,68 @@ async fn write_all_vectored(io: &mut ClientIo, parts: &[&[u8]]) -> io::Result<()
     Ok(())
 }
 
+/// Appends a chunk's data to a body being collected, the budget holding
+/// what the body's buffer has allocated, not only what it has filled: it
+/// grows by doubling (within `max`, the largest body), so counting its
+/// length alone let a chunked body hold up to twice its count. `false`:
+/// the budget has no room.
+fn append_held(body: &mut BytesMut, data: &[u8], held: &mut Held, max: usize) -> bool {
+    let need = body.len() + data.len();
+    if need > body.capacity() {
+        let cap = need
+            .max(body.capacity().saturating_mul(2))
+            .min(max.max(need));
+        if !held.grow_to(cap) {
+            return false;
+        }
+        body.reserve(cap - body.len());
+    }
+    if !held.grow_to(body.capacity()) {
+        return false;
+    }
+    body.extend_from_slice(data);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunked_body_s_allocation_is_what_the_budget_holds() {
+        let budget = crate::budget::Budget::new(4 << 20);
+        let mut held = Held::none(&budget);
+        let mut body = BytesMut::new();
+        let max = 3 << 20;
+        let mut filled = 0;
+        // Chunks of uneven sizes, as reads deliver them.
+        for i in 0..400usize {
+            let data = vec![b'x'; 1000 + (i * 7919) % 9000];
+            if filled + data.len() > max {
+                break;
+            }
+            assert!(append_held(&mut body, &data, &mut held, max));
+            filled += data.len();
+            assert_eq!(body.len(), filled);
+            assert!(
+                held.bytes() >= body.capacity(),
+                "held {} of an allocation of {}",
+                held.bytes(),
+                body.capacity()
+            );
+            assert!(body.capacity() <= max, "{}", body.capacity());
+        }
+        assert!(filled > 2 << 20, "{filled}");
+        assert_eq!(budget.used(), held.bytes());
+        // No room for the next doubling: refused, nothing appended.
+        let tight = crate::budget::Budget::new(100 << 10);
+        let mut held = Held::none(&tight);
+        let mut body = BytesMut::new();
+        assert!(append_held(&mut body, &[b'x'; 60 << 10], &mut held, max));
+        assert!(!append_held(&mut body, &[b'x'; 10 << 10], &mut held, max));
+        assert_eq!(body.len(), 60 << 10);
+        assert!(tight.used() <= 100 << 10);
+    }
 
     #[test]
     fn a_large_request_s_allocation_is_given_back_and_what_follows_kept() {
