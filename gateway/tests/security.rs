@@ -15,6 +15,23 @@ use http::StatusCode;
 
 const WRONG: (&str, &str) = ("authorization", "Bearer not-the-admin-token-at-all");
 
+/// The hex SHA-256 of an API key, as `priorities.apiKeys[].sha256` holds it.
+fn key_sha256(key: &str) -> String {
+    gpuscale_gateway::priority::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `gpuscale_rejections_total` of a model for one reason.
+async fn rejections(admin: SocketAddr, model: &str, reason: &str) -> Option<f64> {
+    let text = metrics(admin).await;
+    sample(
+        &text,
+        &format!(r#"gpuscale_rejections_total{{model="{model}",reason="{reason}"}}"#),
+    )
+}
+
 fn replica_body(model: &str, endpoint: &str) -> String {
     serde_json::json!({"model": model, "endpoint": endpoint}).to_string()
 }
@@ -358,12 +375,7 @@ async fn an_api_key_sets_its_class_and_may_be_allowed_the_header() {
     let mut m = model("m", &[up.addr], 1);
     m.max_queue = Some(2);
     let mut sp = spec(vec![m]);
-    let sha = |k: &str| {
-        gpuscale_gateway::priority::digest(k.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
+    let sha = key_sha256;
     sp.priorities = serde_json::from_value(serde_json::json!({
         "apiKeys": [
             {"name": "gold", "sha256": sha("gold-key"), "priority": "critical"},
@@ -454,10 +466,7 @@ async fn a_client_flooding_a_queue_leaves_others_a_place_and_a_turn() {
     let mut m = model("m", &[up.addr], 1);
     m.max_queue = Some(4);
     let mut sp = spec(vec![m]);
-    let sha = gpuscale_gateway::priority::digest(b"team-b-key")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>();
+    let sha = key_sha256("team-b-key");
     // A key with no class of its own: the rules are read, nothing else
     // changes.
     sp.priorities = serde_json::from_value(serde_json::json!({
@@ -512,15 +521,7 @@ async fn a_client_flooding_a_queue_leaves_others_a_place_and_a_turn() {
     let other = from([127, 0, 0, 2], None);
     let crowded = waiting.pop().unwrap().await.unwrap();
     assert_eq!(crowded.status, StatusCode::TOO_MANY_REQUESTS);
-    let text = metrics(gw.admin).await;
-    assert_eq!(
-        sample(
-            &text,
-            r#"gpuscale_rejections_total{model="m",reason="fair_share"}"#
-        ),
-        Some(2.0),
-        "{text}"
-    );
+    assert_eq!(rejections(gw.admin, "m", "fair_share").await, Some(2.0));
     assert_eq!(queue(gw.admin, "m").await["waiting"], 4);
     // Slots go round robin among the three clients: the request in
     // flight, then the flooder's oldest, the other address's, the key's,
@@ -559,10 +560,7 @@ async fn a_client_past_its_rate_is_refused_and_others_are_not() {
     sp.limits.client_rate = Some(
         serde_json::from_value(serde_json::json!({"requestsPerMinute": 1, "burst": 2})).unwrap(),
     );
-    let sha = gpuscale_gateway::priority::digest(b"batch-team-key")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>();
+    let sha = key_sha256("batch-team-key");
     sp.priorities = serde_json::from_value(serde_json::json!({
         "apiKeys": [{"name": "batch", "sha256": sha, "rate": {"requestsPerMinute": 0}}],
     }))
@@ -612,15 +610,7 @@ async fn a_client_past_its_rate_is_refused_and_others_are_not() {
         8,
         "nothing refused reached the replica"
     );
-    let text = metrics(gw.admin).await;
-    assert_eq!(
-        sample(
-            &text,
-            r#"gpuscale_rejections_total{model="m",reason="rate_limited"}"#
-        ),
-        Some(2.0),
-        "{text}"
-    );
+    assert_eq!(rejections(gw.admin, "m", "rate_limited").await, Some(2.0));
     assert_eq!(queue(gw.admin, "m").await["waiting"], 0);
     gw.shutdown().await;
 }
