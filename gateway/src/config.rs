@@ -257,7 +257,9 @@ impl Default for RegistrationSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct PrioritiesSpec {
     /// Peers (CIDR) whose priority header is honoured: proxies that set
-    /// it themselves. Empty by default: the header is ignored.
+    /// it themselves. Empty by default: the header is ignored. Their
+    /// `X-Forwarded-For` also names the client for fairness and rates
+    /// ([`crate::fairness::source`]).
     pub trusted_networks: Vec<ipnet::IpNet>,
     /// API keys (`Authorization: Bearer KEY`), by SHA-256 digest.
     pub api_keys: Vec<ApiKeySpec>,

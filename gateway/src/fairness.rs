@@ -16,9 +16,58 @@
 //! mint: an unknown bearer token, a header or a source port counts as
 //! its address, so sending a new token with every request gains no second
 //! share. Clients behind one proxy or NAT share its address (give them
-//! API keys to tell them apart).
+//! API keys to tell them apart), except behind a trusted proxy
+//! (`priorities.trustedNetworks`), whose `X-Forwarded-For` names the
+//! address ([`source`]).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+
+/// The address a request counts as from: its peer's, or, where the peer
+/// is a trusted proxy (in `trusted`, `priorities.trustedNetworks`), the
+/// address its `X-Forwarded-For` names: walking the list from the right
+/// (each proxy appends the address it received the request from), the
+/// first entry not itself trusted, or the leftmost when all are, as
+/// nginx's `real_ip_recursive` reads it. An entry that is not an address
+/// (`unknown`, garbage) stops the walk at the hop before it: nothing left
+/// of it was written by a proxy the gateway trusts. Only a trusted peer's
+/// header is read, so a client connecting directly cannot choose its
+/// address.
+pub fn source<'a>(
+    peer: IpAddr,
+    forwarded: impl Iterator<Item = &'a [u8]>,
+    trusted: &[IpNet],
+) -> IpAddr {
+    let trusts = |a: &IpAddr| trusted.iter().any(|n| n.contains(&a.to_canonical()));
+    if trusted.is_empty() || !trusts(&peer) {
+        return peer;
+    }
+    let entries: Vec<&[u8]> = forwarded
+        .flat_map(|line| line.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .collect();
+    let mut hop = peer;
+    for entry in entries.iter().rev() {
+        let Some(addr) = parse_entry(entry) else {
+            return hop;
+        };
+        if !trusts(&addr) {
+            return addr;
+        }
+        hop = addr;
+    }
+    hop
+}
+
+/// An `X-Forwarded-For` entry: an address, with a port or not (`[v6]:p`).
+fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?;
+    text.parse::<IpAddr>()
+        .ok()
+        .or_else(|| text.parse::<SocketAddr>().ok().map(|s| s.ip()))
+        .map(|a| a.to_canonical())
+}
 
 /// A client, for fairness between clients. `Client::default()` is one
 /// population of requests (the simulator's, and tests').
@@ -49,6 +98,66 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    fn from(peer: &str, header: &[&str], trusted: &[&str]) -> IpAddr {
+        let trusted: Vec<IpNet> = trusted.iter().map(|n| n.parse().unwrap()).collect();
+        source(ip(peer), header.iter().map(|h| h.as_bytes()), &trusted)
+    }
+
+    #[test]
+    fn only_a_trusted_proxys_forwarded_address_counts_read_from_the_right() {
+        let proxies = ["10.0.0.0/8"];
+        // No trusted network, or an untrusted peer: the header is the
+        // client's own word, ignored.
+        assert_eq!(
+            from("203.0.113.9", &["198.51.100.1"], &[]),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            from("203.0.113.9", &["198.51.100.1"], &proxies),
+            ip("203.0.113.9")
+        );
+        // A trusted proxy: the address it appended.
+        assert_eq!(
+            from("10.0.0.5", &["198.51.100.1"], &proxies),
+            ip("198.51.100.1")
+        );
+        // A client's own entries left of it are not believed: the
+        // rightmost untrusted entry is the client.
+        assert_eq!(
+            from("10.0.0.5", &["1.2.3.4, 198.51.100.1"], &proxies),
+            ip("198.51.100.1")
+        );
+        // Two trusted proxies in a row, on two header lines, with a port.
+        assert_eq!(
+            from(
+                "10.0.0.5",
+                &["1.2.3.4, 198.51.100.1:5000", "10.0.0.7"],
+                &proxies
+            ),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            from("10.0.0.5", &["[2001:db8::1]:443"], &proxies),
+            ip("2001:db8::1")
+        );
+        // All trusted: the leftmost; none: the proxy itself; garbage
+        // stops the walk at the last hop a trusted proxy wrote.
+        assert_eq!(
+            from("10.0.0.5", &["10.1.1.1, 10.0.0.7"], &proxies),
+            ip("10.1.1.1")
+        );
+        assert_eq!(from("10.0.0.5", &[], &proxies), ip("10.0.0.5"));
+        assert_eq!(
+            from("10.0.0.5", &["198.51.100.1, unknown, 10.0.0.7"], &proxies),
+            ip("10.0.0.7")
+        );
+        // An IPv4-mapped peer or entry is its IPv4 address.
+        assert_eq!(
+            from("::ffff:10.0.0.5", &["::ffff:198.51.100.1"], &proxies),
+            ip("198.51.100.1")
+        );
     }
 
     #[test]

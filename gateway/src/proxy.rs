@@ -109,7 +109,14 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Local {
             "this client has sent its rate's worth of requests; retry after the seconds in Retry-After",
         ),
     };
-    let mut local = local_error(status, "overloaded", message);
+    // A client past its own rate is told so in the type too (clients
+    // branch on it): the others are the model's overload.
+    let kind = if r == Reject::RateLimited {
+        "rate_limit_exceeded"
+    } else {
+        "overloaded"
+    };
+    let mut local = local_error(status, kind, message);
     local.retry_after = Some(match r {
         Reject::Timeout => queue_timeout.as_secs().max(1),
         _ => 1,
@@ -383,7 +390,12 @@ async fn handle_inner(
         );
         (priority, key)
     };
-    let client = Client::of(peer.ip(), key);
+    let source = crate::fairness::source(
+        peer.ip(),
+        head.values("x-forwarded-for"),
+        &rules.trusted_networks,
+    );
+    let client = Client::of(source, key);
     if let Err(wait) = shared.within_rate(&model, client, key) {
         let mut local = rejection(Reject::RateLimited, model.settings.queue_timeout);
         local.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);

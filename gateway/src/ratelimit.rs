@@ -11,9 +11,11 @@
 //! left. A key's own rate (`priorities.apiKeys[].rate`) overrides the
 //! default (`limits.clientRate`); `requestsPerMinute: 0` is no limit.
 //!
-//! Every request counts, whatever its answer afterwards (one refused by a
-//! full queue too), and the check comes once the request is read: what a
-//! client over its rate costs is its upload.
+//! Every request routed to a model counts, whatever its answer afterwards
+//! (one refused by a full queue too), and the check comes once the request
+//! is read and routed: what a client over its rate costs is its upload
+//! and its parse. One refused before (400, 404) neither counts nor is
+//! limited.
 //!
 //! The table of buckets is bounded: when a new client finds it full, the
 //! buckets refilled to full (the same as none) are dropped, and if that

@@ -586,6 +586,11 @@ async fn a_client_past_its_rate_is_refused_and_others_are_not() {
             .parse()
             .unwrap();
         assert!((30..=60).contains(&after), "{after}");
+        assert_eq!(
+            refused.json()["error"]["type"],
+            "rate_limit_exceeded",
+            "told apart from the queue's 429s"
+        );
         assert!(
             String::from_utf8_lossy(&refused.body).contains("rate's worth"),
             "{}",
@@ -612,6 +617,56 @@ async fn a_client_past_its_rate_is_refused_and_others_are_not() {
     );
     assert_eq!(rejections(gw.admin, "m", "rate_limited").await, Some(2.0));
     assert_eq!(queue(gw.admin, "m").await["waiting"], 0);
+    gw.shutdown().await;
+}
+
+/// Behind a trusted proxy each client is the address the proxy put in
+/// `X-Forwarded-For`, not the proxy's (which would make everyone behind
+/// it one client, one bucket); a peer not trusted cannot choose its
+/// address with the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_proxys_forwarded_address_is_the_client_and_no_one_elses() {
+    let up = gated("a", true).await;
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.client_rate = Some(
+        serde_json::from_value(serde_json::json!({"requestsPerMinute": 1, "burst": 1})).unwrap(),
+    );
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "trustedNetworks": ["127.0.0.1/32"],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
+    let traffic = gw.traffic;
+    let via = |from: [u8; 4], xff: &'static str| async move {
+        post_from(from, traffic, "m", &[("x-forwarded-for", xff)]).await
+    };
+    // Through the proxy (127.0.0.1): one bucket per forwarded address.
+    via([127, 0, 0, 1], "203.0.113.7")
+        .await
+        .assert_served_by("a");
+    assert_eq!(
+        via([127, 0, 0, 1], "203.0.113.7").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    via([127, 0, 0, 1], "198.51.100.1, 203.0.113.8")
+        .await
+        .assert_served_by("a");
+    // A client's own entry left of the proxy's is not believed.
+    assert_eq!(
+        via([127, 0, 0, 1], "203.0.113.99, 203.0.113.8")
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Straight from an untrusted peer: the header is ignored.
+    via([127, 0, 0, 2], "203.0.113.9")
+        .await
+        .assert_served_by("a");
+    assert_eq!(
+        via([127, 0, 0, 2], "203.0.113.10").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(rejections(gw.admin, "m", "rate_limited").await, Some(3.0));
     gw.shutdown().await;
 }
 
