@@ -257,10 +257,14 @@ impl Default for RegistrationSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct PrioritiesSpec {
     /// Peers (CIDR) whose priority header is honoured: proxies that set
-    /// it themselves. Empty by default: the header is ignored. Their
-    /// `X-Forwarded-For` also names the client for fairness and rates
-    /// ([`crate::fairness::source`]).
+    /// it themselves. Empty by default: the header is ignored.
     pub trusted_networks: Vec<ipnet::IpNet>,
+    /// Whether those peers' `X-Forwarded-For` names the client for
+    /// fairness and `limits.clientRate` ([`crate::fairness::source`]).
+    /// Off by default: turn it on only where every trusted proxy appends
+    /// to the header (or overwrites it), never passing a client's on
+    /// as it came.
+    pub forwarded_for: bool,
     /// API keys (`Authorization: Bearer KEY`), by SHA-256 digest.
     pub api_keys: Vec<ApiKeySpec>,
     /// Classes by request path prefix; the first match wins.
@@ -1127,6 +1131,7 @@ impl Settings {
         }
         let priorities = priority::Rules {
             trusted_networks: spec.priorities.trusted_networks.clone(),
+            forwarded_for: spec.priorities.forwarded_for,
             keys,
             routes: spec
                 .priorities

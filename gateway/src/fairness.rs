@@ -17,53 +17,73 @@
 //! its address, so sending a new token with every request gains no second
 //! share. Clients behind one proxy or NAT share its address (give them
 //! API keys to tell them apart), except behind a trusted proxy
-//! (`priorities.trustedNetworks`), whose `X-Forwarded-For` names the
-//! address ([`source`]).
+//! (`priorities.trustedNetworks`) where `priorities.forwardedFor` is on:
+//! its `X-Forwarded-For` names the address ([`source`]; `Forwarded`,
+//! `X-Real-IP` and the PROXY protocol are not read).
 
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+/// Whether `addr` is in one of `nets`, an IPv4-mapped IPv6 address as
+/// its IPv4 address (a dual-stack listener sees IPv4 peers so).
+pub fn trusts(nets: &[IpNet], addr: &IpAddr) -> bool {
+    let canonical = addr.to_canonical();
+    nets.iter()
+        .any(|n| n.contains(&canonical) || n.contains(addr))
+}
+
 /// The address a request counts as from: its peer's, or, where the peer
-/// is a trusted proxy (in `trusted`, `priorities.trustedNetworks`), the
-/// address its `X-Forwarded-For` names: walking the list from the right
-/// (each proxy appends the address it received the request from), the
-/// first entry not itself trusted, or the leftmost when all are, as
-/// nginx's `real_ip_recursive` reads it. An entry that is not an address
-/// (`unknown`, garbage) stops the walk at the hop before it: nothing left
-/// of it was written by a proxy the gateway trusts. Only a trusted peer's
-/// header is read, so a client connecting directly cannot choose its
-/// address.
+/// is one of `proxies` (`priorities.trustedNetworks` when
+/// `priorities.forwardedFor` is on; empty otherwise), the address its
+/// `X-Forwarded-For` names: walking the list from the right (each proxy
+/// appends the address it received the request from; header lines in
+/// the order received), the first entry not itself a proxy, or the
+/// leftmost when all are, as nginx's `real_ip_recursive` reads it. Empty
+/// entries are skipped; one that is not an address (`unknown`, garbage)
+/// stops the walk at the hop before it: nothing left of it was written
+/// by a proxy the gateway trusts. Only a proxy's header is read, so a
+/// client connecting directly cannot choose its address; a proxy that
+/// passes a client's header on without appending to it (or overwriting
+/// it) must not be trusted so.
 pub fn source<'a>(
     peer: IpAddr,
     forwarded: impl Iterator<Item = &'a [u8]>,
-    trusted: &[IpNet],
+    proxies: &[IpNet],
 ) -> IpAddr {
-    let trusts = |a: &IpAddr| trusted.iter().any(|n| n.contains(&a.to_canonical()));
-    if trusted.is_empty() || !trusts(&peer) {
+    if proxies.is_empty() || !trusts(proxies, &peer) {
         return peer;
     }
-    let entries: Vec<&[u8]> = forwarded
-        .flat_map(|line| line.split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .collect();
+    // Usually one line; no list of entries is built.
+    let lines: Vec<&[u8]> = forwarded.collect();
     let mut hop = peer;
-    for entry in entries.iter().rev() {
-        let Some(addr) = parse_entry(entry) else {
-            return hop;
-        };
-        if !trusts(&addr) {
-            return addr;
+    for line in lines.iter().rev() {
+        for entry in line.rsplit(|&b| b == b',') {
+            let entry = entry.trim_ascii();
+            if entry.is_empty() {
+                continue;
+            }
+            let Some(addr) = parse_entry(entry) else {
+                return hop;
+            };
+            if !trusts(proxies, &addr) {
+                return addr;
+            }
+            hop = addr;
         }
-        hop = addr;
     }
     hop
 }
 
-/// An `X-Forwarded-For` entry: an address, with a port or not (`[v6]:p`).
+/// An `X-Forwarded-For` entry: an address, with a port or not, an IPv6
+/// address in brackets or not (`[v6]:p`, `[v6]`).
 fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(entry).ok()?;
-    text.parse::<IpAddr>()
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<IpAddr>()
         .ok()
         .or_else(|| text.parse::<SocketAddr>().ok().map(|s| s.ip()))
         .map(|a| a.to_canonical())
@@ -156,6 +176,26 @@ mod tests {
         // An IPv4-mapped peer or entry is its IPv4 address.
         assert_eq!(
             from("::ffff:10.0.0.5", &["::ffff:198.51.100.1"], &proxies),
+            ip("198.51.100.1")
+        );
+        // Empty entries are skipped (as nginx does), a bare bracketed IPv6
+        // address is an address, and a trusted client still reaches the
+        // entry left of it.
+        assert_eq!(
+            from("10.0.0.5", &["198.51.100.1,, 10.0.0.7, "], &proxies),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            from("10.0.0.5", &["[2001:db8::1]"], &proxies),
+            ip("2001:db8::1")
+        );
+        // A network written in IPv6 form trusts the peer it names.
+        assert_eq!(
+            from(
+                "::ffff:10.0.0.5",
+                &["198.51.100.1"],
+                &["::ffff:10.0.0.0/104"]
+            ),
             ip("198.51.100.1")
         );
     }

@@ -36,6 +36,9 @@ pub struct Rules {
     pub keys: Vec<KeyRule>,
     /// Path prefixes and their classes, first match wins.
     pub routes: Vec<(String, Priority)>,
+    /// Whether a trusted peer's `X-Forwarded-For` names the client
+    /// ([`crate::fairness::source`]).
+    pub forwarded_for: bool,
 }
 
 /// What decided a request's class.
@@ -125,7 +128,7 @@ impl Rules {
         let index = found.map(|(i, _)| i);
         let key = found.map(|(_, k)| k);
         let trusted = key.is_some_and(|k| k.allow_header)
-            || self.trusted_networks.iter().any(|n| n.contains(&req.peer));
+            || crate::fairness::trusts(&self.trusted_networks, &req.peer);
         if trusted && let Some(p) = req.header.and_then(parse) {
             return (p, Source::Header, index);
         }
@@ -214,11 +217,17 @@ mod tests {
                 },
             ],
             routes: vec![("/v1/embeddings".into(), Priority::Sheddable)],
+            forwarded_for: false,
         };
         let m = Priority::Standard;
-        // A trusted proxy's header wins.
+        // A trusted proxy's header wins, the proxy seen by a dual-stack
+        // listener as an IPv4-mapped address too.
         assert_eq!(
             r.decide(req("10.9.1.1", None, Some("Sheddable")), m),
+            (Priority::Sheddable, Source::Header)
+        );
+        assert_eq!(
+            r.decide(req("::ffff:10.9.1.1", None, Some("Sheddable")), m),
             (Priority::Sheddable, Source::Header)
         );
         // Untrusted peer: header ignored.

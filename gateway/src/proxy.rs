@@ -390,11 +390,12 @@ async fn handle_inner(
         );
         (priority, key)
     };
-    let source = crate::fairness::source(
-        peer.ip(),
-        head.values("x-forwarded-for"),
-        &rules.trusted_networks,
-    );
+    let proxies: &[ipnet::IpNet] = if rules.forwarded_for {
+        &rules.trusted_networks
+    } else {
+        &[]
+    };
+    let source = crate::fairness::source(peer.ip(), head.values("x-forwarded-for"), proxies);
     let client = Client::of(source, key);
     if let Err(wait) = shared.within_rate(&model, client, key) {
         let mut local = rejection(Reject::RateLimited, model.settings.queue_timeout);

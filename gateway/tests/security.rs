@@ -633,6 +633,7 @@ async fn a_trusted_proxys_forwarded_address_is_the_client_and_no_one_elses() {
     );
     sp.priorities = serde_json::from_value(serde_json::json!({
         "trustedNetworks": ["127.0.0.1/32"],
+        "forwardedFor": true,
     }))
     .unwrap();
     let gw = gateway(sp).await;
@@ -666,7 +667,67 @@ async fn a_trusted_proxys_forwarded_address_is_the_client_and_no_one_elses() {
         via([127, 0, 0, 2], "203.0.113.10").await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(rejections(gw.admin, "m", "rate_limited").await, Some(3.0));
+    // Two header lines (the proxy's added last), through the gateway's own
+    // parser: the last line's entry is the client.
+    let two = |first: &'static str| async move {
+        post_from(
+            [127, 0, 0, 1],
+            traffic,
+            "m",
+            &[
+                ("x-forwarded-for", first),
+                ("x-forwarded-for", "203.0.113.51"),
+            ],
+        )
+        .await
+    };
+    two("203.0.113.50").await.assert_served_by("a");
+    assert_eq!(
+        two("203.0.113.52").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // No header from the proxy: the proxy's own bucket.
+    post_from([127, 0, 0, 1], traffic, "m", &[])
+        .await
+        .assert_served_by("a");
+    assert_eq!(
+        post_from([127, 0, 0, 1], traffic, "m", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(rejections(gw.admin, "m", "rate_limited").await, Some(5.0));
+    gw.shutdown().await;
+
+    // `forwardedFor` off (the default): a trusted peer's priority header
+    // counts, its X-Forwarded-For does not.
+    let mut sp = spec(vec![model("m", &[up.addr], 4)]);
+    sp.limits.client_rate = Some(
+        serde_json::from_value(serde_json::json!({"requestsPerMinute": 1, "burst": 1})).unwrap(),
+    );
+    sp.priorities = serde_json::from_value(serde_json::json!({
+        "trustedNetworks": ["127.0.0.1/32"],
+    }))
+    .unwrap();
+    let gw = gateway(sp).await;
+    let traffic = gw.traffic;
+    post_from(
+        [127, 0, 0, 1],
+        traffic,
+        "m",
+        &[("x-forwarded-for", "203.0.113.7")],
+    )
+    .await
+    .assert_served_by("a");
+    assert_eq!(
+        post_from(
+            [127, 0, 0, 1],
+            traffic,
+            "m",
+            &[("x-forwarded-for", "203.0.113.8")]
+        )
+        .await
+        .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     gw.shutdown().await;
 }
 
