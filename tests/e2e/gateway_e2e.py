@@ -23,6 +23,7 @@ Checks, in order:
 Usage: gateway_e2e.py PATH/TO/gpuscale   (exit 0 on success)
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -41,6 +42,9 @@ import urllib.request
 import openai
 
 MODEL = "sim-model"
+# An API key with a rate of its own (its SHA-256 in the config, the key
+# itself only here).
+LIMITED_KEY = "e2e-limited-" + os.urandom(8).hex()
 WORDS = ["gpu", "scale", "packs", "models", "onto", "slices", "quickly", "today"]
 
 
@@ -121,6 +125,11 @@ spec:
   queue:
     maxQueue: 64
     queueTimeout: 120s
+  priorities:
+    apiKeys:
+      - name: limited
+        sha256: {hashlib.sha256(LIMITED_KEY.encode()).hexdigest()}
+        rate: {{requestsPerMinute: 1, burst: 1}}
   models:
     - name: {MODEL}
       maxConcurrency: 1
@@ -156,6 +165,25 @@ spec:
         except openai.NotFoundError as e:
             assert "does not exist" in str(e), e
         print("openai client: plain and streamed chat completions ok")
+
+        # A key with a rate of its own: its second request is refused
+        # before it is queued, as the client library's RateLimitError,
+        # with the seconds until the next; other clients are not touched.
+        limited = openai.OpenAI(base_url=f"http://127.0.0.1:{gw_port}/v1",
+                                api_key=LIMITED_KEY, max_retries=0, timeout=30)
+        limited.chat.completions.create(model=MODEL, max_tokens=1,
+                                        messages=[{"role": "user", "content": "x"}])
+        try:
+            limited.chat.completions.create(model=MODEL, max_tokens=1,
+                                            messages=[{"role": "user", "content": "x"}])
+            raise SystemExit("the limited key's second request must be refused")
+        except openai.RateLimitError as e:
+            after = int(e.response.headers["retry-after"])
+            assert 30 <= after <= 60, after
+            assert isinstance(e.body, dict) and e.body.get("type") == "rate_limit_exceeded", e.body
+        client.chat.completions.create(model=MODEL, max_tokens=1,
+                                       messages=[{"role": "user", "content": "x"}])
+        print("openai client: a key past its rate gets RateLimitError with Retry-After")
 
         # 2. promtool accepts the exposition; the exposed admin port wants
         # the token.
@@ -250,7 +278,9 @@ spec:
         _, text = get(admin + "/metrics", token=token)
         ok = [l for l in text.splitlines()
               if l.startswith(f'gpuscale_requests_total{{model="{MODEL}",code="200"}}')]
-        assert ok and float(ok[0].split()[-1]) == 2, ok
+        # The two completions of step 1, the limited key's first and the
+        # one after its refusal.
+        assert ok and float(ok[0].split()[-1]) == 4, ok
 
         # 4. SIGTERM: not ready at once, still answering, then gone.
         gateway = next(p for name, p in procs if name == "gateway")
