@@ -801,12 +801,8 @@ pub struct Settings {
     pub priorities: priority::Rules,
     /// How requests are spread over replicas.
     pub balance: crate::affinity::Balance,
-    /// Clients' rates: the default, and per configured key `None` (the
-    /// default), `Some(None)` (no limit) or its own.
-    pub rates: (
-        Option<crate::ratelimit::Rate>,
-        Vec<Option<Option<crate::ratelimit::Rate>>>,
-    ),
+    /// Clients' rates.
+    pub rates: crate::ratelimit::Rates,
 }
 
 fn hex_digest(s: &str) -> Option<[u8; 32]> {
@@ -1158,7 +1154,10 @@ impl Settings {
             registration,
             priorities,
             balance,
-            rates: (default_rate, key_rates),
+            rates: crate::ratelimit::Rates {
+                default: default_rate,
+                keys: key_rates,
+            },
         })
     }
 }
@@ -1240,9 +1239,9 @@ mod tests {
         )
         .unwrap();
         let rate = |per_minute, burst| crate::ratelimit::Rate { per_minute, burst };
-        assert_eq!(s.rates.0, Some(rate(600.0, 100.0)));
+        assert_eq!(s.rates.default, Some(rate(600.0, 100.0)));
         assert_eq!(
-            s.rates.1,
+            s.rates.keys,
             vec![
                 None,
                 Some(None),
@@ -1285,7 +1284,7 @@ mod tests {
         }
         // None configured: no rates at all.
         let s = Settings::from_spec("g", spec(serde_json::json!({})), &[]).unwrap();
-        assert_eq!(s.rates, (None, vec![]));
+        assert_eq!(s.rates, crate::ratelimit::Rates::default());
     }
 
     #[test]

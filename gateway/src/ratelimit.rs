@@ -57,13 +57,20 @@ impl Bucket {
     }
 }
 
+/// The configured rates.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rates {
+    /// Every client's without a rate of its own (`limits.clientRate`).
+    pub default: Option<Rate>,
+    /// Per configured key (by index): `None` the default, `Some(None)` no
+    /// limit, `Some(Some(rate))` its own (`priorities.apiKeys[].rate`).
+    pub keys: Vec<Option<Option<Rate>>>,
+}
+
 /// The buckets.
 #[derive(Debug)]
 pub struct Limiter {
-    default: Option<Rate>,
-    /// Per configured key (by index): `None` the default, `Some(None)` no
-    /// limit, `Some(Some(rate))` its own.
-    keys: Vec<Option<Option<Rate>>>,
+    rates: Rates,
     buckets: HashMap<Client, Bucket>,
     max_clients: usize,
 }
@@ -72,14 +79,11 @@ pub struct Limiter {
 pub const MAX_CLIENTS: usize = 65_536;
 
 impl Limiter {
-    /// A limiter with `default` for every client without a rate of its
-    /// own, and the configured keys' own (see [`Limiter`]'s `keys`);
-    /// `None` when no client has a limit.
-    pub fn new(default: Option<Rate>, keys: Vec<Option<Option<Rate>>>) -> Option<Limiter> {
-        let any = default.is_some() || keys.iter().any(|k| matches!(k, Some(Some(_))));
+    /// A limiter for `rates`; `None` when no client has a limit.
+    pub fn new(rates: Rates) -> Option<Limiter> {
+        let any = rates.default.is_some() || rates.keys.iter().any(|k| matches!(k, Some(Some(_))));
         any.then(|| Limiter {
-            default,
-            keys,
+            rates,
             buckets: HashMap::new(),
             max_clients: MAX_CLIENTS,
         })
@@ -92,9 +96,9 @@ impl Limiter {
     }
 
     fn rate(&self, key: Option<usize>) -> Option<Rate> {
-        match key.and_then(|k| self.keys.get(k).copied().flatten()) {
+        match key.and_then(|k| self.rates.keys.get(k).copied().flatten()) {
             Some(own) => own,
-            None => self.default,
+            None => self.rates.default,
         }
     }
 
@@ -163,6 +167,10 @@ mod tests {
         Client::of(std::net::IpAddr::from([10, 0, 0, n]), None)
     }
 
+    fn limiter(default: Option<Rate>, keys: Vec<Option<Option<Rate>>>) -> Option<Limiter> {
+        Limiter::new(Rates { default, keys })
+    }
+
     fn rate(per_minute: f64, burst: f64) -> Rate {
         Rate { per_minute, burst }
     }
@@ -171,7 +179,7 @@ mod tests {
     fn a_client_gets_its_burst_then_the_rate_and_others_their_own() {
         let t0 = Instant::now();
         // 60 a minute (one a second), bursts of 3.
-        let mut l = Limiter::new(Some(rate(60.0, 3.0)), vec![]).unwrap();
+        let mut l = limiter(Some(rate(60.0, 3.0)), vec![]).unwrap();
         for _ in 0..3 {
             assert_eq!(l.take(client(1), None, t0), Ok(()));
         }
@@ -201,7 +209,7 @@ mod tests {
         let keyed = |k| Client::of(std::net::IpAddr::from([10, 0, 0, 1]), Some(k));
         // Key 0: the default; key 1: its own, 120 a minute in bursts of 5;
         // key 2: no limit.
-        let mut l = Limiter::new(
+        let mut l = limiter(
             Some(rate(60.0, 1.0)),
             vec![None, Some(Some(rate(120.0, 5.0))), Some(None)],
         )
@@ -218,8 +226,8 @@ mod tests {
         }
         // Nothing configured anywhere: no limiter at all; a key's own
         // rate alone makes one that leaves everyone else unlimited.
-        assert!(Limiter::new(None, vec![None, Some(None)]).is_none());
-        let mut l = Limiter::new(None, vec![Some(Some(rate(60.0, 1.0)))]).unwrap();
+        assert!(limiter(None, vec![None, Some(None)]).is_none());
+        let mut l = limiter(None, vec![Some(Some(rate(60.0, 1.0)))]).unwrap();
         for _ in 0..100 {
             assert_eq!(l.take(client(9), None, t0), Ok(()));
         }
@@ -229,7 +237,7 @@ mod tests {
     #[test]
     fn a_table_full_of_part_used_buckets_frees_an_eighth_at_once() {
         let t0 = Instant::now();
-        let mut l = Limiter::new(Some(rate(1.0, 2.0)), vec![])
+        let mut l = limiter(Some(rate(1.0, 2.0)), vec![])
             .unwrap()
             .with_max_clients(64);
         let v6 = |n: u16| {
@@ -258,7 +266,7 @@ mod tests {
     #[test]
     fn a_rate_too_small_to_wait_for_waits_the_longest_time_there_is() {
         let t0 = Instant::now();
-        let mut l = Limiter::new(Some(rate(1e-30, 1.0)), vec![]).unwrap();
+        let mut l = limiter(Some(rate(1e-30, 1.0)), vec![]).unwrap();
         l.take(client(1), None, t0).unwrap();
         assert_eq!(l.take(client(1), None, t0), Err(Duration::MAX));
     }
@@ -266,7 +274,7 @@ mod tests {
     #[test]
     fn the_table_of_buckets_stays_bounded_and_keeps_the_part_used() {
         let t0 = Instant::now();
-        let mut l = Limiter::new(Some(rate(60.0, 2.0)), vec![])
+        let mut l = limiter(Some(rate(60.0, 2.0)), vec![])
             .unwrap()
             .with_max_clients(3);
         // Client 1 spends its burst; 2 and 3 one token each.

@@ -469,8 +469,8 @@ impl Shared {
             .collect();
         let via = via_entry();
         let buffered = crate::budget::Budget::new(settings.spec.limits.max_buffered_bytes);
-        let limiter = crate::ratelimit::Limiter::new(settings.rates.0, settings.rates.1.clone())
-            .map(std::sync::Mutex::new);
+        let limiter =
+            crate::ratelimit::Limiter::new(settings.rates.clone()).map(std::sync::Mutex::new);
         let shared = Arc::new(Shared {
             adapters,
             via10: format!("1.0 {}", &via[VIA_PROTOCOL.len()..]).into_boxed_str(),
