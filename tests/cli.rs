@@ -1659,6 +1659,134 @@ fn a_current_plan_made_for_another_cluster_is_refused() {
 }
 
 #[test]
+fn a_gang_the_earlier_plan_restarted_keeps_its_restart_time() {
+    // `brk` started at 08:00 (its file says so) and lost a GPU: the plan
+    // at 09:00 restarts it whole. Re-planned from that plan at 09:10, it
+    // started at 09:00, not at the 08:00 its file still says: its end and
+    // every reservation behind it follow from the restart.
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = |n: u32, unhealthy: Option<u32>| -> String {
+        (0..n)
+            .map(|i| {
+                let health = if Some(i) == unhealthy {
+                    "health: unhealthy, "
+                } else {
+                    ""
+                };
+                format!(
+                    "        - {{index: {i}, {health}mode: whole, workloads: [{{model: brk}}]}}\n"
+                )
+            })
+            .collect()
+    };
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {{name: c}}\nspec:\n  nodes:\n    - name: n1\n      gpuModel: H100-80GB\n      gpuCount: 8\n      gpus:\n{}    - name: n2\n      gpuModel: H100-80GB\n      gpuCount: 8\n      gpus:\n{}",
+            gpus(4, Some(3)),
+            gpus(4, None)
+        ),
+    )
+    .unwrap();
+    let jobs = dir.path().join("jobs.yaml");
+    std::fs::write(
+        &jobs,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: brk}\nspec: {workers: 2, gpusPerWorker: 4, estimatedRuntime: 4h, startedAt: \"2026-12-03T08:00:00Z\"}\n",
+    )
+    .unwrap();
+    let plan_at = |now: &str, current: Option<&std::path::Path>| -> serde_json::Value {
+        let mut args = vec![
+            "plan",
+            "--cluster",
+            cluster.to_str().unwrap(),
+            "--policies",
+            jobs.to_str().unwrap(),
+            "--now",
+            now,
+            "--format",
+            "json",
+        ];
+        if let Some(c) = current {
+            args.extend(["--current", c.to_str().unwrap()]);
+        }
+        let out = gpuscale(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // 2026-12-03T09:00:00Z and 13:00, by hand: 20,790 days after 1970.
+    let nine = 20_790.0 * 86_400.0 + 9.0 * 3600.0;
+    let first = plan_at("2026-12-03T09:00:00Z", None);
+    assert_eq!(first["gangs"][0]["start_s"], nine, "{:#}", first["gangs"]);
+    let earlier = dir.path().join("plan.json");
+    std::fs::write(&earlier, first.to_string()).unwrap();
+    let again = plan_at("2026-12-03T09:10:00Z", Some(&earlier));
+    assert_eq!(again["gangs"][0]["start_s"], nine, "{:#}", again["gangs"]);
+    assert_eq!(
+        again["gangs"][0]["end_s"],
+        nine + 4.0 * 3600.0,
+        "{:#}",
+        again["gangs"]
+    );
+}
+
+#[test]
+fn a_plan_that_leaves_replicas_out_claims_no_gap_to_the_lp_bound() {
+    // Too few GPUs for the examples' demand: the plan costs less than the
+    // LP's bound for placing all of it, which bounds nothing here.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: ts}\nspec:\n  nodes:\n    - {name: l40s, count: 2, gpuModel: L40S, gpuCount: 4, sharing: [timeslice]}\n    - {name: a100, count: 2, gpuModel: A100-40GB, gpuCount: 8, sharing: [mps, mig-timeslice, mig]}\n    - {name: h100, count: 2, gpuModel: H100-80GB, gpuCount: 8, sharing: [timeslice, mps]}\n",
+    )
+    .unwrap();
+    let mut args = PLAN_ARGS.to_vec();
+    let cluster_text = cluster.to_string_lossy().to_string();
+    args[2] = cluster_text.as_str();
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let summary = table
+        .lines()
+        .find(|l| l.starts_with("GPUs used "))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(summary.contains("replicas unplaced"), "{summary}");
+    assert!(summary.contains("no gap is claimed"), "{summary}");
+    assert!(!summary.contains("optimal"), "{summary}");
+    assert!(!summary.contains("gap -"), "{summary}");
+}
+
+#[test]
+fn a_current_plan_holding_gpus_for_an_unknown_job_is_refused() {
+    // A GPU of an edited plan held for a job no file defines would be
+    // taken as free: the plan is refused at that field.
+    let (emitted, emitted_text) = emit_dir("unknown-job");
+    let mut args = training_plan_args(&emitted_text);
+    args.extend(["--format", "json"]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let mut plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let held = plan["gpus"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|g| !g["gang"].is_null())
+        .expect("a GPU held by a gang");
+    held["gang"]["job"] = "no-such-job".into();
+    let earlier = emitted.join("plan.json");
+    std::fs::write(&earlier, plan.to_string()).unwrap();
+    let earlier_text = earlier.to_string_lossy().to_string();
+    args.extend(["--current", earlier_text.as_str()]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    let e = errors(&out);
+    assert!(e.contains(".gang.job"), "{e}");
+    assert!(e.contains("no training job `no-such-job`"), "{e}");
+    let _ = std::fs::remove_dir_all(&emitted);
+}
+
+#[test]
 fn a_running_job_with_timestamps_after_now_keeps_its_gpus() {
     // Every GPU of the node runs `runner`, whose submittedAt and startedAt
     // are after --now (clocks disagree, or a stale --now): it is running

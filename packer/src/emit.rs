@@ -256,6 +256,8 @@ pub const OPERATOR_DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plu
 pub use gpuscale_policies::inventory::{NVLINK_DOMAIN_LABEL, RACK_LABEL};
 /// HAMi's annotation restricting a pod to GPUs by UUID (comma-separated).
 pub const HAMI_USE_UUID: &str = "nvidia.com/use-gpuuuid";
+/// HAMi's annotation keeping a pod off GPUs by UUID (comma-separated).
+pub const HAMI_NOUSE_UUID: &str = "nvidia.com/nouse-gpuuuid";
 /// The label on everything gpuscale deploys for a model (its policy's
 /// name), as the Kubernetes backend's Deployments carry it.
 pub const MODEL_LABEL: &str = "gpuscale.io/model";
@@ -292,14 +294,21 @@ pub fn hami_annotations(
     on: &std::collections::BTreeSet<(&str, u32)>,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::from([(HAMI_GPU_POLICY.to_string(), "binpack".to_string())]);
-    let uuids: Option<Vec<&str>> = on
-        .iter()
-        .map(|&(node, index)| gpu_uuid(cluster, node, index))
-        .collect();
-    if let Some(uuids) = uuids {
+    if let Some(uuids) = pinned_uuids(cluster, on) {
         out.insert(HAMI_USE_UUID.to_string(), uuids.join(","));
     }
     out
+}
+
+/// The UUIDs of the GPUs a variant on `on` is pinned to, when every one
+/// of them has a UUID ([`hami_annotations`] pins it then).
+pub fn pinned_uuids<'a>(
+    cluster: &'a gpuscale_policies::Cluster,
+    on: &std::collections::BTreeSet<(&str, u32)>,
+) -> Option<Vec<&'a str>> {
+    on.iter()
+        .map(|&(node, index)| gpu_uuid(cluster, node, index))
+        .collect()
 }
 
 /// YAML 1.1's booleans besides `true` and `false` (which serde_yaml_ng

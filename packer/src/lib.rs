@@ -590,14 +590,28 @@ pub(crate) fn tally(
                     let k = r.group_size.unwrap_or(1);
                     tensor_parallel = k;
                     resources.insert("nvidia.com/gpu".to_string(), k);
-                    if hami_nodes {
+                    let mut term = if hami_nodes {
                         labels.insert(
                             emit::HAMI_WEBHOOK_LABEL.0.to_string(),
                             emit::HAMI_WEBHOOK_LABEL.1.to_string(),
                         );
-                        node_affinity = Some(plan::off_hami_nodes());
-                    }
-                    format!("tp{k}")
+                        plan::off_hami_nodes()
+                    } else {
+                        Default::default()
+                    };
+                    // Pinned to the node the plan chose: the device plugin
+                    // hands out any free GPU of any node that matches, and
+                    // kube-scheduler's default scoring spreads pods, so
+                    // unpinned one-GPU replicas could take GPUs of the
+                    // node the plan left whole for a tensor-parallel
+                    // group, which would then stay Pending.
+                    term.match_fields = Some(vec![plan::requirement(
+                        "metadata.name",
+                        "In",
+                        vec![g.node.clone()],
+                    )]);
+                    node_affinity = Some(term);
+                    format!("tp{k}-{}", g.node)
                 }
             };
             let name = emit::bounded_name(
@@ -638,10 +652,24 @@ pub(crate) fn tally(
             }
         }
     }
+    // GPUs some fractional variant is pinned to by UUID: a variant that
+    // cannot be pinned (a GPU of its without a UUID in the cluster file)
+    // keeps off them (`nvidia.com/nouse-gpuuuid`), or HAMi's binpack could
+    // give it the room the plan left there for the pinned ones.
+    let pinned: std::collections::BTreeSet<&str> = fractional_gpus
+        .values()
+        .filter_map(|on| emit::pinned_uuids(cluster, on))
+        .flatten()
+        .collect();
     let mut by_model: BTreeMap<String, Vec<plan::Variant>> = BTreeMap::new();
     for ((model, _), mut v) in variants {
         if let Some(on) = fractional_gpus.get(&v.name) {
             v.annotations = emit::hami_annotations(cluster, on);
+            if emit::pinned_uuids(cluster, on).is_none() && !pinned.is_empty() {
+                let avoid: Vec<&str> = pinned.iter().copied().collect();
+                v.annotations
+                    .insert(emit::HAMI_NOUSE_UUID.to_string(), avoid.join(","));
+            }
         }
         by_model.entry(model).or_default().push(v);
     }

@@ -92,7 +92,7 @@ pub struct GangSlot {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Variant {
     /// Variant name (`<model>-<gpu>-<mig profile|timeslice-N|mps-N|
-    /// fractional|tpK>`), lowercase.
+    /// fractional|tpK-<node>>`), lowercase.
     pub name: String,
     /// GPU model.
     pub gpu_model: String,
@@ -367,12 +367,18 @@ impl Plan {
     /// node's, a MIG geometry the GPU model cannot hold (or MIG on a GPU
     /// without it), share counts below 2, a replica of a model not
     /// loaded or on an unhealthy GPU, a tensor-parallel group larger than
-    /// the node. GPUs on nodes the cluster no longer has are not checked
+    /// the node, a GPU held for a training job not in `jobs`. GPUs on
+    /// nodes the cluster no longer has are not checked
     /// (their replicas are planned again). Read from a file a user may
     /// have edited, a plan is held to the checks a cluster file gets:
     /// unchecked, an impossible geometry went on into the emitted
     /// mig-parted config.
-    pub fn problems_against(&self, cluster: &Cluster, models: &[&str]) -> Vec<(String, String)> {
+    pub fn problems_against(
+        &self,
+        cluster: &Cluster,
+        models: &[&str],
+        jobs: &[&str],
+    ) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for (i, g) in self.gpus.iter().enumerate() {
@@ -438,6 +444,15 @@ impl Plan {
             }
             if g.unhealthy && !g.replicas.is_empty() {
                 out.push((at("replicas"), "an unhealthy GPU runs nothing".into()));
+            }
+            // A GPU held for a job no file defines would be taken as free.
+            if let Some(gang) = &g.gang
+                && !jobs.contains(&gang.job.as_str())
+            {
+                out.push((
+                    at("gang.job"),
+                    format!("no training job `{}` is loaded", gang.job),
+                ));
             }
             for (r, slot) in g.replicas.iter().enumerate() {
                 if !models.contains(&slot.model.as_str()) {
@@ -574,10 +589,29 @@ impl Variant {
         self.resources.contains_key("nvidia.com/gpu")
             && !self.resources.contains_key(crate::emit::HAMI_MEMORY)
     }
+
+    /// Whether its node affinity pins it to one node (`metadata.name In
+    /// [node]`).
+    pub fn pinned_to_a_node(&self) -> bool {
+        self.node_affinity
+            .as_ref()
+            .and_then(|t| t.match_fields.as_ref())
+            .is_some_and(|fields| {
+                fields.iter().any(|r| {
+                    r.key == "metadata.name"
+                        && r.operator == "In"
+                        && r.values.as_ref().is_some_and(|v| v.len() == 1)
+                })
+            })
+    }
 }
 
 /// One node requirement of a node-affinity term.
-fn requirement(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
+pub(crate) fn requirement(
+    key: &str,
+    operator: &str,
+    values: Vec<String>,
+) -> NodeSelectorRequirement {
     NodeSelectorRequirement {
         key: key.to_string(),
         operator: operator.to_string(),
@@ -635,7 +669,13 @@ impl Plan {
         }
         for m in &mut self.models {
             let mut pinned = Vec::new();
-            for v in m.variants.iter_mut().filter(|v| v.whole_gpus()) {
+            // (A variant pinned to its node already, as `pack` pins every
+            // whole-GPU variant, needs nothing more.)
+            for v in m
+                .variants
+                .iter_mut()
+                .filter(|v| v.whole_gpus() && !v.pinned_to_a_node())
+            {
                 let before = v.node_affinity.clone().unwrap_or_default();
                 let mut term = before.clone();
                 let fields = term.match_fields.get_or_insert_with(Vec::new);

@@ -654,9 +654,9 @@ fn lower_priority_replicas_above_their_minimum_yield_to_a_gang_and_the_minimum_n
 fn whole_gpu_replicas_cannot_take_a_gangs_gpus() {
     // A 1 × 4 gang and 10 whole-GPU replicas on 16 GPUs: a node holds the
     // gang and some replicas. The device plugin hands out any free GPU
-    // of a node, so the variant that may go anywhere keeps off the gang's
-    // node, and the replicas planned there are a variant pinned to it,
-    // with exactly their count: the gang's GPUs are never free to them.
+    // of a node, so every whole-GPU variant is pinned to the node the plan
+    // chose, with exactly the count planned there: the gang's GPUs are
+    // never free to them.
     let c = common::cluster(&[("n0", "H100-80GB", 8), ("n1", "H100-80GB", 8)]);
     let models = vec![whole_model("m", Priority::Standard, 1)];
     let plan = joint_plan(
@@ -702,14 +702,32 @@ fn whole_gpu_replicas_cannot_take_a_gangs_gpus() {
     assert_eq!(pinned.len(), 1, "{variants:#?}");
     assert_eq!(pinned[0].replicas, beside);
     assert!(pinned[0].name.ends_with(&format!("-{gang_node}")));
+    // Every other variant is pinned to another node, with its count there.
     for v in variants.iter().filter(|v| v.name != pinned[0].name) {
-        assert_eq!(names(v, "NotIn"), vec![gang_node.clone()], "{}", v.name);
-        assert_eq!(v.replicas, 10 - beside);
+        let on = names(v, "In");
+        assert_eq!(on.len(), 1, "{v:#?}");
+        assert_ne!(on[0], gang_node, "{}", v.name);
+        assert_eq!(
+            v.replicas,
+            per_node.get(&on[0]).map_or(0, |r| r.len() as u32),
+            "{}",
+            v.name
+        );
     }
-    // Without a gang: one variant, no affinity.
+    // Without a gang: the same, a variant per node, each pinned there.
     let plan = joint_plan(&c, &models, &[], &[("m", 10)]);
-    assert_eq!(plan.models[0].variants.len(), 1);
-    assert_eq!(plan.models[0].variants[0].node_affinity, None);
+    for v in &plan.models[0].variants {
+        assert_eq!(names(v, "In").len(), 1, "{v:#?}");
+        assert!(names(v, "NotIn").is_empty(), "{v:#?}");
+    }
+    assert_eq!(
+        plan.models[0]
+            .variants
+            .iter()
+            .map(|v| v.replicas)
+            .sum::<u32>(),
+        10
+    );
 }
 
 #[test]

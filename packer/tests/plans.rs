@@ -1840,6 +1840,58 @@ fn fractional_replicas_are_pinned_to_their_planned_gpu_where_its_uuid_is_known()
 }
 
 #[test]
+fn an_unpinned_fractional_variant_keeps_off_the_gpus_pinned_ones_were_given() {
+    // UUIDs on one node only: its replicas' variants are pinned to their
+    // GPUs, and the rest, which cannot be, must not let HAMi's binpack
+    // fill those GPUs first (`nvidia.com/nouse-gpuuuid`).
+    let mut cluster = common::cluster_allowing(
+        &[("n1", "L40S", 2), ("n2", "L40S", 2)],
+        &[SharingMode::Fractional],
+    );
+    for g in &mut cluster.nodes[0].gpus {
+        g.uuid = Some(format!("GPU-n1-{}", g.index));
+    }
+    let modes = [SharingMode::Fractional];
+    let models = vec![
+        common::model("a", 20.0, 0.1, &modes, &[1], &[]),
+        common::model("b", 20.0, 0.1, &modes, &[1], &[]),
+    ];
+    let demand = BTreeMap::from([("a".into(), 3), ("b".into(), 3)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &models, &demand, &options).unwrap();
+    assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
+    let nodes: BTreeSet<&str> = plan
+        .gpus
+        .iter()
+        .filter(|g| !g.replicas.is_empty())
+        .map(|g| g.node.as_str())
+        .collect();
+    assert_eq!(nodes.len(), 2, "both nodes in use: {:#?}", plan.gpus);
+    let pinned: BTreeSet<String> = plan
+        .models
+        .iter()
+        .flat_map(|m| &m.variants)
+        .filter_map(|v| v.annotations.get("nvidia.com/use-gpuuuid"))
+        .flat_map(|u| u.split(',').map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    assert!(!pinned.is_empty());
+    let mut unpinned = 0;
+    for v in plan.models.iter().flat_map(|m| &m.variants) {
+        if v.annotations.contains_key("nvidia.com/use-gpuuuid") {
+            assert!(!v.annotations.contains_key("nvidia.com/nouse-gpuuuid"));
+            continue;
+        }
+        unpinned += 1;
+        let avoided: BTreeSet<String> = v.annotations["nvidia.com/nouse-gpuuuid"]
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        assert_eq!(avoided, pinned, "{}", v.name);
+    }
+    assert!(unpinned > 0);
+}
+
+#[test]
 fn a_tensor_parallel_fractional_replica_is_pinned_to_its_own_gpus_and_growth_leaves_its_template() {
     // A variant listing the UUIDs of every GPU its replicas are on changes
     // when the model grows onto another GPU, and Kubernetes rolls every

@@ -262,7 +262,8 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
             );
         }
         let names: Vec<&str> = bundle.models.iter().map(|m| m.name.as_str()).collect();
-        let problems = earlier.problems_against(&cluster, &names);
+        let jobs: Vec<&str> = bundle.jobs.iter().map(|j| j.name.as_str()).collect();
+        let problems = earlier.problems_against(&cluster, &names, &jobs);
         if !problems.is_empty() {
             let located: Vec<gpuscale_policies::Problem> = problems
                 .into_iter()
@@ -276,17 +277,21 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
             return Ok(Err(super::report_problems(&located)));
         }
         cluster = earlier.apply_to(&cluster);
-        // Gangs that ran (or started) in the earlier plan started then.
+        // Gangs that ran (or started) in the earlier plan started then,
+        // unless their file says they started later: a gang the earlier
+        // plan restarted (broken, or preempted and placed again) started
+        // at the restart, not at the `startedAt` its file kept.
         for job in &mut bundle.jobs {
-            if job.spec.started_at.is_none()
-                && let Some(g) = earlier
-                    .gangs
-                    .iter()
-                    .find(|g| g.name == job.name && g.holds())
+            if let Some(g) = earlier
+                .gangs
+                .iter()
+                .find(|g| g.name == job.name && g.holds())
                 && let Some(t) = g.start_s
                 && let Ok(d) = std::time::Duration::try_from_secs_f64(t)
+                && let Some(planned) = std::time::SystemTime::UNIX_EPOCH.checked_add(d)
+                && job.spec.started_at.is_none_or(|filed| filed < planned)
             {
-                job.spec.started_at = std::time::SystemTime::UNIX_EPOCH.checked_add(d);
+                job.spec.started_at = Some(planned);
             }
         }
         basis = earlier.basis;
@@ -579,7 +584,19 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
     } else {
         out.push_str(&format!("({idle} GPUs idle)\n\n"));
     }
-    if plan.lp_bound_known {
+    let unplaced: u32 = plan.unplaced.iter().map(|u| u.replicas).sum();
+    if plan.lp_bound_known && unplaced > 0 {
+        // The LP's bound is for placing the whole demand: a plan that
+        // leaves replicas out can cost less, so it bounds nothing here.
+        out.push_str(&format!(
+            "GPUs used {}, cost ${:.2}/h, {unplaced} replica{} unplaced; the LP bound ({} GPUs, ${:.2}/h) is for the whole demand, so no gap is claimed\n",
+            plan.gpus_used,
+            plan.cost_per_hour,
+            if unplaced == 1 { "" } else { "s" },
+            plan.lp_bound_gpus,
+            plan.lp_bound_cost,
+        ));
+    } else if plan.lp_bound_known {
         out.push_str(&format!(
             "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",
             plan.gpus_used,
