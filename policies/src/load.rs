@@ -450,12 +450,18 @@ pub(crate) fn check_name(name: &str) -> Option<String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+        // A DNS-1123 subdomain: each dot-separated label starts and ends
+        // with a letter or digit (`a..b` and `a.-b` are refused by the API
+        // server, and so would every object emitted under such a name).
+        && name.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty() && b[0].is_ascii_alphanumeric() && b[b.len() - 1].is_ascii_alphanumeric()
+        });
     (!ok).then(|| {
         format!(
             "`{name}` is not a valid name: lowercase letters, digits, '-' and '.', \
-             starting and ending with a letter or digit, at most 253 characters"
+             each part between dots starting and ending with a letter or digit, \
+             at most 253 characters"
         )
     })
 }
@@ -985,6 +991,8 @@ struct WrittenWorkload {
     node: String,
     name: String,
     on_gpu: usize,
+    /// The GPU's `mode` as written (none: the default, `free`).
+    mode: Option<String>,
 }
 
 /// Every workload of the cluster document, in order, located at its
@@ -1006,6 +1014,7 @@ fn written_workloads(doc: &Document) -> Vec<WrittenWorkload> {
                     node: node["name"].as_str().unwrap_or_default().to_string(),
                     name: w["model"].as_str().unwrap_or_default().to_string(),
                     on_gpu: workloads.len(),
+                    mode: gpu["mode"].as_str().map(str::to_string),
                 });
             }
         }
@@ -1031,12 +1040,30 @@ fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>)
         .collect()
 }
 
-/// GPUs where a training job runs beside another workload, located at
-/// the job's `model` field: a gang's GPUs are whole, never shared with
+/// GPUs where a training job runs beside another workload, or on a GPU
+/// configured for sharing (MIG, time-slicing, MPS, HAMi), located at the
+/// job's `model` field: a gang's GPUs are whole, never shared with
 /// inference or another job (a time-sliced GPU would hand out shares of
-/// one).
+/// one), and a plan that kept the job would also wipe its MIG GPU.
 fn shared_job_gpus(doc: &Document, jobs: &BTreeSet<&str>) -> Vec<Problem> {
-    written_workloads(doc)
+    let workloads = written_workloads(doc);
+    let shared_modes = workloads
+        .iter()
+        .filter(|w| w.on_gpu == 1 && jobs.contains(w.name.as_str()))
+        .filter_map(|w| {
+            let mode = w.mode.as_deref()?;
+            (!matches!(mode, "whole" | "free")).then(|| {
+                doc.problem(
+                    w.at.clone(),
+                    format!(
+                        "GPU {} of node `{}` runs training job `{}` but its mode is `{mode}`; a gang's GPUs are whole (`mode: whole`), never MIG slices or shares",
+                        w.gpu, w.node, w.name
+                    ),
+                )
+            })
+        })
+        .collect::<Vec<_>>();
+    let mut beside: Vec<Problem> = workloads
         .into_iter()
         .filter(|w| w.on_gpu > 1 && jobs.contains(w.name.as_str()))
         .map(|w| {
@@ -1052,7 +1079,9 @@ fn shared_job_gpus(doc: &Document, jobs: &BTreeSet<&str>) -> Vec<Problem> {
                 ),
             )
         })
-        .collect()
+        .collect();
+    beside.extend(shared_modes);
+    beside
 }
 
 fn check_model_fits_cluster(

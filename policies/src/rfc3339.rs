@@ -18,7 +18,20 @@ pub fn parse(text: &str) -> Result<SystemTime, String> {
             crate::model::shown(text)
         )
     };
-    let t: Timestamp = text.trim().parse().map_err(|_| refused())?;
+    // RFC 3339's `time-numoffset` has an hour of 00–23; jiff reads up to
+    // ±25:59, which Kubernetes' own parser (Go's) would not take.
+    let trimmed = text.trim();
+    if let Some(t) = trimmed.find(['T', 't', ' '])
+        && let Some(sign) = trimmed[t..].rfind(['+', '-'])
+        && let Some(hour) = trimmed[t + sign + 1..].get(..2)
+        && hour.parse::<u32>().is_ok_and(|h| h > 23)
+    {
+        return Err(format!(
+            "`{}` has a zone offset of {hour} hours; RFC 3339 offsets run from -23:59 to +23:59",
+            crate::model::shown(text)
+        ));
+    }
+    let t: Timestamp = trimmed.parse().map_err(|_| refused())?;
     let secs = t.as_second();
     let nanos = u32::try_from(t.subsec_nanosecond()).unwrap_or(0);
     // Before 1970 (jiff's subsecond part has the sign of the seconds).
@@ -89,6 +102,15 @@ mod tests {
             at("2026-12-03T09:00:00.25Z"),
             Duration::from_millis(NINE_UTC * 1000 + 250)
         );
+    }
+
+    #[test]
+    fn an_offset_beyond_rfc_3339_s_hours_is_refused() {
+        assert!(parse("2026-12-03T09:00:00+23:59").is_ok());
+        for bad in ["2026-12-03T09:00:00+25:00", "2026-12-03T09:00:00-24:00"] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("zone offset of"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1524,3 +1524,57 @@ fn a_partition_gpu_model_the_catalogue_lacks_is_said_once() {
         "{text:#?}"
     );
 }
+
+#[test]
+fn a_name_is_a_dns_subdomain_part_by_part() {
+    // Kubernetes' IsDNS1123Subdomain: each dot-separated label starts and
+    // ends with a letter or digit; the API server refuses `a..b`, `a.-b`.
+    for name in ["a..b", "a.-b", "a-.b", "a.b-"] {
+        let text = POLICY.replace("name: m", &format!("name: \"{name}\""));
+        let p = problems("p.yaml", &text);
+        assert_eq!(located(&p), [(4, "metadata.name")], "{name}: {p:#?}");
+        assert!(p[0].message.contains("not a valid name"), "{p:#?}");
+    }
+    for name in ["a.b", "a-1.b2", "m"] {
+        let text = POLICY.replace("name: m", &format!("name: \"{name}\""));
+        load_sources(&[(Path::new("p.yaml"), text.as_str())])
+            .unwrap_or_else(|p| panic!("{name}: {p}"));
+    }
+}
+
+#[test]
+fn a_training_job_alone_on_a_mig_gpu_is_located() {
+    // Alone on its GPU, but the GPU is in MIG mode: a gang's GPUs are
+    // whole, and a plan keeping the job would also disable MIG under it.
+    let cluster = cluster_file(
+        "
+    - name: h
+      gpuModel: H100-80GB
+      gpuCount: 2
+      gpus:
+        - {index: 0, mode: mig, geometry: [{profile: 7g.80gb, start: 0}], workloads: [{model: tj, slot: 0}]}
+        - {index: 1, mode: whole, workloads: [{model: tj}]}
+",
+    );
+    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: tj}\nspec: {workers: 1, gpusPerWorker: 2}\n";
+    let p = match load_sources(&[
+        (Path::new("c.yaml"), cluster.as_str()),
+        (Path::new("m.yaml"), POLICY),
+        (Path::new("j.yaml"), job),
+    ]) {
+        Ok(_) => panic!("a gang worker on a MIG GPU passed"),
+        Err(p) => p.0,
+    };
+    assert_eq!(
+        p.iter()
+            .filter(|p| p.path.starts_with("spec.nodes[0].gpus"))
+            .map(|p| p.path.as_str())
+            .collect::<Vec<_>>(),
+        ["spec.nodes[0].gpus[0].workloads[0].model"],
+        "{p:#?}"
+    );
+    assert!(
+        p.iter().any(|p| p.message.contains("mode is `mig`")),
+        "{p:#?}"
+    );
+}
