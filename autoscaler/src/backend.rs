@@ -1016,9 +1016,10 @@ impl KubeBackend {
             let mut drain = !may_reconfigure(&busy, &changing);
             if !drain && self.from_nodes {
                 // The inventory from the nodes does not say which GPU a
-                // pod runs on: any gpuscale pod holding a MIG device on
-                // the node means a drain.
-                drain = !self.kube.mig_pods_on(&node.name).await?.is_empty();
+                // pod runs on: any gpuscale pod holding a GPU device on
+                // the node (a MIG instance, a whole GPU or a share) means
+                // a drain.
+                drain = !self.kube.gpu_pods_on(&node.name).await?.is_empty();
             }
             starts.push((node.name.clone(), node.mig_config.clone(), drain));
         }
@@ -1084,7 +1085,7 @@ impl KubeBackend {
                     note: format!(
                         "cordoned to change the MIG geometry{}",
                         if drain {
-                            "; evicting gpuscale's MIG pods first"
+                            "; evicting gpuscale's GPU pods first"
                         } else {
                             ""
                         }
@@ -1100,7 +1101,7 @@ impl KubeBackend {
 
     /// Moves every recorded MIG hand-off on (read from the nodes, so a
     /// restart or a new leader carries on where the last one stopped):
-    /// - draining: evict gpuscale's MIG pods (a pod gone is done; one a
+    /// - draining: evict gpuscale's GPU pods (a pod gone is done; one a
     ///   PodDisruptionBudget holds waits for a later tick); once none is
     ///   left, set the config;
     /// - configuring: wait for the MIG manager; `success` uncordons,
@@ -1184,7 +1185,7 @@ impl KubeBackend {
         {
             match handoff_of(node) {
                 Some(Handoff::Draining { config }) => {
-                    let pods = self.kube.mig_pods_on(&name).await?;
+                    let pods = self.kube.gpu_pods_on(&name).await?;
                     if pods.is_empty() {
                         self.kube
                             .patch_node(&name, handoff_configure_patch(&config))

@@ -10,7 +10,7 @@
 //! - per model a headless Service whose EndpointSlices list the ready
 //!   replicas, for the gateway's pools ([`service`], [`ready_endpoints`]);
 //! - MIG reconfiguration as a hand-off recorded on the node ([`Handoff`]):
-//!   cordon with the reason in annotations, evict gpuscale's MIG pods,
+//!   cordon with the reason in annotations, evict gpuscale's GPU pods,
 //!   set `nvidia.com/mig.config`, wait for the MIG manager's
 //!   `nvidia.com/mig.config.state`, uncordon;
 //! - the `ModelPolicy` status subresource (current/desired replicas, the
@@ -1155,7 +1155,7 @@ pub fn in_pool(node: &Node, pool: &BTreeMap<String, String>) -> bool {
 /// A MIG hand-off in progress on a node, as recorded on it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handoff {
-    /// Cordoned; gpuscale's MIG pods are being evicted.
+    /// Cordoned; gpuscale's GPU pods are being evicted.
     Draining {
         /// The config to hand to.
         config: String,
@@ -1205,7 +1205,7 @@ pub fn mig_state(node: &Node) -> Option<&str> {
 /// The node patch that starts a hand-off to `config`: cordon, with the
 /// hand-off and its reason recorded on the node in the same write (so a
 /// node is never cordoned by gpuscale without a recorded reason). `drain`:
-/// replicas run on GPUs that change, so gpuscale's MIG pods are evicted
+/// replicas run on GPUs that change, so gpuscale's GPU pods are evicted
 /// first; otherwise the config is set at once.
 pub fn handoff_start_patch(config: &str, drain: bool, by: &str) -> serde_json::Value {
     let reason = format!(
@@ -2023,8 +2023,13 @@ impl Kube {
         }
     }
 
-    /// gpuscale's pods on a node that hold MIG devices.
-    pub async fn mig_pods_on(
+    /// gpuscale's pods on a node that hold GPU devices: MIG instances,
+    /// whole GPUs (`nvidia.com/gpu`) or shares of them
+    /// (`nvidia.com/gpu.shared`). The API does not say which GPU a pod
+    /// holds, and mig-parted cannot change a GPU a process runs on (the
+    /// MIG manager then reports `failed` and the node stays cordoned), so
+    /// any of them on a node whose geometry changes means a drain.
+    pub async fn gpu_pods_on(
         &self,
         node: &str,
     ) -> Result<Vec<(String, Option<String>)>, KubeError> {
@@ -2048,7 +2053,13 @@ impl Kube {
                         c.resources
                             .as_ref()
                             .and_then(|r| r.limits.as_ref())
-                            .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/mig-")))
+                            .is_some_and(|l| {
+                                l.keys().any(|k| {
+                                    k.starts_with("nvidia.com/mig-")
+                                        || k == "nvidia.com/gpu"
+                                        || k == "nvidia.com/gpu.shared"
+                                })
+                            })
                     })
                 })
             })

@@ -3696,6 +3696,62 @@ async fn a_mig_drain_ends_the_hold_of_the_variant_it_evicts() {
     silent(&mut handle, 100, "another write").await;
 }
 
+/// The API does not say which GPU a pod holds, and mig-parted cannot
+/// change a GPU a process runs on: a drain evicts gpuscale's pods that
+/// hold a whole GPU or a share of one as well as its MIG pods, and leaves
+/// a pod of gpuscale's that holds no GPU alone.
+async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
+    let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
+    let m = model();
+    let now = Duration::from_secs(1_795_976_401);
+    let draining = node(
+        "h100-0",
+        json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
+        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new", "gpuscale.io/mig-handoff-reason": "…"}),
+    );
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(
+            &mut handle,
+            Method::GET,
+            OWNED,
+            200,
+            deployments(&[("llama", 1)]),
+        )
+        .await;
+        policy_read(&mut handle).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            HANDOFFS,
+            200,
+            nodes(vec![draining]),
+        )
+        .await;
+        let pod = |name: &str, limits: Value| {
+            json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "m",
+                "resources": {"limits": limits}}]}})
+        };
+        let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
+            pod("whole", json!({"nvidia.com/gpu": "2", "cpu": "8"})),
+            pod("shared", json!({"nvidia.com/gpu.shared": "1"})),
+            pod("cpu-only", json!({"cpu": "1", "memory": "1Gi"})),
+        ]});
+        expect(&mut handle, Method::GET, PODS_ON, 200, pods).await;
+        let evicted =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201});
+        for name in ["whole", "shared"] {
+            let eviction = format!("/api/v1/namespaces/inference/pods/{name}/eviction?");
+            expect(&mut handle, Method::POST, &eviction, 201, evicted.clone()).await;
+        }
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "another write").await;
+}
+
 /// Sidecar mode's controller (`pack: false`): a whole term — elected,
 /// policies listed and watched, a model's first Deployment applied and
 /// scaled, the decision recorded, the lease released — reads no Node and
@@ -3912,6 +3968,7 @@ scenarios!(
     an_idle_variant_the_plan_left_is_deleted_after_a_while,
     a_new_leadership_term_forgets_what_the_last_planned_and_saw_idle,
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
+    a_mig_drain_evicts_whole_and_shared_gpu_pods_too,
     a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,
 );
 
