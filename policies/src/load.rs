@@ -688,7 +688,10 @@ pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Bundle, Problems> {
         .iter()
         .map(|(f, t)| (f.as_path(), t.as_str()))
         .collect();
-    match load_sources(&refs) {
+    // A file that could not be read may hold the policies the others name:
+    // names unknown then are its follow-ons, not problems of their own.
+    let complete = problems.is_empty();
+    match load(&refs, complete) {
         Ok(bundle) if problems.is_empty() => Ok(bundle),
         Ok(_) => Err(Problems(problems)),
         Err(Problems(more)) => {
@@ -701,6 +704,13 @@ pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Bundle, Problems> {
 
 /// Loads and validates in-memory sources (file name, text).
 pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
+    load(sources, true)
+}
+
+/// [`load_sources`]; `complete`: every file given was read, so a name
+/// none of them defines is a problem (otherwise it may be in the unread
+/// one, whose own problem says why).
+fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
     let mut problems = Vec::new();
     let mut parsed: Vec<(Document, Parsed)> = Vec::new();
     // A TrainingQueue given, even one with problems of its own (reported
@@ -914,6 +924,9 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
         }
         for (name, &count) in &spec.replicas {
             let Some(m) = models.iter().find(|m| &m.name == name) else {
+                if !complete {
+                    continue;
+                }
                 problems.push(doc.problem(
                     format!("spec.replicas.{name}"),
                     if models.is_empty() {
@@ -951,7 +964,9 @@ pub fn load_sources(sources: &[(&Path, &str)]) -> Result<Bundle, Problems> {
     if let Some((doc, _)) = &cluster
         && !names.is_empty()
     {
-        problems.extend(unknown_workloads(doc, &names));
+        if complete {
+            problems.extend(unknown_workloads(doc, &names));
+        }
         let job_names: BTreeSet<&str> = parsed
             .iter()
             .filter_map(|(_, p)| match p {

@@ -1578,3 +1578,28 @@ fn a_training_job_alone_on_a_mig_gpu_is_located() {
         "{p:#?}"
     );
 }
+
+#[test]
+fn a_path_that_cannot_be_read_is_the_one_problem_not_its_follow_ons() {
+    // The policies' folder is mistyped: the demand's names are unknown
+    // because of it, and saying so for each would bury the one mistake.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let demand = root.join("demand.yaml");
+    let cluster = root.join("cluster.yaml");
+    let missing = root.join("no-such-policies");
+    let p = load_paths(&[missing.as_path(), demand.as_path(), cluster.as_path()])
+        .unwrap_err()
+        .0;
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert_eq!(p[0].file, missing);
+    assert!(p[0].message.starts_with("cannot read"), "{p:#?}");
+    // With every file read, an unknown name is a problem again.
+    let p = load_paths(&[demand.as_path(), cluster.as_path()])
+        .unwrap_err()
+        .0;
+    assert!(
+        p.iter()
+            .any(|p| p.message.starts_with("no ModelPolicy named")),
+        "{p:#?}"
+    );
+}
