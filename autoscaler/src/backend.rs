@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use crate::election::{Elector, Step, Timing};
 use crate::handover::{self, Held, VariantNow};
 use crate::kubernetes::{
-    EventBudget, Evicted, HANDOFF_CONFIG, HANDOFF_LABEL, Handoff, Kube, KubeError,
-    MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, event_about,
+    EventBudget, Evict, Evicted, HANDOFF_CONFIG, HANDOFF_LABEL, Handoff, Kube, KubeError,
+    MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, event_about, evict_for,
     handoff_configure_patch, handoff_done_patch, handoff_failed_patch, handoff_of,
     handoff_start_patch, may_reconfigure, merged_mig_parted, mig_state, owned_by_us,
     ownership_patch,
@@ -1014,14 +1014,18 @@ impl KubeBackend {
                 .map(|g| g.index)
                 .collect();
             let mut drain = !may_reconfigure(&busy, &changing);
+            // A GPU switching into MIG mode may be one a whole-GPU or
+            // time-sliced pod holds; a new layout of a MIG GPU concerns
+            // MIG pods alone ([`Evict`]).
+            let mig_now: Vec<bool> = was.gpus.iter().map(|g| g.mode == GpuMode::Mig).collect();
+            let evict = evict_for(&mig_now, &changing);
             if !drain && self.from_nodes {
                 // The inventory from the nodes does not say which GPU a
-                // pod runs on: any gpuscale pod holding a GPU device on
-                // the node (a MIG instance, a whole GPU or a share) means
-                // a drain.
-                drain = !self.kube.gpu_pods_on(&node.name).await?.is_empty();
+                // pod runs on: any gpuscale pod on the node that the
+                // change could concern means a drain.
+                drain = !self.kube.gpu_pods_on(&node.name, evict).await?.is_empty();
             }
-            starts.push((node.name.clone(), node.mig_config.clone(), drain));
+            starts.push((node.name.clone(), node.mig_config.clone(), drain, evict));
         }
         if starts.is_empty() {
             return Ok(());
@@ -1034,7 +1038,7 @@ impl KubeBackend {
             .into_iter()
             .filter_map(|n| n.metadata.name)
             .collect();
-        starts.retain(|(n, _, _)| !in_handoff.contains(n));
+        starts.retain(|(n, _, _, _)| !in_handoff.contains(n));
         if starts.is_empty() {
             return Ok(());
         }
@@ -1065,7 +1069,7 @@ impl KubeBackend {
             return Err(lost());
         }
         self.kube.apply_mig_configmap(&config).await?;
-        for (node, cfg, drain) in starts {
+        for (node, cfg, drain, evict) in starts {
             if !self.still_leading() {
                 return Err(lost());
             }
@@ -1073,7 +1077,7 @@ impl KubeBackend {
             self.kube
                 .patch_node(
                     &node,
-                    handoff_start_patch(&cfg, drain, &self.kube.spec().handoff_owner()),
+                    handoff_start_patch(&cfg, drain, evict, &self.kube.spec().handoff_owner()),
                 )
                 .await?;
             self.mig.insert(node.clone(), cfg);
@@ -1084,10 +1088,12 @@ impl KubeBackend {
                     reason: if drain { "Draining" } else { "Configuring" }.into(),
                     note: format!(
                         "cordoned to change the MIG geometry{}",
-                        if drain {
-                            "; evicting gpuscale's GPU pods first"
-                        } else {
-                            ""
+                        match (drain, evict) {
+                            (false, _) => "",
+                            (true, Evict::Mig) => "; evicting gpuscale's MIG pods first",
+                            (true, Evict::Gpus) => {
+                                "; evicting gpuscale's GPU pods first (a GPU switches into MIG mode)"
+                            }
                         }
                     ),
                     warning: false,
@@ -1101,7 +1107,8 @@ impl KubeBackend {
 
     /// Moves every recorded MIG hand-off on (read from the nodes, so a
     /// restart or a new leader carries on where the last one stopped):
-    /// - draining: evict gpuscale's GPU pods (a pod gone is done; one a
+    /// - draining: evict gpuscale's MIG pods, or all its GPU pods where a
+    ///   GPU switches into MIG mode (a pod gone is done; one a
     ///   PodDisruptionBudget holds waits for a later tick); once none is
     ///   left, set the config;
     /// - configuring: wait for the MIG manager; `success` uncordons,
@@ -1184,8 +1191,8 @@ impl KubeBackend {
         let name = name.to_string();
         {
             match handoff_of(node) {
-                Some(Handoff::Draining { config }) => {
-                    let pods = self.kube.gpu_pods_on(&name).await?;
+                Some(Handoff::Draining { config, evict }) => {
+                    let pods = self.kube.gpu_pods_on(&name, evict).await?;
                     if pods.is_empty() {
                         self.kube
                             .patch_node(&name, handoff_configure_patch(&config))

@@ -411,7 +411,7 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         // no longer sends).
         metadata["annotations"] = serde_json::json!({SPARES: variant.spares.to_string()});
     }
-    let value = serde_json::json!({
+    let mut value = serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata,
@@ -423,7 +423,27 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             },
         },
     });
+    if pinned(variant) {
+        // Pinned to a node or a GPU the plan filled: a surge pod would
+        // wait there for a GPU its own old pods hold, and the default
+        // rolling update (25 % unavailable, rounded down: none below four
+        // replicas) would then never finish. One old pod goes first.
+        value["spec"]["strategy"] = serde_json::json!({
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        });
+    }
     serde_json::from_value(value).expect("a well-formed Deployment")
+}
+
+/// Whether a variant's pods may run on one node or GPU only: its node
+/// affinity names a node (`metadata.name In`), or HAMi's annotation names
+/// its GPUs.
+fn pinned(variant: &Variant) -> bool {
+    variant.pinned_to_a_node()
+        || variant
+            .annotations
+            .contains_key(gpuscale_packer::emit::HAMI_USE_UUID)
 }
 
 /// Where the Hugging Face token file is mounted.
@@ -648,6 +668,21 @@ pub fn mig_configmap(
 /// `changing`: GPU indices the plan reconfigures).
 pub fn may_reconfigure(busy: &[u32], changing: &[u32]) -> bool {
     changing.iter().all(|g| !busy.contains(g))
+}
+
+/// Which pods a drain of a node evicts ([`Evict`]): all of gpuscale's GPU
+/// pods when one of the `changing` GPUs is not in MIG mode now (`mig_now`:
+/// whether each GPU index is; an index it does not reach is not), its MIG
+/// pods alone otherwise.
+pub fn evict_for(mig_now: &[bool], changing: &[u32]) -> Evict {
+    if changing
+        .iter()
+        .any(|&i| !mig_now.get(i as usize).copied().unwrap_or(false))
+    {
+        Evict::Gpus
+    } else {
+        Evict::Mig
+    }
 }
 
 /// An Event's note: at most 1,024 bytes (the API's limit is in bytes;
@@ -1134,6 +1169,26 @@ pub const HANDOFF_REASON: &str = "gpuscale.io/mig-handoff-reason";
 /// its managed pool mid-hand-off is still that controller's to undo, and
 /// no other's.
 pub const HANDOFF_BY: &str = "gpuscale.io/mig-handoff-by";
+/// The node annotation saying which of gpuscale's pods a drain evicts:
+/// `gpus` (every pod holding a GPU device) where a GPU switches into MIG
+/// mode, absent for MIG pods alone ([`Evict`]).
+pub const HANDOFF_EVICT: &str = "gpuscale.io/mig-handoff-evict";
+
+/// Which of gpuscale's pods on a node a MIG drain evicts. The API does
+/// not say which GPU a pod holds. A GPU already in MIG mode is never
+/// handed out whole or shared (mixed strategy), so a new layout of MIG
+/// GPUs concerns the MIG pods alone; a GPU switching into MIG mode may be
+/// the one a whole-GPU or time-sliced pod holds, and mig-parted cannot
+/// change a GPU a process runs on (the MIG manager then reports `failed`
+/// and the node stays cordoned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evict {
+    /// Pods holding MIG devices.
+    Mig,
+    /// Pods holding MIG devices, whole GPUs (`nvidia.com/gpu`) or shares
+    /// (`nvidia.com/gpu.shared`).
+    Gpus,
+}
 
 /// Who started a node's hand-off ([`HANDOFF_BY`]), if recorded.
 pub fn handoff_by(node: &Node) -> Option<&str> {
@@ -1155,10 +1210,13 @@ pub fn in_pool(node: &Node, pool: &BTreeMap<String, String>) -> bool {
 /// A MIG hand-off in progress on a node, as recorded on it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handoff {
-    /// Cordoned; gpuscale's GPU pods are being evicted.
+    /// Cordoned; gpuscale's MIG pods (or all its GPU pods: `evict`) are
+    /// being evicted.
     Draining {
         /// The config to hand to.
         config: String,
+        /// Which pods go.
+        evict: Evict,
     },
     /// `nvidia.com/mig.config` set; waiting for the MIG manager.
     Configuring {
@@ -1185,7 +1243,13 @@ pub fn handoff_of(node: &Node) -> Option<Handoff> {
         .or_else(|| m.labels.as_ref()?.get(MIG_CONFIG_LABEL).cloned())
         .unwrap_or_default();
     match state.as_str() {
-        "draining" => Some(Handoff::Draining { config }),
+        "draining" => Some(Handoff::Draining {
+            config,
+            evict: match m.annotations.as_ref().and_then(|a| a.get(HANDOFF_EVICT)) {
+                Some(v) if v == "gpus" => Evict::Gpus,
+                _ => Evict::Mig,
+            },
+        }),
         "configuring" => Some(Handoff::Configuring { config }),
         "failed" => Some(Handoff::Failed { config }),
         _ => None,
@@ -1205,9 +1269,9 @@ pub fn mig_state(node: &Node) -> Option<&str> {
 /// The node patch that starts a hand-off to `config`: cordon, with the
 /// hand-off and its reason recorded on the node in the same write (so a
 /// node is never cordoned by gpuscale without a recorded reason). `drain`:
-/// replicas run on GPUs that change, so gpuscale's GPU pods are evicted
-/// first; otherwise the config is set at once.
-pub fn handoff_start_patch(config: &str, drain: bool, by: &str) -> serde_json::Value {
+/// replicas run on GPUs that change, so gpuscale's pods `evict` names are
+/// evicted first; otherwise the config is set at once.
+pub fn handoff_start_patch(config: &str, drain: bool, evict: Evict, by: &str) -> serde_json::Value {
     let reason = format!(
         "cordoned by gpuscale to change the MIG geometry to {config}; uncordoned when \
          {MIG_STATE_LABEL}=success"
@@ -1220,7 +1284,12 @@ pub fn handoff_start_patch(config: &str, drain: bool, by: &str) -> serde_json::V
     serde_json::json!({
         "metadata": {
             "labels": labels,
-            "annotations": {HANDOFF_CONFIG: config, HANDOFF_REASON: reason, HANDOFF_BY: by},
+            "annotations": {
+                HANDOFF_CONFIG: config,
+                HANDOFF_REASON: reason,
+                HANDOFF_BY: by,
+                HANDOFF_EVICT: (drain && evict == Evict::Gpus).then_some("gpus"),
+            },
         },
         "spec": {"unschedulable": true},
     })
@@ -1237,7 +1306,7 @@ pub fn handoff_done_patch() -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "labels": {HANDOFF_LABEL: null},
-            "annotations": {HANDOFF_CONFIG: null, HANDOFF_REASON: null, HANDOFF_BY: null},
+            "annotations": {HANDOFF_CONFIG: null, HANDOFF_REASON: null, HANDOFF_BY: null, HANDOFF_EVICT: null},
         },
         "spec": {"unschedulable": false},
     })
@@ -2023,15 +2092,14 @@ impl Kube {
         }
     }
 
-    /// gpuscale's pods on a node that hold GPU devices: MIG instances,
-    /// whole GPUs (`nvidia.com/gpu`) or shares of them
-    /// (`nvidia.com/gpu.shared`). The API does not say which GPU a pod
-    /// holds, and mig-parted cannot change a GPU a process runs on (the
-    /// MIG manager then reports `failed` and the node stays cordoned), so
-    /// any of them on a node whose geometry changes means a drain.
+    /// gpuscale's pods on a node that a MIG drain evicts ([`Evict`]): those
+    /// holding MIG devices, and with [`Evict::Gpus`] those holding whole
+    /// GPUs (`nvidia.com/gpu`) or shares of them (`nvidia.com/gpu.shared`)
+    /// too.
     pub async fn gpu_pods_on(
         &self,
         node: &str,
+        evict: Evict,
     ) -> Result<Vec<(String, Option<String>)>, KubeError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
         let pods = self
@@ -2056,8 +2124,9 @@ impl Kube {
                             .is_some_and(|l| {
                                 l.keys().any(|k| {
                                     k.starts_with("nvidia.com/mig-")
-                                        || k == "nvidia.com/gpu"
-                                        || k == "nvidia.com/gpu.shared"
+                                        || (evict == Evict::Gpus
+                                            && (k == "nvidia.com/gpu"
+                                                || k == "nvidia.com/gpu.shared"))
                                 })
                             })
                     })

@@ -587,6 +587,8 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
         )
         .await;
         let pod = &body["spec"]["template"]["spec"];
+        // Not pinned to a node: the default rolling update surges elsewhere.
+        assert!(body["spec"].get("strategy").is_none(), "{body:#}");
         let labels = &body["spec"]["template"]["metadata"]["labels"];
         assert_eq!(labels["hami.io/webhook"], "ignore");
         assert_eq!(labels["gpuscale.io/variant"], "llama-h100-80gb-tp2");
@@ -801,6 +803,12 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "21463", "nvidia.com/gpucores": "35", "cpu": "8", "memory": "32Gi"})
         );
         assert_eq!(template["spec"]["nodeSelector"]["gpu"], "on");
+        // Pinned to its GPUs: a surge pod would wait for a GPU the old
+        // pods hold, so one old pod goes first.
+        assert_eq!(
+            body["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+        );
     });
     assert_eq!(k.apply_deployment(&model(), &variant).await.unwrap(), None);
     server.await.unwrap();
@@ -2232,8 +2240,28 @@ async fn a_node_that_left_the_pool_gets_no_new_handoff_from_a_plan_that_still_na
 /// write; without a drain it names the config at once.
 #[test]
 fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
-    use gpuscale_autoscaler::kubernetes::handoff_start_patch;
-    let p = handoff_start_patch("gpuscale-00ab", true, "inference/gpuscale-autoscaler");
+    use gpuscale_autoscaler::kubernetes::{Evict, handoff_start_patch};
+    let p = handoff_start_patch(
+        "gpuscale-00ab",
+        true,
+        Evict::Mig,
+        "inference/gpuscale-autoscaler",
+    );
+    // MIG pods alone: no note that others go too.
+    assert_eq!(
+        p["metadata"]["annotations"]["gpuscale.io/mig-handoff-evict"],
+        Value::Null
+    );
+    let gpus = handoff_start_patch(
+        "gpuscale-00ab",
+        true,
+        Evict::Gpus,
+        "inference/gpuscale-autoscaler",
+    );
+    assert_eq!(
+        gpus["metadata"]["annotations"]["gpuscale.io/mig-handoff-evict"],
+        "gpus"
+    );
     assert_eq!(p["spec"]["unschedulable"], true);
     assert_eq!(
         p["metadata"]["annotations"]["gpuscale.io/mig-handoff-by"],
@@ -2258,7 +2286,12 @@ fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
             .unwrap()
             .contains("cordoned by gpuscale")
     );
-    let p = handoff_start_patch("gpuscale-00ab", false, "inference/gpuscale-autoscaler");
+    let p = handoff_start_patch(
+        "gpuscale-00ab",
+        false,
+        Evict::Gpus,
+        "inference/gpuscale-autoscaler",
+    );
     assert_eq!(
         p["metadata"]["labels"]["nvidia.com/mig.config"],
         "gpuscale-00ab"
@@ -2271,6 +2304,14 @@ fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
         &[0, 1],
         &[2, 3]
     ));
+    // GPUs 0 and 1 in MIG mode, 2 whole: a new layout of 0 or 1 concerns
+    // MIG pods alone; GPU 2 (or one the list does not reach) switching
+    // into MIG mode concerns every GPU pod.
+    use gpuscale_autoscaler::kubernetes::evict_for;
+    let mig_now = [true, true, false];
+    assert_eq!(evict_for(&mig_now, &[0, 1]), Evict::Mig);
+    assert_eq!(evict_for(&mig_now, &[1, 2]), Evict::Gpus);
+    assert_eq!(evict_for(&mig_now, &[3]), Evict::Gpus);
     assert!(!gpuscale_autoscaler::kubernetes::may_reconfigure(
         &[0, 1],
         &[1, 2]
@@ -3697,18 +3738,28 @@ async fn a_mig_drain_ends_the_hold_of_the_variant_it_evicts() {
 }
 
 /// The API does not say which GPU a pod holds, and mig-parted cannot
-/// change a GPU a process runs on: a drain evicts gpuscale's pods that
-/// hold a whole GPU or a share of one as well as its MIG pods, and leaves
-/// a pod of gpuscale's that holds no GPU alone.
+/// change a GPU a process runs on: where a GPU switches into MIG mode
+/// (`mig-handoff-evict: gpus` on the node) a drain evicts gpuscale's
+/// pods that hold a whole GPU or a share of one as well as its MIG pods;
+/// a new layout of MIG GPUs (no such note) evicts the MIG pods alone, as a
+/// GPU in MIG mode is never handed out whole. A pod of gpuscale's that
+/// holds no GPU is left alone either way.
 async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
     let m = model();
     let now = Duration::from_secs(1_795_976_401);
-    let draining = node(
-        "h100-0",
-        json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
-        json!({"gpuscale.io/mig-handoff-config": "gpuscale-new", "gpuscale.io/mig-handoff-reason": "…"}),
-    );
+    let draining = |evict: Option<&str>| {
+        let mut annotations = json!({"gpuscale.io/mig-handoff-config": "gpuscale-new",
+                                     "gpuscale.io/mig-handoff-reason": "…"});
+        if let Some(e) = evict {
+            annotations["gpuscale.io/mig-handoff-evict"] = e.into();
+        }
+        node(
+            "h100-0",
+            json!({"gpuscale.io/mig-handoff": "draining", "nvidia.com/mig.config": "gpuscale-old"}),
+            annotations,
+        )
+    };
     let server = tokio::spawn(async move {
         lease_created(&mut handle, "gpuscale-0").await;
         expect(
@@ -3725,7 +3776,7 @@ async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
             Method::GET,
             HANDOFFS,
             200,
-            nodes(vec![draining]),
+            nodes(vec![draining(Some("gpus"))]),
         )
         .await;
         let pod = |name: &str, limits: Value| {
@@ -3735,19 +3786,29 @@ async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
         let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
             pod("whole", json!({"nvidia.com/gpu": "2", "cpu": "8"})),
             pod("shared", json!({"nvidia.com/gpu.shared": "1"})),
+            pod("slice", json!({"nvidia.com/mig-3g.40gb": "1"})),
             pod("cpu-only", json!({"cpu": "1", "memory": "1Gi"})),
         ]});
-        expect(&mut handle, Method::GET, PODS_ON, 200, pods).await;
+        expect(&mut handle, Method::GET, PODS_ON, 200, pods.clone()).await;
         let evicted =
             json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201});
-        for name in ["whole", "shared"] {
+        for name in ["whole", "shared", "slice"] {
             let eviction = format!("/api/v1/namespaces/inference/pods/{name}/eviction?");
             expect(&mut handle, Method::POST, &eviction, 201, evicted.clone()).await;
         }
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // A new layout of MIG GPUs only: the MIG pod alone goes.
+        next_tick(&mut handle, nodes(vec![draining(None)])).await;
+        expect(&mut handle, Method::GET, PODS_ON, 200, pods).await;
+        let eviction = "/api/v1/namespaces/inference/pods/slice/eviction?";
+        expect(&mut handle, Method::POST, eviction, 201, evicted).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         handle
     });
     backend.tick(std::slice::from_ref(&m), now).await;
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_millis(10))
+        .await;
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "another write").await;
 }
