@@ -1787,6 +1787,58 @@ fn a_current_plan_holding_gpus_for_an_unknown_job_is_refused() {
 }
 
 #[test]
+fn a_gang_whose_job_file_is_gone_has_finished_and_frees_its_gpus() {
+    // Deleting a TrainingJob is how a finished job is said: re-planned
+    // from a plan that started `reranker-train`, without its document,
+    // its GPUs are free and nothing is refused.
+    let (emitted, emitted_text) = emit_dir("finished-job");
+    let mut args = training_plan_args(&emitted_text);
+    args.extend(["--format", "json"]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let held = |plan: &serde_json::Value| {
+        plan["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["gang"]["job"] == "reranker-train")
+            .count()
+    };
+    assert!(held(&plan) > 0, "{:#}", plan["gangs"]);
+    let dir = tempfile::tempdir().unwrap();
+    let earlier = dir.path().join("plan.json");
+    std::fs::write(&earlier, plan.to_string()).unwrap();
+    let jobs = std::fs::read_to_string("examples/training/jobs.yaml").unwrap();
+    let kept: Vec<&str> = jobs
+        .split("\n---\n")
+        .filter(|d| !d.contains("name: reranker-train"))
+        .collect();
+    assert_eq!(kept.len(), 2);
+    let training = dir.path().join("training");
+    std::fs::create_dir_all(&training).unwrap();
+    std::fs::write(training.join("jobs.yaml"), kept.join("\n---\n")).unwrap();
+    std::fs::copy("examples/training/queue.yaml", training.join("queue.yaml")).unwrap();
+    let training_text = training.to_string_lossy().to_string();
+    let earlier_text = earlier.to_string_lossy().to_string();
+    let mut args = PLAN_ARGS.to_vec();
+    args.insert(5, training_text.as_str());
+    args.extend([
+        "--now",
+        "2026-12-03T10:00:00Z",
+        "--current",
+        earlier_text.as_str(),
+        "--format",
+        "json",
+    ]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(held(&again), 0, "{:#}", again["gangs"]);
+    let _ = std::fs::remove_dir_all(&emitted);
+}
+
+#[test]
 fn a_running_job_with_timestamps_after_now_keeps_its_gpus() {
     // Every GPU of the node runs `runner`, whose submittedAt and startedAt
     // are after --now (clocks disagree, or a stale --now): it is running

@@ -463,6 +463,15 @@ pub(crate) fn tally(
         ix.dedup();
     }
     let uuid_of = |node: &str, index: u32| emit::gpu_uuid(cluster, node, index);
+    // Some GPUs have UUIDs and so pinned variants: a variant that cannot be
+    // pinned to its GPUs is pinned to its node instead, and kept off the
+    // GPUs pinned there (`nvidia.com/nouse-gpuuuid`), or HAMi's binpack
+    // could give it the room the plan left for the pinned ones.
+    let some_uuids = cluster
+        .nodes
+        .iter()
+        .any(|n| n.gpus.iter().any(|g| g.uuid.is_some()));
+
     for g in gpus {
         if g.mode == Mode::Idle || g.replicas.is_empty() {
             continue;
@@ -576,12 +585,20 @@ pub(crate) fn tally(
                         // of every GPU of a variant changes with each
                         // new one, and the Deployment rolls every pod).
                         (1, Some(_), _) => format!("fractional-{}-{}", g.node, g.index),
+                        (1, None, _) if some_uuids => {
+                            node_affinity = Some(plan::on_node(&g.node));
+                            format!("fractional-on-{}", g.node)
+                        }
                         (1, None, _) => "fractional".to_string(),
                         // So per tensor-parallel group: its GPUs, in
                         // index order.
                         (_, _, Some(ix)) => {
                             let ix: Vec<String> = ix.iter().map(u32::to_string).collect();
                             format!("fractional-tp{k}-{}-{}", g.node, ix.join("-"))
+                        }
+                        _ if some_uuids => {
+                            node_affinity = Some(plan::on_node(&g.node));
+                            format!("fractional-tp{k}-on-{}", g.node)
                         }
                         _ => format!("fractional-tp{k}"),
                     }
@@ -605,11 +622,7 @@ pub(crate) fn tally(
                     // unpinned one-GPU replicas could take GPUs of the
                     // node the plan left whole for a tensor-parallel
                     // group, which would then stay Pending.
-                    term.match_fields = Some(vec![plan::requirement(
-                        "metadata.name",
-                        "In",
-                        vec![g.node.clone()],
-                    )]);
+                    term.match_fields = plan::on_node(&g.node).match_fields;
                     node_affinity = Some(term);
                     format!("tp{k}-{}", g.node)
                 }
@@ -652,23 +665,43 @@ pub(crate) fn tally(
             }
         }
     }
-    // GPUs some fractional variant is pinned to by UUID: a variant that
-    // cannot be pinned (a GPU of its without a UUID in the cluster file)
-    // keeps off them (`nvidia.com/nouse-gpuuuid`), or HAMi's binpack could
-    // give it the room the plan left there for the pinned ones.
-    let pinned: std::collections::BTreeSet<&str> = fractional_gpus
-        .values()
-        .filter_map(|on| emit::pinned_uuids(cluster, on))
-        .flatten()
-        .collect();
+    // GPUs some fractional variant is pinned to by UUID, by node.
+    let mut pinned: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for on in fractional_gpus.values() {
+        if emit::pinned_uuids(cluster, on).is_some() {
+            for &(node, index) in on {
+                if let Some(u) = uuid_of(node, index) {
+                    pinned.entry(node).or_default().insert(u);
+                }
+            }
+        }
+    }
     let mut by_model: BTreeMap<String, Vec<plan::Variant>> = BTreeMap::new();
     for ((model, _), mut v) in variants {
         if let Some(on) = fractional_gpus.get(&v.name) {
             v.annotations = emit::hami_annotations(cluster, on);
-            if emit::pinned_uuids(cluster, on).is_none() && !pinned.is_empty() {
-                let avoid: Vec<&str> = pinned.iter().copied().collect();
-                v.annotations
-                    .insert(emit::HAMI_NOUSE_UUID.to_string(), avoid.join(","));
+            // A variant pinned to its node: off the GPUs pinned there,
+            // its own left out (a tensor-parallel group's GPUs may have
+            // UUIDs in part).
+            if emit::pinned_uuids(cluster, on).is_none() {
+                let own: std::collections::BTreeSet<&str> = on
+                    .iter()
+                    .filter_map(|&(node, index)| uuid_of(node, index))
+                    .collect();
+                let avoid: Vec<&str> = on
+                    .iter()
+                    .map(|&(node, _)| node)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .filter_map(|node| pinned.get(node))
+                    .flatten()
+                    .copied()
+                    .filter(|u| !own.contains(u))
+                    .collect();
+                if !avoid.is_empty() {
+                    v.annotations
+                        .insert(emit::HAMI_NOUSE_UUID.to_string(), avoid.join(","));
+                }
             }
         }
         by_model.entry(model).or_default().push(v);

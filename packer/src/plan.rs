@@ -367,7 +367,8 @@ impl Plan {
     /// node's, a MIG geometry the GPU model cannot hold (or MIG on a GPU
     /// without it), share counts below 2, a replica of a model not
     /// loaded or on an unhealthy GPU, a tensor-parallel group larger than
-    /// the node, a GPU held for a training job not in `jobs`. GPUs on
+    /// the node, a GPU held for a training job neither in `jobs` nor
+    /// among the plan's `gangs`. GPUs on
     /// nodes the cluster no longer has are not checked
     /// (their replicas are planned again). Read from a file a user may
     /// have edited, a plan is held to the checks a cluster file gets:
@@ -445,9 +446,14 @@ impl Plan {
             if g.unhealthy && !g.replicas.is_empty() {
                 out.push((at("replicas"), "an unhealthy GPU runs nothing".into()));
             }
-            // A GPU held for a job no file defines would be taken as free.
+            // A GPU held for a job neither loaded nor among the plan's
+            // gangs is an edit that names no job (it would be taken as
+            // free). A gang of the plan whose file is gone has finished:
+            // deleting its TrainingJob is how that is said, and its GPUs
+            // are free.
             if let Some(gang) = &g.gang
                 && !jobs.contains(&gang.job.as_str())
+                && !self.gangs.iter().any(|p| p.name == gang.job)
             {
                 out.push((
                     at("gang.job"),
@@ -607,15 +613,24 @@ impl Variant {
 }
 
 /// One node requirement of a node-affinity term.
-pub(crate) fn requirement(
-    key: &str,
-    operator: &str,
-    values: Vec<String>,
-) -> NodeSelectorRequirement {
+fn requirement(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
     NodeSelectorRequirement {
         key: key.to_string(),
         operator: operator.to_string(),
         values: Some(values),
+    }
+}
+
+/// The affinity term that pins pods to one node (`metadata.name In
+/// [node]`, one value, as the API server requires of a field).
+pub fn on_node(node: &str) -> NodeSelectorTerm {
+    NodeSelectorTerm {
+        match_expressions: None,
+        match_fields: Some(vec![requirement(
+            "metadata.name",
+            "In",
+            vec![node.to_string()],
+        )]),
     }
 }
 

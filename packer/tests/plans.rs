@@ -1840,55 +1840,76 @@ fn fractional_replicas_are_pinned_to_their_planned_gpu_where_its_uuid_is_known()
 }
 
 #[test]
-fn an_unpinned_fractional_variant_keeps_off_the_gpus_pinned_ones_were_given() {
-    // UUIDs on one node only: its replicas' variants are pinned to their
-    // GPUs, and the rest, which cannot be, must not let HAMi's binpack
-    // fill those GPUs first (`nvidia.com/nouse-gpuuuid`).
+fn an_unpinned_fractional_variant_is_pinned_to_its_node_and_off_the_gpus_pinned_there() {
+    // UUIDs on GPU 0 of n1 only: replicas there are a variant pinned to
+    // it; the others, which cannot be pinned to their GPUs, are pinned to
+    // their node (else HAMi's binpack could place them on n1's pinned GPU)
+    // and kept off the GPUs pinned on that node (`nvidia.com/nouse-gpuuuid`).
     let mut cluster = common::cluster_allowing(
         &[("n1", "L40S", 2), ("n2", "L40S", 2)],
         &[SharingMode::Fractional],
     );
-    for g in &mut cluster.nodes[0].gpus {
-        g.uuid = Some(format!("GPU-n1-{}", g.index));
-    }
+    cluster.nodes[0].gpus[0].uuid = Some("GPU-n1-0".into());
     let modes = [SharingMode::Fractional];
     let models = vec![
-        common::model("a", 20.0, 0.1, &modes, &[1], &[]),
-        common::model("b", 20.0, 0.1, &modes, &[1], &[]),
+        common::model("a", 18.0, 0.1, &modes, &[1], &[]),
+        common::model("b", 18.0, 0.1, &modes, &[1], &[]),
     ];
-    let demand = BTreeMap::from([("a".into(), 3), ("b".into(), 3)]);
+    let demand = BTreeMap::from([("a".into(), 4), ("b".into(), 4)]);
     let options = PackOptions::default();
     let plan = pack(&cluster, &models, &demand, &options).unwrap();
     assert!(plan.unplaced.is_empty(), "{:?}", plan.unplaced);
-    let nodes: BTreeSet<&str> = plan
+    let used: BTreeSet<(&str, u32)> = plan
         .gpus
         .iter()
         .filter(|g| !g.replicas.is_empty())
-        .map(|g| g.node.as_str())
+        .map(|g| (g.node.as_str(), g.index))
         .collect();
-    assert_eq!(nodes.len(), 2, "both nodes in use: {:#?}", plan.gpus);
-    let pinned: BTreeSet<String> = plan
-        .models
-        .iter()
-        .flat_map(|m| &m.variants)
-        .filter_map(|v| v.annotations.get("nvidia.com/use-gpuuuid"))
-        .flat_map(|u| u.split(',').map(str::to_string).collect::<Vec<_>>())
-        .collect();
-    assert!(!pinned.is_empty());
-    let mut unpinned = 0;
+    assert_eq!(used.len(), 4, "every GPU in use: {:#?}", plan.gpus);
+    let node_of = |v: &gpuscale_packer::Variant| -> Option<String> {
+        let fields = v.node_affinity.as_ref()?.match_fields.as_ref()?;
+        let r = fields
+            .iter()
+            .find(|r| r.key == "metadata.name" && r.operator == "In")?;
+        r.values.as_ref()?.first().cloned()
+    };
+    let (mut pinned, mut on_n1, mut on_n2) = (0, 0, 0);
     for v in plan.models.iter().flat_map(|m| &m.variants) {
-        if v.annotations.contains_key("nvidia.com/use-gpuuuid") {
+        if let Some(u) = v.annotations.get("nvidia.com/use-gpuuuid") {
+            assert_eq!(u, "GPU-n1-0", "{}", v.name);
             assert!(!v.annotations.contains_key("nvidia.com/nouse-gpuuuid"));
+            pinned += 1;
             continue;
         }
-        unpinned += 1;
-        let avoided: BTreeSet<String> = v.annotations["nvidia.com/nouse-gpuuuid"]
-            .split(',')
-            .map(str::to_string)
-            .collect();
-        assert_eq!(avoided, pinned, "{}", v.name);
+        match node_of(v).as_deref() {
+            Some("n1") => {
+                on_n1 += 1;
+                assert!(v.name.ends_with("-fractional-on-n1"), "{}", v.name);
+                assert_eq!(
+                    v.annotations
+                        .get("nvidia.com/nouse-gpuuuid")
+                        .map(String::as_str),
+                    Some("GPU-n1-0"),
+                    "{}",
+                    v.name
+                );
+            }
+            Some("n2") => {
+                on_n2 += 1;
+                assert!(v.name.ends_with("-fractional-on-n2"), "{}", v.name);
+                assert!(
+                    !v.annotations.contains_key("nvidia.com/nouse-gpuuuid"),
+                    "{}",
+                    v.name
+                );
+            }
+            other => panic!("{} pinned to {other:?}", v.name),
+        }
     }
-    assert!(unpinned > 0);
+    assert!(
+        pinned > 0 && on_n1 > 0 && on_n2 > 0,
+        "{pinned} {on_n1} {on_n2}"
+    );
 }
 
 #[test]
