@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use gpuscale_packer::{Mode, Plan, Variant};
+use gpuscale_packer::{Plan, Variant};
 use gpuscale_policies::devices::NodeGpus;
 use gpuscale_policies::model::ScalingMemory;
 use gpuscale_policies::{Cluster, GpuMode, Model};
@@ -17,9 +17,9 @@ use crate::election::{Elector, Step, Timing};
 use crate::handover::{self, Held, VariantNow};
 use crate::kubernetes::{
     EventBudget, Evict, Evicted, HANDOFF_CONFIG, HANDOFF_LABEL, Handoff, Kube, KubeError,
-    MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, event_about, evict_for,
-    handoff_configure_patch, handoff_done_patch, handoff_failed_patch, handoff_of,
-    handoff_start_patch, may_reconfigure, merged_mig_parted, mig_state, owned_by_us,
+    MIG_CONFIG_LABEL, MIG_STATE_LABEL, Owned, PolicyWatch, Regarding, Said, changing_gpus,
+    event_about, evict_for, handoff_configure_patch, handoff_done_patch, handoff_failed_patch,
+    handoff_of, handoff_start_patch, may_reconfigure, merged_mig_parted, mig_state, owned_by_us,
     ownership_patch,
 };
 use crate::local::LocalBackend;
@@ -991,18 +991,7 @@ impl KubeBackend {
             let Some(was) = before.nodes.iter().find(|n| n.name == node.name) else {
                 continue;
             };
-            let changing: Vec<u32> = plan
-                .gpus
-                .iter()
-                .filter(|g| g.node == node.name && g.mode == Mode::Mig)
-                .filter(|g| {
-                    was.gpus.get(g.index as usize).is_none_or(|old| {
-                        old.mode != GpuMode::Mig
-                            || old.geometry.placements() != g.geometry.as_slice()
-                    })
-                })
-                .map(|g| g.index)
-                .collect();
+            let changing = changing_gpus(&plan.gpus, was);
             if changing.is_empty() {
                 self.mig.insert(node.name.clone(), node.mig_config.clone());
                 continue;

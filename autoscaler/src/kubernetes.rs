@@ -423,27 +423,10 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             },
         },
     });
-    if pinned(variant) {
-        // Pinned to a node or a GPU the plan filled: a surge pod would
-        // wait there for a GPU its own old pods hold, and the default
-        // rolling update (25 % unavailable, rounded down: none below four
-        // replicas) would then never finish. One old pod goes first.
-        value["spec"]["strategy"] = serde_json::json!({
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-        });
-    }
+    // One old pod out before a new one starts: the plan sized the devices
+    // exactly (`emit::rollout`).
+    value["spec"]["strategy"] = gpuscale_packer::emit::rollout();
     serde_json::from_value(value).expect("a well-formed Deployment")
-}
-
-/// Whether a variant's pods may run on one node or GPU only: its node
-/// affinity names a node (`metadata.name In`), or HAMi's annotation names
-/// its GPUs.
-fn pinned(variant: &Variant) -> bool {
-    variant.pinned_to_a_node()
-        || variant
-            .annotations
-            .contains_key(gpuscale_packer::emit::HAMI_USE_UUID)
 }
 
 /// Where the Hugging Face token file is mounted.
@@ -668,6 +651,30 @@ pub fn mig_configmap(
 /// `changing`: GPU indices the plan reconfigures).
 pub fn may_reconfigure(busy: &[u32], changing: &[u32]) -> bool {
     changing.iter().all(|g| !busy.contains(g))
+}
+
+/// The GPUs of `was` (a node as it is) that a plan's `gpus` reconfigure: those
+/// whose MIG geometry it changes (into MIG mode, or a new layout), and
+/// those in MIG mode now that it uses otherwise (whole, shared or
+/// fractional: MIG must be turned off under them first). An idle GPU left
+/// in MIG mode is not worth a cordon.
+pub fn changing_gpus(gpus: &[gpuscale_packer::GpuPlan], was: &gpuscale_policies::Node) -> Vec<u32> {
+    use gpuscale_packer::Mode;
+    use gpuscale_policies::GpuMode;
+    gpus.iter()
+        .filter(|g| g.node == was.name)
+        .filter(|g| {
+            let old = was.gpus.get(g.index as usize);
+            match g.mode {
+                Mode::Mig => old.is_none_or(|old| {
+                    old.mode != GpuMode::Mig || old.geometry.placements() != g.geometry.as_slice()
+                }),
+                Mode::Idle => false,
+                _ => old.is_some_and(|old| old.mode == GpuMode::Mig),
+            }
+        })
+        .map(|g| g.index)
+        .collect()
 }
 
 /// Which pods a drain of a node evicts ([`Evict`]): all of gpuscale's GPU
@@ -1171,7 +1178,8 @@ pub const HANDOFF_REASON: &str = "gpuscale.io/mig-handoff-reason";
 pub const HANDOFF_BY: &str = "gpuscale.io/mig-handoff-by";
 /// The node annotation saying which of gpuscale's pods a drain evicts:
 /// `gpus` (every pod holding a GPU device) where a GPU switches into MIG
-/// mode, absent for MIG pods alone ([`Evict`]).
+/// mode, `mig` for MIG pods alone ([`Evict`]); absent (a hand-off an
+/// older release recorded) read as `gpus`.
 pub const HANDOFF_EVICT: &str = "gpuscale.io/mig-handoff-evict";
 
 /// Which of gpuscale's pods on a node a MIG drain evicts. The API does
@@ -1245,9 +1253,11 @@ pub fn handoff_of(node: &Node) -> Option<Handoff> {
     match state.as_str() {
         "draining" => Some(Handoff::Draining {
             config,
+            // Unrecorded (a hand-off started by an older release, one of
+            // which evicted every GPU pod): every GPU pod, the safe side.
             evict: match m.annotations.as_ref().and_then(|a| a.get(HANDOFF_EVICT)) {
-                Some(v) if v == "gpus" => Evict::Gpus,
-                _ => Evict::Mig,
+                Some(v) if v == "mig" => Evict::Mig,
+                _ => Evict::Gpus,
             },
         }),
         "configuring" => Some(Handoff::Configuring { config }),
@@ -1288,7 +1298,10 @@ pub fn handoff_start_patch(config: &str, drain: bool, evict: Evict, by: &str) ->
                 HANDOFF_CONFIG: config,
                 HANDOFF_REASON: reason,
                 HANDOFF_BY: by,
-                HANDOFF_EVICT: (drain && evict == Evict::Gpus).then_some("gpus"),
+                HANDOFF_EVICT: match evict {
+                    Evict::Mig => "mig",
+                    Evict::Gpus => "gpus",
+                },
             },
         },
         "spec": {"unschedulable": true},

@@ -587,8 +587,11 @@ async fn a_tensor_parallel_variant_gets_its_size_and_its_token_and_cache_as_file
         )
         .await;
         let pod = &body["spec"]["template"]["spec"];
-        // Not pinned to a node: the default rolling update surges elsewhere.
-        assert!(body["spec"].get("strategy").is_none(), "{body:#}");
+        // The plan sized the devices exactly: one old pod out first.
+        assert_eq!(
+            body["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+        );
         let labels = &body["spec"]["template"]["metadata"]["labels"];
         assert_eq!(labels["hami.io/webhook"], "ignore");
         assert_eq!(labels["gpuscale.io/variant"], "llama-h100-80gb-tp2");
@@ -804,7 +807,7 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
         );
         assert_eq!(template["spec"]["nodeSelector"]["gpu"], "on");
         // Pinned to its GPUs: a surge pod would wait for a GPU the old
-        // pods hold, so one old pod goes first.
+        // pods hold, so one old pod goes first (as for every variant).
         assert_eq!(
             body["spec"]["strategy"],
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
@@ -2247,10 +2250,10 @@ fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
         Evict::Mig,
         "inference/gpuscale-autoscaler",
     );
-    // MIG pods alone: no note that others go too.
+    // MIG pods alone, recorded as such.
     assert_eq!(
         p["metadata"]["annotations"]["gpuscale.io/mig-handoff-evict"],
-        Value::Null
+        "mig"
     );
     let gpus = handoff_start_patch(
         "gpuscale-00ab",
@@ -2312,6 +2315,49 @@ fn a_handoff_starts_with_a_cordon_and_its_reason_in_one_patch() {
     assert_eq!(evict_for(&mig_now, &[0, 1]), Evict::Mig);
     assert_eq!(evict_for(&mig_now, &[1, 2]), Evict::Gpus);
     assert_eq!(evict_for(&mig_now, &[3]), Evict::Gpus);
+}
+
+/// A node's GPUs a plan reconfigures: a new MIG layout, a GPU into MIG
+/// mode, and a GPU taken out of MIG mode for whole or shared use (which
+/// once went unnoticed: the config was recorded as applied and its label
+/// never written, so the GPU stayed in MIG mode under its new replicas);
+/// not an idle GPU left in MIG mode, nor one whose layout stays.
+#[test]
+fn the_gpus_a_plan_reconfigures_include_those_it_takes_out_of_mig_mode() {
+    use gpuscale_autoscaler::kubernetes::changing_gpus;
+    let text = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: c}
+spec:
+  nodes:
+    - name: n
+      gpuModel: H100-80GB
+      gpuCount: 5
+      gpus:
+        - {index: 0, mode: mig, geometry: [{profile: 7g.80gb, start: 0}]}
+        - {index: 1, mode: mig, geometry: [{profile: 7g.80gb, start: 0}]}
+        - {index: 2, mode: whole}
+        - {index: 3, mode: mig, geometry: [{profile: 7g.80gb, start: 0}]}
+        - {index: 4, mode: mig, geometry: [{profile: 7g.80gb, start: 0}]}
+";
+    let bundle = gpuscale_policies::load::load_sources(&[(Path::new("c.yaml"), text)]).unwrap();
+    let was = &bundle.cluster.as_ref().unwrap().nodes[0];
+    let gpu = |index: u32, mode: &str, geometry: Value| {
+        json!({"node": "n", "index": index, "gpu_model": "H100-80GB", "mode": mode,
+               "geometry": geometry, "replicas": []})
+    };
+    let seven = json!([{"profile": "7g.80gb", "start": 0}]);
+    let halves = json!([{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]);
+    let gpus: Vec<gpuscale_packer::GpuPlan> = serde_json::from_value(json!([
+        gpu(0, "mig", seven),          // the same layout: stays
+        gpu(1, "mig", halves.clone()), // a new layout
+        gpu(2, "mig", halves),         // into MIG mode
+        gpu(3, "whole", json!([])),    // out of MIG mode, used whole
+        gpu(4, "idle", json!([])),     // idle, left in MIG mode
+    ]))
+    .unwrap();
+    assert_eq!(changing_gpus(&gpus, was), vec![1, 2, 3]);
     assert!(!gpuscale_autoscaler::kubernetes::may_reconfigure(
         &[0, 1],
         &[1, 2]
@@ -3741,9 +3787,10 @@ async fn a_mig_drain_ends_the_hold_of_the_variant_it_evicts() {
 /// change a GPU a process runs on: where a GPU switches into MIG mode
 /// (`mig-handoff-evict: gpus` on the node) a drain evicts gpuscale's
 /// pods that hold a whole GPU or a share of one as well as its MIG pods;
-/// a new layout of MIG GPUs (no such note) evicts the MIG pods alone, as a
-/// GPU in MIG mode is never handed out whole. A pod of gpuscale's that
-/// holds no GPU is left alone either way.
+/// a new layout of MIG GPUs (`mig`) evicts the MIG pods alone, as a GPU
+/// in MIG mode is never handed out whole. A hand-off recorded without the
+/// note (an older release's) evicts every GPU pod, the safe side. A pod
+/// of gpuscale's that holds no GPU is left alone every time.
 async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
     let (mut backend, mut handle, _gw) = backend_with(spec(), "gpuscale-0").await;
     let m = model();
@@ -3798,17 +3845,29 @@ async fn a_mig_drain_evicts_whole_and_shared_gpu_pods_too() {
         }
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         // A new layout of MIG GPUs only: the MIG pod alone goes.
+        next_tick(&mut handle, nodes(vec![draining(Some("mig"))])).await;
+        expect(&mut handle, Method::GET, PODS_ON, 200, pods.clone()).await;
+        let eviction = "/api/v1/namespaces/inference/pods/slice/eviction?";
+        expect(&mut handle, Method::POST, eviction, 201, evicted.clone()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        // Unrecorded: every GPU pod.
         next_tick(&mut handle, nodes(vec![draining(None)])).await;
         expect(&mut handle, Method::GET, PODS_ON, 200, pods).await;
-        let eviction = "/api/v1/namespaces/inference/pods/slice/eviction?";
-        expect(&mut handle, Method::POST, eviction, 201, evicted).await;
+        for name in ["whole", "shared", "slice"] {
+            let eviction = format!("/api/v1/namespaces/inference/pods/{name}/eviction?");
+            expect(&mut handle, Method::POST, &eviction, 201, evicted.clone()).await;
+        }
         expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
         handle
     });
-    backend.tick(std::slice::from_ref(&m), now).await;
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_millis(10))
-        .await;
+    for i in 0..3 {
+        backend
+            .tick(
+                std::slice::from_ref(&m),
+                now + Duration::from_millis(i * 10),
+            )
+            .await;
+    }
     let mut handle = server.await.unwrap();
     silent(&mut handle, 100, "another write").await;
 }

@@ -506,7 +506,8 @@ pub fn affinity(v: &crate::plan::Variant) -> Option<serde_json::Value> {
 /// template's parts the plan decides — the pods' labels (gpuscale's and
 /// the variant's own), annotations (HAMi's, which HAMi reads from the pod,
 /// not from the Deployment), node selector, required node affinity, and
-/// the `model-server` container's resource limits.
+/// the `model-server` container's resource limits; and the rollout
+/// ([`rollout`]).
 pub fn variant_patch(model: &str, v: &crate::plan::Variant) -> serde_json::Value {
     let labels = BTreeMap::from([
         (MODEL_LABEL.to_string(), model.to_string()),
@@ -530,9 +531,21 @@ pub fn variant_patch(model: &str, v: &crate::plan::Variant) -> serde_json::Value
         "spec": {
             "replicas": v.replicas,
             "selector": {"matchLabels": {VARIANT_LABEL: v.name}},
+            "strategy": rollout(),
             "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     })
+}
+
+/// A variant's Deployment strategy: a rolling update that takes one old
+/// pod out before it starts a new one (`maxSurge: 0`, `maxUnavailable:
+/// 1`). The plan makes exactly the MIG instances, shares, HAMi room and
+/// whole GPUs its replicas need, and pins whole-GPU and fractional
+/// variants to their node or GPUs: a surge pod would wait for a device its
+/// own old pods hold, and the default (25 % unavailable, rounded down:
+/// none below four replicas) would never finish a template change.
+pub fn rollout() -> serde_json::Value {
+    serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
 }
 
 /// Every file `plan --emit DIR` writes: (relative path, contents).

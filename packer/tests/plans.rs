@@ -1203,6 +1203,13 @@ spec:
         snippet.contains("nvidia.com/gpu.product: Acme-L40S-Custom"),
         "{snippet}"
     );
+    // The shares are exactly those the plan made: one old pod out before a
+    // new one starts, or a rollout's surge pod would wait forever.
+    let patch: serde_json::Value = serde_yaml_ng::from_str(snippet).unwrap();
+    assert_eq!(
+        patch["spec"]["strategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+    );
 }
 
 /// The baselines report the dominant share too: a compute-bound replica
