@@ -423,9 +423,12 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
             },
         },
     });
-    // One old pod out before a new one starts: the plan sized the devices
-    // exactly (`emit::rollout`).
-    value["spec"]["strategy"] = gpuscale_packer::emit::rollout();
+    // One old pod out before a new one starts where the packer sized the
+    // devices exactly (`emit::rollout`); without packing (sidecar mode)
+    // the default rolling update may surge onto any free GPU.
+    if spec.pack {
+        value["spec"]["strategy"] = gpuscale_packer::emit::rollout();
+    }
     serde_json::from_value(value).expect("a well-formed Deployment")
 }
 
