@@ -660,6 +660,20 @@ fn a_zero_slo_target_is_located() {
     assert!(p[0].message.contains("more than 0"), "{}", p[0].message);
 }
 
+/// The problems of `cluster` loaded with the policy `m` and a 1 × 2-GPU
+/// training job `tj` (which the cluster's GPUs are expected to misuse).
+fn with_a_two_gpu_job(cluster: &str) -> Vec<Problem> {
+    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: tj}\nspec: {workers: 1, gpusPerWorker: 2}\n";
+    match load_sources(&[
+        (Path::new("c.yaml"), cluster),
+        (Path::new("m.yaml"), POLICY),
+        (Path::new("j.yaml"), job),
+    ]) {
+        Ok(_) => panic!("a gang's GPU shared or sliced passed"),
+        Err(p) => p.0,
+    }
+}
+
 #[test]
 fn a_training_job_on_a_shared_gpu_is_located() {
     // A time-sliced GPU running a training job's worker and a model's
@@ -674,15 +688,7 @@ fn a_training_job_on_a_shared_gpu_is_located() {
         - {index: 1, mode: whole, workloads: [{model: tj}]}
 ",
     );
-    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: tj}\nspec: {workers: 1, gpusPerWorker: 2}\n";
-    let p = match load_sources(&[
-        (Path::new("c.yaml"), cluster.as_str()),
-        (Path::new("m.yaml"), POLICY),
-        (Path::new("j.yaml"), job),
-    ]) {
-        Ok(_) => panic!("a shared gang GPU passed"),
-        Err(p) => p.0,
-    };
+    let p = with_a_two_gpu_job(&cluster);
     assert!(
         p.iter()
             .any(|p| p.path == "spec.nodes[0].gpus[0].workloads[0].model"
@@ -1556,15 +1562,7 @@ fn a_training_job_alone_on_a_mig_gpu_is_located() {
         - {index: 1, mode: whole, workloads: [{model: tj}]}
 ",
     );
-    let job = "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: tj}\nspec: {workers: 1, gpusPerWorker: 2}\n";
-    let p = match load_sources(&[
-        (Path::new("c.yaml"), cluster.as_str()),
-        (Path::new("m.yaml"), POLICY),
-        (Path::new("j.yaml"), job),
-    ]) {
-        Ok(_) => panic!("a gang worker on a MIG GPU passed"),
-        Err(p) => p.0,
-    };
+    let p = with_a_two_gpu_job(&cluster);
     assert_eq!(
         p.iter()
             .filter(|p| p.path.starts_with("spec.nodes[0].gpus"))
