@@ -78,6 +78,8 @@ struct Search<'a> {
     classes: &'a [Class],
     /// Per class, model → its (single-GPU) fractional slot type.
     homes: Vec<BTreeMap<usize, usize>>,
+    /// Per class, the inverse: fractional slot type → its model.
+    owners: Vec<BTreeMap<usize, usize>>,
     bins: Vec<Bin>,
     by_class: Vec<Vec<usize>>,
     /// Non-fractional slots offered less those taken, per (class, type).
@@ -220,6 +222,10 @@ impl<'a> Search<'a> {
         if homes.iter().all(BTreeMap::is_empty) {
             return None;
         }
+        let owners = homes
+            .iter()
+            .map(|home| home.iter().map(|(&m, &t)| (t, m)).collect())
+            .collect();
         let mut bins = Vec::new();
         let mut by_class = vec![Vec::new(); classes.len()];
         for (c, class) in classes.iter().enumerate() {
@@ -291,6 +297,7 @@ impl<'a> Search<'a> {
         Some(Self {
             classes,
             homes,
+            owners,
             bins,
             by_class,
             spare,
@@ -359,7 +366,7 @@ impl<'a> Search<'a> {
                     let SlotKind::Fractional(_) = &self.classes[bin.c].slot_types[t].kind else {
                         return None;
                     };
-                    let m = *self.homes[bin.c].iter().find(|&(_, &tt)| tt == t)?.0;
+                    let m = *self.owners[bin.c].get(&t)?;
                     out.extend(std::iter::repeat_n((m, Some(t), bin.c), k as usize));
                 }
             }
@@ -566,11 +573,7 @@ impl<'a> Search<'a> {
                     .map(|(&t, &k)| (t, k))
                     .collect();
                 for (t, k) in shares {
-                    let Some(m) = self.homes[c]
-                        .iter()
-                        .find(|&(_, &x)| x == t)
-                        .map(|(&m, _)| m)
-                    else {
+                    let Some(&m) = self.owners[c].get(&t) else {
                         continue;
                     };
                     for _ in 0..k {
@@ -655,11 +658,7 @@ impl<'a> Search<'a> {
                     .map(|(&s, _)| s)
                     .collect();
                 for s in shares {
-                    let Some(other) = self.homes[c]
-                        .iter()
-                        .find(|&(_, &x)| x == s)
-                        .map(|(&o, _)| o)
-                    else {
+                    let Some(&other) = self.owners[c].get(&s) else {
                         continue;
                     };
                     let class = &self.classes[c];
