@@ -34,6 +34,17 @@ pub fn bounded_name(name: String) -> String {
     )
 }
 
+/// `name` (a valid object name another object also took) made its own
+/// with a hash of `identity`, within 63 characters.
+pub fn distinct_name(name: &str, identity: &str) -> String {
+    let head: String = name.chars().take(52).collect();
+    format!(
+        "{}-{:010x}",
+        head.trim_end_matches('-'),
+        fnv(identity) & 0xff_ffff_ffff
+    )
+}
+
 /// The mig-parted config name that disables MIG on every GPU.
 pub const ALL_DISABLED: &str = "all-disabled";
 

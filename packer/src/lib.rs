@@ -627,13 +627,12 @@ pub(crate) fn tally(
                     format!("tp{k}-{}", g.node)
                 }
             };
-            let name = emit::bounded_name(
-                format!("{}-{}-{}", r.model, g.gpu_model, suffix)
-                    .to_lowercase()
-                    .replace(['.', '+', '_'], "-"),
-            );
+            // What the variant is, before it is made a valid object name
+            // (the names of two such may meet: see `distinct_names`).
+            let raw = format!("{}-{}-{}", r.model, g.gpu_model, suffix);
+            let name = emit::bounded_name(raw.to_lowercase().replace(['.', '+', '_'], "-"));
             let v = variants
-                .entry((r.model.clone(), name.clone()))
+                .entry((r.model.clone(), raw.clone()))
                 .or_insert_with(|| plan::Variant {
                     name,
                     gpu_model: g.gpu_model.clone(),
@@ -649,7 +648,7 @@ pub(crate) fn tally(
                 });
             if g.mode == Mode::Fractional {
                 fractional_gpus
-                    .entry(v.name.clone())
+                    .entry(raw)
                     .or_default()
                     .insert((g.node.as_str(), g.index));
             }
@@ -676,9 +675,10 @@ pub(crate) fn tally(
             }
         }
     }
+    distinct_names(&mut variants);
     let mut by_model: BTreeMap<String, Vec<plan::Variant>> = BTreeMap::new();
-    for ((model, _), mut v) in variants {
-        if let Some(on) = fractional_gpus.get(&v.name) {
+    for ((model, raw), mut v) in variants {
+        if let Some(on) = fractional_gpus.get(&raw) {
             v.annotations = emit::hami_annotations(cluster, on);
             // A variant pinned to its node: off the GPUs pinned there,
             // its own left out (a tensor-parallel group's GPUs may have
@@ -706,6 +706,9 @@ pub(crate) fn tally(
         }
         by_model.entry(model).or_default().push(v);
     }
+    for list in by_model.values_mut() {
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     Tally {
         used,
         cost,
@@ -724,6 +727,35 @@ pub(crate) fn tally(
         },
         placed,
         variants: by_model,
+    }
+}
+
+/// Gives every variant its own object name. Making a name valid folds
+/// `.`, `+`, `_` and capitals into `-` and lower case, so node `a.b` and
+/// node `a-b`, or model `x.y` and model `x-y`, would otherwise get one
+/// Deployment between them (and its pods one node's affinity). Of the
+/// variants that meet on a name, the first whose identity is already that
+/// name (but for capitals) keeps it, so an existing Deployment is not
+/// renamed when a look-alike node or model appears; the others get a hash
+/// of their identity.
+fn distinct_names(variants: &mut BTreeMap<(String, String), plan::Variant>) {
+    let mut claims: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (key, v) in variants.iter() {
+        claims.entry(v.name.clone()).or_default().push(key.clone());
+    }
+    for (name, keys) in claims {
+        if keys.len() < 2 {
+            continue;
+        }
+        // GPU models are spelt as the catalogue spells them, capitals
+        // included; nodes and models are lower case already.
+        let keeper = keys.iter().position(|k| k.1.to_lowercase() == name);
+        for (i, key) in keys.into_iter().enumerate() {
+            if Some(i) != keeper {
+                let v = variants.get_mut(&key).expect("claimed by a variant");
+                v.name = emit::distinct_name(&name, &key.1);
+            }
+        }
     }
 }
 

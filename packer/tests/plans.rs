@@ -2002,3 +2002,74 @@ fn a_tensor_parallel_fractional_replica_is_pinned_to_its_own_gpus_and_growth_lea
         assert_eq!(after.get(name), Some(annotations), "{name}");
     }
 }
+
+/// Nodes or models whose names differ only in what a valid object name
+/// folds (`.` against `-`) still get a Deployment each, each pinned to its
+/// own node; the one already spelt as the name keeps it.
+#[test]
+fn look_alike_nodes_and_models_get_a_variant_each() {
+    let text = r#"apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {name: t}
+spec:
+  nodes:
+    - {name: gpu.a, gpuModel: H100-80GB, gpuCount: 2}
+    - {name: gpu-a, gpuModel: H100-80GB, gpuCount: 2}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: chat.v2}
+spec:
+  resources: {memoryGiB: 60, compute: 0.5, maxConcurrency: 8}
+  placement: {gpuModels: [H100-80GB]}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: chat-v2}
+spec:
+  resources: {memoryGiB: 60, compute: 0.5, maxConcurrency: 8}
+  placement: {gpuModels: [H100-80GB]}
+"#;
+    let bundle = gpuscale_policies::load::load_sources(&[(Path::new("t.yaml"), text)])
+        .unwrap_or_else(|p| panic!("{p}"));
+    let cluster = bundle.cluster.clone().unwrap();
+    let wanted = common::demand(&[("chat.v2", 2), ("chat-v2", 2)]);
+    let options = PackOptions::default();
+    let plan = pack(&cluster, &bundle.models, &wanted, &options).unwrap();
+    check_rules(&plan, &cluster, &bundle.models, &options, &wanted);
+    // Where the plan put each model's replicas, by node.
+    let mut placed: BTreeSet<(String, String)> = BTreeSet::new();
+    for g in &plan.gpus {
+        for r in &g.replicas {
+            placed.insert((r.model.clone(), g.node.clone()));
+        }
+    }
+    let mut names = BTreeSet::new();
+    let mut pinned: BTreeSet<(String, String)> = BTreeSet::new();
+    for m in &plan.models {
+        for v in &m.variants {
+            assert!(names.insert(v.name.clone()), "{} twice", v.name);
+            assert!(v.name.len() <= 63, "{}", v.name);
+            assert!(
+                v.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{}",
+                v.name
+            );
+            let term = v.node_affinity.as_ref().expect("pinned to its node");
+            let fields = term.match_fields.as_ref().expect("by node name");
+            let node = fields[0].values.as_ref().unwrap()[0].clone();
+            pinned.insert((m.name.clone(), node.clone()));
+            if !m.name.contains('.') && !node.contains('.') {
+                assert_eq!(
+                    v.name,
+                    format!("{}-h100-80gb-tp1-{node}", m.name),
+                    "the look-alike's variant is the one renamed"
+                );
+            }
+        }
+    }
+    assert_eq!(pinned, placed, "a variant per model and node");
+    assert_eq!(names.len(), placed.len());
+}
