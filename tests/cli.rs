@@ -1755,6 +1755,18 @@ fn a_plan_that_leaves_replicas_out_claims_no_gap_to_the_lp_bound() {
     assert!(summary.contains("no gap is claimed"), "{summary}");
     assert!(!summary.contains("optimal"), "{summary}");
     assert!(!summary.contains("gap -"), "{summary}");
+    // Nor does the JSON: no gap, rather than one against the whole
+    // demand's bound (negative where the plan placed less).
+    args.extend(["--format", "json"]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!plan["unplaced"].as_array().unwrap().is_empty(), "{plan}");
+    assert!(
+        plan["optimality_gap"].is_null(),
+        "{}",
+        plan["optimality_gap"]
+    );
 }
 
 #[test]

@@ -404,6 +404,9 @@ fn kept(
     };
     let mut plan = figures(cluster, models, wanted, &solved, decoded, options);
     plan.lp_bound_known = known;
+    if !known {
+        plan.optimality_gap = None;
+    }
     plan.pools = pools(classes, &solved, &plan.gpus);
     plan.basis = prior.cloned();
     Some(plan)
@@ -821,10 +824,12 @@ fn figures(
         lp_bound_gpus: (solved.lp_gpus - 1e-6).ceil().max(0.0) as u32,
         lp_bound_cost: solved.lp_cost,
         cost_per_hour: cost,
-        optimality_gap: if solved.lp_cost > 1e-9 {
-            (cost - solved.lp_cost) / solved.lp_cost
+        optimality_gap: if !unplaced.is_empty() {
+            None
+        } else if solved.lp_cost > 1e-9 {
+            Some((cost - solved.lp_cost) / solved.lp_cost)
         } else {
-            0.0
+            Some(0.0)
         },
         lp_bound_known: true,
         optimal: solved.optimal,

@@ -314,8 +314,12 @@ pub struct Plan {
     pub lp_bound_cost: f64,
     /// Cost per hour of the GPUs in use.
     pub cost_per_hour: f64,
-    /// (cost − LP cost bound) ÷ LP cost bound.
-    pub optimality_gap: f64,
+    /// (cost − LP cost bound) ÷ LP cost bound; `None` where the bound
+    /// says nothing of this plan: no LP was solved (`lp_bound_known`
+    /// false), or the plan leaves replicas out (the bound is for placing
+    /// the whole demand, and a plan that places less can cost less).
+    #[serde(default)]
+    pub optimality_gap: Option<f64>,
     /// Whether the LP bounds above were computed. A re-plan that keeps
     /// what runs (`--keep-running`) without a prior plan's proven bound
     /// solves no LP: the three figures above are then 0 and say nothing.

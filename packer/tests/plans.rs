@@ -1548,7 +1548,8 @@ fn small_replicas_share_time_sliced_mig_instances() {
         "mig-1g.10gb-timeslice-3"
     );
     // The LP bound agrees: the plan is at it.
-    assert!(plan.optimality_gap.abs() < 1e-9, "{}", plan.optimality_gap);
+    let gap = plan.optimality_gap.expect("every replica placed");
+    assert!(gap.abs() < 1e-9, "{gap}");
 
     let now = plan.apply_to(&cluster);
     assert_eq!(now.nodes[0].mig_timeslice, node.mig_timeslice);

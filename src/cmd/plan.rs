@@ -596,15 +596,15 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
             plan.lp_bound_gpus,
             plan.lp_bound_cost,
         ));
-    } else if plan.lp_bound_known {
+    } else if let (true, Some(gap)) = (plan.lp_bound_known, plan.optimality_gap) {
         out.push_str(&format!(
             "GPUs used {} (LP bound {}), cost ${:.2}/h (LP bound ${:.2}, gap {:.1} %), {}\n",
             plan.gpus_used,
             plan.lp_bound_gpus,
             plan.cost_per_hour,
             plan.lp_bound_cost,
-            plan.optimality_gap * 100.0,
-            match (plan.optimal, plan.optimality_gap <= mip_gap + 1e-9) {
+            gap * 100.0,
+            match (plan.optimal, gap <= mip_gap + 1e-9) {
                 (true, true) => "optimal within --mip-gap".to_string(),
                 // The solver's own bound (after its cuts and branching) is
                 // tighter than the LP's: it proved the gap, the LP cannot show it.
