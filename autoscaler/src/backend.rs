@@ -125,6 +125,12 @@ pub struct KubeBackend {
     /// Deployment names known to be gpuscale's (read with its label, or
     /// created by it).
     owned: BTreeSet<String>,
+    /// Per Deployment gpuscale owns, as last read: its model, the digest
+    /// of the spec it was applied with, and whether its rollout is done
+    /// ([`KubeBackend::roll`]).
+    templates: BTreeMap<String, (String, Option<String>, bool)>,
+    /// Deployments applied since they were last read.
+    applied: BTreeSet<String>,
     /// Per model, Deployments the plan names that are not gpuscale's.
     refused: BTreeMap<String, BTreeSet<String>>,
     /// Per model, the variants its last applied change planned (their
@@ -267,6 +273,8 @@ impl KubeBackend {
             variants: BTreeMap::new(),
             read: BTreeMap::new(),
             owned: BTreeSet::new(),
+            templates: BTreeMap::new(),
+            applied: BTreeSet::new(),
             refused: BTreeMap::new(),
             planned: BTreeMap::new(),
             idle_since: BTreeMap::new(),
@@ -576,6 +584,68 @@ impl KubeBackend {
         vec![crate::kubernetes::whole_gpu_variant(model, replicas)]
     }
 
+    /// Rolls out pod templates that changed while the counts did not (a
+    /// policy's image, arguments or resources, the controller's settings):
+    /// every tick, each model's Deployments as last read are compared
+    /// with what the model's variants would be applied as now
+    /// ([`crate::kubernetes::template_hash`]), and the first that differs
+    /// is applied, one Deployment per model at a time: only while every
+    /// Deployment of the model has finished its rollout, so a model never
+    /// restarts more than one variant's replicas at once. A model whose
+    /// Deployments were applied this round (a change) waits for the next
+    /// read; a Deployment without the digest (applied before it existed)
+    /// is left to its model's next change.
+    async fn roll(&mut self, models: &[Model], plan: Option<&Plan>) -> Result<(), KubeError> {
+        // Packing with no plan yet: the variants are not known.
+        if !self.leading || (self.kube.spec().pack && plan.is_none()) {
+            return Ok(());
+        }
+        for model in models {
+            let mine: Vec<(&String, bool)> = self
+                .templates
+                .iter()
+                .filter(|(_, (m, _, _))| *m == model.name)
+                .map(|(name, (_, _, settled))| (name, *settled))
+                .collect();
+            if mine.is_empty()
+                || mine
+                    .iter()
+                    .any(|(name, settled)| !settled || self.applied.contains(*name))
+            {
+                continue;
+            }
+            let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
+            let due = Self::variants_of(model, replicas, plan)
+                .into_iter()
+                .find(|v| {
+                    let want = crate::kubernetes::deployment(model, v, self.kube.spec());
+                    let want = want
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(crate::kubernetes::TEMPLATE));
+                    matches!(
+                        self.templates.get(&v.name),
+                        Some((_, Some(live), _)) if Some(live) != want
+                    )
+                });
+            let Some(v) = due else {
+                continue;
+            };
+            if !self.still_leading() {
+                return Err(lost());
+            }
+            tracing::info!(
+                model = %model.name,
+                deployment = %v.name,
+                "its pod template changed (the policy or the controller's settings): rolling it out, one Deployment of the model at a time"
+            );
+            self.kube.apply_deployment(model, &v).await?;
+            self.applied.insert(v.name.clone());
+        }
+        Ok(())
+    }
+
     /// Still the leader now (the renew deadline has not passed since the
     /// last renewal): checked before every write, so that a loop stalled
     /// on slow calls stops writing before another leader can start.
@@ -749,6 +819,7 @@ impl KubeBackend {
             model.scaling.startup_time * HANDOVER_STARTUPS,
         );
         let mut applied = BTreeSet::new();
+        let mut rolled = false;
         let mut refused = BTreeSet::new();
         // What grows first, then what shrinks or holds
         // (`handover::shrinks`).
@@ -770,7 +841,41 @@ impl KubeBackend {
                     _ => {}
                 }
             }
-            self.kube.apply_deployment(model, v).await?;
+            // A running variant whose pod template changed rolls at once
+            // only if it is the model's first: while another of the
+            // model's Deployments rolls, it keeps its pods (and the roll
+            // takes it later), so a change never restarts two variants'
+            // replicas together.
+            let want = crate::kubernetes::deployment(model, v, self.kube.spec());
+            let want = want
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::kubernetes::TEMPLATE));
+            let rolls = matches!(
+                self.templates.get(&v.name),
+                Some((_, Some(live), _)) if Some(live) != want
+            ) && read.iter().any(|r| r.name == v.name && r.replicas > 0);
+            let rolling = self
+                .templates
+                .values()
+                .any(|(m, _, settled)| *m == model.name && !settled)
+                || rolled;
+            let live = if rolls && rolling {
+                self.kube.deployment(&v.name).await?
+            } else {
+                None
+            };
+            if let Some(live) = live {
+                tracing::info!(model = %model.name, deployment = %v.name, "its pod template changed: kept until the model's other Deployments have rolled");
+                self.kube
+                    .apply_deployment_keeping_pods(model, v, &live)
+                    .await?;
+            } else {
+                self.kube.apply_deployment(model, v).await?;
+                self.applied.insert(v.name.clone());
+                rolled |= rolls;
+            }
             self.owned.insert(v.name.clone());
             let (n, held) = counts.get(&v.name).copied().unwrap_or((v.replicas, None));
             self.scale_held(
@@ -1302,6 +1407,16 @@ impl KubeBackend {
     ) -> Result<(), KubeError> {
         let owned = self.kube.owned().await?;
         self.owned = owned.iter().map(|o| o.name.clone()).collect();
+        self.templates = owned
+            .iter()
+            .map(|o| {
+                (
+                    o.name.clone(),
+                    (o.model.clone(), o.template.clone(), o.settled),
+                )
+            })
+            .collect();
+        self.applied.clear();
         // A dry run beside another controller (KEDA mode: KEDA scales the
         // model server's own Deployment): a model with no Deployment of
         // gpuscale's starts from the replicas that Deployment runs, as
@@ -1682,6 +1797,18 @@ impl Backend {
                 BTreeSet::new()
             }
             Backend::Kube(k) => k.apply(changes, plan, before, now).await,
+        }
+    }
+
+    /// Kubernetes: rolls out pod templates that changed while the counts
+    /// did not, one Deployment per model at a time
+    /// ([`KubeBackend::roll`]); a failure is logged and retried next
+    /// tick. Local replicas have no template to roll.
+    pub async fn roll(&mut self, models: &[Model], plan: Option<&Plan>) {
+        if let Backend::Kube(k) = self
+            && let Err(e) = k.roll(models, plan).await
+        {
+            tracing::error!("rolling out a changed pod template: {e}");
         }
     }
 

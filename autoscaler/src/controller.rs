@@ -558,6 +558,8 @@ impl Controller {
         self.adopt(&observed);
         let obs = self.observe().await;
         self.decide(obs, None).await;
+        let plan = self.filled.as_ref().or(self.plan.as_ref());
+        self.backend.roll(&self.settings.models, plan).await;
         self.report.sample();
         let memory: BTreeMap<String, ScalingMemory> = self
             .states

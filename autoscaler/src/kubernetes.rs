@@ -429,7 +429,35 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
     if spec.pack {
         value["spec"]["strategy"] = gpuscale_packer::emit::rollout();
     }
+    value["metadata"]["annotations"][TEMPLATE] = serde_json::json!(template_hash(&value["spec"]));
     serde_json::from_value(value).expect("a well-formed Deployment")
+}
+
+/// Annotation on a variant Deployment: [`template_hash`] of the spec it
+/// was applied with. The controller compares it with what it would apply
+/// now, every tick, and rolls a changed one out ([`Owned::template`]).
+pub const TEMPLATE: &str = "gpuscale.io/template";
+
+/// A digest of a Deployment's spec (xxh3 of its JSON, in hex) without its
+/// pods' annotations: those are HAMi's placement hints, read when a pod is
+/// scheduled, and a re-plan for another model can change them (the GPUs
+/// pinned beside a variant's); they reach the pods at the model's next
+/// change, never by a restart of their own. Everything else (image,
+/// arguments, resources, selectors, strategy) comes from the policy, the
+/// controller's settings and the variant's name.
+pub fn template_hash(spec: &serde_json::Value) -> String {
+    let mut spec = spec.clone();
+    if let Some(m) = spec
+        .get_mut("template")
+        .and_then(|t| t.get_mut("metadata"))
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        m.remove("annotations");
+    }
+    format!(
+        "{:016x}",
+        xxhash_rust::xxh3::xxh3_64(spec.to_string().as_bytes())
+    )
 }
 
 /// Where the Hugging Face token file is mounted.
@@ -924,6 +952,31 @@ pub struct Owned {
     pub spares: u32,
     /// `metadata.resourceVersion`: a removal is refused if it changed.
     pub resource_version: Option<String>,
+    /// [`TEMPLATE`]: the digest of the spec it was applied with (`None`:
+    /// applied by a controller before this annotation, or by hand).
+    pub template: Option<String>,
+    /// Its rollout is done: the Deployment controller has seen its latest
+    /// spec, and every replica asked for runs it and is ready.
+    pub settled: bool,
+}
+
+/// Whether a Deployment's rollout is done (as `kubectl rollout status`
+/// judges it: the latest generation observed, and `updatedReplicas`,
+/// `readyReplicas` and `replicas` all at `spec.replicas`).
+pub fn settled(d: &Deployment) -> bool {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let Some(s) = d.status.as_ref() else {
+        return want == 0;
+    };
+    let observed = match (s.observed_generation, d.metadata.generation) {
+        (Some(o), Some(g)) => o >= g,
+        (_, None) => true,
+        (None, Some(_)) => false,
+    };
+    observed
+        && s.updated_replicas.unwrap_or(0) >= want
+        && s.ready_replicas.unwrap_or(0) >= want
+        && s.replicas.unwrap_or(0) <= want
 }
 
 impl Owned {
@@ -1024,6 +1077,13 @@ pub fn owned_deployments(deployments: &[Deployment]) -> Vec<Owned> {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
                 resource_version: d.metadata.resource_version.clone(),
+                template: d
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(TEMPLATE))
+                    .cloned(),
+                settled: settled(d),
             })
         })
         .collect();
@@ -1929,7 +1989,44 @@ impl Kube {
         model: &Model,
         variant: &Variant,
     ) -> Result<Option<Write>, KubeError> {
+        self.apply_built(model, variant, deployment(model, variant, &self.spec))
+            .await
+    }
+
+    /// Applies a variant's Deployment with the pod template (and its
+    /// digest) it runs now, `live`'s: its count, spares and strategy
+    /// change, its pods do not (a changed template waits for
+    /// [`crate::backend::KubeBackend`]'s one-at-a-time roll).
+    pub async fn apply_deployment_keeping_pods(
+        &self,
+        model: &Model,
+        variant: &Variant,
+        live: &Deployment,
+    ) -> Result<Option<Write>, KubeError> {
         let mut d = deployment(model, variant, &self.spec);
+        let (Some(spec), Some(live_spec)) = (d.spec.as_mut(), live.spec.as_ref()) else {
+            return self.apply_built(model, variant, d).await;
+        };
+        spec.template = live_spec.template.clone();
+        let annotations = d.metadata.annotations.get_or_insert_default();
+        match live
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TEMPLATE))
+        {
+            Some(t) => annotations.insert(TEMPLATE.to_string(), t.clone()),
+            None => annotations.remove(TEMPLATE),
+        };
+        self.apply_built(model, variant, d).await
+    }
+
+    async fn apply_built(
+        &self,
+        model: &Model,
+        variant: &Variant,
+        mut d: Deployment,
+    ) -> Result<Option<Write>, KubeError> {
         d.metadata.owner_references = self.owner_of(&model.name);
         if let Some(w) = self.dry(Write {
             method: "PATCH",

@@ -800,7 +800,12 @@ async fn a_fractional_variant_requests_hamis_resources_and_carries_its_annotatio
             template["metadata"]["annotations"],
             json!({"hami.io/gpu-scheduler-policy": "binpack", "nvidia.com/use-gpuuuid": "GPU-aaaa,GPU-bbbb"})
         );
-        assert!(body["metadata"].get("annotations").is_none());
+        // On the Deployment, only the digest of what it was applied with.
+        let annotations = body["metadata"]["annotations"].as_object().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["gpuscale.io/template"]
+        );
         assert_eq!(
             template["spec"]["containers"][0]["resources"]["limits"],
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "21463", "nvidia.com/gpucores": "35", "cpu": "8", "memory": "32Gi"})
@@ -900,10 +905,11 @@ fn a_variants_spares_are_annotated_and_left_out_of_the_count_read_back() {
     assert_eq!(annotations.get(SPARES).map(String::as_str), Some("1"));
     // Without spares, no annotation (an apply without it removes it).
     assert!(
-        deployment(&model(), &variant(0), &spec())
+        !deployment(&model(), &variant(0), &spec())
             .metadata
             .annotations
-            .is_none()
+            .unwrap()
+            .contains_key(SPARES)
     );
 
     // Read back at its three replicas: two decided, one spare.
@@ -4025,6 +4031,259 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
     );
 }
 
+/// `llama`'s variants on two nodes' whole GPUs, as a plan names them.
+fn two_node_plan(m: &Model) -> gpuscale_packer::Plan {
+    let text = "apiVersion: gpuscale.io/v1alpha1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  nodes:\n    - {name: a, gpuModel: H100-80GB, gpuCount: 1, sharing: []}\n    - {name: b, gpuModel: H100-80GB, gpuCount: 1, sharing: []}\n";
+    let cluster = gpuscale_policies::load::load_sources(&[(Path::new("c.yaml"), text)])
+        .unwrap()
+        .cluster
+        .unwrap();
+    let wanted = BTreeMap::from([("llama".to_string(), 2)]);
+    let plan = gpuscale_packer::pack(
+        &cluster,
+        std::slice::from_ref(m),
+        &wanted,
+        &Default::default(),
+    )
+    .unwrap();
+    let names: Vec<&str> = plan.models[0]
+        .variants
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(names, ["llama-h100-80gb-tp1-a", "llama-h100-80gb-tp1-b"]);
+    plan
+}
+
+/// A DeploymentList of `llama`'s variants: (name, the digest it was
+/// applied with, its generation, the generation its controller observed),
+/// one replica each, updated and ready.
+fn templated(items: &[(&str, &str, i64, i64)]) -> Value {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|(name, digest, generation, observed)| {
+            json!({"metadata": {"name": name, "generation": generation,
+                                "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"},
+                                "annotations": {"gpuscale.io/template": digest}},
+                   "spec": {"replicas": 1, "selector": {"matchLabels": {"gpuscale.io/variant": name}},
+                            "template": {"metadata": {}}},
+                   "status": {"observedGeneration": observed, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}})
+        })
+        .collect();
+    json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
+}
+
+/// A pod template that changed while the counts did not (a new image in
+/// the controller's settings) is rolled out with no decision: one
+/// Deployment of the model at a time, the next only once the first has
+/// rolled, so the model never loses more than one variant's replicas.
+async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
+    let spec = KubeSpec {
+        image: "vllm/vllm-openai:v0.11.0".into(),
+        ..spec()
+    };
+    let (mut backend, mut handle, _gw) = backend_with(spec.clone(), "gpuscale-0").await;
+    let m = model();
+    let plan = two_node_plan(&m);
+    let digest = |v: &Variant| {
+        gpuscale_autoscaler::kubernetes::deployment(&m, v, &spec)
+            .metadata
+            .annotations
+            .unwrap()[gpuscale_autoscaler::kubernetes::TEMPLATE]
+            .clone()
+    };
+    let (a, b) = (
+        plan.models[0].variants[0].clone(),
+        plan.models[0].variants[1].clone(),
+    );
+    let (new_a, new_b) = (digest(&a), digest(&b));
+    let now = Duration::from_secs(1_795_976_401);
+    let apply = |name: &str| format!("{DEPLOYMENTS}/{name}?&force=true&fieldManager=gpuscale");
+    let reply = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+
+    // Both run the old image, rolled out: the first is applied, and only
+    // it.
+    let old = "0123456789abcdef";
+    let owned = templated(&[(&a.name, old, 1, 1), (&b.name, old, 1, 1)]);
+    let (apply_a, reply_a) = (apply(&a.name), reply.clone());
+    let want_a = new_a.clone();
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        let body = expect(&mut handle, Method::PATCH, &apply_a, 200, reply_a).await;
+        assert_eq!(
+            body["metadata"]["annotations"]["gpuscale.io/template"],
+            json!(want_a)
+        );
+        assert_eq!(
+            body["spec"]["template"]["spec"]["containers"][0]["image"],
+            "vllm/vllm-openai:v0.11.0"
+        );
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+    // Until it is read again, the model waits.
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    silent(
+        &mut handle,
+        100,
+        "a second Deployment before the first was read again",
+    )
+    .await;
+
+    // Read mid-rollout (its new generation not yet observed): still one.
+    let owned = templated(&[(&a.name, &new_a, 2, 1), (&b.name, old, 1, 1)]);
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
+        .await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+    silent(
+        &mut handle,
+        100,
+        "a second Deployment while the first rolls",
+    )
+    .await;
+
+    // Rolled: the second goes, with its own digest.
+    let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, old, 1, 1)]);
+    let (apply_b, want_b) = (apply(&b.name), new_b.clone());
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        let body = expect(&mut handle, Method::PATCH, &apply_b, 200, reply).await;
+        assert_eq!(
+            body["metadata"]["annotations"]["gpuscale.io/template"],
+            json!(want_b)
+        );
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(2))
+        .await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+
+    // Both current: nothing to roll.
+    let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, &new_b, 2, 2)]);
+    let server = tokio::spawn(async move {
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(3))
+        .await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+    silent(
+        &mut handle,
+        100,
+        "a Deployment applied with nothing changed",
+    )
+    .await;
+}
+
+/// A decision that meets two running variants of one model whose pod
+/// template changed rolls the first only: the second is applied with the
+/// pods it runs (its count and spares change, its template and digest do
+/// not), for the roll to take later.
+async fn a_change_rolls_one_changed_variant_and_keeps_the_others_pods() {
+    let spec = KubeSpec {
+        image: "vllm/vllm-openai:v0.11.0".into(),
+        ..spec()
+    };
+    let (mut backend, mut handle, _gw) = backend_with(spec.clone(), "gpuscale-0").await;
+    let m = model();
+    let plan = two_node_plan(&m);
+    let (a, b) = (
+        plan.models[0].variants[0].clone(),
+        plan.models[0].variants[1].clone(),
+    );
+    let new_a = gpuscale_autoscaler::kubernetes::deployment(&m, &a, &spec)
+        .metadata
+        .annotations
+        .unwrap()[gpuscale_autoscaler::kubernetes::TEMPLATE]
+        .clone();
+    let now = Duration::from_secs(1_795_976_401);
+    let old = "0123456789abcdef";
+    let owned = templated(&[(&a.name, old, 1, 1), (&b.name, old, 1, 1)]);
+    let (name_a, name_b) = (a.name.clone(), b.name.clone());
+    let server = tokio::spawn(async move {
+        lease_created(&mut handle, "gpuscale-0").await;
+        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
+        policy_read(&mut handle).await;
+        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        service_absent(&mut handle, "llama").await;
+        let service =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuscale-llama"}});
+        expect(&mut handle, Method::PATCH, SERVICE, 200, service).await;
+        let reply =
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+        let apply = |name: &str| format!("{DEPLOYMENTS}/{name}?&force=true&fieldManager=gpuscale");
+        // The first: its new template.
+        let body = expect(
+            &mut handle,
+            Method::PATCH,
+            &apply(&name_a),
+            200,
+            reply.clone(),
+        )
+        .await;
+        assert_eq!(
+            body["metadata"]["annotations"]["gpuscale.io/template"],
+            json!(new_a)
+        );
+        assert_eq!(
+            body["spec"]["template"]["spec"]["containers"][0]["image"],
+            "vllm/vllm-openai:v0.11.0"
+        );
+        scaled(&mut handle, &name_a).await;
+        // The second: read, and applied with the template it runs.
+        let live_template = json!({"metadata": {"labels": {"gpuscale.io/variant": name_b}},
+            "spec": {"containers": [{"name": "server", "image": "vllm/vllm-openai:v0.10.0"}]}});
+        let live = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name_b, "annotations": {"gpuscale.io/template": old}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"gpuscale.io/variant": name_b}},
+                     "template": live_template}});
+        expect(
+            &mut handle,
+            Method::GET,
+            &format!("{DEPLOYMENTS}/{name_b}"),
+            200,
+            live,
+        )
+        .await;
+        let body = expect(&mut handle, Method::PATCH, &apply(&name_b), 200, reply).await;
+        assert_eq!(body["metadata"]["annotations"]["gpuscale.io/template"], old);
+        assert_eq!(body["spec"]["template"], live_template);
+        scaled(&mut handle, &name_b).await;
+        expect(&mut handle, Method::POST, EVENTS, 201, event_reply()).await;
+        expect(&mut handle, Method::PATCH, STATUS, 200, policy_reply()).await;
+        handle
+    });
+    backend.tick(std::slice::from_ref(&m), now).await;
+    backend
+        .apply(&[change(&m, 2)], Some(&plan), None, now)
+        .await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "more than the change").await;
+}
+
 /// Runs each scenario as its own test, and all of them in one test that
 /// then derives the RBAC rules the requests need.
 macro_rules! scenarios {
@@ -4090,6 +4349,8 @@ scenarios!(
     a_mig_drain_ends_the_hold_of_the_variant_it_evicts,
     a_mig_drain_evicts_whole_and_shared_gpu_pods_too,
     a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node,
+    a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time,
+    a_change_rolls_one_changed_variant_and_keeps_the_others_pods,
 );
 
 /// RBAC from the recorded requests, as the API server authorises them
