@@ -248,6 +248,7 @@ pub async fn serve_with(
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let streams = Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS));
     let task = tokio::spawn(async move {
+        let mut accept_errors = 0u64;
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
@@ -256,7 +257,11 @@ pub async fn serve_with(
                         Err(e) => {
                             // Out of file descriptors and the like: back
                             // off rather than spin on the error.
-                            tracing::warn!("admin accept failed: {e}");
+                            // Said once per power of two, not per error.
+                            accept_errors += 1;
+                            if accept_errors.is_power_of_two() {
+                                tracing::warn!(errors = accept_errors, "admin accept failed: {e}");
+                            }
                             tokio::time::sleep(ACCEPT_BACKOFF).await;
                             continue;
                         }

@@ -324,29 +324,197 @@ impl ExternalScaler for Keda {
     }
 }
 
-/// Serves the scaler on `addr` until `shutdown` turns true; returns the
-/// bound address and the serving task.
+/// What the scaler's listener allows its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once: KEDA's operator keeps one per scaler
+    /// address (a few with several operators); past this, a new
+    /// connection is closed at once, so sockets opened and left idle
+    /// cannot take the process's file descriptors (the gateway's
+    /// listeners share them). Default 256.
+    pub connections: usize,
+    /// A connection that sends nothing (not even its HTTP/2 preface) for
+    /// this long is closed. Default 10 s.
+    pub handshake: std::time::Duration,
+    /// The server pings each connection this often; a live client
+    /// answers. Default 30 s.
+    pub keepalive: std::time::Duration,
+    /// After its first bytes, a connection that sends nothing (no call,
+    /// no answer to the pings) for this long is closed. Default 90 s.
+    pub idle: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: 256,
+            handshake: std::time::Duration::from_secs(10),
+            keepalive: std::time::Duration::from_secs(30),
+            idle: std::time::Duration::from_secs(90),
+        }
+    }
+}
+
+/// One accepted connection: it holds its slot until it closes, and reads
+/// fail once nothing has come in for its deadline ([`Limits::handshake`],
+/// then [`Limits::idle`]).
+struct Conn {
+    inner: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    quiet: Pin<Box<tokio::time::Sleep>>,
+    idle: std::time::Duration,
+}
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    let next = tokio::time::Instant::now() + self.idle;
+                    self.quiet.as_mut().reset(next);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.quiet.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the KEDA scaler's client sent nothing in time",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// Serves the scaler on `addr` until `shutdown` turns true, within the
+/// default [`Limits`]; returns the bound address and the serving task.
 pub async fn serve(
     addr: std::net::SocketAddr,
     keda: Keda,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_within(addr, keda, shutdown, Limits::default()).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_within(
+    addr: std::net::SocketAddr,
+    keda: Keda,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
 ) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let (send, receive) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(16);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let accepting = tokio::spawn(async move {
+        let mut refused = 0u64;
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off
+                    // rather than spin on the error.
+                    tracing::warn!("KEDA scaler accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                // Said once per power of two, not per connection.
+                refused += 1;
+                if refused.is_power_of_two() {
+                    tracing::warn!(
+                        refused,
+                        "KEDA scaler: {} connections open; new ones are closed",
+                        limits.connections
+                    );
+                }
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let conn = Conn {
+                inner: stream,
+                _slot: slot,
+                quiet: Box::pin(tokio::time::sleep(limits.handshake)),
+                idle: limits.idle,
+            };
+            if send.send(Ok(conn)).await.is_err() {
+                return;
+            }
+        }
+    });
     let task = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(receive);
         let stop = async move {
             let _ = shutdown.changed().await;
         };
         if let Err(e) = tonic::transport::Server::builder()
             // Calls in flight per connection (HTTP/2 multiplexes many).
             .concurrency_limit_per_connection(64)
+            // A live client answers these; the quiet deadline closes one
+            // that does not.
+            .http2_keepalive_interval(Some(limits.keepalive))
+            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
             .add_service(keda.service())
             .serve_with_incoming_shutdown(incoming, stop)
             .await
         {
             tracing::error!("KEDA external scaler: {e}");
         }
+        accepting.abort();
     });
     Ok((bound, task))
 }

@@ -585,7 +585,12 @@ async fn run_replica(
                 }
             }
             _ = check.tick(), if checks => {
-                if answers_health(&endpoint).await {
+                let health = answers_health(&endpoint).await;
+                if health == Health::Unknown {
+                    // This process is out of sockets: nothing is known
+                    // of the replica, and a replacement could not start.
+                    tracing::warn!(model = %model.name, %endpoint, "health check not made: this process is out of file descriptors or memory");
+                } else if health == Health::Answers {
                     unhealthy = 0;
                 } else {
                     unhealthy += 1;
@@ -667,29 +672,59 @@ const HEALTH_FAILURES: u32 = 3;
 /// How long a health check waits for its answer.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What a health check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    /// `GET /health` answered 200 in time.
+    Answers,
+    /// Anything else from the replica (refused, an error, silence).
+    Fails,
+    /// The check could not be made here: this process is out of file
+    /// descriptors or memory (`EMFILE`, `ENFILE`, `ENOMEM`, `ENOBUFS`),
+    /// which says nothing of the replica.
+    Unknown,
+}
+
 /// Whether the server at `endpoint` (`http://IP:PORT`) answers `GET
 /// /health` with 200 within [`HEALTH_TIMEOUT`].
-async fn answers_health(endpoint: &str) -> bool {
+async fn answers_health(endpoint: &str) -> Health {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Some(authority) = endpoint.strip_prefix("http://") else {
-        return false;
+        return Health::Fails;
     };
     let ask = async {
-        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
-        s.write_all(
-            format!("GET /health HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .ok()?;
+        let mut s = match tokio::net::TcpStream::connect(authority).await {
+            Ok(s) => s,
+            Err(e) if local_shortage(&e) => return Health::Unknown,
+            Err(_) => return Health::Fails,
+        };
+        let asked = s
+            .write_all(
+                format!("GET /health HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await;
         let mut head = [0u8; 12];
-        s.read_exact(&mut head).await.ok()?;
-        Some(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"))
+        if asked.is_err() || s.read_exact(&mut head).await.is_err() {
+            return Health::Fails;
+        }
+        if head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200") {
+            Health::Answers
+        } else {
+            Health::Fails
+        }
     };
-    matches!(
-        tokio::time::timeout(HEALTH_TIMEOUT, ask).await,
-        Ok(Some(true))
-    )
+    tokio::time::timeout(HEALTH_TIMEOUT, ask)
+        .await
+        .unwrap_or(Health::Fails)
+}
+
+/// Whether `e` is this process running out of something (file
+/// descriptors, memory, buffers) rather than a peer's answer.
+fn local_shortage(e: &std::io::Error) -> bool {
+    // EMFILE 24, ENFILE 23, ENOMEM 12, ENOBUFS 105 (Linux), 55 (BSDs).
+    matches!(e.raw_os_error(), Some(24 | 23 | 12 | 105 | 55))
+        || e.kind() == std::io::ErrorKind::OutOfMemory
 }
 
 /// How long a starting server has to say where it listens.
@@ -704,7 +739,16 @@ const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
-    use super::match_speeds;
+    use super::{local_shortage, match_speeds};
+
+    #[test]
+    fn running_out_of_sockets_here_says_nothing_of_the_replica() {
+        let here = |code| local_shortage(&std::io::Error::from_raw_os_error(code));
+        assert!(here(24), "EMFILE");
+        assert!(here(23), "ENFILE");
+        assert!(!here(111), "ECONNREFUSED is the replica's");
+        assert!(!here(110), "ETIMEDOUT is the replica's");
+    }
 
     #[test]
     fn replicas_at_a_wanted_speed_keep_it_and_the_others_take_what_is_left() {

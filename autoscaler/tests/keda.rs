@@ -291,3 +291,59 @@ async fn the_shared_stream_follows_a_change_of_gateway_instances() {
         "one stream on the new gateway"
     );
 }
+
+/// The scaler's listener serves a bounded number of connections: one past
+/// the cap is closed at once, and one that sends nothing is closed at its
+/// deadline, which frees its slot for a real client.
+#[tokio::test]
+async fn idle_connections_cannot_hold_the_scaler() {
+    use tokio::io::AsyncReadExt;
+    let gw = gateway().await;
+    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let limits = gpuscale_autoscaler::keda::Limits {
+        connections: 2,
+        handshake: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (addr, _task) = gpuscale_autoscaler::keda::serve_within(
+        "127.0.0.1:0".parse().unwrap(),
+        keda,
+        stopped,
+        limits,
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut quiet = Vec::new();
+    for _ in 0..2 {
+        quiet.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // The third: closed without a byte.
+    let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(2), third.read(&mut buf))
+        .await
+        .expect("closed at once, not left open")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "nothing served past the cap");
+    // The quiet two: past the server's own preface (its SETTINGS),
+    // closed at their deadline.
+    for mut s in quiet {
+        let mut seen = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut seen))
+            .await
+            .expect("a quiet connection is closed");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // Their slots are free: a client is served.
+    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let spec = client
+        .get_metric_spec(object("chat"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(spec.metric_specs[0].metric_name, "gpuscale-queue-org-chat");
+}
