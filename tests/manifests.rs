@@ -2350,3 +2350,66 @@ fn every_gpu_pod_selects_the_managed_pool_and_tolerates_the_gpu_taint() {
         assert!(gpu_pods > 0, "deploy/{target}: no pod takes a GPU");
     }
 }
+
+/// Whether a node with `labels` matches required node-affinity `terms`
+/// (Kubernetes' rules: the terms ORed, a term's expressions ANDed; `In`
+/// needs the label with one of the values, `NotIn` matches an absent
+/// label too, `DoesNotExist` only an absent one).
+fn affinity_matches(terms: &Value, labels: &BTreeMap<&str, &str>) -> bool {
+    terms.as_array().unwrap().iter().any(|term| {
+        term["matchExpressions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| {
+                let value = labels.get(e["key"].as_str().unwrap()).copied();
+                let values: Vec<&str> = e["values"]
+                    .as_array()
+                    .map(|v| v.iter().map(|x| x.as_str().unwrap()).collect())
+                    .unwrap_or_default();
+                match e["operator"].as_str().unwrap() {
+                    "In" => value.is_some_and(|v| values.contains(&v)),
+                    "NotIn" => value.is_none_or(|v| !values.contains(&v)),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    op => panic!("operator {op}"),
+                }
+            })
+    })
+}
+
+/// The node agent holds NVML open, which can keep a GPU from the reset a
+/// MIG mode change needs: it runs on a GPU node unless NVIDIA's MIG
+/// manager is changing it (its state label pending or rebooting) or the
+/// GPU Operator paused its third-party NVML clients there.
+#[test]
+fn the_node_agent_leaves_a_node_while_its_mig_mode_changes() {
+    let Some(all) = rendered() else { return };
+    let objects = &all["base"];
+    let agent = find(objects, "DaemonSet", "gpuscale-agent").expect("the agent's DaemonSet");
+    let terms = &agent["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let node = |extra: &[(&'static str, &'static str)]| -> BTreeMap<&str, &str> {
+        let mut l = BTreeMap::from([
+            ("nvidia.com/gpu.present", "true"),
+            ("gpuscale.io/managed", "true"),
+        ]);
+        l.extend(extra.iter().copied());
+        l
+    };
+    let runs = |extra: &[(&'static str, &'static str)]| affinity_matches(terms, &node(extra));
+    assert!(runs(&[]), "no MIG manager, an older GPU Operator");
+    assert!(runs(&[("nvidia.com/mig.config.state", "success")]));
+    assert!(runs(&[("nvidia.com/mig.config.state", "failed")]));
+    assert!(runs(&[("nvidia.com/gpu.deploy.client", "true")]));
+    assert!(!runs(&[("nvidia.com/mig.config.state", "pending")]));
+    assert!(!runs(&[("nvidia.com/mig.config.state", "rebooting")]));
+    assert!(!runs(&[(
+        "nvidia.com/gpu.deploy.client",
+        "paused-for-mig-change"
+    )]));
+    assert!(!runs(&[
+        ("nvidia.com/gpu.deploy.client", "true"),
+        ("nvidia.com/mig.config.state", "pending")
+    ]));
+}
