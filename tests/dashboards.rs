@@ -10,6 +10,9 @@ use std::path::PathBuf;
 /// DCGM exporter metrics the dashboard may use (NVIDIA's names).
 const EXTERNAL: [&str; 2] = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"];
 
+/// Series Prometheus itself records per scrape target.
+const PROMETHEUS: [&str; 1] = ["up"];
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -203,8 +206,12 @@ fn the_dashboard_and_the_rules_name_only_metrics_that_exist() {
         assert!(exported.contains(name), "{name} not exported: {exported:?}");
     }
     let (rule_exprs, recorded) = rules();
-    let known =
-        |n: &String| exported.contains(n) || recorded.contains(n) || EXTERNAL.contains(&n.as_str());
+    let known = |n: &String| {
+        exported.contains(n)
+            || recorded.contains(n)
+            || EXTERNAL.contains(&n.as_str())
+            || PROMETHEUS.contains(&n.as_str())
+    };
     let dashboard = expressions_of_dashboard();
     assert!(dashboard.len() >= 15, "{dashboard:?}");
     let mut used = BTreeSet::new();
@@ -233,4 +240,37 @@ fn the_dashboard_and_the_rules_name_only_metrics_that_exist() {
             "recording rule {r} is used nowhere"
         );
     }
+}
+
+/// The liveness alerts name scrape jobs that `deploy/prometheus/scrape.yaml`
+/// defines, and together cover every one of them (a job renamed on one
+/// side would leave its processes' outages unalerted).
+#[test]
+fn the_liveness_alerts_cover_every_scrape_job() {
+    let text = std::fs::read_to_string(root().join("deploy/prometheus/scrape.yaml")).unwrap();
+    let jobs: BTreeSet<String> = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text)
+        .unwrap()
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(jobs.len() >= 4, "{jobs:?}");
+    let (exprs, _) = rules();
+    let mut named = BTreeSet::new();
+    for e in exprs.iter().filter(|e| e.contains("up{")) {
+        // `job="a"` or `job=~"a|b"`.
+        let at = e.find("job=").expect("a job matcher");
+        let rest = &e[at..];
+        let open = rest.find('"').unwrap() + 1;
+        let close = open + rest[open..].find('"').unwrap();
+        for job in rest[open..close].split('|') {
+            assert!(
+                jobs.contains(job),
+                "`{job}` in `{e}` is no scrape job: {jobs:?}"
+            );
+            named.insert(job.to_string());
+        }
+    }
+    assert_eq!(named, jobs, "every scrape job has a liveness alert");
 }
