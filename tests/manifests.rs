@@ -1211,6 +1211,14 @@ fn every_gpuscale_container_s_config_loads_as_the_binary_loads_it() {
                         );
                     }
                 }
+                // And no model that nothing here serves: its requests
+                // would queue for a replica nothing starts.
+                for served in g.models.keys() {
+                    assert!(
+                        models.iter().any(|m| &m.served_name == served),
+                        "deploy/{target}: {d}/{c}: the gateway lists {served}, which no ModelPolicy here serves"
+                    );
+                }
             }
         }
     }
