@@ -135,10 +135,15 @@ impl Rules {
         if let Some(p) = key.and_then(|k| k.priority) {
             return (p, Source::Key, index);
         }
+        // A path is the client's to choose (`/v1/embeddings` naming a chat
+        // model reaches it too), so a route only ever lowers a request
+        // below its model's class, never raises it: raising takes a key
+        // or a trusted header.
         if let Some((_, p)) = self
             .routes
             .iter()
             .find(|(prefix, _)| req.path.starts_with(prefix.as_str()))
+            && *p > model
         {
             return (*p, Source::Route, index);
         }
@@ -257,6 +262,20 @@ mod tests {
         let mut e = req("10.8.1.1", None, None);
         e.path = "/v1/embeddings";
         assert_eq!(r.decide(e, m), (Priority::Sheddable, Source::Route));
+        // A route never raises a request above its model's class: the
+        // path is the client's choice.
+        assert_eq!(
+            r.decide(e, Priority::Sheddable),
+            (Priority::Sheddable, Source::Model)
+        );
+        let raising = Rules {
+            routes: vec![("/v1/embeddings".into(), Priority::Critical)],
+            ..Rules::default()
+        };
+        assert_eq!(
+            raising.decide(e, Priority::Standard),
+            (Priority::Standard, Source::Model)
+        );
     }
 
     #[test]
