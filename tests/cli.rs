@@ -294,6 +294,31 @@ fn crd_is_generated_from_the_policy_types() {
     let prefill = &resources["prefill"]["properties"];
     assert_eq!(prefill["promptTokensP95"]["minimum"], 1.0);
     assert_eq!(prefill["tokensPerSecond"]["exclusiveMinimum"], true);
+    // Scaling: bounds, and minReplicas ≤ maxReplicas as a CEL rule over
+    // the defaulted object (so `kubectl apply` fails where `validate`
+    // does, not the controller and the gateway later).
+    let scaling = &spec["scaling"];
+    let max = f64::from(gpuscale_policies::model::MAX_REPLICAS);
+    assert_eq!(scaling["properties"]["maxReplicas"]["minimum"], 1.0);
+    assert_eq!(scaling["properties"]["maxReplicas"]["maximum"], max);
+    assert_eq!(scaling["properties"]["minReplicas"]["maximum"], max);
+    assert_eq!(scaling["properties"]["minReplicas"]["default"], 1);
+    assert_eq!(scaling["properties"]["maxReplicas"]["default"], 10);
+    let depth = &scaling["properties"]["targetQueueDepth"];
+    assert_eq!(
+        (&depth["minimum"], &depth["exclusiveMinimum"]),
+        (&0.0.into(), &true.into())
+    );
+    assert_eq!(
+        scaling["x-kubernetes-validations"][0]["rule"],
+        "self.minReplicas <= self.maxReplicas"
+    );
+    let tp = &spec["placement"]["properties"]["tensorParallel"];
+    assert_eq!(tp["minItems"], 1);
+    assert_eq!(
+        (&tp["items"]["minimum"], &tp["items"]["maximum"]),
+        (&1.0.into(), &16.0.into())
+    );
     // The YAML form parses to the same object.
     let yaml = gpuscale(&["crd"]);
     let docs = gpuscale_yaml(&yaml.stdout);

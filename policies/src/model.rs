@@ -324,6 +324,7 @@ pub struct PlacementPolicy {
     /// Allowed tensor-parallel degrees: a replica takes that many whole GPUs
     /// on one node (default `[1]`).
     #[serde(default = "tp_one")]
+    #[schemars(length(min = 1), inner(range(min = 1, max = 16)))]
     pub tensor_parallel: Vec<u32>,
 }
 
@@ -421,17 +422,30 @@ fn one_minute() -> Duration {
 }
 
 /// How the replica count follows demand (HPA/KEDA/Knative vocabulary).
+///
+/// The CRD's schema refuses what loading refuses where a schema can say
+/// it (bounds, and `minReplicas ≤ maxReplicas` as a CEL rule, over the
+/// defaulted object), so `kubectl apply` fails where the controller and
+/// the gateway would.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.minReplicas <= self.maxReplicas",
+    "message": "minReplicas is above maxReplicas",
+    "fieldPath": ".minReplicas",
+}]))]
 pub struct ScalingPolicy {
     /// Fewest replicas; 0 allows scale to zero (default 1).
     #[serde(default = "one")]
+    #[schemars(range(max = 1_000_000))]
     pub min_replicas: u32,
     /// Most replicas (default 10).
     #[serde(default = "ten")]
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub max_replicas: u32,
     /// Requests (waiting + in flight) per replica to aim at (default 8).
     #[serde(default = "eight")]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
     pub target_queue_depth: f64,
     /// Queue depth strictly above which a model at zero is activated
     /// (KEDA's activation threshold; default 0).
