@@ -14,6 +14,12 @@ use gpuscale_autoscaler::local::LocalBackend;
 use gpuscale_autoscaler::observe::GatewayClient;
 use gpuscale_gateway::auth::AdminToken;
 
+/// How long start-up waits for the API server to list the ModelPolicies
+/// before it gives up (a control-plane blip, not a misconfiguration):
+/// within the controller's startup probe (60 s), so the process exits
+/// with the error rather than being killed without it.
+const STARTUP_RETRY: std::time::Duration = std::time::Duration::from_secs(50);
+
 /// Arguments of `autoscaler`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -219,7 +225,27 @@ impl Loop {
                     let catalog = gpuscale_policies::Catalog::builtin();
                     // Each object on its own: one that does not decode or
                     // validate is reported and the others go on.
-                    for listed in k.policies().await? {
+                    // An API server that is briefly unreachable (a
+                    // control-plane upgrade while this pod restarts) is
+                    // waited for, 50 s at most, rather than exiting
+                    // into CrashLoopBackOff's growing delays.
+                    let started = std::time::Instant::now();
+                    let mut wait = std::time::Duration::from_secs(1);
+                    let listed = loop {
+                        match k.policies().await {
+                            Ok(l) => break l,
+                            Err(e) if started.elapsed() < STARTUP_RETRY => {
+                                tracing::warn!(
+                                    retry_in_s = wait.as_secs(),
+                                    "listing the ModelPolicies: {e}"
+                                );
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(std::time::Duration::from_secs(15));
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    };
+                    for listed in listed {
                         let p = match listed {
                             Ok(p) => p,
                             Err((name, e)) => {
