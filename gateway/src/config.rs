@@ -937,7 +937,21 @@ impl Settings {
                 .iter()
                 .enumerate()
                 .map(|(j, r)| {
-                    Endpoint::parse(r).map_err(|e| format!("spec.models[{i}].replicas[{j}]: {e}"))
+                    let e = Endpoint::parse(r)
+                        .map_err(|e| format!("spec.models[{i}].replicas[{j}]: {e}"))?;
+                    // What a registration may never name, a file may not
+                    // either (a hostname is resolved later, per request).
+                    let ip = e
+                        .authority()
+                        .parse::<std::net::SocketAddr>()
+                        .ok()
+                        .map(|a| a.ip());
+                    if let Some(kind) = ip.and_then(crate::registration::forbidden_kind) {
+                        return Err(format!(
+                            "spec.models[{i}].replicas[{j}]: `{r}` is a {kind} address, never a replica's"
+                        ));
+                    }
+                    Ok(e)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(n) = m.max_concurrency
@@ -1361,6 +1375,28 @@ mod tests {
             e.starts_with("spec.sidecar.model: `a\\nb` holds a control"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_listed_replica_is_held_to_what_a_registration_is() {
+        let spec = |v: serde_json::Value| -> GatewaySpec { serde_json::from_value(v).unwrap() };
+        for (replica, says) in [
+            ("http://169.254.169.254:80", "link-local"),
+            ("http://[::ffff:169.254.169.254]:80", "link-local"),
+            ("http://0.0.0.0:8000", "unspecified"),
+        ] {
+            let models =
+                serde_json::json!([{"name": "m", "replicas": ["http://10.0.0.1:8000", replica]}]);
+            let e = Settings::from_spec("g", spec(serde_json::json!({"models": models})), &[])
+                .unwrap_err();
+            assert!(
+                e.starts_with("spec.models[0].replicas[1]: ") && e.contains(says),
+                "{e}"
+            );
+        }
+        // A private address and a name are a replica's.
+        let models = serde_json::json!([{"name": "m", "replicas": ["http://10.0.0.1:8000", "http://model-server:8000"]}]);
+        Settings::from_spec("g", spec(serde_json::json!({"models": models})), &[]).unwrap();
     }
 
     #[test]

@@ -101,8 +101,11 @@ fn embedded_ipv4(v6: Ipv6Addr) -> Vec<Ipv4Addr> {
     out
 }
 
-/// Why an address can never be a replica's, if it cannot.
-fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
+/// Why an address can never be a replica's, if it cannot (cloud
+/// metadata, link-local, unspecified, multicast, broadcast, and those
+/// reached through IPv6 translations of them): the same for a
+/// registration and a replica listed in the config file.
+pub fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => {
             if METADATA_V4.contains(&v4) {
