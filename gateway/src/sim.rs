@@ -345,6 +345,16 @@ struct GenRequest {
     max_completion_tokens: Option<u32>,
     #[serde(default)]
     stream: bool,
+    /// OpenAI's `stream_options`: `include_usage` asks for a last chunk
+    /// with the usage and no choices, before `[DONE]` (as vLLM sends).
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 fn chars(v: &serde_json::Value) -> usize {
@@ -909,6 +919,7 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
     guard.armed = false;
     let (tx, rx) = mpsc::channel::<Bytes>(4);
     let counters = sim.counters.clone();
+    let include_usage = r.stream_options.as_ref().is_some_and(|o| o.include_usage);
     tokio::spawn(async move {
         let _permit = permit;
         let _running = running;
@@ -946,7 +957,14 @@ async fn generate(sim: Arc<Sim>, path: &str, req: Request<Incoming>) -> Response
             serde_json::json!({"index": 0, "text": "", "finish_reason": "length"})
         };
         let v = serde_json::json!({"id": rid, "object": chunk_object, "created": created, "model": model, "choices": [end]});
+        let usage_chunk = include_usage.then(|| {
+            send(serde_json::json!({"id": rid, "object": chunk_object, "created": created, "model": model, "choices": [], "usage": usage}))
+        });
         if tx.send(send(v)).await.is_err()
+            || match usage_chunk {
+                Some(u) => tx.send(u).await.is_err(),
+                None => false,
+            }
             || tx
                 .send(Bytes::from_static(b"data: [DONE]\n\n"))
                 .await

@@ -805,3 +805,44 @@ async fn kserve_v2_inference_reaches_the_simulated_server_through_the_gateway() 
     gw.shutdown().await;
     server.stop().await;
 }
+
+/// The simulated server answers OpenAI's `stream_options.include_usage`
+/// as vLLM does: one more chunk before `[DONE]`, with no choices and the
+/// request's usage; without it, no such chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sim_server_streams_usage_when_asked() {
+    let profile = SimProfile::named("instant", "m").unwrap();
+    let server = sim::start(profile, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    for include in [true, false] {
+        let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 3,
+            "stream_options": {"include_usage": include},
+            "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", server.addr))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(*events.last().unwrap(), "data: [DONE]");
+        let last: serde_json::Value =
+            serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+        if include {
+            assert_eq!(events.len(), 6, "3 tokens, the end, the usage, [DONE]");
+            assert_eq!(last["choices"], serde_json::json!([]));
+            assert_eq!(last["usage"]["completion_tokens"], 3);
+            assert_eq!(
+                last["usage"]["total_tokens"],
+                last["usage"]["prompt_tokens"].as_u64().unwrap() + 3
+            );
+        } else {
+            assert_eq!(events.len(), 5, "3 tokens, the end, [DONE]");
+            assert!(last.get("usage").is_none(), "{last}");
+        }
+    }
+}
