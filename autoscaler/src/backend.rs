@@ -584,6 +584,14 @@ impl KubeBackend {
         vec![crate::kubernetes::whole_gpu_variant(model, replicas)]
     }
 
+    /// Whether variant `v`'s Deployment, as last read, carries a digest
+    /// other than the one it would be applied with now (`false` where it
+    /// carries none, or is not gpuscale's).
+    fn template_changed(&self, model: &Model, v: &Variant) -> bool {
+        let want = crate::kubernetes::template_of(model, v, self.kube.spec());
+        matches!(self.templates.get(&v.name), Some((_, Some(live), _)) if *live != want)
+    }
+
     /// Rolls out pod templates that changed while the counts did not (a
     /// policy's image, arguments or resources, the controller's settings):
     /// every tick, each model's Deployments as last read are compared
@@ -617,18 +625,7 @@ impl KubeBackend {
             let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
             let due = Self::variants_of(model, replicas, plan)
                 .into_iter()
-                .find(|v| {
-                    let want = crate::kubernetes::deployment(model, v, self.kube.spec());
-                    let want = want
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(crate::kubernetes::TEMPLATE));
-                    matches!(
-                        self.templates.get(&v.name),
-                        Some((_, Some(live), _)) if Some(live) != want
-                    )
-                });
+                .find(|v| self.template_changed(model, v));
             let Some(v) = due else {
                 continue;
             };
@@ -846,16 +843,8 @@ impl KubeBackend {
             // model's Deployments rolls, it keeps its pods (and the roll
             // takes it later), so a change never restarts two variants'
             // replicas together.
-            let want = crate::kubernetes::deployment(model, v, self.kube.spec());
-            let want = want
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(crate::kubernetes::TEMPLATE));
-            let rolls = matches!(
-                self.templates.get(&v.name),
-                Some((_, Some(live), _)) if Some(live) != want
-            ) && read.iter().any(|r| r.name == v.name && r.replicas > 0);
+            let rolls = self.template_changed(model, v)
+                && read.iter().any(|r| r.name == v.name && r.replicas > 0);
             let rolling = self
                 .templates
                 .values()

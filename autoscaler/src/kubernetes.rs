@@ -429,8 +429,23 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
     if spec.pack {
         value["spec"]["strategy"] = gpuscale_packer::emit::rollout();
     }
-    value["metadata"]["annotations"][TEMPLATE] = serde_json::json!(template_hash(&value["spec"]));
-    serde_json::from_value(value).expect("a well-formed Deployment")
+    let mut d: Deployment = serde_json::from_value(value).expect("a well-formed Deployment");
+    let digest = template_hash(&serde_json::to_value(&d.spec).unwrap_or_default());
+    d.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(TEMPLATE.to_string(), digest);
+    d
+}
+
+/// The digest variant `variant`'s Deployment is applied with now
+/// ([`template_hash`] of [`deployment`]'s spec).
+pub fn template_of(model: &Model, variant: &Variant, spec: &KubeSpec) -> String {
+    let d = deployment(model, variant, spec);
+    d.metadata
+        .annotations
+        .and_then(|mut a| a.remove(TEMPLATE))
+        .unwrap_or_default()
 }
 
 /// Annotation on a variant Deployment: [`template_hash`] of the spec it

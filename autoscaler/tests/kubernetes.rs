@@ -4073,6 +4073,14 @@ fn templated(items: &[(&str, &str, i64, i64)]) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
 }
 
+/// A later tick's reads as the leader, `owned` listed, no hand-off, no
+/// slice.
+async fn later_reads(handle: &mut Handle, owned: Value) {
+    expect(handle, Method::GET, OWNED, 200, owned).await;
+    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
+    expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
+}
+
 /// A pod template that changed while the counts did not (a new image in
 /// the controller's settings) is rolled out with no decision: one
 /// Deployment of the model at a time, the next only once the first has
@@ -4139,9 +4147,7 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
     // Read mid-rollout (its new generation not yet observed): still one.
     let owned = templated(&[(&a.name, &new_a, 2, 1), (&b.name, old, 1, 1)]);
     let server = tokio::spawn(async move {
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        later_reads(&mut handle, owned).await;
         handle
     });
     backend
@@ -4160,9 +4166,7 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
     let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, old, 1, 1)]);
     let (apply_b, want_b) = (apply(&b.name), new_b.clone());
     let server = tokio::spawn(async move {
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        later_reads(&mut handle, owned).await;
         let body = expect(&mut handle, Method::PATCH, &apply_b, 200, reply).await;
         assert_eq!(
             body["metadata"]["annotations"]["gpuscale.io/template"],
@@ -4179,9 +4183,7 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
     // Both current: nothing to roll.
     let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, &new_b, 2, 2)]);
     let server = tokio::spawn(async move {
-        expect(&mut handle, Method::GET, OWNED, 200, owned).await;
-        expect(&mut handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-        expect(&mut handle, Method::GET, SLICES, 200, slices(&[])).await;
+        later_reads(&mut handle, owned).await;
         handle
     });
     backend
