@@ -131,6 +131,9 @@ pub struct KubeBackend {
     templates: BTreeMap<String, (String, Option<String>, bool)>,
     /// Deployments applied since they were last read.
     applied: BTreeSet<String>,
+    /// Per model, the variants its last change applied in this leadership
+    /// term: what [`KubeBackend::roll`] re-applies.
+    last_applied: BTreeMap<String, Vec<Variant>>,
     /// Per model, Deployments the plan names that are not gpuscale's.
     refused: BTreeMap<String, BTreeSet<String>>,
     /// Per model, the variants its last applied change planned (their
@@ -275,6 +278,7 @@ impl KubeBackend {
             owned: BTreeSet::new(),
             templates: BTreeMap::new(),
             applied: BTreeSet::new(),
+            last_applied: BTreeMap::new(),
             refused: BTreeMap::new(),
             planned: BTreeMap::new(),
             idle_since: BTreeMap::new(),
@@ -589,7 +593,13 @@ impl KubeBackend {
     /// carries none, or is not gpuscale's).
     fn template_changed(&self, model: &Model, v: &Variant) -> bool {
         let want = crate::kubernetes::template_of(model, v, self.kube.spec());
-        matches!(self.templates.get(&v.name), Some((_, Some(live), _)) if *live != want)
+        match self.templates.get(&v.name) {
+            Some((_, Some(live), _)) => *live != want,
+            // Applied by a controller before the digest: rolled like a
+            // change (an identical template restarts nothing).
+            Some((_, None, _)) => true,
+            None => false,
+        }
     }
 
     /// Rolls out pod templates that changed while the counts did not (a
@@ -604,8 +614,9 @@ impl KubeBackend {
     /// read; a Deployment without the digest (applied before it existed)
     /// is left to its model's next change.
     async fn roll(&mut self, models: &[Model], plan: Option<&Plan>) -> Result<(), KubeError> {
-        // Packing with no plan yet: the variants are not known.
-        if !self.leading || (self.kube.spec().pack && plan.is_none()) {
+        // Packing with no plan yet: the variants are not known. A dry run
+        // writes nothing, so every tick would find the same difference.
+        if !self.leading || self.kube.dry_run() || (self.kube.spec().pack && plan.is_none()) {
             return Ok(());
         }
         for model in models {
@@ -615,17 +626,43 @@ impl KubeBackend {
                 .filter(|(_, (m, _, _))| *m == model.name)
                 .map(|(name, (_, _, settled))| (name, *settled))
                 .collect();
-            if mine.is_empty()
-                || mine
-                    .iter()
-                    .any(|(name, settled)| !settled || self.applied.contains(*name))
-            {
+            if mine.is_empty() || mine.iter().any(|(name, _)| self.applied.contains(*name)) {
                 continue;
             }
-            let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
-            let due = Self::variants_of(model, replicas, plan)
-                .into_iter()
-                .find(|v| self.template_changed(model, v));
+            // What the model's last change applied (so a plan re-made for
+            // other models does not start variants this one never ran),
+            // else the plan's, restricted to the Deployments that exist.
+            let variants: Vec<Variant> = match self.last_applied.get(&model.name) {
+                Some(v) => v.clone(),
+                None => {
+                    let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
+                    Self::variants_of(model, replicas, plan)
+                }
+            };
+            let changed: Vec<&Variant> = variants
+                .iter()
+                .filter(|v| self.templates.contains_key(&v.name))
+                .filter(|v| self.template_changed(model, v))
+                .collect();
+            // The one Deployment of the model still rolling, when its
+            // template changed again (an image fixed after a bad one),
+            // takes the new one at once; otherwise the next changed one
+            // waits until none of the model's Deployments is rolling.
+            let rolling: Vec<&String> = mine
+                .iter()
+                .filter(|(_, settled)| !settled)
+                .map(|(n, _)| *n)
+                .collect();
+            let due = changed
+                .iter()
+                .find(|v| rolling.len() == 1 && *rolling[0] == v.name)
+                .or_else(|| {
+                    mine.iter()
+                        .all(|(_, settled)| *settled)
+                        .then(|| changed.first())
+                        .flatten()
+                })
+                .map(|v| (*v).clone());
             let Some(v) = due else {
                 continue;
             };
@@ -791,6 +828,8 @@ impl KubeBackend {
             model.name.clone(),
             variants.iter().map(|v| v.name.clone()).collect(),
         );
+        self.last_applied
+            .insert(model.name.clone(), variants.clone());
         let before = self.variants.get(&model.name).cloned().unwrap_or_default();
         // A move is made before it breaks: what the plan scales down keeps
         // serving until what it scales up is ready (`handover`).
@@ -845,12 +884,19 @@ impl KubeBackend {
             // replicas together.
             let rolls = self.template_changed(model, v)
                 && read.iter().any(|r| r.name == v.name && r.replicas > 0);
-            let rolling = self
-                .templates
-                .values()
-                .any(|(m, _, settled)| *m == model.name && !settled)
-                || rolled;
-            let live = if rolls && rolling {
+            // Another of the model's Deployments rolling: not settled when
+            // read, or applied since.
+            let rolling = self.templates.iter().any(|(name, (m, _, settled))| {
+                *m == model.name && *name != v.name && (!settled || self.applied.contains(name))
+            }) || rolled;
+            // A count that grows takes the new template: new pods are
+            // made from it, and the plan sized them by it.
+            let grows = counts.get(&v.name).map_or(v.replicas, |c| c.0)
+                > read
+                    .iter()
+                    .find(|r| r.name == v.name)
+                    .map_or(0, |r| r.replicas);
+            let live = if rolls && rolling && !grows {
                 self.kube.deployment(&v.name).await?
             } else {
                 None
@@ -1425,9 +1471,11 @@ impl KubeBackend {
         if !was_leading {
             self.planned.clear();
             self.idle_since.clear();
+            self.last_applied.clear();
         }
         // Idle variants the plan has left, removed after a while.
         let gone = self.remove_idle_variants(models, &owned, now).await?;
+        self.templates.retain(|name, _| !gone.contains(name));
         let owned: Vec<Owned> = owned
             .into_iter()
             .filter(|o| !gone.contains(&o.name))

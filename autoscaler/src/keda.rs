@@ -460,14 +460,18 @@ pub async fn serve_within(
     let (send, receive) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(16);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.connections));
     let accepting = tokio::spawn(async move {
-        let mut refused = 0u64;
+        let (mut refused, mut failed) = (0u64, 0u64);
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of file descriptors and the like: back off
-                    // rather than spin on the error.
-                    tracing::warn!("KEDA scaler accept failed: {e}");
+                    // rather than spin on the error; said once per power
+                    // of two.
+                    failed += 1;
+                    if failed.is_power_of_two() {
+                        tracing::warn!(errors = failed, "KEDA scaler accept failed: {e}");
+                    }
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }

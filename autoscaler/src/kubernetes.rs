@@ -975,14 +975,25 @@ pub struct Owned {
     pub settled: bool,
 }
 
-/// Whether a Deployment's rollout is done (as `kubectl rollout status`
-/// judges it: the latest generation observed, and `updatedReplicas`,
-/// `readyReplicas` and `replicas` all at `spec.replicas`).
+/// Whether a Deployment's rollout is over: done (as `kubectl rollout
+/// status` judges it: the latest generation observed, and
+/// `updatedReplicas`, `readyReplicas` and `replicas` all at
+/// `spec.replicas`), or stalled past its progress deadline (condition
+/// `Progressing` false, `ProgressDeadlineExceeded`: a replica that cannot
+/// be placed or cannot start holds nobody else's rollout up for ever).
 pub fn settled(d: &Deployment) -> bool {
     let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let Some(s) = d.status.as_ref() else {
         return want == 0;
     };
+    let stalled = s.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+    if stalled {
+        return true;
+    }
     let observed = match (s.observed_generation, d.metadata.generation) {
         (Some(o), Some(g)) => o >= g,
         (_, None) => true,

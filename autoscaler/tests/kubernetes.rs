@@ -4062,9 +4062,15 @@ fn templated(items: &[(&str, &str, i64, i64)]) -> Value {
     let items: Vec<Value> = items
         .iter()
         .map(|(name, digest, generation, observed)| {
+            // An empty digest: none (applied before the annotation).
+            let annotations = if digest.is_empty() {
+                json!({})
+            } else {
+                json!({"gpuscale.io/template": digest})
+            };
             json!({"metadata": {"name": name, "generation": generation,
                                 "labels": {"gpuscale.io/model": "llama", "app.kubernetes.io/managed-by": "gpuscale"},
-                                "annotations": {"gpuscale.io/template": digest}},
+                                "annotations": annotations},
                    "spec": {"replicas": 1, "selector": {"matchLabels": {"gpuscale.io/variant": name}},
                             "template": {"metadata": {}}},
                    "status": {"observedGeneration": observed, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}})
@@ -4197,6 +4203,73 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
         "a Deployment applied with nothing changed",
     )
     .await;
+
+    // A bad template stuck mid-rollout (an image that cannot be pulled),
+    // then the settings fixed: the stuck one takes the fix at once, not
+    // waiting for its own rollout, which would never end.
+    let owned = templated(&[(&a.name, "badbadbadbadbad0", 3, 2), (&b.name, &new_b, 2, 2)]);
+    let (apply_a, want_a) = (apply(&a.name), new_a.clone());
+    let reply_a = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+    let server = tokio::spawn(async move {
+        later_reads(&mut handle, owned).await;
+        let body = expect(&mut handle, Method::PATCH, &apply_a, 200, reply_a).await;
+        assert_eq!(
+            body["metadata"]["annotations"]["gpuscale.io/template"],
+            json!(want_a)
+        );
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(4))
+        .await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+
+    // One applied before the digest existed is rolled like a change.
+    let owned = templated(&[(&a.name, &new_a, 4, 4), (&b.name, "", 1, 1)]);
+    let (apply_b, want_b) = (apply(&b.name), new_b.clone());
+    let reply_b = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+    let server = tokio::spawn(async move {
+        later_reads(&mut handle, owned).await;
+        let body = expect(&mut handle, Method::PATCH, &apply_b, 200, reply_b).await;
+        assert_eq!(
+            body["metadata"]["annotations"]["gpuscale.io/template"],
+            json!(want_b)
+        );
+        handle
+    });
+    backend
+        .tick(std::slice::from_ref(&m), now + Duration::from_secs(5))
+        .await;
+    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
+    let mut handle = server.await.unwrap();
+    silent(&mut handle, 100, "more than one").await;
+}
+
+/// A rollout is over when it is done, or stalled past its progress
+/// deadline (a replica that cannot be placed holds nobody's rollout up for
+/// ever); one in progress is not.
+#[test]
+fn a_rollout_is_over_when_done_or_past_its_deadline() {
+    use gpuscale_autoscaler::kubernetes::settled;
+    let d = |generation: i64, status: Value| -> k8s_openapi::api::apps::v1::Deployment {
+        serde_json::from_value(json!({"metadata": {"name": "d", "generation": generation},
+            "spec": {"replicas": 2, "selector": {}, "template": {}}, "status": status}))
+        .unwrap()
+    };
+    let done =
+        json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2});
+    assert!(settled(&d(2, done.clone())));
+    assert!(!settled(&d(3, done)), "a newer spec not yet observed");
+    let pending =
+        json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 1});
+    assert!(!settled(&d(2, pending)));
+    let stalled = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "readyReplicas": 1,
+        "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]});
+    assert!(settled(&d(2, stalled)));
+    let surplus =
+        json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2, "readyReplicas": 3});
+    assert!(!settled(&d(2, surplus)), "old pods still going");
 }
 
 /// A decision that meets two running variants of one model whose pod

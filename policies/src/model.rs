@@ -432,7 +432,6 @@ fn one_minute() -> Duration {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.minReplicas <= self.maxReplicas",
     "message": "minReplicas is above maxReplicas",
-    "fieldPath": ".minReplicas",
 }]))]
 pub struct ScalingPolicy {
     /// Fewest replicas; 0 allows scale to zero (default 1).
