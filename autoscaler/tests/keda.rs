@@ -347,3 +347,47 @@ async fn idle_connections_cannot_hold_the_scaler() {
         .into_inner();
     assert_eq!(spec.metric_specs[0].metric_name, "gpuscale-queue-org-chat");
 }
+
+/// A live client is never cut for being quiet: the server pings it every
+/// `keepalive`, its answers are what the `idle` deadline counts, so a
+/// `StreamIsActive` stream with nothing to say outlives the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_live_stream_outlives_the_idle_deadline() {
+    let gw = gateway().await;
+    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let limits = gpuscale_autoscaler::keda::Limits {
+        connections: 4,
+        handshake: Duration::from_millis(300),
+        keepalive: Duration::from_millis(100),
+        idle: Duration::from_millis(400),
+    };
+    let (addr, _task) = gpuscale_autoscaler::keda::serve_within(
+        "127.0.0.1:0".parse().unwrap(),
+        keda,
+        stopped,
+        limits,
+    )
+    .await
+    .unwrap();
+    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut stream = client
+        .stream_is_active(object("chat"))
+        .await
+        .unwrap()
+        .into_inner();
+    // The pushes the stand-in gateway sends, then nothing for 30 s.
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("a push")
+            .unwrap()
+            .unwrap();
+    }
+    // Three idle deadlines later the stream is still open: no end, no
+    // error, only nothing to say.
+    let quiet = tokio::time::timeout(Duration::from_millis(1_200), stream.message()).await;
+    assert!(quiet.is_err(), "the stream ended: {quiet:?}");
+}
