@@ -738,9 +738,12 @@ pub(crate) fn tally(
 /// node `a-b`, or model `x.y` and model `x-y`, would otherwise get one
 /// Deployment between them (and its pods one node's affinity). Of the
 /// variants that meet on a name, the first whose identity is already that
-/// name (but for capitals) keeps it, so an existing Deployment is not
-/// renamed when a look-alike node or model appears; the others get a hash
-/// of their identity.
+/// name (but for capitals) keeps it, and the others get a hash of their
+/// identity. So a Deployment spelt as its name is never renamed; one spelt
+/// otherwise that had the name alone (node `gpu.a`'s, before a node
+/// `gpu-a` joined) goes to the look-alike, and its replicas start again
+/// under the hashed name (a name is a function of the set of variants
+/// here, not of what ran before: the plan is pure).
 fn distinct_names(variants: &mut BTreeMap<(String, String), plan::Variant>) {
     let mut claims: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for (key, v) in variants.iter() {
