@@ -298,22 +298,12 @@ async fn the_shared_stream_follows_a_change_of_gateway_instances() {
 #[tokio::test]
 async fn idle_connections_cannot_hold_the_scaler() {
     use tokio::io::AsyncReadExt;
-    let gw = gateway().await;
-    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let limits = gpuscale_autoscaler::keda::Limits {
+    let addr = serve_limited(gpuscale_autoscaler::keda::Limits {
         connections: 2,
         handshake: Duration::from_millis(300),
         ..Default::default()
-    };
-    let (addr, _task) = gpuscale_autoscaler::keda::serve_within(
-        "127.0.0.1:0".parse().unwrap(),
-        keda,
-        stopped,
-        limits,
-    )
-    .await
-    .unwrap();
+    })
+    .await;
     let started = std::time::Instant::now();
     let mut quiet = Vec::new();
     for _ in 0..2 {
@@ -353,23 +343,13 @@ async fn idle_connections_cannot_hold_the_scaler() {
 /// `StreamIsActive` stream with nothing to say outlives the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_live_stream_outlives_the_idle_deadline() {
-    let gw = gateway().await;
-    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let limits = gpuscale_autoscaler::keda::Limits {
+    let addr = serve_limited(gpuscale_autoscaler::keda::Limits {
         connections: 4,
         handshake: Duration::from_millis(300),
         keepalive: Duration::from_millis(100),
         idle: Duration::from_millis(400),
-    };
-    let (addr, _task) = gpuscale_autoscaler::keda::serve_within(
-        "127.0.0.1:0".parse().unwrap(),
-        keda,
-        stopped,
-        limits,
-    )
-    .await
-    .unwrap();
+    })
+    .await;
     let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -390,4 +370,23 @@ async fn a_quiet_live_stream_outlives_the_idle_deadline() {
     // error, only nothing to say.
     let quiet = tokio::time::timeout(Duration::from_millis(1_200), stream.message()).await;
     assert!(quiet.is_err(), "the stream ended: {quiet:?}");
+}
+
+/// The scaler as `gpuscale autoscaler --keda` serves it, within `limits`,
+/// on a loopback port, for the test's lifetime; its address.
+async fn serve_limited(limits: gpuscale_autoscaler::keda::Limits) -> std::net::SocketAddr {
+    let gw = gateway().await;
+    let keda = Keda::new(GatewayClient::new(&gw), vec![policy()]);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Kept open while the runtime lives: the server stops when it drops.
+    std::mem::forget(stop);
+    let (addr, _task) = gpuscale_autoscaler::keda::serve_within(
+        "127.0.0.1:0".parse().unwrap(),
+        keda,
+        stopped,
+        limits,
+    )
+    .await
+    .unwrap();
+    addr
 }

@@ -4150,17 +4150,10 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
     )
     .await;
 
+    let m1 = std::slice::from_ref(&m);
     // Read mid-rollout (its new generation not yet observed): still one.
     let owned = templated(&[(&a.name, &new_a, 2, 1), (&b.name, old, 1, 1)]);
-    let server = tokio::spawn(async move {
-        later_reads(&mut handle, owned).await;
-        handle
-    });
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_secs(1))
-        .await;
-    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
-    let mut handle = server.await.unwrap();
+    let mut handle = roll_round(&mut backend, handle, m1, &plan, owned, 1, None).await;
     silent(
         &mut handle,
         100,
@@ -4170,33 +4163,12 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
 
     // Rolled: the second goes, with its own digest.
     let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, old, 1, 1)]);
-    let (apply_b, want_b) = (apply(&b.name), new_b.clone());
-    let server = tokio::spawn(async move {
-        later_reads(&mut handle, owned).await;
-        let body = expect(&mut handle, Method::PATCH, &apply_b, 200, reply).await;
-        assert_eq!(
-            body["metadata"]["annotations"]["gpuscale.io/template"],
-            json!(want_b)
-        );
-        handle
-    });
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_secs(2))
-        .await;
-    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
-    let mut handle = server.await.unwrap();
+    let applies = Some((b.name.clone(), new_b.clone()));
+    let handle = roll_round(&mut backend, handle, m1, &plan, owned, 2, applies).await;
 
     // Both current: nothing to roll.
     let owned = templated(&[(&a.name, &new_a, 2, 2), (&b.name, &new_b, 2, 2)]);
-    let server = tokio::spawn(async move {
-        later_reads(&mut handle, owned).await;
-        handle
-    });
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_secs(3))
-        .await;
-    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
-    let mut handle = server.await.unwrap();
+    let mut handle = roll_round(&mut backend, handle, m1, &plan, owned, 3, None).await;
     silent(
         &mut handle,
         100,
@@ -4208,42 +4180,46 @@ async fn a_changed_pod_template_rolls_one_deployment_of_a_model_at_a_time() {
     // then the settings fixed: the stuck one takes the fix at once, not
     // waiting for its own rollout, which would never end.
     let owned = templated(&[(&a.name, "badbadbadbadbad0", 3, 2), (&b.name, &new_b, 2, 2)]);
-    let (apply_a, want_a) = (apply(&a.name), new_a.clone());
-    let reply_a = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
-    let server = tokio::spawn(async move {
-        later_reads(&mut handle, owned).await;
-        let body = expect(&mut handle, Method::PATCH, &apply_a, 200, reply_a).await;
-        assert_eq!(
-            body["metadata"]["annotations"]["gpuscale.io/template"],
-            json!(want_a)
-        );
-        handle
-    });
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_secs(4))
-        .await;
-    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
-    let mut handle = server.await.unwrap();
+    let applies = Some((a.name.clone(), new_a.clone()));
+    let handle = roll_round(&mut backend, handle, m1, &plan, owned, 4, applies).await;
 
     // One applied before the digest existed is rolled like a change.
     let owned = templated(&[(&a.name, &new_a, 4, 4), (&b.name, "", 1, 1)]);
-    let (apply_b, want_b) = (apply(&b.name), new_b.clone());
-    let reply_b = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+    let applies = Some((b.name.clone(), new_b.clone()));
+    let mut handle = roll_round(&mut backend, handle, m1, &plan, owned, 5, applies).await;
+    silent(&mut handle, 100, "more than one").await;
+}
+
+/// One later tick (`at` seconds after the scenarios' start) that reads
+/// `owned`, then a roll that applies `applies` (the Deployment and the
+/// digest its apply carries) or nothing.
+async fn roll_round(
+    backend: &mut Backend,
+    mut handle: Handle,
+    models: &[Model],
+    plan: &gpuscale_packer::Plan,
+    owned: Value,
+    at: u64,
+    applies: Option<(String, String)>,
+) -> Handle {
     let server = tokio::spawn(async move {
         later_reads(&mut handle, owned).await;
-        let body = expect(&mut handle, Method::PATCH, &apply_b, 200, reply_b).await;
-        assert_eq!(
-            body["metadata"]["annotations"]["gpuscale.io/template"],
-            json!(want_b)
-        );
+        if let Some((name, digest)) = applies {
+            let path = format!("{DEPLOYMENTS}/{name}?&force=true&fieldManager=gpuscale");
+            let reply =
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}});
+            let body = expect(&mut handle, Method::PATCH, &path, 200, reply).await;
+            assert_eq!(
+                body["metadata"]["annotations"]["gpuscale.io/template"],
+                json!(digest)
+            );
+        }
         handle
     });
-    backend
-        .tick(std::slice::from_ref(&m), now + Duration::from_secs(5))
-        .await;
-    backend.roll(std::slice::from_ref(&m), Some(&plan)).await;
-    let mut handle = server.await.unwrap();
-    silent(&mut handle, 100, "more than one").await;
+    let now = Duration::from_secs(1_795_976_401 + at);
+    backend.tick(models, now).await;
+    backend.roll(models, Some(plan)).await;
+    server.await.unwrap()
 }
 
 /// A rollout is over when it is done, or stalled past its progress
