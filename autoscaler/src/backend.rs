@@ -889,14 +889,10 @@ impl KubeBackend {
             let rolling = self.templates.iter().any(|(name, (m, _, settled))| {
                 *m == model.name && *name != v.name && (!settled || self.applied.contains(name))
             }) || rolled;
-            // A count that grows takes the new template: new pods are
-            // made from it, and the plan sized them by it.
-            let grows = counts.get(&v.name).map_or(v.replicas, |c| c.0)
-                > read
-                    .iter()
-                    .find(|r| r.name == v.name)
-                    .map_or(0, |r| r.replicas);
-            let live = if rolls && rolling && !grows {
+            // A count that grows keeps the old template too: applying the
+            // new one would replace the pods that run, not only add new
+            // ones, and two variants would roll together.
+            let live = if rolls && rolling {
                 self.kube.deployment(&v.name).await?
             } else {
                 None

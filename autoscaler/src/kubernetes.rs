@@ -417,6 +417,12 @@ pub fn deployment(model: &Model, variant: &Variant, spec: &KubeSpec) -> Deployme
         "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": {VARIANT_LABEL: variant.name}},
+            // Past the startup probe's budget, and five minutes more: a
+            // rollout is stalled only once a pod could no longer be
+            // starting (Kubernetes' default, 10 minutes, is less than the
+            // 15 a large model may take to load, and a healthy slow start
+            // would read as stalled, releasing the next variant's roll).
+            "progressDeadlineSeconds": spec.startup_timeout.as_secs() + 300,
             "template": {
                 "metadata": template_metadata,
                 "spec": pod_spec(model, variant, spec),
@@ -986,19 +992,21 @@ pub fn settled(d: &Deployment) -> bool {
     let Some(s) = d.status.as_ref() else {
         return want == 0;
     };
-    let stalled = s.conditions.iter().flatten().any(|c| {
-        c.type_ == "Progressing"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-    });
-    if stalled {
-        return true;
-    }
     let observed = match (s.observed_generation, d.metadata.generation) {
         (Some(o), Some(g)) => o >= g,
         (_, None) => true,
         (None, Some(_)) => false,
     };
+    // Stalled on the latest spec only: a condition read before the
+    // Deployment controller saw a new apply is the old rollout's.
+    let stalled = s.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+    if stalled && observed {
+        return true;
+    }
     observed
         && s.updated_replicas.unwrap_or(0) >= want
         && s.ready_replicas.unwrap_or(0) >= want

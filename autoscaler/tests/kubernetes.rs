@@ -4242,7 +4242,21 @@ fn a_rollout_is_over_when_done_or_past_its_deadline() {
     assert!(!settled(&d(2, pending)));
     let stalled = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "readyReplicas": 1,
         "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]});
-    assert!(settled(&d(2, stalled)));
+    assert!(settled(&d(2, stalled.clone())));
+    assert!(
+        !settled(&d(3, stalled)),
+        "the last rollout's stall, before a new apply was observed"
+    );
+    // The deadline is past the startup probe's budget: a slow but
+    // healthy start (15 minutes by default) is not read as stalled.
+    let spec = spec();
+    let v = gpuscale_autoscaler::kubernetes::whole_gpu_variant(&model(), 1);
+    let built = gpuscale_autoscaler::kubernetes::deployment(&model(), &v, &spec);
+    let deadline = built.spec.unwrap().progress_deadline_seconds.unwrap();
+    assert!(
+        i64::from(deadline) > spec.startup_timeout.as_secs() as i64,
+        "{deadline}"
+    );
     let surplus =
         json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2, "readyReplicas": 3});
     assert!(!settled(&d(2, surplus)), "old pods still going");
