@@ -4079,14 +4079,6 @@ fn templated(items: &[(&str, &str, i64, i64)]) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": {}, "items": items})
 }
 
-/// A later tick's reads as the leader, `owned` listed, no hand-off, no
-/// slice.
-async fn later_reads(handle: &mut Handle, owned: Value) {
-    expect(handle, Method::GET, OWNED, 200, owned).await;
-    expect(handle, Method::GET, HANDOFFS, 200, no_nodes()).await;
-    expect(handle, Method::GET, SLICES, 200, slices(&[])).await;
-}
-
 /// A pod template that changed while the counts did not (a new image in
 /// the controller's settings) is rolled out with no decision: one
 /// Deployment of the model at a time, the next only once the first has
@@ -4203,7 +4195,7 @@ async fn roll_round(
     applies: Option<(String, String)>,
 ) -> Handle {
     let server = tokio::spawn(async move {
-        later_reads(&mut handle, owned).await;
+        quiet_tick(&mut handle, owned).await;
         if let Some((name, digest)) = applies {
             let path = format!("{DEPLOYMENTS}/{name}?&force=true&fieldManager=gpuscale");
             let reply =
