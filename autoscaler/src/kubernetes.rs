@@ -369,6 +369,21 @@ impl KubeError {
             _ => None,
         }
     }
+
+    /// Whether waiting may help: the API server could not be reached or
+    /// did not answer in time, or answered 5xx or 429. A refusal (401,
+    /// 403, 404: RBAC, no CRD), a body that does not decode, a bad
+    /// kubeconfig or a lost lease is final, and retrying it only hides it.
+    pub fn transient(&self) -> bool {
+        match self {
+            KubeError::Api(kube::Error::Api(e)) => e.code >= 500 || e.code == 429,
+            KubeError::Api(
+                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_),
+            ) => true,
+            KubeError::Timeout { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 fn micro(now: Duration) -> MicroTime {

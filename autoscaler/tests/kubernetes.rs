@@ -1114,6 +1114,29 @@ async fn many_models_endpoints_take_one_list_per_fifty_services() {
     assert!(!found.values().flatten().any(|e| e.contains("10.9.9.9")));
 }
 
+/// Start-up waits only for what waiting can mend: a 503 or a 429 is
+/// transient, a refusal (403: RBAC; 404: no CRD) or a list that is not
+/// JSON is final at once.
+async fn only_the_servers_own_trouble_is_worth_waiting_for() {
+    let path = "/apis/gpuscale.io/v1alpha1/namespaces/inference/modelpolicies?";
+    for (code, reply, transient) in [
+        (503, status_reply(503, "ServiceUnavailable"), true),
+        (429, status_reply(429, "TooManyRequests"), true),
+        (500, status_reply(500, "InternalError"), true),
+        (403, status_reply(403, "Forbidden"), false),
+        (404, status_reply(404, "NotFound"), false),
+        (401, status_reply(401, "Unauthorized"), false),
+        (200, json!("not a list"), false),
+    ] {
+        let (k, mut handle) = kube(false);
+        let server =
+            tokio::spawn(async move { expect(&mut handle, Method::GET, path, code, reply).await });
+        let err = k.policies().await.expect_err("an error");
+        server.await.unwrap();
+        assert_eq!(err.transient(), transient, "{code}: {err}");
+    }
+}
+
 /// Policies are decoded one by one: one that does not decode is reported
 /// by name, and the others are still read.
 async fn a_policy_that_does_not_decode_does_not_fail_the_list() {
@@ -4375,6 +4398,7 @@ scenarios!(
     endpoint_slices_give_the_ready_replicas,
     many_models_endpoints_take_one_list_per_fifty_services,
     a_policy_that_does_not_decode_does_not_fail_the_list,
+    only_the_servers_own_trouble_is_worth_waiting_for,
     the_backend_leads_discovers_and_applies_a_decision,
     a_registration_no_slice_shows_is_removed_after_a_restart,
     a_failed_status_write_stops_no_scaling,

@@ -235,12 +235,10 @@ impl Loop {
                         match k.policies().await {
                             Ok(l) => break l,
                             // Unreachable, or the server's own trouble; a
-                            // refusal (RBAC, no CRD) is final at once, and
-                            // no wait runs past STARTUP_RETRY.
-                            Err(e)
-                                if e.code().is_none_or(|c| c >= 500 || c == 429)
-                                    && started.elapsed() + wait < STARTUP_RETRY =>
-                            {
+                            // refusal (RBAC, no CRD), an answer that does
+                            // not decode or a bad credential is final at
+                            // once, and no wait runs past STARTUP_RETRY.
+                            Err(e) if e.transient() && started.elapsed() + wait < STARTUP_RETRY => {
                                 tracing::warn!(
                                     retry_in_s = wait.as_secs(),
                                     "listing the ModelPolicies: {e}"
