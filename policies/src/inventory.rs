@@ -422,6 +422,9 @@ impl Cluster {
         let catalog = apply_overrides(builtin, &spec.catalog, &mut errors);
         let mut nodes = Vec::new();
         let mut names = BTreeSet::new();
+        // GPU UUIDs across the cluster: HAMi pins a replica by UUID, and
+        // two GPUs of one UUID would pin it to whichever the plugin finds.
+        let mut uuids: BTreeMap<&str, String> = BTreeMap::new();
         for (i, n) in spec.nodes.iter().enumerate() {
             let path = format!("spec.nodes[{i}]");
             let gpu = catalog.get(&n.gpu_model);
@@ -608,6 +611,23 @@ impl Cluster {
                         format!("node `{node_name}` is listed twice"),
                     ));
                     break;
+                }
+                // (A node written with `count` carries no per-GPU state:
+                // said above.)
+                for (j, g) in n.gpus.iter().enumerate().filter(|_| n.count.is_none()) {
+                    let Some(u) = g.uuid.as_deref() else { continue };
+                    let here = format!("node `{node_name}` GPU {}", g.index);
+                    if let Some(first) = uuids.get(u) {
+                        errors.push(FieldError::new(
+                            format!("{path}.gpus[{j}].uuid"),
+                            format!(
+                                "`{}` is also the UUID of {first}: a GPU's UUID is its own (`nvidia-smi -L`)",
+                                crate::model::shown(u),
+                            ),
+                        ));
+                    } else {
+                        uuids.insert(u, here);
+                    }
                 }
                 nodes.push(Node {
                     name: node_name,
@@ -1245,6 +1265,43 @@ mod tests {
         let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].path, "spec.nodes[0].gpus[0].uuid");
+
+        // One UUID on two GPUs (of two nodes): said where it repeats. A
+        // node that stands for several (`count`) has no per-GPU state at
+        // all, which is said instead.
+        let with_uuids = |name: &str, uuids: &[(u32, &str)]| {
+            let mut n = node(name, vec![]);
+            n.gpus = uuids
+                .iter()
+                .map(|&(i, u)| GpuState {
+                    uuid: Some(u.into()),
+                    ..state(i, GpuMode::Free)
+                })
+                .collect();
+            n
+        };
+        let mut counted = with_uuids("pool", &[(0, "GPU-c")]);
+        counted.count = Some(3);
+        let spec = ClusterSpec {
+            catalog: vec![],
+            nodes: vec![
+                with_uuids("a", &[(0, "GPU-a"), (1, "GPU-b")]),
+                with_uuids("b", &[(0, "GPU-x"), (1, "GPU-a")]),
+                counted,
+            ],
+        };
+        let errors = Cluster::from_spec("c", &spec, &Catalog::builtin()).unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["spec.nodes[1].gpus[1].uuid", "spec.nodes[2].gpus"],
+            "{errors:?}"
+        );
+        assert!(
+            errors[0].message.contains("node `a` GPU 0"),
+            "{}",
+            errors[0].message
+        );
 
         // A device-plugin config for sharing the node does not allow.
         for (ts, mps, field, mode) in [

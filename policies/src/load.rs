@@ -437,6 +437,63 @@ pub fn namespace_problem(ns: &str) -> Option<String> {
     })
 }
 
+/// Why `q` is not a Kubernetes resource quantity the API server takes for
+/// a container's limits or requests, if it is not: the grammar of
+/// apimachinery's `resource.Quantity` (a number with an optional sign,
+/// then a binary suffix `Ki`…`Ei`, a decimal one `m`, `k`, `M`…`E`, or an
+/// exponent `e`/`E` with an integer), and not negative, as pod validation
+/// requires of resources.
+pub fn quantity_problem(q: &str) -> Option<String> {
+    let bad = || {
+        Some(format!(
+            "`{}` is not a Kubernetes quantity (a number with a suffix such as `500m`, `12Gi`, `1e3`)",
+            crate::model::shown(q)
+        ))
+    };
+    let b = q.as_bytes();
+    let mut i = 0;
+    let negative = b.first() == Some(&b'-');
+    if matches!(b.first(), Some(b'+' | b'-')) {
+        i = 1;
+    }
+    let int = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+    i += int;
+    let mut frac = 0;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        frac = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        i += frac;
+    }
+    if int + frac == 0 {
+        return bad();
+    }
+    let suffix = &q[i..];
+    let ok = match suffix {
+        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
+        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
+        _ => {
+            let rest = suffix.strip_prefix(['e', 'E']);
+            rest.is_some_and(|r| {
+                let r = r.strip_prefix(['+', '-']).unwrap_or(r);
+                !r.is_empty() && r.len() <= 3 && r.bytes().all(|c| c.is_ascii_digit())
+            })
+        }
+    };
+    if !ok {
+        return bad();
+    }
+    let zero = b[..i]
+        .iter()
+        .all(|c| matches!(c, b'0' | b'.' | b'+' | b'-'));
+    if negative && !zero {
+        return Some(format!(
+            "`{}` is negative; a resource quantity is at least 0",
+            crate::model::shown(q)
+        ));
+    }
+    None
+}
+
 /// Why `name` is not a Kubernetes object name (a DNS-1123 subdomain), if
 /// it is not.
 pub fn name_problem(name: &str) -> Option<String> {

@@ -370,6 +370,32 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Ve
             ));
         }
     }
+    // Every quantity as the API server reads it: one it refuses would
+    // fail every worker pod at `kubectl apply`, after the plan.
+    for (field, list) in [
+        ("containers", spec.containers.as_slice()),
+        (
+            "initContainers",
+            spec.init_containers.as_deref().unwrap_or(&[]),
+        ),
+    ] {
+        for (i, c) in list.iter().enumerate() {
+            let Some(r) = &c.resources else { continue };
+            for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+                for (k, q) in map.iter().flatten() {
+                    if let Some(why) = crate::load::quantity_problem(&q.0) {
+                        errors.push(FieldError::new(
+                            format!(
+                                "spec.template.spec.{field}[{i}].resources.{kind}.{}",
+                                crate::model::shown(k)
+                            ),
+                            why,
+                        ));
+                    }
+                }
+            }
+        }
+    }
     // The plan gives the GPUs to the worker's container; an init
     // container asking for any would raise the pod's request past it.
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {

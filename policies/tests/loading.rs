@@ -1601,3 +1601,72 @@ fn a_path_that_cannot_be_read_is_the_one_problem_not_its_follow_ons() {
         "{p:#?}"
     );
 }
+
+/// Kubernetes' quantity grammar (apimachinery `resource.Quantity`: a
+/// signed decimal number, then a binary suffix `Ki`…`Ei`, a decimal one
+/// `m`, `k`, `M`…`E` or an exponent), with pods' rule that resources are
+/// not negative.
+#[test]
+fn quantities_follow_kubernetes_grammar() {
+    use gpuscale_policies::load::quantity_problem;
+    for good in [
+        "1",
+        "0",
+        "-0",
+        "500m",
+        "12Gi",
+        "1.5",
+        ".5",
+        "5.",
+        "1e3",
+        "1E-3",
+        "+1",
+        "129e6",
+        "128974848",
+        "64Mi",
+        "2k",
+        "1Ei",
+        "0.1",
+    ] {
+        assert_eq!(quantity_problem(good), None, "{good}");
+    }
+    for bad in [
+        "12XB", "", "Gi", "1.2.3", "1 Gi", "1g", "1ki", "1K", "1e", "e3", ".", "-", "1Gi ", "1.5e",
+        "0x10",
+    ] {
+        let why = quantity_problem(bad).unwrap_or_else(|| panic!("{bad:?} passed"));
+        assert!(why.contains("not a Kubernetes quantity"), "{bad:?}: {why}");
+    }
+    assert!(quantity_problem("-1Gi").unwrap().contains("negative"));
+}
+
+/// A worker template's quantity the API server would refuse is refused
+/// here, at its line, before any pod is written.
+#[test]
+fn a_template_quantity_kubernetes_refuses_is_located() {
+    let job = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: TrainingJob
+metadata: {name: j}
+spec:
+  workers: 1
+  gpusPerWorker: 2
+  template:
+    spec:
+      containers:
+        - name: worker
+          image: example/train:1
+          resources:
+            limits: {memory: 12XB, cpu: '8'}
+";
+    let p = problems("j.yaml", job);
+    assert_eq!(
+        located(&p),
+        [(
+            13,
+            "spec.template.spec.containers[0].resources.limits.memory"
+        )],
+        "{p:?}"
+    );
+    assert!(p[0].message.contains("`12XB`"), "{}", p[0].message);
+}
