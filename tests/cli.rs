@@ -751,8 +751,25 @@ fn plan_with_bad_inputs_fails_cleanly() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     assert!(
+        errors(&out).contains(
+            "note: planning with the `kind: Demand` document found in --cluster examples/cluster.yaml or among --policies examples/policies examples/demand.yaml"
+        ),
+        "{}",
         errors(&out)
-            .contains("note: planning with the `kind: Demand` document found among --policies")
+    );
+    // --cluster is one file: a folder would bring every document in it.
+    let out = gpuscale(&[
+        "plan",
+        "--cluster",
+        "examples",
+        "--policies",
+        "examples/policies",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("--cluster examples: a folder"),
+        "{}",
+        errors(&out)
     );
 }
 
@@ -2442,4 +2459,50 @@ fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
         "{text}"
     );
     assert!(!dir.path().join("emit").exists(), "nothing emitted");
+}
+
+/// `--emit` replaces what is at an artefact's path, a symbolic link
+/// included, and never writes through it; a linked folder is refused.
+#[cfg(unix)]
+#[test]
+fn emit_replaces_links_and_never_writes_through_them() {
+    let (dir, dir_text) = emit_dir("links");
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.with_extension("victim");
+    std::fs::write(&victim, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("node-labels.yaml")).unwrap();
+    let mut args = PLAN_ARGS.to_vec();
+    args.extend(["--emit", dir_text.as_str()]);
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+    let labels = dir.join("node-labels.yaml");
+    assert!(
+        !std::fs::symlink_metadata(&labels)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(std::fs::read_to_string(&labels).unwrap().contains("h100-0"));
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&labels).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    // The variants' folder a link elsewhere: refused, nothing written there.
+    let elsewhere = dir.with_extension("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::remove_dir_all(dir.join("variants")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join("variants")).unwrap();
+    let out = gpuscale(&args);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        errors(&out).contains("is a symbolic link"),
+        "{}",
+        errors(&out)
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&elsewhere);
+    let _ = std::fs::remove_file(&victim);
 }

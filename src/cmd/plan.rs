@@ -178,6 +178,14 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
     {
         bail!("--scheduler-name: {why}");
     }
+    // One file: a folder would bring every document in it (policies,
+    // demand, training jobs) into the plan unasked.
+    if args.cluster.is_dir() {
+        bail!(
+            "--cluster {}: a folder; give the file that holds the `kind: Cluster` document (policies and training jobs go after --policies, the demand after --demand)",
+            args.cluster.display()
+        );
+    }
     let mut paths = vec![args.cluster.clone()];
     paths.extend(args.policies.iter().cloned());
     paths.extend(args.demand.iter().cloned());
@@ -217,7 +225,8 @@ pub fn make(args: &Args) -> anyhow::Result<Result<Plan, ExitCode>> {
             .map(|p| p.display().to_string())
             .collect();
         eprintln!(
-            "note: planning with the `kind: Demand` document found among --policies {} (give --demand FILE to say which)",
+            "note: planning with the `kind: Demand` document found in --cluster {} or among --policies {} (give --demand FILE to say which)",
+            args.cluster.display(),
             named.join(" ")
         );
     }
@@ -438,10 +447,21 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
     for (rel, text) in files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
+            // A folder of the output that is a link would take the files
+            // wherever it points.
+            if parent != dir
+                && std::fs::symlink_metadata(parent).is_ok_and(|m| m.file_type().is_symlink())
+            {
+                anyhow::bail!(
+                    "--emit: {} is a symbolic link; the artefacts are written only into real folders under {}",
+                    parent.display(),
+                    dir.display()
+                );
+            }
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        replace_file(&path, text)?;
     }
     let now: BTreeSet<&str> = files.iter().map(|(rel, _)| rel.as_str()).collect();
     for rel in stale(&earlier, &now) {
@@ -462,8 +482,34 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
     }
     let mut listed: Vec<&str> = now.into_iter().collect();
     listed.sort_unstable();
-    std::fs::write(&list, format!("{}\n", listed.join("\n")))
-        .with_context(|| format!("writing {}", list.display()))?;
+    replace_file(&list, &format!("{}\n", listed.join("\n")))?;
+    Ok(())
+}
+
+/// Writes `text` to a new file beside `path` and renames it over `path`:
+/// a reader never sees half a file, and a link at `path` is replaced, not
+/// followed (an earlier `--emit` folder another user could write into
+/// must not redirect the write).
+fn replace_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::Builder::new()
+        .prefix(".gpuscale-")
+        .tempfile_in(parent)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    // (A temporary file is the owner's alone; artefacts are read by
+    // whoever applies them, as a plain write would leave them.)
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    file.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
