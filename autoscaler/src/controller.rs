@@ -122,7 +122,11 @@ impl Metrics {
             m.ready.clone(),
         );
         r.register("min_replicas", "The policy's minReplicas", m.min.clone());
-        r.register("max_replicas", "The policy's maxReplicas", m.max.clone());
+        r.register(
+            "max_replicas",
+            "The most replicas the model may run: the policy's maxReplicas, or the local backend's maxReplicasPerModel where lower",
+            m.max.clone(),
+        );
         r.register(
             "pool_gpus",
             "Healthy GPUs of each GPU model (the packer's pools)",
@@ -395,6 +399,13 @@ impl Report {
     }
 }
 
+/// The most replicas `m` may run: its policy's `maxReplicas`, or the
+/// backend's own cap where lower (the local backend's
+/// `maxReplicasPerModel`, which caps every decision).
+fn capped_max(m: &Model, cap: Option<u32>) -> u32 {
+    cap.map_or(m.scaling.max_replicas, |c| m.scaling.max_replicas.min(c))
+}
+
 /// How often a controller still waiting for its first inventory says so.
 const INVENTORY_NAG: Duration = Duration::from_secs(60);
 
@@ -494,7 +505,7 @@ impl Controller {
             metrics
                 .max
                 .get_or_create(&label)
-                .set(i64::from(m.scaling.max_replicas));
+                .set(i64::from(capped_max(m, cap)));
             metrics
                 .desired
                 .get_or_create(&ModelLabel {
@@ -504,7 +515,19 @@ impl Controller {
             metrics.zero_repairs(&m.name);
         }
         let stall = stall_limit(settings.spec.interval);
-        let report_models = Arc::new(std::sync::RwLock::new(settings.models.clone()));
+        // The dashboard shows the most a model may run, the backend's cap
+        // included.
+        let report_models = Arc::new(std::sync::RwLock::new(
+            settings
+                .models
+                .iter()
+                .map(|m| {
+                    let mut m = m.clone();
+                    m.scaling.max_replicas = capped_max(&m, cap);
+                    m
+                })
+                .collect(),
+        ));
         let report_cluster = Arc::new(std::sync::RwLock::new(
             settings.cluster.clone().map(Arc::new),
         ));
@@ -650,7 +673,7 @@ impl Controller {
             self.metrics
                 .max
                 .get_or_create(&label)
-                .set(i64::from(m.scaling.max_replicas));
+                .set(i64::from(capped_max(m, self.backend.cap())));
             self.metrics.zero_repairs(&m.name);
         }
         *self

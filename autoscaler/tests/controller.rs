@@ -29,6 +29,19 @@ async fn capped(
     cap: u32,
     waiting: u32,
 ) -> gpuscale_autoscaler::controller::ModelDecisions {
+    capped_report(min_replicas, cap, waiting)
+        .await
+        .decisions()
+        .remove("llama")
+        .unwrap()
+}
+
+/// As [`capped`], the controller's whole report.
+async fn capped_report(
+    min_replicas: u32,
+    cap: u32,
+    waiting: u32,
+) -> gpuscale_autoscaler::controller::Report {
     use gpuscale_autoscaler::backend::Backend;
     use gpuscale_autoscaler::controller::Controller;
     use gpuscale_autoscaler::local::LocalBackend;
@@ -56,7 +69,29 @@ async fn capped(
     for _ in 0..5 {
         controller.tick().await;
     }
-    report.decisions().remove("llama").unwrap()
+    report
+}
+
+/// The cap is the most the model may run, and what the metric and the
+/// dashboard say: `GpuscaleReplicasAtMax` (desired ≥ max) fires while a
+/// model is held at it.
+#[tokio::test]
+async fn the_cap_is_the_maximum_the_metrics_and_the_dashboard_show() {
+    let report = capped_report(1, 2, 200).await;
+    let text = report.metrics();
+    assert!(
+        text.lines()
+            .any(|l| l == "gpuscale_autoscaler_max_replicas{model=\"llama\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "gpuscale_autoscaler_desired_replicas{model=\"llama\"} 2"),
+        "{text}"
+    );
+    let view = report.dashboard();
+    let llama = view.models.iter().find(|m| m.name == "llama").unwrap();
+    assert_eq!(llama.max, 2);
 }
 
 /// A server for the local backend that says where it "listens" (nothing
