@@ -106,6 +106,13 @@ pub async fn handle(
             );
             return r;
         }
+        Verdict::ReadOnly => {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "the read-only token reads; changes need the admin token",
+            );
+        }
         Verdict::NoTokenConfigured => {
             return error_response(
                 StatusCode::FORBIDDEN,

@@ -187,6 +187,9 @@ pub enum Verdict {
     Unauthorized,
     /// 403: state changes are off because no token is configured.
     NoTokenConfigured,
+    /// 403: the read-only token, valid, asked for a change (RFC 9110
+    /// §15.5.4: understood and refused; another try with it is no use).
+    ReadOnly,
 }
 
 /// Whether a request of class `access` may go on. The admin `token`
@@ -203,6 +206,7 @@ pub fn decide(
         (Access::Open, _) => Verdict::Allow,
         (Access::Write, None) => Verdict::NoTokenConfigured,
         (Access::Write, Some(t)) if verified(Some(t)) => Verdict::Allow,
+        (Access::Write, Some(_)) if verified(read) => Verdict::ReadOnly,
         (Access::Write, Some(_)) => Verdict::Unauthorized,
         (Access::Read, _) if admin_on_loopback => Verdict::Allow,
         (Access::Read, _) if verified(token) || verified(read) => Verdict::Allow,
@@ -280,10 +284,16 @@ mod tests {
                 );
                 assert_eq!(decide(Write, loopback, Some(&t), read, Some(&good)), Allow);
                 assert_eq!(decide(Read, loopback, Some(&t), read, Some(&good)), Allow);
-                // The read token never changes anything.
+                // The read token never changes anything: refused as
+                // such (403) where it is one, as no credential where none
+                // is configured.
                 assert_eq!(
                     decide(Write, loopback, Some(&t), read, Some(&reader)),
-                    Unauthorized
+                    if read.is_some() {
+                        ReadOnly
+                    } else {
+                        Unauthorized
+                    }
                 );
                 assert_eq!(
                     decide(Write, loopback, None, read, Some(&reader)),

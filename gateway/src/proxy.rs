@@ -223,13 +223,15 @@ pub async fn handle(worker: &Worker, peer: SocketAddr, head: &RequestHead, body:
     reply
 }
 
-/// Counts an answer to a request that reached no model.
+/// Counts an answer to a request that reached no model, under an empty
+/// `model` (Prometheus reads it as no label): no model's name, which any
+/// word such as `unknown` could be.
 pub fn count_unrouted(shared: &Shared, code: u16) {
     shared
         .metrics
         .requests
         .get_or_create(&CodeLabels {
-            model: "unknown".into(),
+            model: String::new(),
             code,
         })
         .inc();

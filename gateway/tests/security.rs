@@ -143,11 +143,10 @@ async fn the_read_token_reads_and_changes_nothing() {
         let other = gated("other", true).await;
         let body = replica_body("m", &format!("http://{}", other.addr));
         let r = send(a, "POST", "/v1/replicas", &[reader], body).await;
-        assert!(
-            matches!(r.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN),
-            "{case}: {}",
-            r.status
-        );
+        // Understood and refused (403), not "who are you" (401): with an
+        // admin token configured the read token is not enough; without
+        // one, changes are off.
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{case}");
         gw.shutdown().await;
     }
 }
@@ -901,10 +900,7 @@ async fn a_replica_address_that_leads_back_to_the_gateway_ends_in_one_hop() {
         assert!(pseudonym.bytes().all(|b| b.is_ascii_hexdigit()), "{via}");
     }
     let text = metrics(gw.admin).await;
-    let looped = sample(
-        &text,
-        "gpuscale_requests_total{model=\"unknown\",code=\"508\"}",
-    );
+    let looped = sample(&text, "gpuscale_requests_total{model=\"\",code=\"508\"}");
     assert!(
         looped.is_some_and(|n| (1.0..=4.0).contains(&n)),
         "{looped:?}"

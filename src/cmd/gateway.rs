@@ -48,7 +48,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         match gpuscale_gateway::auth::AdminToken::from_file(f) {
             Ok(t) => settings.admin_token = Some(t),
             Err(e) => {
-                eprintln!("--admin-token-file: {e}");
+                // Given by the flag or, without it, by the environment.
+                let from = if std::env::args_os().any(|a| {
+                    a.to_string_lossy()
+                        .split('=')
+                        .next()
+                        .is_some_and(|f| f == "--admin-token-file")
+                }) {
+                    "--admin-token-file"
+                } else {
+                    "GPUSCALE_ADMIN_TOKEN_FILE"
+                };
+                eprintln!("{from}: {e}");
                 return Ok(ExitCode::from(1));
             }
         }
