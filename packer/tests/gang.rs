@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpuscale_packer::gang::{
-    self, GangOptions, GangPlan, GangStatus, Inventory, VictimKind, artefacts, joint, queue,
+    self, GangOptions, GangPlan, GangStatus, Inventory, Preemption, VictimKind, artefacts, joint,
+    queue,
 };
 use gpuscale_packer::{Mode, PackOptions};
 use gpuscale_policies::inventory::{ClusterSpec, GpuState, NodeSpec, Workload};
@@ -2421,5 +2422,19 @@ fn inference_stays_off_a_broken_gangs_gpus_while_its_pods_hold_them() {
         .map(|g| g.replicas.len())
         .sum();
     assert_eq!(placed, 3);
-    assert_eq!(by_name(&plan.gangs, "jr").status, GangStatus::Pending);
+    let jr = by_name(&plan.gangs, "jr");
+    assert_eq!(jr.status, GangStatus::Pending);
+    // No gang starts there, so the broken one says which GPUs its old
+    // pods hold and how to free them (the unhealthy GPU 2 is held too).
+    let own: Vec<&Preemption> = jr.preempts.iter().filter(|p| p.name == "jr").collect();
+    assert_eq!(own.len(), 1, "{:?}", jr.preempts);
+    assert_eq!(own[0].count, 4);
+    assert!(
+        own[0].reason.contains("a0[0,1,2,3]")
+            && own[0]
+                .reason
+                .contains("kubectl delete pods -l gpuscale.io/training-job=jr"),
+        "{}",
+        own[0].reason
+    );
 }

@@ -624,8 +624,18 @@ fn table(plan: &Plan, mip_gap: f64) -> String {
         out.push('\n');
     }
     if unhealthy > 0 {
+        // A broken gang's old pods keep their GPUs out of the plan too.
+        let why = if plan.gangs.iter().any(|g| {
+            g.preempts
+                .iter()
+                .any(|p| p.name == g.name && p.reason.starts_with("its own pods"))
+        }) {
+            "unhealthy or held by a broken gang's old pods"
+        } else {
+            "unhealthy"
+        };
         out.push_str(&format!(
-            "({idle} GPUs idle, {unhealthy} unhealthy: never placed on)\n\n"
+            "({idle} GPUs idle, {unhealthy} {why}: never placed on)\n\n"
         ));
     } else {
         out.push_str(&format!("({idle} GPUs idle)\n\n"));

@@ -850,6 +850,51 @@ fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: 
         }
         g.preempts.extend(found);
     }
+    // Where no gang starts on them, the broken gang says so itself: its
+    // old pods keep those GPUs from everything (inference stays off
+    // them) until someone deletes them.
+    let starting: BTreeSet<(String, u32)> = gangs
+        .iter()
+        .filter(|g| g.status == GangStatus::Starting)
+        .flat_map(|g| {
+            g.workers
+                .iter()
+                .flat_map(|w| w.gpus.iter().map(|&i| (w.node.clone(), i)))
+        })
+        .collect();
+    for (name, h) in held.iter().filter(|(_, h)| !h.intact) {
+        let mut left: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for &(n, i) in &h.gpus {
+            let node = cluster.nodes[n].name.as_str();
+            if !starting.contains(&(node.to_string(), i)) {
+                left.entry(node).or_default().push(i);
+            }
+        }
+        let count: usize = left.values().map(Vec::len).sum();
+        let Some(g) = gangs.iter_mut().find(|g| &g.name == name) else {
+            continue;
+        };
+        if count == 0 {
+            continue;
+        }
+        let on: Vec<String> = left
+            .iter()
+            .map(|(node, idx)| {
+                let idx: Vec<String> = idx.iter().map(ToString::to_string).collect();
+                format!("{node}[{}]", idx.join(","))
+            })
+            .collect();
+        g.preempts.push(Preemption {
+            kind: VictimKind::Job,
+            name: name.clone(),
+            count: count as u32,
+            lost_gpu_hours: 0.0,
+            reason: format!(
+                "its own pods from before it broke hold {} until they are deleted (kubectl delete pods -l gpuscale.io/training-job={name}); nothing is placed there until then",
+                on.join(" ")
+            ),
+        });
+    }
 }
 
 fn with_note(note: &str, text: String) -> String {
