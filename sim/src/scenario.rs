@@ -852,6 +852,27 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
                 (false, false) => bad(at("tokens"), "give `trace` or `prompt`/`output`"),
                 _ => {}
             }
+            // Fixed sizes: a request is at least one token, and no
+            // request outgrows every model's context window.
+            if t.trace.is_none() {
+                let (prompt, output) = (t.prompt.unwrap_or(0), t.output.unwrap_or(0));
+                if u64::from(prompt) + u64::from(output) == 0 {
+                    bad(
+                        at("tokens"),
+                        "a request has at least one token: give `prompt` (and `output`, 0 for an embedding) above 0",
+                    );
+                }
+                for (f, v) in [("tokens.prompt", prompt), ("tokens.output", output)] {
+                    if v > MAX_TOKENS {
+                        bad(
+                            at(f),
+                            &format!(
+                                "must be at most {MAX_TOKENS} tokens (longer than any model's context)"
+                            ),
+                        );
+                    }
+                }
+            }
         }
         let s = &w.service;
         for (f, v) in [
@@ -927,3 +948,6 @@ const MAX_ARRIVALS: u64 = 100_000_000;
 
 /// Most copies of each trace row.
 const MAX_COPIES: u32 = 10_000;
+/// Most tokens of a fixed-size request's prompt or output: 10 M, above
+/// the longest context any served model has.
+const MAX_TOKENS: u32 = 10_000_000;

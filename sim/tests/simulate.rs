@@ -394,6 +394,23 @@ spec:
         "{text}"
     );
     assert!(!text.contains("relative to"), "{text}");
+    // Fixed request sizes: none of no tokens, none past any context.
+    let t = write(
+        d,
+        "t4.yaml",
+        "apiVersion: gpuscale.io/v1alpha1\nkind: Scenario\nmetadata: {name: t}\nspec:\n  duration: 1h\n  cluster: cluster.yaml\n  policies: [a.yaml]\n  workloads:\n    - model: chat-a\n      arrivals: {poisson: {rate: 1}}\n      tokens: {prompt: 0, output: 0}\n    - model: chat-a\n      arrivals: {poisson: {rate: 1}}\n      tokens: {prompt: 4000000000, output: 1}\n",
+    );
+    let p = Scenario::load(&t).unwrap_err().0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(p.len(), 2, "{text:#?}");
+    assert!(
+        text[0].contains("spec.workloads[0].tokens") && text[0].contains("at least one token"),
+        "{text:#?}"
+    );
+    assert!(
+        text[1].contains("spec.workloads[1].tokens.prompt") && text[1].contains("at most"),
+        "{text:#?}"
+    );
 }
 
 #[test]
