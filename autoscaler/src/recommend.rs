@@ -592,7 +592,7 @@ pub fn recommend(
     if in_transit && sized_depth > by_queue {
         let _ = write!(
             why,
-            "; {starting} starting for a demand of {rate_demand:.1}: the queue waits for them"
+            "; {starting} starting for a demand of {rate_demand:.1} requests in service (arrival rate × service time): the queue waits for them"
         );
     } else if by_rate > by_queue && by_rate >= by_forecast {
         let _ = write!(

@@ -94,7 +94,7 @@ fn rejection(r: Reject, queue_timeout: Duration) -> Local {
         ),
         Reject::Timeout => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "no replica became free within the queue timeout; retry later",
+            "no replica of the model was free (or, with none running, started) within the queue timeout; retry later",
         ),
         Reject::ShuttingDown => (
             StatusCode::SERVICE_UNAVAILABLE,
