@@ -860,6 +860,9 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
     let mut models = Vec::new();
     let mut jobs = Vec::new();
     let mut names: BTreeMap<String, (PathBuf, usize)> = BTreeMap::new();
+    // Policies given whose own problems are said already: a Demand
+    // naming one is not said to name no policy.
+    let mut refused: BTreeSet<String> = BTreeSet::new();
     // Served names and adapters: policy, file, line of the first claim.
     let mut served: BTreeMap<String, (String, PathBuf, usize)> = BTreeMap::new();
     for (doc, p) in &parsed {
@@ -918,7 +921,10 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
                     policies.push((**mp).clone());
                     models.push(m);
                 }
-                Err(errors) => problems.extend(located(doc, errors)),
+                Err(errors) => {
+                    refused.insert(name.clone());
+                    problems.extend(located(doc, errors));
+                }
             },
             Parsed::Job(name, namespace, spec) => {
                 match TrainingJob::from_spec(name, spec, &catalog) {
@@ -981,12 +987,12 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
         }
         for (name, &count) in &spec.replicas {
             let Some(m) = models.iter().find(|m| &m.name == name) else {
-                if !complete {
+                if !complete || refused.contains(name) {
                     continue;
                 }
                 problems.push(doc.problem(
                     format!("spec.replicas.{name}"),
-                    if models.is_empty() {
+                    if models.is_empty() && refused.is_empty() {
                         format!(
                             "no ModelPolicy named `{name}`: none was given with this Demand \
                              (give the policies' files or folder too, e.g. `gpuscale validate \

@@ -1670,3 +1670,30 @@ spec:
     );
     assert!(p[0].message.contains("`12XB`"), "{}", p[0].message);
 }
+
+/// A policy refused for its own problem is said once: a Demand naming it
+/// is not also said to name no policy.
+#[test]
+fn a_refused_policy_is_not_said_missing_again() {
+    let policy = POLICY.replace("compute: 0.2", "compute: -1");
+    let demand = "apiVersion: gpuscale.io/v1alpha1\nkind: Demand\nmetadata: {name: d}\nspec:\n  replicas: {m: 2, other: 1}\n";
+    let p = load_sources(&[
+        (Path::new("m.yaml"), policy.as_str()),
+        (Path::new("d.yaml"), demand),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(p.len(), 2, "{text:#?}");
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("m.yaml:8:") && t.contains("compute")),
+        "{text:#?}"
+    );
+    // A name no document gives is still said.
+    assert!(
+        text.iter().any(|t| t.starts_with("d.yaml:")
+            && t.contains("no ModelPolicy named `other` among the policies given")),
+        "{text:#?}"
+    );
+}
