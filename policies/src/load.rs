@@ -1039,6 +1039,13 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
             .collect();
         problems.extend(shared_job_gpus(doc, &job_names));
     }
+    // What runs must fit where it runs: the file states what the GPUs
+    // hold now, and a state no GPU could hold (more replicas than shares,
+    // a replica larger than its MIG instance or its HAMi GPU) is a
+    // mistake in the file, not something to plan from.
+    if let Some((doc, c)) = &cluster {
+        problems.extend(overfull_gpus(doc, c, &models));
+    }
 
     if problems.is_empty() {
         Ok(Bundle {
@@ -1071,6 +1078,8 @@ struct WrittenWorkload {
     on_gpu: usize,
     /// The GPU's `mode` as written (none: the default, `free`).
     mode: Option<String>,
+    /// The MIG instance's start slot, as written.
+    slot: Option<u64>,
 }
 
 /// Every workload of the cluster document, in order, located at its
@@ -1093,6 +1102,7 @@ fn written_workloads(doc: &Document) -> Vec<WrittenWorkload> {
                     name: w["model"].as_str().unwrap_or_default().to_string(),
                     on_gpu: workloads.len(),
                     mode: gpu["mode"].as_str().map(str::to_string),
+                    slot: w["slot"].as_u64(),
                 });
             }
         }
@@ -1160,6 +1170,106 @@ fn shared_job_gpus(doc: &Document, jobs: &BTreeSet<&str>) -> Vec<Problem> {
         .collect();
     beside.extend(shared_modes);
     beside
+}
+
+/// Workloads of the cluster document their GPU could not hold, located
+/// at the first workload past what it holds: beyond a time-sliced or MPS
+/// GPU's shares, a replica over its MIG instance's usable memory (or a
+/// time-sliced instance's shares), or replicas whose memory together is
+/// over a fractional (HAMi) GPU's usable memory. Only models loaded and
+/// without tensor parallelism are weighed (a sharded replica's memory per
+/// GPU is the packer's to divide).
+fn overfull_gpus(doc: &Document, c: &Cluster, models: &[Model]) -> Vec<Problem> {
+    use crate::GpuMode;
+    let mut out = Vec::new();
+    let mut on_gpu: BTreeMap<(String, String), (usize, f64)> = BTreeMap::new();
+    let mut on_slot: BTreeMap<(String, String, u8), usize> = BTreeMap::new();
+    for w in written_workloads(doc) {
+        let Some(node) = c.nodes.iter().find(|n| n.name == w.node) else {
+            continue;
+        };
+        let Some(gpu) = w
+            .gpu
+            .as_u64()
+            .and_then(|i| node.gpus.iter().find(|g| u64::from(g.index) == i))
+        else {
+            continue;
+        };
+        let Some(m) = models
+            .iter()
+            .find(|m| m.name == w.name && m.tensor_parallel.iter().all(|&k| k <= 1))
+        else {
+            continue;
+        };
+        let key = (w.node.clone(), w.gpu.to_string());
+        let (count, memory) = on_gpu.entry(key).or_insert((0, 0.0));
+        *count += 1;
+        *memory += m.memory_gib;
+        let spec = c.catalog.get(&node.gpu_model);
+        let problem = match gpu.mode {
+            GpuMode::Timeslice | GpuMode::Mps => {
+                let (shares, what) = if gpu.mode == GpuMode::Timeslice {
+                    (node.timeslice_replicas, "time-sliced shares (timesliceReplicas)")
+                } else {
+                    (node.mps_replicas, "MPS partitions (mpsReplicas)")
+                };
+                shares
+                    .filter(|&n| *count > usize::from(n))
+                    .map(|n| format!("GPU {} of node `{}` has {n} {what}; this is replica {count} on it", w.gpu, w.node))
+            }
+            GpuMode::Fractional => spec.filter(|s| *memory > s.usable_gib + 1e-9).map(|s| {
+                format!(
+                    "the replicas on GPU {} of node `{}` need {memory:.1} GiB together with this one, over the {:.1} GiB a {} has",
+                    w.gpu, w.node, s.usable_gib, node.gpu_model
+                )
+            }),
+            GpuMode::Mig => {
+                let profile = w.slot.and_then(|s| {
+                    gpu.geometry
+                        .placements()
+                        .iter()
+                        .find(|p| u64::from(p.start) == s)
+                });
+                match (profile, spec.and_then(|s| s.mig.as_ref())) {
+                    (Some(p), Some(mig)) => {
+                        let shares = match &node.mig_timeslice {
+                            Some(t) if t.profile == p.profile => usize::from(t.replicas),
+                            _ => 1,
+                        };
+                        let n = on_slot
+                            .entry((w.node.clone(), w.gpu.to_string(), p.start))
+                            .or_insert(0);
+                        *n += 1;
+                        mig.profile(&p.profile).and_then(|prof| {
+                            if m.memory_gib > prof.usable_gib + 1e-9 {
+                                Some(format!(
+                                    "`{}` needs {:.1} GiB, over the {:.2} GiB a {} instance has",
+                                    m.name, m.memory_gib, prof.usable_gib, p.profile
+                                ))
+                            } else if *n > shares {
+                                Some(format!(
+                                    "the {} instance at slot {} of GPU {} of node `{}` has {shares} share{}; this is replica {n} on it",
+                                    p.profile,
+                                    p.start,
+                                    w.gpu,
+                                    w.node,
+                                    if shares == 1 { "" } else { "s" }
+                                ))
+                            } else {
+                                None
+                            }
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            GpuMode::Whole | GpuMode::Free => None,
+        };
+        if let Some(why) = problem {
+            out.push(doc.problem(w.at, why));
+        }
+    }
+    out
 }
 
 fn check_model_fits_cluster(

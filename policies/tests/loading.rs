@@ -1697,3 +1697,87 @@ fn a_refused_policy_is_not_said_missing_again() {
         "{text:#?}"
     );
 }
+
+/// A cluster file whose GPUs run what they could not hold is refused at
+/// the first workload past it: more replicas than a time-sliced GPU's
+/// shares, a replica over its MIG instance's memory, replicas over a
+/// HAMi GPU's memory together. What fits passes.
+#[test]
+fn a_cluster_state_no_gpu_could_hold_is_refused_where_it_overflows() {
+    let policies = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: small}
+spec:
+  resources: {memoryGiB: 8, compute: 0.1, maxConcurrency: 8}
+  placement: {sharing: [mig, timeslice, fractional, whole]}
+---
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: big}
+spec:
+  resources: {memoryGiB: 30, compute: 0.3, maxConcurrency: 8}
+  placement: {sharing: [mig, timeslice, fractional, whole]}
+";
+    let cluster = |ts: usize, mig_model: &str, hami: usize| {
+        let workloads = |n: usize, m: &str| vec![format!("{{model: {m}}}"); n].join(", ");
+        format!(
+            "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {{name: c}}
+spec:
+  nodes:
+    - name: a
+      gpuModel: H100-80GB
+      gpuCount: 2
+      sharing: [mig, timeslice]
+      timesliceReplicas: 2
+      gpus:
+        - index: 0
+          mode: timeslice
+          workloads: [{}]
+        - index: 1
+          mode: mig
+          geometry: [{{profile: 1g.10gb, start: 0}}]
+          workloads: [{{model: {mig_model}, slot: 0}}]
+    - name: b
+      gpuModel: H100-80GB
+      gpuCount: 1
+      sharing: [fractional]
+      gpus:
+        - index: 0
+          mode: fractional
+          workloads: [{}]
+",
+            workloads(ts, "small"),
+            workloads(hami, "big")
+        )
+    };
+    let good = cluster(2, "small", 2);
+    load_sources(&[
+        (Path::new("p.yaml"), policies),
+        (Path::new("c.yaml"), good.as_str()),
+    ])
+    .unwrap_or_else(|e| panic!("{:#?}", e.0));
+    let bad = cluster(3, "big", 3);
+    let p = load_sources(&[
+        (Path::new("p.yaml"), policies),
+        (Path::new("c.yaml"), bad.as_str()),
+    ])
+    .unwrap_err()
+    .0;
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        located(&p),
+        [
+            (14, "spec.nodes[0].gpus[0].workloads[2].model"),
+            (18, "spec.nodes[0].gpus[1].workloads[0].model"),
+            (26, "spec.nodes[1].gpus[0].workloads[2].model"),
+        ],
+        "{text:#?}"
+    );
+    assert!(text[0].contains("2 time-sliced shares"), "{text:#?}");
+    assert!(text[1].contains("`big` needs 30.0 GiB"), "{text:#?}");
+    assert!(text[2].contains("need 90.0 GiB together"), "{text:#?}");
+}
