@@ -2466,6 +2466,7 @@ fn bad_inputs_a_fuzzing_pass_found_are_located_errors() {
 #[cfg(unix)]
 #[test]
 fn emit_replaces_links_and_never_writes_through_them() {
+    use std::os::unix::fs::PermissionsExt as _;
     let (dir, dir_text) = emit_dir("links");
     std::fs::create_dir_all(&dir).unwrap();
     let victim = dir.with_extension("victim");
@@ -2477,32 +2478,55 @@ fn emit_replaces_links_and_never_writes_through_them() {
     assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
     let labels = dir.join("node-labels.yaml");
-    assert!(
-        !std::fs::symlink_metadata(&labels)
-            .unwrap()
-            .file_type()
-            .is_symlink()
-    );
+    let meta = std::fs::symlink_metadata(&labels).unwrap();
+    assert!(!meta.file_type().is_symlink());
     assert!(std::fs::read_to_string(&labels).unwrap().contains("h100-0"));
-    use std::os::unix::fs::PermissionsExt as _;
-    assert_eq!(
-        std::fs::metadata(&labels).unwrap().permissions().mode() & 0o777,
-        0o644
-    );
-    // The variants' folder a link elsewhere: refused, nothing written there.
+    // The mode a plain write leaves: the one the file had.
+    let mig = dir.join("mig-parted-config.yaml");
+    std::fs::set_permissions(&mig, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let mode = std::fs::metadata(&mig).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // A stale file is not removed through a linked folder either: the
+    // earlier list names one under `gangs/`, now a link elsewhere.
+    let outside = dir.with_extension("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("old.yaml"), "keep\n").unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("gangs")).unwrap();
+    let list = dir.join(".gpuscale-emitted");
+    let listed = std::fs::read_to_string(&list).unwrap();
+    std::fs::write(&list, format!("{listed}gangs/old.yaml\n")).unwrap();
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(outside.join("old.yaml").exists());
+    std::fs::remove_file(dir.join("gangs")).unwrap();
+    // The variants' folder a link elsewhere: refused before anything is
+    // written, nothing written there.
     let elsewhere = dir.with_extension("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
     std::fs::remove_dir_all(dir.join("variants")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, dir.join("variants")).unwrap();
+    let before = std::fs::metadata(&labels).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
     let out = gpuscale(&args);
     assert_ne!(out.status.code(), Some(0));
-    assert!(
-        errors(&out).contains("is a symbolic link"),
-        "{}",
-        errors(&out)
-    );
+    let text = errors(&out);
+    assert!(text.contains("is a symbolic link"), "{text}");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::metadata(&labels).unwrap().modified().unwrap(),
+        before
+    );
+    // No temporary file is left behind.
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&elsewhere);
+    let _ = std::fs::remove_dir_all(&outside);
     let _ = std::fs::remove_file(&victim);
 }

@@ -444,20 +444,20 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", list.display())),
     };
+    // A folder of the output that is a link would take the files wherever
+    // it points: refused before anything is written.
+    for (rel, _) in files {
+        if let Some(link) = linked_folder(dir, rel) {
+            anyhow::bail!(
+                "--emit: {} is a symbolic link; the artefacts are written only into real folders under {}",
+                link.display(),
+                dir.display()
+            );
+        }
+    }
     for (rel, text) in files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
-            // A folder of the output that is a link would take the files
-            // wherever it points.
-            if parent != dir
-                && std::fs::symlink_metadata(parent).is_ok_and(|m| m.file_type().is_symlink())
-            {
-                anyhow::bail!(
-                    "--emit: {} is a symbolic link; the artefacts are written only into real folders under {}",
-                    parent.display(),
-                    dir.display()
-                );
-            }
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
@@ -465,6 +465,11 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
     }
     let now: BTreeSet<&str> = files.iter().map(|(rel, _)| rel.as_str()).collect();
     for rel in stale(&earlier, &now) {
+        // Nor is anything removed through a linked folder.
+        if let Some(link) = linked_folder(dir, &rel) {
+            tracing::warn!(file = %rel, link = %link.display(), "not removed: its folder is a symbolic link");
+            continue;
+        }
         let path = dir.join(&rel);
         match std::fs::remove_file(&path) {
             Ok(()) => {
@@ -486,30 +491,56 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The first folder between `dir` and the file `rel` under it that is a
+/// symbolic link, if one is.
+fn linked_folder(dir: &Path, rel: &str) -> Option<std::path::PathBuf> {
+    let mut at = dir.to_path_buf();
+    let parent = Path::new(rel).parent()?;
+    for part in parent.components() {
+        at.push(part);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(at);
+        }
+    }
+    None
+}
+
 /// Writes `text` to a new file beside `path` and renames it over `path`:
 /// a reader never sees half a file, and a link at `path` is replaced, not
 /// followed (an earlier `--emit` folder another user could write into
-/// must not redirect the write).
+/// must not redirect the write). The new file gets the mode a plain
+/// write would leave: the one `path` had, or the umask's.
 fn replace_file(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let parent = path.parent().unwrap_or(Path::new("."));
-    let mut file = tempfile::Builder::new()
-        .prefix(".gpuscale-")
-        .tempfile_in(parent)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
-    // (A temporary file is the owner's alone; artefacts are read by
-    // whoever applies them, as a plain write would leave them.)
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        file.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("writing {}", path.display()))?;
+    let name = path
+        .file_name()
+        .map_or_else(|| "artefact".into(), |n| n.to_string_lossy().into_owned());
+    let (tmp, mut file) = (0..100u32)
+        .find_map(|k| {
+            let tmp = parent.join(format!(".{name}.{}.{k}.tmp", std::process::id()));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .ok()
+                .map(|f| (tmp, f))
+        })
+        .with_context(|| format!("writing {}: no temporary file beside it", path.display()))?;
+    let written = (|| -> std::io::Result<()> {
+        file.write_all(text.as_bytes())?;
+        if let Ok(m) = std::fs::symlink_metadata(path)
+            && m.file_type().is_file()
+        {
+            file.set_permissions(m.permissions())?;
+        }
+        drop(file);
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
     }
-    file.persist(path)
-        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
