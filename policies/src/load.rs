@@ -440,9 +440,10 @@ pub fn namespace_problem(ns: &str) -> Option<String> {
 /// Why `q` is not a Kubernetes resource quantity the API server takes for
 /// a container's limits or requests, if it is not: the grammar of
 /// apimachinery's `resource.Quantity` (a number with an optional sign,
-/// then a binary suffix `Ki`…`Ei`, a decimal one `m`, `k`, `M`…`E`, or an
-/// exponent `e`/`E` with an integer), and not negative, as pod validation
-/// requires of resources.
+/// then a binary suffix `Ki`…`Ei`, a decimal one `n`, `u`, `m`, `k`,
+/// `M`…`E`, or an exponent `e`/`E` with a signed integer), and not
+/// negative, as pod validation requires of resources. (A sign or a point
+/// alone, which the parser reads as 0, is refused: no one means that.)
 pub fn quantity_problem(q: &str) -> Option<String> {
     let bad = || {
         Some(format!(
@@ -469,13 +470,13 @@ pub fn quantity_problem(q: &str) -> Option<String> {
     }
     let suffix = &q[i..];
     let ok = match suffix {
-        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
+        "" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
         "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
         _ => {
             let rest = suffix.strip_prefix(['e', 'E']);
             rest.is_some_and(|r| {
                 let r = r.strip_prefix(['+', '-']).unwrap_or(r);
-                !r.is_empty() && r.len() <= 3 && r.bytes().all(|c| c.is_ascii_digit())
+                !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit())
             })
         }
     };
@@ -773,6 +774,11 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
     // A TrainingQueue given, even one with problems of its own (reported
     // there): jobs naming its partitions are not told that none was given.
     let mut queue_given = false;
+    // Policies given whose own problems are said already (here, or when
+    // validated below): a Demand naming one is not said to name no
+    // policy, nor that none was given.
+    let mut refused: BTreeSet<String> = BTreeSet::new();
+    let mut policy_refused = false;
     for (file, text) in sources {
         match document::parse(file, text) {
             Ok(docs) => {
@@ -780,7 +786,15 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
                     queue_given |= doc.value["kind"].as_str() == Some("TrainingQueue");
                     match parse_document(&doc) {
                         Ok(p) => parsed.push((doc, p)),
-                        Err(e) => problems.extend(e.0),
+                        Err(e) => {
+                            if doc.value["kind"].as_str() == Some("ModelPolicy") {
+                                policy_refused = true;
+                                if let Some(name) = doc.value["metadata"]["name"].as_str() {
+                                    refused.insert(name.to_string());
+                                }
+                            }
+                            problems.extend(e.0);
+                        }
                     }
                 }
             }
@@ -860,9 +874,6 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
     let mut models = Vec::new();
     let mut jobs = Vec::new();
     let mut names: BTreeMap<String, (PathBuf, usize)> = BTreeMap::new();
-    // Policies given whose own problems are said already: a Demand
-    // naming one is not said to name no policy.
-    let mut refused: BTreeSet<String> = BTreeSet::new();
     // Served names and adapters: policy, file, line of the first claim.
     let mut served: BTreeMap<String, (String, PathBuf, usize)> = BTreeMap::new();
     for (doc, p) in &parsed {
@@ -922,6 +933,7 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
                     models.push(m);
                 }
                 Err(errors) => {
+                    policy_refused = true;
                     refused.insert(name.clone());
                     problems.extend(located(doc, errors));
                 }
@@ -992,7 +1004,7 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
                 }
                 problems.push(doc.problem(
                     format!("spec.replicas.{name}"),
-                    if models.is_empty() && refused.is_empty() {
+                    if models.is_empty() && !policy_refused {
                         format!(
                             "no ModelPolicy named `{name}`: none was given with this Demand \
                              (give the policies' files or folder too, e.g. `gpuscale validate \
@@ -1028,7 +1040,7 @@ fn load(sources: &[(&Path, &str)], complete: bool) -> Result<Bundle, Problems> {
         && !names.is_empty()
     {
         if complete {
-            problems.extend(unknown_workloads(doc, &names));
+            problems.extend(unknown_workloads(doc, &names, &refused));
         }
         let job_names: BTreeSet<&str> = parsed
             .iter()
@@ -1111,11 +1123,16 @@ fn written_workloads(doc: &Document) -> Vec<WrittenWorkload> {
 }
 
 /// Workloads in the cluster document that name no loaded policy or job,
-/// located at their `model` field.
-fn unknown_workloads(doc: &Document, known: &BTreeMap<String, (PathBuf, usize)>) -> Vec<Problem> {
+/// located at their `model` field (not those of a policy refused for its
+/// own problem, said already).
+fn unknown_workloads(
+    doc: &Document,
+    known: &BTreeMap<String, (PathBuf, usize)>,
+    refused: &BTreeSet<String>,
+) -> Vec<Problem> {
     written_workloads(doc)
         .into_iter()
-        .filter(|w| !known.contains_key(&w.name))
+        .filter(|w| !known.contains_key(&w.name) && !refused.contains(&w.name))
         .map(|w| {
             doc.problem(
                 w.at,

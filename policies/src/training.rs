@@ -486,7 +486,10 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Ve
                 continue;
             };
             asks = true;
-            if q.0.trim() != gpus_per_worker.to_string() {
+            // (One the API server would refuse is said once, above.)
+            if q.0.trim() != gpus_per_worker.to_string()
+                && crate::load::quantity_problem(&q.0).is_none()
+            {
                 errors.push(FieldError::new(
                     format!("spec.template.spec.containers[{i}].resources.{kind}.{GPU_RESOURCE}"),
                     format!(

@@ -1627,6 +1627,10 @@ fn quantities_follow_kubernetes_grammar() {
         "2k",
         "1Ei",
         "0.1",
+        "500n",
+        "1u",
+        "1e0001",
+        "1e1000",
     ] {
         assert_eq!(quantity_problem(good), None, "{good}");
     }
@@ -1672,22 +1676,31 @@ spec:
 }
 
 /// A policy refused for its own problem is said once: a Demand naming it
-/// is not also said to name no policy.
+/// is not also said to name no policy, whether it was refused when read
+/// (an unknown field) or when validated (a negative compute).
 #[test]
 fn a_refused_policy_is_not_said_missing_again() {
-    let policy = POLICY.replace("compute: 0.2", "compute: -1");
+    for (policy, line) in [
+        (POLICY.replace("compute: 0.2", "compute: -1"), "m.yaml:8:"),
+        (
+            POLICY.replace("compute: 0.2", "compute: 0.2\n    colour: blue"),
+            "m.yaml:9:",
+        ),
+    ] {
+        refused_policy_said_once(&policy, line);
+    }
+}
+
+fn refused_policy_said_once(policy: &str, line: &str) {
     let demand = "apiVersion: gpuscale.io/v1alpha1\nkind: Demand\nmetadata: {name: d}\nspec:\n  replicas: {m: 2, other: 1}\n";
-    let p = load_sources(&[
-        (Path::new("m.yaml"), policy.as_str()),
-        (Path::new("d.yaml"), demand),
-    ])
-    .unwrap_err()
-    .0;
+    let p = load_sources(&[(Path::new("m.yaml"), policy), (Path::new("d.yaml"), demand)])
+        .unwrap_err()
+        .0;
     let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
     assert_eq!(p.len(), 2, "{text:#?}");
     assert!(
         text.iter()
-            .any(|t| t.starts_with("m.yaml:8:") && t.contains("compute")),
+            .any(|t| t.starts_with(line) && t.contains("spec.resources")),
         "{text:#?}"
     );
     // A name no document gives is still said.
