@@ -2438,3 +2438,31 @@ fn inference_stays_off_a_broken_gangs_gpus_while_its_pods_hold_them() {
         own[0].reason
     );
 }
+
+#[test]
+fn a_broken_gang_restarting_on_some_of_its_gpus_names_its_old_pods_once() {
+    // `jr` (one worker × 2 GPUs, one node) ran on a0's GPU 0 and a1's GPU
+    // 0; a1's GPU 1 is unhealthy, so it restarts on a0 (over its own old
+    // pod there). Its old pods are one entry: both GPUs, and the advice to
+    // delete them before the new pods are applied.
+    let mut c = topo_cluster(vec![
+        ("a0", "H100-80GB", 2, "r0", "z0", None, vec![(0, "jr")]),
+        ("a1", "H100-80GB", 2, "r0", "z0", None, vec![(0, "jr")]),
+    ]);
+    c.nodes[1].gpus[1].health = gpuscale_policies::Health::Unhealthy;
+    let jobs = [job("jr", simple(1, 2, TopologyLevel::Node))];
+    let models = [whole_model("m", Priority::Standard, 0)];
+    let plan = joint_plan(&c, &models, &jobs, &[("m", 0)]);
+    let jr = by_name(&plan.gangs, "jr");
+    assert_eq!(jr.status, GangStatus::Starting, "{}", jr.reason);
+    assert_eq!(jr.workers[0].node, "a0");
+    let own: Vec<&Preemption> = jr.preempts.iter().filter(|p| p.name == "jr").collect();
+    assert_eq!(own.len(), 1, "{:?}", jr.preempts);
+    assert_eq!(own[0].count, 2);
+    assert!(own[0].reason.contains("a1[0]"), "{}", own[0].reason);
+    assert!(
+        own[0].reason.contains("before its new pods are applied"),
+        "{}",
+        own[0].reason
+    );
+}

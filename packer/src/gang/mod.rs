@@ -838,12 +838,13 @@ fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: 
                     count,
                     lost_gpu_hours: 0.0,
                     reason: format!(
-                        "{}: its pods hold these GPUs until they are deleted (kubectl delete pods -l gpuscale.io/training-job={name})",
+                        "{}: its pods hold these GPUs until they are deleted, before {} pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}; after, it would delete the new ones too)",
                         if *name == g.name {
                             "its own pods from before it broke"
                         } else {
                             "a broken gang, which restarts whole"
-                        }
+                        },
+                        if *name == g.name { "its new" } else { "this gang's" }
                     ),
                 });
             }
@@ -884,13 +885,24 @@ fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: 
                 format!("{node}[{}]", idx.join(","))
             })
             .collect();
+        let also = format!(
+            "they also hold {}, where nothing is placed until they are deleted",
+            on.join(" ")
+        );
+        // One entry for its own pods: where it restarts on some of them,
+        // the rest join that one.
+        if let Some(own) = g.preempts.iter_mut().find(|p| &p.name == name) {
+            own.count += count as u32;
+            own.reason = format!("{}; {also}", own.reason);
+            continue;
+        }
         g.preempts.push(Preemption {
             kind: VictimKind::Job,
             name: name.clone(),
             count: count as u32,
             lost_gpu_hours: 0.0,
             reason: format!(
-                "its own pods from before it broke hold {} until they are deleted (kubectl delete pods -l gpuscale.io/training-job={name}); nothing is placed there until then",
+                "its own pods from before it broke hold {} until they are deleted, before its new pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}; after, it would delete the new ones too); nothing is placed there until then",
                 on.join(" ")
             ),
         });
