@@ -406,6 +406,19 @@ fn capped_max(m: &Model, cap: Option<u32>) -> u32 {
     cap.map_or(m.scaling.max_replicas, |c| m.scaling.max_replicas.min(c))
 }
 
+/// The models as the dashboard shows them: each `maxReplicas` capped as
+/// [`capped_max`] has it.
+fn shown(models: &[Model], cap: Option<u32>) -> Vec<Model> {
+    models
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            m.scaling.max_replicas = capped_max(&m, cap);
+            m
+        })
+        .collect()
+}
+
 /// How often a controller still waiting for its first inventory says so.
 const INVENTORY_NAG: Duration = Duration::from_secs(60);
 
@@ -517,17 +530,7 @@ impl Controller {
         let stall = stall_limit(settings.spec.interval);
         // The dashboard shows the most a model may run, the backend's cap
         // included.
-        let report_models = Arc::new(std::sync::RwLock::new(
-            settings
-                .models
-                .iter()
-                .map(|m| {
-                    let mut m = m.clone();
-                    m.scaling.max_replicas = capped_max(&m, cap);
-                    m
-                })
-                .collect(),
-        ));
+        let report_models = Arc::new(std::sync::RwLock::new(shown(&settings.models, cap)));
         let report_cluster = Arc::new(std::sync::RwLock::new(
             settings.cluster.clone().map(Arc::new),
         ));
@@ -680,7 +683,7 @@ impl Controller {
             .report
             .models
             .write()
-            .unwrap_or_else(|e| e.into_inner()) = models.clone();
+            .unwrap_or_else(|e| e.into_inner()) = shown(&models, self.backend.cap());
         self.settings.models = models;
     }
 
