@@ -856,10 +856,10 @@ fn check(spec: &ScenarioSpec, doc: &Document) -> Vec<Problem> {
             // request outgrows every model's context window.
             if t.trace.is_none() {
                 let (prompt, output) = (t.prompt.unwrap_or(0), t.output.unwrap_or(0));
-                if u64::from(prompt) + u64::from(output) == 0 {
+                if prompt == 0 {
                     bad(
-                        at("tokens"),
-                        "a request has at least one token: give `prompt` (and `output`, 0 for an embedding) above 0",
+                        at("tokens.prompt"),
+                        "a request has a prompt of at least one token (`output` may be 0, as for an embedding)",
                     );
                 }
                 for (f, v) in [("tokens.prompt", prompt), ("tokens.output", output)] {

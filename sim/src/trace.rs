@@ -117,6 +117,15 @@ impl Trace {
             };
             let prompt = tokens(1, "ContextTokens")?;
             let output = tokens(2, "GeneratedTokens")?;
+            // A request is at least its prompt: rows of none are not
+            // requests (they would be served in no time and count as met).
+            if prompt == 0 {
+                return Err(err(
+                    n,
+                    col(1),
+                    "ContextTokens: 0; a request has a prompt of at least one token".into(),
+                ));
+            }
             if t < last {
                 return Err(err(n, 1, "timestamps go backwards".into()));
             }
@@ -213,6 +222,14 @@ mod tests {
             e.to_string().starts_with("t.csv:2:8: GeneratedTokens"),
             "{e}"
         );
+        // A row of no prompt is no request.
+        let e = Trace::parse(
+            Path::new("t.csv"),
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,12,3\n2.0,0,0\n",
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.column), (3, 5), "{e}");
+        assert!(e.to_string().contains("at least one token"), "{e}");
         let e = Trace::parse(Path::new("t.csv"), "a,b\n").unwrap_err();
         assert_eq!(e.line, 1);
         let e = Trace::parse(

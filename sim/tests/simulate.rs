@@ -404,7 +404,8 @@ spec:
     let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
     assert_eq!(p.len(), 2, "{text:#?}");
     assert!(
-        text[0].contains("spec.workloads[0].tokens") && text[0].contains("at least one token"),
+        text[0].contains("spec.workloads[0].tokens.prompt")
+            && text[0].contains("at least one token"),
         "{text:#?}"
     );
     assert!(
