@@ -495,6 +495,42 @@ pub fn quantity_problem(q: &str) -> Option<String> {
     None
 }
 
+/// The value of a quantity [`quantity_problem`] accepts (`2000m` is 2,
+/// `1Ki` 1,024, `2e0` 2), as a float; `None` for one it refuses.
+pub fn quantity_value(q: &str) -> Option<f64> {
+    if quantity_problem(q).is_some() {
+        return None;
+    }
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '+' | '-' | '.')))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    let number: f64 = match number {
+        "" | "+" | "-" | "." => 0.0,
+        n => n.parse().ok()?,
+    };
+    let scale = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e => 10f64.powf(e[1..].parse::<f64>().ok()?),
+    };
+    Some(number * scale)
+}
+
 /// Why `name` is not a Kubernetes object name (a DNS-1123 subdomain), if
 /// it is not.
 pub fn name_problem(name: &str) -> Option<String> {

@@ -486,10 +486,17 @@ fn check_template(t: &PodTemplateSpec, gpus_per_worker: u32, workers: u32) -> Ve
                 continue;
             };
             asks = true;
-            // (One the API server would refuse is said once, above.)
-            if q.0.trim() != gpus_per_worker.to_string()
-                && crate::load::quantity_problem(&q.0).is_none()
+            // By value (`2`, `2.0` and `2000m` are one count); one the
+            // API server would refuse is said once, above.
+            let value = crate::load::quantity_value(&q.0);
+            if let Some(v) = value
+                && v.fract() != 0.0
             {
+                errors.push(FieldError::new(
+                    format!("spec.template.spec.containers[{i}].resources.{kind}.{GPU_RESOURCE}"),
+                    format!("`{}`: GPUs are counted whole", q.0),
+                ));
+            } else if value.is_some_and(|v| v != f64::from(gpus_per_worker)) {
                 errors.push(FieldError::new(
                     format!("spec.template.spec.containers[{i}].resources.{kind}.{GPU_RESOURCE}"),
                     format!(

@@ -1642,6 +1642,46 @@ fn quantities_follow_kubernetes_grammar() {
         assert!(why.contains("not a Kubernetes quantity"), "{bad:?}: {why}");
     }
     assert!(quantity_problem("-1Gi").unwrap().contains("negative"));
+    use gpuscale_policies::load::quantity_value;
+    for (q, v) in [
+        ("2", 2.0),
+        ("2.0", 2.0),
+        ("2000m", 2.0),
+        ("2e0", 2.0),
+        ("1Ki", 1024.0),
+        ("1.5Gi", 1.5 * 1024.0 * 1024.0 * 1024.0),
+        ("500n", 5e-7),
+        ("1E-3", 1e-3),
+    ] {
+        let got = quantity_value(q).unwrap();
+        assert!((got - v).abs() <= 1e-12 * v.abs().max(1.0), "{q}: {got}");
+    }
+    assert_eq!(quantity_value("12XB"), None);
+}
+
+/// A worker's GPU count is read by value: `2.0` and `2000m` are the
+/// plan's 2; `1.5` is no whole count; `3` disagrees.
+#[test]
+fn a_workers_gpu_count_is_compared_by_value() {
+    let job = |q: &str| {
+        format!(
+            "apiVersion: gpuscale.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: j}}\nspec:\n  workers: 1\n  gpusPerWorker: 2\n  template:\n    spec:\n      containers:\n        - name: worker\n          image: example/train:1\n          resources:\n            limits: {{nvidia.com/gpu: '{q}'}}\n"
+        )
+    };
+    for same in ["2", "2.0", "2000m", "2e0"] {
+        load_sources(&[(Path::new("j.yaml"), job(same).as_str())])
+            .unwrap_or_else(|e| panic!("{same}: {:#?}", e.0));
+    }
+    for (q, says) in [
+        ("1.5", "counted whole"),
+        ("3", "disagrees"),
+        ("1u", "counted whole"),
+        ("12XB", "not a Kubernetes quantity"),
+    ] {
+        let p = problems("j.yaml", &job(q));
+        assert_eq!(p.len(), 1, "{q}: {p:#?}");
+        assert!(p[0].message.contains(says), "{q}: {}", p[0].message);
+    }
 }
 
 /// A worker template's quantity the API server would refuse is refused
