@@ -839,7 +839,7 @@ fn validate_gpus(
 /// A MIG profile without its `+me` (media extensions) suffix: the device
 /// plugin serves such an instance as its plain profile's resource, so it
 /// is time-sliced with it.
-fn plain(profile: &str) -> &str {
+pub(crate) fn plain(profile: &str) -> &str {
     profile.trim_end_matches("+me")
 }
 

@@ -1270,6 +1270,18 @@ fn overfull_gpus(doc: &Document, c: &Cluster, models: &[Model]) -> Vec<Problem> 
                     .filter(|&n| *count > usize::from(n))
                     .map(|n| format!("GPU {} of node `{}` has {n} {what}; this is replica {count} on it", w.gpu, w.node))
             }
+            GpuMode::Fractional
+                if node
+                    .hami_split_count
+                    .is_some_and(|k| *count > usize::try_from(k).unwrap_or(usize::MAX)) =>
+            {
+                Some(format!(
+                    "GPU {} of node `{}` takes at most {} replicas (hamiSplitCount); this is replica {count} on it",
+                    w.gpu,
+                    w.node,
+                    node.hami_split_count.unwrap_or_default()
+                ))
+            }
             GpuMode::Fractional => spec.filter(|s| *memory > s.usable_gib + 1e-9).map(|s| {
                 format!(
                     "the replicas on GPU {} of node `{}` need {memory:.1} GiB together with this one, over the {:.1} GiB a {} has",
@@ -1286,7 +1298,14 @@ fn overfull_gpus(doc: &Document, c: &Cluster, models: &[Model]) -> Vec<Problem> 
                 match (profile, spec.and_then(|s| s.mig.as_ref())) {
                     (Some(p), Some(mig)) => {
                         let shares = match &node.mig_timeslice {
-                            Some(t) if t.profile == p.profile => usize::from(t.replicas),
+                            // (A `+me` instance is served, and time-sliced,
+                            // as its plain profile.)
+                            Some(t)
+                                if crate::inventory::plain(&t.profile)
+                                    == crate::inventory::plain(&p.profile) =>
+                            {
+                                usize::from(t.replicas)
+                            }
                             _ => 1,
                         };
                         let n = on_slot

@@ -1834,3 +1834,68 @@ spec:
     assert!(text[1].contains("`big` needs 30.0 GiB"), "{text:#?}");
     assert!(text[2].contains("need 90.0 GiB together"), "{text:#?}");
 }
+
+/// A time-sliced `+me` instance is served, and shared, as its plain
+/// profile: two replicas on a 2-share `1g.10gb+me` fit. A HAMi GPU takes
+/// at most `hamiSplitCount` replicas.
+#[test]
+fn shared_instances_and_hami_split_counts_hold_what_they_allow() {
+    let policy = "\
+apiVersion: gpuscale.io/v1alpha1
+kind: ModelPolicy
+metadata: {name: small}
+spec:
+  resources: {memoryGiB: 4, compute: 0.05, maxConcurrency: 8}
+  placement: {sharing: [mig, mig-timeslice, fractional, whole]}
+";
+    let cluster = |hami: usize| {
+        format!(
+            "\
+apiVersion: gpuscale.io/v1alpha1
+kind: Cluster
+metadata: {{name: c}}
+spec:
+  nodes:
+    - name: a
+      gpuModel: H100-80GB
+      gpuCount: 1
+      sharing: [mig, mig-timeslice]
+      migTimeslice: {{profile: 1g.10gb, replicas: 2}}
+      gpus:
+        - index: 0
+          mode: mig
+          geometry: [{{profile: 1g.10gb+me, start: 0}}]
+          workloads: [{{model: small, slot: 0}}, {{model: small, slot: 0}}]
+    - name: b
+      gpuModel: H100-80GB
+      gpuCount: 1
+      sharing: [fractional]
+      hamiSplitCount: 2
+      gpus:
+        - index: 0
+          mode: fractional
+          workloads: [{}]
+",
+            vec!["{model: small}"; hami].join(", ")
+        )
+    };
+    let good = cluster(2);
+    load_sources(&[
+        (Path::new("p.yaml"), policy),
+        (Path::new("c.yaml"), good.as_str()),
+    ])
+    .unwrap_or_else(|e| panic!("{:#?}", e.0));
+    let bad = cluster(3);
+    let p = load_sources(&[
+        (Path::new("p.yaml"), policy),
+        (Path::new("c.yaml"), bad.as_str()),
+    ])
+    .unwrap_err()
+    .0;
+    assert_eq!(
+        located(&p),
+        [(24, "spec.nodes[1].gpus[0].workloads[2].model")],
+        "{p:#?}"
+    );
+    assert!(p[0].message.contains("hamiSplitCount"), "{}", p[0].message);
+}
