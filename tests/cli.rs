@@ -2501,6 +2501,16 @@ fn emit_replaces_links_and_never_writes_through_them() {
     assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
     assert!(outside.join("old.yaml").exists());
     std::fs::remove_file(dir.join("gangs")).unwrap();
+    // A listed file that is a folder now: left alone, no longer listed,
+    // and the emit goes on.
+    std::fs::create_dir_all(dir.join("variants/old.yaml")).unwrap();
+    let listed = std::fs::read_to_string(&list).unwrap();
+    std::fs::write(&list, format!("{listed}variants/old.yaml\n")).unwrap();
+    let out = gpuscale(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(dir.join("variants/old.yaml").is_dir());
+    let listed = std::fs::read_to_string(&list).unwrap();
+    assert!(!listed.contains("old.yaml"), "{listed}");
     // The variants' folder a link elsewhere: refused before anything is
     // written, nothing written there.
     let elsewhere = dir.with_extension("elsewhere");

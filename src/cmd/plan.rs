@@ -482,7 +482,11 @@ fn write_emitted(dir: &Path, files: &[(String, String)]) -> anyhow::Result<()> {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+            // Not a file any more (a folder, say): left alone, and no
+            // longer listed, so a later emit does not stop on it.
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "not removed: {e}");
+            }
         }
     }
     let mut listed: Vec<&str> = now.into_iter().collect();
