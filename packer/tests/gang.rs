@@ -2461,7 +2461,9 @@ fn a_broken_gang_restarting_on_some_of_its_gpus_names_its_old_pods_once() {
     assert_eq!(own[0].count, 2);
     assert!(own[0].reason.contains("a1[0]"), "{}", own[0].reason);
     assert!(
-        own[0].reason.contains("before its new pods are applied"),
+        own[0]
+            .reason
+            .contains("delete them before `jr`'s new pods are applied"),
         "{}",
         own[0].reason
     );

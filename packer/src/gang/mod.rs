@@ -838,13 +838,12 @@ fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: 
                     count,
                     lost_gpu_hours: 0.0,
                     reason: format!(
-                        "{}: its pods hold these GPUs until they are deleted, before {} pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}; after, it would delete the new ones too)",
+                        "{}: its pods hold these GPUs until they are deleted; delete them before `{name}`'s new pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}, which would match those too)",
                         if *name == g.name {
                             "its own pods from before it broke"
                         } else {
                             "a broken gang, which restarts whole"
-                        },
-                        if *name == g.name { "its new" } else { "this gang's" }
+                        }
                     ),
                 });
             }
@@ -902,7 +901,7 @@ fn name_broken_holders(cluster: &Cluster, held: &BTreeMap<String, Held>, gangs: 
             count: count as u32,
             lost_gpu_hours: 0.0,
             reason: format!(
-                "its own pods from before it broke hold {} until they are deleted, before its new pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}; after, it would delete the new ones too); nothing is placed there until then",
+                "its own pods from before it broke hold {} until they are deleted; delete them before its new pods are applied (kubectl delete pods -l gpuscale.io/training-job={name}, which would match those too); nothing is placed there until then",
                 on.join(" ")
             ),
         });
