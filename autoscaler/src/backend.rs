@@ -629,15 +629,17 @@ impl KubeBackend {
             if mine.is_empty() || mine.iter().any(|(name, _)| self.applied.contains(*name)) {
                 continue;
             }
-            // What the model's last change applied (so a plan re-made for
-            // other models does not start variants this one never ran),
-            // else the plan's, restricted to the Deployments that exist.
+            // Packing: what the model's last change applied (so a plan
+            // re-made for other models does not start variants this one
+            // never ran), else the plan's. Not packing: the policy's own
+            // whole-GPU variant as it is now (a policy edited since the
+            // last change, say to tensor parallelism 2, rolls its new
+            // request, not the one last applied). Either way restricted
+            // to the Deployments that exist.
+            let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
             let variants: Vec<Variant> = match self.last_applied.get(&model.name) {
-                Some(v) => v.clone(),
-                None => {
-                    let replicas = self.desired.get(&model.name).copied().unwrap_or(0);
-                    Self::variants_of(model, replicas, plan)
-                }
+                Some(v) if plan.is_some() => v.clone(),
+                _ => Self::variants_of(model, replicas, plan),
             };
             let changed: Vec<&Variant> = variants
                 .iter()
