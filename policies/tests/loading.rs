@@ -1807,19 +1807,7 @@ spec:
             workloads(hami, "big")
         )
     };
-    let good = cluster(2, "small", 2);
-    load_sources(&[
-        (Path::new("p.yaml"), policies),
-        (Path::new("c.yaml"), good.as_str()),
-    ])
-    .unwrap_or_else(|e| panic!("{:#?}", e.0));
-    let bad = cluster(3, "big", 3);
-    let p = load_sources(&[
-        (Path::new("p.yaml"), policies),
-        (Path::new("c.yaml"), bad.as_str()),
-    ])
-    .unwrap_err()
-    .0;
+    let p = fits_but(policies, &cluster(2, "small", 2), &cluster(3, "big", 3));
     let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
     assert_eq!(
         located(&p),
@@ -1879,23 +1867,24 @@ spec:
             vec!["{model: small}"; hami].join(", ")
         )
     };
-    let good = cluster(2);
-    load_sources(&[
-        (Path::new("p.yaml"), policy),
-        (Path::new("c.yaml"), good.as_str()),
-    ])
-    .unwrap_or_else(|e| panic!("{:#?}", e.0));
-    let bad = cluster(3);
-    let p = load_sources(&[
-        (Path::new("p.yaml"), policy),
-        (Path::new("c.yaml"), bad.as_str()),
-    ])
-    .unwrap_err()
-    .0;
+    let p = fits_but(policy, &cluster(2), &cluster(3));
     assert_eq!(
         located(&p),
         [(24, "spec.nodes[1].gpus[0].workloads[2].model")],
         "{p:#?}"
     );
     assert!(p[0].message.contains("hamiSplitCount"), "{}", p[0].message);
+}
+
+/// Loads `policies` with the cluster `good` (which must pass) and with
+/// `bad`, whose problems it returns.
+fn fits_but(policies: &str, good: &str, bad: &str) -> Vec<Problem> {
+    let with = |cluster: &str| {
+        load_sources(&[
+            (Path::new("p.yaml"), policies),
+            (Path::new("c.yaml"), cluster),
+        ])
+    };
+    with(good).unwrap_or_else(|e| panic!("{:#?}", e.0));
+    with(bad).unwrap_err().0
 }
