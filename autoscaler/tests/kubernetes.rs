@@ -3929,7 +3929,10 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
     let unexpected = Arc::new(Mutex::new(Vec::<String>::new()));
     // The applied objects' bodies, by path.
     let applied = Arc::new(Mutex::new(BTreeMap::<String, Value>::new()));
+    // gpuscale's Deployments as listed: none, until the test says.
+    let owned = Arc::new(Mutex::new(deployments(&[])));
     let (record, strays, bodies) = (sent.clone(), unexpected.clone(), applied.clone());
+    let listed = owned.clone();
     // The watch runs beside the ticks: answered by path, not in order.
     let server = tokio::spawn(async move {
         let mut held = Vec::new();
@@ -3964,7 +3967,7 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
                 (&Method::PUT, p) if p == format!("{LEASE}?") => {
                     (200, lease("", "2026-11-29T18:20:02.000000Z", "2"))
                 }
-                (&Method::GET, OWNED) => (200, deployments(&[])),
+                (&Method::GET, OWNED) => (200, listed.lock().unwrap().clone()),
                 // Not listed as gpuscale's: read before it is applied.
                 (&Method::GET, p) if p == deployment => (404, status_reply(404, "NotFound")),
                 (&Method::PATCH, p) if p == format!("{deployment}/scale?") => (200, scale_reply(5)),
@@ -4012,6 +4015,37 @@ async fn a_controller_that_packs_nothing_needs_its_overlays_role_and_no_node() {
         unexpected.lock().unwrap()
     );
     backend.tick(&models, now + Duration::from_secs(1)).await;
+    // The policy edited to two GPUs a replica, its count unchanged: the
+    // roll applies its Deployment with the policy's request as it is now,
+    // not the one the last change applied.
+    let first = applied
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _)| p.contains("/deployments/llama?"))
+        .map(|(_, b)| b["metadata"]["annotations"]["gpuscale.io/template"].clone())
+        .expect("the first apply");
+    *owned.lock().unwrap() = templated(&[("llama", first.as_str().unwrap(), 1, 1)]);
+    applied
+        .lock()
+        .unwrap()
+        .retain(|p, _| !p.contains("/deployments/llama?"));
+    let mut edited = models.clone();
+    edited[0].tensor_parallel = vec![2];
+    backend.tick(&edited, now + Duration::from_secs(2)).await;
+    backend.roll(&edited, None).await;
+    let rolled = applied
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _)| p.contains("/deployments/llama?"))
+        .map(|(_, b)| b.clone())
+        .expect("the edited policy rolled");
+    assert_eq!(
+        rolled["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        json!("2"),
+        "{rolled:#}"
+    );
     backend.shutdown().await;
     server.abort();
     let strays = unexpected.lock().unwrap().clone();
