@@ -186,7 +186,8 @@ pub fn read_limited(file: &Path, limit: u64) -> Result<Vec<u8>, String> {
 }
 
 /// Reads a text file (at most [`MAX_FILE_BYTES`], UTF-8), errors located at
-/// line 1 of the file.
+/// line 1 of the file (a byte that is not UTF-8 at its own line and
+/// column).
 pub fn read(file: &Path) -> Result<String, Problem> {
     let problem = |message: String| Problem {
         file: file.to_path_buf(),
@@ -196,10 +197,28 @@ pub fn read(file: &Path) -> Result<String, Problem> {
     };
     let bytes = read_limited(file, MAX_FILE_BYTES).map_err(problem)?;
     String::from_utf8(bytes).map_err(|e| {
-        problem(format!(
-            "not UTF-8 text (invalid byte at offset {})",
-            e.utf8_error().valid_up_to()
-        ))
+        // Located at the bad byte: its line, and its column in
+        // characters (the text before it on that line is valid).
+        let at = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..at];
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&before[line_start..])
+            .chars()
+            .count()
+            + 1;
+        Problem {
+            position: document::Position {
+                line: before.iter().filter(|&&b| b == b'\n').count() + 1,
+                column,
+            },
+            ..problem(format!(
+                "not UTF-8 text (invalid byte 0x{:02x} at offset {at})",
+                e.as_bytes()[at]
+            ))
+        }
     })
 }
 

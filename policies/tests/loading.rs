@@ -1888,3 +1888,27 @@ fn fits_but(policies: &str, good: &str, bad: &str) -> Vec<Problem> {
     with(good).unwrap_or_else(|e| panic!("{:#?}", e.0));
     with(bad).unwrap_err().0
 }
+
+/// A byte that is not UTF-8 is located at its own line and column (in
+/// characters: the text before it on the line is valid), not at 1:1.
+#[test]
+fn a_byte_that_is_not_utf8_is_located_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.yaml");
+    // A valid é on line 4, then on line 9 (`    maxConcurrency: 8`) a
+    // Latin-1 byte after its 4 spaces.
+    let text = POLICY.replace("name: m", "name: mé");
+    let line9 = text.lines().take(8).map(|l| l.len() + 1).sum::<usize>();
+    let mut bytes = text.into_bytes();
+    bytes.insert(line9 + 4, 0xe9);
+    std::fs::write(&file, bytes).unwrap();
+    let p = load_paths(&[&file]).unwrap_err().0;
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert_eq!(
+        (p[0].position.line, p[0].position.column),
+        (9, 5),
+        "{}",
+        p[0]
+    );
+    assert!(p[0].message.contains("0xe9"), "{}", p[0].message);
+}
