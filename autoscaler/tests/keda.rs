@@ -261,14 +261,7 @@ async fn the_shared_stream_follows_a_change_of_gateway_instances() {
     let gateway = GatewayClient::new(&first);
     let keda = Keda::new(gateway.clone(), vec![policy()]);
     let addr = serve(keda).await;
-    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    let mut stream = client
-        .stream_is_active(object("chat"))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = chat_stream(addr).await;
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(5), stream.message())
             .await
@@ -350,14 +343,7 @@ async fn a_quiet_live_stream_outlives_the_idle_deadline() {
         idle: Duration::from_millis(400),
     })
     .await;
-    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    let mut stream = client
-        .stream_is_active(object("chat"))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = chat_stream(addr).await;
     // The pushes the stand-in gateway sends, then nothing for 30 s.
     for _ in 0..3 {
         tokio::time::timeout(Duration::from_secs(5), stream.message())
@@ -389,4 +375,19 @@ async fn serve_limited(limits: gpuscale_autoscaler::keda::Limits) -> std::net::S
     .await
     .unwrap();
     addr
+}
+
+/// A client of the scaler at `addr` and its `StreamIsActive` stream of
+/// `chat`.
+async fn chat_stream(
+    addr: std::net::SocketAddr,
+) -> tonic::Streaming<gpuscale_autoscaler::keda::pb::IsActiveResponse> {
+    let mut client = ExternalScalerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    client
+        .stream_is_active(object("chat"))
+        .await
+        .unwrap()
+        .into_inner()
 }
