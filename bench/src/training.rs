@@ -1,5 +1,5 @@
 //! Training queue evidence: a discrete-event simulation of a stream of
-//! training jobs on a shared cluster, under four schedulers, reusing the
+//! training jobs on a shared cluster, under six schedulers, reusing the
 //! packer's gang placement ([`gpuscale_packer::gang`]) for gpuscale and its
 //! reservation fit for the baselines.
 //!
@@ -23,8 +23,11 @@
 //!   estimate) before that time or leaves the head's GPUs free (EASY:
 //!   Lifka 1995; Slurm's `sched/backfill` with one reservation).
 //! - **gpuscale**: [`gang::place`] — all or nothing, topology levels,
-//!   multifactor priority with fair share, conservative backfill (a
-//!   reservation for every waiting job).
+//!   multifactor priority with fair share and longest first
+//!   (`weights.runtime` at [`RUNTIME_WEIGHT`]), conservative backfill (a
+//!   reservation for every waiting job); beside it the same with Slurm's
+//!   factors only, and in arrival order (the control for "backfill never
+//!   delays the head job").
 //!
 //! Every scheduler sees estimates only; jobs end at their actual runtime,
 //! which users overestimate (estimate = actual × U(1.5, 4), rounded up to
@@ -49,6 +52,34 @@ use serde::Serialize;
 
 /// Inference's autoscaler acts every quarter hour.
 const TICK_S: f64 = 900.0;
+
+/// `weights.runtime` of the gpuscale run: as fair share's weight (5,000),
+/// so a day-long job outranks a ten-minute one as far as the least-used
+/// team outranks a team that used all the recorded GPU-hours.
+pub const RUNTIME_WEIGHT: f64 = 5_000.0;
+
+/// A lower bound on any scheduler's makespan, hours from the first
+/// arrival: for every arrival time `a`, the jobs arriving at or after `a`
+/// cannot be done before `a` plus their work spread over every GPU
+/// inference's `minReplicas` leave, nor before `a` plus the longest of
+/// their runtimes. It ignores gangs, topology, estimates and inference's
+/// growth, so no real schedule reaches it; it says how much of a
+/// scheduler's makespan any schedule would need.
+pub fn makespan_bound_h(s: &Scenario, jobs: &[JobDef]) -> f64 {
+    let Some(t0) = jobs.first().map(|j| j.arrival_s) else {
+        return 0.0;
+    };
+    let cap = f64::from(s.nodes.saturating_sub(s.inference_nodes) * 8).max(1.0);
+    let mut work = 0.0;
+    let mut longest: f64 = 0.0;
+    let mut bound: f64 = 0.0;
+    for j in jobs.iter().rev() {
+        work += f64::from(j.gpus()) * j.runtime_s;
+        longest = longest.max(j.runtime_s);
+        bound = bound.max(j.arrival_s + (work / cap).max(longest));
+    }
+    (bound - t0) / 3600.0
+}
 
 /// The scenario.
 #[derive(Debug, Clone, Serialize)]
@@ -208,20 +239,25 @@ pub enum Scheduler {
     FifoGang,
     /// All or nothing, EASY backfill.
     EasyBackfill,
-    /// gpuscale's gang placement and queue.
+    /// gpuscale's gang placement and queue, longest first
+    /// (`weights.runtime`) beside fair share.
     Gpuscale,
+    /// The same with Slurm's factors only (`weights.runtime` at its
+    /// default, 0).
+    GpuscaleSlurmFactors,
     /// gpuscale with arrival order for priority (no fair share): the
     /// control for "backfill never delays the head job".
     GpuscaleFifo,
 }
 
 impl Scheduler {
-    /// All four, in report order.
-    pub const ALL: [Scheduler; 5] = [
+    /// Every one, in report order.
+    pub const ALL: [Scheduler; 6] = [
         Scheduler::FifoNoGang,
         Scheduler::FifoGang,
         Scheduler::EasyBackfill,
         Scheduler::Gpuscale,
+        Scheduler::GpuscaleSlurmFactors,
         Scheduler::GpuscaleFifo,
     ];
 
@@ -231,7 +267,10 @@ impl Scheduler {
             Scheduler::FifoNoGang => "FIFO, no gangs (partial holds)",
             Scheduler::FifoGang => "FIFO, gangs, no backfill",
             Scheduler::EasyBackfill => "EASY backfill (gangs)",
-            Scheduler::Gpuscale => "gpuscale (gangs, conservative backfill, fair share)",
+            Scheduler::Gpuscale => {
+                "gpuscale (gangs, conservative backfill, fair share, longest first)"
+            }
+            Scheduler::GpuscaleSlurmFactors => "gpuscale, Slurm's factors only (no longest first)",
             Scheduler::GpuscaleFifo => "gpuscale, arrival order (no fair share)",
         }
     }
@@ -533,7 +572,7 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
                 }
                 out
             }
-            Scheduler::Gpuscale | Scheduler::GpuscaleFifo => {
+            Scheduler::Gpuscale | Scheduler::GpuscaleSlurmFactors | Scheduler::GpuscaleFifo => {
                 let mut jobs_now: Vec<TrainingJob> = Vec::new();
                 let mut held: BTreeMap<String, gang::Held> = BTreeMap::new();
                 for r in &running {
@@ -559,6 +598,9 @@ pub fn simulate(s: &Scenario, jobs: &[JobDef], sched: Scheduler) -> Outcome {
                     }
                 }
                 let mut spec = queue_spec(&usage);
+                if sched == Scheduler::Gpuscale {
+                    spec.weights.runtime = RUNTIME_WEIGHT;
+                }
                 if sched == Scheduler::GpuscaleFifo {
                     spec.weights.fair_share = 0.0;
                     spec.weights.max_age = Duration::from_secs(365 * 86_400);
@@ -834,7 +876,7 @@ pub fn table(s: &Scenario, jobs: &[JobDef], outcomes: &[Outcome]) -> String {
         .map(|j| f64::from(j.gpus()) * j.runtime_s / 3600.0)
         .sum();
     let mut out = format!(
-        "{} jobs (seed {}), {} GPUs ({} nodes × 8 H100, racks of {}), inference on {} to {} (daily); {:.0} training GPU-hours offered\n\n",
+        "{} jobs (seed {}), {} GPUs ({} nodes × 8 H100, racks of {}), inference on {} to {} (daily); {:.0} training GPU-hours offered; no schedule ends before {:.1} h\n\n",
         jobs.len(),
         s.seed,
         s.nodes * 8,
@@ -842,7 +884,8 @@ pub fn table(s: &Scenario, jobs: &[JobDef], outcomes: &[Outcome]) -> String {
         s.nodes_per_rack,
         s.inference_nodes * 8,
         s.inference_peak_gpus,
-        gpu_hours
+        gpu_hours,
+        makespan_bound_h(s, jobs)
     );
     out.push_str("| scheduler | utilisation | vs FIFO no gangs | utilisation while jobs arrive | mean wait h | p95 wait h | wait of ≥ 32-GPU jobs h | makespan h | deadlocks | GPU-h held idle by partial gangs | heads delayed | inference GPUs taken | inference GPU-h unmet | wall s |\n");
     out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -2,7 +2,9 @@
 //! gangs never hold idle GPUs, inference's GPUs are never taken, and the
 //! interleaved-pods deadlock happens only without gangs.
 
-use gpuscale_bench::training::{JobDef, Scenario, Scheduler, fifo_pods, simulate, stream, summary};
+use gpuscale_bench::training::{
+    JobDef, Scenario, Scheduler, fifo_pods, makespan_bound_h, simulate, stream, summary,
+};
 
 fn job(name: &str, arrival_s: f64, workers: u32, gpw: u32, hours: f64) -> JobDef {
     JobDef {
@@ -102,6 +104,8 @@ fn every_scheduler_runs_every_job_and_gangs_hold_nothing_idle() {
     assert!(jobs.iter().any(|j| j.gpus() == 64) && jobs.iter().any(|j| j.gpus() == 1));
     assert!(jobs.iter().all(|j| j.estimate_s >= j.runtime_s));
     let mut by: std::collections::BTreeMap<String, f64> = Default::default();
+    let bound = makespan_bound_h(&s, &jobs);
+    assert!(bound > 0.0);
     let mut outcomes = Vec::new();
     for k in Scheduler::ALL {
         let o = simulate(&s, &jobs, k);
@@ -114,6 +118,8 @@ fn every_scheduler_runs_every_job_and_gangs_hold_nothing_idle() {
             assert_eq!(o.held_idle_gpu_hours, 0.0, "{k:?}");
         }
         by.insert(format!("{k:?}"), o.utilization);
+        // No schedule ends before the bound.
+        assert!(o.makespan_h >= bound - 1e-9, "{k:?}: {o:?} against {bound}");
         // Reservations are upper bounds: with arrival order and estimates
         // that only overestimate, no head job starts after its first
         // reservation (EASY's one, gpuscale's conservative ones).

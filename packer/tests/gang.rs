@@ -1971,6 +1971,84 @@ fn fair_share_is_slurms_two_to_the_minus_usage_over_shares() {
     assert_eq!(by_name(&gangs, "a-nlp").status, GangStatus::Pending);
 }
 
+#[test]
+fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
+    use gpuscale_policies::training::{Partition, TrainingQueueSpec};
+    // One 8-GPU node, two 8-GPU jobs: a 2-hour one submitted first and a
+    // 12-hour one an hour later. By default the older job starts (age);
+    // with `weights.runtime` the longer one does. The factor is the
+    // runtime over the partition's maxRuntime (24 h): 12/24 against 2/24,
+    // times the weight; without a partition limit, over the queue's
+    // defaultRuntime; a job with no estimate counts at its partition's
+    // limit.
+    let c = topo_cluster(vec![("n0", "H100-80GB", 8, "r0", "z0", None, vec![])]);
+    let now = 1.8e9;
+    let at = |s: f64| std::time::UNIX_EPOCH + Duration::from_secs_f64(s);
+    let mut short = job("short", simple(1, 8, TopologyLevel::Node));
+    short.spec.estimated_runtime = Some(Duration::from_secs(2 * 3600));
+    short.spec.submitted_at = Some(at(now - 2.0 * 3600.0));
+    let mut long = job("long", simple(1, 8, TopologyLevel::Node));
+    long.spec.estimated_runtime = Some(Duration::from_secs(12 * 3600));
+    long.spec.submitted_at = Some(at(now - 3600.0));
+    let jobs = vec![short.clone(), long.clone()];
+    let mut spec = TrainingQueueSpec {
+        partitions: vec![Partition {
+            name: "training".into(),
+            max_gpus: None,
+            max_runtime: Some(Duration::from_secs(24 * 3600)),
+            default_runtime: None,
+            gpu_models: vec![],
+            nodes: vec![],
+            priority_tier: 0,
+            default: true,
+        }],
+        ..Default::default()
+    };
+    assert_eq!(spec.weights.runtime, 0.0);
+    let first = |spec: &TrainingQueueSpec| {
+        let q = queue::Queue {
+            spec: spec.clone(),
+            now,
+        };
+        let gangs = gang::place(
+            &c,
+            &jobs,
+            &BTreeMap::new(),
+            &all_free(&c),
+            &q,
+            &GangOptions::default(),
+        )
+        .gangs;
+        let starting: Vec<String> = gangs
+            .iter()
+            .filter(|g| g.status == GangStatus::Starting)
+            .map(|g| g.name.clone())
+            .collect();
+        starting
+    };
+    assert_eq!(first(&spec), ["short"]);
+    spec.weights.runtime = 1000.0;
+    assert_eq!(first(&spec), ["long"]);
+    let q = queue::Queue {
+        spec: spec.clone(),
+        now,
+    };
+    let p = |j: &TrainingJob| queue::priority(&q, j);
+    let age = |hours: f64| 1000.0 * hours * 3600.0 / (7.0 * 86_400.0);
+    assert!((p(&long) - (50_000.0 + 5_000.0 + age(1.0) + 1000.0 * 12.0 / 24.0)).abs() < 1e-6);
+    assert!((p(&short) - (50_000.0 + 5_000.0 + age(2.0) + 1000.0 * 2.0 / 24.0)).abs() < 1e-6);
+    assert!((spec.runtime_factor(&long) - 0.5).abs() < 1e-12);
+    let mut unknown = long.clone();
+    unknown.spec.estimated_runtime = None;
+    assert!((spec.runtime_factor(&unknown) - 1.0).abs() < 1e-12);
+    // No partition limit: over the queue's defaultRuntime (a day), capped at 1.
+    spec.partitions[0].max_runtime = None;
+    assert!((spec.runtime_factor(&long) - 0.5).abs() < 1e-12);
+    let mut longer = long.clone();
+    longer.spec.estimated_runtime = Some(Duration::from_secs(48 * 3600));
+    assert!((spec.runtime_factor(&longer) - 1.0).abs() < 1e-12);
+}
+
 fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {
     // Nodes of 8 GPUs; running 1-node jobs filling some of them; pending
     // jobs of any shape, runtimes 1–10 h, submitted at random.

@@ -632,6 +632,14 @@ pub struct PriorityWeights {
     /// Its age over `maxAge` (capped at 1).
     #[serde(default = "w_age")]
     pub age: f64,
+    /// Its planned runtime ([`TrainingQueueSpec::runtime_of`]) over its
+    /// partition's `maxRuntime` (else the queue's `defaultRuntime`),
+    /// capped at 1: longest first, which shortens the tail a backlog
+    /// drains in (Graham's LPT rule). Not one of Slurm's factors; default
+    /// 0 (off), since it lets a user's own estimate raise the job's
+    /// priority.
+    #[serde(default)]
+    pub runtime: f64,
     /// Age at which the age factor reaches 1 (Slurm's `PriorityMaxAge`,
     /// default 7 days).
     #[serde(default = "week", with = "crate::duration")]
@@ -659,6 +667,7 @@ impl Default for PriorityWeights {
             partition: w_partition(),
             fair_share: w_fair(),
             age: w_age(),
+            runtime: 0.0,
             max_age: week(),
         }
     }
@@ -841,9 +850,10 @@ impl TrainingQueueSpec {
             ("partition", w.partition),
             ("fairShare", w.fair_share),
             ("age", w.age),
+            ("runtime", w.runtime),
         ] {
             // Slurm's PriorityWeight* are 32-bit; far past that, the
-            // weighted sum of four factors overflows to infinity and every
+            // weighted sum of the factors overflows to infinity and every
             // job ties.
             if !(v.is_finite() && (0.0..=MAX_WEIGHT).contains(&v)) {
                 errors.push(FieldError::new(
@@ -877,6 +887,21 @@ impl TrainingQueueSpec {
             .or(limit)
             .unwrap_or(self.default_runtime);
         limit.map_or(r, |l| r.min(l))
+    }
+
+    /// A job's runtime factor (for `weights.runtime`): its runtime for
+    /// scheduling over its partition's `maxRuntime`, else the queue's
+    /// `defaultRuntime`, capped at 1.
+    pub fn runtime_factor(&self, job: &TrainingJob) -> f64 {
+        let scale = self
+            .partition_of(job)
+            .and_then(|p| p.max_runtime)
+            .unwrap_or(self.default_runtime)
+            .as_secs_f64();
+        if scale <= 0.0 {
+            return 0.0;
+        }
+        (self.runtime_of(job).as_secs_f64() / scale).min(1.0)
     }
 
     /// Checks a job against its partition: the partition exists, its

@@ -339,7 +339,7 @@ spec:
   fairShare:
     accounts:
       - {name: nlp, shares: 0}
-  weights: {qos: 1e308, age: 4294967295}
+  weights: {qos: 1e308, age: 4294967295, runtime: -1}
 ";
     let p = load_sources(&[(Path::new("q.yaml"), queue)]).unwrap_err().0;
     let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
@@ -352,6 +352,11 @@ spec:
     );
     assert!(
         !text.iter().any(|t| t.contains("spec.weights.age")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter().any(|t| t.starts_with("q.yaml:11:")
+            && t.contains("spec.weights.runtime: must be 0 to 4294967295")),
         "{text:#?}"
     );
     for want in [
@@ -376,7 +381,8 @@ spec:
         )
         .replace("defaultRuntime: 5h", "defaultRuntime: 2h")
         .replace("shares: 0", "shares: 1")
-        .replace("qos: 1e308", "qos: 1");
+        .replace("qos: 1e308", "qos: 1")
+        .replace("runtime: -1", "runtime: 1");
     let job = "\
 apiVersion: gpuscale.io/v1alpha1
 kind: TrainingJob

@@ -1,5 +1,5 @@
 //! `training-report`: the training queue evidence — one seeded stream of
-//! jobs under four schedulers, a Markdown table on stdout (and `--json`).
+//! jobs under six schedulers, a Markdown table on stdout (and `--json`).
 
 use std::path::PathBuf;
 

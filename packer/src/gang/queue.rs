@@ -181,6 +181,7 @@ pub fn priority(q: &Queue, job: &TrainingJob) -> f64 {
         + w.partition * partition
         + w.fair_share * fair_share(&q.spec, job.spec.account.as_deref())
         + w.age * age
+        + w.runtime * q.spec.runtime_factor(job)
 }
 
 /// Free GPUs per node over time (counts): the profile conservative
