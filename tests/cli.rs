@@ -82,6 +82,22 @@ fn validate_examples_succeeds() {
         "{text}"
     );
     assert!(text.ends_with("ok\n"));
+    // The example leaves longest first off, and validate says nothing of it.
+    assert!(!text.contains("longest first"), "{text}");
+    // Turned on, it is said: a user's estimate then raises its own priority.
+    let dir = tempfile::tempdir().unwrap();
+    let queue = std::fs::read_to_string("examples/training/queue.yaml")
+        .unwrap()
+        .replace("runtime: 0,", "runtime: 2500,");
+    assert!(queue.contains("runtime: 2500,"));
+    std::fs::write(dir.path().join("queue.yaml"), queue).unwrap();
+    let out = gpuscale(&["validate", dir.path().to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("training queue: longest first is on (weights.runtime 2500)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -63,8 +63,8 @@ pub const RUNTIME_WEIGHT: f64 = 5_000.0;
 /// cannot be done before `a` plus their work spread over every GPU
 /// inference's `minReplicas` leave, nor before `a` plus the longest of
 /// their runtimes. It ignores gangs, topology, estimates and inference's
-/// growth, so no real schedule reaches it; it says how much of a
-/// scheduler's makespan any schedule would need.
+/// growth, so a real schedule may not reach it; it says how much of a
+/// scheduler's makespan any schedule would need (every job run).
 pub fn makespan_bound_h(s: &Scenario, jobs: &[JobDef]) -> f64 {
     let Some(t0) = jobs.first().map(|j| j.arrival_s) else {
         return 0.0;

@@ -2037,16 +2037,40 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     let age = |hours: f64| 1000.0 * hours * 3600.0 / (7.0 * 86_400.0);
     assert!((p(&long) - (50_000.0 + 5_000.0 + age(1.0) + 1000.0 * 12.0 / 24.0)).abs() < 1e-6);
     assert!((p(&short) - (50_000.0 + 5_000.0 + age(2.0) + 1000.0 * 2.0 / 24.0)).abs() < 1e-6);
-    assert!((spec.runtime_factor(&long) - 0.5).abs() < 1e-12);
-    let mut unknown = long.clone();
+    // The scale is one for the whole queue: the longest of the queue's
+    // defaultRuntime (24 h) and every partition's maxRuntime and
+    // defaultRuntime. With a 48-hour partition beside a 4-hour one, a
+    // 3-hour job in the short partition ranks below a 12-hour job in the
+    // long one: 3/48 against 12/48.
+    spec.partitions[0].max_runtime = Some(Duration::from_secs(48 * 3600));
+    let mut dev = spec.partitions[0].clone();
+    dev.name = "dev".into();
+    dev.default = false;
+    dev.max_runtime = Some(Duration::from_secs(4 * 3600));
+    dev.default_runtime = Some(Duration::from_secs(3600));
+    spec.partitions.push(dev);
+    assert_eq!(spec.runtime_scale(), Duration::from_secs(48 * 3600));
+    assert!((spec.runtime_factor(&long) - 12.0 / 48.0).abs() < 1e-12);
+    let mut in_dev = short.clone();
+    in_dev.spec.partition = Some("dev".into());
+    in_dev.spec.estimated_runtime = Some(Duration::from_secs(3 * 3600));
+    assert!((spec.runtime_factor(&in_dev) - 3.0 / 48.0).abs() < 1e-12);
+    // A job with no estimate scores 0, wherever its runtime for
+    // scheduling comes from (dev's defaultRuntime, the long partition's
+    // maxRuntime).
+    let mut unknown = in_dev.clone();
     unknown.spec.estimated_runtime = None;
-    assert!((spec.runtime_factor(&unknown) - 1.0).abs() < 1e-12);
-    // No partition limit: over the queue's defaultRuntime (a day), capped at 1.
-    spec.partitions[0].max_runtime = None;
-    assert!((spec.runtime_factor(&long) - 0.5).abs() < 1e-12);
-    let mut longer = long.clone();
-    longer.spec.estimated_runtime = Some(Duration::from_secs(48 * 3600));
-    assert!((spec.runtime_factor(&longer) - 1.0).abs() < 1e-12);
+    assert_eq!(spec.runtime_of(&unknown), Duration::from_secs(3600));
+    assert_eq!(spec.runtime_factor(&unknown), 0.0);
+    let mut unknown_long = long.clone();
+    unknown_long.spec.estimated_runtime = None;
+    assert_eq!(spec.runtime_factor(&unknown_long), 0.0);
+    // No partitions: over the queue's defaultRuntime (here 10 h), capped
+    // at 1.
+    spec.partitions.clear();
+    spec.default_runtime = Duration::from_secs(10 * 3600);
+    assert!((spec.runtime_factor(&short) - 0.2).abs() < 1e-12);
+    assert!((spec.runtime_factor(&long) - 1.0).abs() < 1e-12);
 }
 
 fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {

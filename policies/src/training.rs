@@ -632,12 +632,12 @@ pub struct PriorityWeights {
     /// Its age over `maxAge` (capped at 1).
     #[serde(default = "w_age")]
     pub age: f64,
-    /// Its planned runtime ([`TrainingQueueSpec::runtime_of`]) over its
-    /// partition's `maxRuntime` (else the queue's `defaultRuntime`),
-    /// capped at 1: longest first, which shortens the tail a backlog
-    /// drains in (Graham's LPT rule). Not one of Slurm's factors; default
-    /// 0 (off), since it lets a user's own estimate raise the job's
-    /// priority.
+    /// Its estimate ([`TrainingQueueSpec::runtime_factor`]: within its
+    /// partition's `maxRuntime`, over the queue's longest runtime limit or
+    /// default, capped at 1; 0 with no estimate): longest first, which
+    /// shortens the tail a backlog drains in (Graham's LPT rule). Not one
+    /// of Slurm's factors; default 0 (off), since it lets a user's own
+    /// estimate raise the job's priority.
     #[serde(default)]
     pub runtime: f64,
     /// Age at which the age factor reaches 1 (Slurm's `PriorityMaxAge`,
@@ -889,19 +889,32 @@ impl TrainingQueueSpec {
         limit.map_or(r, |l| r.min(l))
     }
 
-    /// A job's runtime factor (for `weights.runtime`): its runtime for
-    /// scheduling over its partition's `maxRuntime`, else the queue's
-    /// `defaultRuntime`, capped at 1.
+    /// A job's runtime factor (for `weights.runtime`): its estimate,
+    /// within its partition's `maxRuntime` as [`Self::runtime_of`] caps
+    /// it, over [`Self::runtime_scale`], capped at 1; 0 for a job with no
+    /// estimate (a default runtime is the operator's guess, not the
+    /// job's, and would otherwise rank every job that gives none first).
     pub fn runtime_factor(&self, job: &TrainingJob) -> f64 {
-        let scale = self
-            .partition_of(job)
-            .and_then(|p| p.max_runtime)
-            .unwrap_or(self.default_runtime)
-            .as_secs_f64();
+        if job.spec.estimated_runtime.is_none() {
+            return 0.0;
+        }
+        let scale = self.runtime_scale().as_secs_f64();
         if scale <= 0.0 {
             return 0.0;
         }
         (self.runtime_of(job).as_secs_f64() / scale).min(1.0)
+    }
+
+    /// One scale for every job's runtime factor, so that a longer job
+    /// never ranks below a shorter one whatever their partitions: the
+    /// longest of the queue's `defaultRuntime` and every partition's
+    /// `maxRuntime` and `defaultRuntime`.
+    pub fn runtime_scale(&self) -> Duration {
+        self.partitions
+            .iter()
+            .flat_map(|p| [p.max_runtime, p.default_runtime])
+            .flatten()
+            .fold(self.default_runtime, Duration::max)
     }
 
     /// Checks a job against its partition: the partition exists, its

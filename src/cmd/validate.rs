@@ -149,6 +149,12 @@ fn summary(
             q.fair_share.accounts.len(),
             gpuscale_policies::duration::show(q.fair_share.half_life)
         ));
+        if q.weights.runtime > 0.0 {
+            out.push_str(&format!(
+                "training queue: longest first is on (weights.runtime {}): a job's own estimatedRuntime raises its priority\n",
+                q.weights.runtime
+            ));
+        }
     }
     for g in gateways {
         out.push_str(&format!(

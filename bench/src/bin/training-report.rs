@@ -4,10 +4,13 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use gpuscale_bench::training::{Outcome, Scenario, Scheduler, simulate, stream, summary, table};
+use gpuscale_bench::training::{
+    Outcome, Scenario, Scheduler, makespan_bound_h, simulate, stream, summary, table,
+};
 
 /// Simulates a stream of training jobs under FIFO without gangs, FIFO with
-/// gangs, EASY backfill and gpuscale.
+/// gangs, EASY backfill and gpuscale (with and without its longest-first
+/// factor, and in arrival order).
 #[derive(Parser)]
 struct Args {
     /// Jobs in the stream.
@@ -38,7 +41,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.seeds >= 1, "--seeds: at least 1");
-    let mut runs: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
+    let mut runs: Vec<(Scenario, Vec<Outcome>, f64)> = Vec::new();
     for seed in args.seed..args.seed + args.seeds {
         let s = Scenario {
             seed,
@@ -64,16 +67,17 @@ fn main() -> anyhow::Result<()> {
         });
         print!("{}", table(&s, &jobs, &outcomes));
         println!();
-        runs.push((s, outcomes));
+        let bound = makespan_bound_h(&s, &jobs);
+        runs.push((s, outcomes, bound));
     }
     if runs.len() > 1 {
-        let per_seed: Vec<Vec<Outcome>> = runs.iter().map(|(_, o)| o.clone()).collect();
+        let per_seed: Vec<Vec<Outcome>> = runs.iter().map(|(_, o, _)| o.clone()).collect();
         print!("{}", summary(&per_seed));
     }
     if let Some(path) = args.json {
         let all: Vec<_> = runs
             .iter()
-            .map(|(s, o)| serde_json::json!({"scenario": s, "outcomes": o}))
+            .map(|(s, o, b)| serde_json::json!({"scenario": s, "outcomes": o, "makespan_bound_h": b}))
             .collect();
         let value = if all.len() == 1 {
             all.into_iter().next().unwrap_or_default()

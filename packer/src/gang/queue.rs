@@ -5,7 +5,9 @@
 //!   (critical 1, standard ½, sheddable 0), its partition's tier over the
 //!   highest, its account's fair-share factor `2^(−U/S)` (U the account's
 //!   share of recent, decayed usage, S its share of the shares: Slurm's
-//!   classic formula), and its age over `maxAge`.
+//!   classic formula), and its age over `maxAge` — and a fifth that is not
+//!   Slurm's, off unless weighted: the job's estimated runtime
+//!   (`TrainingQueueSpec::runtime_factor`), longest first.
 //! - **Conservative backfill** ([`Timeline`]): jobs in priority order;
 //!   each starts now if the GPUs it would hold are free for its whole
 //!   runtime in the availability profile, else it gets a *reservation* at
