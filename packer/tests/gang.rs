@@ -1976,11 +1976,10 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     use gpuscale_policies::training::{Partition, TrainingQueueSpec};
     // One 8-GPU node, two 8-GPU jobs: a 2-hour one submitted first and a
     // 12-hour one an hour later. By default the older job starts (age);
-    // with `weights.runtime` the longer one does. The factor is the
-    // runtime over the partition's maxRuntime (24 h): 12/24 against 2/24,
-    // times the weight; without a partition limit, over the queue's
-    // defaultRuntime; a job with no estimate counts at its partition's
-    // limit.
+    // with `weights.runtime` the longer one does. The factor (README,
+    // *Priority*) is the estimate over one scale for the queue, the
+    // longest partition limit (a partition without one counting as the
+    // queue's defaultRuntime), capped at 1; 0 without an estimate.
     let c = topo_cluster(vec![("n0", "H100-80GB", 8, "r0", "z0", None, vec![])]);
     let now = 1.8e9;
     let at = |s: f64| std::time::UNIX_EPOCH + Duration::from_secs_f64(s);
@@ -2037,11 +2036,10 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     let age = |hours: f64| 1000.0 * hours * 3600.0 / (7.0 * 86_400.0);
     assert!((p(&long) - (50_000.0 + 5_000.0 + age(1.0) + 1000.0 * 12.0 / 24.0)).abs() < 1e-6);
     assert!((p(&short) - (50_000.0 + 5_000.0 + age(2.0) + 1000.0 * 2.0 / 24.0)).abs() < 1e-6);
-    // The scale is one for the whole queue: the longest of the queue's
-    // defaultRuntime (24 h) and every partition's maxRuntime and
-    // defaultRuntime. With a 48-hour partition beside a 4-hour one, a
-    // 3-hour job in the short partition ranks below a 12-hour job in the
-    // long one: 3/48 against 12/48.
+    // The scale is one for the whole queue: the longest partition limit.
+    // With a 48-hour partition beside a 4-hour one, a 3-hour job in the
+    // short partition ranks below a 12-hour job in the long one: 3/48
+    // against 12/48 (a scale per partition would give the short job 3/4).
     spec.partitions[0].max_runtime = Some(Duration::from_secs(48 * 3600));
     let mut dev = spec.partitions[0].clone();
     dev.name = "dev".into();
@@ -2055,6 +2053,11 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     in_dev.spec.partition = Some("dev".into());
     in_dev.spec.estimated_runtime = Some(Duration::from_secs(3 * 3600));
     assert!((spec.runtime_factor(&in_dev) - 3.0 / 48.0).abs() < 1e-12);
+    // An estimate over its partition's limit counts at the limit (as the
+    // queue schedules it): 6 h in dev is 4/48.
+    let mut over = in_dev.clone();
+    over.spec.estimated_runtime = Some(Duration::from_secs(6 * 3600));
+    assert!((spec.runtime_factor(&over) - 4.0 / 48.0).abs() < 1e-12);
     // A job with no estimate scores 0, wherever its runtime for
     // scheduling comes from (dev's defaultRuntime, the long partition's
     // maxRuntime).
@@ -2065,6 +2068,22 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     let mut unknown_long = long.clone();
     unknown_long.spec.estimated_runtime = None;
     assert_eq!(spec.runtime_factor(&unknown_long), 0.0);
+    // Every partition limited below the queue's defaultRuntime (24 h):
+    // the scale is the longest limit, not the unreachable default, and
+    // a partition's defaultRuntime does not count.
+    spec.partitions[0].max_runtime = Some(Duration::from_secs(8 * 3600));
+    spec.partitions[0].default_runtime = Some(Duration::from_secs(2 * 3600));
+    assert_eq!(spec.runtime_scale(), Duration::from_secs(8 * 3600));
+    assert!((spec.runtime_factor(&in_dev) - 3.0 / 8.0).abs() < 1e-12);
+    // A partition without a limit counts as the queue's defaultRuntime
+    // (here 30 h), the factor capped at 1 for a longer estimate.
+    spec.partitions[0].max_runtime = None;
+    spec.default_runtime = Duration::from_secs(30 * 3600);
+    assert_eq!(spec.runtime_scale(), Duration::from_secs(30 * 3600));
+    assert!((spec.runtime_factor(&long) - 12.0 / 30.0).abs() < 1e-12);
+    let mut longer = long.clone();
+    longer.spec.estimated_runtime = Some(Duration::from_secs(40 * 3600));
+    assert!((spec.runtime_factor(&longer) - 1.0).abs() < 1e-12);
     // No partitions: over the queue's defaultRuntime (here 10 h), capped
     // at 1.
     spec.partitions.clear();

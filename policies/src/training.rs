@@ -633,8 +633,9 @@ pub struct PriorityWeights {
     #[serde(default = "w_age")]
     pub age: f64,
     /// Its estimate ([`TrainingQueueSpec::runtime_factor`]: within its
-    /// partition's `maxRuntime`, over the queue's longest runtime limit or
-    /// default, capped at 1; 0 with no estimate): longest first, which
+    /// partition's `maxRuntime`, over the queue's longest partition limit
+    /// ([`TrainingQueueSpec::runtime_scale`]), capped at 1; 0 with no
+    /// estimate): longest first, which
     /// shortens the tail a backlog drains in (Graham's LPT rule). Not one
     /// of Slurm's factors; default 0 (off), since it lets a user's own
     /// estimate raise the job's priority.
@@ -907,14 +908,16 @@ impl TrainingQueueSpec {
 
     /// One scale for every job's runtime factor, so that a longer job
     /// never ranks below a shorter one whatever their partitions: the
-    /// longest of the queue's `defaultRuntime` and every partition's
-    /// `maxRuntime` and `defaultRuntime`.
+    /// longest partition's `maxRuntime`, a partition without one counting
+    /// as the queue's `defaultRuntime` (its estimates are unbounded, so
+    /// the factor's cap at 1 bounds them); the queue's `defaultRuntime`
+    /// when there are no partitions.
     pub fn runtime_scale(&self) -> Duration {
         self.partitions
             .iter()
-            .flat_map(|p| [p.max_runtime, p.default_runtime])
-            .flatten()
-            .fold(self.default_runtime, Duration::max)
+            .map(|p| p.max_runtime.unwrap_or(self.default_runtime))
+            .max()
+            .unwrap_or(self.default_runtime)
     }
 
     /// Checks a job against its partition: the partition exists, its
