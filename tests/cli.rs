@@ -84,6 +84,34 @@ fn validate_examples_succeeds() {
     assert!(text.ends_with("ok\n"));
     // The example leaves longest first off, and validate says nothing of it.
     assert!(!text.contains("longest first"), "{text}");
+    assert!(!errors(&out).contains("warning"), "{}", errors(&out));
+    // A MIG-only policy that lists a GPU model without MIG (L40S) beside
+    // one with it: valid, and warned of.
+    let policy = tempfile::tempdir().unwrap();
+    std::fs::write(
+        policy.path().join("p.yaml"),
+        "apiVersion: gpuscale.io/v1alpha1\nkind: ModelPolicy\nmetadata: {name: m}\nspec:\n  servedName: m\n  resources: {paramsB: 1, kvCacheGiB: 1, overheadGiB: 1, compute: 0.3, maxConcurrency: 8}\n  placement:\n    sharing: [mig]\n    gpuModels: [L40S, H100-80GB]\n  slo: {ttftP95: 1s}\n  scaling: {minReplicas: 1, maxReplicas: 2}\n",
+    )
+    .unwrap();
+    let out = gpuscale(&["validate", policy.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(
+        errors(&out).contains(
+            "warning: model `m`: placement.gpuModels lists L40S, which has no MIG, and placement.sharing allows MIG alone"
+        ) && !errors(&out).contains("H100-80GB"),
+        "{}",
+        errors(&out)
+    );
+    // With time-slicing allowed too, L40S can be used: no warning.
+    let yaml = std::fs::read_to_string(policy.path().join("p.yaml")).unwrap();
+    std::fs::write(
+        policy.path().join("p.yaml"),
+        yaml.replace("sharing: [mig]", "sharing: [mig, timeslice]"),
+    )
+    .unwrap();
+    let out = gpuscale(&["validate", policy.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    assert!(!errors(&out).contains("warning"), "{}", errors(&out));
     // Turned on, it is said: a user's estimate then raises its own priority.
     let dir = tempfile::tempdir().unwrap();
     let queue = std::fs::read_to_string("examples/training/queue.yaml")

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use gpuscale_policies::SharingMode;
 use gpuscale_policies::model::PlacementOption;
 use gpuscale_policies::{Bundle, load_paths};
 
@@ -58,6 +59,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             if !problems.is_empty() {
                 return Ok(super::report_problems(&problems));
             }
+            // A GPU model a policy lists that none of its sharing modes
+            // can use (MIG alone, on a GPU without MIG) is a slip: said,
+            // not failed, since another listed model fits (with none, the
+            // policy is refused). A listed model too small for a replica
+            // is left alone: its memory or compute may be meant to shrink.
+            for warning in unplaceable_gpu_models(&bundle) {
+                eprintln!("warning: {warning}");
+            }
             tracing::info!(
                 models = bundle.models.len(),
                 jobs = bundle.jobs.len(),
@@ -70,6 +79,26 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         Err(problems) => Ok(super::report_problems(&problems.0)),
     }
+}
+
+/// Per model policy whose only sharing mode is MIG, each listed GPU model
+/// (known to the catalogue) without MIG.
+fn unplaceable_gpu_models(bundle: &Bundle) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in &bundle.models {
+        if !m.sharing.iter().all(|s| *s == SharingMode::Mig) {
+            continue;
+        }
+        for name in &m.gpu_models {
+            if bundle.catalog.get(name).is_some_and(|g| g.mig.is_none()) {
+                out.push(format!(
+                    "model `{}`: placement.gpuModels lists {name}, which has no MIG, and placement.sharing allows MIG alone: no replica is ever placed on it",
+                    m.name
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn summary(
