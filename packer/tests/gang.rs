@@ -1957,16 +1957,7 @@ fn fair_share_is_slurms_two_to_the_minus_usage_over_shares() {
     a.spec.account = Some("nlp".into());
     let mut b = job("b-vision", simple(1, 8, TopologyLevel::Node));
     b.spec.account = Some("vision".into());
-    let jobs = vec![a, b];
-    let gangs = gang::place(
-        &c,
-        &jobs,
-        &BTreeMap::new(),
-        &all_free(&c),
-        &q,
-        &GangOptions::default(),
-    )
-    .gangs;
+    let gangs = place_on_free(&c, &[a, b], &q);
     assert_eq!(by_name(&gangs, "b-vision").status, GangStatus::Starting);
     assert_eq!(by_name(&gangs, "a-nlp").status, GangStatus::Pending);
 }
@@ -2009,16 +2000,7 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
             spec: spec.clone(),
             now,
         };
-        let gangs = gang::place(
-            &c,
-            &jobs,
-            &BTreeMap::new(),
-            &all_free(&c),
-            &q,
-            &GangOptions::default(),
-        )
-        .gangs;
-        let starting: Vec<String> = gangs
+        let starting: Vec<String> = place_on_free(&c, &jobs, &q)
             .iter()
             .filter(|g| g.status == GangStatus::Starting)
             .map(|g| g.name.clone())
@@ -2090,6 +2072,19 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     spec.default_runtime = Duration::from_secs(10 * 3600);
     assert!((spec.runtime_factor(&short) - 0.2).abs() < 1e-12);
     assert!((spec.runtime_factor(&long) - 1.0).abs() < 1e-12);
+}
+
+/// The plan of `jobs` on a cluster with nothing running.
+fn place_on_free(c: &Cluster, jobs: &[TrainingJob], q: &queue::Queue) -> Vec<GangPlan> {
+    gang::place(
+        c,
+        jobs,
+        &BTreeMap::new(),
+        &all_free(c),
+        q,
+        &GangOptions::default(),
+    )
+    .gangs
 }
 
 fn arb_queue() -> impl Strategy<Value = (Cluster, Vec<TrainingJob>)> {
