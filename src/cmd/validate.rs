@@ -67,6 +67,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             for warning in unplaceable_gpu_models(&bundle) {
                 eprintln!("warning: {warning}");
             }
+            // A setting that lets users raise their own jobs' priority is
+            // said even with --quiet.
+            if let Some(q) = bundle.queue.as_ref().filter(|q| q.weights.runtime > 0.0) {
+                eprintln!(
+                    "warning: training queue: longest first is on (weights.runtime {}): a job's own estimatedRuntime raises its priority",
+                    q.weights.runtime
+                );
+            }
             tracing::info!(
                 models = bundle.models.len(),
                 jobs = bundle.jobs.len(),
@@ -81,19 +89,26 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Per model policy whose only sharing mode is MIG, each listed GPU model
-/// (known to the catalogue) without MIG.
+/// Per model policy whose sharing modes all need MIG (`mig`,
+/// `mig-timeslice`), each GPU model its `placement.gpuModels` lists (as
+/// written: the default, every catalogue model, lists none) that has no
+/// MIG, once.
 fn unplaceable_gpu_models(bundle: &Bundle) -> Vec<String> {
     let mut out = Vec::new();
-    for m in &bundle.models {
-        if !m.sharing.iter().all(|s| *s == SharingMode::Mig) {
+    for (p, m) in bundle.policies.iter().zip(&bundle.models) {
+        let needs_mig = |s: &SharingMode| matches!(s, SharingMode::Mig | SharingMode::MigTimeslice);
+        if !m.sharing.iter().all(needs_mig) {
             continue;
         }
-        for name in &m.gpu_models {
+        let sharing: Vec<String> = m.sharing.iter().map(|s| s.to_string()).collect();
+        let listed: std::collections::BTreeSet<&String> =
+            p.spec.placement.gpu_models.iter().collect();
+        for name in listed {
             if bundle.catalog.get(name).is_some_and(|g| g.mig.is_none()) {
                 out.push(format!(
-                    "model `{}`: placement.gpuModels lists {name}, which has no MIG, and placement.sharing allows MIG alone: no replica is ever placed on it",
-                    m.name
+                    "model `{}`: placement.gpuModels lists {name}, which has no MIG, and placement.sharing [{}] needs MIG: no replica is ever placed on it",
+                    m.name,
+                    sharing.join(", ")
                 ));
             }
         }
@@ -178,12 +193,6 @@ fn summary(
             q.fair_share.accounts.len(),
             gpuscale_policies::duration::show(q.fair_share.half_life)
         ));
-        if q.weights.runtime > 0.0 {
-            out.push_str(&format!(
-                "training queue: longest first is on (weights.runtime {}): a job's own estimatedRuntime raises its priority\n",
-                q.weights.runtime
-            ));
-        }
     }
     for g in gateways {
         out.push_str(&format!(
