@@ -674,6 +674,16 @@ impl Default for PriorityWeights {
     }
 }
 
+/// A number as a person reads it: in exponent form when far from 1
+/// (`1e300`, not three hundred digits; `1e-300`, not as many zeros).
+pub fn number(v: f64) -> String {
+    if v.is_finite() && v != 0.0 && !(1e-4..1e12).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// The largest priority weight: Slurm's `PriorityWeight*` are 32-bit.
 pub const MAX_WEIGHT: f64 = 4_294_967_295.0;
 
@@ -859,7 +869,7 @@ impl TrainingQueueSpec {
             if !(v.is_finite() && (0.0..=MAX_WEIGHT).contains(&v)) {
                 errors.push(FieldError::new(
                     format!("spec.weights.{field}"),
-                    format!("must be 0 to 4294967295 (Slurm's range), got {v}"),
+                    format!("must be 0 to 4294967295 (Slurm's range), got {}", number(v)),
                 ));
             }
         }
@@ -1231,3 +1241,20 @@ pub const EVERY_NODE_LABELS: [&str; 3] = [
     "kubernetes.io/arch",
     "nvidia.com/gpu.present",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::number;
+
+    #[test]
+    fn numbers_far_from_one_are_shown_with_an_exponent() {
+        assert_eq!(number(5000.0), "5000");
+        assert_eq!(number(0.5), "0.5");
+        assert_eq!(number(4_294_967_295.0), "4294967295");
+        assert_eq!(number(0.0), "0");
+        assert_eq!(number(1e300), "1e300");
+        assert_eq!(number(-1e300), "-1e300");
+        assert_eq!(number(1e-300), "1e-300");
+        assert_eq!(number(f64::INFINITY), "inf");
+    }
+}

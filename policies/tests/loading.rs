@@ -347,7 +347,7 @@ spec:
     // infinite (a tie); the largest 32-bit weight is still one.
     assert!(
         text.iter().any(|t| t.starts_with("q.yaml:11:")
-            && t.contains("spec.weights.qos: must be 0 to 4294967295")),
+            && t.contains("spec.weights.qos: must be 0 to 4294967295 (Slurm's range), got 1e308")),
         "{text:#?}"
     );
     assert!(

@@ -72,7 +72,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             if let Some(q) = bundle.queue.as_ref().filter(|q| q.weights.runtime > 0.0) {
                 eprintln!(
                     "warning: training queue: longest first is on (weights.runtime {}): a job's own estimatedRuntime raises its priority",
-                    q.weights.runtime
+                    gpuscale_policies::training::number(q.weights.runtime)
                 );
             }
             tracing::info!(
