@@ -800,14 +800,9 @@ pub fn to_job(j: &JobDef, submitted_epoch_s: f64) -> TrainingJob {
 fn queue_spec(usage: &BTreeMap<String, f64>) -> TrainingQueueSpec {
     TrainingQueueSpec {
         partitions: vec![Partition {
-            name: "training".into(),
-            max_gpus: None,
             max_runtime: Some(Duration::from_secs(24 * 3600)),
-            default_runtime: None,
-            gpu_models: vec![],
-            nodes: vec![],
-            priority_tier: 0,
             default: true,
+            ..Partition::new("training")
         }],
         fair_share: FairShare {
             half_life: Duration::from_secs(7 * 86_400),

@@ -1983,14 +1983,9 @@ fn the_runtime_weight_puts_the_longest_job_first_and_is_off_by_default() {
     let jobs = vec![short.clone(), long.clone()];
     let mut spec = TrainingQueueSpec {
         partitions: vec![Partition {
-            name: "training".into(),
-            max_gpus: None,
             max_runtime: Some(Duration::from_secs(24 * 3600)),
-            default_runtime: None,
-            gpu_models: vec![],
-            nodes: vec![],
-            priority_tier: 0,
             default: true,
+            ..Partition::new("training")
         }],
         ..Default::default()
     };

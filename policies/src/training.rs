@@ -563,6 +563,23 @@ pub struct Partition {
     pub default: bool,
 }
 
+impl Partition {
+    /// A partition as a file naming only `name` reads: no limits, every
+    /// node and GPU model, tier 0, not the default.
+    pub fn new(name: impl Into<String>) -> Partition {
+        Partition {
+            name: name.into(),
+            max_gpus: None,
+            max_runtime: None,
+            default_runtime: None,
+            gpu_models: vec![],
+            nodes: vec![],
+            priority_tier: 0,
+            default: false,
+        }
+    }
+}
+
 /// A team's fair share.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -635,10 +652,10 @@ pub struct PriorityWeights {
     /// Its estimate ([`TrainingQueueSpec::runtime_factor`]: within its
     /// partition's `maxRuntime`, over the queue's longest partition limit
     /// ([`TrainingQueueSpec::runtime_scale`]), capped at 1; 0 with no
-    /// estimate): longest first, which
-    /// shortens the tail a backlog drains in (Graham's LPT rule). Not one
-    /// of Slurm's factors; default 0 (off), since it lets a user's own
-    /// estimate raise the job's priority.
+    /// estimate): longest first, which shortens the tail a backlog drains
+    /// in (Graham's LPT rule). Not one of Slurm's factors; default 0
+    /// (off), since it lets a user's own estimate raise the job's
+    /// priority.
     #[serde(default)]
     pub runtime: f64,
     /// Age at which the age factor reaches 1 (Slurm's `PriorityMaxAge`,
@@ -1244,7 +1261,13 @@ pub const EVERY_NODE_LABELS: [&str; 3] = [
 
 #[cfg(test)]
 mod tests {
-    use super::number;
+    use super::{Partition, number};
+
+    #[test]
+    fn a_new_partition_is_one_that_names_only_itself() {
+        let read: Partition = serde_json::from_str(r#"{"name": "dev"}"#).unwrap();
+        assert_eq!(Partition::new("dev"), read);
+    }
 
     #[test]
     fn numbers_far_from_one_are_shown_with_an_exponent() {
